@@ -1,0 +1,76 @@
+/*
+ * The engine's public API: load an ONNX model, describe it, and run it.
+ *
+ *   mts_model  immutable after mts_model_load; shared by any number of threads. It owns the
+ *              graph IR, the weights (zero-copy views of the mmap'd file where possible) and a
+ *              cache of plans, one per concrete input-shape signature (built on first use,
+ *              under a short lock, then read-only).
+ *   mts_ctx    one caller's execution state: its own activation buffers. Not thread-safe;
+ *              give each thread its own. Cheap to create; buffers grow on first run.
+ *
+ * Outputs returned by mts_ctx_run are views into the context's buffers, valid until the next
+ * run on that context or its destruction.
+ */
+#ifndef MTS_ENGINE_ENGINE_H
+#define MTS_ENGINE_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/graph.h"
+#include "engine/tensor.h"
+#include "util/status.h"
+
+typedef struct mts_ctx mts_ctx;
+
+typedef struct mts_load_opts {
+    /* Largest single tensor a plan may allocate (bytes); 0 = default (8 GiB). */
+    int64_t max_tensor_bytes;
+} mts_load_opts;
+
+/* Loads path (an .onnx file; external data files are looked up beside it). On error returns a
+ * negative status and err->msg says what is wrong and where (node name, tensor name, byte
+ * offset). *out is set only on success. */
+int mts_model_load(const char *path, const mts_load_opts *opts, mts_model **out, mts_err *err);
+/* Same, from bytes in memory (copied). name is used in messages. */
+int mts_model_load_buffer(const void *data, size_t len, const char *name, const mts_load_opts *opts,
+                          mts_model **out, mts_err *err);
+void mts_model_free(mts_model *m);
+
+typedef struct mts_model_info {
+    int ir_version;
+    int opset;               /* default-domain opset */
+    const char *producer;    /* "" when absent */
+    int n_inputs, n_outputs;
+    int n_nodes;
+    int64_t param_bytes;     /* bytes of all initializers */
+    int64_t resident_bytes;  /* bytes the model holds in memory: copies, IR, plans (not the mmap) */
+} mts_model_info;
+
+void mts_model_get_info(const mts_model *m, mts_model_info *out /* OUT */);
+/* Declared graph inputs/outputs (initializers excluded). Dims < 0 are symbolic. */
+const mts_value *mts_model_input(const mts_model *m, int i);
+const mts_value *mts_model_output(const mts_model *m, int i);
+const mts_node *mts_model_node(const mts_model *m, int i);  /* topological order */
+
+/* Shape-level analysis for one input signature (compiles and caches the plan): FLOPs of
+ * Conv/ConvTranspose/MatMul/Gemm (2 × multiply-adds) and the bytes of all intermediate
+ * values. Dynamic-shaped parts are not counted. */
+int mts_model_analyze(mts_model *m, const mts_tensor *inputs, int n_inputs, double *flops /* OUT */,
+                      int64_t *activation_bytes /* OUT */, mts_err *err);
+
+/* threads: intra-op threads this context may use (>= 1). */
+int mts_ctx_create(mts_model *m, int threads, mts_ctx **out, mts_err *err);
+void mts_ctx_free(mts_ctx *c);
+/* inputs[i] corresponds to mts_model_input(m, i) (same order, all required). Validates dtypes
+ * and shapes against the model, then runs. outputs (OUT) is an array of n_outputs pointers the
+ * caller provides; each is set to a view owned by the context. */
+int mts_ctx_run(mts_ctx *c, const mts_tensor *inputs, int n_inputs, const mts_tensor **outputs,
+                mts_err *err);
+
+/* Parses a serialized TensorProto (as in ONNX test data .pb files) into a tensor whose data is
+ * malloc'd (free with free(t->data)). name (OUT, may be NULL) gets a malloc'd copy of its name. */
+int mts_tensor_parse_pb(const void *data, size_t len, mts_tensor *t /* OUT */, char **name /* OUT */,
+                        mts_err *err);
+
+#endif

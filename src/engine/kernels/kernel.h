@@ -1,0 +1,77 @@
+/*
+ * The kernel interface and the backend table.
+ *
+ * Every ONNX op is implemented as a struct mts_op: an `infer` function that computes output
+ * types and shapes, and a `run` function that computes output data. A backend (the plain-C
+ * reference backend today; oneDNN/XNNPACK later) is a table of such ops looked up by op_type,
+ * so a faster backend can replace kernels op by op and fall back to the reference for the rest.
+ *
+ * Calling convention, for both functions:
+ *   - k->in[i] is the i-th input, or NULL for an omitted optional input (and i >= k->n_in is
+ *     treated the same: use mts_kin()).
+ *   - infer may run before run time, when an input's data is not known yet (in[i]->data == NULL;
+ *     shapes and dtypes always are). An op whose output shape depends on input *values* (Reshape's
+ *     shape, Slice's starts, ...) returns MTS_EDYNAMIC in that case; the engine then calls infer
+ *     again at run time with the data present.
+ *   - infer fills k->out[j].dtype, .rank and .dims; it must not touch .data.
+ *   - run is called after the engine has allocated k->out[j].data for the inferred shapes;
+ *     inputs are never written. run must not allocate unboundedly from input values.
+ *   - Errors: return a negative status and describe the problem with mts_err_set(k->err, ...);
+ *     the engine prefixes the node name and op type.
+ */
+#ifndef MTS_ENGINE_KERNEL_H
+#define MTS_ENGINE_KERNEL_H
+
+#include "engine/graph.h"
+#include "util/status.h"
+
+typedef struct mts_kctx {
+    const mts_node *node;
+    const mts_tensor *const *in;
+    int n_in;
+    mts_tensor *out;
+    int n_out;
+    mts_err *err;
+    int threads; /* intra-op threads the caller allows (>= 1) */
+} mts_kctx;
+
+typedef int (*mts_infer_fn)(mts_kctx *k);
+typedef int (*mts_run_fn)(mts_kctx *k);
+
+typedef struct mts_op {
+    const char *op_type;   /* ONNX name, e.g. "Conv" */
+    mts_infer_fn infer;
+    mts_run_fn run;
+} mts_op;
+
+typedef struct mts_backend {
+    const char *name;
+    /* Returns the op or NULL when this backend has no kernel for it. */
+    const mts_op *(*lookup)(const char *op_type);
+} mts_backend;
+
+/* The reference backend: every supported op. */
+const mts_backend *mts_backend_reference(void);
+/* Looks op_type up in the default backend chain. NULL: unsupported op. */
+const mts_op *mts_op_lookup(const char *op_type);
+
+/* Optional-input accessor: NULL when absent. */
+static inline const mts_tensor *mts_kin(const mts_kctx *k, int i)
+{
+    return (i < k->n_in) ? k->in[i] : NULL;
+}
+
+/* Each kernel file exports its ops through one of these tables, terminated by {NULL}. */
+extern const mts_op mts_ref_ops_conv[];      /* Conv, ConvTranspose, pools, Resize, Pad */
+extern const mts_op mts_ref_ops_math[];      /* elementwise, normalizations, reductions */
+extern const mts_op mts_ref_ops_shape[];     /* shape/data movement, MatMul, Gemm */
+
+/* Shared helpers for kernels (kernels/common.c). */
+/* Numpy-style broadcast of a and b into out (rank/dims); MTS_ESHAPE with a message on mismatch. */
+int mts_broadcast_shape(const mts_tensor *a, const mts_tensor *b, mts_tensor *out, mts_err *err);
+/* Normalizes a possibly negative axis into [0, rank); MTS_EINVAL with a message when out of range. */
+int mts_norm_axis(int64_t axis, int rank, int *out, mts_err *err);
+/* Row-major strides (in elements) of t. */
+void mts_strides(const mts_tensor *t, int64_t *strides);
+
+#endif

@@ -1,0 +1,3 @@
+/* Placeholder op table; the real kernels replace this file. */
+#include "engine/kernels/kernel.h"
+const mts_op mts_ref_ops_math[] = {{NULL, NULL, NULL}};

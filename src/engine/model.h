@@ -1,0 +1,87 @@
+/*
+ * Internal layout of a loaded model and of a plan, shared by the loader (loader.c, onnx_pb.c),
+ * the planner (plan.c) and the executor (context.c). Nothing outside engine/ includes this.
+ */
+#ifndef MTS_ENGINE_MODEL_H
+#define MTS_ENGINE_MODEL_H
+
+#include <pthread.h>
+
+#include "engine/engine.h"
+#include "engine/kernels/kernel.h"
+#include "util/pool.h"
+
+typedef struct mts__mapping {
+    char *location;  /* external data location ("" for the model file itself) */
+    void *addr;
+    size_t len;
+} mts__mapping;
+
+/* Value states inside a plan. */
+enum mts__vstate {
+    MTS__V_UNUSED = 0, /* not needed by this plan */
+    MTS__V_CONST,      /* data known at plan time (initializer or folded) */
+    MTS__V_STATIC,     /* shape known at plan time, data computed at run time */
+    MTS__V_DYNAMIC,    /* shape known only at run time */
+    MTS__V_INPUT,      /* graph input: caller's data */
+};
+
+typedef struct mts__plan {
+    struct mts__plan *next;
+    int n_sig;
+    mts_tensor *sig;       /* input signature: dtype, rank, dims (no data) */
+    mts_tensor *vals;      /* per value: shape known at plan time; data for CONST */
+    uint8_t *state;        /* per value: enum mts__vstate */
+    int n_steps;
+    int *steps;            /* node indices to execute, in order */
+    uint8_t *node_dynamic; /* per node: infer must run at run time */
+    const mts_op **ops;    /* per node (the model's table) */
+    int *slot_of;          /* per value: buffer slot of a STATIC value, -1 otherwise */
+    int n_slots;
+    int64_t *slot_bytes;
+    int max_io;            /* most inputs or outputs of any node */
+    double flops;
+    int64_t activation_bytes;
+    mts_pool pool;         /* folded constants and the arrays above */
+} mts__plan;
+
+struct mts_model {
+    char *path;
+    mts_pool pool;
+    mts__mapping *maps;
+    int n_maps;
+    void *owned_copy;      /* model bytes when loaded from a buffer */
+    int ir_version, opset;
+    const char *producer;
+    int n_values, n_nodes, n_inputs, n_outputs;
+    mts_value *values;
+    mts_node *nodes;       /* topological order */
+    const mts_op **ops;    /* per node, resolved at load */
+    int *inputs, *outputs; /* value indices */
+    int64_t param_bytes;
+    int64_t max_tensor_bytes;
+    pthread_mutex_t plan_lock;
+    mts__plan *plans;
+    int n_plans;
+    int64_t plan_bytes;
+};
+
+/* Finds or builds the plan for a signature (thread-safe). */
+int mts__plan_get(mts_model *m, const mts_tensor *inputs, int n, const mts__plan **out, mts_err *err);
+void mts__plan_free_all(mts_model *m);
+int mts__check_inputs(const mts_model *m, const mts_tensor *in, int n, mts_err *err);
+
+/* Wire-format parsing (onnx_pb.c). base/base_len: the whole file, for offsets in messages. */
+typedef struct mts__pb_src {
+    const uint8_t *base;
+    size_t base_len;
+    const char *file;      /* name for messages */
+    mts_model *model;      /* for external data and the pool; NULL for stand-alone tensors */
+    const char *dir;       /* directory for external data */
+} mts__pb_src;
+
+int mts__parse_model(const mts__pb_src *src, mts_model *m, mts_err *err);
+int mts__parse_tensor(const mts__pb_src *src, const uint8_t *p, size_t len, mts_pool *pool,
+                      mts_tensor *t, const char **name, mts_err *err);
+
+#endif

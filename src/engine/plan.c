@@ -1,0 +1,357 @@
+/*
+ * Plans: the model compiled for one concrete input-shape signature.
+ *
+ * Building a plan walks the nodes in topological order and, for each, runs the kernel's shape
+ * inference with the shapes (and, where known, the values) of its inputs:
+ *   - a node whose inputs are all constant is run right away and its outputs become constants
+ *     (this folds Shape→Gather→Concat→Reshape chains and weight preprocessing);
+ *   - a node whose output shape depends on values only known at run time is marked dynamic and
+ *     its shapes are inferred again on every run;
+ *   - every other node gets static output shapes, and its outputs get a buffer slot.
+ * Slots are reused by liveness: when a value's last reader has run, its slot can hold a later
+ * value of at most the same size (best fit), so a context's memory is the plan's peak, not the
+ * sum of all intermediates. Nodes whose outputs reach no graph output are dropped.
+ *
+ * Plans are cached in the model, keyed by the signature, built once under the model's plan
+ * lock and read-only afterwards, so execution contexts on many threads share them.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/model.h"
+
+#define MTS__FOLD_MAX_BYTES ((int64_t)256 << 20)
+#define MTS__MAX_PLANS 256
+
+static bool sig_match(const mts__plan *p, const mts_tensor *in, int n)
+{
+    if (p->n_sig != n) return false;
+    for (int i = 0; i < n; i++)
+        if (p->sig[i].dtype != in[i].dtype || !mts_shape_equal(&p->sig[i], &in[i])) return false;
+    return true;
+}
+
+int mts__check_inputs(const mts_model *m, const mts_tensor *in, int n, mts_err *err)
+{
+    if (n != m->n_inputs)
+        return mts_err_set(err, MTS_EINVAL, "model takes %d inputs, got %d", m->n_inputs, n);
+    for (int i = 0; i < n; i++) {
+        const mts_value *v = &m->values[m->inputs[i]];
+        char got[128], want[128];
+        if (in[i].dtype != v->dtype)
+            return mts_err_set(err, MTS_EINVAL, "input '%s' has type %s, the model expects %s", v->name,
+                               mts_dtype_name(in[i].dtype), mts_dtype_name(v->dtype));
+        if (in[i].rank < 0 || in[i].rank > MTS_MAX_RANK || mts_tensor_numel(&in[i]) < 0)
+            return mts_err_set(err, MTS_ESHAPE, "input '%s' has an invalid shape", v->name);
+        if (v->rank < 0) continue;
+        bool ok = in[i].rank == v->rank;
+        for (int d = 0; ok && d < v->rank; d++)
+            if (v->dims[d] >= 0 && v->dims[d] != in[i].dims[d]) ok = false;
+        if (!ok) {
+            size_t o = 0;
+            o += (size_t)snprintf(want + o, sizeof want - o, "[");
+            for (int d = 0; d < v->rank && o < sizeof want; d++) {
+                if (v->dims[d] >= 0)
+                    o += (size_t)snprintf(want + o, sizeof want - o, d ? ",%lld" : "%lld", (long long)v->dims[d]);
+                else
+                    o += (size_t)snprintf(want + o, sizeof want - o, d ? ",%s" : "%s",
+                                          v->dim_params[d] ? v->dim_params[d] : "?");
+            }
+            if (o < sizeof want) snprintf(want + o, sizeof want - o, "]");
+            return mts_err_set(err, MTS_ESHAPE, "input '%s' has shape %s, the model expects %s", v->name,
+                               mts_shape_str(&in[i], got, sizeof got), want);
+        }
+    }
+    return MTS_OK;
+}
+
+static double node_flops(const mts_node *n, const mts_tensor *const *in, const mts_tensor *out)
+{
+    const char *op = n->op_type;
+    if ((!strcmp(op, "Conv") || !strcmp(op, "ConvTranspose")) && in[1] && in[1]->rank >= 3) {
+        /* weights: Conv [M, C/g, k...]; ConvTranspose [C, M/g, k...] */
+        double kvol = 1;
+        for (int i = 2; i < in[1]->rank; i++) kvol *= (double)in[1]->dims[i];
+        if (!strcmp(op, "Conv")) {
+            double outvol = (double)mts_tensor_numel(out); /* N*M*spatial */
+            return 2.0 * outvol * (double)in[1]->dims[1] * kvol;
+        }
+        double invol = (double)mts_tensor_numel(in[0]);
+        return 2.0 * invol * (double)in[1]->dims[1] * kvol;
+    }
+    if ((!strcmp(op, "MatMul") || !strcmp(op, "Gemm")) && in[0] && in[0]->rank >= 1) {
+        int64_t k = in[0]->dims[in[0]->rank - 1];
+        if (!strcmp(op, "Gemm") && mts_attr_int(n, "transA", 0) && in[0]->rank == 2) k = in[0]->dims[0];
+        return 2.0 * (double)mts_tensor_numel(out) * (double)k;
+    }
+    return 0;
+}
+
+static int build(mts_model *m, const mts_tensor *inputs, int n_in, mts__plan **out, mts_err *err)
+{
+    mts__plan *p = calloc(1, sizeof *p);
+    if (!p) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+    mts_pool *pool = &p->pool;
+    int nv = m->n_values, nn = m->n_nodes;
+    int rc = MTS_OK;
+    uint8_t *needed = calloc((size_t)nn + 1, 1);
+    uint8_t *vneeded = calloc((size_t)nv + 1, 1);
+    const mts_tensor **kin = NULL;
+    mts_tensor *kout = NULL;
+    p->sig = mts_pool_calloc(pool, (size_t)n_in + 1, sizeof(mts_tensor));
+    p->vals = mts_pool_calloc(pool, (size_t)nv + 1, sizeof(mts_tensor));
+    p->state = mts_pool_calloc(pool, (size_t)nv + 1, 1);
+    p->steps = mts_pool_calloc(pool, (size_t)nn + 1, sizeof(int));
+    p->node_dynamic = mts_pool_calloc(pool, (size_t)nn + 1, 1);
+    p->slot_of = mts_pool_calloc(pool, (size_t)nv + 1, sizeof(int));
+    p->ops = m->ops;
+    int max_io = 1;
+    for (int i = 0; i < nn; i++) {
+        if (m->nodes[i].n_in > max_io) max_io = m->nodes[i].n_in;
+        if (m->nodes[i].n_out > max_io) max_io = m->nodes[i].n_out;
+    }
+    p->max_io = max_io;
+    kin = calloc((size_t)max_io, sizeof *kin);
+    kout = calloc((size_t)max_io, sizeof *kout);
+    if (!needed || !vneeded || !p->sig || !p->vals || !p->state || !p->steps || !p->node_dynamic || !p->slot_of ||
+        !kin || !kout) {
+        rc = mts_err_set(err, MTS_ENOMEM, "out of memory");
+        goto fail;
+    }
+    p->n_sig = n_in;
+    for (int i = 0; i < n_in; i++) {
+        p->sig[i] = inputs[i];
+        p->sig[i].data = NULL;
+    }
+    /* Liveness from the graph outputs backwards. */
+    for (int i = 0; i < m->n_outputs; i++) vneeded[m->outputs[i]] = 1;
+    for (int i = nn - 1; i >= 0; i--) {
+        const mts_node *n = &m->nodes[i];
+        for (int j = 0; j < n->n_out; j++)
+            if (vneeded[n->out[j]]) needed[i] = 1;
+        if (needed[i])
+            for (int j = 0; j < n->n_in; j++)
+                if (n->in[j] >= 0) vneeded[n->in[j]] = 1;
+    }
+    for (int v = 0; v < nv; v++) {
+        const mts_value *val = &m->values[v];
+        p->slot_of[v] = -1;
+        if (val->kind == MTS_VALUE_INITIALIZER) {
+            p->vals[v] = val->init;
+            p->state[v] = MTS__V_CONST;
+        }
+    }
+    for (int i = 0; i < n_in; i++) {
+        p->vals[m->inputs[i]] = p->sig[i];
+        p->state[m->inputs[i]] = MTS__V_INPUT;
+    }
+    for (int i = 0; i < nn; i++) {
+        if (!needed[i]) continue;
+        const mts_node *n = &m->nodes[i];
+        bool dynamic = false, all_const = true;
+        for (int j = 0; j < n->n_in; j++) {
+            int v = n->in[j];
+            kin[j] = v >= 0 ? &p->vals[v] : NULL;
+            if (v < 0) continue;
+            if (p->state[v] == MTS__V_DYNAMIC) dynamic = true;
+            if (p->state[v] != MTS__V_CONST) all_const = false;
+            if (p->state[v] != MTS__V_DYNAMIC && !mts_dtype_supported(p->vals[v].dtype)) {
+                rc = mts_err_set(err, MTS_EUNSUPPORTED, "input '%s' has unsupported type %s", m->values[v].name,
+                                 mts_dtype_name(p->vals[v].dtype));
+                goto node_fail;
+            }
+        }
+        memset(kout, 0, sizeof *kout * (size_t)max_io);
+        mts_kctx k = {n, kin, n->n_in, kout, n->n_out, err, 1};
+        if (!dynamic) {
+            rc = m->ops[i]->infer(&k);
+            if (rc == MTS_EDYNAMIC) {
+                dynamic = true;
+                mts_err_clear(err);
+                rc = MTS_OK;
+            } else if (rc) {
+                goto node_fail;
+            }
+        }
+        if (dynamic) {
+            p->node_dynamic[i] = 1;
+            for (int j = 0; j < n->n_out; j++) p->state[n->out[j]] = MTS__V_DYNAMIC;
+            p->steps[p->n_steps++] = i;
+            continue;
+        }
+        int64_t out_bytes = 0;
+        for (int j = 0; j < n->n_out; j++) {
+            int64_t b = mts_tensor_nbytes(&kout[j]);
+            char shp[128];
+            if (kout[j].rank < 0 || kout[j].rank > MTS_MAX_RANK || b < 0 || !mts_dtype_supported(kout[j].dtype)) {
+                rc = mts_err_set(err, MTS_EUNSUPPORTED, "output %d has unsupported type %s or shape %s", j,
+                                 mts_dtype_name(kout[j].dtype), mts_shape_str(&kout[j], shp, sizeof shp));
+                goto node_fail;
+            }
+            if (b > m->max_tensor_bytes) {
+                rc = mts_err_set(err, MTS_ELIMIT, "output '%s' would need %lld bytes (shape %s), above the limit of %lld",
+                                 m->values[n->out[j]].name, (long long)b, mts_shape_str(&kout[j], shp, sizeof shp),
+                                 (long long)m->max_tensor_bytes);
+                goto node_fail;
+            }
+            out_bytes += b;
+        }
+        if (all_const && out_bytes <= MTS__FOLD_MAX_BYTES) {
+            for (int j = 0; j < n->n_out; j++) {
+                int64_t b = mts_tensor_nbytes(&kout[j]);
+                kout[j].data = mts_pool_alloc(pool, b > 0 ? (size_t)b : 1);
+                if (!kout[j].data) {
+                    rc = mts_err_set(err, MTS_ENOMEM, "out of memory folding constants");
+                    goto node_fail;
+                }
+            }
+            if ((rc = m->ops[i]->run(&k))) goto node_fail;
+            for (int j = 0; j < n->n_out; j++) {
+                p->vals[n->out[j]] = kout[j];
+                p->state[n->out[j]] = MTS__V_CONST;
+            }
+            continue;
+        }
+        p->flops += node_flops(n, kin, &kout[0]);
+        for (int j = 0; j < n->n_out; j++) {
+            kout[j].data = NULL;
+            p->vals[n->out[j]] = kout[j];
+            p->state[n->out[j]] = MTS__V_STATIC;
+        }
+        p->steps[p->n_steps++] = i;
+        continue;
+    node_fail:
+        mts_err_prefix(err, "%s: node '%s' (#%d, %s): ", m->path, n->name, i, n->op_type);
+        goto fail;
+    }
+    /* Buffer slots by liveness over the steps. */
+    {
+        int *last_use = malloc(sizeof(int) * ((size_t)nv + 1));
+        int64_t *slot_bytes = calloc((size_t)nv + 1, sizeof(int64_t));
+        uint8_t *slot_free = calloc((size_t)nv + 1, 1);
+        if (!last_use || !slot_bytes || !slot_free) {
+            free(last_use);
+            free(slot_bytes);
+            free(slot_free);
+            rc = mts_err_set(err, MTS_ENOMEM, "out of memory");
+            goto fail;
+        }
+        for (int v = 0; v < nv; v++) last_use[v] = -1;
+        for (int s = 0; s < p->n_steps; s++) {
+            const mts_node *n = &m->nodes[p->steps[s]];
+            for (int j = 0; j < n->n_in; j++)
+                if (n->in[j] >= 0) last_use[n->in[j]] = s;
+        }
+        for (int i = 0; i < m->n_outputs; i++) last_use[m->outputs[i]] = p->n_steps; /* never dies */
+        int n_slots = 0;
+        for (int s = 0; s < p->n_steps; s++) {
+            const mts_node *n = &m->nodes[p->steps[s]];
+            for (int j = 0; j < n->n_out; j++) {
+                int v = n->out[j];
+                if (p->state[v] != MTS__V_STATIC) continue;
+                int64_t b = mts_tensor_nbytes(&p->vals[v]);
+                int best = -1;
+                for (int q = 0; q < n_slots; q++)
+                    if (slot_free[q] && slot_bytes[q] >= b && (best < 0 || slot_bytes[q] < slot_bytes[best])) best = q;
+                if (best < 0) { /* grow the largest free slot if any, else a new one */
+                    for (int q = 0; q < n_slots; q++)
+                        if (slot_free[q] && (best < 0 || slot_bytes[q] > slot_bytes[best])) best = q;
+                    if (best < 0) best = n_slots++;
+                    slot_bytes[best] = b;
+                }
+                slot_free[best] = 0;
+                p->slot_of[v] = best;
+            }
+            /* Values whose last reader is this step free their slots (after outputs are placed). */
+            for (int j = 0; j < n->n_in; j++) {
+                int v = n->in[j];
+                if (v >= 0 && last_use[v] == s && p->slot_of[v] >= 0) {
+                    bool again = false; /* same value twice as input: free once */
+                    for (int q = 0; q < j; q++)
+                        if (n->in[q] == v) again = true;
+                    if (!again) slot_free[p->slot_of[v]] = 1;
+                }
+            }
+            /* Outputs nobody reads die at once. */
+            for (int j = 0; j < n->n_out; j++) {
+                int v = n->out[j];
+                if (p->slot_of[v] >= 0 && last_use[v] < 0) slot_free[p->slot_of[v]] = 1;
+            }
+        }
+        p->n_slots = n_slots;
+        p->slot_bytes = mts_pool_calloc(pool, (size_t)n_slots + 1, sizeof(int64_t));
+        if (!p->slot_bytes) rc = mts_err_set(err, MTS_ENOMEM, "out of memory");
+        else memcpy(p->slot_bytes, slot_bytes, sizeof(int64_t) * (size_t)n_slots);
+        for (int q = 0; q < n_slots; q++) p->activation_bytes += slot_bytes[q];
+        free(last_use);
+        free(slot_bytes);
+        free(slot_free);
+        if (rc) goto fail;
+    }
+    free(needed);
+    free(vneeded);
+    free(kin);
+    free(kout);
+    *out = p;
+    return MTS_OK;
+fail:
+    free(needed);
+    free(vneeded);
+    free(kin);
+    free(kout);
+    mts_pool_free(&p->pool);
+    free(p);
+    return rc;
+}
+
+int mts__plan_get(mts_model *m, const mts_tensor *inputs, int n, const mts__plan **out, mts_err *err)
+{
+    int rc = mts__check_inputs(m, inputs, n, err);
+    if (rc) return rc;
+    pthread_mutex_lock(&m->plan_lock);
+    for (mts__plan *p = m->plans; p; p = p->next)
+        if (sig_match(p, inputs, n)) {
+            *out = p;
+            pthread_mutex_unlock(&m->plan_lock);
+            return MTS_OK;
+        }
+    if (m->n_plans >= MTS__MAX_PLANS) {
+        pthread_mutex_unlock(&m->plan_lock);
+        return mts_err_set(err, MTS_ELIMIT, "%s: more than %d distinct input shapes", m->path, MTS__MAX_PLANS);
+    }
+    mts__plan *p = NULL;
+    rc = build(m, inputs, n, &p, err);
+    if (rc == MTS_OK) {
+        p->next = m->plans;
+        m->plans = p;
+        m->n_plans++;
+        m->plan_bytes += (int64_t)p->pool.bytes;
+        *out = p;
+    }
+    pthread_mutex_unlock(&m->plan_lock);
+    return rc;
+}
+
+void mts__plan_free_all(mts_model *m)
+{
+    mts__plan *p = m->plans;
+    while (p) {
+        mts__plan *next = p->next;
+        mts_pool_free(&p->pool);
+        free(p);
+        p = next;
+    }
+    m->plans = NULL;
+    m->n_plans = 0;
+}
+
+int mts_model_analyze(mts_model *m, const mts_tensor *inputs, int n_inputs, double *flops, int64_t *act, mts_err *err)
+{
+    const mts__plan *p;
+    int rc = mts__plan_get(m, inputs, n_inputs, &p, err);
+    if (rc) return rc;
+    *flops = p->flops;
+    *act = p->activation_bytes;
+    return MTS_OK;
+}

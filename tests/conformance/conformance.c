@@ -1,0 +1,325 @@
+/*
+ * ONNX backend-test conformance runner.
+ *
+ * Walks directories of ONNX backend tests (each test: model.onnx plus test_data_set_N/ with
+ * input_K.pb and output_K.pb serialized TensorProtos, as shipped by Debian's libonnx-testdata),
+ * runs every data set through the engine and compares outputs within a tolerance of
+ * |got - want| <= atol + rtol * |want|. A test is:
+ *   pass         every output matches;
+ *   unsupported  the engine declines it on purpose (unknown op, unsupported type or attribute
+ *                combination: status MTS_EUNSUPPORTED) — listed with the reason under --verbose;
+ *   fail         anything else: a wrong value, a shape mismatch, or an error.
+ * Prints a per-op table and closes with `conformance: N passed, N failed, N skipped` where
+ * skipped counts the unsupported tests. Exits 1 if any test failed.
+ */
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "engine/engine.h"
+
+enum outcome { PASS, FAIL, UNSUP };
+
+typedef struct op_row {
+    char name[64];
+    int n[3];
+} op_row;
+
+static struct {
+    double rtol, atol;
+    int verbose;
+    int threads;
+    const char *filter;
+    op_row ops[512];
+    int n_ops;
+    int total[3];
+} g = {1e-4, 2e-5, 0, 1, NULL, {{{0}, {0}}}, 0, {0}};
+
+static void count_op(const char *op, enum outcome o)
+{
+    for (int i = 0; i < g.n_ops; i++)
+        if (strcmp(g.ops[i].name, op) == 0) {
+            g.ops[i].n[o]++;
+            return;
+        }
+    if (g.n_ops < 512) {
+        snprintf(g.ops[g.n_ops].name, sizeof g.ops[0].name, "%s", op);
+        g.ops[g.n_ops].n[o] = 1;
+        g.n_ops++;
+    }
+}
+
+static int read_file(const char *path, void **data, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    if (n < 0) {
+        fclose(f);
+        return -1;
+    }
+    *data = malloc((size_t)n + 1);
+    if (!*data || fread(*data, 1, (size_t)n, f) != (size_t)n) {
+        free(*data);
+        fclose(f);
+        return -1;
+    }
+    fclose(f);
+    *len = (size_t)n;
+    return 0;
+}
+
+static int load_pb(const char *path, mts_tensor *t, mts_err *err)
+{
+    void *data;
+    size_t len;
+    if (read_file(path, &data, &len)) return mts_err_set(err, MTS_EIO, "cannot read %s", path);
+    int rc = mts_tensor_parse_pb(data, len, t, NULL, err);
+    free(data);
+    if (rc) mts_err_prefix(err, "%s: ", path);
+    return rc;
+}
+
+static bool is_dir(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static bool exists(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) == 0;
+}
+
+/* Compares one output; writes the first mismatch into msg. */
+static bool compare(const mts_tensor *got, const mts_tensor *want, char *msg, size_t len)
+{
+    char a[128], b[128];
+    if (got->dtype != want->dtype) {
+        snprintf(msg, len, "dtype %s, expected %s", mts_dtype_name(got->dtype), mts_dtype_name(want->dtype));
+        return false;
+    }
+    if (!mts_shape_equal(got, want)) {
+        snprintf(msg, len, "shape %s, expected %s", mts_shape_str(got, a, sizeof a), mts_shape_str(want, b, sizeof b));
+        return false;
+    }
+    int64_t n = mts_tensor_numel(want);
+    for (int64_t i = 0; i < n; i++) {
+        double x = mts_tensor_get_f64(got, i), y = mts_tensor_get_f64(want, i);
+        if (want->dtype == MTS_DTYPE_FLOAT) {
+            if (isnan(x) && isnan(y)) continue;
+            if (isinf(y) && x == y) continue;
+            if (fabs(x - y) <= g.atol + g.rtol * fabs(y)) continue;
+        } else if (x == y) {
+            continue;
+        }
+        snprintf(msg, len, "element %lld is %.9g, expected %.9g", (long long)i, x, y);
+        return false;
+    }
+    return true;
+}
+
+static enum outcome run_test(const char *dir, char *why, size_t wlen, mts_model **model_out)
+{
+    char path[4096];
+    mts_err err = {0};
+    mts_model *m = NULL;
+    snprintf(path, sizeof path, "%s/model.onnx", dir);
+    int rc = mts_model_load(path, NULL, &m, &err);
+    if (rc) {
+        snprintf(why, wlen, "%s", err.msg);
+        return rc == MTS_EUNSUPPORTED ? UNSUP : FAIL;
+    }
+    *model_out = m;
+    mts_model_info info;
+    mts_model_get_info(m, &info);
+    mts_ctx *ctx = NULL;
+    if (mts_ctx_create(m, g.threads, &ctx, &err)) {
+        snprintf(why, wlen, "%s", err.msg);
+        return FAIL;
+    }
+    enum outcome result = PASS;
+    int sets = 0;
+    for (int ds = 0; ds < 64 && result == PASS; ds++) {
+        char dsdir[3000];
+        snprintf(dsdir, sizeof dsdir, "%s/test_data_set_%d", dir, ds);
+        if (!is_dir(dsdir)) break;
+        sets++;
+        mts_tensor in[64] = {{0}}, want[64] = {{0}};
+        int n_in = 0, n_want = 0;
+        for (; n_in < 64; n_in++) {
+            snprintf(path, sizeof path, "%s/input_%d.pb", dsdir, n_in);
+            if (!exists(path)) break;
+            if ((rc = load_pb(path, &in[n_in], &err))) {
+                snprintf(why, wlen, "%s", err.msg);
+                result = rc == MTS_EUNSUPPORTED ? UNSUP : FAIL;
+                break;
+            }
+        }
+        for (; result == PASS && n_want < 64; n_want++) {
+            snprintf(path, sizeof path, "%s/output_%d.pb", dsdir, n_want);
+            if (!exists(path)) break;
+            if ((rc = load_pb(path, &want[n_want], &err))) {
+                snprintf(why, wlen, "%s", err.msg);
+                result = rc == MTS_EUNSUPPORTED ? UNSUP : FAIL;
+                break;
+            }
+        }
+        if (result == PASS && n_in != info.n_inputs) {
+            /* Some tests feed fewer inputs than the graph declares (optional inputs). */
+            snprintf(why, wlen, "test feeds %d inputs, model declares %d", n_in, info.n_inputs);
+            result = UNSUP;
+        }
+        if (result == PASS) {
+            const mts_tensor *outs[64];
+            rc = mts_ctx_run(ctx, in, n_in, outs, &err);
+            if (rc) {
+                snprintf(why, wlen, "%s", err.msg);
+                result = rc == MTS_EUNSUPPORTED ? UNSUP : FAIL;
+            } else if (n_want != info.n_outputs) {
+                snprintf(why, wlen, "test expects %d outputs, model has %d", n_want, info.n_outputs);
+                result = FAIL;
+            } else {
+                for (int o = 0; o < n_want; o++) {
+                    char msg[256];
+                    if (!compare(outs[o], &want[o], msg, sizeof msg)) {
+                        snprintf(why, wlen, "data set %d output %d ('%s'): %s", ds, o, mts_model_output(m, o)->name, msg);
+                        result = FAIL;
+                        break;
+                    }
+                }
+            }
+        }
+        for (int i = 0; i < n_in; i++) free(in[i].data);
+        for (int i = 0; i < n_want; i++) free(want[i].data);
+    }
+    if (result == PASS && sets == 0) {
+        snprintf(why, wlen, "no test_data_set_N directories");
+        result = FAIL;
+    }
+    mts_ctx_free(ctx);
+    return result;
+}
+
+static void record(const char *dir, enum outcome o, const char *why, mts_model *m)
+{
+    static const char *names[] = {"pass", "FAIL", "unsupported"};
+    const char *base = strrchr(dir, '/');
+    base = base ? base + 1 : dir;
+    g.total[o]++;
+    if (o == FAIL || g.verbose) printf("%-12s %s%s%s\n", names[o], base, why[0] ? ": " : "", why);
+    /* Attribute the outcome to every distinct op of the model (one op for node tests). */
+    if (m) {
+        mts_model_info info;
+        mts_model_get_info(m, &info);
+        const char *seen[256];
+        int n_seen = 0;
+        for (int i = 0; i < info.n_nodes && n_seen < 256; i++) {
+            const char *op = mts_model_node(m, i)->op_type;
+            bool dup = false;
+            for (int j = 0; j < n_seen; j++) dup |= strcmp(seen[j], op) == 0;
+            if (!dup) {
+                seen[n_seen++] = op;
+                count_op(op, o);
+            }
+        }
+    } else {
+        /* Not loadable: take the op named in "unsupported op 'X'" when present. */
+        const char *q = strstr(why, "op '");
+        char op[64] = "(load)";
+        if (q) {
+            q += 4;
+            size_t l = strcspn(q, "'");
+            if (l > 0 && l < sizeof op) {
+                memcpy(op, q, l);
+                op[l] = '\0';
+            }
+        }
+        count_op(op, o);
+    }
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static int cmp_op(const void *a, const void *b)
+{
+    return strcmp(((const op_row *)a)->name, ((const op_row *)b)->name);
+}
+
+static void run_dir(const char *dir)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/model.onnx", dir);
+    if (exists(path)) {
+        if (g.filter && !strstr(dir, g.filter)) return;
+        char why[1024] = "";
+        mts_model *m = NULL;
+        enum outcome o = run_test(dir, why, sizeof why, &m);
+        record(dir, o, why, m);
+        mts_model_free(m);
+        return;
+    }
+    DIR *d = opendir(dir);
+    if (!d) {
+        fprintf(stderr, "conformance: cannot open %s\n", dir);
+        g.total[FAIL]++;
+        return;
+    }
+    char **names = NULL;
+    size_t n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        names = realloc(names, sizeof *names * (n + 1));
+        names[n++] = strdup(e->d_name);
+    }
+    closedir(d);
+    qsort(names, n, sizeof *names, cmp_str);
+    for (size_t i = 0; i < n; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        if (is_dir(path)) run_dir(path);
+        free(names[i]);
+    }
+    free(names);
+}
+
+int main(int argc, char **argv)
+{
+    int first = 1;
+    for (; first < argc && argv[first][0] == '-'; first++) {
+        const char *a = argv[first];
+        if (!strcmp(a, "--verbose") || !strcmp(a, "-v")) g.verbose = 1;
+        else if (!strcmp(a, "--filter") && first + 1 < argc) g.filter = argv[++first];
+        else if (!strcmp(a, "--threads") && first + 1 < argc) g.threads = atoi(argv[++first]);
+        else if (!strcmp(a, "--rtol") && first + 1 < argc) g.rtol = atof(argv[++first]);
+        else if (!strcmp(a, "--atol") && first + 1 < argc) g.atol = atof(argv[++first]);
+        else {
+            printf("usage: mts-conformance [--verbose] [--filter SUBSTRING] [--threads N] [--rtol R] [--atol A] DIR...\n"
+                   "  DIR is an ONNX backend test directory (with model.onnx) or a folder of them,\n"
+                   "  e.g. /usr/share/libonnx-testdata/data/node\n");
+            return strcmp(a, "--help") == 0 ? 0 : 2;
+        }
+    }
+    if (first >= argc) {
+        fprintf(stderr, "mts-conformance: no test directory given (try --help)\n");
+        return 2;
+    }
+    for (int i = first; i < argc; i++) run_dir(argv[i]);
+    qsort(g.ops, (size_t)g.n_ops, sizeof g.ops[0], cmp_op);
+    printf("\n%-28s %6s %6s %12s\n", "op", "pass", "fail", "unsupported");
+    for (int i = 0; i < g.n_ops; i++)
+        printf("%-28s %6d %6d %12d\n", g.ops[i].name, g.ops[i].n[PASS], g.ops[i].n[FAIL], g.ops[i].n[UNSUP]);
+    printf("\n%d tests unsupported (unknown op, type or attribute combination; --verbose lists reasons)\n",
+           g.total[UNSUP]);
+    printf("conformance: %d passed, %d failed, %d skipped\n", g.total[PASS], g.total[FAIL], g.total[UNSUP]);
+    return g.total[FAIL] ? 1 : 0;
+}
