@@ -81,7 +81,9 @@ def build():
         u = g.resize(x, 2.0, "nearest", "dec%d.up" % lvl)
         u = g.node("Concat", [u, skips[lvl]], name="dec%d.concat" % lvl, axis=1)
         x = res_block(g, u, CHANS[lvl + 1] + CHANS[lvl], CHANS[lvl], "dec%d" % lvl)
-    y = g.conv(x, CHANS[0], 1, 1, "head.conv", gain=1.0)
+    # CBAM gating shrinks activations (~0.2 rms here); scale the head so the
+    # Sigmoid input spans a useful range instead of sitting at 0.
+    y = g.conv(x, CHANS[0], 1, 1, "head.conv", gain=12.0)
     g.node("Sigmoid", [y], name="head.sigmoid", outputs=["mask"])
     g.output("mask", FLOAT, ["N", 1, 256, 256])
     return g.model("residual U-Net with CBAM channel + spatial attention")

@@ -87,7 +87,7 @@ class GraphBuilder:
         return outputs[0] if len(outputs) == 1 else list(outputs)
 
     def conv(self, x, cin, cout, k, name, stride=1, group=1, pad=None, dilation=1,
-             bias=True, gain=math.sqrt(2.0), out=None):
+             bias=True, gain=math.sqrt(2.0), bias_std=0.05, out=None):
         """Conv with He-style N(0, gain^2/fan_in) weights and small random bias."""
         if pad is None:
             pad = dilation * (k - 1) // 2
@@ -95,7 +95,7 @@ class GraphBuilder:
         w = self.init(name + ".weight", self.randn((cout, cin // group, k, k), gain / math.sqrt(fan_in)))
         ins = [x, w]
         if bias:
-            ins.append(self.init(name + ".bias", self.randn((cout,), 0.05)))
+            ins.append(self.init(name + ".bias", self.randn((cout,), bias_std)))
         attrs = dict(kernel_shape=[k, k], strides=[stride, stride], pads=[pad] * 4)
         if group != 1:
             attrs["group"] = group

@@ -9,7 +9,6 @@ Add). Audio branch: two 3x3 convs on 16x16, linear Resize (scales 1.25) to the
 level: nearest Resize x2 (scales initializer), 3x3 conv + Relu, Concat with the
 encoder skip, 3x3 conv + Relu. Head: 3x3 conv to 3 channels + Sigmoid.
 """
-import math
 import os
 import sys
 

@@ -39,12 +39,18 @@ def make_div(v, d=8):
     return n + d if n < 0.9 * v else n
 
 
+# HardSwish roughly halves small activations, so convs feeding it use a larger gain;
+# biases are kept small so the logits depend on the features, not on the biases.
+GAIN = 1.6
+BIAS = 0.01
+
+
 def squeeze_excite(g, x, c, name):
     h = make_div(c // 4)
     s = g.node("GlobalAveragePool", [x], name=name + ".pool")
-    s = g.conv(s, c, h, 1, name + ".fc1")
+    s = g.conv(s, c, h, 1, name + ".fc1", gain=GAIN, bias_std=BIAS)
     s = g.act(s, "relu", name + ".relu")
-    s = g.conv(s, h, c, 1, name + ".fc2", gain=1.0)
+    s = g.conv(s, h, c, 1, name + ".fc2", gain=GAIN, bias_std=BIAS)
     s = g.act(s, "hsigmoid", name + ".hsigmoid")
     return g.node("Mul", [x, s], name=name + ".mul")
 
@@ -52,31 +58,31 @@ def squeeze_excite(g, x, c, name):
 def build():
     g = GraphBuilder("mobilenetv3_small", seed=4001)
     x = g.input("image", FLOAT, ["N", 3, 224, 224])
-    x = g.conv(x, 3, 16, 3, "features.0.conv", stride=2)
+    x = g.conv(x, 3, 16, 3, "features.0.conv", stride=2, gain=GAIN, bias_std=BIAS)
     x = g.act(x, "hswish", "features.0.act")
     cin = 16
     for i, (k, exp, cout, se, nl, s) in enumerate(BNECK, start=1):
         name = "features.%d" % i
         inp = x
         if exp != cin:
-            x = g.conv(x, cin, exp, 1, name + ".expand")
+            x = g.conv(x, cin, exp, 1, name + ".expand", gain=GAIN, bias_std=BIAS)
             x = g.act(x, nl, name + ".expand_act")
-        x = g.conv(x, exp, exp, k, name + ".dw", stride=s, group=exp)
+        x = g.conv(x, exp, exp, k, name + ".dw", stride=s, group=exp, gain=GAIN, bias_std=BIAS)
         x = g.act(x, nl, name + ".dw_act")
         if se:
             x = squeeze_excite(g, x, exp, name + ".se")
-        x = g.conv(x, exp, cout, 1, name + ".project", gain=1.0)
+        x = g.conv(x, exp, cout, 1, name + ".project", gain=GAIN, bias_std=BIAS)
         if s == 1 and cin == cout:
             x = g.node("Add", [inp, x], name=name + ".add")
         cin = cout
-    x = g.conv(x, cin, LAST_CONV, 1, "features.12.conv")
+    x = g.conv(x, cin, LAST_CONV, 1, "features.12.conv", gain=GAIN, bias_std=BIAS)
     x = g.act(x, "hswish", "features.12.act")
     x = g.node("GlobalAveragePool", [x], name="avgpool")
-    x = g.conv(x, LAST_CONV, HEAD, 1, "classifier.0")
+    x = g.conv(x, LAST_CONV, HEAD, 1, "classifier.0", gain=GAIN, bias_std=BIAS)
     x = g.act(x, "hswish", "classifier.act")
     x = g.node("Flatten", [x], name="flatten", axis=1)
     w = g.init("classifier.3.weight", g.randn((CLASSES, HEAD), 1.0 / math.sqrt(HEAD)))
-    b = g.init("classifier.3.bias", g.randn((CLASSES,), 0.05))
+    b = g.init("classifier.3.bias", g.randn((CLASSES,), BIAS))
     g.node("Gemm", [x, w, b], name="classifier.3", outputs=["logits"], alpha=1.0, beta=1.0, transB=1)
     g.output("logits", FLOAT, ["N", CLASSES])
     return g.model("MobileNetV3-Small style classifier (random weights)")

@@ -1,1 +1,38 @@
-int main(void){return 0;}
+/*
+ * mtserve's entry point: dispatches to the subcommands. Each subcommand parses its own options
+ * and prints its own usage with --help.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: mtserve COMMAND [options]\n"
+            "\n"
+            "commands:\n"
+            "  inspect MODEL     inputs/outputs, op histogram, parameter bytes, GFLOP per sample\n"
+            "  run MODEL         run a model on random or .npy inputs; latency and throughput\n"
+            "\n"
+            "`mtserve COMMAND --help` describes each command.\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "inspect")) return mts_cli_inspect(argc - 1, argv + 1);
+    if (!strcmp(cmd, "run")) return mts_cli_run(argc - 1, argv + 1);
+    if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
+        usage(stdout);
+        return 0;
+    }
+    fprintf(stderr, "mtserve: unknown command '%s'\n", cmd);
+    usage(stderr);
+    return 2;
+}

@@ -34,9 +34,9 @@ const char *mts_dtype_name(mts_dtype t)
     case MTS_DTYPE_DOUBLE: return "double";
     case MTS_DTYPE_UINT32: return "uint32";
     case MTS_DTYPE_UINT64: return "uint64";
-    case 14: return "complex64";
-    case 15: return "complex128";
-    case 16: return "bfloat16";
+    case MTS_DTYPE_COMPLEX64: return "complex64";
+    case MTS_DTYPE_COMPLEX128: return "complex128";
+    case MTS_DTYPE_BFLOAT16: return "bfloat16";
     default: return "undefined";
     }
 }

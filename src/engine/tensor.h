@@ -24,6 +24,9 @@ typedef enum mts_dtype {
     MTS_DTYPE_DOUBLE = 11,
     MTS_DTYPE_UINT32 = 12,
     MTS_DTYPE_UINT64 = 13,
+    MTS_DTYPE_COMPLEX64 = 14,
+    MTS_DTYPE_COMPLEX128 = 15,
+    MTS_DTYPE_BFLOAT16 = 16,
 } mts_dtype;
 
 #define MTS_MAX_RANK 8

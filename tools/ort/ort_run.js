@@ -5,7 +5,8 @@
 // format is parsed and written here directly (little-endian f4/f8/i8/i4/u1/b1
 // and friends, C order only). Exits non-zero with a message on any error.
 //
-// usage: node tools/ort/ort_run.js MODEL.onnx OUTDIR NAME=FILE.npy [NAME=FILE.npy ...]
+// usage: node tools/ort/ort_run.js [--opt=LEVEL] MODEL.onnx OUTDIR NAME=FILE.npy [...]
+// --opt=disabled|basic|extended|all overrides the optimization level (default all).
 'use strict';
 
 const fs = require('fs');
@@ -110,9 +111,16 @@ function writeNpy(file, tensor) {
 }
 
 async function main() {
-  const args = process.argv.slice(2);
+  let optLevel = 'all';
+  const args = [];
+  for (const a of process.argv.slice(2)) {
+    if (a.startsWith('--opt=')) {
+      optLevel = a.slice(6);
+      if (!['disabled', 'basic', 'extended', 'all'].includes(optLevel)) fail(`bad --opt level '${optLevel}'`);
+    } else args.push(a);
+  }
   if (args.length < 2) {
-    console.error('usage: node ort_run.js MODEL.onnx OUTDIR NAME=FILE.npy [NAME=FILE.npy ...]');
+    console.error('usage: node ort_run.js [--opt=LEVEL] MODEL.onnx OUTDIR NAME=FILE.npy [NAME=FILE.npy ...]');
     process.exit(2);
   }
   const [modelPath, outDir, ...feedArgs] = args;
@@ -126,7 +134,7 @@ async function main() {
   let session;
   try {
     session = await ort.InferenceSession.create(modelPath, {
-      graphOptimizationLevel: 'all',
+      graphOptimizationLevel: optLevel,
       intraOpNumThreads: 2,
       interOpNumThreads: 1,
       executionProviders: ['cpu'],
@@ -134,8 +142,8 @@ async function main() {
   } catch (e) {
     fail(`cannot load ${modelPath}: ${e.message}`);
   }
-  for (const n of session.inputNames) if (!(n in feeds)) fail(`missing input '${n}' (model inputs: ${session.inputNames.join(', ')})`);
   for (const n of Object.keys(feeds)) if (!session.inputNames.includes(n)) fail(`model has no input '${n}' (model inputs: ${session.inputNames.join(', ')})`);
+  for (const n of session.inputNames) if (!(n in feeds)) fail(`missing input '${n}' (model inputs: ${session.inputNames.join(', ')})`);
   let results;
   try {
     results = await session.run(feeds);

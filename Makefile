@@ -1,0 +1,60 @@
+# mtserve — top-level entry points. Every target installs what it needs first (scripts/
+# install-deps.sh is quick when everything is present), so `make run` and `make test` work on a
+# fresh Debian 12 machine.
+#
+#   make run      install, build, generate the demo models, and run the demo
+#   make test     everything CI checks: unit tests (plain, ASan+UBSan, TSan), ONNX conformance,
+#                 the broken-file corpus under ASan, CLI checks, ONNX Runtime comparisons
+#   make models   generate the reference models into models/out
+#   make bench    engine benchmark: mtserve vs ONNX Runtime on every reference model
+JOBS ?= 2
+PY := /usr/bin/python3
+BUILD := build
+MODELS := models/out
+TESTDATA := /usr/share/libonnx-testdata/data
+export MTSERVE := $(CURDIR)/$(BUILD)/mtserve
+
+.PHONY: all deps build build-asan build-tsan models run test test-unit test-asan test-tsan \
+        test-conformance test-corpus test-cli test-ort bench clean
+
+all: build
+
+deps:
+	@bash scripts/install-deps.sh
+
+define cmake_build
+	@cmake -S . -B $(1) -DCMAKE_BUILD_TYPE=$(2) -DMTS_SANITIZE=$(3) > $(1).configure.log 2>&1 || \
+	  (cat $(1).configure.log; exit 1)
+	@cmake --build $(1) -j$(JOBS) 2>&1 | grep -v '^\[' || true
+	@test -x $(1)/mtserve
+endef
+
+build: deps
+	$(call cmake_build,$(BUILD),Release,)
+
+build-asan: deps
+	$(call cmake_build,build-asan,RelWithDebInfo,address)
+
+build-tsan: deps
+	$(call cmake_build,build-tsan,RelWithDebInfo,thread)
+
+models: deps
+	@$(PY) models/gen/generate_all.py $(MODELS)
+
+run: build models
+	@bash scripts/demo.sh
+
+test: build build-asan build-tsan models
+	@bash scripts/test.sh
+
+test-unit: build
+	@cd $(BUILD) && ctest --output-on-failure
+
+test-conformance: build
+	@$(BUILD)/mts-conformance $(TESTDATA)/node $(TESTDATA)/pytorch-converted $(TESTDATA)/pytorch-operator $(TESTDATA)/simple
+
+bench: build models
+	@bash scripts/bench-engine.sh
+
+clean:
+	rm -rf $(BUILD) build-asan build-tsan $(BUILD).configure.log build-asan.configure.log build-tsan.configure.log

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The body of `make test` (called after the builds and models exist): runs every test stage,
+# keeps going after a failure so one run shows everything, and ends with one summary line.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=/usr/bin/python3
+TESTDATA=/usr/share/libonnx-testdata/data
+export MTSERVE=$PWD/build/mtserve
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:halt_on_error=1
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
+passed=0; failed=0; failed_names=()
+
+stage() {
+  local name=$1; shift
+  echo
+  echo "=== $name"
+  local t0=$SECONDS
+  if "$@"; then
+    passed=$((passed + 1)); echo "--- $name: ok ($((SECONDS - t0)) s)"
+  else
+    failed=$((failed + 1)); failed_names+=("$name"); echo "--- $name: FAILED ($((SECONDS - t0)) s)"
+  fi
+}
+
+cli_checks() {
+  local ok=0
+  for m in models/out/*.onnx; do
+    if ! out=$(build/mtserve inspect --json "$m" --dim S=16); then echo "inspect failed: $m"; ok=1; continue; fi
+    echo "$out" | $PY -c 'import json,sys; d=json.load(sys.stdin); print("inspect %-28s %8.3f GFLOP/sample %9d param bytes" % (d["model"].split("/")[-1], d["gflop_per_sample"], d["param_bytes"]))' || ok=1
+    if ! out=$(build/mtserve run --json --iters 1 --dim S=16 "$m"); then echo "run failed: $m"; ok=1; continue; fi
+    echo "$out" | $PY -c 'import json,sys; d=json.load(sys.stdin); assert d["throughput_per_s"] > 0 and d["outputs"]; print("run     %-28s %8.2f ms" % (d["model"].split("/")[-1], d["median_ms"]))' || ok=1
+  done
+  # Errors a user will meet: a missing file and a wrong input name must fail with a message.
+  if build/mtserve inspect /nonexistent.onnx 2>/dev/null; then echo "inspect of a missing file succeeded"; ok=1; fi
+  if build/mtserve run models/out/tiny.onnx --input nosuch=/dev/null 2>/dev/null; then echo "bad --input accepted"; ok=1; fi
+  return $ok
+}
+
+stage "corpus of broken model files (generate)" $PY tests/corpus/make_corpus.py models/out/seg_unet.onnx tests/corpus/out
+stage "unit tests" bash -c "cd build && ctest --output-on-failure"
+stage "unit tests under ASan+UBSan (includes the broken-file corpus)" bash -c "cd build-asan && ctest --output-on-failure"
+stage "unit and concurrency tests under TSan" bash -c "cd build-tsan && ctest --output-on-failure"
+stage "ONNX conformance (reference backend)" build/mts-conformance $TESTDATA/node $TESTDATA/pytorch-converted $TESTDATA/pytorch-operator $TESTDATA/simple
+stage "ONNX node conformance under ASan+UBSan" bash -o pipefail -c "build-asan/mts-conformance $TESTDATA/node | tail -1"
+stage "CLI: inspect and run --json on every generated model" cli_checks
+stage "reference models vs ONNX Runtime" $PY tests/models/compare_ort.py --models-dir models/out
+
+echo
+if [ $failed -gt 0 ]; then echo "failed stages: ${failed_names[*]}"; fi
+echo "make test: $passed passed, $failed failed"
+[ $failed -eq 0 ]

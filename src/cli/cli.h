@@ -1,0 +1,30 @@
+/*
+ * The mtserve command line: one binary, subcommands dispatched from main.c. Shared helpers for
+ * the engine-facing commands (building input tensors from a model's signature, clocks) live in
+ * cli_common.c.
+ */
+#ifndef MTS_CLI_CLI_H
+#define MTS_CLI_CLI_H
+
+#include "engine/engine.h"
+
+int mts_cli_inspect(int argc, char **argv);
+int mts_cli_run(int argc, char **argv);
+
+/* Named overrides of symbolic dimensions, from `--dim NAME=VALUE`. */
+typedef struct mts_cli_dims {
+    int n;
+    const char *name[16];
+    int64_t value[16];
+} mts_cli_dims;
+
+int mts_cli_parse_dim(mts_cli_dims *d, const char *arg);
+void mts_cli_dims_free(mts_cli_dims *d);
+/* Concrete shape for input i: the first symbolic dim becomes `batch`, others come from dims
+ * (default 1). Data is left NULL. */
+int mts_cli_input_shape(const mts_model *m, int i, int64_t batch, const mts_cli_dims *dims, mts_tensor *t,
+                        mts_err *err);
+double mts_cli_now_ms(void);
+int mts_cli_load(const char *path, mts_model **m, double *load_ms);
+
+#endif

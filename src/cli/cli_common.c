@@ -1,0 +1,71 @@
+/*
+ * Helpers shared by the engine-facing subcommands: timed model loading, `--dim` overrides of
+ * symbolic dimensions, and concrete input shapes derived from a model's declared inputs.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli/cli.h"
+
+double mts_cli_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+int mts_cli_load(const char *path, mts_model **m, double *load_ms)
+{
+    mts_err err = {0};
+    double t0 = mts_cli_now_ms();
+    int rc = mts_model_load(path, NULL, m, &err);
+    *load_ms = mts_cli_now_ms() - t0;
+    if (rc) fprintf(stderr, "mtserve: %s (%s)\n", err.msg, mts_status_name(rc));
+    return rc;
+}
+
+int mts_cli_parse_dim(mts_cli_dims *d, const char *arg)
+{
+    const char *eq = strchr(arg, '=');
+    if (!eq || eq == arg || d->n >= 16) return -1;
+    char *end;
+    long long v = strtoll(eq + 1, &end, 10);
+    if (*end || v < 0) return -1;
+    d->name[d->n] = strndup(arg, (size_t)(eq - arg));
+    d->value[d->n++] = v;
+    return 0;
+}
+
+int mts_cli_input_shape(const mts_model *m, int i, int64_t batch, const mts_cli_dims *dims, mts_tensor *t,
+                        mts_err *err)
+{
+    const mts_value *v = mts_model_input(m, i);
+    memset(t, 0, sizeof *t);
+    t->dtype = v->dtype;
+    if (v->rank < 0) return mts_err_set(err, MTS_EINVAL, "input '%s' has no declared shape; pass --input", v->name);
+    t->rank = v->rank;
+    bool batch_used = false;
+    for (int d = 0; d < v->rank; d++) {
+        if (v->dims[d] >= 0) {
+            t->dims[d] = v->dims[d];
+            continue;
+        }
+        int64_t val = -1;
+        for (int k = 0; dims && k < dims->n; k++)
+            if (v->dim_params[d] && !strcmp(dims->name[k], v->dim_params[d])) val = dims->value[k];
+        if (val < 0 && !batch_used && d == 0) {
+            val = batch;
+            batch_used = true;
+        }
+        t->dims[d] = val < 0 ? 1 : val;
+    }
+    return MTS_OK;
+}
+
+void mts_cli_dims_free(mts_cli_dims *d)
+{
+    for (int i = 0; i < d->n; i++) free((char *)d->name[i]);
+    d->n = 0;
+}

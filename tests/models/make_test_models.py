@@ -1,0 +1,55 @@
+#!/usr/bin/python3
+"""Small fixed-seed models for the unit and concurrency tests (tests/unit): a CNN that touches
+the main op families (Conv, depthwise Conv, BatchNormalization, Relu, MaxPool, Resize, Concat,
+GlobalAveragePool, Gemm, Softmax) at 32x32, small enough to run hundreds of times under
+ThreadSanitizer. Usage: make_test_models.py OUTDIR
+"""
+import os
+import sys
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+
+def main():
+    out = sys.argv[1]
+    os.makedirs(out, exist_ok=True)
+    rng = np.random.default_rng(7)
+    inits = []
+
+    def w(name, *shape, scale=0.3):
+        inits.append(numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name))
+        return name
+
+    nodes = [
+        helper.make_node("Conv", ["x", w("c1w", 8, 3, 3, 3), w("c1b", 8)], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c1", w("g", 8), w("b", 8), w("mu", 8), "var"], ["bn"]),
+        helper.make_node("Relu", ["bn"], ["r1"]),
+        helper.make_node("Conv", ["r1", w("dw", 8, 1, 3, 3)], ["d1"], pads=[1, 1, 1, 1], group=8),
+        helper.make_node("MaxPool", ["d1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Resize", ["p1", "", "scales"], ["u1"], mode="nearest"),
+        helper.make_node("Concat", ["u1", "r1"], ["cat"], axis=1),
+        helper.make_node("Conv", ["cat", w("c2w", 4, 16, 1, 1)], ["c2"]),
+        helper.make_node("Sigmoid", ["c2"], ["s2"]),
+        helper.make_node("GlobalAveragePool", ["s2"], ["gap"]),
+        helper.make_node("Flatten", ["gap"], ["flat"]),
+        helper.make_node("Gemm", ["flat", w("fcw", 4, 10), w("fcb", 10)], ["logits"]),
+        helper.make_node("Softmax", ["logits"], ["probs"], axis=-1),
+    ]
+    inits.append(numpy_helper.from_array(np.abs(rng.standard_normal(8)).astype(np.float32) + 0.5, "var"))
+    inits.append(numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales"))
+    g = helper.make_graph(nodes, "small_cnn",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 32, 32])],
+                          [helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["N", 10]),
+                           helper.make_tensor_value_info("s2", TensorProto.FLOAT, ["N", 4, 32, 32])],
+                          initializer=inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.checker.check_model(m)
+    onnx.save(m, os.path.join(out, "small_cnn.onnx"))
+    print("test models written to", out)
+
+
+if __name__ == "__main__":
+    main()
