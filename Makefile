@@ -25,7 +25,7 @@ deps:
 define cmake_build
 	@cmake -S . -B $(1) -DCMAKE_BUILD_TYPE=$(2) -DMTS_SANITIZE=$(3) > $(1).configure.log 2>&1 || \
 	  (cat $(1).configure.log; exit 1)
-	@cmake --build $(1) -j$(JOBS) 2>&1 | grep -v '^\[' || true
+	@cmake --build $(1) -j$(JOBS) 2>&1 | grep -vE '^\[|make\[' || true
 	@test -x $(1)/mtserve
 endef
 
@@ -51,7 +51,7 @@ test-unit: build
 	@cd $(BUILD) && ctest --output-on-failure
 
 test-conformance: build
-	@$(BUILD)/mts-conformance $(TESTDATA)/node $(TESTDATA)/pytorch-converted $(TESTDATA)/pytorch-operator $(TESTDATA)/simple
+	@$(BUILD)/mts-conformance --tolerances tests/conformance/tolerances.txt $(TESTDATA)/node $(TESTDATA)/pytorch-converted $(TESTDATA)/pytorch-operator $(TESTDATA)/simple
 
 bench: build models
 	@bash scripts/bench-engine.sh

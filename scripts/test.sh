@@ -37,12 +37,13 @@ cli_checks() {
   return $ok
 }
 
+stage "test models (generate)" $PY tests/models/make_test_models.py tests/models/out
 stage "corpus of broken model files (generate)" $PY tests/corpus/make_corpus.py models/out/seg_unet.onnx tests/corpus/out
 stage "unit tests" bash -c "cd build && ctest --output-on-failure"
 stage "unit tests under ASan+UBSan (includes the broken-file corpus)" bash -c "cd build-asan && ctest --output-on-failure"
 stage "unit and concurrency tests under TSan" bash -c "cd build-tsan && ctest --output-on-failure"
-stage "ONNX conformance (reference backend)" build/mts-conformance $TESTDATA/node $TESTDATA/pytorch-converted $TESTDATA/pytorch-operator $TESTDATA/simple
-stage "ONNX node conformance under ASan+UBSan" bash -o pipefail -c "build-asan/mts-conformance $TESTDATA/node | tail -1"
+stage "ONNX conformance (reference backend)" build/mts-conformance --tolerances tests/conformance/tolerances.txt $TESTDATA/node $TESTDATA/pytorch-converted $TESTDATA/pytorch-operator $TESTDATA/simple
+stage "ONNX node conformance under ASan+UBSan" bash -o pipefail -c "build-asan/mts-conformance --tolerances tests/conformance/tolerances.txt $TESTDATA/node | tail -1"
 stage "CLI: inspect and run --json on every generated model" cli_checks
 stage "reference models vs ONNX Runtime" $PY tests/models/compare_ort.py --models-dir models/out
 

@@ -109,9 +109,9 @@ int mts_cli_inspect(int argc, char **argv)
         }
         printf("],\n \"ops\": {");
         for (int i = 0; i < n_ops; i++) printf("%s\"%s\": %d", i ? ", " : "", ops[i], counts[i]);
-        printf("},\n \"param_bytes\": %lld, \"gflop_per_sample\": %.4f, \"activation_bytes_batch1\": %lld, "
+        printf("},\n \"param_bytes\": %lld, \"mapped_param_bytes\": %lld, \"resident_bytes\": %lld, \"gflop_per_sample\": %.4f, \"activation_bytes_batch1\": %lld, "
                "\"activation_bytes_batch8\": %lld}\n",
-               (long long)info.param_bytes, flops1 / 1e9, (long long)act1, (long long)act8);
+               (long long)info.param_bytes, (long long)info.mapped_bytes, (long long)info.resident_bytes, flops1 / 1e9, (long long)act1, (long long)act8);
     } else {
         printf("model       %s\n", path);
         printf("format      IR %d, opset %d, %d nodes%s%s\n", info.ir_version, info.opset, info.n_nodes,
@@ -127,7 +127,11 @@ int mts_cli_inspect(int argc, char **argv)
             shape_of(v, shp, sizeof shp);
             printf("output      %-16s %-6s %s\n", v->name, mts_dtype_name(v->dtype), shp);
         }
-        printf("parameters  %lld bytes (%.2f MB)\n", (long long)info.param_bytes, (double)info.param_bytes / 1e6);
+        printf("parameters  %lld bytes (%.2f MB; %.2f MB used in place from the mapped file, the rest copied "
+               "for alignment)\n", (long long)info.param_bytes, (double)info.param_bytes / 1e6,
+               (double)info.mapped_bytes / 1e6);
+        printf("resident    %.2f MB held by the loaded model and its plans (beyond the file mapping)\n",
+               (double)info.resident_bytes / 1e6);
         if (!rc) {
             printf("compute     %.3f GFLOP per sample (Conv, ConvTranspose, MatMul, Gemm)\n", flops1 / 1e9);
             printf("activations %.2f MB peak at batch 1, %.2f MB at batch 8\n", (double)act1 / 1e6, (double)act8 / 1e6);

@@ -44,6 +44,7 @@ typedef struct mts_model_info {
     int n_inputs, n_outputs;
     int n_nodes;
     int64_t param_bytes;     /* bytes of all initializers */
+    int64_t mapped_bytes;    /* of which used in place from the file mapping (zero-copy) */
     int64_t resident_bytes;  /* bytes the model holds in memory: copies, IR, plans (not the mmap) */
 } mts_model_info;
 

@@ -232,6 +232,7 @@ void mts_model_get_info(const mts_model *m, mts_model_info *out)
     out->n_outputs = m->n_outputs;
     out->n_nodes = m->n_nodes;
     out->param_bytes = m->param_bytes;
+    out->mapped_bytes = m->mapped_bytes;
     pthread_mutex_lock((pthread_mutex_t *)&m->plan_lock);
     out->resident_bytes = (int64_t)m->pool.bytes + m->plan_bytes;
     pthread_mutex_unlock((pthread_mutex_t *)&m->plan_lock);

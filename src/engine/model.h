@@ -59,6 +59,7 @@ struct mts_model {
     const mts_op **ops;    /* per node, resolved at load */
     int *inputs, *outputs; /* value indices */
     int64_t param_bytes;
+    int64_t mapped_bytes;  /* initializer bytes used in place from a file mapping */
     int64_t max_tensor_bytes;
     pthread_mutex_t plan_lock;
     mts__plan *plans;

@@ -370,8 +370,12 @@ int mts__parse_tensor(const mts__pb_src *s, const uint8_t *p, size_t len, mts_po
             return mts_err_set(err, MTS_EFORMAT, "%s: tensor '%s' has %zu bytes of data, expected %lld for %s %s",
                                s->file, name, raw_len, (long long)nbytes, mts_dtype_name(t->dtype),
                                mts_shape_str(t, shp, sizeof shp));
+        /* Kernels read elements through typed pointers, so a misaligned view would be
+         * undefined behaviour: those tensors are copied. Stand-alone tensors (no model) are
+         * copied by the caller anyway. */
         if (((uintptr_t)raw % es) == 0) {
             t->data = (void *)raw; /* zero-copy view of the mapping */
+            if (s->model) s->model->mapped_bytes += (int64_t)raw_len;
         } else {
             void *copy = mts_pool_alloc(pool, raw_len ? raw_len : 1);
             if (!copy) return mts_err_set(err, MTS_ENOMEM, "out of memory copying tensor '%s'", name);

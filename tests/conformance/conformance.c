@@ -38,6 +38,30 @@ static struct {
     int total[3];
 } g = {1e-4, 2e-5, 0, 1, NULL, {{{0}, {0}}}, 0, {0}};
 
+/* Per-test tolerance overrides (--tolerances FILE): name, rtol, atol. */
+static struct {
+    char name[128];
+    double rtol, atol;
+} tol_over[64];
+static int n_tol_over;
+
+static void load_tolerances(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        fprintf(stderr, "conformance: cannot read %s\n", path);
+        exit(2);
+    }
+    char line[512];
+    while (fgets(line, sizeof line, f) && n_tol_over < 64) {
+        if (line[0] == '#' || line[0] == '\n') continue;
+        if (sscanf(line, "%127s %lf %lf", tol_over[n_tol_over].name, &tol_over[n_tol_over].rtol,
+                   &tol_over[n_tol_over].atol) == 3)
+            n_tol_over++;
+    }
+    fclose(f);
+}
+
 static void count_op(const char *op, enum outcome o)
 {
     for (int i = 0; i < g.n_ops; i++)
@@ -125,7 +149,7 @@ static bool compare(const mts_tensor *got, const mts_tensor *want, char *msg, si
     return true;
 }
 
-static enum outcome run_test(const char *dir, char *why, size_t wlen, mts_model **model_out)
+static enum outcome run_test_inner(const char *dir, char *why, size_t wlen, mts_model **model_out)
 {
     char path[4096];
     mts_err err = {0};
@@ -205,6 +229,22 @@ static enum outcome run_test(const char *dir, char *why, size_t wlen, mts_model 
     }
     mts_ctx_free(ctx);
     return result;
+}
+
+static enum outcome run_test(const char *dir, char *why, size_t wlen, mts_model **model_out)
+{
+    const char *base = strrchr(dir, '/');
+    base = base ? base + 1 : dir;
+    double saved_rtol = g.rtol, saved_atol = g.atol;
+    for (int i = 0; i < n_tol_over; i++)
+        if (!strcmp(tol_over[i].name, base)) {
+            g.rtol = tol_over[i].rtol;
+            g.atol = tol_over[i].atol;
+        }
+    enum outcome o = run_test_inner(dir, why, wlen, model_out);
+    g.rtol = saved_rtol;
+    g.atol = saved_atol;
+    return o;
 }
 
 static void record(const char *dir, enum outcome o, const char *why, mts_model *m)
@@ -302,8 +342,10 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--threads") && first + 1 < argc) g.threads = atoi(argv[++first]);
         else if (!strcmp(a, "--rtol") && first + 1 < argc) g.rtol = atof(argv[++first]);
         else if (!strcmp(a, "--atol") && first + 1 < argc) g.atol = atof(argv[++first]);
+        else if (!strcmp(a, "--tolerances") && first + 1 < argc) load_tolerances(argv[++first]);
         else {
-            printf("usage: mts-conformance [--verbose] [--filter SUBSTRING] [--threads N] [--rtol R] [--atol A] DIR...\n"
+            printf("usage: mts-conformance [--verbose] [--filter SUBSTRING] [--threads N] [--rtol R] [--atol A]\n"
+                   "                       [--tolerances FILE] DIR...\n"
                    "  DIR is an ONNX backend test directory (with model.onnx) or a folder of them,\n"
                    "  e.g. /usr/share/libonnx-testdata/data/node\n");
             return strcmp(a, "--help") == 0 ? 0 : 2;

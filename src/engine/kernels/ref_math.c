@@ -461,6 +461,12 @@ static int bin_operands(mts_kctx *k, const bin_spec *s, mts_tensor *a, mts_tenso
                            mts_dtype_name(ta->dtype), mts_dtype_name(tb->dtype));
     *a = *ta;
     *b = *tb;
+    if (s->op == B_PRELU && k->node->opset < 7 && b->rank == 1 && a->rank >= 2 && b->dims[0] == a->dims[1]) {
+        /* Before opset 7, PRelu's slope of shape [C] applies per channel (axis 1). */
+        b->rank = a->rank - 1;
+        for (int i = 1; i < b->rank; i++) b->dims[i] = 1;
+        return MTS_OK;
+    }
     return legacy_bcast_view(k, a, b);
 }
 

@@ -210,24 +210,28 @@ static void copy_all(mts_kctx *k, const mts_tensor *in, mts_tensor *out)
 /* Float GEMM core: C = alpha * A * B (+ C when accumulating), batched, optionally threaded.     */
 /* ------------------------------------------------------------------------------------------ */
 
-#define GEMM_MR 6
-#define GEMM_NR_MAX 16
+#define GEMM_MR_MAX 6
+#define GEMM_NR_MAX 32
 #define GEMM_KC 256
-#define GEMM_MC 120
+#define GEMM_MC 120 /* a multiple of every micro-kernel's MR */
 #define GEMM_NC 2048
 
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-#define MTS_GEMM_AVX2 1
+#define MTS_GEMM_X86 1
 #endif
 
-/* Micro-kernels: acc[MR][NR] = sum_p a[p][0..MR) x b[p][0..NR) over packed panels. */
+/* Micro-kernels: out[MR][NR] = sum over p of a[p][0..MR) (outer product) b[p][0..NR), reading the
+ * packed panels written by pack_a / pack_b. */
+typedef void (*gemm_ukernel)(int64_t kc, const float *restrict a, const float *restrict b, float *restrict out);
+
 #if defined(__GNUC__)
+/* Portable 6x8 kernel on 4-float vectors (SSE2 on x86-64, NEON on arm64). */
 typedef float mts_v4f __attribute__((vector_size(16)));
-static void ukernel_nr8(int64_t kc, const float *restrict a, const float *restrict b, float *restrict out)
+static void ukernel_6x8(int64_t kc, const float *restrict a, const float *restrict b, float *restrict out)
 {
     mts_v4f c00 = {0}, c01 = {0}, c10 = {0}, c11 = {0}, c20 = {0}, c21 = {0};
     mts_v4f c30 = {0}, c31 = {0}, c40 = {0}, c41 = {0}, c50 = {0}, c51 = {0};
-    for (int64_t p = 0; p < kc; p++, a += GEMM_MR, b += 8) {
+    for (int64_t p = 0; p < kc; p++, a += 6, b += 8) {
         mts_v4f b0, b1;
         memcpy(&b0, b, sizeof b0);
         memcpy(&b1, b + 4, sizeof b1);
@@ -264,41 +268,53 @@ static void ukernel_nr8(int64_t kc, const float *restrict a, const float *restri
     memcpy(out + 44, &c51, 16);
 }
 #else
-static void ukernel_nr8(int64_t kc, const float *restrict a, const float *restrict b, float *restrict out)
+static void ukernel_6x8(int64_t kc, const float *restrict a, const float *restrict b, float *restrict out)
 {
-    float c[GEMM_MR][8];
+    float c[6][8];
     memset(c, 0, sizeof c);
-    for (int64_t p = 0; p < kc; p++, a += GEMM_MR, b += 8)
-        for (int i = 0; i < GEMM_MR; i++)
+    for (int64_t p = 0; p < kc; p++, a += 6, b += 8)
+        for (int i = 0; i < 6; i++)
             for (int j = 0; j < 8; j++) c[i][j] += a[i] * b[j];
     memcpy(out, c, sizeof c);
 }
 #endif
 
-#ifdef MTS_GEMM_AVX2
-/* Written so gcc keeps the 6x16 tile in 12 ymm registers and emits vfmadd. */
-__attribute__((target("avx2,fma"))) static void ukernel_nr16_avx2(int64_t kc, const float *restrict a,
-                                                                  const float *restrict b, float *restrict out)
-{
-    float c[GEMM_MR][16];
-    memset(c, 0, sizeof c);
-    for (int64_t p = 0; p < kc; p++, a += GEMM_MR, b += 16) {
-        _Pragma("GCC unroll 6") for (int i = 0; i < GEMM_MR; i++) {
-            const float ai = a[i];
-            _Pragma("GCC unroll 16") for (int j = 0; j < 16; j++) c[i][j] = __builtin_fmaf(ai, b[j], c[i][j]);
-        }
+#ifdef MTS_GEMM_X86
+/* Plain loops that gcc fully unrolls and auto-vectorizes for the target ISA, keeping the MR x NR
+ * tile in registers (8 ymm for AVX2, 12 zmm for AVX-512) and emitting vfmadd. */
+#define MTS_DEFINE_UKERNEL(NAME, TARGET, MR, NR)                                                          \
+    __attribute__((target(TARGET))) static void NAME(int64_t kc, const float *restrict a,                 \
+                                                     const float *restrict b, float *restrict out)        \
+    {                                                                                                     \
+        float c[MR][NR];                                                                                  \
+        memset(c, 0, sizeof c);                                                                           \
+        for (int64_t p = 0; p < kc; p++, a += MR, b += NR) {                                              \
+            _Pragma("GCC unroll 8") for (int i = 0; i < MR; i++) {                                        \
+                const float ai = a[i];                                                                    \
+                _Pragma("GCC unroll 32") for (int j = 0; j < NR; j++) c[i][j] =                           \
+                    __builtin_fmaf(ai, b[j], c[i][j]);                                                    \
+            }                                                                                             \
+        }                                                                                                 \
+        memcpy(out, c, sizeof c);                                                                         \
     }
-    memcpy(out, c, sizeof c);
-}
+MTS_DEFINE_UKERNEL(ukernel_4x16_avx2, "avx2,fma", 4, 16)
+MTS_DEFINE_UKERNEL(ukernel_6x32_avx512, "avx512f,fma", 6, 32)
 #endif
 
-static int gemm_use_avx2(void)
+typedef struct gemm_kernel {
+    gemm_ukernel fn;
+    int mr, nr;
+} gemm_kernel;
+
+/* The fastest micro-kernel this CPU runs. */
+static gemm_kernel gemm_pick_kernel(void)
 {
-#ifdef MTS_GEMM_AVX2
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-    return 0;
+#ifdef MTS_GEMM_X86
+    if (__builtin_cpu_supports("avx512f")) return (gemm_kernel){ukernel_6x32_avx512, 6, 32};
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return (gemm_kernel){ukernel_4x16_avx2, 4, 16};
 #endif
+    return (gemm_kernel){ukernel_6x8, 6, 8};
 }
 
 typedef struct sgemm_job {
@@ -312,21 +328,21 @@ typedef struct sgemm_job {
     int64_t ldc;
     float alpha;
     int accumulate;               /* 1: C += alpha*A*B; 0: C = alpha*A*B */
-    int nr;                       /* micro-kernel width: 8 or 16 */
+    gemm_kernel uk;               /* micro-kernel and its MR x NR tile */
     int64_t ms, ns;               /* each product is cut into ms x ns work blocks ... */
     int64_t mchunk, nchunk;       /* ... of mchunk x nchunk */
 } sgemm_job;
 
-static void pack_a(const float *A, int64_t rs, int64_t cs, int64_t mc, int64_t kc, float alpha, float *ap)
+static void pack_a(const float *A, int64_t rs, int64_t cs, int64_t mc, int64_t kc, float alpha, int mr, float *ap)
 {
-    for (int64_t ir = 0; ir < mc; ir += GEMM_MR) {
-        int h = (int)(mc - ir < GEMM_MR ? mc - ir : GEMM_MR);
+    for (int64_t ir = 0; ir < mc; ir += mr) {
+        int h = (int)(mc - ir < mr ? mc - ir : mr);
         float *dst = ap + ir * kc;
         const float *src = A + ir * rs;
-        for (int64_t p = 0; p < kc; p++) {
+        for (int64_t p = 0; p < kc; p++, dst += mr) {
             int i = 0;
-            for (; i < h; i++) dst[p * GEMM_MR + i] = alpha * src[i * rs + p * cs];
-            for (; i < GEMM_MR; i++) dst[p * GEMM_MR + i] = 0.0f;
+            for (; i < h; i++) dst[i] = alpha * src[i * rs + p * cs];
+            for (; i < mr; i++) dst[i] = 0.0f;
         }
     }
 }
@@ -354,7 +370,7 @@ static void sgemm_block(const sgemm_job *g, int64_t bi, int64_t m0, int64_t m1, 
     const float *A = g->A + (g->a_off ? g->a_off[bi] : 0);
     const float *B = g->B + (g->b_off ? g->b_off[bi] : 0);
     float *C = g->C + bi * g->c_bs;
-    const int nr = g->nr;
+    const int mr = g->uk.mr, nr = g->uk.nr;
     if (g->K == 0) {
         if (!g->accumulate)
             for (int64_t i = m0; i < m1; i++) memset(C + i * g->ldc + n0, 0, sizeof(float) * (size_t)(n1 - n0));
@@ -368,19 +384,14 @@ static void sgemm_block(const sgemm_job *g, int64_t bi, int64_t m0, int64_t m1, 
             pack_b(B + pc * g->b_rs + jc * g->b_cs, g->b_rs, g->b_cs, kc, nc, nr, bp);
             for (int64_t ic = m0; ic < m1; ic += GEMM_MC) {
                 int64_t mc = m1 - ic < GEMM_MC ? m1 - ic : GEMM_MC;
-                pack_a(A + ic * g->a_rs + pc * g->a_cs, g->a_rs, g->a_cs, mc, kc, g->alpha, ap);
+                pack_a(A + ic * g->a_rs + pc * g->a_cs, g->a_rs, g->a_cs, mc, kc, g->alpha, mr, ap);
                 for (int64_t jr = 0; jr < nc; jr += nr) {
                     int w = (int)(nc - jr < nr ? nc - jr : nr);
                     const float *bpan = bp + jr * kc;
-                    for (int64_t ir = 0; ir < mc; ir += GEMM_MR) {
-                        int h = (int)(mc - ir < GEMM_MR ? mc - ir : GEMM_MR);
-                        float acc[GEMM_MR * GEMM_NR_MAX];
-#ifdef MTS_GEMM_AVX2
-                        if (nr == 16)
-                            ukernel_nr16_avx2(kc, ap + ir * kc, bpan, acc);
-                        else
-#endif
-                            ukernel_nr8(kc, ap + ir * kc, bpan, acc);
+                    for (int64_t ir = 0; ir < mc; ir += mr) {
+                        int h = (int)(mc - ir < mr ? mc - ir : mr);
+                        float acc[GEMM_MR_MAX * GEMM_NR_MAX];
+                        g->uk.fn(kc, ap + ir * kc, bpan, acc);
                         float *c = C + (ic + ir) * g->ldc + jc + jr;
                         for (int i = 0; i < h; i++, c += g->ldc) {
                             const float *a = acc + i * nr;
@@ -409,7 +420,7 @@ static int sgemm_range(const sgemm_job *g, int64_t w0, int64_t w1)
     int64_t mc = g->mchunk < GEMM_MC ? g->mchunk : GEMM_MC;
     int64_t nc = g->nchunk < GEMM_NC ? g->nchunk : GEMM_NC;
     if (kc < 1) kc = 1;
-    size_t asz = (size_t)(kc * round_up(mc, GEMM_MR)), bsz = (size_t)(kc * round_up(nc, g->nr));
+    size_t asz = (size_t)(kc * round_up(mc, g->uk.mr)), bsz = (size_t)(kc * round_up(nc, g->uk.nr));
     float *ap = malloc(sizeof(float) * asz), *bp = malloc(sizeof(float) * bsz);
     if (!ap || !bp) {
         free(ap);
@@ -443,12 +454,13 @@ static void *sgemm_thread(void *arg)
 }
 
 #define GEMM_MAX_THREADS 64
-#define GEMM_FLOPS_PER_THREAD 4.0e6 /* below this much work another thread does not pay */
+#define GEMM_FLOPS_PER_THREAD 1.6e7 /* below this much work another thread does not pay */
 
 static int sgemm_run(sgemm_job *g, int threads)
 {
     if (g->M <= 0 || g->N <= 0 || g->nbatch <= 0) return MTS_OK;
-    g->nr = gemm_use_avx2() ? 16 : 8;
+    g->uk = gemm_pick_kernel();
+    const int64_t mr = g->uk.mr, nr = g->uk.nr;
     double flops = 2.0 * (double)g->M * (double)g->N * (double)(g->K > 0 ? g->K : 1) * (double)g->nbatch;
     int64_t nth = threads < 1 ? 1 : threads;
     if (nth > GEMM_MAX_THREADS) nth = GEMM_MAX_THREADS;
@@ -459,7 +471,7 @@ static int sgemm_run(sgemm_job *g, int threads)
     if (nth > 1 && g->nbatch % nth != 0) {
         int64_t want = g->nbatch < nth ? nth : 4 * nth;
         int64_t per = (want + g->nbatch - 1) / g->nbatch;
-        int64_t mmax = g->M / (2 * GEMM_MR), nmax = g->N / (2 * g->nr);
+        int64_t mmax = g->M / (2 * mr), nmax = g->N / (2 * nr);
         if (mmax < 1) mmax = 1;
         if (nmax < 1) nmax = 1;
         if (g->N >= g->M) {
@@ -472,9 +484,9 @@ static int sgemm_run(sgemm_job *g, int threads)
             g->ns = rest < nmax ? rest : nmax;
         }
     }
-    g->mchunk = round_up((g->M + g->ms - 1) / g->ms, GEMM_MR);
+    g->mchunk = round_up((g->M + g->ms - 1) / g->ms, mr);
     g->ms = (g->M + g->mchunk - 1) / g->mchunk;
-    g->nchunk = round_up((g->N + g->ns - 1) / g->ns, g->nr);
+    g->nchunk = round_up((g->N + g->ns - 1) / g->ns, nr);
     g->ns = (g->N + g->nchunk - 1) / g->nchunk;
     int64_t nwork = g->nbatch * g->ms * g->ns;
     if (nth > nwork) nth = nwork;
