@@ -6,8 +6,8 @@
  * Data movement is dtype independent: it works on bytes with the element size from
  * mts_dtype_size(), mostly through one strided-copy routine (Transpose, Slice, Expand, Tile).
  * The float GEMM behind MatMul and Gemm packs cache-sized panels of A and B and runs a
- * register-tiled micro-kernel (an AVX2/FMA variant is picked at run time on x86-64, a portable
- * one otherwise); large products are split over up to k->threads pthreads.
+ * register-tiled micro-kernel (AVX-512 or AVX2/FMA variants picked at run time on x86-64, a
+ * portable one otherwise); large products are split over up to k->threads pthreads.
  */
 #include <math.h>
 #include <pthread.h>
@@ -333,33 +333,47 @@ typedef struct sgemm_job {
     int64_t mchunk, nchunk;       /* ... of mchunk x nchunk */
 } sgemm_job;
 
+/* Packs rows [0, mc) x columns [0, kc) of A (A(i,p) = A[i*rs + p*cs]) times alpha into panels
+ * of mr rows: ap[panel][p][0..mr), zero-padded. Loops run along whichever stride is 1. */
 static void pack_a(const float *A, int64_t rs, int64_t cs, int64_t mc, int64_t kc, float alpha, int mr, float *ap)
 {
     for (int64_t ir = 0; ir < mc; ir += mr) {
         int h = (int)(mc - ir < mr ? mc - ir : mr);
         float *dst = ap + ir * kc;
         const float *src = A + ir * rs;
-        for (int64_t p = 0; p < kc; p++, dst += mr) {
-            int i = 0;
-            for (; i < h; i++) dst[i] = alpha * src[i * rs + p * cs];
-            for (; i < mr; i++) dst[i] = 0.0f;
+        if (cs == 1) {
+            for (int i = 0; i < h; i++)
+                for (int64_t p = 0; p < kc; p++) dst[p * mr + i] = alpha * src[i * rs + p];
+            for (int i = h; i < mr; i++)
+                for (int64_t p = 0; p < kc; p++) dst[p * mr + i] = 0.0f;
+        } else {
+            for (int64_t p = 0; p < kc; p++, dst += mr) {
+                int i = 0;
+                for (; i < h; i++) dst[i] = alpha * src[i * rs + p * cs];
+                for (; i < mr; i++) dst[i] = 0.0f;
+            }
         }
     }
 }
 
+/* Packs rows [0, kc) x columns [0, nc) of B (B(p,j) = B[p*rs + j*cs]) into panels of nr
+ * columns: bp[panel][p][0..nr), zero-padded. */
 static void pack_b(const float *B, int64_t rs, int64_t cs, int64_t kc, int64_t nc, int nr, float *bp)
 {
     for (int64_t jr = 0; jr < nc; jr += nr) {
         int w = (int)(nc - jr < nr ? nc - jr : nr);
         float *dst = bp + jr * kc;
-        for (int64_t p = 0; p < kc; p++, dst += nr) {
-            const float *src = B + p * rs + jr * cs;
-            if (cs == 1) {
-                memcpy(dst, src, sizeof(float) * (size_t)w);
-            } else {
-                for (int j = 0; j < w; j++) dst[j] = src[j * cs];
+        const float *src = B + jr * cs;
+        if (cs == 1) {
+            for (int64_t p = 0; p < kc; p++, dst += nr) {
+                memcpy(dst, src + p * rs, sizeof(float) * (size_t)w);
+                for (int j = w; j < nr; j++) dst[j] = 0.0f;
             }
-            for (int j = w; j < nr; j++) dst[j] = 0.0f;
+        } else {
+            for (int j = 0; j < w; j++)
+                for (int64_t p = 0; p < kc; p++) dst[p * nr + j] = src[j * cs + p * rs];
+            for (int j = w; j < nr; j++)
+                for (int64_t p = 0; p < kc; p++) dst[p * nr + j] = 0.0f;
         }
     }
 }
@@ -1040,10 +1054,11 @@ static int reshape_infer(mts_kctx *k)
     if ((rc = req_in(k, 0, "data", &x)) || (rc = chk_n_out(k, 1)) || (rc = chk_dtype(k, x, "data"))) return rc;
     int64_t sh[MTS_MAX_RANK];
     int n = 0;
-    if (k->node->opset < 5) {
-        int na = 0;
-        const int64_t *a = mts_attr_ints(k->node, "shape", &na);
-        if (!a) return mts_err_set(k->err, MTS_EINVAL, "Reshape (opset %d) needs the 'shape' attribute", k->node->opset);
+    int na = 0;
+    const int64_t *a = k->node->opset < 5 ? mts_attr_ints(k->node, "shape", &na) : NULL;
+    if (k->node->opset < 5 && !a && !mts_kin(k, 1)) { /* opset 1-4 without a shape: keep the shape */
+        return set_out_like(k, 0, x);
+    } else if (a) {
         if (na > MTS_MAX_RANK)
             return mts_err_set(k->err, MTS_EUNSUPPORTED, "Reshape target rank %d exceeds %d", na, MTS_MAX_RANK);
         memcpy(sh, a, sizeof(int64_t) * (size_t)na);
@@ -1063,7 +1078,8 @@ static int reshape_infer(mts_kctx *k)
     for (int i = 0; i < n; i++) {
         if (sh[i] == -1) {
             if (infer_at >= 0)
-                return mts_err_set(k->err, MTS_EINVAL, "Reshape shape has more than one -1 (at %d and %d)", infer_at, i);
+                return mts_err_set(k->err, MTS_EINVAL, "Reshape shape has more than one -1 (at %d and %d)",
+                                   infer_at, i);
             infer_at = i;
             continue;
         }
@@ -1131,7 +1147,7 @@ static int squeeze_infer(mts_kctx *k)
     int n = 0, present = 0;
     if ((rc = read_axes(k, 13, 1, x->rank, ax, &n, &present))) return rc;
     int drop[MTS_MAX_RANK] = {0};
-    if (!present) {
+    if (!present || n == 0) { /* no (or empty) axes: drop every dimension of size 1 */
         for (int i = 0; i < x->rank; i++) drop[i] = x->dims[i] == 1;
     } else {
         for (int i = 0; i < n; i++) {
@@ -1341,7 +1357,8 @@ static int slice_spec_get(mts_kctx *k, const mts_tensor *x, slice_spec *sp)
         int n1 = 0, n2 = 0, n3 = 0;
         const int64_t *a1 = mts_attr_ints(k->node, "starts", &n1), *a2 = mts_attr_ints(k->node, "ends", &n2);
         const int64_t *a3 = mts_attr_ints(k->node, "axes", &n3);
-        if (!a1 || !a2) return mts_err_set(k->err, MTS_EINVAL, "Slice (opset %d) needs 'starts' and 'ends'", k->node->opset);
+        if (!a1 || !a2)
+            return mts_err_set(k->err, MTS_EINVAL, "Slice (opset %d) needs 'starts' and 'ends'", k->node->opset);
         if (n1 > r || n2 > r || n3 > r)
             return mts_err_set(k->err, MTS_EINVAL, "Slice has more starts/ends/axes than the input rank %d", r);
         memcpy(st, a1, sizeof(int64_t) * (size_t)n1);
