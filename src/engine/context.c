@@ -44,6 +44,20 @@ int mts_ctx_create(mts_model *m, int threads, mts_ctx **out, mts_err *err)
     return MTS_OK;
 }
 
+void mts_ctx_set_threads(mts_ctx *c, int threads)
+{
+    c->threads = threads > 0 ? threads : 1;
+}
+
+int64_t mts_ctx_bytes(const mts_ctx *c)
+{
+    int64_t b = 0;
+    if (c->plan)
+        for (int i = 0; i < c->plan->n_slots; i++) b += c->plan->slot_bytes[i];
+    for (int v = 0; v < c->m->n_values; v++) b += c->dyn_cap[v];
+    return b;
+}
+
 static void unbind(mts_ctx *c)
 {
     for (int i = 0; i < c->n_slots; i++) free(c->slots[i]);

@@ -63,6 +63,10 @@ int mts_model_analyze(mts_model *m, const mts_tensor *inputs, int n_inputs, doub
 /* threads: intra-op threads this context may use (>= 1). */
 int mts_ctx_create(mts_model *m, int threads, mts_ctx **out, mts_err *err);
 void mts_ctx_free(mts_ctx *c);
+/* Changes the intra-op thread count for the next runs (>= 1). */
+void mts_ctx_set_threads(mts_ctx *c, int threads);
+/* Bytes of activation buffers the context holds now. */
+int64_t mts_ctx_bytes(const mts_ctx *c);
 /* inputs[i] corresponds to mts_model_input(m, i) (same order, all required). Validates dtypes
  * and shapes against the model, then runs. outputs (OUT) is an array of n_outputs pointers the
  * caller provides; each is set to a view owned by the context. */

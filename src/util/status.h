@@ -20,7 +20,11 @@
     X(MTS_ESHAPE, -6, "shape mismatch")                                      \
     X(MTS_ENOTFOUND, -7, "not found")                                        \
     X(MTS_EDYNAMIC, -8, "value not known before run time")                   \
-    X(MTS_ELIMIT, -9, "limit exceeded")
+    X(MTS_ELIMIT, -9, "limit exceeded")                                      \
+    X(MTS_EFULL, -10, "queue full")                                          \
+    X(MTS_ETIMEDOUT, -11, "deadline exceeded")                               \
+    X(MTS_EUNAVAILABLE, -12, "unavailable")                                  \
+    X(MTS_ECANCELLED, -13, "cancelled")
 
 enum mts_status {
 #define MTS__STATUS_ENUM(name, value, text) name = value,

@@ -1,0 +1,91 @@
+/*
+ * Server configuration: the YAML file of the original design documents (sections server, gpus,
+ * capacity, onnx, models) or a Triton-style model repository folder, turned into validated
+ * structs. Errors name the file, the line and the key; keys that do not apply to mtserve are
+ * warned about once (through the log callback) and otherwise ignored.
+ */
+#ifndef MTS_CONFIG_CONFIG_H
+#define MTS_CONFIG_CONFIG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "util/status.h"
+
+typedef enum mts_eviction_policy { MTS_EVICT_LRU = 0, MTS_EVICT_LFU } mts_eviction_policy;
+typedef enum mts_placement { MTS_PLACE_ROUND_ROBIN = 0, MTS_PLACE_LEAST_LOADED } mts_placement;
+
+typedef struct mts_model_config {
+    char *name;
+    char *model_path;          /* .onnx file */
+    int max_batch;             /* samples per batch; default 8; 1 disables batching */
+    int64_t max_queue_delay_us;/* batching delay; default 2000 */
+    int queue_size;            /* per-model queue bound (requests); default server.queue_size */
+    bool preload;              /* load at start-up */
+    bool pin;                  /* never evicted */
+    int preferred_device;      /* -1 = placement strategy decides (documents: preferred_gpu) */
+    int instances;             /* max concurrent batches of this model; default: device workers */
+    /* lip-sync assets (compositing issue) */
+    char *background_dir;
+    char *crop_rects_path;
+    int num_frames;
+    int background_cache_frames; /* default capacity.background_cache_frames */
+} mts_model_config;
+
+typedef struct mts_config {
+    char *source;              /* file or folder the configuration came from */
+    /* server */
+    char *host;                /* listen address; default 127.0.0.1 */
+    int http_port;             /* default 8000 */
+    int grpc_port;             /* from server.port ":50051"; default 50051 */
+    int worker_count;          /* server.worker_count: workers per device when gpus is absent */
+    int queue_size;            /* server.queue_size: default per-model queue bound (100) */
+    int max_queue_total;       /* global cap on queued requests; default 16 × queue_size */
+    int max_message_size_mb;   /* request body / message limit; default 50 */
+    int64_t default_timeout_ms;/* 0 = none */
+    int shutdown_grace_s;      /* SIGTERM: time to finish queued work; default 30 */
+    /* devices (the documents' gpus section maps onto CPU devices) */
+    int device_count;          /* gpus.count; default 1 */
+    double memory_gb_per_device; /* gpus.memory_gb_per_gpu; default capacity.max_memory_gb / count */
+    int workers_per_device;    /* gpus.worker_count_per_gpu or server.worker_count; default 2 */
+    int threads_per_device;    /* cores each device owns; default online cores / device_count */
+    mts_placement placement;   /* gpus.assignment_strategy */
+    /* capacity */
+    int max_models;            /* default 100 */
+    double max_memory_gb;      /* default: 0.5 × physical memory */
+    mts_eviction_policy eviction;
+    double idle_timeout_minutes; /* 0 = never */
+    int background_cache_frames; /* default 50 */
+    /* models */
+    char *model_repository;    /* folder scanned for <name>/model.onnx (optional) */
+    int n_models;
+    mts_model_config *models;
+} mts_config;
+
+/* Called once per warning ("config.yaml:12: key 'onnx.library_path' does not apply ..."). */
+typedef void (*mts_config_warn_fn)(void *user, const char *msg);
+
+/* Values that default from other values stay unset until mts_config_finalize: worker_count,
+ * max_queue_total, memory_gb_per_device, workers_per_device, threads_per_device and max_memory_gb
+ * are 0; per model, max_batch, queue_size and instances are 0, max_queue_delay_us and
+ * background_cache_frames -1. Status codes: MTS_EINVAL (bad content), MTS_ELIMIT (file larger than
+ * 4 MiB, nesting deeper than 64), MTS_ENOTFOUND / MTS_EIO (cannot read), MTS_ENOMEM. When loading
+ * or parsing fails, c is left freed (zeroed), so a further mts_config_free is harmless. */
+
+/* Sets every field to its default (no models). */
+void mts_config_defaults(mts_config *c);
+/* Parses a YAML file into c (defaults first). On error returns MTS_EINVAL and err says
+ * "FILE:LINE: key 'a.b': what is wrong". */
+int mts_config_load_yaml(const char *path, mts_config *c, mts_config_warn_fn warn, void *user, mts_err *err);
+/* Parses YAML text (for tests); name is used in messages. */
+int mts_config_parse_yaml(const char *text, size_t len, const char *name, mts_config *c, mts_config_warn_fn warn,
+                          void *user, mts_err *err);
+/* Adds every <dir>/<name>/model.onnx (optionally with <dir>/<name>/config.yaml holding the
+ * per-model keys) as a model; models already configured by name are kept. */
+int mts_config_scan_repository(mts_config *c, const char *dir, mts_config_warn_fn warn, void *user, mts_err *err);
+/* Fills derived defaults (per-device memory, workers, threads) and checks cross-field rules. */
+int mts_config_finalize(mts_config *c, mts_err *err);
+const mts_model_config *mts_config_find_model(const mts_config *c, const char *name);
+void mts_config_free(mts_config *c);
+
+#endif

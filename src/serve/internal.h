@@ -1,0 +1,165 @@
+/*
+ * Internal state of the server core shared by registry.c (residency, loads, eviction),
+ * scheduler.c (queues, batching, workers) and stats.c (snapshots, metrics). One mutex,
+ * server->lock, guards all of it; critical sections are short (queue hand-offs, state
+ * transitions, counters). Loads and inference run outside the lock.
+ *
+ * Residency state machine of one entry (configured model):
+ *
+ *   UNLOADED --first request / load / preload--> LOADING --ok--> READY
+ *   LOADING --error--> FAILED (reason kept; a request after the back-off retries)
+ *   READY --evict / idle timeout (queue empty, nothing running)--> UNLOADED
+ *   READY --unload--> DRAINING --queue empty and nothing running--> UNLOADED
+ *   READY --load force_reload--> READY with reload_pending; the new version replaces `cur`
+ *         when loaded and the old one is freed when its last running batch ends.
+ *
+ * Invariants: a version with refs > 0 (running batches) is never freed; an entry with queued
+ * or running requests is never evicted; `resident` counts entries in LOADING, READY and
+ * DRAINING; device->used includes reservations of loads in progress.
+ */
+#ifndef MTS_SERVE_INTERNAL_H
+#define MTS_SERVE_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "engine/engine.h"
+#include "serve/server.h"
+
+#define MTS__HIST_BUCKETS 16
+extern const double mts__time_buckets[MTS__HIST_BUCKETS];
+#define MTS__BATCH_BUCKETS 8
+extern const double mts__batch_buckets[MTS__BATCH_BUCKETS];
+
+typedef struct mts__hist {
+    uint64_t counts[MTS__HIST_BUCKETS + 1]; /* last: +Inf */
+    uint64_t n;
+    double sum;
+} mts__hist;
+
+void mts__hist_add(mts__hist *h, const double *bounds, int nb, double v);
+
+typedef struct mts__version {
+    mts_model *model;
+    struct mts__entry *entry;
+    int number;
+    int device;
+    int64_t base_bytes;   /* model pool + plans + mapped weights at load */
+    int64_t ctx_bytes;    /* activation buffers of its contexts */
+    int refs;             /* running batches */
+    mts_ctx **ctx_free;
+    int n_ctx_free, cap_ctx_free;
+    bool batchable;       /* every input and output has a variable leading dimension */
+    int max_batch;
+    int n_in, n_out;
+    mts_tensor_meta in[MTS_REQ_MAX_TENSORS], out[MTS_REQ_MAX_TENSORS];
+    struct mts__version *next; /* in the entry's draining list */
+} mts__version;
+
+typedef struct mts__waiter {
+    mts_server_cb cb;
+    void *user;
+    struct mts__waiter *next;
+} mts__waiter;
+
+typedef struct mts__entry {
+    const mts_model_config *cfg;
+    mts_model_state state;
+    mts__version *cur;
+    mts__version *draining;
+    bool reload_pending;
+    char reason[256];
+    int64_t retry_at_ns;
+    int fails;
+    mts_request *qh, *qt;
+    int qlen, running;
+    bool in_ready;
+    struct mts__entry *ready_next;
+    mts__waiter *load_waiters, *unload_waiters;
+    int versions;
+    /* meta of the last loaded version, kept for metadata of unloaded models */
+    int n_in, n_out;
+    mts_tensor_meta in[MTS_REQ_MAX_TENSORS], out[MTS_REQ_MAX_TENSORS];
+    /* statistics */
+    int64_t last_used_ns, last_used_ms, loaded_at_ms;
+    uint64_t lfu;
+    uint64_t usage_count, inference_count, execution_count;
+    double total_inference_ms, last_load_ms;
+    mts_duration_stat success, fail, queue, compute_input, compute_infer, compute_output;
+    mts_duration_stat batch_infer[MTS_MAX_BATCH_STATS + 1];
+    uint64_t loads, unloads, evictions, load_failures;
+    uint64_t n_timeout, n_cancelled, n_rejected;
+    mts__hist h_queue, h_compute, h_batch, h_load;
+} mts__entry;
+
+typedef struct mts__device {
+    int id;
+    int workers, cores;
+    int busy_cores, busy_workers;
+    int64_t used, budget;
+    int models;
+    mts__entry *ready_head, *ready_tail;
+    pthread_cond_t cv;
+    uint64_t *w_batches;
+    int64_t *w_busy_ns;
+} mts__device;
+
+typedef struct mts__worker {
+    struct mts_server *s;
+    int device, index; /* index within the device */
+    void *scratch[MTS_REQ_MAX_TENSORS]; /* batch gather buffers, one per input */
+    size_t scratch_cap[MTS_REQ_MAX_TENSORS];
+} mts__worker;
+
+struct mts_server {
+    const mts_config *cfg;
+    pthread_mutex_t lock;
+    mts__entry *entries;
+    int n_entries;
+    int *name_slots; /* open-addressing index into entries */
+    size_t name_cap;
+    mts__device *devs;
+    int n_devs;
+    pthread_t *worker_threads;
+    mts__worker *workers;
+    int n_workers;
+    pthread_t loader_threads[2];
+    int n_loaders;
+    pthread_t janitor_thread;
+    bool janitor_started;
+    mts__entry **jobs;
+    int n_jobs, cap_jobs;
+    pthread_cond_t load_cv, idle_cv, janitor_cv;
+    bool stopping, stop_workers, stop_all;
+    int total_queued;
+    int resident;
+    int rr_next;
+    int deadline_reqs;
+    int64_t last_sweep_ns;
+    int64_t start_ns;
+    uint64_t submitted, completed, failed, rejected_full, timed_out, cancelled;
+};
+
+int64_t mts__now_ns(void);
+int64_t mts__wall_ms(void);
+mts__entry *mts__find(const mts_server *s, const char *name);
+
+/* registry.c */
+void mts__request_load(mts_server *s, mts__entry *e);     /* lock held */
+void *mts__loader_main(void *arg);
+void *mts__janitor_main(void *arg);
+/* Frees a version whose refs are 0 (outside the lock). */
+void mts__version_free(mts__version *v);
+/* After a batch ended or a queue emptied: completes an unload if the entry is draining and idle,
+ * and detaches a superseded version. Returns versions to free (outside the lock) via *to_free. */
+void mts__after_idle(mts_server *s, mts__entry *e, mts__version **to_free, mts__waiter **to_notify);
+void mts__notify(mts__waiter *w, int status, const char *msg);
+
+/* scheduler.c */
+void mts__ready_push(mts_server *s, mts__entry *e);       /* lock held */
+void *mts__worker_main(void *arg);
+/* Removes every queued request of e and chains them via ->next (lock held). */
+mts_request *mts__drain_queue(mts_server *s, mts__entry *e);
+void mts__fail_list(mts_request *list, int status, const char *msg);
+
+#endif

@@ -1,0 +1,433 @@
+/*
+ * The registry: residency of configured models (the state machine in internal.h), loads on
+ * loader threads, placement on devices, eviction by policy when max_models or a device's memory
+ * budget would be exceeded, idle unloading, explicit load/unload with force_reload, and load
+ * failures with exponential back-off. One log line per load, unload and eviction, with the
+ * duration and bytes.
+ *
+ * Memory is accounted from real sizes: a version's bytes are the engine's own allocations
+ * (IR, copied weights, plans), the mapped weight bytes and its contexts' activation buffers
+ * (added as workers grow them). Before a load, the file size is reserved on the device so
+ * concurrent loads cannot overcommit; eviction happens before the load, never after a failure
+ * to allocate.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "serve/internal.h"
+#include "util/log.h"
+
+void mts__notify(mts__waiter *w, int status, const char *msg)
+{
+    while (w) {
+        mts__waiter *next = w->next;
+        if (w->cb) w->cb(w->user, status, msg);
+        free(w);
+        w = next;
+    }
+}
+
+static int add_waiter(mts__waiter **list, mts_server_cb cb, void *user)
+{
+    mts__waiter *w = calloc(1, sizeof *w);
+    if (!w) return MTS_ENOMEM;
+    w->cb = cb;
+    w->user = user;
+    w->next = *list;
+    *list = w;
+    return MTS_OK;
+}
+
+void mts__version_free(mts__version *v)
+{
+    if (!v) return;
+    for (int i = 0; i < v->n_ctx_free; i++) mts_ctx_free(v->ctx_free[i]);
+    free(v->ctx_free);
+    mts_model_free(v->model);
+    free(v);
+}
+
+static int64_t version_bytes(const mts__version *v)
+{
+    return v->base_bytes + v->ctx_bytes;
+}
+
+void mts__request_load(mts_server *s, mts__entry *e)
+{
+    if (e->state != MTS_MODEL_READY) e->state = MTS_MODEL_LOADING;
+    if (s->n_jobs == s->cap_jobs) {
+        int cap = s->cap_jobs ? s->cap_jobs * 2 : 16;
+        mts__entry **j = realloc(s->jobs, sizeof *j * (size_t)cap);
+        if (!j) return; /* the request stays queued; the janitor retries */
+        s->jobs = j;
+        s->cap_jobs = cap;
+    }
+    s->jobs[s->n_jobs++] = e;
+    if (e->state == MTS_MODEL_LOADING) s->resident++;
+    pthread_cond_signal(&s->load_cv);
+}
+
+/* Detaches e's current version after eviction or unload (lock held); returns it for freeing. */
+static mts__version *detach(mts_server *s, mts__entry *e)
+{
+    mts__version *v = e->cur;
+    if (!v) return NULL;
+    mts__device *d = &s->devs[v->device];
+    d->used -= version_bytes(v);
+    d->models--;
+    s->resident--;
+    e->cur = NULL;
+    e->state = MTS_MODEL_UNLOADED;
+    e->unloads++;
+    return v;
+}
+
+static bool evictable(const mts__entry *e)
+{
+    return e->state == MTS_MODEL_READY && e->cur && !e->cfg->pin && e->qlen == 0 && e->running == 0 &&
+           e->cur->refs == 0 && !e->reload_pending;
+}
+
+static mts__entry *pick_victim(mts_server *s, int device, const mts__entry *except)
+{
+    mts__entry *best = NULL;
+    for (int i = 0; i < s->n_entries; i++) {
+        mts__entry *e = &s->entries[i];
+        if (e == except || !evictable(e) || (device >= 0 && e->cur->device != device)) continue;
+        if (!best) {
+            best = e;
+            continue;
+        }
+        if (s->cfg->eviction == MTS_EVICT_LFU) {
+            if (e->lfu < best->lfu || (e->lfu == best->lfu && e->last_used_ns < best->last_used_ns)) best = e;
+        } else if (e->last_used_ns < best->last_used_ns) {
+            best = e;
+        }
+    }
+    return best;
+}
+
+static void evict(mts_server *s, mts__entry *e, const char *why, mts__version **to_free)
+{
+    mts__version *v = e->cur;
+    int64_t bytes = version_bytes(v);
+    int dev = v->device;
+    detach(s, e);
+    e->evictions++;
+    v->next = *to_free;
+    *to_free = v;
+    MTS_INFO("model=%s event=evicted reason=%s policy=%s device=cpu:%d bytes=%lld idle_s=%.1f", e->cfg->name, why,
+             s->cfg->eviction == MTS_EVICT_LFU ? "lfu" : "lru", dev, (long long)bytes,
+             (double)(mts__now_ns() - e->last_used_ns) / 1e9);
+}
+
+static int choose_device(mts_server *s, const mts__entry *e)
+{
+    if (e->cfg->preferred_device >= 0 && e->cfg->preferred_device < s->n_devs) return e->cfg->preferred_device;
+    if (s->cfg->placement == MTS_PLACE_LEAST_LOADED) {
+        int best = 0;
+        for (int i = 1; i < s->n_devs; i++)
+            if (s->devs[i].used < s->devs[best].used) best = i;
+        return best;
+    }
+    return s->rr_next++ % s->n_devs;
+}
+
+/* Makes room for `need` bytes on device dev and one more resident model (lock held). The entry
+ * being loaded is already counted in resident. */
+static int make_room(mts_server *s, mts__entry *e, int dev, int64_t need, mts__version **to_free, char *msg,
+                     size_t len)
+{
+    while (s->resident > s->cfg->max_models) {
+        mts__entry *victim = pick_victim(s, -1, e);
+        if (!victim) {
+            snprintf(msg, len, "max_models (%d) reached and every resident model is pinned, loading or busy",
+                     s->cfg->max_models);
+            return MTS_ELIMIT;
+        }
+        evict(s, victim, "max_models", to_free);
+    }
+    mts__device *d = &s->devs[dev];
+    while (d->used + need > d->budget) {
+        mts__entry *victim = pick_victim(s, dev, e);
+        if (!victim) {
+            snprintf(msg, len,
+                     "device cpu:%d memory budget is %.1f MB: the model needs %.1f MB and %.1f MB are held by pinned, "
+                     "loading or busy models",
+                     dev, (double)d->budget / 1e6, (double)need / 1e6, (double)d->used / 1e6);
+            return MTS_ELIMIT;
+        }
+        evict(s, victim, "memory", to_free);
+    }
+    return MTS_OK;
+}
+
+static void fill_meta(mts__version *v, const mts_model_config *cfg)
+{
+    mts_model_info info;
+    mts_model_get_info(v->model, &info);
+    v->n_in = info.n_inputs < MTS_REQ_MAX_TENSORS ? info.n_inputs : MTS_REQ_MAX_TENSORS;
+    v->n_out = info.n_outputs < MTS_REQ_MAX_TENSORS ? info.n_outputs : MTS_REQ_MAX_TENSORS;
+    v->batchable = true;
+    for (int pass = 0; pass < 2; pass++) {
+        int n = pass ? v->n_out : v->n_in;
+        for (int i = 0; i < n; i++) {
+            const mts_value *val = pass ? mts_model_output(v->model, i) : mts_model_input(v->model, i);
+            mts_tensor_meta *m = pass ? &v->out[i] : &v->in[i];
+            snprintf(m->name, sizeof m->name, "%s", val->name);
+            m->dtype = val->dtype;
+            m->rank = val->rank < 0 ? 0 : val->rank;
+            for (int d = 0; d < m->rank; d++) m->dims[d] = val->dims[d] >= 0 ? val->dims[d] : -1;
+            if (val->rank < 1 || val->dims[0] >= 0) v->batchable = false;
+        }
+    }
+    v->max_batch = v->batchable ? (cfg->max_batch > 0 ? cfg->max_batch : 1) : 1;
+}
+
+static void load_one(mts_server *s, mts__entry *e)
+{
+    char msg[512] = "";
+    mts__version *to_free = NULL;
+    const mts_model_config *cfg = e->cfg;
+    struct stat st;
+    int64_t need = stat(cfg->model_path, &st) == 0 ? (int64_t)st.st_size : 0;
+    pthread_mutex_lock(&s->lock);
+    bool reload = e->reload_pending;
+    int dev = choose_device(s, e);
+    int rc = make_room(s, e, dev, need, &to_free, msg, sizeof msg);
+    bool reserved = rc == MTS_OK;
+    if (reserved) s->devs[dev].used += need; /* released when the load ends */
+    pthread_mutex_unlock(&s->lock);
+    while (to_free) {
+        mts__version *nx = to_free->next;
+        mts__version_free(to_free);
+        to_free = nx;
+    }
+    mts__version *v = NULL;
+    int64_t t0 = mts__now_ns();
+    if (!rc) {
+        mts_err err = {0};
+        mts_model *m = NULL;
+        rc = mts_model_load(cfg->model_path, NULL, &m, &err);
+        if (rc) snprintf(msg, sizeof msg, "%s", err.msg);
+        else if (!(v = calloc(1, sizeof *v))) {
+            mts_model_free(m);
+            rc = MTS_ENOMEM;
+            snprintf(msg, sizeof msg, "out of memory");
+        } else {
+            v->model = m;
+            v->entry = e;
+            v->device = dev;
+            mts_model_info info;
+            mts_model_get_info(m, &info);
+            v->base_bytes = info.resident_bytes + info.mapped_bytes;
+            fill_meta(v, cfg);
+        }
+    }
+    double ms = (double)(mts__now_ns() - t0) / 1e6;
+    mts__waiter *notify = NULL;
+    mts_request *failed = NULL;
+    pthread_mutex_lock(&s->lock);
+    if (reserved) s->devs[dev].used -= need;
+    notify = e->load_waiters;
+    e->load_waiters = NULL;
+    mts__hist_add(&e->h_load, mts__time_buckets, MTS__HIST_BUCKETS, ms / 1e3);
+    if (rc) {
+        e->load_failures++;
+        e->fails++;
+        int64_t backoff_ms = 1000LL << (e->fails < 7 ? e->fails - 1 : 6); /* 1 s, 2 s, ... 64 s */
+        e->retry_at_ns = mts__now_ns() + backoff_ms * 1000000;
+        snprintf(e->reason, sizeof e->reason, "%s", msg);
+        if (reload && e->cur) {
+            e->reload_pending = false; /* the old version keeps serving */
+        } else {
+            e->state = MTS_MODEL_FAILED;
+            s->resident--;
+            failed = mts__drain_queue(s, e);
+        }
+        MTS_ERROR("model=%s event=load_failed ms=%.1f retry_in_s=%lld error=\"%s\"", cfg->name, ms,
+                  (long long)backoff_ms / 1000, msg);
+    } else {
+        mts__device *d = &s->devs[dev];
+        d->used += version_bytes(v);
+        d->models++;
+        e->fails = 0;
+        e->reason[0] = '\0';
+        e->loads++;
+        e->versions++;
+        v->number = e->versions;
+        e->last_load_ms = ms;
+        e->loaded_at_ms = mts__wall_ms();
+        e->last_used_ns = mts__now_ns();
+        e->lfu = 0;
+        e->n_in = v->n_in;
+        e->n_out = v->n_out;
+        memcpy(e->in, v->in, sizeof e->in);
+        memcpy(e->out, v->out, sizeof e->out);
+        if (reload && e->cur) {
+            mts__version *old = e->cur;
+            mts__device *od = &s->devs[old->device];
+            od->used -= version_bytes(old);
+            od->models--;
+            old->next = e->draining;
+            e->draining = old;
+            e->reload_pending = false;
+        }
+        e->cur = v;
+        e->state = MTS_MODEL_READY;
+        MTS_INFO("model=%s event=loaded version=%d device=cpu:%d ms=%.1f bytes=%lld reload=%d", cfg->name, v->number,
+                 dev, ms, (long long)version_bytes(v), reload ? 1 : 0);
+        mts__ready_push(s, e);
+        mts__after_idle(s, e, &to_free, &notify);
+    }
+    char reason[300];
+    snprintf(reason, sizeof reason, "model '%s' failed to load: %s", cfg->name, e->reason);
+    pthread_mutex_unlock(&s->lock);
+    mts__fail_list(failed, MTS_EUNAVAILABLE, reason);
+    mts__notify(notify, rc, rc ? reason : "loaded");
+    while (to_free) {
+        mts__version *nx = to_free->next;
+        mts__version_free(to_free);
+        to_free = nx;
+    }
+}
+
+void *mts__loader_main(void *arg)
+{
+    mts_server *s = arg;
+    pthread_mutex_lock(&s->lock);
+    while (!s->stop_all) {
+        if (s->n_jobs == 0) {
+            pthread_cond_wait(&s->load_cv, &s->lock);
+            continue;
+        }
+        mts__entry *e = s->jobs[0];
+        memmove(s->jobs, s->jobs + 1, sizeof *s->jobs * (size_t)(s->n_jobs - 1));
+        s->n_jobs--;
+        pthread_mutex_unlock(&s->lock);
+        load_one(s, e);
+        pthread_mutex_lock(&s->lock);
+    }
+    pthread_mutex_unlock(&s->lock);
+    return NULL;
+}
+
+void mts__after_idle(mts_server *s, mts__entry *e, mts__version **to_free, mts__waiter **to_notify)
+{
+    /* Superseded versions go when their last batch ends. */
+    mts__version **pv = &e->draining;
+    while (*pv) {
+        mts__version *v = *pv;
+        if (v->refs == 0) {
+            *pv = v->next;
+            v->next = *to_free;
+            *to_free = v;
+        } else {
+            pv = &v->next;
+        }
+    }
+    if (e->state == MTS_MODEL_DRAINING && e->qlen == 0 && e->running == 0) {
+        mts__version *v = e->cur;
+        int64_t bytes = v ? version_bytes(v) : 0;
+        if (v) {
+            detach(s, e);
+            v->next = *to_free;
+            *to_free = v;
+        }
+        e->state = MTS_MODEL_UNLOADED;
+        MTS_INFO("model=%s event=unloaded bytes=%lld", e->cfg->name, (long long)bytes);
+        mts__waiter *w = e->unload_waiters;
+        while (w && w->next) w = w->next;
+        if (w) {
+            w->next = *to_notify;
+            *to_notify = e->unload_waiters;
+        }
+        e->unload_waiters = NULL;
+    }
+}
+
+int mts_server_load(mts_server *s, const char *model, bool force_reload, mts_server_cb cb, void *user, mts_err *err)
+{
+    pthread_mutex_lock(&s->lock);
+    mts__entry *e = mts__find(s, model);
+    int rc = MTS_OK;
+    bool done_now = false;
+    if (!e) rc = mts_err_set(err, MTS_ENOTFOUND, "unknown model '%s'", model);
+    else if (s->stopping) rc = mts_err_set(err, MTS_EUNAVAILABLE, "server is shutting down");
+    else if (e->state == MTS_MODEL_DRAINING)
+        rc = mts_err_set(err, MTS_EUNAVAILABLE, "model '%s' is being unloaded; load it again when that finishes", model);
+    else if (e->state == MTS_MODEL_READY && !force_reload && !e->reload_pending) done_now = true;
+    else if ((rc = add_waiter(&e->load_waiters, cb, user))) rc = mts_err_set(err, rc, "out of memory");
+    else if (e->state == MTS_MODEL_READY && !e->reload_pending) {
+        e->reload_pending = true;
+        mts__request_load(s, e);
+    } else if (e->state == MTS_MODEL_UNLOADED || e->state == MTS_MODEL_FAILED) {
+        mts__request_load(s, e);
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (done_now && cb) cb(user, MTS_OK, "already loaded");
+    return rc;
+}
+
+int mts_server_unload(mts_server *s, const char *model, mts_server_cb cb, void *user, mts_err *err)
+{
+    mts__version *to_free = NULL;
+    mts__waiter *notify = NULL;
+    bool done_now = false;
+    int rc = MTS_OK;
+    pthread_mutex_lock(&s->lock);
+    mts__entry *e = mts__find(s, model);
+    if (!e) rc = mts_err_set(err, MTS_ENOTFOUND, "unknown model '%s'", model);
+    else if (e->state == MTS_MODEL_LOADING || e->reload_pending)
+        rc = mts_err_set(err, MTS_EUNAVAILABLE, "model '%s' is loading; unload it when the load finishes", model);
+    else if (e->state == MTS_MODEL_UNLOADED || e->state == MTS_MODEL_FAILED) done_now = true;
+    else {
+        if (cb && (rc = add_waiter(&e->unload_waiters, cb, user))) rc = mts_err_set(err, rc, "out of memory");
+        if (!rc) {
+            e->state = MTS_MODEL_DRAINING;
+            mts__after_idle(s, e, &to_free, &notify);
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (done_now && cb) cb(user, MTS_OK, "not loaded");
+    mts__notify(notify, MTS_OK, "unloaded");
+    while (to_free) {
+        mts__version *nx = to_free->next;
+        mts__version_free(to_free);
+        to_free = nx;
+    }
+    return rc;
+}
+
+void *mts__janitor_main(void *arg)
+{
+    mts_server *s = arg;
+    pthread_mutex_lock(&s->lock);
+    while (!s->stop_all) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += 1;
+        pthread_cond_timedwait(&s->janitor_cv, &s->lock, &ts);
+        if (s->stop_all || s->cfg->idle_timeout_minutes <= 0) continue;
+        int64_t limit = (int64_t)(s->cfg->idle_timeout_minutes * 60e9);
+        int64_t now = mts__now_ns();
+        mts__version *to_free = NULL;
+        for (int i = 0; i < s->n_entries; i++) {
+            mts__entry *e = &s->entries[i];
+            if (evictable(e) && now - e->last_used_ns > limit) evict(s, e, "idle_timeout", &to_free);
+        }
+        if (to_free) {
+            pthread_mutex_unlock(&s->lock);
+            while (to_free) {
+                mts__version *nx = to_free->next;
+                mts__version_free(to_free);
+                to_free = nx;
+            }
+            pthread_mutex_lock(&s->lock);
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+    return NULL;
+}

@@ -1,0 +1,577 @@
+/*
+ * The scheduler: bounded per-model queues, dynamic batching and the device workers.
+ *
+ * mts_server_submit appends a request to its model's queue (rejecting at once when the model's
+ * queue or the global cap is full) and, if the model is not resident, asks the registry to load
+ * it; requests simply wait in the queue while the load runs, so a storm of requests to a cold
+ * model causes one load.
+ *
+ * Each device keeps a FIFO of models that are ready and have queued work. A worker takes the
+ * model at the head, forms a batch from its queue (requests whose inputs match the first one in
+ * every dimension but the leading batch dimension, up to max_batch samples; cancelled and
+ * expired requests are dropped here, before they cost compute), puts the model back at the tail
+ * if work remains — so one model's flood cannot starve the others — and runs the batch outside
+ * the lock with an execution context taken from the model version's pool.
+ *
+ * Intra-op threads per batch come from the backlog: when no other work is waiting on the
+ * device, a batch gets every idle core of the device (a small load runs wide); when work is
+ * waiting, each batch gets cores / workers, so workers × threads never exceeds the device's
+ * cores.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "serve/internal.h"
+#include "util/log.h"
+
+void mts_request_release(mts_request *req)
+{
+    for (int i = 0; i < req->n_outputs; i++) {
+        free(req->outputs[i].data);
+        req->outputs[i].data = NULL;
+    }
+    req->n_outputs = 0;
+}
+
+void mts_request_cancel(mts_request *req)
+{
+    atomic_store(&req->cancelled, 1);
+}
+
+void mts__fail_list(mts_request *list, int status, const char *msg)
+{
+    while (list) {
+        mts_request *next = list->next;
+        list->next = NULL;
+        list->done(list, status, msg);
+        list = next;
+    }
+}
+
+void mts__ready_push(mts_server *s, mts__entry *e)
+{
+    if (e->in_ready || !e->cur || e->qlen == 0) return;
+    int limit = e->cfg->instances > 0 ? e->cfg->instances : s->devs[e->cur->device].workers;
+    if (e->running >= limit) return;
+    mts__device *d = &s->devs[e->cur->device];
+    e->in_ready = true;
+    e->ready_next = NULL;
+    if (d->ready_tail) d->ready_tail->ready_next = e;
+    else d->ready_head = e;
+    d->ready_tail = e;
+    pthread_cond_signal(&d->cv);
+}
+
+static mts__entry *ready_pop(mts__device *d)
+{
+    mts__entry *e = d->ready_head;
+    if (!e) return NULL;
+    d->ready_head = e->ready_next;
+    if (!d->ready_head) d->ready_tail = NULL;
+    e->in_ready = false;
+    e->ready_next = NULL;
+    return e;
+}
+
+static void queue_remove(mts_server *s, mts__entry *e, mts_request *prev, mts_request *r)
+{
+    if (prev) prev->next = r->next;
+    else e->qh = r->next;
+    if (e->qt == r) e->qt = prev;
+    r->next = NULL;
+    e->qlen--;
+    s->total_queued--;
+    if (r->deadline_ns) s->deadline_reqs--;
+}
+
+mts_request *mts__drain_queue(mts_server *s, mts__entry *e)
+{
+    mts_request *list = e->qh;
+    for (mts_request *r = list; r; r = r->next) {
+        s->total_queued--;
+        if (r->deadline_ns) s->deadline_reqs--;
+    }
+    e->qh = e->qt = NULL;
+    e->qlen = 0;
+    return list;
+}
+
+int mts_server_submit(mts_server *s, mts_request *req, int *retry_after_s, mts_err *err)
+{
+    if (retry_after_s) *retry_after_s = 0;
+    if (req->n_inputs < 0 || req->n_inputs > MTS_REQ_MAX_TENSORS || req->n_requested < 0 ||
+        req->n_requested > MTS_REQ_MAX_TENSORS || !req->done)
+        return mts_err_set(err, MTS_EINVAL, "malformed request");
+    req->n_outputs = 0;
+    req->next = NULL;
+    req->reject_msg = NULL;
+    atomic_store(&req->cancelled, 0);
+    pthread_mutex_lock(&s->lock);
+    mts__entry *e = mts__find(s, req->model);
+    int rc = MTS_OK;
+    if (!e) {
+        rc = mts_err_set(err, MTS_ENOTFOUND, "unknown model '%s'", req->model);
+    } else if (s->stopping) {
+        rc = mts_err_set(err, MTS_EUNAVAILABLE, "server is shutting down");
+    } else if (e->state == MTS_MODEL_DRAINING) {
+        rc = mts_err_set(err, MTS_EUNAVAILABLE, "model '%s' is being unloaded", req->model);
+    } else if (e->state == MTS_MODEL_FAILED && mts__now_ns() < e->retry_at_ns) {
+        rc = mts_err_set(err, MTS_EUNAVAILABLE, "model '%s' failed to load: %s (next retry in %.1f s)", req->model,
+                         e->reason, (double)(e->retry_at_ns - mts__now_ns()) / 1e9);
+        if (retry_after_s) *retry_after_s = (int)((e->retry_at_ns - mts__now_ns()) / 1000000000) + 1;
+    } else if (e->qlen >= e->cfg->queue_size || s->total_queued >= s->cfg->max_queue_total) {
+        bool model_full = e->qlen >= e->cfg->queue_size;
+        rc = mts_err_set(err, MTS_EFULL, "%s queue is full (%d requests queued, limit %d)",
+                         model_full ? "the model's" : "the server's", model_full ? e->qlen : s->total_queued,
+                         model_full ? e->cfg->queue_size : s->cfg->max_queue_total);
+        if (retry_after_s) *retry_after_s = 1;
+        e->n_rejected++;
+        s->rejected_full++;
+    }
+    if (rc) {
+        pthread_mutex_unlock(&s->lock);
+        return rc;
+    }
+    int64_t now = mts__now_ns();
+    req->enqueue_ns = now;
+    int64_t timeout_us = req->timeout_us > 0 ? req->timeout_us : s->cfg->default_timeout_ms * 1000;
+    req->deadline_ns = timeout_us > 0 ? now + timeout_us * 1000 : 0;
+    if (req->deadline_ns) s->deadline_reqs++;
+    if (e->qt) e->qt->next = req;
+    else e->qh = req;
+    e->qt = req;
+    e->qlen++;
+    s->total_queued++;
+    s->submitted++;
+    if (e->state == MTS_MODEL_UNLOADED || e->state == MTS_MODEL_FAILED) mts__request_load(s, e);
+    else if (e->cur) mts__ready_push(s, e);
+    pthread_mutex_unlock(&s->lock);
+    return MTS_OK;
+}
+
+/* ---- validation and batching ---- */
+
+typedef struct batch_req {
+    int order[MTS_REQ_MAX_TENSORS];  /* model input i -> request input index */
+    int outs[MTS_REQ_MAX_TENSORS];   /* requested outputs as model output indices */
+    int n_outs;
+} batch_req;
+
+static int validate(const mts__version *v, mts_request *r, batch_req *b, char *msg, size_t len)
+{
+    if (r->n_inputs != v->n_in) {
+        snprintf(msg, len, "model '%s' takes %d input%s, the request has %d", r->model, v->n_in, v->n_in == 1 ? "" : "s",
+                 r->n_inputs);
+        return MTS_EINVAL;
+    }
+    for (int i = 0; i < v->n_in; i++) {
+        const mts_tensor_meta *m = &v->in[i];
+        int found = -1;
+        for (int j = 0; j < r->n_inputs; j++)
+            if (!strcmp(r->input_names[j], m->name)) found = j;
+        if (found < 0) {
+            snprintf(msg, len, "input '%s' is missing (the model's inputs are", m->name);
+            for (int k = 0; k < v->n_in; k++) {
+                size_t o = strlen(msg);
+                snprintf(msg + o, len - o, "%s '%s'", k ? "," : "", v->in[k].name);
+            }
+            size_t o = strlen(msg);
+            snprintf(msg + o, len - o, ")");
+            return MTS_EINVAL;
+        }
+        const mts_tensor *t = &r->inputs[found];
+        if (t->dtype != m->dtype) {
+            snprintf(msg, len, "input '%s' has type %s, the model expects %s", m->name, mts_dtype_name(t->dtype),
+                     mts_dtype_name(m->dtype));
+            return MTS_EINVAL;
+        }
+        bool ok = t->rank == m->rank;
+        for (int d = 0; ok && d < m->rank; d++)
+            if (m->dims[d] >= 0 && t->dims[d] != m->dims[d]) ok = false;
+        if (!ok || (v->batchable && (t->rank < 1 || t->dims[0] < 1))) {
+            char got[128], want[160];
+            mts_shape_str(t, got, sizeof got);
+            size_t o = (size_t)snprintf(want, sizeof want, "[");
+            for (int d = 0; d < m->rank && o < sizeof want; d++)
+                o += (size_t)snprintf(want + o, sizeof want - o, d ? ",%lld" : "%lld", (long long)m->dims[d]);
+            if (o < sizeof want) snprintf(want + o, sizeof want - o, "]");
+            snprintf(msg, len, "input '%s' has shape %s, the model expects %s (-1: any size)", m->name, got, want);
+            return MTS_EINVAL;
+        }
+        b->order[i] = found;
+    }
+    r->samples = v->batchable ? r->inputs[b->order[0]].dims[0] : 1;
+    if (v->batchable)
+        for (int i = 1; i < v->n_in; i++)
+            if (r->inputs[b->order[i]].dims[0] != r->samples) {
+                snprintf(msg, len, "inputs disagree on the batch size (%lld vs %lld)", (long long)r->samples,
+                         (long long)r->inputs[b->order[i]].dims[0]);
+                return MTS_EINVAL;
+            }
+    b->n_outs = 0;
+    if (r->n_requested == 0) {
+        for (int o = 0; o < v->n_out; o++) b->outs[b->n_outs++] = o;
+    } else {
+        for (int k = 0; k < r->n_requested; k++) {
+            int found = -1;
+            for (int o = 0; o < v->n_out; o++)
+                if (!strcmp(r->requested[k], v->out[o].name)) found = o;
+            if (found < 0) {
+                snprintf(msg, len, "requested output '%s' is not an output of model '%s'", r->requested[k], r->model);
+                return MTS_EINVAL;
+            }
+            b->outs[b->n_outs++] = found;
+        }
+    }
+    return MTS_OK;
+}
+
+static bool compatible(const mts__version *v, const mts_request *a, const batch_req *ba, const mts_request *b,
+                       const batch_req *bb)
+{
+    for (int i = 0; i < v->n_in; i++) {
+        const mts_tensor *x = &a->inputs[ba->order[i]], *y = &b->inputs[bb->order[i]];
+        for (int d = 1; d < x->rank; d++)
+            if (x->dims[d] != y->dims[d]) return false;
+    }
+    if (ba->n_outs != bb->n_outs) return false;
+    return memcmp(ba->outs, bb->outs, sizeof(int) * (size_t)ba->n_outs) == 0;
+}
+
+#define MTS__MAX_BATCH_REQS 256
+
+static void *scratch_get(mts__worker *w, int i, size_t bytes)
+{
+    if (w->scratch_cap[i] < bytes) {
+        free(w->scratch[i]);
+        size_t cap = bytes + bytes / 4 + 64;
+        w->scratch[i] = aligned_alloc(64, (cap + 63) / 64 * 64);
+        w->scratch_cap[i] = w->scratch[i] ? cap : 0;
+    }
+    return w->scratch[i];
+}
+
+/* Runs one batch outside the lock. On failure, status and msg apply to every request. */
+static int run_batch(mts__worker *w, mts__version *v, mts_ctx *ctx, mts_request **reqs, batch_req *br, int n,
+                     int64_t samples, double *input_ms, double *infer_ms, double *output_ms, char *msg, size_t len)
+{
+    mts_tensor in[MTS_REQ_MAX_TENSORS];
+    const mts_tensor *outs[MTS_REQ_MAX_TENSORS];
+    mts_err err = {0};
+    int64_t t0 = mts__now_ns();
+    for (int i = 0; i < v->n_in; i++) {
+        in[i] = reqs[0]->inputs[br[0].order[i]];
+        if (n == 1) continue;
+        in[i].dims[0] = samples;
+        int64_t bytes = mts_tensor_nbytes(&in[i]);
+        char *dst = scratch_get(w, i, (size_t)bytes);
+        if (!dst) {
+            snprintf(msg, len, "out of memory gathering a batch of %lld", (long long)samples);
+            return MTS_ENOMEM;
+        }
+        for (int k = 0; k < n; k++) {
+            const mts_tensor *src = &reqs[k]->inputs[br[k].order[i]];
+            int64_t b = mts_tensor_nbytes(src);
+            memcpy(dst, src->data, (size_t)b);
+            dst += b;
+        }
+        in[i].data = w->scratch[i];
+    }
+    int64_t t1 = mts__now_ns();
+    int rc = mts_ctx_run(ctx, in, v->n_in, outs, &err);
+    int64_t t2 = mts__now_ns();
+    *input_ms = (double)(t1 - t0) / 1e6;
+    *infer_ms = (double)(t2 - t1) / 1e6;
+    if (rc) {
+        snprintf(msg, len, "%s", err.msg);
+        return rc;
+    }
+    for (int o = 0; o < v->n_out; o++)
+        if (n > 1 && (outs[o]->rank < 1 || outs[o]->dims[0] != samples)) {
+            snprintf(msg, len, "output '%s' does not carry the batch as its first dimension; set max_batch: 1",
+                     v->out[o].name);
+            return MTS_EUNSUPPORTED;
+        }
+    int64_t offset_samples = 0;
+    for (int k = 0; k < n; k++) {
+        mts_request *r = reqs[k];
+        r->n_outputs = 0;
+        for (int j = 0; j < br[k].n_outs; j++) {
+            int o = br[k].outs[j];
+            mts_tensor t = *outs[o];
+            int64_t per_sample = 0, total = mts_tensor_nbytes(outs[o]);
+            if (n > 1) {
+                per_sample = total / samples;
+                t.dims[0] = r->samples;
+            }
+            int64_t bytes = n > 1 ? per_sample * r->samples : total;
+            t.data = malloc(bytes > 0 ? (size_t)bytes : 1);
+            if (!t.data) {
+                mts_request_release(r);
+                snprintf(msg, len, "out of memory for outputs");
+                return MTS_ENOMEM;
+            }
+            memcpy(t.data, (const char *)outs[o]->data + per_sample * offset_samples, (size_t)bytes);
+            r->output_names[r->n_outputs] = v->out[o].name;
+            r->outputs[r->n_outputs++] = t;
+        }
+        offset_samples += r->samples;
+    }
+    *output_ms = (double)(mts__now_ns() - t2) / 1e6;
+    return MTS_OK;
+}
+
+static void dur_add(mts_duration_stat *d, double ms)
+{
+    d->count++;
+    d->ns += (uint64_t)(ms * 1e6);
+}
+
+/* Drops cancelled and expired requests from every queue (lock held); chains them for failing. */
+static void sweep(mts_server *s, mts_request **cancelled, mts_request **expired)
+{
+    int64_t now = mts__now_ns();
+    for (int i = 0; i < s->n_entries; i++) {
+        mts__entry *e = &s->entries[i];
+        mts_request *prev = NULL, *r = e->qh;
+        while (r) {
+            mts_request *next = r->next;
+            bool c = atomic_load(&r->cancelled), x = r->deadline_ns && now > r->deadline_ns;
+            if (c || x) {
+                queue_remove(s, e, prev, r);
+                if (c) {
+                    r->next = *cancelled;
+                    *cancelled = r;
+                    e->n_cancelled++;
+                    s->cancelled++;
+                } else {
+                    r->next = *expired;
+                    *expired = r;
+                    e->n_timeout++;
+                    s->timed_out++;
+                }
+            } else {
+                prev = r;
+            }
+            r = next;
+        }
+    }
+}
+
+/* Completes requests dropped while forming a batch (outside the lock). */
+static void finish_dropped(mts_request *cancelled, mts_request *expired, mts_request *invalid)
+{
+    mts__fail_list(cancelled, MTS_ECANCELLED, "request cancelled: the client went away");
+    mts__fail_list(expired, MTS_ETIMEDOUT, "request timed out before it could run");
+    while (invalid) {
+        mts_request *next = invalid->next;
+        char *m = invalid->reject_msg;
+        invalid->reject_msg = NULL;
+        invalid->next = NULL;
+        invalid->done(invalid, MTS_EINVAL, m ? m : "invalid request");
+        free(m);
+        invalid = next;
+    }
+}
+
+void *mts__worker_main(void *arg)
+{
+    mts__worker *w = arg;
+    mts_server *s = w->s;
+    mts__device *d = &s->devs[w->device];
+    mts_request *reqs[MTS__MAX_BATCH_REQS];
+    batch_req *br = calloc(MTS__MAX_BATCH_REQS, sizeof *br);
+    char msg[512];
+    pthread_mutex_lock(&s->lock);
+    while (!s->stop_workers) {
+        mts_request *cancelled = NULL, *expired = NULL, *invalid = NULL;
+        int64_t now = mts__now_ns();
+        if ((s->deadline_reqs > 0 || s->total_queued > 0) && now - s->last_sweep_ns > 20000000) {
+            s->last_sweep_ns = now;
+            sweep(s, &cancelled, &expired);
+        }
+        mts__entry *e = ready_pop(d);
+        if (!e && !cancelled && !expired) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 20000000;
+            if (ts.tv_nsec >= 1000000000) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000;
+            }
+            pthread_cond_timedwait(&d->cv, &s->lock, &ts);
+            continue;
+        }
+        int n = 0;
+        int64_t samples = 0;
+        mts__version *v = e ? e->cur : NULL;
+        if (e && v) {
+            mts_request *prev = NULL, *r = e->qh;
+            int scanned = 0;
+            while (r && n < MTS__MAX_BATCH_REQS && scanned++ < 4 * MTS__MAX_BATCH_REQS) {
+                mts_request *next = r->next;
+                if (atomic_load(&r->cancelled)) {
+                    queue_remove(s, e, prev, r);
+                    r->next = cancelled;
+                    cancelled = r;
+                    e->n_cancelled++;
+                    s->cancelled++;
+                } else if (r->deadline_ns && now > r->deadline_ns) {
+                    queue_remove(s, e, prev, r);
+                    r->next = expired;
+                    expired = r;
+                    e->n_timeout++;
+                    s->timed_out++;
+                } else if (validate(v, r, &br[n], msg, sizeof msg)) {
+                    queue_remove(s, e, prev, r);
+                    r->next = invalid;
+                    invalid = r;
+                    e->fail.count++;
+                    s->failed++;
+                    r->reject_msg = strdup(msg);
+                } else if (n == 0 || (v->batchable && compatible(v, reqs[0], &br[0], r, &br[n]) &&
+                                      samples + r->samples <= v->max_batch)) {
+                    queue_remove(s, e, prev, r);
+                    reqs[n++] = r;
+                    samples += r->samples;
+                    if (!v->batchable || samples >= v->max_batch) break;
+                } else {
+                    prev = r;
+                }
+                r = next;
+            }
+        }
+        if (n == 0) {
+            if (e) mts__ready_push(s, e);
+            mts__version *to_free = NULL;
+            mts__waiter *notify = NULL;
+            if (e) mts__after_idle(s, e, &to_free, &notify);
+            pthread_cond_broadcast(&s->idle_cv);
+            pthread_mutex_unlock(&s->lock);
+            finish_dropped(cancelled, expired, invalid);
+            mts__notify(notify, 0, "unloaded");
+            while (to_free) {
+                mts__version *nx = to_free->next;
+                mts__version_free(to_free);
+                to_free = nx;
+            }
+            pthread_mutex_lock(&s->lock);
+            continue;
+        }
+        e->running++;
+        v->refs++;
+        mts__ready_push(s, e);
+        int threads = d->ready_head ? (d->cores / (d->workers > 0 ? d->workers : 1)) : d->cores - d->busy_cores;
+        if (threads < 1) threads = 1;
+        d->busy_cores += threads;
+        d->busy_workers++;
+        mts_ctx *ctx = v->n_ctx_free > 0 ? v->ctx_free[--v->n_ctx_free] : NULL;
+        pthread_mutex_unlock(&s->lock);
+
+        finish_dropped(cancelled, expired, invalid);
+        int64_t t_start = mts__now_ns();
+        int rc = MTS_OK;
+        mts_err err = {0};
+        msg[0] = '\0';
+        if (!ctx && (rc = mts_ctx_create(v->model, threads, &ctx, &err))) snprintf(msg, sizeof msg, "%s", err.msg);
+        int64_t ctx_before = ctx ? mts_ctx_bytes(ctx) : 0;
+        double in_ms = 0, infer_ms = 0, out_ms = 0;
+        if (!rc) {
+            mts_ctx_set_threads(ctx, threads);
+            rc = run_batch(w, v, ctx, reqs, br, n, samples, &in_ms, &infer_ms, &out_ms, msg, sizeof msg);
+        }
+        int64_t ctx_after = ctx ? mts_ctx_bytes(ctx) : 0;
+        int64_t t_end = mts__now_ns();
+
+        pthread_mutex_lock(&s->lock);
+        d->busy_cores -= threads;
+        d->busy_workers--;
+        d->w_batches[w->index]++;
+        d->w_busy_ns[w->index] += t_end - t_start;
+        if (ctx) {
+            if (v->n_ctx_free == v->cap_ctx_free) {
+                int cap = v->cap_ctx_free ? v->cap_ctx_free * 2 : 4;
+                mts_ctx **nc = realloc(v->ctx_free, sizeof *nc * (size_t)cap);
+                if (nc) {
+                    v->ctx_free = nc;
+                    v->cap_ctx_free = cap;
+                }
+            }
+            if (v->n_ctx_free < v->cap_ctx_free) {
+                v->ctx_free[v->n_ctx_free++] = ctx;
+                ctx = NULL;
+            }
+            v->ctx_bytes += ctx_after - ctx_before;
+            d->used += ctx_after - ctx_before;
+            if (ctx) {
+                v->ctx_bytes -= ctx_after;
+                d->used -= ctx_after;
+            }
+        }
+        v->refs--;
+        e->running--;
+        int64_t now_ms = mts__wall_ms();
+        e->last_used_ns = t_end;
+        e->last_used_ms = now_ms;
+        e->execution_count++;
+        if (!rc) {
+            e->inference_count += (uint64_t)samples;
+            e->usage_count += (uint64_t)n;
+            e->lfu += (uint64_t)n;
+            e->total_inference_ms += infer_ms;
+            dur_add(&e->compute_input, in_ms);
+            dur_add(&e->compute_infer, infer_ms);
+            dur_add(&e->compute_output, out_ms);
+            if (samples <= MTS_MAX_BATCH_STATS) dur_add(&e->batch_infer[samples], infer_ms);
+            mts__hist_add(&e->h_compute, mts__time_buckets, MTS__HIST_BUCKETS, infer_ms / 1e3);
+            mts__hist_add(&e->h_batch, mts__batch_buckets, MTS__BATCH_BUCKETS, (double)samples);
+        }
+        for (int k = 0; k < n; k++) {
+            double q_ms = (double)(t_start - reqs[k]->enqueue_ns) / 1e6;
+            reqs[k]->queue_ms = q_ms;
+            reqs[k]->compute_ms = (double)(t_end - t_start) / 1e6;
+            reqs[k]->device = d->id;
+            reqs[k]->batch_size = (int)samples;
+            dur_add(&e->queue, q_ms);
+            mts__hist_add(&e->h_queue, mts__time_buckets, MTS__HIST_BUCKETS, q_ms / 1e3);
+            double total_ms = (double)(t_end - reqs[k]->enqueue_ns) / 1e6;
+            if (!rc) {
+                dur_add(&e->success, total_ms);
+                s->completed++;
+            } else {
+                dur_add(&e->fail, total_ms);
+                s->failed++;
+            }
+        }
+        mts__ready_push(s, e);
+        mts__version *to_free = NULL;
+        mts__waiter *notify = NULL;
+        mts__after_idle(s, e, &to_free, &notify);
+        pthread_cond_broadcast(&s->idle_cv);
+        pthread_mutex_unlock(&s->lock);
+
+        if (ctx) mts_ctx_free(ctx);
+        if (rc) MTS_WARN("model=%s event=batch_failed batch=%lld error=\"%s\"", e->cfg->name, (long long)samples, msg);
+        for (int k = 0; k < n; k++) {
+            reqs[k]->next = NULL;
+            if (rc) {
+                mts_request_release(reqs[k]);
+                reqs[k]->done(reqs[k], rc == MTS_ESHAPE || rc == MTS_EINVAL ? MTS_EINVAL : rc, msg);
+            } else {
+                reqs[k]->done(reqs[k], MTS_OK, NULL);
+            }
+        }
+        mts__notify(notify, 0, "unloaded");
+        while (to_free) {
+            mts__version *nx = to_free->next;
+            mts__version_free(to_free);
+            to_free = nx;
+        }
+        pthread_mutex_lock(&s->lock);
+    }
+    pthread_mutex_unlock(&s->lock);
+    for (int i = 0; i < MTS_REQ_MAX_TENSORS; i++) free(w->scratch[i]);
+    free(br);
+    return NULL;
+}

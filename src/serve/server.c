@@ -1,0 +1,254 @@
+/*
+ * Server object lifecycle: building entries and devices from the configuration, starting the
+ * loader, worker and janitor threads, preloading, graceful shutdown (stop accepting, let queued
+ * work finish within the grace period, fail the rest), and freeing. Also the name index and
+ * clocks shared by the other serve/ files.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "serve/internal.h"
+#include "util/log.h"
+
+int64_t mts__now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+int64_t mts__wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static uint64_t hash_name(const char *s)
+{
+    uint64_t h = 1469598103934665603ull;
+    while (*s) h = (h ^ (uint8_t)*s++) * 1099511628211ull;
+    return h;
+}
+
+mts__entry *mts__find(const mts_server *s, const char *name)
+{
+    if (!name) return NULL;
+    size_t i = hash_name(name) & (s->name_cap - 1);
+    while (s->name_slots[i] >= 0) {
+        mts__entry *e = &s->entries[s->name_slots[i]];
+        if (!strcmp(e->cfg->name, name)) return e;
+        i = (i + 1) & (s->name_cap - 1);
+    }
+    return NULL;
+}
+
+const char *mts_model_state_name(mts_model_state st)
+{
+    switch (st) {
+    case MTS_MODEL_UNLOADED: return "UNLOADED";
+    case MTS_MODEL_LOADING: return "LOADING";
+    case MTS_MODEL_READY: return "READY";
+    case MTS_MODEL_FAILED: return "FAILED";
+    case MTS_MODEL_DRAINING: return "DRAINING";
+    }
+    return "?";
+}
+
+const mts_config *mts_server_config(const mts_server *s)
+{
+    return s->cfg;
+}
+
+int mts_server_create(const mts_config *cfg, mts_server **out, mts_err *err)
+{
+    mts_server *s = calloc(1, sizeof *s);
+    if (!s) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+    s->cfg = cfg;
+    s->start_ns = mts__now_ns();
+    pthread_mutex_init(&s->lock, NULL);
+    pthread_cond_init(&s->load_cv, NULL);
+    pthread_cond_init(&s->idle_cv, NULL);
+    pthread_cond_init(&s->janitor_cv, NULL);
+    s->n_entries = cfg->n_models;
+    s->entries = calloc((size_t)cfg->n_models + 1, sizeof *s->entries);
+    s->name_cap = 16;
+    while (s->name_cap < (size_t)cfg->n_models * 2 + 16) s->name_cap *= 2;
+    s->name_slots = malloc(s->name_cap * sizeof(int));
+    s->n_devs = cfg->device_count > 0 ? cfg->device_count : 1;
+    s->devs = calloc((size_t)s->n_devs, sizeof *s->devs);
+    if (!s->entries || !s->name_slots || !s->devs) {
+        mts_server_free(s);
+        return mts_err_set(err, MTS_ENOMEM, "out of memory");
+    }
+    memset(s->name_slots, 0xff, s->name_cap * sizeof(int));
+    for (int i = 0; i < cfg->n_models; i++) {
+        mts__entry *e = &s->entries[i];
+        e->cfg = &cfg->models[i];
+        e->state = MTS_MODEL_UNLOADED;
+        if (mts__find(s, e->cfg->name)) {
+            mts_server_free(s);
+            return mts_err_set(err, MTS_EINVAL, "model '%s' is configured twice", e->cfg->name);
+        }
+        size_t k = hash_name(e->cfg->name) & (s->name_cap - 1);
+        while (s->name_slots[k] >= 0) k = (k + 1) & (s->name_cap - 1);
+        s->name_slots[k] = i;
+    }
+    int total_workers = 0;
+    for (int d = 0; d < s->n_devs; d++) {
+        mts__device *dev = &s->devs[d];
+        dev->id = d;
+        dev->workers = cfg->workers_per_device > 0 ? cfg->workers_per_device : 1;
+        dev->cores = cfg->threads_per_device > 0 ? cfg->threads_per_device : 1;
+        dev->budget = (int64_t)(cfg->memory_gb_per_device * 1e9);
+        pthread_cond_init(&dev->cv, NULL);
+        dev->w_batches = calloc((size_t)dev->workers, sizeof(uint64_t));
+        dev->w_busy_ns = calloc((size_t)dev->workers, sizeof(int64_t));
+        total_workers += dev->workers;
+    }
+    s->worker_threads = calloc((size_t)total_workers, sizeof(pthread_t));
+    s->workers = calloc((size_t)total_workers, sizeof *s->workers);
+    if (!s->worker_threads || !s->workers) {
+        mts_server_free(s);
+        return mts_err_set(err, MTS_ENOMEM, "out of memory");
+    }
+    for (int d = 0, k = 0; d < s->n_devs; d++)
+        for (int w = 0; w < s->devs[d].workers; w++, k++) {
+            s->workers[k].s = s;
+            s->workers[k].device = d;
+            s->workers[k].index = w;
+            if (pthread_create(&s->worker_threads[k], NULL, mts__worker_main, &s->workers[k])) {
+                mts_server_shutdown(s, 0);
+                mts_server_free(s);
+                return mts_err_set(err, MTS_ENOMEM, "cannot start worker threads");
+            }
+            s->n_workers = k + 1;
+        }
+    s->n_loaders = 2;
+    for (int i = 0; i < s->n_loaders; i++) pthread_create(&s->loader_threads[i], NULL, mts__loader_main, s);
+    s->janitor_started = pthread_create(&s->janitor_thread, NULL, mts__janitor_main, s) == 0;
+    MTS_INFO("event=server_started models=%d devices=%d workers_per_device=%d threads_per_device=%d "
+             "budget_per_device_mb=%.0f max_models=%d eviction=%s",
+             cfg->n_models, s->n_devs, s->devs[0].workers, s->devs[0].cores, (double)s->devs[0].budget / 1e6,
+             cfg->max_models, cfg->eviction == MTS_EVICT_LFU ? "lfu" : "lru");
+    pthread_mutex_lock(&s->lock);
+    for (int i = 0; i < s->n_entries; i++)
+        if (s->entries[i].cfg->preload || s->entries[i].cfg->pin) mts__request_load(s, &s->entries[i]);
+    pthread_mutex_unlock(&s->lock);
+    *out = s;
+    return MTS_OK;
+}
+
+void mts_server_shutdown(mts_server *s, int grace_s)
+{
+    pthread_mutex_lock(&s->lock);
+    if (s->stop_all) {
+        pthread_mutex_unlock(&s->lock);
+        return;
+    }
+    s->stopping = true;
+    int64_t deadline = mts__now_ns() + (int64_t)grace_s * 1000000000;
+    MTS_INFO("event=shutdown queued=%d grace_s=%d", s->total_queued, grace_s);
+    for (;;) {
+        int running = 0;
+        for (int i = 0; i < s->n_entries; i++) running += s->entries[i].running;
+        if (s->total_queued == 0 && running == 0) break;
+        if (mts__now_ns() >= deadline) break;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 50000000;
+        if (ts.tv_nsec >= 1000000000) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000;
+        }
+        pthread_cond_timedwait(&s->idle_cv, &s->lock, &ts);
+    }
+    s->stop_workers = true;
+    mts_request *left = NULL;
+    for (int i = 0; i < s->n_entries; i++) {
+        mts_request *l = mts__drain_queue(s, &s->entries[i]);
+        while (l) {
+            mts_request *n = l->next;
+            l->next = left;
+            left = l;
+            l = n;
+        }
+    }
+    for (int d = 0; d < s->n_devs; d++) pthread_cond_broadcast(&s->devs[d].cv);
+    pthread_mutex_unlock(&s->lock);
+    mts__fail_list(left, MTS_EUNAVAILABLE, "server shut down before the request could run");
+    for (int i = 0; i < s->n_workers; i++) pthread_join(s->worker_threads[i], NULL);
+    s->n_workers = 0;
+    pthread_mutex_lock(&s->lock);
+    s->stop_all = true;
+    pthread_cond_broadcast(&s->load_cv);
+    pthread_cond_broadcast(&s->janitor_cv);
+    pthread_mutex_unlock(&s->lock);
+    for (int i = 0; i < s->n_loaders; i++) pthread_join(s->loader_threads[i], NULL);
+    s->n_loaders = 0;
+    if (s->janitor_started) pthread_join(s->janitor_thread, NULL);
+    s->janitor_started = false;
+    /* Requests that arrived for models whose load was still queued. */
+    pthread_mutex_lock(&s->lock);
+    left = NULL;
+    for (int i = 0; i < s->n_entries; i++) {
+        mts_request *l = mts__drain_queue(s, &s->entries[i]);
+        while (l) {
+            mts_request *n = l->next;
+            l->next = left;
+            left = l;
+            l = n;
+        }
+    }
+    mts__waiter *waiters = NULL;
+    for (int i = 0; i < s->n_entries; i++) {
+        mts__entry *e = &s->entries[i];
+        mts__waiter **lists[2] = {&e->load_waiters, &e->unload_waiters};
+        for (int l = 0; l < 2; l++) {
+            while (*lists[l]) {
+                mts__waiter *w = *lists[l];
+                *lists[l] = w->next;
+                w->next = waiters;
+                waiters = w;
+            }
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+    mts__fail_list(left, MTS_EUNAVAILABLE, "server shut down before the request could run");
+    mts__notify(waiters, MTS_EUNAVAILABLE, "server shut down");
+    MTS_INFO("event=shutdown_complete completed=%llu failed=%llu", (unsigned long long)s->completed,
+             (unsigned long long)s->failed);
+}
+
+void mts_server_free(mts_server *s)
+{
+    if (!s) return;
+    if (s->n_workers || s->n_loaders) mts_server_shutdown(s, 0);
+    for (int i = 0; i < s->n_entries; i++) {
+        mts__entry *e = &s->entries[i];
+        mts__version_free(e->cur);
+        while (e->draining) {
+            mts__version *n = e->draining->next;
+            mts__version_free(e->draining);
+            e->draining = n;
+        }
+    }
+    for (int d = 0; s->devs && d < s->n_devs; d++) {
+        pthread_cond_destroy(&s->devs[d].cv);
+        free(s->devs[d].w_batches);
+        free(s->devs[d].w_busy_ns);
+    }
+    free(s->devs);
+    free(s->entries);
+    free(s->name_slots);
+    free(s->worker_threads);
+    free(s->workers);
+    free(s->jobs);
+    pthread_cond_destroy(&s->load_cv);
+    pthread_cond_destroy(&s->idle_cv);
+    pthread_cond_destroy(&s->janitor_cv);
+    pthread_mutex_destroy(&s->lock);
+    free(s);
+}

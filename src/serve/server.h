@@ -1,0 +1,157 @@
+/*
+ * The server core: configured models and their residency (registry), CPU devices with memory
+ * budgets and workers, per-model bounded queues with dynamic batching (scheduler), and
+ * statistics. Front ends (api/) translate wire formats into struct mts_request and call
+ * mts_server_submit; everything else about serving lives behind this header.
+ *
+ * Threads: front-end I/O threads call submit/load/unload/stats; they never block here (loads
+ * run on loader threads, inference on device workers). Completions are delivered through the
+ * request's callback on a worker or loader thread.
+ */
+#ifndef MTS_SERVE_SERVER_H
+#define MTS_SERVE_SERVER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "config/config.h"
+#include "engine/tensor.h"
+#include "util/status.h"
+
+typedef struct mts_server mts_server;
+
+#define MTS_REQ_MAX_TENSORS 16
+
+typedef struct mts_request mts_request;
+/* Called exactly once per submitted request (unless submit itself failed). status 0: outputs
+ * are set; otherwise err_msg says why. Runs on a worker or loader thread. */
+typedef void (*mts_request_done)(mts_request *req, int status, const char *err_msg);
+
+struct mts_request {
+    /* Filled by the front end. */
+    const char *model;                         /* configured model name */
+    int n_inputs;
+    const char *input_names[MTS_REQ_MAX_TENSORS];
+    mts_tensor inputs[MTS_REQ_MAX_TENSORS];    /* views into the request buffer (not copied) */
+    int n_requested;                           /* 0 = all outputs */
+    const char *requested[MTS_REQ_MAX_TENSORS];
+    int64_t timeout_us;                        /* 0 = server default; enforced before execution */
+    mts_request_done done;
+    void *user;
+    /* Set by the server before done(status 0): outputs in model order (or requested order). */
+    int n_outputs;
+    const char *output_names[MTS_REQ_MAX_TENSORS];
+    mts_tensor outputs[MTS_REQ_MAX_TENSORS];   /* data malloc'd; freed by mts_request_release */
+    double queue_ms, compute_ms;               /* time queued (incl. load wait) and in the engine */
+    int device;                                /* device that ran it */
+    int batch_size;                            /* samples in the batch it ran in */
+    /* Internal. */
+    _Atomic int cancelled;
+    int64_t enqueue_ns, deadline_ns;
+    int64_t samples;
+    char *reject_msg;                          /* why validation refused it (malloc'd) */
+    struct mts_request *next;
+};
+
+/* Frees output buffers (call after encoding the response). */
+void mts_request_release(mts_request *req);
+/* Marks a queued request cancelled (client went away); it is dropped before it costs compute
+ * and completed with MTS_ECANCELLED. Safe from any thread. */
+void mts_request_cancel(mts_request *req);
+
+/* Takes a finalized config (ownership stays with the caller, which must outlive the server).
+ * Starts loader, worker and janitor threads and preloads models marked preload/pin. */
+int mts_server_create(const mts_config *cfg, mts_server **out, mts_err *err);
+/* Stops accepting, lets queued work finish for up to grace_s seconds, fails what remains with
+ * MTS_EUNAVAILABLE, joins threads, frees all models. */
+void mts_server_shutdown(mts_server *s, int grace_s);
+void mts_server_free(mts_server *s);
+const mts_config *mts_server_config(const mts_server *s);
+
+/* Queues a request. Returns 0 (done will be called) or an error without calling done:
+ * MTS_ENOTFOUND unknown model, MTS_EFULL queue full (*retry_after_s set), MTS_EUNAVAILABLE
+ * shutting down, unloading, or the model's last load failed and it is in back-off (the message
+ * has the reason). */
+int mts_server_submit(mts_server *s, mts_request *req, int *retry_after_s, mts_err *err);
+
+/* Residency control. The callback (may be NULL) fires once the operation completes, with 0 or
+ * an error status and message; it may run before these functions return. */
+typedef void (*mts_server_cb)(void *user, int status, const char *msg);
+int mts_server_load(mts_server *s, const char *model, bool force_reload, mts_server_cb cb, void *user,
+                    mts_err *err);
+int mts_server_unload(mts_server *s, const char *model, mts_server_cb cb, void *user, mts_err *err);
+
+typedef enum mts_model_state {
+    MTS_MODEL_UNLOADED = 0,
+    MTS_MODEL_LOADING,
+    MTS_MODEL_READY,
+    MTS_MODEL_FAILED,
+    MTS_MODEL_DRAINING,
+} mts_model_state;
+const char *mts_model_state_name(mts_model_state st);
+
+typedef struct mts_duration_stat {
+    uint64_t count, ns;
+} mts_duration_stat;
+
+#define MTS_MAX_BATCH_STATS 64
+
+typedef struct mts_tensor_meta {
+    char name[128];
+    mts_dtype dtype;
+    int rank;
+    int64_t dims[MTS_MAX_RANK]; /* -1: variable */
+} mts_tensor_meta;
+
+/* A consistent copy of one model's state and statistics. */
+typedef struct mts_model_status {
+    char name[128];
+    mts_model_state state;
+    char reason[256];          /* last load failure */
+    int device;                /* -1 when not resident */
+    int version;               /* load count: 1 for the first load */
+    int64_t memory_bytes;      /* MemoryBytes: real bytes held (weights, plans, activations) */
+    int64_t loaded_at_ms;      /* LoadedAt, ms since epoch (0 if never) */
+    int64_t last_used_ms;      /* LastUsed */
+    uint64_t usage_count;      /* UsageCount: requests completed successfully */
+    double total_inference_ms; /* TotalInferenceMs: engine time of all batches */
+    uint64_t inference_count;  /* samples inferred (KServe inference_count) */
+    uint64_t execution_count;  /* batches run */
+    mts_duration_stat success, fail, queue, compute_input, compute_infer, compute_output;
+    mts_duration_stat batch_infer[MTS_MAX_BATCH_STATS + 1]; /* by batch size */
+    int queue_depth, running;
+    int max_batch;
+    bool pinned;
+    double last_load_ms;
+    uint64_t loads, unloads, evictions, load_failures;
+    int n_inputs, n_outputs;   /* metadata (known once loaded at least once) */
+    mts_tensor_meta inputs[MTS_REQ_MAX_TENSORS], outputs[MTS_REQ_MAX_TENSORS];
+} mts_model_status;
+
+int mts_server_model_count(const mts_server *s);
+/* By index (configuration order) or by name. */
+int mts_server_model_status(mts_server *s, int index, mts_model_status *out);
+int mts_server_model_status_by_name(mts_server *s, const char *name, mts_model_status *out);
+
+typedef struct mts_device_status {
+    int id;
+    int workers, threads, busy_workers, models;
+    int64_t bytes_used, bytes_budget;
+    int queue_depth;
+} mts_device_status;
+int mts_server_device_count(const mts_server *s);
+void mts_server_device_status(mts_server *s, int id, mts_device_status *out);
+
+typedef struct mts_server_totals {
+    uint64_t submitted, completed, failed, rejected_full, timed_out, cancelled;
+    int resident_models, queue_depth;
+    int64_t resident_bytes;
+    double uptime_s;
+    bool shutting_down;
+} mts_server_totals;
+void mts_server_totals_get(mts_server *s, mts_server_totals *out);
+
+/* Prometheus text exposition of every metric. Returns a malloc'd string. */
+char *mts_server_metrics(mts_server *s, size_t *len);
+
+#endif

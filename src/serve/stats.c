@@ -1,0 +1,269 @@
+/*
+ * Statistics: consistent snapshots of models, devices and server totals (copied under the
+ * lock so callers never read half-updated counters), and the Prometheus text exposition of
+ * every metric: requests by model and outcome, queue and compute latency histograms, batch
+ * sizes, queue depth, loads/unloads/evictions and their durations, resident models and bytes
+ * per device, and per-worker busy time (utilization = rate of busy seconds).
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "serve/internal.h"
+
+const double mts__time_buckets[MTS__HIST_BUCKETS] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+                                                     0.05,   0.1,     0.25,   0.5,   1,      2.5,   5,     10};
+const double mts__batch_buckets[MTS__BATCH_BUCKETS] = {1, 2, 4, 8, 16, 32, 64, 128};
+
+void mts__hist_add(mts__hist *h, const double *bounds, int nb, double v)
+{
+    int i = 0;
+    while (i < nb && v > bounds[i]) i++;
+    h->counts[i]++;
+    h->n++;
+    h->sum += v;
+}
+
+static void snapshot(mts_server *s, const mts__entry *e, mts_model_status *o)
+{
+    memset(o, 0, sizeof *o);
+    snprintf(o->name, sizeof o->name, "%s", e->cfg->name);
+    o->state = e->state;
+    snprintf(o->reason, sizeof o->reason, "%s", e->reason);
+    o->device = e->cur ? e->cur->device : -1;
+    o->version = e->versions;
+    o->memory_bytes = e->cur ? e->cur->base_bytes + e->cur->ctx_bytes : 0;
+    o->loaded_at_ms = e->loaded_at_ms;
+    o->last_used_ms = e->last_used_ms;
+    o->usage_count = e->usage_count;
+    o->total_inference_ms = e->total_inference_ms;
+    o->inference_count = e->inference_count;
+    o->execution_count = e->execution_count;
+    o->success = e->success;
+    o->fail = e->fail;
+    o->queue = e->queue;
+    o->compute_input = e->compute_input;
+    o->compute_infer = e->compute_infer;
+    o->compute_output = e->compute_output;
+    memcpy(o->batch_infer, e->batch_infer, sizeof o->batch_infer);
+    o->queue_depth = e->qlen;
+    o->running = e->running;
+    o->max_batch = e->cur ? e->cur->max_batch : e->cfg->max_batch;
+    o->pinned = e->cfg->pin;
+    o->last_load_ms = e->last_load_ms;
+    o->loads = e->loads;
+    o->unloads = e->unloads;
+    o->evictions = e->evictions;
+    o->load_failures = e->load_failures;
+    o->n_inputs = e->n_in;
+    o->n_outputs = e->n_out;
+    memcpy(o->inputs, e->in, sizeof o->inputs);
+    memcpy(o->outputs, e->out, sizeof o->outputs);
+    (void)s;
+}
+
+int mts_server_model_count(const mts_server *s)
+{
+    return s->n_entries;
+}
+
+int mts_server_model_status(mts_server *s, int index, mts_model_status *out)
+{
+    if (index < 0 || index >= s->n_entries) return MTS_ENOTFOUND;
+    pthread_mutex_lock(&s->lock);
+    snapshot(s, &s->entries[index], out);
+    pthread_mutex_unlock(&s->lock);
+    return MTS_OK;
+}
+
+int mts_server_model_status_by_name(mts_server *s, const char *name, mts_model_status *out)
+{
+    pthread_mutex_lock(&s->lock);
+    mts__entry *e = mts__find(s, name);
+    if (e) snapshot(s, e, out);
+    pthread_mutex_unlock(&s->lock);
+    return e ? MTS_OK : MTS_ENOTFOUND;
+}
+
+int mts_server_device_count(const mts_server *s)
+{
+    return s->n_devs;
+}
+
+void mts_server_device_status(mts_server *s, int id, mts_device_status *out)
+{
+    memset(out, 0, sizeof *out);
+    if (id < 0 || id >= s->n_devs) return;
+    pthread_mutex_lock(&s->lock);
+    mts__device *d = &s->devs[id];
+    out->id = id;
+    out->workers = d->workers;
+    out->threads = d->cores;
+    out->busy_workers = d->busy_workers;
+    out->models = d->models;
+    out->bytes_used = d->used;
+    out->bytes_budget = d->budget;
+    for (int i = 0; i < s->n_entries; i++)
+        if (s->entries[i].cur && s->entries[i].cur->device == id) out->queue_depth += s->entries[i].qlen;
+    pthread_mutex_unlock(&s->lock);
+}
+
+void mts_server_totals_get(mts_server *s, mts_server_totals *o)
+{
+    memset(o, 0, sizeof *o);
+    pthread_mutex_lock(&s->lock);
+    o->submitted = s->submitted;
+    o->completed = s->completed;
+    o->failed = s->failed;
+    o->rejected_full = s->rejected_full;
+    o->timed_out = s->timed_out;
+    o->cancelled = s->cancelled;
+    o->resident_models = s->resident;
+    o->queue_depth = s->total_queued;
+    for (int d = 0; d < s->n_devs; d++) o->resident_bytes += s->devs[d].used;
+    o->shutting_down = s->stopping;
+    pthread_mutex_unlock(&s->lock);
+    o->uptime_s = (double)(mts__now_ns() - s->start_ns) / 1e9;
+}
+
+/* ---- Prometheus text format ---- */
+
+typedef struct out_buf {
+    char *p;
+    size_t len, cap;
+    bool oom;
+} out_buf;
+
+static void outf(out_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void outf(out_buf *b, const char *fmt, ...)
+{
+    if (b->oom) return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
+        va_end(ap);
+        if (n < 0) return;
+        if ((size_t)n < b->cap - b->len) {
+            b->len += (size_t)n;
+            return;
+        }
+        size_t cap = b->cap * 2 + (size_t)n + 1024;
+        char *np = realloc(b->p, cap);
+        if (!np) {
+            b->oom = true;
+            return;
+        }
+        b->p = np;
+        b->cap = cap;
+    }
+}
+
+static void hist_out(out_buf *b, const char *name, const char *model, const mts__hist *h, const double *bounds, int nb)
+{
+    uint64_t cum = 0;
+    for (int i = 0; i < nb; i++) {
+        cum += h->counts[i];
+        outf(b, "%s_bucket{model=\"%s\",le=\"%g\"} %llu\n", name, model, bounds[i], (unsigned long long)cum);
+    }
+    cum += h->counts[nb];
+    outf(b, "%s_bucket{model=\"%s\",le=\"+Inf\"} %llu\n", name, model, (unsigned long long)cum);
+    outf(b, "%s_sum{model=\"%s\"} %.9g\n%s_count{model=\"%s\"} %llu\n", name, model, h->sum, name, model,
+         (unsigned long long)h->n);
+}
+
+char *mts_server_metrics(mts_server *s, size_t *len)
+{
+    out_buf b = {malloc(65536), 0, 65536, false};
+    if (!b.p) return NULL;
+    pthread_mutex_lock(&s->lock);
+    outf(&b, "# HELP mts_requests_total Inference requests by model and outcome.\n# TYPE mts_requests_total counter\n");
+    for (int i = 0; i < s->n_entries; i++) {
+        const mts__entry *e = &s->entries[i];
+        const char *m = e->cfg->name;
+        outf(&b,
+             "mts_requests_total{model=\"%s\",outcome=\"success\"} %llu\n"
+             "mts_requests_total{model=\"%s\",outcome=\"error\"} %llu\n"
+             "mts_requests_total{model=\"%s\",outcome=\"timeout\"} %llu\n"
+             "mts_requests_total{model=\"%s\",outcome=\"cancelled\"} %llu\n"
+             "mts_requests_total{model=\"%s\",outcome=\"rejected\"} %llu\n",
+             m, (unsigned long long)e->success.count, m, (unsigned long long)e->fail.count, m,
+             (unsigned long long)e->n_timeout, m, (unsigned long long)e->n_cancelled, m,
+             (unsigned long long)e->n_rejected);
+    }
+    outf(&b, "# HELP mts_queue_duration_seconds Time from arrival to the start of the batch (includes load waits).\n"
+             "# TYPE mts_queue_duration_seconds histogram\n");
+    for (int i = 0; i < s->n_entries; i++)
+        hist_out(&b, "mts_queue_duration_seconds", s->entries[i].cfg->name, &s->entries[i].h_queue, mts__time_buckets,
+                 MTS__HIST_BUCKETS);
+    outf(&b, "# HELP mts_compute_duration_seconds Engine time per batch.\n# TYPE mts_compute_duration_seconds histogram\n");
+    for (int i = 0; i < s->n_entries; i++)
+        hist_out(&b, "mts_compute_duration_seconds", s->entries[i].cfg->name, &s->entries[i].h_compute,
+                 mts__time_buckets, MTS__HIST_BUCKETS);
+    outf(&b, "# HELP mts_batch_size Samples per executed batch.\n# TYPE mts_batch_size histogram\n");
+    for (int i = 0; i < s->n_entries; i++)
+        hist_out(&b, "mts_batch_size", s->entries[i].cfg->name, &s->entries[i].h_batch, mts__batch_buckets,
+                 MTS__BATCH_BUCKETS);
+    outf(&b, "# HELP mts_model_load_duration_seconds Model load time.\n# TYPE mts_model_load_duration_seconds histogram\n");
+    for (int i = 0; i < s->n_entries; i++)
+        hist_out(&b, "mts_model_load_duration_seconds", s->entries[i].cfg->name, &s->entries[i].h_load,
+                 mts__time_buckets, MTS__HIST_BUCKETS);
+    outf(&b, "# HELP mts_queue_depth Requests waiting per model.\n# TYPE mts_queue_depth gauge\n");
+    for (int i = 0; i < s->n_entries; i++)
+        outf(&b, "mts_queue_depth{model=\"%s\"} %d\n", s->entries[i].cfg->name, s->entries[i].qlen);
+    outf(&b, "# HELP mts_model_loads_total Loads by outcome.\n# TYPE mts_model_loads_total counter\n");
+    for (int i = 0; i < s->n_entries; i++)
+        outf(&b, "mts_model_loads_total{model=\"%s\",outcome=\"success\"} %llu\nmts_model_loads_total{model=\"%s\",outcome=\"failure\"} %llu\n",
+             s->entries[i].cfg->name, (unsigned long long)s->entries[i].loads, s->entries[i].cfg->name,
+             (unsigned long long)s->entries[i].load_failures);
+    outf(&b, "# HELP mts_model_unloads_total Unloads (explicit, idle or evicted).\n# TYPE mts_model_unloads_total counter\n");
+    for (int i = 0; i < s->n_entries; i++)
+        outf(&b, "mts_model_unloads_total{model=\"%s\"} %llu\n", s->entries[i].cfg->name,
+             (unsigned long long)s->entries[i].unloads);
+    outf(&b, "# HELP mts_model_evictions_total Evictions by policy (memory, max_models, idle timeout).\n"
+             "# TYPE mts_model_evictions_total counter\n");
+    for (int i = 0; i < s->n_entries; i++)
+        outf(&b, "mts_model_evictions_total{model=\"%s\"} %llu\n", s->entries[i].cfg->name,
+             (unsigned long long)s->entries[i].evictions);
+    outf(&b, "# HELP mts_model_memory_bytes Bytes held by the resident model.\n# TYPE mts_model_memory_bytes gauge\n");
+    for (int i = 0; i < s->n_entries; i++) {
+        const mts__entry *e = &s->entries[i];
+        outf(&b, "mts_model_memory_bytes{model=\"%s\"} %lld\n", e->cfg->name,
+             (long long)(e->cur ? e->cur->base_bytes + e->cur->ctx_bytes : 0));
+    }
+    outf(&b, "# HELP mts_device_resident_models Models resident per device.\n# TYPE mts_device_resident_models gauge\n");
+    for (int d = 0; d < s->n_devs; d++) outf(&b, "mts_device_resident_models{device=\"cpu:%d\"} %d\n", d, s->devs[d].models);
+    outf(&b, "# HELP mts_device_memory_bytes Bytes used per device.\n# TYPE mts_device_memory_bytes gauge\n");
+    for (int d = 0; d < s->n_devs; d++)
+        outf(&b, "mts_device_memory_bytes{device=\"cpu:%d\"} %lld\n", d, (long long)s->devs[d].used);
+    outf(&b, "# HELP mts_device_memory_budget_bytes Memory budget per device.\n# TYPE mts_device_memory_budget_bytes gauge\n");
+    for (int d = 0; d < s->n_devs; d++)
+        outf(&b, "mts_device_memory_budget_bytes{device=\"cpu:%d\"} %lld\n", d, (long long)s->devs[d].budget);
+    outf(&b, "# HELP mts_worker_busy_seconds_total Time each worker spent running batches.\n"
+             "# TYPE mts_worker_busy_seconds_total counter\n");
+    for (int d = 0; d < s->n_devs; d++)
+        for (int w = 0; w < s->devs[d].workers; w++)
+            outf(&b, "mts_worker_busy_seconds_total{device=\"cpu:%d\",worker=\"%d\"} %.6f\n", d, w,
+                 (double)s->devs[d].w_busy_ns[w] / 1e9);
+    outf(&b, "# HELP mts_worker_batches_total Batches each worker ran.\n# TYPE mts_worker_batches_total counter\n");
+    for (int d = 0; d < s->n_devs; d++)
+        for (int w = 0; w < s->devs[d].workers; w++)
+            outf(&b, "mts_worker_batches_total{device=\"cpu:%d\",worker=\"%d\"} %llu\n", d, w,
+                 (unsigned long long)s->devs[d].w_batches[w]);
+    outf(&b, "# HELP mts_resident_models Models resident (loading, ready or draining).\n# TYPE mts_resident_models gauge\n"
+             "mts_resident_models %d\n",
+         s->resident);
+    outf(&b, "# HELP mts_queue_depth_total Requests waiting in all queues.\n# TYPE mts_queue_depth_total gauge\n"
+             "mts_queue_depth_total %d\n",
+         s->total_queued);
+    pthread_mutex_unlock(&s->lock);
+    outf(&b, "# HELP mts_uptime_seconds Seconds since start.\n# TYPE mts_uptime_seconds gauge\nmts_uptime_seconds %.3f\n",
+         (double)(mts__now_ns() - s->start_ns) / 1e9);
+    if (b.oom) {
+        free(b.p);
+        return NULL;
+    }
+    *len = b.len;
+    return b.p;
+}
