@@ -15,6 +15,7 @@ static void usage(FILE *f)
             "commands:\n"
             "  inspect MODEL     inputs/outputs, op histogram, parameter bytes, GFLOP per sample\n"
             "  run MODEL         run a model on random or .npy inputs; latency and throughput\n"
+            "  serve             serve models over KServe v2 HTTP (--config FILE or --model-repository DIR)\n"
             "\n"
             "`mtserve COMMAND --help` describes each command.\n");
 }
@@ -28,6 +29,7 @@ int main(int argc, char **argv)
     const char *cmd = argv[1];
     if (!strcmp(cmd, "inspect")) return mts_cli_inspect(argc - 1, argv + 1);
     if (!strcmp(cmd, "run")) return mts_cli_run(argc - 1, argv + 1);
+    if (!strcmp(cmd, "serve")) return mts_cli_serve(argc - 1, argv + 1);
     if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
         usage(stdout);
         return 0;

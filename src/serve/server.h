@@ -129,6 +129,8 @@ typedef struct mts_model_status {
 } mts_model_status;
 
 int mts_server_model_count(const mts_server *s);
+/* True when name is a configured model (cheap; no snapshot). */
+bool mts_server_has_model(const mts_server *s, const char *name);
 /* By index (configuration order) or by name. */
 int mts_server_model_status(mts_server *s, int index, mts_model_status *out);
 int mts_server_model_status_by_name(mts_server *s, const char *name, mts_model_status *out);

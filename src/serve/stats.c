@@ -63,6 +63,11 @@ static void snapshot(mts_server *s, const mts__entry *e, mts_model_status *o)
     (void)s;
 }
 
+bool mts_server_has_model(const mts_server *s, const char *name)
+{
+    return mts__find(s, name) != NULL; /* the index is immutable after creation */
+}
+
 int mts_server_model_count(const mts_server *s)
 {
     return s->n_entries;

@@ -25,8 +25,10 @@
  *
  * Memory. Every value (object keys included) costs one 16-byte node; strings cost their decoded
  * length + 1. A value takes at least 2 input bytes counting its separator, so the DOM holds at
- * most 8*len + len + O(1) bytes of payload ("[0,0,0,...]" is the worst case); arena blocks add
- * at most 50% slack, giving the documented bound
+ * most 8 * len + O(1) bytes of payload ("[0,0,0,...]" and "[\"\",\"\",...]" are the worst
+ * cases: 16 bytes of node, or 24 with an 8-byte-aligned empty string, per 2 or 3 input bytes).
+ * Arena blocks add at most 71% to that (a block is given up with at most 1/8 of it free; the
+ * newest block, possibly unused, is at most half the size of all before it), hence the bound
  *     mts_json_doc_bytes(doc) <= 14 * len + 64 KiB.
  * Typical tensor data is far below that: 1M floats printed with 9 digits (~11 bytes each) take
  * ~1.5 bytes of DOM per input byte. While parsing, children of still-open containers sit on a
@@ -130,7 +132,7 @@ int mts_json_flatten(const mts_json *arr, mts_dtype dtype, void *out, int64_t n_
 /* ---- writing ------------------------------------------------------------------------------- */
 
 typedef struct mts_jw {
-    char *buf;   /* the text so far, NUL-terminated once anything has been written */
+    char *buf;   /* the text so far (NUL-terminated by mts_jw_finish) */
     size_t len;  /* its length */
     size_t cap;
     int status;  /* first error, sticky: MTS_ENOMEM or MTS_EINVAL (misuse) */
@@ -147,9 +149,10 @@ void mts_jw_free(mts_jw *w);
 /* Empties the writer for a new document, keeping the buffer's memory. */
 void mts_jw_reset(mts_jw *w);
 /* Checks that exactly one complete value was written and no error occurred. On success
- * *text/*len (either may be NULL) get the NUL-terminated output, still owned by w. */
+ * text and len (either may be NULL) get the NUL-terminated output, still owned by w. */
 int mts_jw_finish(mts_jw *w, const char **text, size_t *len, mts_err *err);
-/* Hands the buffer (malloc'd, NUL-terminated) to the caller and resets w; NULL on error. */
+/* Hands the buffer (malloc'd, NUL-terminated) to the caller and resets w; NULL if
+ * mts_jw_finish would fail (w is then unchanged). */
 char *mts_jw_take(mts_jw *w, size_t *len);
 
 void mts_jw_begin_object(mts_jw *w);

@@ -1,0 +1,1559 @@
+/*
+ * The HTTP/1.1 server of http.h: I/O threads on epoll, an incremental request parser, response
+ * queues and connection lifetime.
+ *
+ * Threads. Each I/O thread owns an epoll set, a SO_REUSEPORT listener, an eventfd and every
+ * connection it accepted; all connection state is touched only by that thread. The one thing
+ * other threads do is mts_http_respond*: the response is formatted on the calling thread and
+ * appended to the owning thread's completion queue (mutex; the eventfd is written, under the same
+ * mutex, only when the queue goes from empty to non-empty). Control (stop accepting, stop) is a
+ * pair of atomic flags plus an eventfd write.
+ *
+ * Connections are registered once, edge-triggered, for IN|OUT|RDHUP. The parser works on one
+ * growable read buffer; every offset of the request being parsed is relative to its start
+ * (req_start), so the buffer can be compacted or reallocated while a request head or body is
+ * still arriving. A complete request is dispatched with pointers into the buffer and nothing more
+ * is read until it is answered (at most one request in flight). Chunked bodies are decoded in
+ * place. Output is a list of chunks (a formatted head with an optional copied body, plus optional
+ * application-owned pieces) written with sendmsg(MSG_NOSIGNAL) and gathered iovecs.
+ *
+ * Lifetime: a connection's memory is freed only on its I/O thread and only when its socket is
+ * closed, no request is awaiting its answer and no function up the stack is using it (busy). So a
+ * handle held by a worker stays valid until the worker's answer has been dequeued, even if the
+ * client left long before (on_cancel tells the application once).
+ */
+#include "api/http.h"
+
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#define OUT_HIGH_WATER (64 * 1024) /* stop parsing pipelined requests above this much output */
+#define RBUF_INIT 4096
+#define RBUF_MIN_READ 2048          /* grow/compact the read buffer below this much free space */
+#define RBUF_KEEP (64 * 1024)       /* an idle connection keeps at most this much buffer */
+#define CHUNK_LINE_MAX 1024         /* chunk-size line incl. extensions */
+#define LINGER_MS 2000              /* reading and discarding after an error response */
+#define ACCEPT_BATCH 64
+#define MAX_EVENTS 256
+#define IOV_BATCH 64
+
+enum { P_MORE, P_READY, P_ERROR };
+enum { RS_HEAD, RS_BODY_CL, RS_BODY_CHUNKED, RS_READY, RS_PENDING, RS_CLOSING, RS_LINGER };
+enum { CH_SIZE, CH_DATA, CH_DATA_END, CH_TRAILER };
+
+typedef struct io_thread io_thread;
+
+typedef struct out_chunk {
+    struct out_chunk *next;
+    mts_http_conn *conn;   /* while in a completion queue */
+    int niov, iov_idx;
+    bool close_after;      /* the head said "Connection: close" */
+    bool fail;             /* no memory for the response: close the connection */
+    bool heap;             /* malloc'ed (else a connection's embedded node) */
+    size_t bytes;
+    void (*done)(void *);
+    void *done_arg;
+    struct iovec *iov;
+} out_chunk;
+
+struct mts_http_conn {
+    int fd;
+    io_thread *io;
+    mts_http_conn *prev, *next; /* the I/O thread's list of open connections */
+    int state;
+    int busy;                   /* functions up the stack using the connection */
+    bool pending;               /* dispatched and answer not yet dequeued */
+    bool in_cb;                 /* inside handler/on_cancel: answers are taken inline */
+    bool cancelled, peer_eof, rdhup, drained;
+    bool keep_alive, is_head, http10, chunked, expect_continue, path_root;
+    atomic_int responded;
+    out_chunk *inline_resp;
+
+    char *rbuf;
+    size_t rcap, rlen, req_start;
+    /* per-request, relative to req_start */
+    size_t scan, line_start, head_end, body_start, body_len, content_length, req_end;
+    size_t cpos, chunk_left, trailer_start;
+    int chunk_state;
+    uint32_t m_off, p_off, q_off;
+    int nh;
+    uint32_t h_off[MTS_HTTP_MAX_HEADERS][2];
+
+    out_chunk *out_head, *out_tail;
+    size_t out_bytes;
+
+    int64_t last_ms, head_start_ms, linger_until_ms;
+    mts_http_req req;
+    out_chunk fail_node;
+};
+
+struct io_thread {
+    mts_http_server *srv;
+    pthread_t tid;
+    int epfd, evfd, lfd;
+    bool listener_registered;
+    int64_t accept_resume_ms;   /* accept paused (EMFILE) until then; 0 = not paused */
+    int64_t now_ms, next_scan_ms;
+    mts_http_conn *conns;       /* open connections */
+    mts_http_conn *graveyard;   /* freed at the end of the loop iteration (events may still name them) */
+    int nconns;
+    int npending;               /* dispatched requests whose answer has not been dequeued */
+    bool drain_done, stop_done;
+    char ev_tag, l_tag;         /* addresses used as epoll tags */
+
+    pthread_mutex_t qmu;
+    out_chunk *qhead, *qtail;
+    bool qsignalled;
+};
+
+struct mts_http_server {
+    mts_http_opts o;
+    int port;
+    int nthreads;
+    io_thread *threads;
+    atomic_int draining, stopping;
+    atomic_int nconns;
+    int listeners_open;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+};
+
+static _Thread_local io_thread *tls_io;
+
+/* ------------------------------------------------------------------ small helpers */
+
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static const char *reason(int status)
+{
+    switch (status) {
+    case 100: return "Continue";
+    case 200: return "OK";
+    case 201: return "Created";
+    case 202: return "Accepted";
+    case 204: return "No Content";
+    case 206: return "Partial Content";
+    case 301: return "Moved Permanently";
+    case 302: return "Found";
+    case 304: return "Not Modified";
+    case 307: return "Temporary Redirect";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 406: return "Not Acceptable";
+    case 408: return "Request Timeout";
+    case 409: return "Conflict";
+    case 411: return "Length Required";
+    case 413: return "Content Too Large";
+    case 414: return "URI Too Long";
+    case 415: return "Unsupported Media Type";
+    case 417: return "Expectation Failed";
+    case 422: return "Unprocessable Content";
+    case 429: return "Too Many Requests";
+    case 431: return "Request Header Fields Too Large";
+    case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
+    case 502: return "Bad Gateway";
+    case 503: return "Service Unavailable";
+    case 504: return "Gateway Timeout";
+    case 505: return "HTTP Version Not Supported";
+    }
+    return "Unknown";
+}
+
+/* RFC 9110 tchar */
+static const unsigned char tchar_tab[256] = {
+    ['!'] = 1, ['#'] = 1, ['$'] = 1, ['%'] = 1, ['&'] = 1, ['\''] = 1, ['*'] = 1, ['+'] = 1,
+    ['-'] = 1, ['.'] = 1, ['^'] = 1, ['_'] = 1, ['`'] = 1, ['|'] = 1, ['~'] = 1,
+    ['0'] = 1, ['1'] = 1, ['2'] = 1, ['3'] = 1, ['4'] = 1, ['5'] = 1, ['6'] = 1, ['7'] = 1,
+    ['8'] = 1, ['9'] = 1,
+    ['A'] = 1, ['B'] = 1, ['C'] = 1, ['D'] = 1, ['E'] = 1, ['F'] = 1, ['G'] = 1, ['H'] = 1,
+    ['I'] = 1, ['J'] = 1, ['K'] = 1, ['L'] = 1, ['M'] = 1, ['N'] = 1, ['O'] = 1, ['P'] = 1,
+    ['Q'] = 1, ['R'] = 1, ['S'] = 1, ['T'] = 1, ['U'] = 1, ['V'] = 1, ['W'] = 1, ['X'] = 1,
+    ['Y'] = 1, ['Z'] = 1,
+    ['a'] = 1, ['b'] = 1, ['c'] = 1, ['d'] = 1, ['e'] = 1, ['f'] = 1, ['g'] = 1, ['h'] = 1,
+    ['i'] = 1, ['j'] = 1, ['k'] = 1, ['l'] = 1, ['m'] = 1, ['n'] = 1, ['o'] = 1, ['p'] = 1,
+    ['q'] = 1, ['r'] = 1, ['s'] = 1, ['t'] = 1, ['u'] = 1, ['v'] = 1, ['w'] = 1, ['x'] = 1,
+    ['y'] = 1, ['z'] = 1,
+};
+
+static bool is_token(const char *s, size_t n)
+{
+    if (!n) return false;
+    for (size_t i = 0; i < n; i++)
+        if (!tchar_tab[(unsigned char)s[i]]) return false;
+    return true;
+}
+
+static int hexval(char ch)
+{
+    if (ch >= '0' && ch <= '9') return ch - '0';
+    if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
+    if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
+    return -1;
+}
+
+/* Case-insensitive comparison of [s, s+n) with the lowercase literal lit. */
+static bool ieq(const char *s, size_t n, const char *lit)
+{
+    size_t m = strlen(lit);
+    return n == m && strncasecmp(s, lit, n) == 0;
+}
+
+/* JSON string body {"error":"msg"}; non-ASCII becomes '?'. Returns the length written (< cap). */
+static size_t json_error(char *out, size_t cap, const char *msg)
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t n = 0;
+    const char *pre = "{\"error\":\"";
+    size_t pl = strlen(pre);
+    memcpy(out, pre, pl);
+    n = pl;
+    for (const unsigned char *p = (const unsigned char *)msg; *p && n + 8 < cap; p++) {
+        unsigned char ch = *p;
+        if (ch == '"' || ch == '\\') {
+            out[n++] = '\\';
+            out[n++] = (char)ch;
+        } else if (ch < 0x20) {
+            out[n++] = '\\';
+            out[n++] = 'u';
+            out[n++] = '0';
+            out[n++] = '0';
+            out[n++] = hex[ch >> 4];
+            out[n++] = hex[ch & 15];
+        } else {
+            out[n++] = ch < 0x7f ? (char)ch : '?';
+        }
+    }
+    out[n++] = '"';
+    out[n++] = '}';
+    out[n] = '\0';
+    return n;
+}
+
+static char *put(char *p, const char *s, size_t n)
+{
+    memcpy(p, s, n);
+    return p + n;
+}
+
+#define PUTLIT(p, lit) put((p), (lit), sizeof(lit) - 1)
+
+static char *put_uint(char *p, uint64_t v)
+{
+    char tmp[24];
+    int n = 0;
+    do {
+        tmp[n++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    while (n) *p++ = tmp[--n];
+    return p;
+}
+
+/* Upper bound of a formatted head's size (without the content type and extra headers). */
+#define HEAD_FIXED_MAX 192
+
+/* Formats the response head into p; returns its end. conn_hdr: 0 none, 1 close, 2 keep-alive. */
+static char *format_head(char *p, int status, const char *ctype, size_t ctype_len,
+                         const char *extra, size_t extra_len, bool send_cl, size_t clen,
+                         int conn_hdr)
+{
+    if (status < 100 || status > 999) status = 500;
+    p = PUTLIT(p, "HTTP/1.1 ");
+    p = put_uint(p, (uint64_t)status);
+    *p++ = ' ';
+    const char *rs = reason(status);
+    p = put(p, rs, strlen(rs));
+    p = PUTLIT(p, "\r\n");
+    if (ctype) {
+        p = PUTLIT(p, "Content-Type: ");
+        p = put(p, ctype, ctype_len);
+        p = PUTLIT(p, "\r\n");
+    }
+    if (send_cl) {
+        p = PUTLIT(p, "Content-Length: ");
+        p = put_uint(p, clen);
+        p = PUTLIT(p, "\r\n");
+    }
+    if (conn_hdr == 1) p = PUTLIT(p, "Connection: close\r\n");
+    if (conn_hdr == 2) p = PUTLIT(p, "Connection: keep-alive\r\n");
+    if (extra_len) {
+        p = put(p, extra, extra_len);
+        if (extra[extra_len - 1] != '\n') p = PUTLIT(p, "\r\n");
+    }
+    return PUTLIT(p, "\r\n");
+}
+
+/* ------------------------------------------------------------------ output chunks */
+
+/* One allocation: chunk, n_app + 1 iovecs, then `data` bytes (the head, maybe a copied body). */
+static out_chunk *chunk_alloc(int n_app, size_t data)
+{
+    size_t sz = sizeof(out_chunk) + (size_t)(n_app + 1) * sizeof(struct iovec) + data;
+    out_chunk *ch = malloc(sz);
+    if (!ch) return NULL;
+    memset(ch, 0, sizeof *ch);
+    ch->heap = true;
+    ch->iov = (struct iovec *)(ch + 1);
+    return ch;
+}
+
+static char *chunk_data(out_chunk *ch, int n_app)
+{
+    return (char *)(ch->iov + n_app + 1);
+}
+
+static void chunk_free(out_chunk *ch)
+{
+    if (ch->done) ch->done(ch->done_arg);
+    if (ch->heap) free(ch);
+}
+
+/* ------------------------------------------------------------------ connections */
+
+static void conn_flush(mts_http_conn *c);
+static void conn_pump(mts_http_conn *c);
+
+static size_t avail_bytes(const mts_http_conn *c)
+{
+    return c->rlen - c->req_start;
+}
+
+static void conn_free(mts_http_conn *c)
+{
+    while (c->out_head) {
+        out_chunk *ch = c->out_head;
+        c->out_head = ch->next;
+        chunk_free(ch);
+    }
+    free(c->rbuf);
+    free(c);
+}
+
+/* The memory goes once the socket is closed, the answer (if any) has been dequeued and nobody up
+ * the stack uses it; the actual free waits for the end of the loop iteration because later
+ * entries of the current epoll batch may still point at it. */
+static void conn_maybe_free(mts_http_conn *c)
+{
+    if (c->fd < 0 && !c->pending && c->busy == 0) {
+        c->busy = -1; /* queued once */
+        c->next = c->io->graveyard;
+        c->io->graveyard = c;
+    }
+}
+
+static void free_graveyard(io_thread *io)
+{
+    while (io->graveyard) {
+        mts_http_conn *c = io->graveyard;
+        io->graveyard = c->next;
+        conn_free(c);
+    }
+}
+
+#define HOLD(c) ((c)->busy++)
+#define RELEASE(c)                                     \
+    do {                                               \
+        if (--(c)->busy == 0) conn_maybe_free(c);      \
+    } while (0)
+
+static void list_remove(io_thread *io, mts_http_conn *c)
+{
+    if (c->prev) c->prev->next = c->next;
+    else io->conns = c->next;
+    if (c->next) c->next->prev = c->prev;
+    c->prev = c->next = NULL;
+    io->nconns--;
+}
+
+static void complete_response(mts_http_conn *c, out_chunk *ch);
+
+/* Closes the socket at once. An unanswered request is cancelled (once); the memory stays until
+ * the answer arrives. Output not yet written is dropped. */
+static void conn_abort(mts_http_conn *c)
+{
+    if (c->fd < 0) return;
+    io_thread *io = c->io;
+    close(c->fd);
+    c->fd = -1;
+    list_remove(io, c);
+    atomic_fetch_sub_explicit(&io->srv->nconns, 1, memory_order_relaxed);
+    while (c->out_head) {
+        out_chunk *ch = c->out_head;
+        c->out_head = ch->next;
+        chunk_free(ch);
+    }
+    c->out_tail = NULL;
+    c->out_bytes = 0;
+    if (c->pending && !c->cancelled && io->srv->o.on_cancel &&
+        !atomic_load_explicit(&c->responded, memory_order_acquire)) {
+        c->cancelled = true;
+        HOLD(c);
+        c->in_cb = true;
+        io->srv->o.on_cancel(io->srv->o.user, c, &c->req);
+        c->in_cb = false;
+        if (c->inline_resp) {
+            out_chunk *ch = c->inline_resp;
+            c->inline_resp = NULL;
+            complete_response(c, ch);
+        }
+        RELEASE(c);
+    }
+}
+
+static void out_append(mts_http_conn *c, out_chunk *ch)
+{
+    ch->next = NULL;
+    if (c->out_tail) c->out_tail->next = ch;
+    else c->out_head = ch;
+    c->out_tail = ch;
+    c->out_bytes += ch->bytes;
+}
+
+/* Best-effort immediate error (used where the connection is dropped right after). */
+static void send_now(int fd, int status, const char *msg)
+{
+    char body[256], buf[512];
+    size_t bl = json_error(body, sizeof body, msg);
+    char *p = format_head(buf, status, "application/json", 16, NULL, 0, true, bl, 1);
+    memcpy(p, body, bl);
+    p += bl;
+    ssize_t r = send(fd, buf, (size_t)(p - buf), MSG_DONTWAIT | MSG_NOSIGNAL);
+    (void)r;
+}
+
+/* Queues an error response generated by this layer and stops reading requests (the connection
+ * is closed once it is written). Returns P_ERROR. */
+static int http_error(mts_http_conn *c, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int http_error(mts_http_conn *c, int status, const char *fmt, ...)
+{
+    char msg[400], body[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    size_t bl = json_error(body, sizeof body, msg);
+    out_chunk *ch = chunk_alloc(0, HEAD_FIXED_MAX + 16 + bl);
+    c->state = RS_CLOSING;
+    if (!ch) return P_ERROR;
+    char *d = chunk_data(ch, 0);
+    char *p = format_head(d, status, "application/json", 16, NULL, 0, true, bl, 1);
+    memcpy(p, body, bl);
+    p += bl;
+    ch->niov = 1;
+    ch->iov[0].iov_base = d;
+    ch->iov[0].iov_len = (size_t)(p - d);
+    ch->bytes = (size_t)(p - d);
+    ch->close_after = true;
+    out_append(c, ch);
+    return P_ERROR;
+}
+
+static void reset_request(mts_http_conn *c)
+{
+    c->state = RS_HEAD;
+    c->scan = c->line_start = c->head_end = c->body_start = c->body_len = 0;
+    c->content_length = c->req_end = c->cpos = c->chunk_left = c->trailer_start = 0;
+    c->chunk_state = CH_SIZE;
+    c->nh = 0;
+    c->chunked = c->expect_continue = c->path_root = false;
+    c->head_start_ms = 0;
+}
+
+/* The answer for the pending request arrived (on the I/O thread). */
+static void complete_response(mts_http_conn *c, out_chunk *ch)
+{
+    io_thread *io = c->io;
+    c->pending = false;
+    io->npending--;
+    if (c->fd < 0) {
+        if (ch) chunk_free(ch);
+        return;
+    }
+    if (!ch || ch->fail) {
+        if (ch) chunk_free(ch);
+        conn_abort(c);
+        return;
+    }
+    out_append(c, ch);
+    c->last_ms = io->now_ms;
+    /* release the request's bytes */
+    c->req_start += c->req_end;
+    bool close_after = ch->close_after;
+    reset_request(c);
+    if (close_after) c->state = RS_CLOSING;
+    if (c->req_start == c->rlen) {
+        c->req_start = c->rlen = 0;
+        if (c->rcap > RBUF_KEEP) {
+            free(c->rbuf);
+            c->rbuf = NULL;
+            c->rcap = 0;
+        }
+    }
+}
+
+/* Starts closing after the last response went out: half-close, then read and discard what the
+ * client still sends (so its unread data does not turn our FIN into a RST that destroys the
+ * response) until EOF or LINGER_MS. */
+static void linger_read(mts_http_conn *c)
+{
+    char tmp[16384];
+    for (;;) {
+        ssize_t n = read(c->fd, tmp, sizeof tmp);
+        if (n > 0) continue;
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+        conn_abort(c);
+        return;
+    }
+}
+
+static void begin_close(mts_http_conn *c)
+{
+    if (c->peer_eof) {
+        conn_abort(c);
+        return;
+    }
+    shutdown(c->fd, SHUT_WR);
+    c->state = RS_LINGER;
+    c->linger_until_ms = c->io->now_ms + LINGER_MS;
+    linger_read(c);
+}
+
+static void conn_flush(mts_http_conn *c)
+{
+    while (c->out_head && c->fd >= 0) {
+        struct iovec iov[IOV_BATCH];
+        int n = 0;
+        for (out_chunk *ch = c->out_head; ch && n < IOV_BATCH; ch = ch->next)
+            for (int i = ch->iov_idx; i < ch->niov && n < IOV_BATCH; i++) iov[n++] = ch->iov[i];
+        struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+        ssize_t w = sendmsg(c->fd, &m, MSG_NOSIGNAL);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+            conn_abort(c);
+            return;
+        }
+        c->last_ms = c->io->now_ms;
+        c->out_bytes -= (size_t)w;
+        size_t left = (size_t)w;
+        while (c->out_head) {
+            out_chunk *ch = c->out_head;
+            while (ch->iov_idx < ch->niov && left >= ch->iov[ch->iov_idx].iov_len) {
+                left -= ch->iov[ch->iov_idx].iov_len;
+                ch->iov_idx++;
+            }
+            if (ch->iov_idx < ch->niov) {
+                ch->iov[ch->iov_idx].iov_base = (char *)ch->iov[ch->iov_idx].iov_base + left;
+                ch->iov[ch->iov_idx].iov_len -= left;
+                break;
+            }
+            c->out_head = ch->next;
+            if (!c->out_head) c->out_tail = NULL;
+            chunk_free(ch);
+        }
+    }
+    if (c->fd >= 0 && !c->out_head && c->state == RS_CLOSING) begin_close(c);
+}
+
+/* Reads once. Returns 1 (bytes arrived), 0 (EOF), -1 (nothing now), -2 (connection aborted). */
+static int conn_read(mts_http_conn *c)
+{
+    if (c->rcap - c->rlen < RBUF_MIN_READ) {
+        if (c->req_start > 0) {
+            memmove(c->rbuf, c->rbuf + c->req_start, c->rlen - c->req_start);
+            c->rlen -= c->req_start;
+            c->req_start = 0;
+        }
+        if (c->rcap - c->rlen < RBUF_MIN_READ) {
+            size_t ncap = c->rcap ? c->rcap * 2 : RBUF_INIT;
+            char *nb = realloc(c->rbuf, ncap);
+            if (!nb) {
+                conn_abort(c);
+                return -2;
+            }
+            c->rbuf = nb;
+            c->rcap = ncap;
+        }
+    }
+    size_t space = c->rcap - c->rlen;
+    for (;;) {
+        ssize_t n = read(c->fd, c->rbuf + c->rlen, space);
+        if (n > 0) {
+            c->rlen += (size_t)n;
+            c->last_ms = c->io->now_ms;
+            /* edge-triggered: a short read drained the socket; new data brings a new event.
+             * After RDHUP keep reading until EOF is seen. */
+            if ((size_t)n < space && !c->rdhup) c->drained = true;
+            return 1;
+        }
+        if (n == 0) {
+            c->peer_eof = true;
+            return 0;
+        }
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            c->drained = true;
+            return -1;
+        }
+        conn_abort(c);
+        return -2;
+    }
+}
+
+/* ------------------------------------------------------------------ request parsing */
+
+static int parse_head(mts_http_conn *c)
+{
+    const mts_http_server *srv = c->io->srv;
+    char *b = c->rbuf + c->req_start;
+    size_t end = c->head_end;
+
+    /* request line */
+    char *eol = memchr(b, '\n', end);
+    size_t ll = (size_t)(eol - b);
+    if (ll && b[ll - 1] == '\r') ll--;
+    char *sp1 = memchr(b, ' ', ll);
+    if (!sp1 || !is_token(b, (size_t)(sp1 - b)))
+        return http_error(c, 400, "malformed request line");
+    char *t = sp1 + 1;
+    char *le = b + ll;
+    char *sp2 = memchr(t, ' ', (size_t)(le - t));
+    if (!sp2 || sp2 == t) return http_error(c, 400, "malformed request line");
+    for (char *p = t; p < sp2; p++)
+        if ((unsigned char)*p <= 0x20 || *p == 0x7f) return http_error(c, 400, "malformed request line");
+    char *v = sp2 + 1;
+    size_t vl = (size_t)(le - v);
+    if (vl == 8 && memcmp(v, "HTTP/1.", 7) == 0 && (v[7] == '0' || v[7] == '1')) {
+        c->http10 = v[7] == '0';
+    } else if (vl == 8 && memcmp(v, "HTTP/", 5) == 0 && v[5] >= '0' && v[5] <= '9' && v[6] == '.' &&
+               v[7] >= '0' && v[7] <= '9') {
+        return http_error(c, 505, "HTTP version %.8s is not supported (use HTTP/1.1)", v);
+    } else {
+        return http_error(c, 400, "malformed request line");
+    }
+    size_t ml = (size_t)(sp1 - b);
+    char *path = t;
+    c->path_root = false;
+    if (*t == '/') {
+        path = t;
+    } else if (*t == '*' && sp2 == t + 1 && ieq(b, ml, "options")) {
+        path = t;
+    } else if ((size_t)(sp2 - t) > 8 && (strncasecmp(t, "http://", 7) == 0 || strncasecmp(t, "https://", 8) == 0)) {
+        path = t + (t[4] == ':' ? 7 : 8); /* past "scheme://", then skip the authority */
+        while (path < sp2 && *path != '/' && *path != '?') path++;
+        if (path == sp2 || *path == '?') c->path_root = true; /* "http://host" or "http://host?q" */
+    } else {
+        return http_error(c, 400, "malformed request line");
+    }
+    char *q = memchr(path, '?', (size_t)(sp2 - path));
+    *sp1 = '\0';
+    *sp2 = '\0';
+    c->m_off = 0;
+    c->p_off = (uint32_t)(path - b);
+    if (q) {
+        *q = '\0';
+        c->q_off = (uint32_t)(q + 1 - b);
+    } else {
+        c->q_off = (uint32_t)(sp2 - b);
+    }
+    c->is_head = ieq(b, ml, "head");
+
+    /* header fields */
+    bool have_cl = false, conn_close = false, conn_ka = false;
+    int te_count = 0;
+    bool te_bad = false;
+    char te_val[64] = "";
+    size_t cl = 0;
+    size_t pos = (size_t)(eol - b) + 1;
+    while (pos < end) {
+        char *ls = b + pos;
+        char *nl = memchr(ls, '\n', end - pos);
+        size_t len = (size_t)(nl - ls);
+        pos += len + 1;
+        if (len && ls[len - 1] == '\r') len--;
+        if (len == 0) break;
+        if (*ls == ' ' || *ls == '\t')
+            return http_error(c, 400, "obsolete header line folding is not supported");
+        char *colon = memchr(ls, ':', len);
+        if (!colon || !is_token(ls, (size_t)(colon - ls)))
+            return http_error(c, 400, "malformed header field");
+        char *val = colon + 1, *ve = ls + len;
+        while (val < ve && (*val == ' ' || *val == '\t')) val++;
+        while (ve > val && (ve[-1] == ' ' || ve[-1] == '\t')) ve--;
+        for (char *p = val; p < ve; p++) {
+            unsigned char ch = (unsigned char)*p;
+            if ((ch < 0x20 && ch != '\t') || ch == 0x7f)
+                return http_error(c, 400, "invalid character in header field value");
+        }
+        if (c->nh == MTS_HTTP_MAX_HEADERS)
+            return http_error(c, 431, "too many header fields (the limit is %d)", MTS_HTTP_MAX_HEADERS);
+        size_t nl_ = (size_t)(colon - ls), vlen = (size_t)(ve - val);
+        *colon = '\0';
+        *ve = '\0';
+        c->h_off[c->nh][0] = (uint32_t)(ls - b);
+        c->h_off[c->nh][1] = (uint32_t)(val - b);
+        c->nh++;
+
+        if (ieq(ls, nl_, "content-length")) {
+            /* a list of identical values ("5, 5") is allowed, like duplicates */
+            const char *p = val, *e = val + vlen;
+            while (p <= e) {
+                const char *s = p;
+                size_t x = 0;
+                while (p < e && *p >= '0' && *p <= '9') {
+                    if (x > (SIZE_MAX - 9) / 10) return http_error(c, 400, "invalid Content-Length");
+                    x = x * 10 + (size_t)(*p - '0');
+                    p++;
+                }
+                if (p == s) return http_error(c, 400, "invalid Content-Length");
+                if (have_cl && x != cl) return http_error(c, 400, "conflicting Content-Length values");
+                have_cl = true;
+                cl = x;
+                while (p < e && (*p == ' ' || *p == '\t')) p++;
+                if (p == e) break;
+                if (*p != ',') return http_error(c, 400, "invalid Content-Length");
+                p++;
+                while (p < e && (*p == ' ' || *p == '\t')) p++;
+            }
+        } else if (ieq(ls, nl_, "transfer-encoding")) {
+            te_count++;
+            if (!ieq(val, vlen, "chunked")) {
+                te_bad = true;
+                snprintf(te_val, sizeof te_val, "%.*s", (int)(vlen < 60 ? vlen : 60), val);
+            }
+        } else if (ieq(ls, nl_, "connection")) {
+            const char *p = val, *e = val + vlen;
+            while (p < e) {
+                while (p < e && (*p == ' ' || *p == '\t' || *p == ',')) p++;
+                const char *s = p;
+                while (p < e && *p != ',' && *p != ' ' && *p != '\t') p++;
+                if (ieq(s, (size_t)(p - s), "close")) conn_close = true;
+                else if (ieq(s, (size_t)(p - s), "keep-alive")) conn_ka = true;
+            }
+        } else if (ieq(ls, nl_, "expect")) {
+            if (!ieq(val, vlen, "100-continue"))
+                return http_error(c, 417, "unsupported Expect value \"%.60s\"", val);
+            c->expect_continue = true;
+        }
+    }
+
+    if (te_count) {
+        if (te_bad || te_count > 1)
+            return http_error(c, 501, "unsupported Transfer-Encoding \"%s\" (only chunked is supported)",
+                              te_bad ? te_val : "chunked, chunked");
+        if (have_cl) return http_error(c, 400, "both Content-Length and Transfer-Encoding are present");
+        c->chunked = true;
+    }
+    c->keep_alive = c->http10 ? (conn_ka && !conn_close) : !conn_close;
+
+    size_t need_more_body = 0;
+    if (c->chunked) {
+        c->state = RS_BODY_CHUNKED;
+        c->body_start = c->cpos = end;
+        c->chunk_state = CH_SIZE;
+        need_more_body = avail_bytes(c) == end;
+    } else if (cl > srv->o.max_body) {
+        return http_error(c, 413,
+                          "request body of %zu bytes exceeds the limit of %zu bytes (max_message_size_mb)",
+                          cl, srv->o.max_body);
+    } else if (cl > 0) {
+        c->state = RS_BODY_CL;
+        c->body_start = end;
+        c->content_length = cl;
+        need_more_body = avail_bytes(c) - end < cl;
+    } else {
+        c->state = RS_READY;
+        c->body_start = end;
+        c->req_end = end;
+    }
+    if (c->expect_continue && !c->http10 && need_more_body) {
+        static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
+        out_chunk *ch = chunk_alloc(0, 0);
+        if (ch) {
+            ch->niov = 1;
+            ch->iov[0].iov_base = (void *)cont;
+            ch->iov[0].iov_len = sizeof cont - 1;
+            ch->bytes = sizeof cont - 1;
+            out_append(c, ch);
+            conn_flush(c);
+            if (c->fd < 0) return P_ERROR;
+        }
+    }
+    return P_MORE;
+}
+
+static int parse_chunked(mts_http_conn *c)
+{
+    const mts_http_server *srv = c->io->srv;
+    char *b = c->rbuf + c->req_start;
+    size_t avail = avail_bytes(c);
+    for (;;) {
+        switch (c->chunk_state) {
+        case CH_SIZE: {
+            char *nl = memchr(b + c->cpos, '\n', avail - c->cpos);
+            if (!nl) {
+                if (avail - c->cpos > CHUNK_LINE_MAX) return http_error(c, 400, "chunk size line too long");
+                return P_MORE;
+            }
+            if ((size_t)(nl - (b + c->cpos)) > CHUNK_LINE_MAX)
+                return http_error(c, 400, "chunk size line too long");
+            const char *p = b + c->cpos;
+            size_t sz = 0;
+            int nd = 0, hv;
+            while ((hv = hexval(*p)) >= 0) {
+                if (sz > (SIZE_MAX >> 4)) return http_error(c, 400, "chunk size too large");
+                sz = sz * 16 + (size_t)hv;
+                nd++;
+                p++;
+            }
+            if (!nd) return http_error(c, 400, "malformed chunk size");
+            while (*p == ' ' || *p == '\t') p++;
+            if (*p == ';') {
+                for (p++; p < nl; p++) /* chunk extensions: ignored, but no control bytes */
+                    if ((unsigned char)*p < 0x20 && *p != '\t' && !(*p == '\r' && p + 1 == nl))
+                        return http_error(c, 400, "malformed chunk extension");
+            } else if (!(p == nl || (*p == '\r' && p + 1 == nl))) {
+                return http_error(c, 400, "malformed chunk size");
+            }
+            if (sz > srv->o.max_body - c->body_len) {
+                size_t total = c->body_len + sz < c->body_len ? SIZE_MAX : c->body_len + sz;
+                return http_error(c, 413,
+                                  "request body of %zu bytes exceeds the limit of %zu bytes (max_message_size_mb)",
+                                  total, srv->o.max_body);
+            }
+            c->cpos = (size_t)(nl - b) + 1;
+            if (sz == 0) {
+                c->chunk_state = CH_TRAILER;
+                c->trailer_start = c->cpos;
+            } else {
+                c->chunk_left = sz;
+                c->chunk_state = CH_DATA;
+            }
+            break;
+        }
+        case CH_DATA: {
+            size_t take = avail - c->cpos;
+            if (take > c->chunk_left) take = c->chunk_left;
+            if (take) {
+                size_t dst = c->body_start + c->body_len;
+                if (dst != c->cpos) memmove(b + dst, b + c->cpos, take);
+                c->body_len += take;
+                c->cpos += take;
+                c->chunk_left -= take;
+            }
+            if (c->chunk_left) return P_MORE;
+            c->chunk_state = CH_DATA_END;
+            break;
+        }
+        case CH_DATA_END:
+            if (c->cpos >= avail) return P_MORE;
+            if (b[c->cpos] == '\n') {
+                c->cpos++;
+            } else if (b[c->cpos] == '\r') {
+                if (c->cpos + 1 >= avail) return P_MORE;
+                if (b[c->cpos + 1] != '\n') return http_error(c, 400, "malformed chunked body");
+                c->cpos += 2;
+            } else {
+                return http_error(c, 400, "malformed chunked body");
+            }
+            c->chunk_state = CH_SIZE;
+            break;
+        case CH_TRAILER: {
+            char *nl = memchr(b + c->cpos, '\n', avail - c->cpos);
+            if (!nl) {
+                if (avail - c->trailer_start > srv->o.max_header)
+                    return http_error(c, 431, "chunked trailer section exceeds the limit of %zu bytes",
+                                      srv->o.max_header);
+                return P_MORE;
+            }
+            size_t len = (size_t)(nl - (b + c->cpos));
+            if (len && b[c->cpos + len - 1] == '\r') len--;
+            c->cpos = (size_t)(nl - b) + 1;
+            if (c->cpos - c->trailer_start > srv->o.max_header)
+                return http_error(c, 431, "chunked trailer section exceeds the limit of %zu bytes",
+                                  srv->o.max_header);
+            if (len == 0) {
+                c->req_end = c->cpos;
+                c->state = RS_READY;
+                return P_READY;
+            }
+            break; /* trailer fields are ignored */
+        }
+        }
+    }
+}
+
+/* Advances the request state machine over the buffered bytes. */
+static int parse(mts_http_conn *c)
+{
+    const mts_http_server *srv = c->io->srv;
+    for (;;) {
+        switch (c->state) {
+        case RS_HEAD: {
+            if (c->scan == 0) { /* empty lines before a request are ignored (RFC 9112 2.2) */
+                size_t k = c->req_start;
+                while (k < c->rlen && (c->rbuf[k] == '\r' || c->rbuf[k] == '\n')) k++;
+                c->req_start = k;
+            }
+            size_t avail = avail_bytes(c);
+            if (!avail) return P_MORE;
+            if (!c->head_start_ms) c->head_start_ms = c->io->now_ms;
+            char *b = c->rbuf + c->req_start;
+            bool found = false;
+            while (c->scan < avail) {
+                char *nl = memchr(b + c->scan, '\n', avail - c->scan);
+                if (!nl) {
+                    c->scan = avail;
+                    break;
+                }
+                size_t i = (size_t)(nl - b), ls = c->line_start;
+                if (i == ls || (i == ls + 1 && b[ls] == '\r')) {
+                    c->head_end = i + 1;
+                    found = true;
+                    break;
+                }
+                c->line_start = c->scan = i + 1;
+            }
+            if (!found) {
+                if (avail > srv->o.max_header)
+                    return http_error(c, 431, "request header section exceeds the limit of %zu bytes",
+                                      srv->o.max_header);
+                return P_MORE;
+            }
+            if (c->head_end > srv->o.max_header)
+                return http_error(c, 431, "request header section exceeds the limit of %zu bytes",
+                                  srv->o.max_header);
+            if (parse_head(c) == P_ERROR) return P_ERROR;
+            break;
+        }
+        case RS_BODY_CL:
+            if (avail_bytes(c) - c->body_start < c->content_length) return P_MORE;
+            c->body_len = c->content_length;
+            c->req_end = c->body_start + c->content_length;
+            c->state = RS_READY;
+            return P_READY;
+        case RS_BODY_CHUNKED:
+            return parse_chunked(c);
+        case RS_READY:
+            return P_READY;
+        default:
+            return P_MORE;
+        }
+    }
+}
+
+static void dispatch(mts_http_conn *c)
+{
+    io_thread *io = c->io;
+    char *b = c->rbuf + c->req_start;
+    mts_http_req *r = &c->req;
+    r->method = b + c->m_off;
+    r->path = c->path_root ? "/" : b + c->p_off;
+    r->query = b + c->q_off;
+    r->body = c->body_len ? b + c->body_start : "";
+    r->body_len = c->body_len;
+    r->n_headers = c->nh;
+    for (int i = 0; i < c->nh; i++) {
+        r->headers[i].name = b + c->h_off[i][0];
+        r->headers[i].value = b + c->h_off[i][1];
+    }
+    r->http_minor = c->http10 ? 0 : 1;
+    r->keep_alive = c->keep_alive;
+    r->user = NULL;
+    c->state = RS_PENDING;
+    c->pending = true;
+    io->npending++;
+    atomic_store_explicit(&c->responded, 0, memory_order_relaxed);
+    c->in_cb = true;
+    io->srv->o.handler(io->srv->o.user, c, r);
+    c->in_cb = false;
+    if (c->inline_resp) {
+        out_chunk *ch = c->inline_resp;
+        c->inline_resp = NULL;
+        complete_response(c, ch);
+    }
+}
+
+/* Parses and dispatches buffered requests and reads more, until a request is in flight, the
+ * socket has nothing more, or output backs up; then writes. Caller holds the connection. */
+static void conn_pump(mts_http_conn *c)
+{
+    const mts_http_server *srv = c->io->srv;
+    for (;;) {
+        if (c->fd < 0 || c->pending) break;
+        if (c->state == RS_LINGER) {
+            linger_read(c);
+            return;
+        }
+        if (c->state == RS_CLOSING || c->out_bytes > OUT_HIGH_WATER) break;
+        int r = parse(c);
+        if (r == P_READY) {
+            dispatch(c);
+            continue;
+        }
+        if (r == P_ERROR) continue;
+        if (c->fd < 0) break;
+        bool idle = c->state == RS_HEAD && avail_bytes(c) == 0;
+        if (c->peer_eof) {
+            if (!idle) {
+                conn_abort(c); /* the client left in the middle of a request */
+                return;
+            }
+            c->state = RS_CLOSING;
+            break;
+        }
+        if (idle && atomic_load_explicit(&srv->draining, memory_order_relaxed)) {
+            c->state = RS_CLOSING;
+            break;
+        }
+        if (c->drained) break;
+        if (conn_read(c) == -2) return;
+    }
+    conn_flush(c);
+}
+
+/* Pumps, then cancels a request left in flight by a client that has already hung up (its FIN
+ * was seen while reading, so no further event will report it). */
+static void conn_run(mts_http_conn *c)
+{
+    if (c->fd >= 0 && !c->pending) conn_pump(c);
+    if (c->fd >= 0 && c->pending && (c->rdhup || c->peer_eof)) conn_abort(c);
+}
+
+static void conn_event(mts_http_conn *c, uint32_t ev)
+{
+    HOLD(c);
+    if (ev & (EPOLLERR | EPOLLHUP)) {
+        conn_abort(c);
+    } else {
+        if (ev & (EPOLLIN | EPOLLRDHUP)) c->drained = false;
+        if (ev & EPOLLRDHUP) c->rdhup = true; /* half-close or close: treated as going away */
+        if ((ev & EPOLLOUT) && c->out_head) conn_flush(c);
+        conn_run(c);
+    }
+    RELEASE(c);
+}
+
+/* ------------------------------------------------------------------ responses */
+
+static void submit(mts_http_conn *c, out_chunk *ch)
+{
+    io_thread *io = c->io;
+    bool same = tls_io == io;
+    atomic_store_explicit(&c->responded, 1, memory_order_release);
+    if (same && c->in_cb) {
+        c->inline_resp = ch;
+        return;
+    }
+    ch->conn = c;
+    ch->next = NULL;
+    pthread_mutex_lock(&io->qmu);
+    if (io->qtail) io->qtail->next = ch;
+    else io->qhead = ch;
+    io->qtail = ch;
+    /* The eventfd is written under the mutex: once the I/O thread has dequeued this answer it
+     * may exit, so nothing of io may be touched after unlocking. Same-thread answers need no
+     * wake-up (the thread drains its queue before sleeping). */
+    if (!same && !io->qsignalled) {
+        io->qsignalled = true;
+        uint64_t one = 1;
+        ssize_t w = write(io->evfd, &one, sizeof one);
+        (void)w;
+    }
+    pthread_mutex_unlock(&io->qmu);
+}
+
+static void respond_fail(mts_http_conn *c)
+{
+    out_chunk *ch = &c->fail_node;
+    memset(ch, 0, sizeof *ch);
+    ch->fail = true;
+    submit(c, ch);
+}
+
+void mts_http_respondv(mts_http_conn *c, int status, const char *content_type,
+                       const char *extra_headers, const struct iovec *iov, int iovcnt,
+                       void (*done)(void *arg), void *done_arg)
+{
+    const mts_http_server *srv = c->io->srv;
+    size_t len = 0;
+    int n_app = 0;
+    for (int i = 0; i < iovcnt; i++) {
+        len += iov[i].iov_len;
+        if (iov[i].iov_len) n_app++;
+    }
+    bool no_body = status == 204 || status == 304 || (status >= 100 && status < 200);
+    bool send_body = !no_body && !c->is_head;
+    bool close_after = !c->keep_alive || atomic_load_explicit(&srv->draining, memory_order_relaxed);
+    int conn_hdr = close_after ? 1 : (c->http10 ? 2 : 0);
+    size_t ct_len = content_type ? strlen(content_type) : 0;
+    size_t ex_len = extra_headers ? strlen(extra_headers) : 0;
+    size_t head_max = HEAD_FIXED_MAX + ct_len + ex_len;
+    bool zero_copy = done != NULL && send_body;
+    size_t copy = send_body && !zero_copy ? len : 0;
+    int slots = zero_copy ? n_app : 0;
+
+    out_chunk *ch = chunk_alloc(slots, head_max + copy);
+    if (!ch) {
+        if (done) done(done_arg);
+        respond_fail(c);
+        return;
+    }
+    char *d = chunk_data(ch, slots);
+    char *p = format_head(d, status, content_type, ct_len, extra_headers, ex_len, !no_body, len,
+                          conn_hdr);
+    if (copy)
+        for (int i = 0; i < iovcnt; i++) p = put(p, iov[i].iov_base, iov[i].iov_len);
+    ch->iov[0].iov_base = d;
+    ch->iov[0].iov_len = (size_t)(p - d);
+    ch->niov = 1;
+    ch->bytes = (size_t)(p - d);
+    if (zero_copy) {
+        for (int i = 0; i < iovcnt; i++)
+            if (iov[i].iov_len) ch->iov[ch->niov++] = iov[i];
+        ch->bytes += len;
+    }
+    if (done) { /* also for zero-copy-less cases (HEAD, 204): called when the chunk is freed */
+        if (zero_copy) {
+            ch->done = done;
+            ch->done_arg = done_arg;
+        } else {
+            done(done_arg);
+        }
+    }
+    ch->close_after = close_after;
+    submit(c, ch);
+}
+
+void mts_http_respond(mts_http_conn *c, int status, const char *content_type,
+                      const char *extra_headers, const void *body, size_t len)
+{
+    struct iovec v = {.iov_base = (void *)body, .iov_len = body ? len : 0};
+    mts_http_respondv(c, status, content_type, extra_headers, &v, 1, NULL, NULL);
+}
+
+void mts_http_respond_error(mts_http_conn *c, int status, const char *fmt, ...)
+{
+    char msg[1024], body[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    size_t bl = json_error(body, sizeof body, msg);
+    mts_http_respond(c, status, "application/json", NULL, body, bl);
+}
+
+mts_http_req *mts_http_conn_request(mts_http_conn *c)
+{
+    return &c->req;
+}
+
+const char *mts_http_header(const mts_http_req *r, const char *name)
+{
+    for (int i = 0; i < r->n_headers; i++)
+        if (strcasecmp(r->headers[i].name, name) == 0) return r->headers[i].value;
+    return NULL;
+}
+
+/* ------------------------------------------------------------------ I/O threads */
+
+static void drain_queue(io_thread *io)
+{
+    pthread_mutex_lock(&io->qmu);
+    out_chunk *ch = io->qhead;
+    io->qhead = io->qtail = NULL;
+    io->qsignalled = false;
+    pthread_mutex_unlock(&io->qmu);
+    while (ch) {
+        out_chunk *next = ch->next;
+        mts_http_conn *c = ch->conn;
+        HOLD(c);
+        complete_response(c, ch);
+        if (c->fd >= 0) {
+            conn_flush(c);
+            conn_run(c);
+        }
+        RELEASE(c);
+        ch = next;
+    }
+}
+
+static void close_listener(io_thread *io)
+{
+    if (io->lfd < 0) return;
+    close(io->lfd);
+    io->lfd = -1;
+    io->listener_registered = false;
+    mts_http_server *s = io->srv;
+    pthread_mutex_lock(&s->mu);
+    s->listeners_open--;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+static void on_accept(io_thread *io)
+{
+    mts_http_server *s = io->srv;
+    for (int k = 0; k < ACCEPT_BATCH && io->lfd >= 0; k++) {
+        int fd = accept4(io->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO) continue;
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+                /* out of descriptors: stop polling the listener for a moment instead of spinning */
+                epoll_ctl(io->epfd, EPOLL_CTL_DEL, io->lfd, NULL);
+                io->listener_registered = false;
+                io->accept_resume_ms = io->now_ms + 100;
+            }
+            return;
+        }
+        if (atomic_fetch_add_explicit(&s->nconns, 1, memory_order_relaxed) >= s->o.max_connections) {
+            atomic_fetch_sub_explicit(&s->nconns, 1, memory_order_relaxed);
+            send_now(fd, 503, "too many connections");
+            close(fd);
+            continue;
+        }
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        mts_http_conn *c = calloc(1, sizeof *c);
+        if (!c) {
+            atomic_fetch_sub_explicit(&s->nconns, 1, memory_order_relaxed);
+            close(fd);
+            continue;
+        }
+        c->fd = fd;
+        c->io = io;
+        c->last_ms = io->now_ms;
+        reset_request(c);
+        struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET, .data.ptr = c};
+        if (epoll_ctl(io->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
+            atomic_fetch_sub_explicit(&s->nconns, 1, memory_order_relaxed);
+            close(fd);
+            free(c);
+            continue;
+        }
+        c->next = io->conns;
+        if (io->conns) io->conns->prev = c;
+        io->conns = c;
+        io->nconns++;
+    }
+}
+
+static void scan_timeouts(io_thread *io)
+{
+    int idle = io->srv->o.idle_timeout_ms;
+    int64_t now = io->now_ms;
+    for (mts_http_conn *c = io->conns, *next; c; c = next) {
+        next = c->next;
+        if (c->pending) continue;
+        HOLD(c);
+        if (c->state == RS_LINGER) {
+            if (now >= c->linger_until_ms) conn_abort(c);
+        } else if (idle >= 0) {
+            if (c->out_head) {
+                if (now - c->last_ms >= idle) conn_abort(c); /* client does not read */
+            } else if (c->state == RS_HEAD && avail_bytes(c) == 0) {
+                if (now - c->last_ms >= idle) conn_abort(c); /* idle keep-alive connection */
+            } else if (c->state == RS_HEAD) {
+                if (c->head_start_ms && now - c->head_start_ms >= idle) {
+                    send_now(c->fd, 408, "request header not completed in time");
+                    conn_abort(c);
+                }
+            } else if (c->state == RS_BODY_CL || c->state == RS_BODY_CHUNKED) {
+                if (now - c->last_ms >= idle) {
+                    send_now(c->fd, 408, "request body stalled");
+                    conn_abort(c);
+                }
+            }
+        }
+        RELEASE(c);
+    }
+}
+
+static int scan_interval(const mts_http_server *s)
+{
+    int idle = s->o.idle_timeout_ms;
+    if (idle < 0) return 250; /* only lingering closes to time out */
+    int iv = idle / 8;
+    return iv < 10 ? 10 : iv > 1000 ? 1000 : iv;
+}
+
+static void *io_main(void *arg)
+{
+    io_thread *io = arg;
+    mts_http_server *s = io->srv;
+    tls_io = io;
+    struct epoll_event evs[MAX_EVENTS];
+    io->now_ms = mono_ms();
+    io->next_scan_ms = io->now_ms + scan_interval(s);
+    for (;;) {
+        int timeout = -1;
+        if (io->nconns > 0) {
+            int64_t d = io->next_scan_ms - io->now_ms;
+            timeout = d < 0 ? 0 : (int)d;
+        }
+        if (io->accept_resume_ms) {
+            int64_t d = io->accept_resume_ms - io->now_ms;
+            if (d < 0) d = 0;
+            if (timeout < 0 || d < timeout) timeout = (int)d;
+        }
+        int n = epoll_wait(io->epfd, evs, MAX_EVENTS, timeout);
+        io->now_ms = mono_ms();
+        for (int i = 0; i < n; i++) {
+            void *tag = evs[i].data.ptr;
+            if (tag == &io->ev_tag) {
+                uint64_t v;
+                ssize_t r = read(io->evfd, &v, sizeof v); /* the queue is drained below */
+                (void)r;
+            } else if (tag == &io->l_tag) {
+                on_accept(io);
+            } else {
+                conn_event(tag, evs[i].events);
+            }
+        }
+        drain_queue(io);
+
+        if (!io->drain_done && atomic_load(&s->draining)) {
+            io->drain_done = true;
+            close_listener(io);
+            io->accept_resume_ms = 0;
+            for (mts_http_conn *c = io->conns, *next; c; c = next) {
+                next = c->next;
+                if (!c->pending && c->state == RS_HEAD && avail_bytes(c) == 0 && !c->out_head) {
+                    HOLD(c);
+                    conn_abort(c);
+                    RELEASE(c);
+                }
+            }
+        }
+        if (!io->stop_done && atomic_load(&s->stopping)) {
+            io->stop_done = true;
+            close_listener(io);
+            io->accept_resume_ms = 0;
+            while (io->conns) {
+                mts_http_conn *c = io->conns;
+                HOLD(c);
+                conn_abort(c);
+                RELEASE(c);
+            }
+        }
+        free_graveyard(io);
+        if (io->stop_done && io->npending == 0) break;
+        if (io->accept_resume_ms && io->now_ms >= io->accept_resume_ms && io->lfd >= 0) {
+            io->accept_resume_ms = 0;
+            struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &io->l_tag};
+            if (epoll_ctl(io->epfd, EPOLL_CTL_ADD, io->lfd, &ev) == 0) io->listener_registered = true;
+        }
+        if (io->now_ms >= io->next_scan_ms) {
+            scan_timeouts(io);
+            io->next_scan_ms = io->now_ms + scan_interval(s);
+            free_graveyard(io);
+        }
+    }
+    tls_io = NULL;
+    return NULL;
+}
+
+/* ------------------------------------------------------------------ start / stop */
+
+static int open_listener(const struct addrinfo *ai, int port, int *out_port, mts_err *err)
+{
+    struct sockaddr_storage ss;
+    memcpy(&ss, ai->ai_addr, ai->ai_addrlen);
+    if (ss.ss_family == AF_INET) ((struct sockaddr_in *)&ss)->sin_port = htons((uint16_t)port);
+    else ((struct sockaddr_in6 *)&ss)->sin6_port = htons((uint16_t)port);
+    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return mts_err_set(err, MTS_EIO, "http: socket: %s", strerror(errno));
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) < 0) {
+        int e = errno;
+        close(fd);
+        return mts_err_set(err, MTS_EIO, "http: SO_REUSEPORT: %s", strerror(e));
+    }
+    if (bind(fd, (struct sockaddr *)&ss, ai->ai_addrlen) < 0 || listen(fd, 1024) < 0) {
+        int e = errno;
+        close(fd);
+        return mts_err_set(err, MTS_EIO, "http: cannot listen on port %d: %s", port, strerror(e));
+    }
+    struct sockaddr_storage got;
+    socklen_t gl = sizeof got;
+    getsockname(fd, (struct sockaddr *)&got, &gl);
+    *out_port = ntohs(got.ss_family == AF_INET ? ((struct sockaddr_in *)&got)->sin_port
+                                               : ((struct sockaddr_in6 *)&got)->sin6_port);
+    return fd;
+}
+
+static void free_server(mts_http_server *s)
+{
+    for (int i = 0; i < s->nthreads; i++) {
+        io_thread *io = &s->threads[i];
+        if (io->lfd >= 0) close(io->lfd);
+        if (io->epfd >= 0) close(io->epfd);
+        if (io->evfd >= 0) close(io->evfd);
+        pthread_mutex_destroy(&io->qmu);
+    }
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    free(s->threads);
+    free(s);
+}
+
+int mts_http_start(const mts_http_opts *o, mts_http_server **out, mts_err *err)
+{
+    *out = NULL;
+    if (!o || !o->handler) return mts_err_set(err, MTS_EINVAL, "http: a handler is required");
+    if (o->port < 0 || o->port > 65535) return mts_err_set(err, MTS_EINVAL, "http: invalid port %d", o->port);
+    mts_http_server *s = calloc(1, sizeof *s);
+    if (!s) return mts_err_set(err, MTS_ENOMEM, "http: out of memory");
+    s->o = *o;
+    if (!s->o.host) s->o.host = "0.0.0.0";
+    if (s->o.io_threads <= 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        s->o.io_threads = n < 1 ? 1 : n > 4 ? 4 : (int)n;
+    }
+    if (!s->o.max_body) s->o.max_body = (size_t)64 << 20;
+    if (!s->o.max_header) s->o.max_header = 16 << 10;
+    if (s->o.max_header < 64) s->o.max_header = 64;
+    if (s->o.max_header > ((size_t)1 << 30)) s->o.max_header = (size_t)1 << 30; /* offsets are 32-bit */
+    if (!s->o.idle_timeout_ms) s->o.idle_timeout_ms = 60000;
+    if (s->o.max_connections <= 0) s->o.max_connections = 10000;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    s->threads = calloc((size_t)s->o.io_threads, sizeof *s->threads);
+    if (!s->threads) {
+        pthread_mutex_destroy(&s->mu);
+        pthread_cond_destroy(&s->cv);
+        free(s);
+        return mts_err_set(err, MTS_ENOMEM, "http: out of memory");
+    }
+    s->nthreads = s->o.io_threads;
+    for (int i = 0; i < s->nthreads; i++) {
+        io_thread *io = &s->threads[i];
+        io->srv = s;
+        io->lfd = io->epfd = io->evfd = -1;
+        pthread_mutex_init(&io->qmu, NULL);
+    }
+
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+    struct addrinfo *ai = NULL;
+    int gai = getaddrinfo(s->o.host, "0", &hints, &ai);
+    if (gai != 0) {
+        free_server(s);
+        return mts_err_set(err, MTS_EINVAL, "http: cannot resolve host \"%s\": %s", o->host, gai_strerror(gai));
+    }
+    int rc = MTS_OK;
+    s->port = o->port;
+    for (int i = 0; i < s->nthreads && rc == MTS_OK; i++) {
+        io_thread *io = &s->threads[i];
+        int port = s->port;
+        int fd = open_listener(ai, port, &port, err);
+        if (fd < 0) {
+            rc = fd;
+            break;
+        }
+        io->lfd = fd;
+        s->port = port; /* with port 0, the others join the first one's port */
+        io->epfd = epoll_create1(EPOLL_CLOEXEC);
+        io->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        if (io->epfd < 0 || io->evfd < 0) {
+            rc = mts_err_set(err, MTS_EIO, "http: epoll/eventfd: %s", strerror(errno));
+            break;
+        }
+        struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &io->ev_tag};
+        struct epoll_event lev = {.events = EPOLLIN, .data.ptr = &io->l_tag};
+        if (epoll_ctl(io->epfd, EPOLL_CTL_ADD, io->evfd, &ev) < 0 ||
+            epoll_ctl(io->epfd, EPOLL_CTL_ADD, io->lfd, &lev) < 0) {
+            rc = mts_err_set(err, MTS_EIO, "http: epoll_ctl: %s", strerror(errno));
+            break;
+        }
+        io->listener_registered = true;
+    }
+    freeaddrinfo(ai);
+    if (rc != MTS_OK) {
+        free_server(s);
+        return rc;
+    }
+    s->listeners_open = s->nthreads;
+    int started = 0;
+    for (; started < s->nthreads; started++)
+        if (pthread_create(&s->threads[started].tid, NULL, io_main, &s->threads[started]) != 0) break;
+    if (started < s->nthreads) {
+        atomic_store(&s->stopping, 1);
+        for (int i = 0; i < started; i++) {
+            uint64_t one = 1;
+            ssize_t w = write(s->threads[i].evfd, &one, sizeof one);
+            (void)w;
+            pthread_join(s->threads[i].tid, NULL);
+        }
+        free_server(s);
+        return mts_err_set(err, MTS_EIO, "http: cannot start I/O threads");
+    }
+    *out = s;
+    return MTS_OK;
+}
+
+int mts_http_port(const mts_http_server *s)
+{
+    return s->port;
+}
+
+static void wake_all(mts_http_server *s)
+{
+    for (int i = 0; i < s->nthreads; i++) {
+        uint64_t one = 1;
+        ssize_t w = write(s->threads[i].evfd, &one, sizeof one);
+        (void)w;
+    }
+}
+
+void mts_http_stop_accepting(mts_http_server *s)
+{
+    if (!s) return;
+    atomic_store(&s->draining, 1);
+    wake_all(s);
+    if (tls_io && tls_io->srv == s) {
+        close_listener(tls_io);
+        return;
+    }
+    pthread_mutex_lock(&s->mu);
+    while (s->listeners_open > 0) pthread_cond_wait(&s->cv, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+}
+
+void mts_http_stop(mts_http_server *s)
+{
+    if (!s) return;
+    MTS_ASSERT(!(tls_io && tls_io->srv == s));
+    atomic_store(&s->stopping, 1);
+    wake_all(s);
+    for (int i = 0; i < s->nthreads; i++) pthread_join(s->threads[i].tid, NULL);
+    free_server(s);
+}

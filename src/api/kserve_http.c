@@ -1,0 +1,1053 @@
+/*
+ * KServe v2 REST routes (see ../../shared/docs/kserve-v2.md for the protocol digest).
+ *
+ *   GET  /v2/health/live | /v2/health/ready          GET /v2            GET /metrics
+ *   GET  /v2/models/{m}[/versions/{v}][/ready|/config|/stats]          GET /v2/models/stats
+ *   POST /v2/models/{m}[/versions/{v}]/infer
+ *   POST /v2/repository/index | /v2/repository/models/{m}/load | .../unload
+ *
+ * Inference requests are parsed on the I/O thread into an mts_request whose input tensors point
+ * into the request body (binary extension) or into buffers flattened from JSON data; the reply
+ * is encoded on the worker thread that completes the request. Every malformed request gets a
+ * 400 with a message naming the field (and input) at fault; a full queue answers 429 with
+ * Retry-After at once; a client that disconnects cancels its queued request.
+ */
+#include "api/kserve_http.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/http.h"
+#include "util/json.h"
+#include "util/log.h"
+
+struct mts_kserve_http {
+    mts_server *srv;
+    mts_http_server *http;
+};
+
+static const struct {
+    const char *name;
+    mts_dtype dtype;
+} datatypes[] = {
+    {"FP32", MTS_DTYPE_FLOAT}, {"INT64", MTS_DTYPE_INT64}, {"INT32", MTS_DTYPE_INT32},
+    {"INT8", MTS_DTYPE_INT8},  {"UINT8", MTS_DTYPE_UINT8}, {"BOOL", MTS_DTYPE_BOOL},
+};
+
+const char *mts_kserve_datatype(mts_dtype t)
+{
+    for (size_t i = 0; i < sizeof datatypes / sizeof datatypes[0]; i++)
+        if (datatypes[i].dtype == t) return datatypes[i].name;
+    return NULL;
+}
+
+int mts_kserve_parse_datatype(const char *name, mts_dtype *out)
+{
+    for (size_t i = 0; i < sizeof datatypes / sizeof datatypes[0]; i++)
+        if (!strcmp(datatypes[i].name, name)) {
+            *out = datatypes[i].dtype;
+            return MTS_OK;
+        }
+    return MTS_EUNSUPPORTED;
+}
+
+int mts_kserve_http_status(int status)
+{
+    switch (status) {
+    case MTS_OK: return 200;
+    case MTS_ENOTFOUND: return 404;
+    case MTS_EINVAL: case MTS_ESHAPE: case MTS_EFORMAT: return 400;
+    case MTS_EFULL: return 429;
+    case MTS_EUNAVAILABLE: return 503;
+    case MTS_ETIMEDOUT: return 504;
+    case MTS_EUNSUPPORTED: return 501;
+    case MTS_ECANCELLED: return 499;
+    case MTS_ELIMIT: return 507;
+    default: return 500;
+    }
+}
+
+/* ---- responses ---- */
+
+static void respond_json(mts_http_conn *c, int status, const char *extra, mts_jw *w)
+{
+    size_t len = 0;
+    char *text = mts_jw_take(w, &len);
+    if (!text) {
+        mts_http_respond(c, 500, "application/json", NULL, "{\"error\":\"response encoding failed\"}", 36);
+        return;
+    }
+    mts_http_respond(c, status, "application/json", extra, text, len);
+    free(text);
+}
+
+static void respond_error(mts_http_conn *c, int status, const char *msg, int retry_after)
+{
+    mts_jw w;
+    mts_jw_init(&w);
+    mts_jw_begin_object(&w);
+    mts_jw_key(&w, "error");
+    mts_jw_string(&w, msg);
+    mts_jw_end_object(&w);
+    char extra[64] = "";
+    if (retry_after > 0) snprintf(extra, sizeof extra, "Retry-After: %d\r\n", retry_after);
+    respond_json(c, mts_kserve_http_status(status), extra[0] ? extra : NULL, &w);
+    mts_jw_free(&w);
+}
+
+static void respond_empty(mts_http_conn *c, int status)
+{
+    mts_http_respond(c, status, "application/json", NULL, "", 0);
+}
+
+/* ---- inference ---- */
+
+typedef struct infer_call {
+    mts_request req;
+    mts_http_conn *conn;
+    mts_json_doc *doc;
+    void *owned[MTS_REQ_MAX_TENSORS]; /* flattened JSON data / realigned binary data */
+    bool binary_out_default;
+    bool binary_out[MTS_REQ_MAX_TENSORS]; /* per requested output */
+    bool binary_out_set[MTS_REQ_MAX_TENSORS];
+    char id[128];
+    char model[256];
+    char *response_json; /* JSON header of a binary response, until it is written */
+} infer_call;
+
+static void call_free(infer_call *ic)
+{
+    for (int i = 0; i < MTS_REQ_MAX_TENSORS; i++) free(ic->owned[i]);
+    mts_json_free(ic->doc);
+    free(ic->response_json);
+    free(ic);
+}
+
+/* Completion of a binary response: the iovecs pointed into the request's outputs. */
+static void binary_sent(void *arg)
+{
+    infer_call *ic = arg;
+    mts_request_release(&ic->req);
+    call_free(ic);
+}
+
+static bool wants_binary(const infer_call *ic, const char *name)
+{
+    for (int k = 0; k < ic->req.n_requested; k++)
+        if (!strcmp(ic->req.requested[k], name) && ic->binary_out_set[k]) return ic->binary_out[k];
+    return ic->binary_out_default;
+}
+
+static void infer_done(mts_request *req, int status, const char *msg)
+{
+    infer_call *ic = (infer_call *)req;
+    if (status) {
+        respond_error(ic->conn, status, msg ? msg : mts_status_text(status), status == MTS_EFULL ? 1 : 0);
+        call_free(ic);
+        return;
+    }
+    mts_jw w;
+    mts_jw_init(&w);
+    mts_jw_begin_object(&w);
+    if (ic->id[0]) {
+        mts_jw_key(&w, "id");
+        mts_jw_string(&w, ic->id);
+    }
+    mts_jw_key(&w, "model_name");
+    mts_jw_string(&w, ic->model);
+    mts_jw_key(&w, "model_version");
+    mts_jw_string(&w, "1");
+    mts_jw_key(&w, "parameters");
+    mts_jw_begin_object(&w);
+    mts_jw_key(&w, "queue_ms");
+    mts_jw_double(&w, req->queue_ms);
+    mts_jw_key(&w, "compute_ms");
+    mts_jw_double(&w, req->compute_ms);
+    mts_jw_key(&w, "batch_size");
+    mts_jw_int(&w, req->batch_size);
+    mts_jw_key(&w, "device");
+    mts_jw_int(&w, req->device);
+    mts_jw_end_object(&w);
+    mts_jw_key(&w, "outputs");
+    mts_jw_begin_array(&w);
+    size_t binary_total = 0;
+    for (int o = 0; o < req->n_outputs; o++) {
+        const mts_tensor *t = &req->outputs[o];
+        mts_jw_begin_object(&w);
+        mts_jw_key(&w, "name");
+        mts_jw_string(&w, req->output_names[o]);
+        mts_jw_key(&w, "datatype");
+        mts_jw_string(&w, mts_kserve_datatype(t->dtype) ? mts_kserve_datatype(t->dtype) : "FP32");
+        mts_jw_key(&w, "shape");
+        mts_jw_begin_array(&w);
+        for (int d = 0; d < t->rank; d++) mts_jw_int(&w, t->dims[d]);
+        mts_jw_end_array(&w);
+        if (wants_binary(ic, req->output_names[o])) {
+            int64_t nb = mts_tensor_nbytes(t);
+            mts_jw_key(&w, "parameters");
+            mts_jw_begin_object(&w);
+            mts_jw_key(&w, "binary_data_size");
+            mts_jw_int(&w, nb);
+            mts_jw_end_object(&w);
+            binary_total += (size_t)nb;
+        } else {
+            mts_jw_key(&w, "data");
+            mts_jw_tensor_data(&w, t->dtype, t->data, mts_tensor_numel(t));
+        }
+        mts_jw_end_object(&w);
+    }
+    mts_jw_end_array(&w);
+    mts_jw_end_object(&w);
+    if (binary_total == 0) {
+        respond_json(ic->conn, 200, NULL, &w);
+    } else {
+        /* JSON header, then each binary output straight from the request's output buffers;
+         * they are released when the write completes. */
+        size_t jlen = 0;
+        char *json = mts_jw_take(&w, &jlen);
+        struct iovec iov[MTS_REQ_MAX_TENSORS + 1];
+        int n = 0;
+        if (!json) {
+            respond_error(ic->conn, MTS_ENOMEM, "response encoding failed", 0);
+        } else {
+            ic->response_json = json;
+            iov[n++] = (struct iovec){json, jlen};
+            for (int o = 0; o < req->n_outputs; o++)
+                if (wants_binary(ic, req->output_names[o]))
+                    iov[n++] = (struct iovec){req->outputs[o].data, (size_t)mts_tensor_nbytes(&req->outputs[o])};
+            char extra[96];
+            snprintf(extra, sizeof extra, "Inference-Header-Content-Length: %zu\r\n", jlen);
+            mts_jw_free(&w);
+            mts_http_respondv(ic->conn, 200, "application/octet-stream", extra, iov, n, binary_sent, ic);
+            return;
+        }
+    }
+    mts_jw_free(&w);
+    mts_request_release(req);
+    call_free(ic);
+}
+
+static int bool_param(const mts_json *params, const char *key, bool *out)
+{
+    const mts_json *v = mts_json_get(params, key);
+    if (!v) return 0;
+    if (mts_json_type(v) != MTS_JSON_BOOL) return -1;
+    *out = mts_json_bool(v);
+    return 1;
+}
+
+/* Parses the inference request; on error fills msg and returns a status. */
+static int parse_infer(infer_call *ic, const mts_http_req *hr, char *msg, size_t len)
+{
+    const char *body = hr->body;
+    size_t body_len = hr->body_len, json_len = body_len;
+    const char *hcl = mts_http_header(hr, "Inference-Header-Content-Length");
+    if (hcl) {
+        char *end;
+        long long v = strtoll(hcl, &end, 10);
+        if (end == hcl || *end || v < 0 || (unsigned long long)v > body_len) {
+            snprintf(msg, len, "Inference-Header-Content-Length '%s' is not a length within the %zu-byte body", hcl,
+                     body_len);
+            return MTS_EINVAL;
+        }
+        if (v == 0) {
+            snprintf(msg, len, "raw binary requests (Inference-Header-Content-Length: 0) are not supported; send a "
+                               "JSON header describing the inputs");
+            return MTS_EINVAL;
+        }
+        json_len = (size_t)v;
+    }
+    mts_err err = {0};
+    if (mts_json_parse(body, json_len, &ic->doc, &err)) {
+        snprintf(msg, len, "invalid JSON in the request: %s", err.msg);
+        return MTS_EINVAL;
+    }
+    const mts_json *root = mts_json_root(ic->doc);
+    if (mts_json_type(root) != MTS_JSON_OBJECT) {
+        snprintf(msg, len, "the request must be a JSON object");
+        return MTS_EINVAL;
+    }
+    const mts_json *id = mts_json_get(root, "id");
+    if (id) {
+        const char *s = mts_json_str(id, NULL);
+        if (!s) {
+            snprintf(msg, len, "'id' must be a string");
+            return MTS_EINVAL;
+        }
+        snprintf(ic->id, sizeof ic->id, "%s", s);
+    }
+    const mts_json *params = mts_json_get(root, "parameters");
+    if (params && mts_json_type(params) != MTS_JSON_OBJECT) {
+        snprintf(msg, len, "'parameters' must be an object");
+        return MTS_EINVAL;
+    }
+    if (bool_param(params, "binary_data_output", &ic->binary_out_default) < 0) {
+        snprintf(msg, len, "parameter 'binary_data_output' must be a bool");
+        return MTS_EINVAL;
+    }
+    const mts_json *timeout = mts_json_get(params, "timeout");
+    if (timeout) {
+        int64_t t;
+        if (mts_json_int(timeout, &t) || t < 0) {
+            snprintf(msg, len, "parameter 'timeout' must be a non-negative integer (microseconds)");
+            return MTS_EINVAL;
+        }
+        ic->req.timeout_us = t;
+    }
+    const mts_json *inputs = mts_json_get(root, "inputs");
+    if (mts_json_type(inputs) != MTS_JSON_ARRAY || mts_json_len(inputs) == 0) {
+        snprintf(msg, len, "'inputs' must be a non-empty array");
+        return MTS_EINVAL;
+    }
+    if (mts_json_len(inputs) > MTS_REQ_MAX_TENSORS) {
+        snprintf(msg, len, "too many inputs (%zu, at most %d)", mts_json_len(inputs), MTS_REQ_MAX_TENSORS);
+        return MTS_EINVAL;
+    }
+    size_t bin_off = json_len;
+    for (size_t i = 0; i < mts_json_len(inputs); i++) {
+        const mts_json *in = mts_json_at(inputs, i);
+        const char *name = mts_json_str(mts_json_get(in, "name"), NULL);
+        if (!name) {
+            snprintf(msg, len, "inputs[%zu]: 'name' (a string) is required", i);
+            return MTS_EINVAL;
+        }
+        for (int k = 0; k < ic->req.n_inputs; k++)
+            if (!strcmp(ic->req.input_names[k], name)) {
+                snprintf(msg, len, "input '%s' is given twice", name);
+                return MTS_EINVAL;
+            }
+        const char *dt = mts_json_str(mts_json_get(in, "datatype"), NULL);
+        mts_tensor *t = &ic->req.inputs[i];
+        memset(t, 0, sizeof *t);
+        if (!dt) {
+            snprintf(msg, len, "input '%s': 'datatype' (a string such as \"FP32\") is required", name);
+            return MTS_EINVAL;
+        }
+        if (mts_kserve_parse_datatype(dt, &t->dtype)) {
+            snprintf(msg, len, "input '%s': datatype '%s' is not supported (FP32, INT64, INT32, INT8, UINT8, BOOL are)",
+                     name, dt);
+            return MTS_EINVAL;
+        }
+        const mts_json *shape = mts_json_get(in, "shape");
+        if (mts_json_type(shape) != MTS_JSON_ARRAY) {
+            snprintf(msg, len, "input '%s': 'shape' (an array of dimensions) is required", name);
+            return MTS_EINVAL;
+        }
+        if (mts_json_len(shape) > MTS_MAX_RANK) {
+            snprintf(msg, len, "input '%s': rank %zu is above the limit of %d", name, mts_json_len(shape), MTS_MAX_RANK);
+            return MTS_EINVAL;
+        }
+        t->rank = (int)mts_json_len(shape);
+        for (int d = 0; d < t->rank; d++) {
+            int64_t v;
+            if (mts_json_int(mts_json_at(shape, (size_t)d), &v) || v < 0) {
+                snprintf(msg, len, "input '%s': shape[%d] must be a non-negative integer", name, d);
+                return MTS_EINVAL;
+            }
+            t->dims[d] = v;
+        }
+        int64_t numel = mts_tensor_numel(t), nbytes = mts_tensor_nbytes(t);
+        char shp[128];
+        if (numel < 0 || nbytes < 0) {
+            snprintf(msg, len, "input '%s': shape %s is too large", name, mts_shape_str(t, shp, sizeof shp));
+            return MTS_EINVAL;
+        }
+        const mts_json *ip = mts_json_get(in, "parameters");
+        const mts_json *bds = mts_json_get(ip, "binary_data_size");
+        const mts_json *data = mts_json_get(in, "data");
+        if (bds) {
+            int64_t size;
+            if (mts_json_int(bds, &size) || size < 0) {
+                snprintf(msg, len, "input '%s': binary_data_size must be a non-negative integer", name);
+                return MTS_EINVAL;
+            }
+            if (!hcl) {
+                snprintf(msg, len, "input '%s' has binary_data_size but the request has no "
+                                   "Inference-Header-Content-Length header", name);
+                return MTS_EINVAL;
+            }
+            if (size != nbytes) {
+                snprintf(msg, len, "input '%s': binary_data_size is %lld bytes, but shape %s of %s needs %lld", name,
+                         (long long)size, mts_shape_str(t, shp, sizeof shp), dt, (long long)nbytes);
+                return MTS_EINVAL;
+            }
+            if ((uint64_t)size > body_len - bin_off) {
+                snprintf(msg, len, "input '%s': the binary section is truncated (needs %lld bytes at offset %zu, "
+                                   "the body has %zu)", name, (long long)size, bin_off, body_len);
+                return MTS_EINVAL;
+            }
+            const char *p = body + bin_off;
+            size_t es = mts_dtype_size(t->dtype);
+            if (((uintptr_t)p % es) != 0) { /* kernels read typed pointers: realign */
+                ic->owned[i] = malloc(size ? (size_t)size : 1);
+                if (!ic->owned[i]) {
+                    snprintf(msg, len, "out of memory");
+                    return MTS_ENOMEM;
+                }
+                memcpy(ic->owned[i], p, (size_t)size);
+                p = ic->owned[i];
+            }
+            t->data = (void *)p;
+            bin_off += (size_t)size;
+        } else if (data) {
+            int64_t have = mts_json_numel(data);
+            if (have != numel) {
+                snprintf(msg, len, "input '%s': data has %lld elements, shape %s needs %lld", name, (long long)have,
+                         mts_shape_str(t, shp, sizeof shp), (long long)numel);
+                return MTS_EINVAL;
+            }
+            ic->owned[i] = malloc(nbytes ? (size_t)nbytes : 1);
+            if (!ic->owned[i]) {
+                snprintf(msg, len, "out of memory");
+                return MTS_ENOMEM;
+            }
+            if (mts_json_flatten(data, t->dtype, ic->owned[i], numel, &err)) {
+                snprintf(msg, len, "input '%s': %s", name, err.msg);
+                return MTS_EINVAL;
+            }
+            t->data = ic->owned[i];
+        } else {
+            snprintf(msg, len, "input '%s' has neither 'data' nor parameters.binary_data_size", name);
+            return MTS_EINVAL;
+        }
+        ic->req.input_names[i] = name;
+        ic->req.n_inputs++;
+    }
+    if (hcl && bin_off != body_len) {
+        snprintf(msg, len, "the binary section has %zu bytes that no input claims", body_len - bin_off);
+        return MTS_EINVAL;
+    }
+    const mts_json *outputs = mts_json_get(root, "outputs");
+    if (outputs) {
+        if (mts_json_type(outputs) != MTS_JSON_ARRAY || mts_json_len(outputs) > MTS_REQ_MAX_TENSORS) {
+            snprintf(msg, len, "'outputs' must be an array of at most %d objects", MTS_REQ_MAX_TENSORS);
+            return MTS_EINVAL;
+        }
+        for (size_t k = 0; k < mts_json_len(outputs); k++) {
+            const mts_json *o = mts_json_at(outputs, k);
+            const char *name = mts_json_str(mts_json_get(o, "name"), NULL);
+            if (!name) {
+                snprintf(msg, len, "outputs[%zu]: 'name' (a string) is required", k);
+                return MTS_EINVAL;
+            }
+            int b = bool_param(mts_json_get(o, "parameters"), "binary_data", &ic->binary_out[k]);
+            if (b < 0) {
+                snprintf(msg, len, "output '%s': parameter 'binary_data' must be a bool", name);
+                return MTS_EINVAL;
+            }
+            ic->binary_out_set[k] = b > 0;
+            ic->req.requested[k] = name;
+            ic->req.n_requested++;
+        }
+    }
+    return MTS_OK;
+}
+
+static void handle_infer(mts_kserve_http *h, mts_http_conn *c, mts_http_req *hr, const char *model)
+{
+    if (!mts_server_has_model(h->srv, model)) {
+        char m[300];
+        snprintf(m, sizeof m, "unknown model '%s'", model);
+        respond_error(c, MTS_ENOTFOUND, m, 0);
+        return;
+    }
+    infer_call *ic = calloc(1, sizeof *ic);
+    if (!ic) {
+        respond_error(c, MTS_ENOMEM, "out of memory", 0);
+        return;
+    }
+    ic->conn = c;
+    snprintf(ic->model, sizeof ic->model, "%s", model);
+    ic->req.model = ic->model;
+    ic->req.done = infer_done;
+    char msg[512];
+    int rc = parse_infer(ic, hr, msg, sizeof msg);
+    if (rc) {
+        respond_error(c, rc, msg, 0);
+        call_free(ic);
+        return;
+    }
+    hr->user = ic;
+    int retry = 0;
+    mts_err err = {0};
+    rc = mts_server_submit(h->srv, &ic->req, &retry, &err);
+    if (rc) {
+        hr->user = NULL;
+        respond_error(c, rc, err.msg, retry);
+        call_free(ic);
+    }
+}
+
+static void on_cancel(void *user, mts_http_conn *c, mts_http_req *hr)
+{
+    (void)user;
+    (void)c;
+    if (hr->user) mts_request_cancel(&((infer_call *)hr->user)->req);
+}
+
+/* ---- metadata, config, statistics ---- */
+
+static void write_tensor_meta(mts_jw *w, const mts_tensor_meta *m, bool config_style)
+{
+    mts_jw_begin_object(w);
+    mts_jw_key(w, "name");
+    mts_jw_string(w, m->name);
+    const char *dt = mts_kserve_datatype(m->dtype);
+    char type[32];
+    snprintf(type, sizeof type, "TYPE_%s", dt ? dt : "UNKNOWN");
+    if (config_style) {
+        mts_jw_key(w, "data_type");
+        mts_jw_string(w, type);
+        mts_jw_key(w, "dims");
+    } else {
+        mts_jw_key(w, "datatype");
+        mts_jw_string(w, dt ? dt : "UNKNOWN");
+        mts_jw_key(w, "shape");
+    }
+    mts_jw_begin_array(w);
+    for (int d = config_style ? 1 : 0; d < m->rank; d++) mts_jw_int(w, m->dims[d]);
+    mts_jw_end_array(w);
+    mts_jw_end_object(w);
+}
+
+typedef struct meta_call {
+    mts_kserve_http *h;
+    mts_http_conn *conn;
+    char model[256];
+    int kind; /* 0 metadata, 1 config, 2 load */
+} meta_call;
+
+static void send_metadata(mts_kserve_http *h, mts_http_conn *c, const char *model, int kind)
+{
+    mts_model_status st;
+    if (mts_server_model_status_by_name(h->srv, model, &st)) {
+        char m[300];
+        snprintf(m, sizeof m, "unknown model '%s'", model);
+        respond_error(c, MTS_ENOTFOUND, m, 0);
+        return;
+    }
+    const mts_config *cfg = mts_server_config(h->srv);
+    const mts_model_config *mc = mts_config_find_model(cfg, model);
+    mts_jw w;
+    mts_jw_init(&w);
+    mts_jw_begin_object(&w);
+    mts_jw_key(&w, "name");
+    mts_jw_string(&w, st.name);
+    if (kind == 0) {
+        mts_jw_key(&w, "versions");
+        mts_jw_begin_array(&w);
+        mts_jw_string(&w, "1");
+        mts_jw_end_array(&w);
+        mts_jw_key(&w, "platform");
+        mts_jw_string(&w, "onnxruntime_onnx");
+        mts_jw_key(&w, "inputs");
+        mts_jw_begin_array(&w);
+        for (int i = 0; i < st.n_inputs; i++) write_tensor_meta(&w, &st.inputs[i], false);
+        mts_jw_end_array(&w);
+        mts_jw_key(&w, "outputs");
+        mts_jw_begin_array(&w);
+        for (int i = 0; i < st.n_outputs; i++) write_tensor_meta(&w, &st.outputs[i], false);
+        mts_jw_end_array(&w);
+    } else {
+        bool batchable = st.n_inputs > 0 && st.inputs[0].rank > 0 && st.inputs[0].dims[0] < 0;
+        mts_jw_key(&w, "platform");
+        mts_jw_string(&w, "onnxruntime_onnx");
+        mts_jw_key(&w, "backend");
+        mts_jw_string(&w, "mtserve");
+        mts_jw_key(&w, "max_batch_size");
+        mts_jw_int(&w, batchable ? st.max_batch : 0);
+        mts_jw_key(&w, "input");
+        mts_jw_begin_array(&w);
+        for (int i = 0; i < st.n_inputs; i++) write_tensor_meta(&w, &st.inputs[i], batchable);
+        mts_jw_end_array(&w);
+        mts_jw_key(&w, "output");
+        mts_jw_begin_array(&w);
+        for (int i = 0; i < st.n_outputs; i++) write_tensor_meta(&w, &st.outputs[i], batchable);
+        mts_jw_end_array(&w);
+        mts_jw_key(&w, "dynamic_batching");
+        mts_jw_begin_object(&w);
+        mts_jw_key(&w, "max_queue_delay_microseconds");
+        mts_jw_int(&w, mc ? mc->max_queue_delay_us : 0);
+        mts_jw_end_object(&w);
+        mts_jw_key(&w, "instance_group");
+        mts_jw_begin_array(&w);
+        mts_jw_begin_object(&w);
+        mts_jw_key(&w, "count");
+        mts_jw_int(&w, mc && mc->instances > 0 ? mc->instances : cfg->workers_per_device);
+        mts_jw_key(&w, "kind");
+        mts_jw_string(&w, "KIND_CPU");
+        mts_jw_end_object(&w);
+        mts_jw_end_array(&w);
+        mts_jw_key(&w, "parameters");
+        mts_jw_begin_object(&w);
+        mts_jw_key(&w, "model_path");
+        mts_jw_string(&w, mc ? mc->model_path : "");
+        mts_jw_key(&w, "pin");
+        mts_jw_bool(&w, mc && mc->pin);
+        mts_jw_key(&w, "preload");
+        mts_jw_bool(&w, mc && mc->preload);
+        mts_jw_key(&w, "queue_size");
+        mts_jw_int(&w, mc ? mc->queue_size : 0);
+        mts_jw_end_object(&w);
+    }
+    mts_jw_end_object(&w);
+    respond_json(c, 200, NULL, &w);
+    mts_jw_free(&w);
+}
+
+static void meta_loaded(void *user, int status, const char *msg)
+{
+    meta_call *mc = user;
+    if (mc->kind == 2) {
+        if (status) respond_error(mc->conn, status == MTS_ENOTFOUND ? MTS_ENOTFOUND : MTS_EINVAL, msg, 0);
+        else respond_empty(mc->conn, 200);
+    } else if (status) {
+        respond_error(mc->conn, MTS_EUNAVAILABLE, msg, 0);
+    } else {
+        send_metadata(mc->h, mc->conn, mc->model, mc->kind);
+    }
+    free(mc);
+}
+
+/* Metadata needs the model's signature, known once it has been loaded; an unloaded model is
+ * loaded first (asynchronously), as its first request would. */
+static void handle_meta(mts_kserve_http *h, mts_http_conn *c, const char *model, int kind, bool force)
+{
+    mts_model_status st;
+    if (mts_server_model_status_by_name(h->srv, model, &st)) {
+        char m[300];
+        snprintf(m, sizeof m, "unknown model '%s'", model);
+        respond_error(c, MTS_ENOTFOUND, m, 0);
+        return;
+    }
+    if (kind != 2 && st.n_inputs > 0) {
+        send_metadata(h, c, model, kind);
+        return;
+    }
+    meta_call *mc = calloc(1, sizeof *mc);
+    if (!mc) {
+        respond_error(c, MTS_ENOMEM, "out of memory", 0);
+        return;
+    }
+    mc->h = h;
+    mc->conn = c;
+    mc->kind = kind;
+    snprintf(mc->model, sizeof mc->model, "%s", model);
+    mts_err err = {0};
+    int rc = mts_server_load(h->srv, model, force, meta_loaded, mc, &err);
+    if (rc) {
+        respond_error(c, rc, err.msg, 0);
+        free(mc);
+    }
+}
+
+static void write_dur(mts_jw *w, const char *key, const mts_duration_stat *d)
+{
+    mts_jw_key(w, key);
+    mts_jw_begin_object(w);
+    mts_jw_key(w, "count");
+    mts_jw_uint(w, d->count);
+    mts_jw_key(w, "ns");
+    mts_jw_uint(w, d->ns);
+    mts_jw_end_object(w);
+}
+
+static void write_model_stats(mts_jw *w, const mts_model_status *st)
+{
+    mts_jw_begin_object(w);
+    mts_jw_key(w, "name");
+    mts_jw_string(w, st->name);
+    mts_jw_key(w, "version");
+    mts_jw_string(w, "1");
+    mts_jw_key(w, "state");
+    mts_jw_string(w, mts_model_state_name(st->state));
+    mts_jw_key(w, "last_inference");
+    mts_jw_int(w, st->last_used_ms);
+    mts_jw_key(w, "inference_count");
+    mts_jw_uint(w, st->inference_count);
+    mts_jw_key(w, "execution_count");
+    mts_jw_uint(w, st->execution_count);
+    mts_jw_key(w, "inference_stats");
+    mts_jw_begin_object(w);
+    write_dur(w, "success", &st->success);
+    write_dur(w, "fail", &st->fail);
+    write_dur(w, "queue", &st->queue);
+    write_dur(w, "compute_input", &st->compute_input);
+    write_dur(w, "compute_infer", &st->compute_infer);
+    write_dur(w, "compute_output", &st->compute_output);
+    mts_duration_stat zero = {0, 0};
+    write_dur(w, "cache_hit", &zero);
+    write_dur(w, "cache_miss", &zero);
+    mts_jw_end_object(w);
+    mts_jw_key(w, "batch_stats");
+    mts_jw_begin_array(w);
+    for (int b = 1; b <= MTS_MAX_BATCH_STATS; b++) {
+        if (!st->batch_infer[b].count) continue;
+        mts_jw_begin_object(w);
+        mts_jw_key(w, "batch_size");
+        mts_jw_int(w, b);
+        write_dur(w, "compute_infer", &st->batch_infer[b]);
+        mts_jw_end_object(w);
+    }
+    mts_jw_end_array(w);
+    mts_jw_key(w, "memory_usage");
+    mts_jw_begin_array(w);
+    if (st->device >= 0) {
+        mts_jw_begin_object(w);
+        mts_jw_key(w, "type");
+        mts_jw_string(w, "CPU");
+        mts_jw_key(w, "id");
+        mts_jw_int(w, st->device);
+        mts_jw_key(w, "byte_size");
+        mts_jw_int(w, st->memory_bytes);
+        mts_jw_end_object(w);
+    }
+    mts_jw_end_array(w);
+    /* The design documents' registry statistics. */
+    mts_jw_key(w, "UsageCount");
+    mts_jw_uint(w, st->usage_count);
+    mts_jw_key(w, "LastUsed");
+    mts_jw_int(w, st->last_used_ms);
+    mts_jw_key(w, "TotalInferenceMs");
+    mts_jw_double(w, st->total_inference_ms);
+    mts_jw_key(w, "MemoryBytes");
+    mts_jw_int(w, st->memory_bytes);
+    mts_jw_key(w, "LoadedAt");
+    mts_jw_int(w, st->loaded_at_ms);
+    mts_jw_key(w, "queue_depth");
+    mts_jw_int(w, st->queue_depth);
+    mts_jw_key(w, "loads");
+    mts_jw_uint(w, st->loads);
+    mts_jw_key(w, "evictions");
+    mts_jw_uint(w, st->evictions);
+    mts_jw_key(w, "load_failures");
+    mts_jw_uint(w, st->load_failures);
+    mts_jw_key(w, "last_load_ms");
+    mts_jw_double(w, st->last_load_ms);
+    mts_jw_end_object(w);
+}
+
+static void handle_stats(mts_kserve_http *h, mts_http_conn *c, const char *model)
+{
+    mts_jw w;
+    mts_jw_init(&w);
+    mts_jw_begin_object(&w);
+    mts_jw_key(&w, "model_stats");
+    mts_jw_begin_array(&w);
+    mts_model_status st;
+    if (model) {
+        if (mts_server_model_status_by_name(h->srv, model, &st)) {
+            mts_jw_free(&w);
+            char m[300];
+            snprintf(m, sizeof m, "unknown model '%s'", model);
+            respond_error(c, MTS_ENOTFOUND, m, 0);
+            return;
+        }
+        write_model_stats(&w, &st);
+    } else {
+        for (int i = 0; i < mts_server_model_count(h->srv); i++)
+            if (!mts_server_model_status(h->srv, i, &st)) write_model_stats(&w, &st);
+    }
+    mts_jw_end_array(&w);
+    if (!model) {
+        mts_jw_key(&w, "devices");
+        mts_jw_begin_array(&w);
+        for (int d = 0; d < mts_server_device_count(h->srv); d++) {
+            mts_device_status ds;
+            mts_server_device_status(h->srv, d, &ds);
+            mts_jw_begin_object(&w);
+            mts_jw_key(&w, "id");
+            mts_jw_int(&w, d);
+            mts_jw_key(&w, "kind");
+            mts_jw_string(&w, "CPU");
+            mts_jw_key(&w, "models");
+            mts_jw_int(&w, ds.models);
+            mts_jw_key(&w, "bytes_used");
+            mts_jw_int(&w, ds.bytes_used);
+            mts_jw_key(&w, "bytes_budget");
+            mts_jw_int(&w, ds.bytes_budget);
+            mts_jw_key(&w, "workers");
+            mts_jw_int(&w, ds.workers);
+            mts_jw_key(&w, "busy_workers");
+            mts_jw_int(&w, ds.busy_workers);
+            mts_jw_key(&w, "threads");
+            mts_jw_int(&w, ds.threads);
+            mts_jw_key(&w, "queue_depth");
+            mts_jw_int(&w, ds.queue_depth);
+            mts_jw_end_object(&w);
+        }
+        mts_jw_end_array(&w);
+        mts_server_totals tot;
+        mts_server_totals_get(h->srv, &tot);
+        mts_jw_key(&w, "server");
+        mts_jw_begin_object(&w);
+        mts_jw_key(&w, "submitted");
+        mts_jw_uint(&w, tot.submitted);
+        mts_jw_key(&w, "completed");
+        mts_jw_uint(&w, tot.completed);
+        mts_jw_key(&w, "failed");
+        mts_jw_uint(&w, tot.failed);
+        mts_jw_key(&w, "rejected_queue_full");
+        mts_jw_uint(&w, tot.rejected_full);
+        mts_jw_key(&w, "timed_out");
+        mts_jw_uint(&w, tot.timed_out);
+        mts_jw_key(&w, "cancelled");
+        mts_jw_uint(&w, tot.cancelled);
+        mts_jw_key(&w, "resident_models");
+        mts_jw_int(&w, tot.resident_models);
+        mts_jw_key(&w, "resident_bytes");
+        mts_jw_int(&w, tot.resident_bytes);
+        mts_jw_key(&w, "queue_depth");
+        mts_jw_int(&w, tot.queue_depth);
+        mts_jw_key(&w, "uptime_s");
+        mts_jw_double(&w, tot.uptime_s);
+        mts_jw_end_object(&w);
+    }
+    mts_jw_end_object(&w);
+    respond_json(c, 200, NULL, &w);
+    mts_jw_free(&w);
+}
+
+static void handle_index(mts_kserve_http *h, mts_http_conn *c, const mts_http_req *hr)
+{
+    bool ready_only = false;
+    if (hr->body_len > 0) {
+        mts_json_doc *doc = NULL;
+        mts_err err = {0};
+        if (mts_json_parse(hr->body, hr->body_len, &doc, &err)) {
+            char m[600];
+            snprintf(m, sizeof m, "invalid JSON: %s", err.msg);
+            respond_error(c, MTS_EINVAL, m, 0);
+            return;
+        }
+        const mts_json *root = mts_json_root(doc);
+        bool_param(root, "ready", &ready_only);
+        mts_json_free(doc);
+    }
+    mts_jw w;
+    mts_jw_init(&w);
+    mts_jw_begin_array(&w);
+    mts_model_status st;
+    for (int i = 0; i < mts_server_model_count(h->srv); i++) {
+        if (mts_server_model_status(h->srv, i, &st)) continue;
+        if (ready_only && st.state != MTS_MODEL_READY) continue;
+        mts_jw_begin_object(&w);
+        mts_jw_key(&w, "name");
+        mts_jw_string(&w, st.name);
+        mts_jw_key(&w, "version");
+        mts_jw_string(&w, "1");
+        mts_jw_key(&w, "state");
+        mts_jw_string(&w, mts_model_state_name(st.state));
+        mts_jw_key(&w, "reason");
+        mts_jw_string(&w, st.reason);
+        mts_jw_end_object(&w);
+    }
+    mts_jw_end_array(&w);
+    respond_json(c, 200, NULL, &w);
+    mts_jw_free(&w);
+}
+
+static void unload_done(void *user, int status, const char *msg)
+{
+    mts_http_conn *c = user;
+    if (status) respond_error(c, status, msg, 0);
+    else respond_empty(c, 200);
+}
+
+/* ---- routing ---- */
+
+static bool is_digits(const char *s, size_t n)
+{
+    if (n == 0) return false;
+    for (size_t i = 0; i < n; i++)
+        if (s[i] < '0' || s[i] > '9') return false;
+    return true;
+}
+
+static void handler(void *user, mts_http_conn *c, mts_http_req *hr)
+{
+    mts_kserve_http *h = user;
+    const char *p = hr->path;
+    bool get = !strcmp(hr->method, "GET") || !strcmp(hr->method, "HEAD");
+    bool post = !strcmp(hr->method, "POST");
+    if (!strcmp(p, "/v2/health/live")) {
+        if (!get) goto bad_method;
+        respond_empty(c, 200);
+        return;
+    }
+    if (!strcmp(p, "/v2/health/ready")) {
+        if (!get) goto bad_method;
+        mts_server_totals t;
+        mts_server_totals_get(h->srv, &t);
+        respond_empty(c, t.shutting_down ? 503 : 200);
+        return;
+    }
+    if (!strcmp(p, "/v2") || !strcmp(p, "/v2/")) {
+        if (!get) goto bad_method;
+        const char *body = "{\"name\":\"mtserve\",\"version\":\"0.1.0\",\"extensions\":[\"binary_tensor_data\","
+                           "\"model_repository\",\"statistics\",\"model_configuration\"]}";
+        mts_http_respond(c, 200, "application/json", NULL, body, strlen(body));
+        return;
+    }
+    if (!strcmp(p, "/metrics")) {
+        if (!get) goto bad_method;
+        size_t len = 0;
+        char *text = mts_server_metrics(h->srv, &len);
+        if (!text) {
+            respond_error(c, MTS_ENOMEM, "out of memory", 0);
+            return;
+        }
+        mts_http_respond(c, 200, "text/plain; version=0.0.4", NULL, text, len);
+        free(text);
+        return;
+    }
+    if (!strcmp(p, "/v2/models/stats")) {
+        if (!get) goto bad_method;
+        handle_stats(h, c, NULL);
+        return;
+    }
+    if (!strcmp(p, "/v2/repository/index")) {
+        if (!post) goto bad_method;
+        handle_index(h, c, hr);
+        return;
+    }
+    if (!strncmp(p, "/v2/repository/models/", 22)) {
+        const char *name = p + 22, *slash = strchr(name, '/');
+        if (!slash || slash == name) goto not_found;
+        char model[256];
+        snprintf(model, sizeof model, "%.*s", (int)(slash - name), name);
+        if (!post) goto bad_method;
+        if (!strcmp(slash, "/load")) {
+            bool force = false;
+            if (hr->body_len > 0) {
+                mts_json_doc *doc = NULL;
+                mts_err err = {0};
+                if (mts_json_parse(hr->body, hr->body_len, &doc, &err)) {
+                    char m[600];
+                    snprintf(m, sizeof m, "invalid JSON: %s", err.msg);
+                    respond_error(c, MTS_EINVAL, m, 0);
+                    return;
+                }
+                const mts_json *params = mts_json_get(mts_json_root(doc), "parameters");
+                bool_param(params, "force_reload", &force);
+                mts_json_free(doc);
+            }
+            handle_meta(h, c, model, 2, force);
+            return;
+        }
+        if (!strcmp(slash, "/unload")) {
+            mts_err err = {0};
+            int rc = mts_server_unload(h->srv, model, unload_done, c, &err);
+            if (rc) respond_error(c, rc, err.msg, 0);
+            return;
+        }
+        goto not_found;
+    }
+    if (!strncmp(p, "/v2/models/", 11)) {
+        const char *name = p + 11;
+        size_t nlen = strcspn(name, "/");
+        if (nlen == 0 || nlen >= 256) goto not_found;
+        char model[256];
+        snprintf(model, sizeof model, "%.*s", (int)nlen, name);
+        const char *rest = name + nlen;
+        if (!strncmp(rest, "/versions/", 10)) {
+            size_t vlen = strcspn(rest + 10, "/");
+            if (!is_digits(rest + 10, vlen)) goto not_found;
+            rest += 10 + vlen;
+        }
+        if (!*rest) {
+            if (!get) goto bad_method;
+            handle_meta(h, c, model, 0, false);
+        } else if (!strcmp(rest, "/ready")) {
+            if (!get) goto bad_method;
+            mts_model_status st;
+            if (mts_server_model_status_by_name(h->srv, model, &st)) goto unknown_model;
+            if (st.state == MTS_MODEL_READY) respond_empty(c, 200);
+            else {
+                char m[400];
+                snprintf(m, sizeof m, "model '%s' is not ready (%s%s%s)", model, mts_model_state_name(st.state),
+                         st.reason[0] ? ": " : "", st.reason);
+                respond_error(c, MTS_EINVAL, m, 0);
+            }
+        } else if (!strcmp(rest, "/config")) {
+            if (!get) goto bad_method;
+            handle_meta(h, c, model, 1, false);
+        } else if (!strcmp(rest, "/stats")) {
+            if (!get) goto bad_method;
+            handle_stats(h, c, model);
+        } else if (!strcmp(rest, "/infer")) {
+            if (!post) goto bad_method;
+            handle_infer(h, c, hr, model);
+        } else {
+            goto not_found;
+        }
+        return;
+    unknown_model: {
+        char m[300];
+        snprintf(m, sizeof m, "unknown model '%s'", model);
+        respond_error(c, MTS_ENOTFOUND, m, 0);
+        return;
+    }
+    }
+not_found: {
+    char m[300];
+    snprintf(m, sizeof m, "no route for %s %.200s", hr->method, p);
+    respond_error(c, MTS_ENOTFOUND, m, 0);
+    return;
+}
+bad_method: {
+    char m[300];
+    snprintf(m, sizeof m, "method %s is not allowed on %.200s", hr->method, p);
+    mts_jw w;
+    mts_jw_init(&w);
+    mts_jw_begin_object(&w);
+    mts_jw_key(&w, "error");
+    mts_jw_string(&w, m);
+    mts_jw_end_object(&w);
+    respond_json(c, 405, NULL, &w);
+    mts_jw_free(&w);
+}
+}
+
+int mts_kserve_http_start(mts_server *srv, const mts_kserve_http_opts *o, mts_kserve_http **out, mts_err *err)
+{
+    mts_kserve_http *h = calloc(1, sizeof *h);
+    if (!h) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+    h->srv = srv;
+    mts_http_opts ho = {0};
+    ho.host = o->host ? o->host : "127.0.0.1";
+    ho.port = o->port;
+    ho.io_threads = o->io_threads > 0 ? o->io_threads : 1;
+    ho.max_body = o->max_body;
+    ho.max_header = 64 * 1024;
+    ho.idle_timeout_ms = 60000;
+    ho.max_connections = 4096;
+    ho.handler = handler;
+    ho.on_cancel = on_cancel;
+    ho.user = h;
+    int rc = mts_http_start(&ho, &h->http, err);
+    if (rc) {
+        free(h);
+        return rc;
+    }
+    *out = h;
+    return MTS_OK;
+}
+
+int mts_kserve_http_port(const mts_kserve_http *h)
+{
+    return mts_http_port(h->http);
+}
+
+void mts_kserve_http_stop_accepting(mts_kserve_http *h)
+{
+    mts_http_stop_accepting(h->http);
+}
+
+void mts_kserve_http_stop(mts_kserve_http *h)
+{
+    if (!h) return;
+    mts_http_stop(h->http);
+    free(h);
+}

@@ -1,0 +1,124 @@
+/*
+ * `mtserve serve`: loads the configuration (a design-document config.yaml and/or a model
+ * repository folder), starts the server core and the KServe v2 HTTP front end, and runs until
+ * SIGTERM or SIGINT. Shutdown is graceful: stop accepting connections, finish queued work within
+ * server.shutdown_grace_s, fail what is left, exit 0.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/kserve_http.h"
+#include "cli/cli.h"
+#include "config/config.h"
+#include "serve/server.h"
+#include "util/log.h"
+
+static void warn_cb(void *user, const char *msg)
+{
+    (void)user;
+    MTS_WARN("config: %s", msg);
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: mtserve serve [--config FILE.yaml] [--model-repository DIR] [--host ADDR] [--http-port PORT]\n"
+               "                     [--grace S] [--log-level debug|info|warn|error]\n"
+               "  Serves every model of the configuration and/or of DIR (one folder per model holding model.onnx\n"
+               "  and an optional config.yaml) over KServe v2 HTTP. Stops gracefully on SIGTERM/SIGINT.\n");
+}
+
+int mts_cli_serve(int argc, char **argv)
+{
+    const char *config_path = NULL, *repo = NULL, *host = NULL;
+    int port = -1, grace = -1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        bool has = i + 1 < argc;
+        if (!strcmp(a, "--config") && has) config_path = argv[++i];
+        else if (!strcmp(a, "--model-repository") && has) repo = argv[++i];
+        else if (!strcmp(a, "--host") && has) host = argv[++i];
+        else if (!strcmp(a, "--http-port") && has) port = atoi(argv[++i]);
+        else if (!strcmp(a, "--grace") && has) grace = atoi(argv[++i]);
+        else if (!strcmp(a, "--log-level") && has) {
+            const char *l = argv[++i];
+            mts_log_set_level(!strcmp(l, "debug") ? MTS_LOG_DEBUG : !strcmp(l, "warn") ? MTS_LOG_WARN
+                                                 : !strcmp(l, "error")                  ? MTS_LOG_ERROR
+                                                                                          : MTS_LOG_INFO);
+        } else if (!strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        } else {
+            fprintf(stderr, "mtserve serve: unknown option or missing value '%s'\n", a);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (!config_path && !repo) {
+        fprintf(stderr, "mtserve serve: give --config FILE or --model-repository DIR\n");
+        return 2;
+    }
+    mts_config cfg;
+    mts_err err = {0};
+    int rc;
+    if (config_path) rc = mts_config_load_yaml(config_path, &cfg, warn_cb, NULL, &err);
+    else {
+        mts_config_defaults(&cfg);
+        rc = MTS_OK;
+    }
+    if (!rc && repo) rc = mts_config_scan_repository(&cfg, repo, warn_cb, NULL, &err);
+    if (!rc && !repo && cfg.model_repository) rc = mts_config_scan_repository(&cfg, cfg.model_repository, warn_cb, NULL, &err);
+    if (!rc) {
+        if (host) {
+            free(cfg.host);
+            cfg.host = strdup(host);
+        }
+        if (port >= 0) cfg.http_port = port;
+        if (grace >= 0) cfg.shutdown_grace_s = grace;
+        rc = mts_config_finalize(&cfg, &err);
+    }
+    if (rc) {
+        fprintf(stderr, "mtserve: %s\n", err.msg);
+        mts_config_free(&cfg);
+        return 1;
+    }
+    if (cfg.n_models == 0) MTS_WARN("config: no models configured");
+    /* Signals are taken by sigwait below; block them before any thread starts. */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    mts_server *srv = NULL;
+    if ((rc = mts_server_create(&cfg, &srv, &err))) {
+        fprintf(stderr, "mtserve: %s\n", err.msg);
+        mts_config_free(&cfg);
+        return 1;
+    }
+    mts_kserve_http_opts ho = {cfg.host, cfg.http_port, 2, (size_t)cfg.max_message_size_mb << 20};
+    mts_kserve_http *http = NULL;
+    if ((rc = mts_kserve_http_start(srv, &ho, &http, &err))) {
+        fprintf(stderr, "mtserve: cannot start HTTP on %s:%d: %s\n", cfg.host, cfg.http_port, err.msg);
+        mts_server_shutdown(srv, 0);
+        mts_server_free(srv);
+        mts_config_free(&cfg);
+        return 1;
+    }
+    int bound = mts_kserve_http_port(http);
+    MTS_INFO("event=listening protocol=http url=http://%s:%d models=%d", cfg.host, bound, cfg.n_models);
+    printf("mtserve: serving %d model%s on http://%s:%d (KServe v2)\n", cfg.n_models, cfg.n_models == 1 ? "" : "s",
+           cfg.host, bound);
+    fflush(stdout);
+    int sig = 0;
+    sigwait(&set, &sig);
+    MTS_INFO("event=signal signal=%s", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    mts_kserve_http_stop_accepting(http);
+    mts_server_shutdown(srv, cfg.shutdown_grace_s);
+    mts_kserve_http_stop(http);
+    mts_server_free(srv);
+    mts_config_free(&cfg);
+    return 0;
+}

@@ -1,0 +1,1053 @@
+/*
+ * Configuration loading: the YAML file of the design documents (sections server, gpus,
+ * capacity, onnx, models, plus mtserve's own keys) and Triton-style model repository folders,
+ * turned into a validated mts_config.
+ *
+ * libyaml's event API builds a small tree (every node keeps its line; nesting depth, node count
+ * and input size are bounded; anchors and aliases are resolved by reference, never expanded).
+ * The tree is then walked against a fixed schema: every known key is type- and range-checked
+ * with "FILE:LINE: key 'a.b': expected ..., got '...'" errors; unknown keys and keys that do not
+ * apply to mtserve are reported once through the warning callback and ignored. Relative paths
+ * are resolved against the folder of the file they appear in. Values that default from other
+ * values (per-model queue sizes, per-device memory, workers, threads) stay unset (0 / -1) until
+ * mts_config_finalize fills them and checks the rules that span fields.
+ */
+#include "config/config.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <yaml.h>
+
+#define CFG_MAX_FILE_BYTES ((size_t)4 << 20) /* 4 MiB */
+#define CFG_MAX_DEPTH 64
+#define CFG_MAX_NODES 1000000
+#define CFG_MAX_NAME 128
+#define CFG_KEY_MAX 384
+
+/* ------------------------------------------------------------------------------------------ */
+/* YAML tree                                                                                  */
+
+typedef enum { YN_SCALAR, YN_MAP, YN_SEQ } yn_kind;
+
+typedef struct ynode {
+    yn_kind kind;
+    int line;             /* 1-based */
+    bool plain;           /* plain (unquoted) scalar */
+    size_t len;           /* scalar length */
+    char *val;            /* scalar text, NUL-terminated */
+    int n, cap;           /* children; a mapping holds key, value, key, value, ... */
+    struct ynode **kids;
+} ynode;
+
+typedef struct yanchor {
+    char *name;
+    ynode *node;
+} yanchor;
+
+typedef struct ydoc {
+    ynode *root;
+    ynode **all; /* every node, for freeing (aliases only add references) */
+    size_t n_all, cap_all;
+    yanchor *anchors;
+    size_t n_anchors, cap_anchors;
+} ydoc;
+
+static void ydoc_free(ydoc *d)
+{
+    for (size_t i = 0; i < d->n_all; i++) {
+        free(d->all[i]->val);
+        free(d->all[i]->kids);
+        free(d->all[i]);
+    }
+    free(d->all);
+    for (size_t i = 0; i < d->n_anchors; i++) free(d->anchors[i].name);
+    free(d->anchors);
+    memset(d, 0, sizeof *d);
+}
+
+static int grow(void **p, size_t *cap, size_t need, size_t elem)
+{
+    if (need <= *cap) return 0;
+    size_t nc = *cap ? *cap * 2 : 8;
+    while (nc < need) nc *= 2;
+    void *q = realloc(*p, nc * elem);
+    if (!q) return -1;
+    *p = q;
+    *cap = nc;
+    return 0;
+}
+
+static ynode *ynode_new(ydoc *d, yn_kind kind, int line)
+{
+    if (grow((void **)&d->all, &d->cap_all, d->n_all + 1, sizeof *d->all)) return NULL;
+    ynode *n = calloc(1, sizeof *n);
+    if (!n) return NULL;
+    n->kind = kind;
+    n->line = line;
+    d->all[d->n_all++] = n;
+    return n;
+}
+
+static int ynode_add(ynode *parent, ynode *child)
+{
+    size_t cap = (size_t)parent->cap;
+    if (grow((void **)&parent->kids, &cap, (size_t)parent->n + 1, sizeof *parent->kids)) return -1;
+    if (cap > INT_MAX) return -1;
+    parent->cap = (int)cap;
+    parent->kids[parent->n++] = child;
+    return 0;
+}
+
+static int anchor_add(ydoc *d, const char *name, ynode *node)
+{
+    if (!name) return 0;
+    if (grow((void **)&d->anchors, &d->cap_anchors, d->n_anchors + 1, sizeof *d->anchors)) return -1;
+    char *s = strdup(name);
+    if (!s) return -1;
+    d->anchors[d->n_anchors].name = s;
+    d->anchors[d->n_anchors].node = node;
+    d->n_anchors++;
+    return 0;
+}
+
+static ynode *anchor_find(const ydoc *d, const char *name)
+{
+    for (size_t i = d->n_anchors; i-- > 0;)
+        if (strcmp(d->anchors[i].name, name) == 0) return d->anchors[i].node;
+    return NULL;
+}
+
+/* Parses text into d. Every error names `name` and a line. */
+static int ydoc_parse(const char *text, size_t len, const char *name, ydoc *d, mts_err *err)
+{
+    memset(d, 0, sizeof *d);
+    if (len > CFG_MAX_FILE_BYTES)
+        return mts_err_set(err, MTS_ELIMIT, "%s: configuration is %zu bytes; the limit is %zu bytes (4 MiB)", name,
+                           len, CFG_MAX_FILE_BYTES);
+    yaml_parser_t p;
+    if (!yaml_parser_initialize(&p)) return mts_err_set(err, MTS_ENOMEM, "%s: out of memory", name);
+    yaml_parser_set_input_string(&p, (const unsigned char *)text, len);
+
+    ynode *stack[CFG_MAX_DEPTH + 1];
+    char *stack_anchor[CFG_MAX_DEPTH + 1];
+    int depth = 0, docs = 0, rc = MTS_OK;
+    bool done = false;
+    while (!done && rc == MTS_OK) {
+        yaml_event_t ev;
+        if (!yaml_parser_parse(&p, &ev)) {
+            if (p.error == YAML_MEMORY_ERROR) {
+                rc = mts_err_set(err, MTS_ENOMEM, "%s: out of memory while parsing YAML", name);
+            } else {
+                size_t at = p.problem_mark.index;
+                const char *hint = at < len && text[at] == '\t' ? " (tabs cannot indent YAML; use spaces)" : "";
+                if (p.context)
+                    rc = mts_err_set(err, MTS_EINVAL, "%s:%zu: YAML syntax error: %s %s at line %zu%s", name,
+                                     p.problem_mark.line + 1, p.problem ? p.problem : "malformed input", p.context,
+                                     p.context_mark.line + 1, hint);
+                else
+                    rc = mts_err_set(err, MTS_EINVAL, "%s:%zu: YAML syntax error: %s%s", name,
+                                     p.problem_mark.line + 1, p.problem ? p.problem : "malformed input", hint);
+            }
+            break;
+        }
+        int line = (int)ev.start_mark.line + 1;
+        ynode *node = NULL;
+        const char *anchor = NULL;
+        switch (ev.type) {
+        case YAML_STREAM_END_EVENT: done = true; break;
+        case YAML_DOCUMENT_START_EVENT:
+            if (++docs > 1)
+                rc = mts_err_set(err, MTS_EINVAL,
+                                 "%s:%d: a second YAML document starts here; a configuration is one document", name,
+                                 line);
+            break;
+        case YAML_ALIAS_EVENT:
+            node = anchor_find(d, (const char *)ev.data.alias.anchor);
+            if (!node)
+                rc = mts_err_set(err, MTS_EINVAL, "%s:%d: alias '*%s' names no (completed) anchor", name, line,
+                                 (const char *)ev.data.alias.anchor);
+            break;
+        case YAML_SCALAR_EVENT:
+            if (memchr(ev.data.scalar.value, 0, ev.data.scalar.length)) {
+                rc = mts_err_set(err, MTS_EINVAL, "%s:%d: value holds a NUL character", name, line);
+                break;
+            }
+            node = ynode_new(d, YN_SCALAR, line);
+            if (node) node->val = malloc(ev.data.scalar.length + 1);
+            if (!node || !node->val) {
+                rc = mts_err_set(err, MTS_ENOMEM, "%s: out of memory", name);
+                break;
+            }
+            memcpy(node->val, ev.data.scalar.value, ev.data.scalar.length);
+            node->val[ev.data.scalar.length] = '\0';
+            node->len = ev.data.scalar.length;
+            node->plain = ev.data.scalar.style == YAML_PLAIN_SCALAR_STYLE;
+            anchor = (const char *)ev.data.scalar.anchor;
+            break;
+        case YAML_SEQUENCE_START_EVENT:
+        case YAML_MAPPING_START_EVENT:
+            if (depth >= CFG_MAX_DEPTH) {
+                rc = mts_err_set(err, MTS_ELIMIT, "%s:%d: nesting is deeper than %d levels", name, line,
+                                 CFG_MAX_DEPTH);
+                break;
+            }
+            node = ynode_new(d, ev.type == YAML_MAPPING_START_EVENT ? YN_MAP : YN_SEQ, line);
+            if (!node) rc = mts_err_set(err, MTS_ENOMEM, "%s: out of memory", name);
+            break;
+        case YAML_SEQUENCE_END_EVENT:
+        case YAML_MAPPING_END_EVENT:
+            if (depth > 0) {
+                depth--;
+                if (anchor_add(d, stack_anchor[depth], stack[depth]))
+                    rc = mts_err_set(err, MTS_ENOMEM, "%s: out of memory", name);
+                free(stack_anchor[depth]);
+            }
+            break;
+        default: break;
+        }
+        if (rc == MTS_OK && node) {
+            if (d->n_all > CFG_MAX_NODES) {
+                rc = mts_err_set(err, MTS_ELIMIT, "%s:%d: more than %d YAML nodes", name, line, CFG_MAX_NODES);
+            } else if (depth > 0) {
+                if (ynode_add(stack[depth - 1], node)) rc = mts_err_set(err, MTS_ENOMEM, "%s: out of memory", name);
+            } else if (!d->root) {
+                d->root = node;
+            }
+        }
+        if (rc == MTS_OK && node && ev.type == YAML_SCALAR_EVENT && anchor_add(d, anchor, node))
+            rc = mts_err_set(err, MTS_ENOMEM, "%s: out of memory", name);
+        if (rc == MTS_OK && node &&
+            (ev.type == YAML_SEQUENCE_START_EVENT || ev.type == YAML_MAPPING_START_EVENT)) {
+            const char *a = (const char *)(ev.type == YAML_MAPPING_START_EVENT ? ev.data.mapping_start.anchor
+                                                                               : ev.data.sequence_start.anchor);
+            stack[depth] = node;
+            stack_anchor[depth] = a ? strdup(a) : NULL;
+            depth++;
+            if (a && !stack_anchor[depth - 1]) rc = mts_err_set(err, MTS_ENOMEM, "%s: out of memory", name);
+        }
+        yaml_event_delete(&ev);
+    }
+    while (depth > 0) free(stack_anchor[--depth]);
+    yaml_parser_delete(&p);
+    if (rc != MTS_OK) ydoc_free(d);
+    return rc;
+}
+
+static bool yn_is_null(const ynode *n)
+{
+    if (!n) return true;
+    if (n->kind != YN_SCALAR || !n->plain) return false;
+    return n->len == 0 || strcmp(n->val, "~") == 0 || strcmp(n->val, "null") == 0 || strcmp(n->val, "Null") == 0 ||
+           strcmp(n->val, "NULL") == 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Schema walk                                                                                */
+
+typedef struct pctx {
+    const char *name; /* file name used in messages */
+    const char *base; /* folder relative paths are resolved against; NULL: keep as written */
+    mts_config *c;
+    mts_config_warn_fn warn;
+    void *user;
+    mts_err *err;
+} pctx;
+
+/* "'text'" (shortened), "a mapping" or "a sequence". */
+static const char *describe(const ynode *n, char *buf, size_t len)
+{
+    if (n->kind == YN_MAP) return "a mapping";
+    if (n->kind == YN_SEQ) return "a sequence";
+    if (n->len > 60)
+        snprintf(buf, len, "'%.57s...'", n->val);
+    else
+        snprintf(buf, len, "'%s'", n->val);
+    return buf;
+}
+
+static int key_err(pctx *x, const ynode *n, const char *key, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int key_err(pctx *x, const ynode *n, const char *key, const char *fmt, ...)
+{
+    char what[MTS_ERR_MSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    return mts_err_set(x->err, MTS_EINVAL, "%s:%d: key '%s': %s", x->name, n->line, key, what);
+}
+
+static int type_err(pctx *x, const ynode *v, const char *key, const char *expected)
+{
+    char buf[80];
+    return key_err(x, v, key, "expected %s, got %s", expected, describe(v, buf, sizeof buf));
+}
+
+static void warnf(pctx *x, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void warnf(pctx *x, const char *fmt, ...)
+{
+    if (!x->warn) return;
+    char msg[MTS_ERR_MSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    x->warn(x->user, msg);
+}
+
+static void warn_unknown(pctx *x, const ynode *k, const char *key)
+{
+    warnf(x, "%s:%d: unknown key '%s'; ignored", x->name, k->line, key);
+}
+
+/* Integer in [lo, hi]; a null value leaves *out unchanged. Returns 1 when a value was set. */
+static int get_int(pctx *x, const ynode *v, const char *key, int64_t lo, int64_t hi, int64_t *out)
+{
+    if (yn_is_null(v)) return 0;
+    char expected[96];
+    if (lo == 1)
+        snprintf(expected, sizeof expected, "a positive integer");
+    else if (lo == 0)
+        snprintf(expected, sizeof expected, "a non-negative integer");
+    else
+        snprintf(expected, sizeof expected, "an integer from %lld to %lld", (long long)lo, (long long)hi);
+    if (v->kind != YN_SCALAR) return type_err(x, v, key, expected);
+    const char *s = v->val;
+    bool ok = v->len > 0;
+    size_t i = (s[0] == '+' || s[0] == '-') ? 1 : 0;
+    if (i >= v->len) ok = false;
+    for (; ok && i < v->len; i++)
+        if (s[i] < '0' || s[i] > '9') ok = false;
+    if (!ok) return type_err(x, v, key, expected);
+    errno = 0;
+    long long n = strtoll(s, NULL, 10);
+    if (errno == ERANGE || n < lo) return type_err(x, v, key, expected);
+    if (n > hi) {
+        if (lo != 0 && lo != 1) return type_err(x, v, key, expected);
+        char buf[80];
+        return key_err(x, v, key, "expected %s no larger than %lld, got %s", expected, (long long)hi,
+                       describe(v, buf, sizeof buf));
+    }
+    *out = n;
+    return 1;
+}
+
+static int get_int32(pctx *x, const ynode *v, const char *key, int lo, int hi, int *out)
+{
+    int64_t n;
+    int rc = get_int(x, v, key, lo, hi, &n);
+    if (rc == 1) *out = (int)n;
+    return rc;
+}
+
+/* Finite number; positive when !allow_zero, non-negative otherwise; at most hi. */
+static int get_num(pctx *x, const ynode *v, const char *key, bool allow_zero, double hi, double *out)
+{
+    if (yn_is_null(v)) return 0;
+    const char *expected = allow_zero ? "a non-negative number" : "a positive number";
+    if (v->kind != YN_SCALAR || v->len == 0) return type_err(x, v, key, expected);
+    char *end;
+    errno = 0;
+    double d = strtod(v->val, &end);
+    if (*end != '\0' || end == v->val || errno == ERANGE || !isfinite(d) || d < 0 || (!allow_zero && d == 0))
+        return type_err(x, v, key, expected);
+    if (d > hi) {
+        char buf[80];
+        return key_err(x, v, key, "expected %s no larger than %g, got %s", expected, hi, describe(v, buf, sizeof buf));
+    }
+    *out = d;
+    return 1;
+}
+
+static int get_bool(pctx *x, const ynode *v, const char *key, bool *out)
+{
+    if (yn_is_null(v)) return 0;
+    if (v->kind == YN_SCALAR) {
+        static const char *yes[] = {"true", "yes", "on"}, *no[] = {"false", "no", "off"};
+        for (size_t i = 0; i < 3; i++) {
+            if (strcasecmp(v->val, yes[i]) == 0) return *out = true, 1;
+            if (strcasecmp(v->val, no[i]) == 0) return *out = false, 1;
+        }
+    }
+    return type_err(x, v, key, "true or false");
+}
+
+/* Non-empty string (borrowed from the tree). */
+static int get_str(pctx *x, const ynode *v, const char *key, const char **out)
+{
+    if (yn_is_null(v)) return 0;
+    if (v->kind != YN_SCALAR || v->len == 0) return type_err(x, v, key, "a non-empty string");
+    *out = v->val;
+    return 1;
+}
+
+/* Case-insensitive choice among names[]; *out gets the index. */
+static int get_enum(pctx *x, const ynode *v, const char *key, const char *const *names, int n, int *out)
+{
+    if (yn_is_null(v)) return 0;
+    if (v->kind == YN_SCALAR)
+        for (int i = 0; i < n; i++)
+            if (strcasecmp(v->val, names[i]) == 0) return *out = i, 1;
+    char expected[160] = "one of ";
+    for (int i = 0; i < n; i++) {
+        size_t l = strlen(expected);
+        snprintf(expected + l, sizeof expected - l, "%s'%s'", i ? ", " : "", names[i]);
+    }
+    return type_err(x, v, key, expected);
+}
+
+static int set_string(char **dst, const char *src)
+{
+    char *s = strdup(src);
+    if (!s) return -1;
+    free(*dst);
+    *dst = s;
+    return 0;
+}
+
+/* base + "/" + p for relative p (when base is known), else p. */
+static char *resolve_path(const char *base, const char *p)
+{
+    if (!base || p[0] == '/') return strdup(p);
+    size_t bl = strlen(base), pl = strlen(p);
+    while (pl > 2 && p[0] == '.' && p[1] == '/') p += 2, pl -= 2;
+    char *r = malloc(bl + pl + 2);
+    if (!r) return NULL;
+    memcpy(r, base, bl);
+    size_t o = bl;
+    if (bl == 0 || base[bl - 1] != '/') r[o++] = '/';
+    memcpy(r + o, p, pl + 1);
+    return r;
+}
+
+/* Folder part of a file name; NULL (no resolving) when the name has no '/'. */
+static char *dir_of(const char *name)
+{
+    const char *slash = name ? strrchr(name, '/') : NULL;
+    if (!slash) return NULL;
+    if (slash == name) return strdup("/");
+    return strndup(name, (size_t)(slash - name));
+}
+
+static int get_path(pctx *x, const ynode *v, const char *key, char **dst)
+{
+    const char *s = NULL;
+    int rc = get_str(x, v, key, &s);
+    if (rc != 1) return rc;
+    char *r = resolve_path(x->base, s);
+    if (!r) return mts_err_set(x->err, MTS_ENOMEM, "%s: out of memory", x->name);
+    free(*dst);
+    *dst = r;
+    return 1;
+}
+
+typedef int (*key_fn)(pctx *x, const char *key, const char *full, const ynode *k, const ynode *v, void *arg);
+
+typedef struct keyref {
+    const ynode *k;
+    int idx;
+} keyref;
+
+static int keyref_cmp(const void *a, const void *b)
+{
+    const keyref *p = a, *q = b;
+    int c = strcmp(p->k->val, q->k->val);
+    return c ? c : (p->idx > q->idx) - (p->idx < q->idx);
+}
+
+static void join_key(char *buf, size_t len, const char *prefix, const char *key)
+{
+    if (prefix && prefix[0])
+        snprintf(buf, len, "%s.%s", prefix, key);
+    else
+        snprintf(buf, len, "%s", key);
+}
+
+/* Checks that map is a mapping (or null) with distinct scalar keys, then calls fn per pair. */
+static int walk_map(pctx *x, const ynode *map, const char *prefix, const char *what, key_fn fn, void *arg)
+{
+    if (yn_is_null(map)) return MTS_OK;
+    if (map->kind != YN_MAP && !(prefix && prefix[0])) {
+        char buf[80];
+        return mts_err_set(x->err, MTS_EINVAL, "%s:%d: the top level must be a mapping of %s, got %s", x->name,
+                           map->line, what, describe(map, buf, sizeof buf));
+    }
+    if (map->kind != YN_MAP) {
+        char expected[128];
+        snprintf(expected, sizeof expected, "a mapping of %s", what);
+        return type_err(x, map, prefix, expected);
+    }
+    int np = map->n / 2;
+    char full[CFG_KEY_MAX];
+    for (int i = 0; i < np; i++) {
+        const ynode *k = map->kids[2 * i];
+        if (k->kind != YN_SCALAR) {
+            char buf[80];
+            return mts_err_set(x->err, MTS_EINVAL, "%s:%d: in '%s': keys must be plain names, got %s", x->name,
+                               k->line, prefix && prefix[0] ? prefix : "(top level)", describe(k, buf, sizeof buf));
+        }
+    }
+    if (np > 1) {
+        keyref *refs = malloc((size_t)np * sizeof *refs);
+        if (!refs) return mts_err_set(x->err, MTS_ENOMEM, "%s: out of memory", x->name);
+        for (int i = 0; i < np; i++) refs[i] = (keyref){map->kids[2 * i], i};
+        qsort(refs, (size_t)np, sizeof *refs, keyref_cmp);
+        for (int i = 1; i < np; i++) {
+            if (strcmp(refs[i].k->val, refs[i - 1].k->val) == 0) {
+                join_key(full, sizeof full, prefix, refs[i].k->val);
+                int first = refs[i - 1].k->line;
+                const ynode *dup = refs[i].k;
+                free(refs);
+                return mts_err_set(x->err, MTS_EINVAL, "%s:%d: key '%s': given twice (first at line %d)", x->name,
+                                   dup->line, full, first);
+            }
+        }
+        free(refs);
+    }
+    for (int i = 0; i < np; i++) {
+        const ynode *k = map->kids[2 * i], *v = map->kids[2 * i + 1];
+        join_key(full, sizeof full, prefix, k->val);
+        int rc = fn(x, k->val, full, k, v, arg);
+        if (rc < 0) return rc;
+    }
+    return MTS_OK;
+}
+
+/* server.port: 50051, ":50051", "0.0.0.0:50051" or "[::1]:50051". */
+typedef struct server_state {
+    char *port_host; /* host part of server.port, if any */
+    bool host_set;
+} server_state;
+
+static int parse_port(pctx *x, const ynode *v, const char *full, server_state *st)
+{
+    if (yn_is_null(v)) return MTS_OK;
+    static const char *expected = "a port number, \":PORT\" or \"HOST:PORT\"";
+    if (v->kind != YN_SCALAR || v->len == 0) return type_err(x, v, full, expected);
+    const char *s = v->val, *colon = strrchr(s, ':');
+    const char *digits = colon ? colon + 1 : s;
+    bool ok = *digits != '\0' && strlen(digits) <= 5;
+    for (const char *q = digits; ok && *q; q++)
+        if (*q < '0' || *q > '9') ok = false;
+    long port = ok ? strtol(digits, NULL, 10) : -1;
+    if (!ok) return type_err(x, v, full, expected);
+    if (port > 65535) {
+        char buf[80];
+        return key_err(x, v, full, "port must be 0 to 65535, got %s", describe(v, buf, sizeof buf));
+    }
+    if (colon && colon > s) {
+        const char *h = s;
+        size_t hl = (size_t)(colon - s);
+        if (h[0] == '[') {
+            if (hl < 3 || h[hl - 1] != ']') return type_err(x, v, full, expected);
+            h++;
+            hl -= 2;
+        } else if (memchr(h, ':', hl)) {
+            return type_err(x, v, full, "a port number, \":PORT\" or \"HOST:PORT\" (IPv6 hosts in brackets)");
+        }
+        char *host = strndup(h, hl);
+        if (!host) return mts_err_set(x->err, MTS_ENOMEM, "%s: out of memory", x->name);
+        free(st->port_host);
+        st->port_host = host;
+    }
+    x->c->grpc_port = (int)port;
+    return MTS_OK;
+}
+
+static int server_key(pctx *x, const char *key, const char *full, const ynode *k, const ynode *v, void *arg)
+{
+    server_state *st = arg;
+    mts_config *c = x->c;
+    int64_t i64;
+    int rc = 0;
+    if (strcmp(key, "port") == 0) return parse_port(x, v, full, st);
+    if (strcmp(key, "http_port") == 0) rc = get_int32(x, v, full, 0, 65535, &c->http_port);
+    else if (strcmp(key, "host") == 0) {
+        const char *s = NULL;
+        rc = get_str(x, v, full, &s);
+        if (rc == 1) {
+            if (set_string(&c->host, s)) return mts_err_set(x->err, MTS_ENOMEM, "%s: out of memory", x->name);
+            st->host_set = true;
+        }
+    } else if (strcmp(key, "max_message_size_mb") == 0) rc = get_int32(x, v, full, 1, 4096, &c->max_message_size_mb);
+    else if (strcmp(key, "worker_count") == 0) rc = get_int32(x, v, full, 1, 1024, &c->worker_count);
+    else if (strcmp(key, "worker_count_per_gpu") == 0) rc = get_int32(x, v, full, 1, 1024, &c->workers_per_device);
+    else if (strcmp(key, "queue_size") == 0) rc = get_int32(x, v, full, 1, 1000000, &c->queue_size);
+    else if (strcmp(key, "max_queue_total") == 0) rc = get_int32(x, v, full, 1, 100000000, &c->max_queue_total);
+    else if (strcmp(key, "default_timeout_ms") == 0) {
+        rc = get_int(x, v, full, 0, 86400000, &i64);
+        if (rc == 1) c->default_timeout_ms = i64;
+    } else if (strcmp(key, "shutdown_grace_s") == 0) rc = get_int32(x, v, full, 0, 3600, &c->shutdown_grace_s);
+    else warn_unknown(x, k, full);
+    return rc < 0 ? rc : MTS_OK;
+}
+
+static int gpus_key(pctx *x, const char *key, const char *full, const ynode *k, const ynode *v, void *arg)
+{
+    mts_config *c = x->c;
+    int rc = 0;
+    if (strcmp(key, "count") == 0) rc = get_int32(x, v, full, 1, 1024, &c->device_count);
+    else if (strcmp(key, "memory_gb_per_gpu") == 0) rc = get_num(x, v, full, false, 1e6, &c->memory_gb_per_device);
+    else if (strcmp(key, "assignment_strategy") == 0) {
+        static const char *const names[] = {"round-robin", "least-loaded"};
+        int i;
+        rc = get_enum(x, v, full, names, 2, &i);
+        if (rc == 1) c->placement = i == 0 ? MTS_PLACE_ROUND_ROBIN : MTS_PLACE_LEAST_LOADED;
+    } else if (strcmp(key, "worker_count_per_gpu") == 0) rc = get_int32(x, v, full, 1, 1024, &c->workers_per_device);
+    else if (strcmp(key, "threads_per_gpu") == 0) rc = get_int32(x, v, full, 1, 4096, &c->threads_per_device);
+    else warn_unknown(x, k, full);
+    return rc < 0 ? rc : MTS_OK;
+}
+
+static int capacity_key(pctx *x, const char *key, const char *full, const ynode *k, const ynode *v, void *arg)
+{
+    mts_config *c = x->c;
+    int rc = 0;
+    if (strcmp(key, "max_models") == 0) rc = get_int32(x, v, full, 1, 1000000, &c->max_models);
+    else if (strcmp(key, "max_memory_gb") == 0) rc = get_num(x, v, full, false, 1e6, &c->max_memory_gb);
+    else if (strcmp(key, "eviction_policy") == 0) {
+        static const char *const names[] = {"lru", "lfu"};
+        int i;
+        rc = get_enum(x, v, full, names, 2, &i);
+        if (rc == 1) c->eviction = i == 0 ? MTS_EVICT_LRU : MTS_EVICT_LFU;
+    } else if (strcmp(key, "idle_timeout_minutes") == 0) rc = get_num(x, v, full, true, 1e7, &c->idle_timeout_minutes);
+    else if (strcmp(key, "background_cache_frames") == 0)
+        rc = get_int32(x, v, full, 0, 1000000, &c->background_cache_frames);
+    else warn_unknown(x, k, full);
+    return rc < 0 ? rc : MTS_OK;
+}
+
+static int onnx_key(pctx *x, const char *key, const char *full, const ynode *k, const ynode *v, void *arg)
+{
+    warnf(x, "%s:%d: key '%s' does not apply to mtserve (it has its own engine); ignored", x->name, k->line, full);
+    return MTS_OK;
+}
+
+/* Per-model keys, shared by models.<name> and <repository>/<name>/config.yaml. */
+typedef struct model_state {
+    mts_model_config *m;
+    bool repo;             /* keys of a repository folder's config.yaml */
+    int us_line, ms_line;  /* where max_queue_delay_us / _ms were given */
+    const ynode *us_node, *ms_node;
+} model_state;
+
+static int model_key(pctx *x, const char *key, const char *full, const ynode *k, const ynode *v, void *arg)
+{
+    model_state *st = arg;
+    mts_model_config *m = st->m;
+    int64_t i64;
+    int rc = 0;
+    if (strcmp(key, "model_path") == 0) {
+        if (st->repo) {
+            warnf(x, "%s:%d: key '%s' does not apply in a model repository folder (the model is %s); ignored",
+                  x->name, k->line, full, m->model_path);
+            return MTS_OK;
+        }
+        rc = get_path(x, v, full, &m->model_path);
+    } else if (strcmp(key, "background_dir") == 0) rc = get_path(x, v, full, &m->background_dir);
+    else if (strcmp(key, "crop_rects_path") == 0) rc = get_path(x, v, full, &m->crop_rects_path);
+    else if (strcmp(key, "num_frames") == 0) rc = get_int32(x, v, full, 0, 100000000, &m->num_frames);
+    else if (strcmp(key, "preload") == 0) rc = get_bool(x, v, full, &m->preload);
+    else if (strcmp(key, "pin") == 0) rc = get_bool(x, v, full, &m->pin);
+    else if (strcmp(key, "preferred_gpu") == 0 || strcmp(key, "preferred_device") == 0)
+        rc = get_int32(x, v, full, -1, 1023, &m->preferred_device);
+    else if (strcmp(key, "max_batch") == 0) rc = get_int32(x, v, full, 1, 4096, &m->max_batch);
+    else if (strcmp(key, "max_queue_delay_us") == 0) {
+        rc = get_int(x, v, full, 0, 60000000, &i64);
+        if (rc == 1) m->max_queue_delay_us = i64, st->us_node = k;
+    } else if (strcmp(key, "max_queue_delay_ms") == 0) {
+        double ms;
+        rc = get_num(x, v, full, true, 60000, &ms);
+        if (rc == 1) m->max_queue_delay_us = llround(ms * 1000.0), st->ms_node = k;
+    } else if (strcmp(key, "queue_size") == 0) rc = get_int32(x, v, full, 1, 1000000, &m->queue_size);
+    else if (strcmp(key, "instances") == 0) rc = get_int32(x, v, full, 1, 1024, &m->instances);
+    else if (strcmp(key, "background_cache_frames") == 0)
+        rc = get_int32(x, v, full, 0, 1000000, &m->background_cache_frames);
+    else warn_unknown(x, k, full);
+    if (rc < 0) return rc;
+    if (st->us_node && st->ms_node) {
+        const ynode *later = st->us_node->line > st->ms_node->line ? st->us_node : st->ms_node;
+        const ynode *earlier = later == st->us_node ? st->ms_node : st->us_node;
+        return key_err(x, later, full, "conflicts with '%s' (line %d); give only one of them", earlier->val,
+                       earlier->line);
+    }
+    return MTS_OK;
+}
+
+static bool valid_model_name(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > CFG_MAX_NAME || s[0] == '.') return false;
+    for (size_t i = 0; i < n; i++) {
+        char ch = s[i];
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '_' ||
+              ch == '-' || ch == '.'))
+            return false;
+    }
+    return true;
+}
+
+/* Appends a model with every optional value unset; returns NULL when out of memory. */
+static mts_model_config *add_model(mts_config *c, const char *name)
+{
+    if (c->n_models >= INT_MAX - 1) return NULL;
+    mts_model_config *nm = realloc(c->models, (size_t)(c->n_models + 1) * sizeof *nm);
+    if (!nm) return NULL;
+    c->models = nm;
+    mts_model_config *m = &nm[c->n_models];
+    memset(m, 0, sizeof *m);
+    m->name = strdup(name);
+    if (!m->name) return NULL;
+    m->max_queue_delay_us = -1;
+    m->preferred_device = -1;
+    m->background_cache_frames = -1;
+    c->n_models++;
+    return m;
+}
+
+static int models_key(pctx *x, const char *key, const char *full, const ynode *k, const ynode *v, void *arg)
+{
+    if (!valid_model_name(key))
+        return key_err(x, k, full,
+                       "a model name is 1 to %d letters, digits, '_', '-' or '.' (not starting with '.')",
+                       CFG_MAX_NAME);
+    if (!yn_is_null(v) && v->kind != YN_MAP) return type_err(x, v, full, "a mapping of model settings");
+    mts_model_config *m = add_model(x->c, key);
+    if (!m) return mts_err_set(x->err, MTS_ENOMEM, "%s: out of memory", x->name);
+    model_state st = {.m = m};
+    int rc = walk_map(x, v, full, "model settings", model_key, &st);
+    if (rc < 0) return rc;
+    if (!m->model_path) return key_err(x, k, full, "model '%s' has no model_path", key);
+    return MTS_OK;
+}
+
+static int top_key(pctx *x, const char *key, const char *full, const ynode *k, const ynode *v, void *arg)
+{
+    if (strcmp(key, "server") == 0) {
+        server_state *st = arg;
+        return walk_map(x, v, full, "server settings", server_key, st);
+    }
+    if (strcmp(key, "gpus") == 0) return walk_map(x, v, full, "device settings", gpus_key, NULL);
+    if (strcmp(key, "capacity") == 0) return walk_map(x, v, full, "capacity settings", capacity_key, NULL);
+    if (strcmp(key, "onnx") == 0) {
+        if (!yn_is_null(v) && v->kind != YN_MAP) return onnx_key(x, key, full, k, v, NULL);
+        return walk_map(x, v, full, "onnx settings", onnx_key, NULL);
+    }
+    if (strcmp(key, "models") == 0) return walk_map(x, v, full, "model names to model settings", models_key, NULL);
+    if (strcmp(key, "model_repository") == 0) {
+        int rc = get_path(x, v, full, &x->c->model_repository);
+        return rc < 0 ? rc : MTS_OK;
+    }
+    warn_unknown(x, k, full);
+    return MTS_OK;
+}
+
+static int parse_internal(const char *text, size_t len, const char *name, mts_config *c, mts_config_warn_fn warn,
+                          void *user, mts_err *err)
+{
+    mts_config_defaults(c);
+    if (!c->host || set_string(&c->source, name)) return mts_err_set(err, MTS_ENOMEM, "%s: out of memory", name);
+    ydoc d;
+    int rc = ydoc_parse(text, len, name, &d, err);
+    if (rc != MTS_OK) return rc;
+    char *base = dir_of(name);
+    pctx x = {name, base, c, warn, user, err};
+    server_state st = {0};
+    if (name && strchr(name, '/') && !base) rc = mts_err_set(err, MTS_ENOMEM, "%s: out of memory", name);
+    if (rc == MTS_OK && d.root && !yn_is_null(d.root))
+        rc = walk_map(&x, d.root, "", "sections (server, gpus, capacity, models, ...)", top_key, &st);
+    if (rc == MTS_OK && st.port_host && !st.host_set) {
+        free(c->host);
+        c->host = st.port_host;
+        st.port_host = NULL;
+    }
+    free(st.port_host);
+    free(base);
+    ydoc_free(&d);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Public API                                                                                 */
+
+void mts_config_defaults(mts_config *c)
+{
+    memset(c, 0, sizeof *c);
+    c->host = strdup("127.0.0.1");
+    c->http_port = 8000;
+    c->grpc_port = 50051;
+    c->queue_size = 100;
+    c->max_message_size_mb = 50;
+    c->shutdown_grace_s = 30;
+    c->device_count = 1;
+    c->placement = MTS_PLACE_ROUND_ROBIN;
+    c->max_models = 100;
+    c->eviction = MTS_EVICT_LRU;
+    c->background_cache_frames = 50;
+    /* Left 0 (= derive in mts_config_finalize): worker_count, max_queue_total,
+     * memory_gb_per_device, workers_per_device, threads_per_device, max_memory_gb. */
+}
+
+int mts_config_parse_yaml(const char *text, size_t len, const char *name, mts_config *c, mts_config_warn_fn warn,
+                          void *user, mts_err *err)
+{
+    if (!name) name = "<config>";
+    int rc = parse_internal(text ? text : "", text ? len : 0, name, c, warn, user, err);
+    if (rc != MTS_OK) mts_config_free(c);
+    return rc;
+}
+
+/* Reads at most limit bytes of path (rejecting longer files); NUL-terminates. */
+static int read_small_file(const char *path, size_t limit, char **out, size_t *out_len, mts_err *err)
+{
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return mts_err_set(err, errno == ENOENT ? MTS_ENOTFOUND : MTS_EIO, "%s: cannot open: %s", path,
+                           strerror(errno));
+    struct stat sb;
+    if (fstat(fileno(f), &sb) == 0) {
+        if (S_ISDIR(sb.st_mode)) {
+            fclose(f);
+            return mts_err_set(err, MTS_EINVAL, "%s: is a folder, not a configuration file", path);
+        }
+        if (S_ISREG(sb.st_mode) && (uint64_t)sb.st_size > limit) {
+            fclose(f);
+            return mts_err_set(err, MTS_ELIMIT, "%s: configuration file is %lld bytes; the limit is %zu bytes (4 MiB)",
+                               path, (long long)sb.st_size, limit);
+        }
+    }
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap + 1);
+    if (!buf) {
+        fclose(f);
+        return mts_err_set(err, MTS_ENOMEM, "%s: out of memory", path);
+    }
+    for (;;) {
+        if (n == cap) {
+            if (cap > limit) break;
+            size_t nc = cap * 2;
+            char *nb = realloc(buf, nc + 1);
+            if (!nb) {
+                free(buf);
+                fclose(f);
+                return mts_err_set(err, MTS_ENOMEM, "%s: out of memory", path);
+            }
+            buf = nb;
+            cap = nc;
+        }
+        size_t got = fread(buf + n, 1, cap - n, f);
+        n += got;
+        if (got == 0) break;
+    }
+    bool failed = ferror(f);
+    fclose(f);
+    if (failed) {
+        free(buf);
+        return mts_err_set(err, MTS_EIO, "%s: read error", path);
+    }
+    if (n > limit) {
+        free(buf);
+        return mts_err_set(err, MTS_ELIMIT, "%s: configuration file is larger than the limit of %zu bytes (4 MiB)",
+                           path, limit);
+    }
+    buf[n] = '\0';
+    *out = buf;
+    *out_len = n;
+    return MTS_OK;
+}
+
+int mts_config_load_yaml(const char *path, mts_config *c, mts_config_warn_fn warn, void *user, mts_err *err)
+{
+    char *text;
+    size_t len;
+    int rc = read_small_file(path, CFG_MAX_FILE_BYTES, &text, &len, err);
+    if (rc != MTS_OK) {
+        mts_config_defaults(c);
+        mts_config_free(c);
+        return rc;
+    }
+    rc = parse_internal(text, len, path, c, warn, user, err);
+    free(text);
+    if (rc != MTS_OK) mts_config_free(c);
+    return rc;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static char *path_join(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    char *r = malloc(la + lb + 2);
+    if (!r) return NULL;
+    memcpy(r, a, la);
+    size_t o = la;
+    if (la == 0 || a[la - 1] != '/') r[o++] = '/';
+    memcpy(r + o, b, lb + 1);
+    return r;
+}
+
+/* One repository folder: model.onnx plus an optional config.yaml with the per-model keys. */
+static int scan_one(mts_config *c, const char *dir, const char *sub, mts_config_warn_fn warn, void *user,
+                    mts_err *err)
+{
+    char *folder = path_join(dir, sub), *onnx = folder ? path_join(folder, "model.onnx") : NULL;
+    char *cfg = folder ? path_join(folder, "config.yaml") : NULL;
+    int rc = MTS_OK;
+    char *text = NULL;
+    ydoc d = {0};
+    if (!folder || !onnx || !cfg) {
+        rc = mts_err_set(err, MTS_ENOMEM, "%s: out of memory", dir);
+        goto done;
+    }
+    struct stat sb;
+    if (stat(folder, &sb) != 0 || !S_ISDIR(sb.st_mode)) goto done;
+    if (stat(onnx, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        if (warn) {
+            char msg[MTS_ERR_MSG_MAX];
+            snprintf(msg, sizeof msg, "%s: no model.onnx in this folder; skipped", folder);
+            warn(user, msg);
+        }
+        goto done;
+    }
+    if (mts_config_find_model(c, sub)) goto done; /* configured explicitly: that wins */
+    if (!valid_model_name(sub)) {
+        if (warn) {
+            char msg[MTS_ERR_MSG_MAX];
+            snprintf(msg, sizeof msg,
+                     "%s: '%s' is not a valid model name (letters, digits, '_', '-', '.'; at most %d); skipped",
+                     folder, sub, CFG_MAX_NAME);
+            warn(user, msg);
+        }
+        goto done;
+    }
+    mts_model_config *m = add_model(c, sub);
+    if (!m || !(m->model_path = strdup(onnx))) {
+        rc = mts_err_set(err, MTS_ENOMEM, "%s: out of memory", dir);
+        goto done;
+    }
+    if (stat(cfg, &sb) != 0) goto done;
+    size_t len;
+    rc = read_small_file(cfg, CFG_MAX_FILE_BYTES, &text, &len, err);
+    if (rc == MTS_OK) rc = ydoc_parse(text, len, cfg, &d, err);
+    if (rc == MTS_OK && d.root && !yn_is_null(d.root)) {
+        pctx x = {cfg, folder, c, warn, user, err};
+        model_state st = {.m = m, .repo = true};
+        rc = walk_map(&x, d.root, "", "model settings (max_batch, preload, ...)", model_key, &st);
+    }
+done:
+    ydoc_free(&d);
+    free(text);
+    free(folder);
+    free(onnx);
+    free(cfg);
+    return rc;
+}
+
+int mts_config_scan_repository(mts_config *c, const char *dir, mts_config_warn_fn warn, void *user, mts_err *err)
+{
+    DIR *dp = opendir(dir);
+    if (!dp)
+        return mts_err_set(err, errno == ENOENT ? MTS_ENOTFOUND : MTS_EIO, "model repository %s: %s", dir,
+                           strerror(errno));
+    char **names = NULL;
+    size_t n = 0, cap = 0;
+    int rc = MTS_OK;
+    struct dirent *e;
+    while ((e = readdir(dp))) {
+        if (e->d_name[0] == '.') continue;
+        if (grow((void **)&names, &cap, n + 1, sizeof *names) || !(names[n] = strdup(e->d_name))) {
+            rc = mts_err_set(err, MTS_ENOMEM, "%s: out of memory", dir);
+            break;
+        }
+        n++;
+    }
+    closedir(dp);
+    if (rc == MTS_OK && !c->source && set_string(&c->source, dir))
+        rc = mts_err_set(err, MTS_ENOMEM, "%s: out of memory", dir);
+    if (n) qsort(names, n, sizeof *names, cmp_str);
+    for (size_t i = 0; i < n && rc == MTS_OK; i++) rc = scan_one(c, dir, names[i], warn, user, err);
+    for (size_t i = 0; i < n; i++) free(names[i]);
+    free(names);
+    return rc;
+}
+
+int mts_config_finalize(mts_config *c, mts_err *err)
+{
+    const char *src = c->source ? c->source : "configuration";
+    if (!c->host && !(c->host = strdup("127.0.0.1"))) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+    if (c->device_count < 1) c->device_count = 1;
+    if (c->workers_per_device < 1) c->workers_per_device = c->worker_count > 0 ? c->worker_count : 2;
+    if (c->worker_count < 1) c->worker_count = c->workers_per_device;
+    if (c->threads_per_device < 1) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        if (cores < 1) cores = 1;
+        long t = cores / c->device_count;
+        c->threads_per_device = t < 1 ? 1 : (int)t;
+    }
+    if (!(c->max_memory_gb > 0)) {
+        long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+        double gb = (pages > 0 && psz > 0) ? (double)pages * (double)psz / (1024.0 * 1024.0 * 1024.0) : 8.0;
+        c->max_memory_gb = 0.5 * gb;
+    }
+    if (!(c->memory_gb_per_device > 0)) c->memory_gb_per_device = c->max_memory_gb / c->device_count;
+    if (c->queue_size < 1) c->queue_size = 100;
+    if (c->max_queue_total < 1) {
+        int64_t t = 16 * (int64_t)c->queue_size;
+        c->max_queue_total = t > INT_MAX ? INT_MAX : (int)t;
+    }
+    if (c->background_cache_frames < 0) c->background_cache_frames = 50;
+    int pinned = 0;
+    for (int i = 0; i < c->n_models; i++) {
+        mts_model_config *m = &c->models[i];
+        if (m->queue_size < 1) m->queue_size = c->queue_size;
+        if (m->background_cache_frames < 0) m->background_cache_frames = c->background_cache_frames;
+        if (m->max_batch < 1) m->max_batch = 8;
+        if (m->max_queue_delay_us < 0) m->max_queue_delay_us = 2000;
+        if (m->instances < 1) m->instances = c->workers_per_device;
+        if (m->preferred_device < -1 || m->preferred_device >= c->device_count)
+            return mts_err_set(err, MTS_EINVAL,
+                               "%s: model '%s': preferred_gpu %d is out of range: gpus.count is %d (use -1 or 0 to %d)",
+                               src, m->name, m->preferred_device, c->device_count, c->device_count - 1);
+        if (m->pin) pinned++;
+    }
+    if (pinned > c->max_models)
+        return mts_err_set(err, MTS_EINVAL, "%s: %d models have pin: true but capacity.max_models is %d", src, pinned,
+                           c->max_models);
+    return MTS_OK;
+}
+
+const mts_model_config *mts_config_find_model(const mts_config *c, const char *name)
+{
+    for (int i = 0; i < c->n_models; i++)
+        if (strcmp(c->models[i].name, name) == 0) return &c->models[i];
+    return NULL;
+}
+
+void mts_config_free(mts_config *c)
+{
+    if (!c) return;
+    for (int i = 0; i < c->n_models; i++) {
+        mts_model_config *m = &c->models[i];
+        free(m->name);
+        free(m->model_path);
+        free(m->background_dir);
+        free(m->crop_rects_path);
+    }
+    free(c->models);
+    free(c->source);
+    free(c->host);
+    free(c->model_repository);
+    memset(c, 0, sizeof *c);
+}

@@ -1,0 +1,640 @@
+/*
+ * Unit tests of the configuration loader: the config.yaml examples of the design documents
+ * (verbatim apart from model paths) and their smaller snippets, defaults and derived values
+ * after finalize, port forms, relative path resolution, anchors, the model repository scan
+ * (with per-folder config.yaml), one test per error class checking the file:line and key in the
+ * message, size and nesting limits, and that each unknown or inapplicable key warns exactly once.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "config/config.h"
+
+/* ---- warning capture ---- */
+
+typedef struct warns {
+    int n;
+    char msg[16][MTS_ERR_MSG_MAX];
+} warns;
+
+static void on_warn(void *user, const char *msg)
+{
+    warns *w = user;
+    if (w->n < 16) snprintf(w->msg[w->n], sizeof w->msg[w->n], "%s", msg);
+    w->n++;
+}
+
+static int count_warns(const warns *w, const char *needle)
+{
+    int k = 0;
+    for (int i = 0; i < w->n && i < 16; i++)
+        if (strstr(w->msg[i], needle)) k++;
+    return k;
+}
+
+static int parse(const char *text, const char *name, mts_config *c, warns *w, mts_err *err)
+{
+    return mts_config_parse_yaml(text, strlen(text), name, c, on_warn, w, err);
+}
+
+/* Expects text to fail with code; the message must hold every needle. */
+static void expect_error(const char *text, int code, const char *n1, const char *n2)
+{
+    mts_config c;
+    warns w = {0};
+    mts_err err = {0};
+    int rc = parse(text, "t.yaml", &c, &w, &err);
+    if (rc != code || (n1 && !strstr(err.msg, n1)) || (n2 && !strstr(err.msg, n2)))
+        fail_msg("for:\n%s\ngot rc %d, message: %s\nwanted rc %d with '%s' and '%s'", text, rc, err.msg, code,
+                 n1 ? n1 : "", n2 ? n2 : "");
+    mts_config_free(&c); /* already freed by the failed parse; must be harmless */
+}
+
+/* ---- the design documents' configurations ---- */
+
+/* 000: PARALLEL_WORKERS.md, verbatim. */
+static const char *seed000 =
+    "server:\n"
+    "  port: \":50051\"\n"
+    "  max_message_size_mb: 50\n"
+    "  worker_count: 4              # Parallel workers (4-8 recommended)\n"
+    "  queue_size: 100              # Request queue depth\n"
+    "\n"
+    "capacity:\n"
+    "  max_models: 80               # For 96GB GPU (with safety margin)\n"
+    "  max_memory_gb: 90            # GPU memory limit\n"
+    "  eviction_policy: \"lfu\"       # LRU or LFU\n"
+    "  idle_timeout_minutes: 30\n"
+    "  background_cache_frames: 50  # LRU cache size per model\n";
+
+/* 001: MIGRATION guide, verbatim except the model paths. */
+static const char *seed001 =
+    "server:\n"
+    "  port: \":50051\"\n"
+    "  max_message_size_mb: 50\n"
+    "  worker_count: 4              # Adjust based on GPU/CPU\n"
+    "  queue_size: 100\n"
+    "\n"
+    "capacity:\n"
+    "  max_models: 80               # For 96GB GPU\n"
+    "  max_memory_gb: 90\n"
+    "  eviction_policy: \"lfu\"       # or \"lru\"\n"
+    "  idle_timeout_minutes: 30\n"
+    "  background_cache_frames: 50  # Cache size per model\n"
+    "\n"
+    "models:\n"
+    "  sanders:\n"
+    "    model_path: \"/data/model/unet_328.onnx\"\n"
+    "    background_dir: \"/data/model_videos/sanders/background\"\n"
+    "    crop_rects_path: \"/data/model_videos/sanders/crop_rects.json\"\n"
+    "    num_frames: 2000\n"
+    "    preload: false             # Don't preload (use lazy loading)\n"
+    "    \n"
+    "  bob:\n"
+    "    model_path: \"/data/model/unet_328.onnx\"\n"
+    "    background_dir: \"/data/model_videos/bob/background\"\n"
+    "    crop_rects_path: \"/data/model_videos/bob/crop_rects.json\"\n"
+    "    num_frames: 2000\n"
+    "    preload: false\n"
+    "\n"
+    "# Add more models as needed\n";
+
+/* 002: multi-GPU inference server README, verbatim (its model path is relative already). */
+static const char *seed002 =
+    "server:\n"
+    "  port: \":50051\"\n"
+    "  worker_count_per_gpu: 4\n"
+    "\n"
+    "gpus:\n"
+    "  count: 8              # Your GPU count\n"
+    "  memory_gb_per_gpu: 96\n"
+    "\n"
+    "capacity:\n"
+    "  max_models: 1200\n"
+    "  max_memory_gb: 720\n"
+    "\n"
+    "onnx:\n"
+    "  library_path: \"C:/onnxruntime-win-x64-gpu-1.21.0/lib/onnxruntime.dll\"\n"
+    "\n"
+    "models:\n"
+    "  sanders:\n"
+    "    model_path: \"path/to/unet_328.onnx\"\n"
+    "    preload: false\n";
+
+static void test_seed000(void **state)
+{
+    (void)state;
+    mts_config c;
+    warns w = {0};
+    mts_err err = {0};
+    assert_int_equal(parse(seed000, "config.yaml", &c, &w, &err), MTS_OK);
+    assert_int_equal(w.n, 0);
+    assert_string_equal(c.host, "127.0.0.1");
+    assert_int_equal(c.grpc_port, 50051);
+    assert_int_equal(c.http_port, 8000);
+    assert_int_equal(c.max_message_size_mb, 50);
+    assert_int_equal(c.worker_count, 4);
+    assert_int_equal(c.queue_size, 100);
+    assert_int_equal(c.max_models, 80);
+    assert_true(c.max_memory_gb == 90.0);
+    assert_int_equal(c.eviction, MTS_EVICT_LFU);
+    assert_true(c.idle_timeout_minutes == 30.0);
+    assert_int_equal(c.background_cache_frames, 50);
+    assert_int_equal(c.n_models, 0);
+    assert_int_equal(mts_config_finalize(&c, &err), MTS_OK);
+    assert_int_equal(c.device_count, 1);
+    assert_int_equal(c.workers_per_device, 4);
+    assert_true(c.memory_gb_per_device == 90.0);
+    assert_int_equal(c.max_queue_total, 1600);
+    assert_true(c.threads_per_device >= 1);
+    assert_int_equal(c.shutdown_grace_s, 30);
+    assert_int_equal(c.placement, MTS_PLACE_ROUND_ROBIN);
+    mts_config_free(&c);
+}
+
+static void test_seed001(void **state)
+{
+    (void)state;
+    mts_config c;
+    warns w = {0};
+    mts_err err = {0};
+    assert_int_equal(parse(seed001, "config.yaml", &c, &w, &err), MTS_OK);
+    assert_int_equal(w.n, 0);
+    assert_int_equal(c.n_models, 2);
+    assert_string_equal(c.models[0].name, "sanders");
+    assert_string_equal(c.models[1].name, "bob");
+    const mts_model_config *m = mts_config_find_model(&c, "bob");
+    assert_non_null(m);
+    assert_string_equal(m->model_path, "/data/model/unet_328.onnx");
+    assert_string_equal(m->background_dir, "/data/model_videos/bob/background");
+    assert_string_equal(m->crop_rects_path, "/data/model_videos/bob/crop_rects.json");
+    assert_int_equal(m->num_frames, 2000);
+    assert_false(m->preload);
+    assert_null(mts_config_find_model(&c, "alice"));
+    assert_int_equal(mts_config_finalize(&c, &err), MTS_OK);
+    for (int i = 0; i < 2; i++) {
+        m = &c.models[i];
+        assert_int_equal(m->max_batch, 8);
+        assert_int_equal(m->max_queue_delay_us, 2000);
+        assert_int_equal(m->queue_size, 100);
+        assert_int_equal(m->instances, 4);
+        assert_int_equal(m->preferred_device, -1);
+        assert_int_equal(m->background_cache_frames, 50);
+        assert_false(m->pin);
+    }
+    mts_config_free(&c);
+}
+
+static void test_seed002(void **state)
+{
+    (void)state;
+    mts_config c;
+    warns w = {0};
+    mts_err err = {0};
+    assert_int_equal(parse(seed002, "/etc/mtserve/config.yaml", &c, &w, &err), MTS_OK);
+    assert_int_equal(w.n, 1);
+    assert_string_equal(w.msg[0], "/etc/mtserve/config.yaml:14: key 'onnx.library_path' does not apply to mtserve "
+                                  "(it has its own engine); ignored");
+    assert_int_equal(c.grpc_port, 50051);
+    assert_int_equal(c.device_count, 8);
+    assert_int_equal(c.max_models, 1200);
+    assert_int_equal(c.n_models, 1);
+    /* relative paths are resolved against the file's folder */
+    assert_string_equal(c.models[0].model_path, "/etc/mtserve/path/to/unet_328.onnx");
+    assert_string_equal(c.source, "/etc/mtserve/config.yaml");
+    assert_int_equal(mts_config_finalize(&c, &err), MTS_OK);
+    assert_int_equal(c.workers_per_device, 4);
+    assert_true(c.memory_gb_per_device == 96.0); /* a budget, not checked against the machine */
+    assert_true(c.max_memory_gb == 720.0);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    assert_int_equal(c.threads_per_device, cores / 8 < 1 ? 1 : cores / 8);
+    assert_int_equal(c.models[0].instances, 4);
+    mts_config_free(&c);
+}
+
+/* The smaller snippets of the same documents must load too. */
+static void test_seed_snippets(void **state)
+{
+    (void)state;
+    static const char *snippets[] = {
+        "server:\n  worker_count: 4  # Adjust this value\n",
+        "capacity:\n  background_cache_frames: 50  # Adjust this value\n",
+        "server:\n  queue_size: 100  # Adjust this value\n",
+        "capacity:\n  max_models: 80  # Adjust this value\n  max_memory_gb: 90\n",
+        "server:\n  port: \":50051\"\n",
+        "server:\n  port: \":50052\"  # Different port\n",
+        "models:\n  sanders:\n    model_path: \"path/to/model.onnx\"\n    background_dir: \"path/to/backgrounds\"\n"
+        "    crop_rects_path: \"path/to/crop_rects.json\"\n    num_frames: 2000\n    preload: false\n",
+        "capacity:\n  max_models: 60  # Reduce from 80\n  eviction_policy: \"lfu\"  # Enable automatic eviction\n",
+        "server:\n  worker_count: 8     # More workers\n  queue_size: 200     # Larger queue\n",
+        "gpus:\n  assignment_strategy: \"round-robin\"  # Options: round-robin, least-loaded\n",
+        "capacity:\n  eviction_policy: \"lfu\"  # Options: lru, lfu\n",
+        "models:\n  important_model:\n    preferred_gpu: 0  # Force GPU 0 (-1 = auto)\n    model_path: m.onnx\n",
+        "capacity:\n  max_models: 800  # Reduce from 1200\n  idle_timeout_minutes: 30  # Evict after 30 min idle\n",
+        "gpus:\n  assignment_strategy: \"least-loaded\"\n",
+    };
+    for (size_t i = 0; i < sizeof snippets / sizeof *snippets; i++) {
+        mts_config c;
+        warns w = {0};
+        mts_err err = {0};
+        int rc = parse(snippets[i], "config.yaml", &c, &w, &err);
+        if (rc != MTS_OK) fail_msg("snippet %zu: %s", i, err.msg);
+        assert_int_equal(w.n, 0);
+        assert_int_equal(mts_config_finalize(&c, &err), MTS_OK);
+        mts_config_free(&c);
+    }
+    /* The ONNX snippet warns once. */
+    mts_config c;
+    warns w = {0};
+    mts_err err = {0};
+    assert_int_equal(parse("onnx:\n  library_path: \"C:/onnxruntime-win-x64-gpu-1.21.0/lib/onnxruntime.dll\"\n",
+                           "config.yaml", &c, &w, &err),
+                     MTS_OK);
+    assert_int_equal(w.n, 1);
+    mts_config_free(&c);
+}
+
+static void test_values_and_forms(void **state)
+{
+    (void)state;
+    mts_config c;
+    warns w = {0};
+    mts_err err = {0};
+    const char *y = "server:\n"
+                    "  port: \"0.0.0.0:6000\"\n"
+                    "  http_port: 8080\n"
+                    "  default_timeout_ms: 1500\n"
+                    "  shutdown_grace_s: 5\n"
+                    "  max_queue_total: 77\n"
+                    "gpus:\n"
+                    "  count: 2\n"
+                    "  threads_per_gpu: 3\n"
+                    "  assignment_strategy: Least-Loaded\n"
+                    "capacity:\n"
+                    "  eviction_policy: LRU\n"
+                    "  max_memory_gb: 10\n"
+                    "  background_cache_frames: 7\n"
+                    "model_repository: repo\n"
+                    "models:\n"
+                    "  base: &base {model_path: a.onnx, max_batch: 4, pin: yes}\n"
+                    "  copy: *base\n"
+                    "  m2:\n"
+                    "    model_path: ./sub/b.onnx\n"
+                    "    max_queue_delay_ms: 2.5\n"
+                    "    preferred_gpu: 1\n"
+                    "    instances: 3\n"
+                    "    queue_size: 9\n"
+                    "    background_cache_frames: 0\n";
+    assert_int_equal(parse(y, "cfg/x.yaml", &c, &w, &err), MTS_OK);
+    assert_int_equal(w.n, 0);
+    assert_string_equal(c.host, "0.0.0.0");
+    assert_int_equal(c.grpc_port, 6000);
+    assert_int_equal(c.http_port, 8080);
+    assert_int_equal(c.default_timeout_ms, 1500);
+    assert_int_equal(c.shutdown_grace_s, 5);
+    assert_int_equal(c.placement, MTS_PLACE_LEAST_LOADED);
+    assert_int_equal(c.eviction, MTS_EVICT_LRU);
+    assert_string_equal(c.model_repository, "cfg/repo");
+    assert_int_equal(c.n_models, 3);
+    assert_string_equal(c.models[0].model_path, "cfg/a.onnx");
+    assert_string_equal(c.models[1].model_path, "cfg/a.onnx");
+    assert_int_equal(c.models[1].max_batch, 4);
+    assert_true(c.models[1].pin);
+    assert_string_equal(c.models[2].model_path, "cfg/sub/b.onnx");
+    assert_int_equal(c.models[2].max_queue_delay_us, 2500);
+    assert_int_equal(mts_config_finalize(&c, &err), MTS_OK);
+    assert_int_equal(c.threads_per_device, 3);
+    assert_true(c.memory_gb_per_device == 5.0);
+    assert_int_equal(c.workers_per_device, 2);
+    assert_int_equal(c.max_queue_total, 77);
+    assert_int_equal(c.models[2].preferred_device, 1);
+    assert_int_equal(c.models[2].instances, 3);
+    assert_int_equal(c.models[2].queue_size, 9);
+    assert_int_equal(c.models[2].background_cache_frames, 0);
+    assert_int_equal(c.models[0].background_cache_frames, 7);
+    assert_int_equal(c.models[0].instances, 2);
+    mts_config_free(&c);
+
+    /* Port forms; server.host wins over the host in server.port. */
+    assert_int_equal(parse("server:\n  port: 50052\n", "x", &c, &w, &err), MTS_OK);
+    assert_int_equal(c.grpc_port, 50052);
+    assert_string_equal(c.host, "127.0.0.1");
+    mts_config_free(&c);
+    assert_int_equal(parse("server:\n  port: \"[::1]:7000\"\n", "x", &c, &w, &err), MTS_OK);
+    assert_string_equal(c.host, "::1");
+    assert_int_equal(c.grpc_port, 7000);
+    mts_config_free(&c);
+    assert_int_equal(parse("server:\n  host: 10.0.0.1\n  port: 1.2.3.4:7001\n", "x", &c, &w, &err), MTS_OK);
+    assert_string_equal(c.host, "10.0.0.1");
+    assert_int_equal(c.grpc_port, 7001);
+    mts_config_free(&c);
+
+    /* Empty and comment-only files give the defaults; defaults derive max_memory_gb from RAM. */
+    assert_int_equal(parse("", "x", &c, &w, &err), MTS_OK);
+    assert_int_equal(mts_config_finalize(&c, &err), MTS_OK);
+    assert_true(c.max_memory_gb > 0);
+    assert_true(c.memory_gb_per_device == c.max_memory_gb);
+    assert_int_equal(c.max_queue_total, 1600);
+    assert_int_equal(c.workers_per_device, 2);
+    mts_config_free(&c);
+    assert_int_equal(parse("# nothing\nserver:\nmodels:\n", "x", &c, &w, &err), MTS_OK);
+    assert_int_equal(c.n_models, 0);
+    mts_config_free(&c);
+    assert_int_equal(w.n, 0);
+
+    /* server.worker_count feeds workers_per_device when gpus is absent; per-gpu wins. */
+    assert_int_equal(parse("server:\n  worker_count: 3\ngpus:\n  worker_count_per_gpu: 5\n", "x", &c, &w, &err),
+                     MTS_OK);
+    assert_int_equal(mts_config_finalize(&c, &err), MTS_OK);
+    assert_int_equal(c.workers_per_device, 5);
+    mts_config_free(&c);
+}
+
+static void test_errors(void **state)
+{
+    (void)state;
+    expect_error("capacity:\n  max_models: abc\n", MTS_EINVAL,
+                 "t.yaml:2: key 'capacity.max_models': expected a positive integer, got 'abc'", NULL);
+    expect_error("server:\n  queue_size: -5\n", MTS_EINVAL,
+                 "t.yaml:2: key 'server.queue_size': expected a positive integer, got '-5'", NULL);
+    expect_error("capacity:\n  max_models: 0\n", MTS_EINVAL, "t.yaml:2: key 'capacity.max_models'", "got '0'");
+    expect_error("gpus:\n\n  count: 99999999999999999999999\n", MTS_EINVAL, "t.yaml:3: key 'gpus.count'",
+                 "positive integer");
+    expect_error("gpus:\n  count: 5000\n", MTS_EINVAL, "t.yaml:2: key 'gpus.count'", "no larger than 1024");
+    expect_error("server:\n  port: \":70000\"\n", MTS_EINVAL, "t.yaml:2: key 'server.port'", "65535");
+    expect_error("server:\n  port: \"localhost\"\n", MTS_EINVAL, "t.yaml:2: key 'server.port'", "'localhost'");
+    expect_error("capacity:\n  eviction_policy: mru\n", MTS_EINVAL, "t.yaml:2: key 'capacity.eviction_policy'",
+                 "expected one of 'lru', 'lfu', got 'mru'");
+    expect_error("gpus:\n  assignment_strategy: random\n", MTS_EINVAL, "key 'gpus.assignment_strategy'",
+                 "'round-robin', 'least-loaded'");
+    expect_error("capacity:\n  max_memory_gb: -3\n", MTS_EINVAL, "t.yaml:2: key 'capacity.max_memory_gb'",
+                 "expected a positive number, got '-3'");
+    expect_error("capacity:\n  idle_timeout_minutes: soon\n", MTS_EINVAL, "key 'capacity.idle_timeout_minutes'",
+                 "non-negative number");
+    expect_error("models:\n  a:\n    model_path: a.onnx\n    preload: maybe\n", MTS_EINVAL,
+                 "t.yaml:4: key 'models.a.preload': expected true or false, got 'maybe'", NULL);
+    expect_error("models:\n  a:\n    model_path: a.onnx\n    max_batch: 0\n", MTS_EINVAL,
+                 "t.yaml:4: key 'models.a.max_batch'", NULL);
+    expect_error("models:\n  a:\n    model_path: a.onnx\n    preferred_gpu: -2\n", MTS_EINVAL,
+                 "t.yaml:4: key 'models.a.preferred_gpu'", "from -1 to 1023");
+    expect_error("models:\n  a:\n    num_frames: 10\n", MTS_EINVAL, "t.yaml:2: key 'models.a'", "no model_path");
+    expect_error("models:\n  a:\n", MTS_EINVAL, "t.yaml:2: key 'models.a'", "no model_path");
+    expect_error("models:\n  a:\n    model_path: \"\"\n", MTS_EINVAL, "t.yaml:3: key 'models.a.model_path'",
+                 "non-empty string");
+    expect_error("models:\n  a:\n    model_path: x\n  b:\n    model_path: y\n  a:\n    model_path: z\n", MTS_EINVAL,
+                 "t.yaml:6: key 'models.a': given twice (first at line 2)", NULL);
+    expect_error("server:\n  queue_size: 1\n  queue_size: 2\n", MTS_EINVAL, "t.yaml:3: key 'server.queue_size'",
+                 "given twice");
+    expect_error("models:\n  bad name:\n    model_path: x\n", MTS_EINVAL, "t.yaml:2: key 'models.bad name'",
+                 "model name");
+    expect_error("models:\n  a: 5\n", MTS_EINVAL, "t.yaml:2: key 'models.a'", "expected a mapping");
+    expect_error("server: 5\n", MTS_EINVAL, "t.yaml:1: key 'server': expected a mapping", "got '5'");
+    expect_error("x: 1\ncapacity:\n  - 1\n", MTS_EINVAL, "t.yaml:3: key 'capacity'", "got a sequence");
+    expect_error("models:\n  - a\n  - b\n", MTS_EINVAL, "t.yaml:2: key 'models'", "got a sequence");
+    expect_error("- 1\n- 2\n", MTS_EINVAL, "t.yaml:1: the top level must be a mapping", "got a sequence");
+    expect_error("server:\n  port: [1, 2]\n", MTS_EINVAL, "t.yaml:2: key 'server.port'", "got a sequence");
+    expect_error("models:\n  a:\n    model_path: a\n    max_queue_delay_us: 10\n    max_queue_delay_ms: 1\n",
+                 MTS_EINVAL, "t.yaml:5: key 'models.a.max_queue_delay_ms'", "conflicts");
+    expect_error("server:\n  port: 1\n bad indent: 2\n", MTS_EINVAL, "t.yaml:3: YAML syntax error", NULL);
+    expect_error("server:\n  port: \"unterminated\n", MTS_EINVAL, "t.yaml:", "YAML syntax error");
+    expect_error("server:\n\tport: 1\n", MTS_EINVAL, "t.yaml:2: YAML syntax error", "tabs cannot indent");
+    expect_error("server:\n  port: 1\n---\nserver: {}\n", MTS_EINVAL, "t.yaml:3:", "second YAML document");
+    expect_error("models:\n  a: *nothing\n", MTS_EINVAL, "t.yaml:2:", "alias '*nothing'");
+    expect_error("? [a, b]\n: 1\n", MTS_EINVAL, "t.yaml:1:", "keys must be plain names");
+}
+
+static void test_limits(void **state)
+{
+    (void)state;
+    /* Nesting. */
+    size_t depth = 200;
+    char *deep = malloc(2 * depth + 16);
+    size_t o = 0;
+    o += (size_t)sprintf(deep, "x: ");
+    for (size_t i = 0; i < depth; i++) deep[o++] = '[';
+    for (size_t i = 0; i < depth; i++) deep[o++] = ']';
+    deep[o++] = '\n';
+    deep[o] = '\0';
+    expect_error(deep, MTS_ELIMIT, "t.yaml:1:", "nesting is deeper than 64");
+    free(deep);
+    /* Size: parse_yaml and load_yaml. */
+    size_t big = ((size_t)4 << 20) + 10;
+    char *text = malloc(big + 1);
+    memset(text, '#', big);
+    text[big] = '\0';
+    mts_config c;
+    mts_err err = {0};
+    assert_int_equal(mts_config_parse_yaml(text, big, "big.yaml", &c, NULL, NULL, &err), MTS_ELIMIT);
+    assert_non_null(strstr(err.msg, "4 MiB"));
+    char path[] = "/tmp/mts_cfg_big_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, text, big), (ssize_t)big);
+    close(fd);
+    assert_int_equal(mts_config_load_yaml(path, &c, NULL, NULL, &err), MTS_ELIMIT);
+    assert_non_null(strstr(err.msg, path));
+    assert_non_null(strstr(err.msg, "4 MiB"));
+    unlink(path);
+    free(text);
+    assert_int_equal(mts_config_load_yaml("/nonexistent/mts.yaml", &c, NULL, NULL, &err), MTS_ENOTFOUND);
+    assert_non_null(strstr(err.msg, "/nonexistent/mts.yaml"));
+    mts_config_free(&c);
+}
+
+static void test_finalize_errors(void **state)
+{
+    (void)state;
+    mts_config c;
+    warns w = {0};
+    mts_err err = {0};
+    assert_int_equal(parse("gpus:\n  count: 2\nmodels:\n  face:\n    model_path: f.onnx\n    preferred_gpu: 2\n",
+                           "conf.yaml", &c, &w, &err),
+                     MTS_OK);
+    assert_int_equal(mts_config_finalize(&c, &err), MTS_EINVAL);
+    assert_non_null(strstr(err.msg, "conf.yaml"));
+    assert_non_null(strstr(err.msg, "model 'face'"));
+    assert_non_null(strstr(err.msg, "preferred_gpu 2"));
+    mts_config_free(&c);
+    assert_int_equal(parse("capacity:\n  max_models: 1\nmodels:\n  a: {model_path: a, pin: true}\n"
+                           "  b: {model_path: b, pin: true}\n",
+                           "conf.yaml", &c, &w, &err),
+                     MTS_OK);
+    assert_int_equal(mts_config_finalize(&c, &err), MTS_EINVAL);
+    assert_non_null(strstr(err.msg, "max_models"));
+    mts_config_free(&c);
+}
+
+static void test_warnings_once(void **state)
+{
+    (void)state;
+    mts_config c;
+    warns w = {0};
+    mts_err err = {0};
+    const char *y = "server:\n"
+                    "  port: 1\n"
+                    "  colour: blue\n"
+                    "tracing:\n"
+                    "  enabled: true\n"
+                    "onnx:\n"
+                    "  library_path: /x.so\n"
+                    "  intra_op_threads: 4\n"
+                    "models:\n"
+                    "  a:\n"
+                    "    model_path: a.onnx\n"
+                    "    colour: red\n"
+                    "  b:\n"
+                    "    model_path: b.onnx\n"
+                    "    colour: red\n";
+    assert_int_equal(parse(y, "w.yaml", &c, &w, &err), MTS_OK);
+    assert_int_equal(w.n, 6);
+    assert_int_equal(count_warns(&w, "w.yaml:3: unknown key 'server.colour'; ignored"), 1);
+    assert_int_equal(count_warns(&w, "w.yaml:4: unknown key 'tracing'; ignored"), 1);
+    assert_int_equal(count_warns(&w, "w.yaml:7: key 'onnx.library_path' does not apply to mtserve"), 1);
+    assert_int_equal(count_warns(&w, "w.yaml:8: key 'onnx.intra_op_threads' does not apply"), 1);
+    assert_int_equal(count_warns(&w, "w.yaml:12: unknown key 'models.a.colour'"), 1);
+    assert_int_equal(count_warns(&w, "w.yaml:15: unknown key 'models.b.colour'"), 1);
+    assert_int_equal(count_warns(&w, "enabled"), 0);
+    mts_config_free(&c);
+    /* A NULL callback is allowed. */
+    assert_int_equal(mts_config_parse_yaml(y, strlen(y), "w.yaml", &c, NULL, NULL, &err), MTS_OK);
+    mts_config_free(&c);
+}
+
+static void write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+static void test_load_file_relative_paths(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/mts_cfg_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[256], inner[256];
+    snprintf(inner, sizeof inner, "%s/etc", dir);
+    assert_int_equal(mkdir(inner, 0700), 0);
+    snprintf(path, sizeof path, "%s/config.yaml", inner);
+    write_file(path, "models:\n  m:\n    model_path: ../models/m.onnx\n    background_dir: bg\n"
+                     "    crop_rects_path: /abs/crop.json\n");
+    mts_config c;
+    warns w = {0};
+    mts_err err = {0};
+    assert_int_equal(mts_config_load_yaml(path, &c, on_warn, &w, &err), MTS_OK);
+    char want[300];
+    snprintf(want, sizeof want, "%s/../models/m.onnx", inner);
+    assert_string_equal(c.models[0].model_path, want);
+    snprintf(want, sizeof want, "%s/bg", inner);
+    assert_string_equal(c.models[0].background_dir, want);
+    assert_string_equal(c.models[0].crop_rects_path, "/abs/crop.json");
+    assert_string_equal(c.source, path);
+    mts_config_free(&c);
+    /* An error in a file names the file and line. */
+    write_file(path, "capacity:\n  max_models: lots\n");
+    assert_int_equal(mts_config_load_yaml(path, &c, on_warn, &w, &err), MTS_EINVAL);
+    char head[300];
+    snprintf(head, sizeof head, "%s:2: key 'capacity.max_models'", path);
+    assert_non_null(strstr(err.msg, head));
+    unlink(path);
+    rmdir(inner);
+    rmdir(dir);
+}
+
+static void test_repository_scan(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/mts_repo_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char p[512];
+    const char *subs[] = {"zeta", "alpha", "beta", "empty"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, subs[i]);
+        assert_int_equal(mkdir(p, 0700), 0);
+        if (i < 3) {
+            snprintf(p, sizeof p, "%s/%s/model.onnx", dir, subs[i]);
+            write_file(p, "not really onnx");
+        }
+    }
+    snprintf(p, sizeof p, "%s/beta/config.yaml", dir);
+    write_file(p, "max_batch: 4\npreload: true\nmax_queue_delay_ms: 1\nbackground_dir: frames\ncolour: 1\n");
+
+    mts_config c;
+    warns w = {0};
+    mts_err err = {0};
+    /* "zeta" is configured in YAML already and must be kept as it is. */
+    assert_int_equal(parse("models:\n  zeta:\n    model_path: /elsewhere/z.onnx\n", "cfg.yaml", &c, &w, &err),
+                     MTS_OK);
+    assert_int_equal(mts_config_scan_repository(&c, dir, on_warn, &w, &err), MTS_OK);
+    assert_int_equal(c.n_models, 3);
+    assert_string_equal(c.models[0].name, "zeta");
+    assert_string_equal(c.models[0].model_path, "/elsewhere/z.onnx");
+    assert_string_equal(c.models[1].name, "alpha");
+    assert_string_equal(c.models[2].name, "beta");
+    snprintf(p, sizeof p, "%s/alpha/model.onnx", dir);
+    assert_string_equal(c.models[1].model_path, p);
+    const mts_model_config *b = mts_config_find_model(&c, "beta");
+    assert_int_equal(b->max_batch, 4);
+    assert_true(b->preload);
+    assert_int_equal(b->max_queue_delay_us, 1000);
+    snprintf(p, sizeof p, "%s/beta/frames", dir);
+    assert_string_equal(b->background_dir, p);
+    /* warnings: the unknown key in beta/config.yaml (line 5), the folder without model.onnx */
+    assert_int_equal(w.n, 2);
+    snprintf(p, sizeof p, "%s/beta/config.yaml:5: unknown key 'colour'", dir);
+    assert_int_equal(count_warns(&w, p), 1);
+    assert_int_equal(count_warns(&w, "no model.onnx"), 1);
+    assert_int_equal(mts_config_finalize(&c, &err), MTS_OK);
+    assert_int_equal(c.models[1].max_batch, 8);
+    mts_config_free(&c);
+
+    /* A repository on its own; a bad value in a folder's config.yaml names file, line, key. */
+    snprintf(p, sizeof p, "%s/beta/config.yaml", dir);
+    write_file(p, "preload: true\n\nmax_batch: many\n");
+    mts_config_defaults(&c);
+    assert_int_equal(mts_config_scan_repository(&c, dir, NULL, NULL, &err), MTS_EINVAL);
+    char want[600];
+    snprintf(want, sizeof want, "%s/beta/config.yaml:3: key 'max_batch': expected a positive integer, got 'many'", dir);
+    assert_string_equal(err.msg, want);
+    mts_config_free(&c);
+
+    mts_config_defaults(&c);
+    assert_int_equal(mts_config_scan_repository(&c, "/nonexistent/repo", NULL, NULL, &err), MTS_ENOTFOUND);
+    mts_config_free(&c);
+
+    for (int i = 0; i < 4; i++) {
+        snprintf(p, sizeof p, "%s/%s/model.onnx", dir, subs[i]);
+        unlink(p);
+        snprintf(p, sizeof p, "%s/%s/config.yaml", dir, subs[i]);
+        unlink(p);
+        snprintf(p, sizeof p, "%s/%s", dir, subs[i]);
+        rmdir(p);
+    }
+    rmdir(dir);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_seed000),
+        cmocka_unit_test(test_seed001),
+        cmocka_unit_test(test_seed002),
+        cmocka_unit_test(test_seed_snippets),
+        cmocka_unit_test(test_values_and_forms),
+        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_limits),
+        cmocka_unit_test(test_finalize_errors),
+        cmocka_unit_test(test_warnings_once),
+        cmocka_unit_test(test_load_file_relative_paths),
+        cmocka_unit_test(test_repository_scan),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,355 @@
+/*
+ * The server core through its C API, with real models on real worker threads: lazy loading (a
+ * storm of requests to a cold model causes one load), dynamic batching, eviction with 20 models
+ * through max_models 5 and no failed request, queue-full rejection, per-request timeouts,
+ * unload with requests in flight, force_reload, failed loads with back-off, statistics and
+ * metrics. Runs plain, under ASan+UBSan and under TSan in `make test`.
+ */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include <unistd.h>
+
+#include "serve/server.h"
+#include "test_util.h"
+#include "util/log.h"
+
+typedef struct call {
+    mts_request req;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done, status;
+    char msg[512];
+    float input[3 * 32 * 32 * 4];
+} call;
+
+static void on_done(mts_request *r, int status, const char *msg)
+{
+    call *c = (call *)r;
+    pthread_mutex_lock(&c->mu);
+    c->status = status;
+    snprintf(c->msg, sizeof c->msg, "%s", msg ? msg : "");
+    c->done = 1;
+    pthread_cond_signal(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static call *call_new(const char *model, int batch)
+{
+    call *c = calloc(1, sizeof *c);
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    c->req.model = model;
+    c->req.n_inputs = 1;
+    c->req.input_names[0] = "x";
+    mts_tensor *t = &c->req.inputs[0];
+    t->dtype = MTS_DTYPE_FLOAT;
+    t->rank = 4;
+    t->dims[0] = batch;
+    t->dims[1] = 3;
+    t->dims[2] = 32;
+    t->dims[3] = 32;
+    for (int i = 0; i < 3 * 32 * 32 * batch; i++) c->input[i] = (float)((i * 7919) % 1000) / 1000.0f;
+    t->data = c->input;
+    c->req.done = on_done;
+    return c;
+}
+
+static int call_wait(call *c)
+{
+    pthread_mutex_lock(&c->mu);
+    while (!c->done) pthread_cond_wait(&c->cv, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+    return c->status;
+}
+
+static void call_free(call *c)
+{
+    mts_request_release(&c->req);
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->cv);
+    free(c);
+}
+
+static char model_path[4096];
+
+static void make_config(mts_config *cfg, int n_models, int max_models, const char *path)
+{
+    mts_config_defaults(cfg);
+    cfg->max_models = max_models;
+    cfg->device_count = 1;
+    cfg->workers_per_device = 2;
+    cfg->threads_per_device = 2;
+    cfg->max_memory_gb = 4;
+    cfg->n_models = n_models;
+    cfg->models = calloc((size_t)n_models, sizeof *cfg->models);
+    for (int i = 0; i < n_models; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "m%02d", i);
+        cfg->models[i].name = strdup(name);
+        cfg->models[i].model_path = strdup(path);
+        cfg->models[i].preferred_device = -1;
+        cfg->models[i].max_batch = 8;
+    }
+    mts_err err = {0};
+    if (mts_config_finalize(cfg, &err)) fail_msg("finalize: %s", err.msg);
+}
+
+static int submit(mts_server *s, call *c)
+{
+    mts_err err = {0};
+    int retry;
+    int rc = mts_server_submit(s, &c->req, &retry, &err);
+    if (rc) {
+        c->status = rc;
+        c->done = 1;
+        snprintf(c->msg, sizeof c->msg, "%s", err.msg);
+    }
+    return rc;
+}
+
+static void test_storm_one_load_and_batching(void **state)
+{
+    (void)state;
+    mts_config cfg;
+    make_config(&cfg, 1, 4, model_path);
+    mts_server *s;
+    mts_err err = {0};
+    assert_int_equal(mts_server_create(&cfg, &s, &err), 0);
+    enum { N = 64 };
+    call *calls[N];
+    for (int i = 0; i < N; i++) {
+        calls[i] = call_new("m00", 1 + i % 2);
+        assert_int_equal(submit(s, calls[i]), 0);
+    }
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(call_wait(calls[i]), 0);
+        assert_int_equal(calls[i]->req.n_outputs, 2);
+        assert_int_equal(calls[i]->req.outputs[0].dims[0], 1 + i % 2);
+        assert_int_equal(calls[i]->req.outputs[0].dims[1], 10);
+    }
+    /* Batched answers equal an unbatched run of the same input. */
+    call *solo = call_new("m00", 2);
+    assert_int_equal(submit(s, solo), 0);
+    assert_int_equal(call_wait(solo), 0);
+    assert_memory_equal(solo->req.outputs[0].data, calls[1]->req.outputs[0].data, 20 * sizeof(float));
+    mts_model_status st;
+    assert_int_equal(mts_server_model_status_by_name(s, "m00", &st), 0);
+    printf("storm: loads=%llu executions=%llu requests=%llu\n", (unsigned long long)st.loads,
+           (unsigned long long)st.execution_count, (unsigned long long)st.usage_count);
+    assert_int_equal(st.loads, 1);
+    assert_int_equal(st.usage_count, N + 1);
+    assert_true(st.execution_count < (uint64_t)N); /* some requests shared a batch */
+    assert_int_equal(st.state, MTS_MODEL_READY);
+    assert_true(st.memory_bytes > 0);
+    size_t len;
+    char *metrics = mts_server_metrics(s, &len);
+    assert_non_null(strstr(metrics, "mts_requests_total{model=\"m00\",outcome=\"success\"} 65"));
+    assert_non_null(strstr(metrics, "mts_model_loads_total{model=\"m00\",outcome=\"success\"} 1"));
+    free(metrics);
+    for (int i = 0; i < N; i++) call_free(calls[i]);
+    call_free(solo);
+    mts_server_shutdown(s, 5);
+    mts_server_free(s);
+    mts_config_free(&cfg);
+}
+
+static void test_eviction_20_through_5(void **state)
+{
+    (void)state;
+    mts_config cfg;
+    make_config(&cfg, 20, 5, model_path);
+    mts_server *s;
+    mts_err err = {0};
+    assert_int_equal(mts_server_create(&cfg, &s, &err), 0);
+    /* Skewed sequence: model 0 and 1 are hot, the rest cold. */
+    unsigned seed = 1;
+    int failures = 0;
+    for (int round = 0; round < 120; round++) {
+        seed = seed * 1103515245u + 12345u;
+        int m = (seed >> 16) % 4 == 0 ? (int)((seed >> 8) % 20) : (int)((seed >> 8) % 2);
+        char name[8];
+        snprintf(name, sizeof name, "m%02d", m);
+        call *c = call_new(strdup(name), 1);
+        if (submit(s, c) || call_wait(c)) {
+            printf("request %d to %s failed: %s\n", round, name, c->msg);
+            failures++;
+        }
+        free((char *)c->req.model);
+        call_free(c);
+        mts_server_totals t;
+        mts_server_totals_get(s, &t);
+        assert_true(t.resident_models <= 5);
+    }
+    uint64_t evictions = 0;
+    for (int i = 0; i < 20; i++) {
+        mts_model_status st;
+        mts_server_model_status(s, i, &st);
+        evictions += st.evictions;
+    }
+    printf("eviction: %llu evictions, %d failed requests\n", (unsigned long long)evictions, failures);
+    assert_int_equal(failures, 0);
+    assert_true(evictions > 0);
+    mts_model_status hot;
+    mts_server_model_status_by_name(s, "m00", &hot);
+    assert_int_equal(hot.state, MTS_MODEL_READY); /* LRU kept the hot model */
+    mts_server_shutdown(s, 5);
+    mts_server_free(s);
+    mts_config_free(&cfg);
+}
+
+typedef struct cb_result {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done, status;
+    char msg[512];
+} cb_result;
+
+static void on_cb(void *user, int status, const char *msg)
+{
+    cb_result *r = user;
+    pthread_mutex_lock(&r->mu);
+    r->status = status;
+    snprintf(r->msg, sizeof r->msg, "%s", msg ? msg : "");
+    r->done = 1;
+    pthread_cond_signal(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
+static int cb_wait(cb_result *r)
+{
+    pthread_mutex_lock(&r->mu);
+    while (!r->done) pthread_cond_wait(&r->cv, &r->mu);
+    pthread_mutex_unlock(&r->mu);
+    return r->status;
+}
+
+static void test_queue_full_timeout_unload(void **state)
+{
+    (void)state;
+    mts_config cfg;
+    make_config(&cfg, 1, 4, model_path);
+    cfg.models[0].queue_size = 4;
+    cfg.models[0].max_batch = 1;
+    cfg.workers_per_device = 1;
+    mts_server *s;
+    mts_err err = {0};
+    assert_int_equal(mts_server_create(&cfg, &s, &err), 0);
+    cb_result loaded = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, ""};
+    assert_int_equal(mts_server_load(s, "m00", false, on_cb, &loaded, &err), 0);
+    assert_int_equal(cb_wait(&loaded), 0);
+    enum { N = 40 };
+    call *calls[N];
+    int full = 0, accepted = 0;
+    for (int i = 0; i < N; i++) {
+        calls[i] = call_new("m00", 4);
+        int rc = submit(s, calls[i]);
+        if (rc == MTS_EFULL) {
+            full++;
+            assert_non_null(strstr(calls[i]->msg, "queue is full"));
+        } else {
+            assert_int_equal(rc, 0);
+            accepted++;
+        }
+    }
+    printf("queue: %d accepted, %d rejected as full\n", accepted, full);
+    assert_true(full > 0);
+    /* Unload while requests are queued: they complete, then the model is unloaded. */
+    assert_int_equal(mts_server_unload(s, "m00", NULL, NULL, &err), 0);
+    call *late = call_new("m00", 1);
+    assert_int_equal(submit(s, late), MTS_EUNAVAILABLE);
+    for (int i = 0; i < N; i++)
+        if (calls[i]->status != MTS_EFULL) assert_int_equal(call_wait(calls[i]), 0);
+    for (int k = 0; k < 100; k++) {
+        mts_model_status st;
+        mts_server_model_status_by_name(s, "m00", &st);
+        if (st.state == MTS_MODEL_UNLOADED) break;
+        usleep(10000);
+    }
+    mts_model_status st;
+    mts_server_model_status_by_name(s, "m00", &st);
+    assert_int_equal(st.state, MTS_MODEL_UNLOADED);
+    /* Timeouts: a 1 µs deadline cannot be met behind a cold load. */
+    call *t = call_new("m00", 1);
+    t->req.timeout_us = 1;
+    assert_int_equal(submit(s, t), 0);
+    assert_int_equal(call_wait(t), MTS_ETIMEDOUT);
+    for (int i = 0; i < N; i++) call_free(calls[i]);
+    call_free(late);
+    call_free(t);
+    mts_server_shutdown(s, 5);
+    mts_server_free(s);
+    mts_config_free(&cfg);
+}
+
+static void test_reload_and_failed_load(void **state)
+{
+    (void)state;
+    mts_config cfg;
+    make_config(&cfg, 2, 4, model_path);
+    free(cfg.models[1].model_path);
+    cfg.models[1].model_path = strdup("/nonexistent/model.onnx");
+    mts_server *s;
+    mts_err err = {0};
+    assert_int_equal(mts_server_create(&cfg, &s, &err), 0);
+    cb_result r1 = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, ""};
+    assert_int_equal(mts_server_load(s, "m00", false, on_cb, &r1, &err), 0);
+    assert_int_equal(cb_wait(&r1), 0);
+    /* force_reload while requests flow: every request succeeds, the version advances. */
+    call *calls[16];
+    cb_result r2 = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, ""};
+    for (int i = 0; i < 16; i++) {
+        calls[i] = call_new("m00", 1);
+        assert_int_equal(submit(s, calls[i]), 0);
+        if (i == 4) assert_int_equal(mts_server_load(s, "m00", true, on_cb, &r2, &err), 0);
+    }
+    for (int i = 0; i < 16; i++) assert_int_equal(call_wait(calls[i]), 0);
+    assert_int_equal(cb_wait(&r2), 0);
+    mts_model_status st;
+    mts_server_model_status_by_name(s, "m00", &st);
+    assert_int_equal(st.version, 2);
+    assert_int_equal(st.state, MTS_MODEL_READY);
+    /* A model whose file is missing fails with its reason, then is in back-off. */
+    call *bad = call_new("m01", 1);
+    assert_int_equal(submit(s, bad), 0);
+    assert_int_equal(call_wait(bad), MTS_EUNAVAILABLE);
+    assert_non_null(strstr(bad->msg, "cannot open /nonexistent/model.onnx"));
+    call *again = call_new("m01", 1);
+    assert_int_equal(submit(s, again), MTS_EUNAVAILABLE);
+    assert_non_null(strstr(again->msg, "next retry in"));
+    mts_server_model_status_by_name(s, "m01", &st);
+    assert_int_equal(st.state, MTS_MODEL_FAILED);
+    assert_int_equal(st.load_failures, 1);
+    /* Unknown model. */
+    call *unknown = call_new("nope", 1);
+    assert_int_equal(submit(s, unknown), MTS_ENOTFOUND);
+    /* Wrong input shape: a precise error from the worker. */
+    call *wrong = call_new("m00", 1);
+    wrong->req.inputs[0].dims[1] = 2;
+    assert_int_equal(submit(s, wrong), 0);
+    assert_int_equal(call_wait(wrong), MTS_EINVAL);
+    assert_non_null(strstr(wrong->msg, "input 'x' has shape [1,2,32,32], the model expects [-1,3,32,32]"));
+    for (int i = 0; i < 16; i++) call_free(calls[i]);
+    call_free(bad);
+    call_free(again);
+    call_free(unknown);
+    call_free(wrong);
+    mts_server_shutdown(s, 5);
+    mts_server_free(s);
+    mts_config_free(&cfg);
+}
+
+int main(void)
+{
+    mts_log_set_level(MTS_LOG_WARN);
+    test_path(model_path, sizeof model_path, "tests/models/out/small_cnn.onnx");
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_storm_one_load_and_batching),
+        cmocka_unit_test(test_eviction_20_through_5),
+        cmocka_unit_test(test_queue_full_timeout_unload),
+        cmocka_unit_test(test_reload_and_failed_load),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
