@@ -1,13 +1,30 @@
 #!/usr/bin/env bash
-# The body of `make run`: shows the engine on the demo models. (The HTTP/gRPC server comes with
-# the serving issues; until then `make run` inspects and runs the lip-sync model.)
+# The body of `make run`: lays out the generated reference models as a model repository
+# (models/repo/<name>/model.onnx, symlinks) and starts `mtserve serve` on it in the foreground.
+# Stop it with Ctrl-C (graceful shutdown).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-M=models/out/lipsync_unet_w8.onnx
-echo "== mtserve inspect $M"
-build/mtserve inspect "$M"
-echo
-echo "== mtserve run $M --batch 1 --threads 2 --iters 5"
-build/mtserve run "$M" --batch 1 --threads 2 --iters 5
-echo
-echo "Models are in models/out; try: build/mtserve run models/out/mobilenetv3.onnx --batch 8 --json"
+PORT=${PORT:-8000}
+REPO=models/repo
+mkdir -p "$REPO"
+for m in tiny mobilenetv3 seg_unet cbam_resunet bert_tiny lipsync_unet_w4 lipsync_unet_w8 lipsync_unet_w16; do
+  mkdir -p "$REPO/$m"
+  ln -sf "../../out/$m.onnx" "$REPO/$m/model.onnx"
+done
+# Per-model settings: a batching model and a pinned one.
+printf 'max_batch: 8\nmax_queue_delay_us: 2000\n' > "$REPO/lipsync_unet_w8/config.yaml"
+printf 'pin: true\nmax_batch: 64\n' > "$REPO/tiny/config.yaml"
+cat <<EOT
+
+mtserve demo: serving $(ls "$REPO" | wc -l) models from $REPO on http://127.0.0.1:$PORT
+
+Try, in another terminal:
+  curl -s localhost:$PORT/v2/repository/index -X POST
+  curl -s localhost:$PORT/v2/models/tiny
+  curl -s localhost:$PORT/v2/models/tiny/infer -d '{"inputs":[{"name":"x","shape":[1,16],"datatype":"FP32","data":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16]}]}'
+  curl -s localhost:$PORT/v2/models/stats
+  curl -s localhost:$PORT/metrics | grep mts_requests_total
+
+Stop with Ctrl-C.
+EOT
+exec build/mtserve serve --model-repository "$REPO" --http-port "$PORT"

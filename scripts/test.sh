@@ -45,6 +45,7 @@ stage "unit and concurrency tests under TSan" bash -c "cd build-tsan && ctest --
 stage "ONNX conformance (reference backend)" build/mts-conformance --tolerances tests/conformance/tolerances.txt $TESTDATA/node $TESTDATA/pytorch-converted $TESTDATA/pytorch-operator $TESTDATA/simple
 stage "ONNX node conformance under ASan+UBSan" bash -o pipefail -c "build-asan/mts-conformance --tolerances tests/conformance/tolerances.txt $TESTDATA/node | tail -1"
 stage "CLI: inspect and run --json on every generated model" cli_checks
+stage "server black-box tests (KServe v2 HTTP, real server process)" $PY -m pytest -q -p no:cacheprovider tests/server
 stage "reference models vs ONNX Runtime" $PY tests/models/compare_ort.py --models-dir models/out
 
 echo

@@ -16,6 +16,7 @@ static void usage(FILE *f)
             "  inspect MODEL     inputs/outputs, op histogram, parameter bytes, GFLOP per sample\n"
             "  run MODEL         run a model on random or .npy inputs; latency and throughput\n"
             "  serve             serve models over KServe v2 HTTP (--config FILE or --model-repository DIR)\n"
+            "  tune MODEL        throughput and latency over workers x threads x batch; recommends a setting\n"
             "\n"
             "`mtserve COMMAND --help` describes each command.\n");
 }
@@ -30,6 +31,7 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "inspect")) return mts_cli_inspect(argc - 1, argv + 1);
     if (!strcmp(cmd, "run")) return mts_cli_run(argc - 1, argv + 1);
     if (!strcmp(cmd, "serve")) return mts_cli_serve(argc - 1, argv + 1);
+    if (!strcmp(cmd, "tune")) return mts_cli_tune(argc - 1, argv + 1);
     if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
         usage(stdout);
         return 0;
