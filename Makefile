@@ -6,7 +6,7 @@
 #   make test     everything CI checks: unit tests (plain, ASan+UBSan, TSan), ONNX conformance,
 #                 the broken-file corpus under ASan, CLI checks, ONNX Runtime comparisons
 #   make models   generate the reference models into models/out
-#   make bench    engine benchmark: mtserve vs ONNX Runtime on every reference model
+#   make bench    engine benchmark (mtserve vs ONNX Runtime) and serving benchmark (HTTP vs bare engine)
 JOBS ?= 2
 PY := /usr/bin/python3
 BUILD := build
@@ -14,8 +14,8 @@ MODELS := models/out
 TESTDATA := /usr/share/libonnx-testdata/data
 export MTSERVE := $(CURDIR)/$(BUILD)/mtserve
 
-.PHONY: all deps build build-asan build-tsan models run test test-unit test-asan test-tsan \
-        test-conformance test-corpus test-cli test-ort bench clean
+.PHONY: all deps build build-asan build-tsan models run test test-unit test-conformance bench \
+        bench-engine bench-serving clean
 
 all: build
 
@@ -55,6 +55,13 @@ test-conformance: build
 
 bench: build models
 	@bash scripts/bench-engine.sh
+	@bash scripts/bench-serving.sh
+
+bench-engine: build models
+	@bash scripts/bench-engine.sh
+
+bench-serving: build models
+	@bash scripts/bench-serving.sh
 
 clean:
 	rm -rf $(BUILD) build-asan build-tsan $(BUILD).configure.log build-asan.configure.log build-tsan.configure.log
