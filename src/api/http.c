@@ -1471,6 +1471,23 @@ int mts_http_start(const mts_http_opts *o, mts_http_server **out, mts_err *err)
     }
     int rc = MTS_OK;
     s->port = o->port;
+    if (o->port) {
+        /* SO_REUSEPORT would let a second server (same user) silently share a busy port: probe
+         * with a plain socket first so that case fails with EADDRINUSE as usual. */
+        int probe = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (probe >= 0) {
+            int one = 1;
+            setsockopt(probe, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+            struct sockaddr_storage ss;
+            memcpy(&ss, ai->ai_addr, ai->ai_addrlen);
+            if (ss.ss_family == AF_INET) ((struct sockaddr_in *)&ss)->sin_port = htons((uint16_t)o->port);
+            else ((struct sockaddr_in6 *)&ss)->sin6_port = htons((uint16_t)o->port);
+            if (bind(probe, (struct sockaddr *)&ss, ai->ai_addrlen) < 0)
+                rc = mts_err_set(err, MTS_EIO, "http: cannot listen on %s:%d: %s", s->o.host, o->port,
+                                 strerror(errno));
+            close(probe);
+        }
+    }
     for (int i = 0; i < s->nthreads && rc == MTS_OK; i++) {
         io_thread *io = &s->threads[i];
         int port = s->port;

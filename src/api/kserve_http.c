@@ -111,7 +111,7 @@ typedef struct infer_call {
     bool binary_out_default;
     bool binary_out[MTS_REQ_MAX_TENSORS]; /* per requested output */
     bool binary_out_set[MTS_REQ_MAX_TENSORS];
-    char id[128];
+    const char *id; /* points into doc */
     char model[256];
     char *response_json; /* JSON header of a binary response, until it is written */
 } infer_call;
@@ -124,8 +124,10 @@ static void call_free(infer_call *ic)
     free(ic);
 }
 
-/* Completion of a binary response: the iovecs pointed into the request's outputs. */
-static void binary_sent(void *arg)
+/* Runs on the connection's I/O thread once the response is written (or the connection died).
+ * Freeing the call here, not on the worker, serializes it with on_cancel, which runs on the same
+ * I/O thread and touches the call. */
+static void response_sent(void *arg)
 {
     infer_call *ic = arg;
     mts_request_release(&ic->req);
@@ -139,18 +141,49 @@ static bool wants_binary(const infer_call *ic, const char *name)
     return ic->binary_out_default;
 }
 
+/* Sends the JSON text of w, followed by the binary outputs when with_binary, without copying
+ * the outputs; everything is released by response_sent. */
+static void respond_call(infer_call *ic, int http_status, const char *type, const char *extra, mts_jw *w,
+                         bool with_binary)
+{
+    size_t jlen = 0;
+    char *json = mts_jw_take(w, &jlen);
+    mts_jw_free(w);
+    if (!json) {
+        static const char oom[] = "{\"error\":\"out of memory encoding the response\"}";
+        struct iovec one = {(void *)oom, sizeof oom - 1};
+        mts_http_respondv(ic->conn, 500, "application/json", NULL, &one, 1, response_sent, ic);
+        return;
+    }
+    ic->response_json = json;
+    struct iovec iov[MTS_REQ_MAX_TENSORS + 1];
+    int n = 0;
+    iov[n++] = (struct iovec){json, jlen};
+    for (int o = 0; with_binary && o < ic->req.n_outputs; o++)
+        if (wants_binary(ic, ic->req.output_names[o]))
+            iov[n++] = (struct iovec){ic->req.outputs[o].data, (size_t)mts_tensor_nbytes(&ic->req.outputs[o])};
+    mts_http_respondv(ic->conn, http_status, type, extra, iov, n, response_sent, ic);
+}
+
 static void infer_done(mts_request *req, int status, const char *msg)
 {
     infer_call *ic = (infer_call *)req;
     if (status) {
-        respond_error(ic->conn, status, msg ? msg : mts_status_text(status), status == MTS_EFULL ? 1 : 0);
-        call_free(ic);
+        mts_jw e;
+        mts_jw_init(&e);
+        mts_jw_begin_object(&e);
+        mts_jw_key(&e, "error");
+        mts_jw_string(&e, msg ? msg : mts_status_text(status));
+        mts_jw_end_object(&e);
+        char extra[64] = "";
+        if (status == MTS_EFULL) snprintf(extra, sizeof extra, "Retry-After: 1\r\n");
+        respond_call(ic, mts_kserve_http_status(status), "application/json", extra[0] ? extra : NULL, &e, false);
         return;
     }
     mts_jw w;
     mts_jw_init(&w);
     mts_jw_begin_object(&w);
-    if (ic->id[0]) {
+    if (ic->id && ic->id[0]) {
         mts_jw_key(&w, "id");
         mts_jw_string(&w, ic->id);
     }
@@ -200,28 +233,13 @@ static void infer_done(mts_request *req, int status, const char *msg)
     mts_jw_end_array(&w);
     mts_jw_end_object(&w);
     if (binary_total == 0) {
-        respond_json(ic->conn, 200, NULL, &w);
+        respond_call(ic, 200, "application/json", NULL, &w, false);
+        return;
     } else {
-        /* JSON header, then each binary output straight from the request's output buffers;
-         * they are released when the write completes. */
-        size_t jlen = 0;
-        char *json = mts_jw_take(&w, &jlen);
-        struct iovec iov[MTS_REQ_MAX_TENSORS + 1];
-        int n = 0;
-        if (!json) {
-            respond_error(ic->conn, MTS_ENOMEM, "response encoding failed", 0);
-        } else {
-            ic->response_json = json;
-            iov[n++] = (struct iovec){json, jlen};
-            for (int o = 0; o < req->n_outputs; o++)
-                if (wants_binary(ic, req->output_names[o]))
-                    iov[n++] = (struct iovec){req->outputs[o].data, (size_t)mts_tensor_nbytes(&req->outputs[o])};
-            char extra[96];
-            snprintf(extra, sizeof extra, "Inference-Header-Content-Length: %zu\r\n", jlen);
-            mts_jw_free(&w);
-            mts_http_respondv(ic->conn, 200, "application/octet-stream", extra, iov, n, binary_sent, ic);
-            return;
-        }
+        char extra[96];
+        snprintf(extra, sizeof extra, "Inference-Header-Content-Length: %zu\r\n", w.len);
+        respond_call(ic, 200, "application/octet-stream", extra, &w, true);
+        return;
     }
     mts_jw_free(&w);
     mts_request_release(req);
@@ -275,7 +293,7 @@ static int parse_infer(infer_call *ic, const mts_http_req *hr, char *msg, size_t
             snprintf(msg, len, "'id' must be a string");
             return MTS_EINVAL;
         }
-        snprintf(ic->id, sizeof ic->id, "%s", s);
+        ic->id = s;
     }
     const mts_json *params = mts_json_get(root, "parameters");
     if (params && mts_json_type(params) != MTS_JSON_OBJECT) {
@@ -356,6 +374,10 @@ static int parse_infer(infer_call *ic, const mts_http_req *hr, char *msg, size_t
         const mts_json *ip = mts_json_get(in, "parameters");
         const mts_json *bds = mts_json_get(ip, "binary_data_size");
         const mts_json *data = mts_json_get(in, "data");
+        if (bds && data) {
+            snprintf(msg, len, "input '%s' has both 'data' and parameters.binary_data_size; give one", name);
+            return MTS_EINVAL;
+        }
         if (bds) {
             int64_t size;
             if (mts_json_int(bds, &size) || size < 0) {
@@ -431,6 +453,11 @@ static int parse_infer(infer_call *ic, const mts_http_req *hr, char *msg, size_t
                 snprintf(msg, len, "outputs[%zu]: 'name' (a string) is required", k);
                 return MTS_EINVAL;
             }
+            for (size_t j = 0; j < k; j++)
+                if (!strcmp(ic->req.requested[j], name)) {
+                    snprintf(msg, len, "output '%s' is requested twice", name);
+                    return MTS_EINVAL;
+                }
             int b = bool_param(mts_json_get(o, "parameters"), "binary_data", &ic->binary_out[k]);
             if (b < 0) {
                 snprintf(msg, len, "output '%s': parameter 'binary_data' must be a bool", name);
@@ -822,8 +849,12 @@ static void handle_index(mts_kserve_http *h, mts_http_conn *c, const mts_http_re
             return;
         }
         const mts_json *root = mts_json_root(doc);
-        bool_param(root, "ready", &ready_only);
+        int b = bool_param(root, "ready", &ready_only);
         mts_json_free(doc);
+        if (b < 0) {
+            respond_error(c, MTS_EINVAL, "'ready' must be a bool", 0);
+            return;
+        }
     }
     mts_jw w;
     mts_jw_init(&w);
@@ -930,8 +961,12 @@ static void handler(void *user, mts_http_conn *c, mts_http_req *hr)
                     return;
                 }
                 const mts_json *params = mts_json_get(mts_json_root(doc), "parameters");
-                bool_param(params, "force_reload", &force);
+                int b = bool_param(params, "force_reload", &force);
                 mts_json_free(doc);
+                if (b < 0) {
+                    respond_error(c, MTS_EINVAL, "parameter 'force_reload' must be a bool", 0);
+                    return;
+                }
             }
             handle_meta(h, c, model, 2, force);
             return;
@@ -954,6 +989,13 @@ static void handler(void *user, mts_http_conn *c, mts_http_req *hr)
         if (!strncmp(rest, "/versions/", 10)) {
             size_t vlen = strcspn(rest + 10, "/");
             if (!is_digits(rest + 10, vlen)) goto not_found;
+            if (vlen != 1 || rest[10] != '1') {
+                char m[400];
+                snprintf(m, sizeof m, "model '%s' has no version %.*s (mtserve serves version 1 of each model)", model,
+                         (int)(vlen > 20 ? 20 : vlen), rest + 10);
+                respond_error(c, MTS_ENOTFOUND, m, 0);
+                return;
+            }
             rest += 10 + vlen;
         }
         if (!*rest) {

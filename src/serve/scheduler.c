@@ -160,6 +160,20 @@ typedef struct batch_req {
 
 static int validate(const mts__version *v, mts_request *r, batch_req *b, char *msg, size_t len)
 {
+    for (int j = 0; j < r->n_inputs; j++) {
+        bool known = false;
+        for (int i = 0; i < v->n_in; i++) known |= !strcmp(r->input_names[j], v->in[i].name);
+        if (!known) {
+            snprintf(msg, len, "'%s' is not an input of model '%s' (its inputs are", r->input_names[j], r->model);
+            for (int k = 0; k < v->n_in; k++) {
+                size_t o = strlen(msg);
+                snprintf(msg + o, len - o, "%s '%s'", k ? "," : "", v->in[k].name);
+            }
+            size_t o = strlen(msg);
+            snprintf(msg + o, len - o, ")");
+            return MTS_EINVAL;
+        }
+    }
     if (r->n_inputs != v->n_in) {
         snprintf(msg, len, "model '%s' takes %d input%s, the request has %d", r->model, v->n_in, v->n_in == 1 ? "" : "s",
                  r->n_inputs);
@@ -181,6 +195,10 @@ static int validate(const mts__version *v, mts_request *r, batch_req *b, char *m
             return MTS_EINVAL;
         }
         const mts_tensor *t = &r->inputs[found];
+        if (v->batchable && t->rank >= 1 && t->dims[0] == 0) {
+            snprintf(msg, len, "input '%s' has an empty batch (dimension 0 is 0); send at least one sample", m->name);
+            return MTS_EINVAL;
+        }
         if (t->dtype != m->dtype) {
             snprintf(msg, len, "input '%s' has type %s, the model expects %s", m->name, mts_dtype_name(t->dtype),
                      mts_dtype_name(m->dtype));

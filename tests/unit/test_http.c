@@ -203,6 +203,7 @@ typedef struct client {
     int fd;
     char *buf;
     size_t len, cap;
+    bool next_is_head; /* set before reading the answer to a HEAD request (no body follows) */
 } client;
 
 typedef struct resp {
@@ -266,9 +267,6 @@ static ssize_t cli_fill(client *k)
     return n;
 }
 
-/* Set before reading the answer to a HEAD request (headers only, whatever Content-Length says). */
-static bool next_is_head;
-
 /* Reads one response (status, headers, Content-Length body). Returns false on EOF/timeout. */
 static bool cli_read(client *k, resp *r)
 {
@@ -288,8 +286,8 @@ static bool cli_read(client *k, resp *r)
     const char *p = strcasestr(r->head, "\r\nContent-Length:");
     if (p) cl = strtoull(p + 17, NULL, 10);
     bool no_body = r->status == 204 || r->status == 304 || r->status < 200;
-    bool head_req = next_is_head;
-    next_is_head = false;
+    bool head_req = k->next_is_head;
+    k->next_is_head = false;
     if (no_body || head_req) cl = 0;
     while (k->len < hl + cl)
         if (cli_fill(k) <= 0) return false;
@@ -687,7 +685,7 @@ static void test_http10_and_head(void **state)
     resp_free(&r);
     /* HEAD: the headers of the GET, no body; the next response parses cleanly */
     cli_send(k, "HEAD /echo HTTP/1.0\r\nConnection: keep-alive\r\nContent-Length: 4\r\n\r\nabcd");
-    next_is_head = true;
+    k->next_is_head = true;
     assert_true(cli_read(k, &r));
     assert_true(has_header(&r, "Content-Length: 4\r\n"));
     assert_int_equal(r.body_len, 0);
@@ -858,7 +856,7 @@ static void test_zero_copy_done(void **state)
     app *a = app_start(&o);
     client *k = cli_open(mts_http_port(a->srv));
     roundtrip(k, "GET /zc HTTP/1.1\r\n\r\n", 200, NULL);
-    next_is_head = true;
+    k->next_is_head = true;
     roundtrip(k, "HEAD /zc HTTP/1.1\r\n\r\n", 200, NULL);
     /* a zero-copy answer whose client is gone: done still runs (at close) */
     cli_send(k, "GET /zc HTTP/1.1\r\n\r\n");
@@ -922,7 +920,8 @@ static void test_stop_accepting(void **state)
     roundtrip(idle, "GET /hello HTTP/1.1\r\n\r\n", 200, "hello");
     client *busy = cli_open(port);
     cli_send(busy, "GET /async?ms=100 HTTP/1.1\r\n\r\n");
-    sleep_ms(20);
+    for (int64_t end = now_ms() + 3000; atomic_load(&a->requests) < 2 && now_ms() < end;) sleep_ms(2);
+    assert_int_equal(atomic_load(&a->requests), 2); /* in flight before draining starts */
     mts_http_stop_accepting(a->srv);
     /* new connections are refused */
     int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -960,10 +959,20 @@ static void test_max_connections(void **state)
     assert_true(cli_eof(k3));
     cli_close(k3);
     cli_close(k1);
-    sleep_ms(50); /* the server notices k1 left */
-    client *k4 = cli_open(port);
-    roundtrip(k4, "GET /hello HTTP/1.1\r\n\r\n", 200, "hello");
-    cli_close(k4);
+    /* once the server has noticed that k1 left, a new connection is served again */
+    int64_t end = now_ms() + 3000;
+    for (;;) {
+        client *k4 = cli_open(port);
+        cli_send(k4, "GET /hello HTTP/1.1\r\n\r\n");
+        assert_true(cli_read(k4, &r));
+        int status = r.status;
+        resp_free(&r);
+        cli_close(k4);
+        if (status == 200) break;
+        assert_int_equal(status, 503);
+        assert_true(now_ms() < end);
+        sleep_ms(20);
+    }
     cli_close(k2);
     app_stop(a);
 }
@@ -1006,6 +1015,18 @@ static void test_start_errors(void **state)
     o.port = 70000;
     assert_int_equal(mts_http_start(&o, &s, &err), MTS_EINVAL);
     mts_http_stop(NULL);
+    /* a port already served (SO_REUSEPORT must not let a second server share it) */
+    mts_http_opts o2 = {.io_threads = 2};
+    app *a = app_start(&o2);
+    o.port = mts_http_port(a->srv);
+    assert_int_equal(mts_http_start(&o, &s, &err), MTS_EIO);
+    assert_non_null(strstr(err.msg, "in use"));
+    app_stop(a);
+    /* ... and is free again after stop */
+    o.io_threads = 2;
+    assert_int_equal(mts_http_start(&o, &s, &err), 0);
+    assert_int_equal(mts_http_port(s), o.port);
+    mts_http_stop(s);
 }
 
 int main(void)
