@@ -7,6 +7,8 @@
 #                 the broken-file corpus under ASan, CLI checks, ONNX Runtime comparisons
 #   make models   generate the reference models into models/out
 #   make bench    engine benchmark (mtserve vs ONNX Runtime) and serving benchmark (HTTP vs bare engine)
+#   make bench-capacity  conversational users sustained on lipsync_unet_w8 vs the engine bound (~3-6 min)
+#   make bench-churn     1,000 small models, max_models 100, Zipf(1.0): hit rate, loads/s, latency (~2 min)
 JOBS ?= 2
 PY := /usr/bin/python3
 BUILD := build
@@ -15,7 +17,7 @@ TESTDATA := /usr/share/libonnx-testdata/data
 export MTSERVE := $(CURDIR)/$(BUILD)/mtserve
 
 .PHONY: all deps build build-asan build-tsan models run test test-unit test-conformance bench \
-        bench-engine bench-serving clean
+        bench-engine bench-serving bench-capacity bench-churn clean
 
 all: build
 
@@ -62,6 +64,12 @@ bench-engine: build models
 
 bench-serving: build models
 	@bash scripts/bench-serving.sh
+
+bench-capacity: build models
+	@bash scripts/bench-capacity.sh
+
+bench-churn: build
+	@bash scripts/bench-churn.sh
 
 clean:
 	rm -rf $(BUILD) build-asan build-tsan $(BUILD).configure.log build-asan.configure.log build-tsan.configure.log

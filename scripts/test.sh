@@ -46,6 +46,7 @@ stage "ONNX conformance (reference backend)" build/mts-conformance --tolerances 
 stage "ONNX node conformance under ASan+UBSan" bash -o pipefail -c "build-asan/mts-conformance --tolerances tests/conformance/tolerances.txt $TESTDATA/node | tail -1"
 stage "CLI: inspect and run --json on every generated model" cli_checks
 stage "server black-box tests (KServe v2 HTTP, real server process)" $PY -m pytest -q -p no:cacheprovider tests/server
+stage "gRPC tests (grpcio clients against a real server)" $PY -m pytest -q -p no:cacheprovider tests/grpc
 stage "reference models vs ONNX Runtime" $PY tests/models/compare_ort.py --models-dir models/out
 
 echo

@@ -12,6 +12,7 @@ int mts_cli_inspect(int argc, char **argv);
 int mts_cli_run(int argc, char **argv);
 int mts_cli_serve(int argc, char **argv);
 int mts_cli_tune(int argc, char **argv);
+int mts_cli_bench(int argc, char **argv);
 
 /* Named overrides of symbolic dimensions, from `--dim NAME=VALUE`. */
 typedef struct mts_cli_dims {

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "api/grpc_server.h"
 #include "api/kserve_http.h"
 #include "cli/cli.h"
 #include "config/config.h"
@@ -24,6 +25,7 @@ static void warn_cb(void *user, const char *msg)
 static void usage(FILE *f)
 {
     fprintf(f, "usage: mtserve serve [--config FILE.yaml] [--model-repository DIR] [--host ADDR] [--http-port PORT]\n"
+               "                     [--grpc-port PORT]"
                "                     [--grace S] [--log-level debug|info|warn|error]\n"
                "  Serves every model of the configuration and/or of DIR (one folder per model holding model.onnx\n"
                "  and an optional config.yaml) over KServe v2 HTTP. Stops gracefully on SIGTERM/SIGINT.\n");
@@ -32,7 +34,7 @@ static void usage(FILE *f)
 int mts_cli_serve(int argc, char **argv)
 {
     const char *config_path = NULL, *repo = NULL, *host = NULL;
-    int port = -1, grace = -1;
+    int port = -1, grpc_port = -1, grace = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool has = i + 1 < argc;
@@ -40,6 +42,7 @@ int mts_cli_serve(int argc, char **argv)
         else if (!strcmp(a, "--model-repository") && has) repo = argv[++i];
         else if (!strcmp(a, "--host") && has) host = argv[++i];
         else if (!strcmp(a, "--http-port") && has) port = atoi(argv[++i]);
+        else if (!strcmp(a, "--grpc-port") && has) grpc_port = atoi(argv[++i]);
         else if (!strcmp(a, "--grace") && has) grace = atoi(argv[++i]);
         else if (!strcmp(a, "--log-level") && has) {
             const char *l = argv[++i];
@@ -75,6 +78,7 @@ int mts_cli_serve(int argc, char **argv)
             cfg.host = strdup(host);
         }
         if (port >= 0) cfg.http_port = port;
+        if (grpc_port >= 0) cfg.grpc_port = grpc_port;
         if (grace >= 0) cfg.shutdown_grace_s = grace;
         rc = mts_config_finalize(&cfg, &err);
     }
@@ -112,12 +116,29 @@ int mts_cli_serve(int argc, char **argv)
     printf("mtserve: serving %d model%s on http://%s:%d (KServe v2)\n", cfg.n_models, cfg.n_models == 1 ? "" : "s",
            cfg.host, bound);
     fflush(stdout);
+    mts_grpc_opts go = {cfg.host, cfg.grpc_port, 2, (size_t)cfg.max_message_size_mb << 20};
+    mts_grpc *grpc = NULL;
+    if ((rc = mts_grpc_start(srv, &go, &grpc, &err))) {
+        fprintf(stderr, "mtserve: cannot start gRPC on %s:%d: %s\n", cfg.host, cfg.grpc_port, err.msg);
+        mts_kserve_http_stop_accepting(http);
+        mts_server_shutdown(srv, 0);
+        mts_kserve_http_stop(http);
+        mts_server_free(srv);
+        mts_config_free(&cfg);
+        return 1;
+    }
+    MTS_INFO("event=listening protocol=grpc address=%s:%d", cfg.host, mts_grpc_port(grpc));
+    printf("mtserve: serving gRPC on %s:%d (inference.GRPCInferenceService, inference.InferenceService)\n", cfg.host,
+           mts_grpc_port(grpc));
+    fflush(stdout);
     int sig = 0;
     sigwait(&set, &sig);
     MTS_INFO("event=signal signal=%s", sig == SIGTERM ? "SIGTERM" : "SIGINT");
     mts_kserve_http_stop_accepting(http);
+    mts_grpc_stop_accepting(grpc);
     mts_server_shutdown(srv, cfg.shutdown_grace_s);
     mts_kserve_http_stop(http);
+    mts_grpc_stop(grpc);
     mts_server_free(srv);
     mts_config_free(&cfg);
     return 0;

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "cli/cli_grpc.h"
 
 static void usage(FILE *f)
 {
@@ -17,6 +18,9 @@ static void usage(FILE *f)
             "  run MODEL         run a model on random or .npy inputs; latency and throughput\n"
             "  serve             serve models over KServe v2 HTTP (--config FILE or --model-repository DIR)\n"
             "  tune MODEL        throughput and latency over workers x threads x batch; recommends a setting\n"
+            "  infer MODEL       send one inference request to a running server (--url http://... | --grpc host:port)\n"
+            "  models list|load|unload|stats   manage a running server's models (--url | --grpc)\n"
+            "  bench             load generator for a running server: closed/open loop, conversational users\n"
             "\n"
             "`mtserve COMMAND --help` describes each command.\n");
 }
@@ -32,6 +36,9 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "run")) return mts_cli_run(argc - 1, argv + 1);
     if (!strcmp(cmd, "serve")) return mts_cli_serve(argc - 1, argv + 1);
     if (!strcmp(cmd, "tune")) return mts_cli_tune(argc - 1, argv + 1);
+    if (!strcmp(cmd, "infer")) return mts_cli_infer(argc - 1, argv + 1);
+    if (!strcmp(cmd, "models")) return mts_cli_models(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench")) return mts_cli_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
         usage(stdout);
         return 0;

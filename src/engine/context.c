@@ -7,9 +7,12 @@
  * plan's steps. Dynamic nodes infer their shapes with real values and get per-value buffers
  * that grow as needed. Nothing here takes a lock except the plan lookup.
  */
+#include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 #include <string.h>
 
+#include "engine/kernels/dnnl_ops.h"
 #include "engine/model.h"
 
 struct mts_ctx {
@@ -23,7 +26,13 @@ struct mts_ctx {
     int64_t *dyn_cap;
     const mts_tensor **kin;
     mts_tensor *kout;
+    mts_tensor *kview;  /* channels-last views of a step's inputs */
     int max_io;
+    void *stream;       /* oneDNN stream (created on first use) */
+    void *scratch;      /* oneDNN scratch memory */
+    int64_t scratch_cap;
+    const mts__plan *prep_plan; /* plan and thread count the scratch was sized for */
+    int prep_threads;
 };
 
 int mts_ctx_create(mts_model *m, int threads, mts_ctx **out, mts_err *err)
@@ -55,7 +64,7 @@ int64_t mts_ctx_bytes(const mts_ctx *c)
     if (c->plan)
         for (int i = 0; i < c->plan->n_slots; i++) b += c->plan->slot_bytes[i];
     for (int v = 0; v < c->m->n_values; v++) b += c->dyn_cap[v];
-    return b;
+    return b + c->scratch_cap;
 }
 
 static void unbind(mts_ctx *c)
@@ -78,7 +87,18 @@ void mts_ctx_free(mts_ctx *c)
     free(c->vals);
     free(c->kin);
     free(c->kout);
+    free(c->kview);
+    free(c->scratch);
+    mts_dnnl_stream_free(c->stream);
     free(c);
+}
+
+/* MTS_PROFILE=1: per-step wall times on stderr (a debugging aid; racy flag read is benign). */
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
 static void *alloc_buf(int64_t bytes)
@@ -102,12 +122,15 @@ static int bind(mts_ctx *c, const mts__plan *p, mts_err *err)
         }
     }
     c->n_slots = p->n_slots;
+    c->prep_plan = NULL;
     if (p->max_io > c->max_io) {
         free(c->kin);
         free(c->kout);
+        free(c->kview);
         c->kin = calloc((size_t)p->max_io, sizeof *c->kin);
         c->kout = calloc((size_t)p->max_io, sizeof *c->kout);
-        if (!c->kin || !c->kout) {
+        c->kview = calloc((size_t)p->max_io, sizeof *c->kview);
+        if (!c->kin || !c->kout || !c->kview) {
             c->max_io = 0;
             unbind(c);
             return mts_err_set(err, MTS_ENOMEM, "out of memory");
@@ -116,9 +139,34 @@ static int bind(mts_ctx *c, const mts__plan *p, mts_err *err)
     }
     for (int v = 0; v < c->m->n_values; v++) {
         c->vals[v] = p->vals[v];
-        if (p->state[v] == MTS__V_STATIC) c->vals[v].data = c->slots[p->slot_of[v]];
+        if (p->state[v] == MTS__V_STATIC && p->slot_of[v] >= 0) c->vals[v].data = c->slots[p->slot_of[v]];
     }
     c->plan = p;
+    return MTS_OK;
+}
+
+/* Sizes the scratch memory for the plan's oneDNN steps at this context's thread count (creating
+ * their primitives for that count on first use) and makes the stream. */
+static int prepare_dnnl(mts_ctx *c, const mts__plan *p, mts_err *err)
+{
+    int64_t need = 64;
+    for (int s = 0; s < p->n_steps; s++) {
+        if (p->steps[s].kind != MTS__S_DCONV) continue;
+        size_t b = 0;
+        int rc = mts_dconv_prepare(p->steps[s].dconv, c->threads, &b, err);
+        if (rc) return rc;
+        if ((int64_t)b > need) need = (int64_t)b;
+    }
+    if (need > c->scratch_cap) {
+        free(c->scratch);
+        c->scratch = alloc_buf(need);
+        c->scratch_cap = c->scratch ? need : 0;
+        if (!c->scratch) return mts_err_set(err, MTS_ENOMEM, "out of memory for scratch (%lld bytes)", (long long)need);
+    }
+    if (!c->stream && !(c->stream = mts_dnnl_stream_create()))
+        return mts_err_set(err, MTS_EUNAVAILABLE, "cannot create a oneDNN stream");
+    c->prep_plan = p;
+    c->prep_threads = c->threads;
     return MTS_OK;
 }
 
@@ -133,16 +181,48 @@ int mts_ctx_run(mts_ctx *c, const mts_tensor *inputs, int n_inputs, const mts_te
     if ((rc = mts__plan_get(m, inputs, n_inputs, &p, err))) return rc;
     if (p != c->plan && (rc = bind(c, p, err))) return rc;
     for (int i = 0; i < n_inputs; i++) c->vals[m->inputs[i]] = inputs[i];
+    if (p->scratch_bytes) {
+        if ((p != c->prep_plan || c->threads != c->prep_threads) && (rc = prepare_dnnl(c, p, err))) return rc;
+        mts_dnnl_set_threads(c->threads);
+    }
+    static int profile = -1;
+    if (profile < 0) profile = getenv("MTS_PROFILE") != NULL;
+    double t_step = profile ? now_ms() : 0;
     for (int s = 0; s < p->n_steps; s++) {
-        int ni = p->steps[s];
-        const mts_node *n = &m->nodes[ni];
-        for (int j = 0; j < n->n_in; j++) c->kin[j] = n->in[j] >= 0 ? &c->vals[n->in[j]] : NULL;
-        mts_kctx k = {n, c->kin, n->n_in, c->kout, n->n_out, err, c->threads};
-        if (p->node_dynamic[ni]) {
-            memset(c->kout, 0, sizeof *c->kout * (size_t)n->n_out);
-            if ((rc = p->ops[ni]->infer(&k))) goto node_fail;
-            for (int j = 0; j < n->n_out; j++) {
-                int v = n->out[j];
+        const mts__step *st = &p->steps[s];
+        if (profile && s > 0) {
+            double t = now_ms();
+            fprintf(stderr, "step %3d %-14s %-24s %8.3f ms\n", s - 1, m->nodes[p->steps[s - 1].node].op_type,
+                    m->nodes[p->steps[s - 1].node].name, t - t_step);
+            t_step = t;
+        }
+        int ni = st->node;
+        const mts_node *n = st->nd;
+        if (st->kind == MTS__S_DCONV) {
+            const float *resid[8];
+            for (int j = 1; j < st->n_in && j <= 8; j++) resid[j - 1] = c->vals[st->in[j]].data;
+            if ((rc = mts_dconv_run(st->dconv, c->threads, c->stream, c->vals[st->in[0]].data, c->vals[st->out[0]].data, resid,
+                                    c->scratch, err)))
+                goto node_fail;
+            continue;
+        }
+        for (int j = 0; j < st->n_in; j++) {
+            const mts_tensor *t = st->in[j] >= 0 ? &c->vals[st->in[j]] : NULL;
+            if (st->cin && st->cin[j]) t = st->cin[j];
+            if (st->nhwc && t && t->rank == 4) {
+                mts_tensor *v = &c->kview[j];
+                *v = *t;
+                v->dims[1] = t->dims[2], v->dims[2] = t->dims[3], v->dims[3] = t->dims[1];
+                t = v;
+            }
+            c->kin[j] = t;
+        }
+        mts_kctx k = {n, c->kin, st->n_in, c->kout, st->n_out, err, c->threads};
+        if (st->dynamic) {
+            memset(c->kout, 0, sizeof *c->kout * (size_t)st->n_out);
+            if ((rc = st->op->infer(&k))) goto node_fail;
+            for (int j = 0; j < st->n_out; j++) {
+                int v = st->out[j];
                 int64_t b = mts_tensor_nbytes(&c->kout[j]);
                 if (c->kout[j].rank < 0 || c->kout[j].rank > MTS_MAX_RANK || b < 0 ||
                     !mts_dtype_supported(c->kout[j].dtype)) {
@@ -167,14 +247,24 @@ int mts_ctx_run(mts_ctx *c, const mts_tensor *inputs, int n_inputs, const mts_te
                 c->vals[v] = c->kout[j];
             }
         } else {
-            for (int j = 0; j < n->n_out; j++) c->kout[j] = c->vals[n->out[j]];
+            for (int j = 0; j < st->n_out; j++) {
+                c->kout[j] = c->vals[st->out[j]];
+                if (st->nhwc && c->kout[j].rank == 4) {
+                    mts_tensor *t = &c->kout[j];
+                    int64_t C = t->dims[1];
+                    t->dims[1] = t->dims[2], t->dims[2] = t->dims[3], t->dims[3] = C;
+                }
+            }
         }
-        if ((rc = p->ops[ni]->run(&k))) goto node_fail;
+        if ((rc = st->op->run(&k))) goto node_fail;
         continue;
     node_fail:
-        mts_err_prefix(err, "node '%s' (#%d, %s): ", n->name, ni, n->op_type);
+        mts_err_prefix(err, "node '%s' (#%d, %s): ", m->nodes[ni].name, ni, m->nodes[ni].op_type);
         return rc;
     }
+    if (profile && p->n_steps > 0)
+        fprintf(stderr, "step %3d %-14s %-24s %8.3f ms\n", p->n_steps - 1, m->nodes[p->steps[p->n_steps - 1].node].op_type,
+                m->nodes[p->steps[p->n_steps - 1].node].name, now_ms() - t_step);
     for (int i = 0; i < m->n_outputs; i++) outputs[i] = &c->vals[m->outputs[i]];
     return MTS_OK;
 }

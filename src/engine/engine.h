@@ -26,6 +26,10 @@ typedef struct mts_ctx mts_ctx;
 typedef struct mts_load_opts {
     /* Largest single tensor a plan may allocate (bytes); 0 = default (8 GiB). */
     int64_t max_tensor_bytes;
+    /* Kernels: NULL or "" = $MTS_BACKEND when set, else the build default ("default"; the TSan
+     * build defaults to "reference"); "default" = oneDNN with graph optimizations, the reference
+     * kernels for everything else; "reference" = the plain-C reference kernels only, no fusion. */
+    const char *backend;
 } mts_load_opts;
 
 /* Loads path (an .onnx file; external data files are looked up beside it). On error returns a
@@ -49,6 +53,8 @@ typedef struct mts_model_info {
 } mts_model_info;
 
 void mts_model_get_info(const mts_model *m, mts_model_info *out /* OUT */);
+/* "default" or "reference": the backend the model runs on. */
+const char *mts_model_backend(const mts_model *m);
 /* Declared graph inputs/outputs (initializers excluded). Dims < 0 are symbolic. */
 const mts_value *mts_model_input(const mts_model *m, int i);
 const mts_value *mts_model_output(const mts_model *m, int i);

@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "engine/kernels/dnnl_ops.h"
 #include "engine/model.h"
 
 static int topo_sort(mts_model *m, const char *file, mts_err *err)
@@ -128,6 +129,8 @@ static int load_common(mts_model *m, const uint8_t *bytes, size_t len, const cha
     mts__pb_src src = {bytes, len, file, m, dir};
     int rc;
     m->max_tensor_bytes = (opts && opts->max_tensor_bytes > 0) ? opts->max_tensor_bytes : (int64_t)8 << 30;
+    if ((rc = mts__resolve_backend(opts, err)) < 0) return rc;
+    m->backend = rc;
     if ((rc = mts__parse_model(&src, m, err))) return rc;
     if ((rc = topo_sort(m, file, err))) return rc;
     if ((rc = resolve_ops(m, file, err))) return rc;
@@ -211,6 +214,7 @@ void mts_model_free(mts_model *m)
 {
     if (!m) return;
     mts__plan_free_all(m);
+    mts_dnnl_cache_free(m->dnnl_cache);
     for (int i = 0; i < m->n_maps; i++) {
         if (m->maps[i].addr) munmap(m->maps[i].addr, m->maps[i].len);
         free(m->maps[i].location);
@@ -234,8 +238,28 @@ void mts_model_get_info(const mts_model *m, mts_model_info *out)
     out->param_bytes = m->param_bytes;
     out->mapped_bytes = m->mapped_bytes;
     pthread_mutex_lock((pthread_mutex_t *)&m->plan_lock);
-    out->resident_bytes = (int64_t)m->pool.bytes + m->plan_bytes;
+    out->resident_bytes = (int64_t)m->pool.bytes + m->plan_bytes + mts_dnnl_cache_bytes(m->dnnl_cache);
     pthread_mutex_unlock((pthread_mutex_t *)&m->plan_lock);
+}
+
+const char *mts_model_backend(const mts_model *m)
+{
+    return m->backend == MTS_BACKEND_REFERENCE ? "reference" : "default";
+}
+
+int mts__resolve_backend(const mts_load_opts *opts, mts_err *err)
+{
+    const char *b = opts && opts->backend && *opts->backend ? opts->backend : getenv("MTS_BACKEND");
+    if (!b || !*b) {
+#ifdef MTS_DEFAULT_BACKEND_REFERENCE
+        return MTS_BACKEND_REFERENCE;
+#else
+        return MTS_BACKEND_DEFAULT;
+#endif
+    }
+    if (!strcmp(b, "reference") || !strcmp(b, "ref")) return MTS_BACKEND_REFERENCE;
+    if (!strcmp(b, "default") || !strcmp(b, "onednn") || !strcmp(b, "dnnl")) return MTS_BACKEND_DEFAULT;
+    return mts_err_set(err, MTS_EINVAL, "unknown backend '%s' (expected default or reference)", b);
 }
 
 const mts_value *mts_model_input(const mts_model *m, int i)

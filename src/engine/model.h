@@ -26,20 +26,42 @@ enum mts__vstate {
     MTS__V_INPUT,      /* graph input: caller's data */
 };
 
+/* One executable step of a plan: a kernel call for a node, or a fused oneDNN convolution that
+ * stands for a Conv and the nodes folded into it (BatchNormalization, activations, a residual
+ * Add). in/out are value indices (-1: omitted input); they differ from the node's after fusion. */
+enum mts__step_kind {
+    MTS__S_KERNEL = 0, /* op->run with the node's attributes */
+    MTS__S_DCONV,      /* mts_dconv_run: in[0] source, in[1..n_in-1] residuals, out[0] destination */
+};
+
+typedef struct mts__step {
+    int node;                 /* model node index (messages; the first node of a fused group) */
+    const mts_node *nd;       /* node handed to the kernel (a rewritten copy for channels-last steps) */
+    const mts_op *op;
+    uint8_t kind;             /* enum mts__step_kind */
+    uint8_t dynamic;          /* infer runs at run time */
+    uint8_t nhwc;             /* 4-D tensors are passed as [N,H,W,C] views (channels-last data) */
+    int n_in, n_out;
+    int *in, *out;
+    const mts_tensor **cin;   /* per input: plan-time replacement (permuted constants), or NULL */
+    struct mts_dconv *dconv;
+} mts__step;
+
 typedef struct mts__plan {
     struct mts__plan *next;
     int n_sig;
     mts_tensor *sig;       /* input signature: dtype, rank, dims (no data) */
     mts_tensor *vals;      /* per value: shape known at plan time; data for CONST */
     uint8_t *state;        /* per value: enum mts__vstate */
+    uint8_t *nhwc;         /* per value: data is channels-last (4-D STATIC values only) */
     int n_steps;
-    int *steps;            /* node indices to execute, in order */
-    uint8_t *node_dynamic; /* per node: infer must run at run time */
-    const mts_op **ops;    /* per node (the model's table) */
+    mts__step *steps;
     int *slot_of;          /* per value: buffer slot of a STATIC value, -1 otherwise */
     int n_slots;
     int64_t *slot_bytes;
-    int max_io;            /* most inputs or outputs of any node */
+    int max_io;            /* most inputs or outputs of any step */
+    int64_t scratch_bytes; /* per-context scratch for oneDNN steps */
+    int n_fused;           /* nodes folded into other steps */
     double flops;
     int64_t activation_bytes;
     mts_pool pool;         /* folded constants and the arrays above */
@@ -65,11 +87,17 @@ struct mts_model {
     mts__plan *plans;
     int n_plans;
     int64_t plan_bytes;
+    int backend;           /* mts_backend_kind */
+    void *dnnl_cache;      /* packed weights shared by all plans (under plan_lock) */
 };
 
 /* Finds or builds the plan for a signature (thread-safe). */
 int mts__plan_get(mts_model *m, const mts_tensor *inputs, int n, const mts__plan **out, mts_err *err);
 void mts__plan_free_all(mts_model *m);
+/* Graph optimizer and layout pass (optimize.c): rewrites p->steps for the oneDNN backend. */
+int mts__optimize(mts_model *m, mts__plan *p, mts_err *err);
+/* Resolves the backend for a model from the load options, $MTS_BACKEND and the build default. */
+int mts__resolve_backend(const mts_load_opts *opts, mts_err *err);
 int mts__check_inputs(const mts_model *m, const mts_tensor *in, int n, mts_err *err);
 
 /* Wire-format parsing (onnx_pb.c). base/base_len: the whole file, for offsets in messages. */

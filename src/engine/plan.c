@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/kernels/dnnl_ops.h"
 #include "engine/model.h"
 
 #define MTS__FOLD_MAX_BYTES ((int64_t)256 << 20)
@@ -88,6 +89,45 @@ static double node_flops(const mts_node *n, const mts_tensor *const *in, const m
     return 0;
 }
 
+static void plan_free(mts__plan *p)
+{
+    for (int s = 0; p->steps && s < p->n_steps; s++) mts_dconv_free(p->steps[s].dconv);
+    mts_pool_free(&p->pool);
+    free(p);
+}
+
+/* Appends node i as a kernel step (arrays point at the node's; the optimizer copies before it
+ * rewrites). */
+static void add_step(mts_model *m, mts__plan *p, int i, bool dynamic)
+{
+    mts__step *st = &p->steps[p->n_steps++];
+    const mts_node *n = &m->nodes[i];
+    memset(st, 0, sizeof *st);
+    st->node = i;
+    st->nd = n;
+    st->op = m->ops[i];
+    st->kind = MTS__S_KERNEL;
+    st->dynamic = dynamic;
+    st->n_in = n->n_in;
+    st->n_out = n->n_out;
+    st->in = n->in;
+    st->out = n->out;
+}
+
+/* MTS_PLAN_VERBOSE=1: one line per step on stderr (kind, layout, oneDNN implementation). */
+static void dump_plan(const mts_model *m, const mts__plan *p)
+{
+    fprintf(stderr, "plan for %s: %d steps (%d nodes fused), scratch %lld bytes\n", m->path, p->n_steps, p->n_fused,
+            (long long)p->scratch_bytes);
+    for (int s = 0; s < p->n_steps; s++) {
+        const mts__step *st = &p->steps[s];
+        int y = st->n_out > 0 ? st->out[0] : -1;
+        fprintf(stderr, "  %3d %-18s %-24s -> %-24s %s%s%s\n", s, m->nodes[st->node].op_type, m->nodes[st->node].name,
+                y >= 0 ? m->values[y].name : "-", st->kind == MTS__S_DCONV ? mts_dconv_impl(st->dconv) : "",
+                st->nhwc || (y >= 0 && p->nhwc[y]) ? " nhwc" : "", st->dynamic ? " dynamic" : "");
+    }
+}
+
 static int build(mts_model *m, const mts_tensor *inputs, int n_in, mts__plan **out, mts_err *err)
 {
     mts__plan *p = calloc(1, sizeof *p);
@@ -102,10 +142,9 @@ static int build(mts_model *m, const mts_tensor *inputs, int n_in, mts__plan **o
     p->sig = mts_pool_calloc(pool, (size_t)n_in + 1, sizeof(mts_tensor));
     p->vals = mts_pool_calloc(pool, (size_t)nv + 1, sizeof(mts_tensor));
     p->state = mts_pool_calloc(pool, (size_t)nv + 1, 1);
-    p->steps = mts_pool_calloc(pool, (size_t)nn + 1, sizeof(int));
-    p->node_dynamic = mts_pool_calloc(pool, (size_t)nn + 1, 1);
+    p->steps = mts_pool_calloc(pool, (size_t)nn + 1, sizeof(mts__step));
+    p->nhwc = mts_pool_calloc(pool, (size_t)nv + 1, 1);
     p->slot_of = mts_pool_calloc(pool, (size_t)nv + 1, sizeof(int));
-    p->ops = m->ops;
     int max_io = 1;
     for (int i = 0; i < nn; i++) {
         if (m->nodes[i].n_in > max_io) max_io = m->nodes[i].n_in;
@@ -114,7 +153,7 @@ static int build(mts_model *m, const mts_tensor *inputs, int n_in, mts__plan **o
     p->max_io = max_io;
     kin = calloc((size_t)max_io, sizeof *kin);
     kout = calloc((size_t)max_io, sizeof *kout);
-    if (!needed || !vneeded || !p->sig || !p->vals || !p->state || !p->steps || !p->node_dynamic || !p->slot_of ||
+    if (!needed || !vneeded || !p->sig || !p->vals || !p->state || !p->steps || !p->nhwc || !p->slot_of ||
         !kin || !kout) {
         rc = mts_err_set(err, MTS_ENOMEM, "out of memory");
         goto fail;
@@ -175,9 +214,8 @@ static int build(mts_model *m, const mts_tensor *inputs, int n_in, mts__plan **o
             }
         }
         if (dynamic) {
-            p->node_dynamic[i] = 1;
             for (int j = 0; j < n->n_out; j++) p->state[n->out[j]] = MTS__V_DYNAMIC;
-            p->steps[p->n_steps++] = i;
+            add_step(m, p, i, true);
             continue;
         }
         int64_t out_bytes = 0;
@@ -219,11 +257,17 @@ static int build(mts_model *m, const mts_tensor *inputs, int n_in, mts__plan **o
             p->vals[n->out[j]] = kout[j];
             p->state[n->out[j]] = MTS__V_STATIC;
         }
-        p->steps[p->n_steps++] = i;
+        add_step(m, p, i, false);
         continue;
     node_fail:
         mts_err_prefix(err, "%s: node '%s' (#%d, %s): ", m->path, n->name, i, n->op_type);
         goto fail;
+    }
+    if (m->backend == MTS_BACKEND_DEFAULT && (rc = mts__optimize(m, p, err))) goto fail;
+    if (getenv("MTS_PLAN_VERBOSE")) dump_plan(m, p);
+    for (int s = 0; s < p->n_steps; s++) {
+        if (p->steps[s].n_in > p->max_io) p->max_io = p->steps[s].n_in;
+        if (p->steps[s].n_out > p->max_io) p->max_io = p->steps[s].n_out;
     }
     /* Buffer slots by liveness over the steps. */
     {
@@ -239,17 +283,17 @@ static int build(mts_model *m, const mts_tensor *inputs, int n_in, mts__plan **o
         }
         for (int v = 0; v < nv; v++) last_use[v] = -1;
         for (int s = 0; s < p->n_steps; s++) {
-            const mts_node *n = &m->nodes[p->steps[s]];
+            const mts__step *n = &p->steps[s];
             for (int j = 0; j < n->n_in; j++)
                 if (n->in[j] >= 0) last_use[n->in[j]] = s;
         }
         for (int i = 0; i < m->n_outputs; i++) last_use[m->outputs[i]] = p->n_steps; /* never dies */
         int n_slots = 0;
         for (int s = 0; s < p->n_steps; s++) {
-            const mts_node *n = &m->nodes[p->steps[s]];
+            const mts__step *n = &p->steps[s];
             for (int j = 0; j < n->n_out; j++) {
                 int v = n->out[j];
-                if (p->state[v] != MTS__V_STATIC) continue;
+                if (v < 0 || p->state[v] != MTS__V_STATIC) continue;
                 int64_t b = mts_tensor_nbytes(&p->vals[v]);
                 int best = -1;
                 for (int q = 0; q < n_slots; q++)
@@ -276,7 +320,7 @@ static int build(mts_model *m, const mts_tensor *inputs, int n_in, mts__plan **o
             /* Outputs nobody reads die at once. */
             for (int j = 0; j < n->n_out; j++) {
                 int v = n->out[j];
-                if (p->slot_of[v] >= 0 && last_use[v] < 0) slot_free[p->slot_of[v]] = 1;
+                if (v >= 0 && p->slot_of[v] >= 0 && last_use[v] < 0) slot_free[p->slot_of[v]] = 1;
             }
         }
         p->n_slots = n_slots;
@@ -300,8 +344,7 @@ fail:
     free(vneeded);
     free(kin);
     free(kout);
-    mts_pool_free(&p->pool);
-    free(p);
+    plan_free(p);
     return rc;
 }
 
@@ -338,8 +381,7 @@ void mts__plan_free_all(mts_model *m)
     mts__plan *p = m->plans;
     while (p) {
         mts__plan *next = p->next;
-        mts_pool_free(&p->pool);
-        free(p);
+        plan_free(p);
         p = next;
     }
     m->plans = NULL;

@@ -306,6 +306,26 @@ static int close_container(parser *p, const frame *f)
 
 static inline int is_digit(unsigned c) { return c - '0' < 10; }
 
+/* Eight ASCII digits at s, if they are all digits: their value in *v (SWAR, little-endian). */
+static inline bool eight_digits(const uint8_t *s, uint32_t *v)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    uint64_t x;
+    memcpy(&x, s, 8);
+    if ((((x & 0xf0f0f0f0f0f0f0f0ull) | (((x + 0x0606060606060606ull) & 0xf0f0f0f0f0f0f0f0ull) >> 4))) !=
+        0x3333333333333333ull)
+        return false;
+    x = (x & 0x0f0f0f0f0f0f0f0full) * 2561 >> 8;
+    x = (x & 0x00ff00ff00ff00ffull) * 6553601 >> 16;
+    *v = (uint32_t)((x & 0x0000ffff0000ffffull) * 42949672960001ull >> 32);
+    return true;
+#else
+    (void)s;
+    (void)v;
+    return false;
+#endif
+}
+
 /* Parses the number starting at s[pos0] ('-' or a digit) into *nd; *end gets the first byte
  * after it. */
 static int parse_number(parser *p, size_t pos0, size_t *end, mts_json *nd)
@@ -325,7 +345,13 @@ static int parse_number(parser *p, size_t pos0, size_t *end, mts_json *nd)
         pos++;
         if (pos < len && is_digit(s[pos])) return perr(p, pos0, "leading zero in number");
     } else if (pos < len && is_digit(s[pos])) {
-        do {
+        uint32_t v8;
+        while (ndig <= 11 && len - pos >= 8 && eight_digits(s + pos, &v8)) {
+            m = m * 100000000 + v8;
+            ndig += 8;
+            pos += 8;
+        }
+        if (pos < len && is_digit(s[pos])) do {
             unsigned d = s[pos] - '0';
             if (ndig < 19) {
                 m = m * 10 + d;
@@ -343,7 +369,21 @@ static int parse_number(parser *p, size_t pos0, size_t *end, mts_json *nd)
         plain = false;
         pos++;
         if (pos >= len || !is_digit(s[pos])) return perr_expected(p, pos, "a digit after '.'");
-        do {
+        if (m == 0) /* leading zeros of the fraction only scale */
+            while (pos < len && s[pos] == '0') {
+                e10--;
+                pos++;
+            }
+        {
+            uint32_t v8;
+            while (ndig <= 11 && len - pos >= 8 && eight_digits(s + pos, &v8)) {
+                m = m * 100000000 + v8;
+                ndig += 8;
+                e10 -= 8;
+                pos += 8;
+            }
+        }
+        if (pos < len && is_digit(s[pos])) do {
             unsigned d = s[pos] - '0';
             if (m == 0 && d == 0) {
                 e10--;
@@ -406,11 +446,13 @@ static int parse_number(parser *p, size_t pos0, size_t *end, mts_json *nd)
             }
         }
         nd->flags = 0;
+#if FLT_EVAL_METHOD == 0 /* Clinger: both operands exact, so one correctly rounded operation */
         if (m <= ((uint64_t)1 << 53) && e10 >= -22 && e10 <= 22) {
             double d = e10 < 0 ? (double)m / pow10_tab[-e10] : (double)m * pow10_tab[e10];
             nd->u.d = neg ? -d : d;
             return 0;
         }
+#endif
 #ifdef MTS_JSON_X87
         if (e10 >= -27 && e10 <= 27) {
             long double x = e10 < 0 ? (long double)m / pow10_ld[-e10] : (long double)m * pow10_ld[e10];
@@ -944,10 +986,25 @@ static const char digits2[201] =
     "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
     "8081828384858687888990919293949596979899";
 
-/* Decimal digits of v into p; returns the count. */
+static const uint64_t pow10_u64[20] = {
+    1ull, 10ull, 100ull, 1000ull, 10000ull, 100000ull, 1000000ull, 10000000ull, 100000000ull,
+    1000000000ull, 10000000000ull, 100000000000ull, 1000000000000ull, 10000000000000ull,
+    100000000000000ull, 1000000000000000ull, 10000000000000000ull, 100000000000000000ull,
+    1000000000000000000ull, 10000000000000000000ull,
+};
+
+static inline int count_digits(uint64_t v)
+{
+    int n = 1;
+    while (n < 20 && v >= pow10_u64[n]) n++;
+    return n;
+}
+
+/* Decimal digits of v into p (written back to front, no temporary); returns the count. */
 static size_t fmt_u64(uint64_t v, char *p)
 {
-    char tmp[20], *q = tmp + sizeof tmp;
+    int n = count_digits(v);
+    char *q = p + n;
     while (v >= 100) {
         unsigned r = (unsigned)(v % 100);
         v /= 100;
@@ -960,9 +1017,7 @@ static size_t fmt_u64(uint64_t v, char *p)
     } else {
         *--q = (char)('0' + v);
     }
-    size_t n = (size_t)(tmp + sizeof tmp - q);
-    memcpy(p, q, n);
-    return n;
+    return (size_t)n;
 }
 
 static size_t fmt_i64(int64_t v, char *p)
@@ -972,6 +1027,23 @@ static size_t fmt_i64(int64_t v, char *p)
         return 1 + fmt_u64((uint64_t)0 - (uint64_t)v, p + 1);
     }
     return fmt_u64((uint64_t)v, p);
+}
+
+/* x / 10^q with constant divisors (multiplications) for the common small q. */
+static inline uint64_t div_pow10(uint64_t x, int q)
+{
+    switch (q) {
+    case 0: return x;
+    case 1: return x / 10;
+    case 2: return x / 100;
+    case 3: return x / 1000;
+    case 4: return x / 10000;
+    default: {
+        uint64_t p = 1;
+        for (int i = 0; i < q; i++) p *= 10;
+        return x / p;
+    }
+    }
 }
 
 static inline double scale10(double v, int e) { return e >= 0 ? v * pow10_tab[e] : v / pow10_tab[-e]; }
@@ -984,38 +1056,40 @@ static inline double pow2d(int e) /* 2^e for -1022 <= e <= 1023 */
     return d;
 }
 
-/* Writes digits c (no trailing zeros) times 10^exp: plain notation for moderate exponents,
- * otherwise d.ddde[-]x. No NUL. */
+/* Writes digits c (no trailing zeros, at most 16 of them) times 10^exp: plain notation for
+ * 1e-4 <= value < 1e9 (as %g with 9 digits, so never longer than "%.9g"), otherwise
+ * d.ddde[-]x. No NUL. Copies are fixed-size (16 bytes) for speed, so p needs 28 bytes of room
+ * even though the text itself is at most 15 bytes for up to 9 digits. */
 static size_t fmt_decimal(uint64_t c, int exp, char *p)
 {
-    char dg[20];
+    char dg[32];
     int nd = (int)fmt_u64(c, dg);
     int x = nd - 1 + exp; /* scientific exponent */
     char *q = p;
-    if (x >= -5 && x < 15) {
-        int dp = nd + exp; /* digits before the point */
+    if (x >= -4 && x < 9) {
+        int dp = nd + exp; /* digits before the point: -3..9 */
         if (dp <= 0) {
-            *q++ = '0';
-            *q++ = '.';
-            for (int i = 0; i < -dp; i++) *q++ = '0';
-            memcpy(q, dg, (size_t)nd);
+            memcpy(q, "0.000", 5);
+            q += 2 - dp;
+            memcpy(q, dg, 16);
             q += nd;
         } else if (dp < nd) {
-            memcpy(q, dg, (size_t)dp);
+            memcpy(q, dg, 16);
             q += dp;
             *q++ = '.';
-            memcpy(q, dg + dp, (size_t)(nd - dp));
+            memcpy(q, dg + dp, 16);
             q += nd - dp;
         } else {
-            memcpy(q, dg, (size_t)nd);
+            memcpy(q, dg, 16);
             q += nd;
-            for (int i = nd; i < dp; i++) *q++ = '0';
+            memcpy(q, "00000000", 8);
+            q += dp - nd;
         }
     } else {
         *q++ = dg[0];
         if (nd > 1) {
             *q++ = '.';
-            memcpy(q, dg + 1, (size_t)(nd - 1));
+            memcpy(q, dg + 1, 16);
             q += nd - 1;
         }
         *q++ = 'e';
@@ -1028,7 +1102,8 @@ static size_t fmt_decimal(uint64_t c, int exp, char *p)
     return (size_t)(q - p);
 }
 
-/* Shortest float32 text, no NUL; "null" for NaN/inf. At most 16 bytes. */
+/* Shortest float32 text, no NUL; "null" for NaN/inf. At most 16 bytes of text, but out needs
+ * MTS_JSON_FLOAT_MAX bytes of room (see fmt_decimal). */
 static size_t fmt_float(float f, char *out)
 {
     uint32_t bits;
@@ -1091,10 +1166,13 @@ static size_t fmt_float(float f, char *out)
     /* A multiple of 10^q lies in [L, H]; try 10^(q+1) first. */
     uint64_t c = 0;
     for (int t = 0; t < 2; t++) {
+        int qq = t == 0 ? q + 1 : q;
         uint64_t P = t == 0 ? pw * 10 : pw;
-        uint64_t clo = (L + P - 1) / P, chi = H / P;
+        uint64_t clo = div_pow10(L + P - 1, qq), chi = div_pow10(H, qq);
         if (clo <= chi) {
-            c = (uint64_t)(sv / (double)P + 0.5);
+            static const double inv10[] = {1, 1e-1, 1e-2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-7, 1e-8, 1e-9, 1e-10};
+            /* nearest candidate to v (an approximate quotient is fine: c is clamped below) */
+            c = (uint64_t)(sv * (qq <= 10 ? inv10[qq] : 1.0 / (double)P) + 0.5);
             if (c < clo) c = clo;
             if (c > chi) c = chi;
             q = t == 0 ? q + 1 : q;
@@ -1440,7 +1518,7 @@ void mts_jw_tensor_data(mts_jw *w, mts_dtype dtype, const void *data, int64_t n)
     const int64_t chunk = 4096;
     for (int64_t base = 0; base < n; base += chunk) {
         int64_t end = n - base < chunk ? n : base + chunk;
-        if (!jw_reserve(w, (size_t)(end - base) * per + 1)) return;
+        if (!jw_reserve(w, (size_t)(end - base) * per + MTS_JSON_FLOAT_MAX)) return; /* + scratch room */
         char *o = w->buf + w->len;
         for (int64_t i = base; i < end; i++) {
             if (i) *o++ = ',';

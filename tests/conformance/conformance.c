@@ -10,7 +10,8 @@
  *                combination: status MTS_EUNSUPPORTED) — listed with the reason under --verbose;
  *   fail         anything else: a wrong value, a shape mismatch, or an error.
  * Prints a per-op table and closes with `conformance: N passed, N failed, N skipped` where
- * skipped counts the unsupported tests. Exits 1 if any test failed.
+ * skipped counts the unsupported tests. Exits 1 if any test failed. --backend runs the tests on one
+ * backend (default: oneDNN + optimizer; reference: the plain-C kernels only).
  */
 #include <dirent.h>
 #include <math.h>
@@ -33,10 +34,11 @@ static struct {
     int verbose;
     int threads;
     const char *filter;
+    const char *backend; /* --backend: NULL = $MTS_BACKEND or the build default */
     op_row ops[512];
     int n_ops;
     int total[3];
-} g = {1e-4, 2e-5, 0, 1, NULL, {{{0}, {0}}}, 0, {0}};
+} g = {1e-4, 2e-5, 0, 1, NULL, NULL, {{{0}, {0}}}, 0, {0}};
 
 /* Per-test tolerance overrides (--tolerances FILE): name, rtol, atol. */
 static struct {
@@ -155,7 +157,9 @@ static enum outcome run_test_inner(const char *dir, char *why, size_t wlen, mts_
     mts_err err = {0};
     mts_model *m = NULL;
     snprintf(path, sizeof path, "%s/model.onnx", dir);
-    int rc = mts_model_load(path, NULL, &m, &err);
+    mts_load_opts opts = {0};
+    opts.backend = g.backend;
+    int rc = mts_model_load(path, &opts, &m, &err);
     if (rc) {
         snprintf(why, wlen, "%s", err.msg);
         return rc == MTS_EUNSUPPORTED ? UNSUP : FAIL;
@@ -343,9 +347,11 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--rtol") && first + 1 < argc) g.rtol = atof(argv[++first]);
         else if (!strcmp(a, "--atol") && first + 1 < argc) g.atol = atof(argv[++first]);
         else if (!strcmp(a, "--tolerances") && first + 1 < argc) load_tolerances(argv[++first]);
+        else if (!strcmp(a, "--backend") && first + 1 < argc) g.backend = argv[++first];
         else {
             printf("usage: mts-conformance [--verbose] [--filter SUBSTRING] [--threads N] [--rtol R] [--atol A]\n"
-                   "                       [--tolerances FILE] DIR...\n"
+                   "                       [--tolerances FILE] [--backend default|reference] DIR...\n"
+                   "  --backend picks the kernels (default: $MTS_BACKEND, else the build's default)\n"
                    "  DIR is an ONNX backend test directory (with model.onnx) or a folder of them,\n"
                    "  e.g. /usr/share/libonnx-testdata/data/node\n");
             return strcmp(a, "--help") == 0 ? 0 : 2;

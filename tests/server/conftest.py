@@ -80,7 +80,7 @@ class Server:
         self.stderr_path = self.workdir / "stderr.log"
         self._out = open(self.stdout_path, "wb")
         self._err = open(self.stderr_path, "wb")
-        self.proc = subprocess.Popen([str(MTSERVE), "serve", *args, "--http-port", "0", "--grace", str(grace)],
+        self.proc = subprocess.Popen([str(MTSERVE), "serve", *args, "--http-port", "0", "--grpc-port", "0", "--grace", str(grace)],
                                      stdout=self._out, stderr=self._err, stdin=subprocess.DEVNULL)
         self.returncode = None
         self.url = None

@@ -66,6 +66,23 @@ extern const mts_op mts_ref_ops_conv[];      /* Conv, ConvTranspose, pools, Resi
 extern const mts_op mts_ref_ops_math[];      /* elementwise, normalizations, reductions */
 extern const mts_op mts_ref_ops_shape[];     /* shape/data movement, MatMul, Gemm */
 
+/* Conv/ConvTranspose geometry for the fast backends (ref_conv.c): validated like the reference
+ * kernels; spatial arrays normalized to 3 entries with the real dims last (leading entries are
+ * unit dims). For ConvTranspose, out = s*(in-1) + output_padding + dilated kernel - pb - pe. */
+typedef struct mts_conv_geom {
+    int nsp;
+    int64_t N, C, M, group;
+    int64_t in[3], k[3], s[3], d[3], pb[3], pe[3], out[3];
+} mts_conv_geom;
+int mts_conv_geometry(mts_kctx *k, bool transpose, mts_conv_geom *out);
+/* MaxPool (is_max) / AveragePool window geometry in the same form (M = C, group = 1). */
+int mts_pool_geometry(mts_kctx *k, bool is_max, mts_conv_geom *out);
+
+/* Backend selection: "reference" (plain C only) or "default" (oneDNN where it applies, the
+ * reference kernels elsewhere). The environment variable MTS_BACKEND, when set, overrides the
+ * process default; mts_load_opts.backend overrides both per model. */
+typedef enum mts_backend_kind { MTS_BACKEND_DEFAULT = 0, MTS_BACKEND_REFERENCE = 1 } mts_backend_kind;
+
 /* Shared helpers for kernels (kernels/common.c). */
 /* Numpy-style broadcast of a and b into out (rank/dims); MTS_ESHAPE with a message on mismatch. */
 int mts_broadcast_shape(const mts_tensor *a, const mts_tensor *b, mts_tensor *out, mts_err *err);

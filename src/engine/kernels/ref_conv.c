@@ -767,6 +767,32 @@ static int convt_setup(mts_kctx *k, convt_desc *d)
     return MTS_OK;
 }
 
+/* Geometry of a Conv (transpose = false) or ConvTranspose node for the fast backends: the same
+ * validation as the reference kernels, spatial dims normalized to 3 (real dims last). */
+int mts_conv_geometry(mts_kctx *k, bool transpose, mts_conv_geom *out)
+{
+    int rc;
+    const geom *g;
+    memset(out, 0, sizeof *out);
+    if (!transpose) {
+        conv_desc d;
+        if ((rc = conv_setup(k, &d))) return rc;
+        g = &d.g;
+        out->N = d.N, out->C = d.C, out->M = d.M, out->group = d.group;
+    } else {
+        convt_desc d;
+        if ((rc = convt_setup(k, &d))) return rc;
+        g = &d.g;
+        out->N = d.N, out->C = d.C, out->M = d.M, out->group = d.group;
+    }
+    out->nsp = g->nsp;
+    for (int i = 0; i < NSP; i++) {
+        out->in[i] = g->in[i], out->k[i] = g->k[i], out->s[i] = g->s[i], out->d[i] = g->d[i];
+        out->pb[i] = g->pb[i], out->pe[i] = g->pe[i], out->out[i] = g->out[i];
+    }
+    return MTS_OK;
+}
+
 static int convt_infer(mts_kctx *k)
 {
     convt_desc d;
@@ -898,6 +924,22 @@ static int pool_setup(mts_kctx *k, pool_desc *d, bool is_max)
     d->planes = d->N * d->C;
     d->IP = d->g.in[0] * d->g.in[1] * d->g.in[2];
     d->OP = d->g.out[0] * d->g.out[1] * d->g.out[2];
+    return MTS_OK;
+}
+
+/* Geometry of a MaxPool / AveragePool node for the fast backends (kernel.h). */
+int mts_pool_geometry(mts_kctx *k, bool is_max, mts_conv_geom *out)
+{
+    pool_desc d;
+    int rc = pool_setup(k, &d, is_max);
+    if (rc) return rc;
+    memset(out, 0, sizeof *out);
+    out->nsp = d.g.nsp;
+    out->N = d.N, out->C = d.C, out->M = d.C, out->group = 1;
+    for (int i = 0; i < NSP; i++) {
+        out->in[i] = d.g.in[i], out->k[i] = d.g.k[i], out->s[i] = d.g.s[i], out->d[i] = d.g.d[i];
+        out->pb[i] = d.g.pb[i], out->pe[i] = d.g.pe[i], out->out[i] = d.g.out[i];
+    }
     return MTS_OK;
 }
 

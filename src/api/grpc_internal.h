@@ -1,0 +1,145 @@
+/*
+ * Internals shared by the gRPC front end's files: the call object and the small framework the
+ * service files (grpc_kserve.c, grpc_lipsync.c, grpc_reflection.c) are written against.
+ *
+ * A call is reference counted; it is freed when the last reference goes. References are held
+ * by: the handler until it has sent the final status (the "alive" reference), the
+ * RECV_CLOSE_ON_SERVER batch, every other batch in flight, and every asynchronous operation a
+ * handler starts on the call's behalf (a submitted request, a load) — handlers take those with
+ * mts__grpc_call_ref before the operation and drop them in its completion.
+ *
+ *   new call --recv msg--> on_message (unary: exactly once)  --reply/fail--> status sent --> free
+ *   streaming: on_message per message (after mts__grpc_read), on_half_close at end of input;
+ *              stream_send queues responses (one SEND_MESSAGE in flight at a time, in order),
+ *              stream_close sends the status once every queued response has gone.
+ *   client cancel / deadline: on_cancel (if set) runs once, on a polling thread.
+ */
+#ifndef MTS_API_GRPC_INTERNAL_H
+#define MTS_API_GRPC_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <grpc/grpc.h>
+#include <protobuf-c/protobuf-c.h>
+
+#include "api/grpc_server.h"
+
+/* grpc_status_code values, spelled out so service files need not include gRPC headers. */
+enum {
+    MTS_GRPC_OK = 0,
+    MTS_GRPC_CANCELLED = 1,
+    MTS_GRPC_UNKNOWN = 2,
+    MTS_GRPC_INVALID_ARGUMENT = 3,
+    MTS_GRPC_DEADLINE_EXCEEDED = 4,
+    MTS_GRPC_NOT_FOUND = 5,
+    MTS_GRPC_FAILED_PRECONDITION = 9,
+    MTS_GRPC_RESOURCE_EXHAUSTED = 8,
+    MTS_GRPC_UNIMPLEMENTED = 12,
+    MTS_GRPC_INTERNAL = 13,
+    MTS_GRPC_UNAVAILABLE = 14,
+};
+
+typedef struct mts__grpc_call mts__grpc_call;
+
+typedef struct mts__grpc_method {
+    const char *path;      /* "/inference.GRPCInferenceService/ModelInfer" */
+    bool streaming;        /* bidirectional stream */
+    /* Unary: called once with the request message. Streaming: once per message read. */
+    void (*on_message)(mts__grpc_call *c, const uint8_t *data, size_t len);
+    void (*on_half_close)(mts__grpc_call *c); /* streaming: the client finished sending */
+    void (*on_cancel)(mts__grpc_call *c);     /* optional: the client went away / deadline */
+    void (*state_free)(void *state);          /* optional: frees c->state with the call */
+} mts__grpc_method;
+
+/* One send queued on a stream. */
+typedef struct mts__grpc_out {
+    grpc_byte_buffer *buf;
+    struct mts__grpc_out *next;
+} mts__grpc_out;
+
+typedef struct mts__grpc_tag {
+    void (*fn)(struct mts__grpc_tag *t, bool ok);
+    mts__grpc_call *call;
+} mts__grpc_tag;
+
+struct mts__grpc_call {
+    mts_grpc *g;
+    mts_server *srv;
+    const mts__grpc_method *method;
+    grpc_call *call;
+    grpc_call_details details;
+    grpc_metadata_array md;
+    _Atomic int refs;
+    pthread_mutex_t lock;    /* stream state below, and handlers' own stream state */
+    mts__grpc_tag t_close, t_recv, t_send, t_status;
+    int cancelled_flag;      /* filled by RECV_CLOSE_ON_SERVER */
+    grpc_byte_buffer *recv_buf;
+    bool sent_initial_md;    /* under lock */
+    bool send_in_flight;
+    bool reading;
+    bool finished;           /* status sent (or being sent) */
+    bool closed;             /* RECV_CLOSE_ON_SERVER fired */
+    _Atomic bool cancelled;  /* client cancelled or deadline passed */
+    mts__grpc_out *out_head, *out_tail;
+    bool close_pending;      /* stream_close asked: send status when the queue is empty */
+    int close_code;
+    char *close_msg;
+    grpc_slice status_details;
+    int64_t deadline_ns;     /* CLOCK_MONOTONIC deadline, 0 = none */
+    void *state;             /* the handler's */
+};
+
+/* ---- framework (grpc_server.c) ---- */
+void mts__grpc_call_ref(mts__grpc_call *c);
+void mts__grpc_call_unref(mts__grpc_call *c);
+/* Unary: sends msg (may be NULL for an empty message) and status OK; drops the alive ref. */
+void mts__grpc_reply(mts__grpc_call *c, const ProtobufCMessage *msg);
+/* Unary or streaming: sends the status (after queued stream messages); drops the alive ref. */
+void mts__grpc_fail(mts__grpc_call *c, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Fails with the gRPC code of an mtserve status. */
+void mts__grpc_fail_status(mts__grpc_call *c, int status, const char *msg);
+/* Streaming: queue a message (sent in the order queued). The _locked form expects c->lock
+ * held (lets a handler keep its own ordering under the same lock). */
+void mts__grpc_send(mts__grpc_call *c, const ProtobufCMessage *msg);
+void mts__grpc_send_locked(mts__grpc_call *c, const ProtobufCMessage *msg);
+void mts__grpc_close_locked(mts__grpc_call *c, int code, const char *msg);
+/* Streaming: read the next message (at most one read in flight; no-op if one is). */
+void mts__grpc_read(mts__grpc_call *c);
+void mts__grpc_read_locked(mts__grpc_call *c);
+/* Microseconds left before the call's deadline; 0 when it has none, <0 when past. */
+int64_t mts__grpc_timeout_us(const mts__grpc_call *c);
+bool mts__grpc_shutting_down(const mts__grpc_call *c);
+const char *mts__grpc_status_text(int code);
+
+/* ---- services ---- */
+extern const mts__grpc_method mts__grpc_kserve_methods[];
+extern const mts__grpc_method mts__grpc_lipsync_methods[];
+extern const mts__grpc_method mts__grpc_health_methods[];
+extern const mts__grpc_method mts__grpc_reflection_methods[];
+/* Full names of the services served (for health and reflection), NULL-terminated. */
+extern const char *const mts__grpc_service_names[];
+
+/* The serialized FileDescriptorSet of proto/ (generated at build time). */
+extern const unsigned char mts__grpc_descriptor_set[];
+extern const size_t mts__grpc_descriptor_set_len;
+
+/* A bag of zeroed allocations freed together: response messages are built in one and freed
+ * after packing. mts__grpc_alloc aborts on out-of-memory (responses are small; tensor data is
+ * never copied into the arena). */
+typedef struct mts__grpc_arena {
+    void *blocks;
+} mts__grpc_arena;
+void *mts__grpc_alloc(mts__grpc_arena *a, size_t n);
+char *mts__grpc_strdup(mts__grpc_arena *a, const char *s);
+void mts__grpc_arena_free(mts__grpc_arena *a);
+void *mts__grpc_dup(mts__grpc_arena *a, const void *p, size_t n);
+/* A new message in the arena initialised with its protobuf-c INIT macro. */
+#define MTS__GRPC_NEW(a, type, init) ((type *)mts__grpc_dup((a), &(type)init, sizeof(type)))
+
+/* Shared helpers (grpc_kserve.c). */
+const char *mts__grpc_unknown_model(char *buf, size_t len, const char *model);
+
+#endif

@@ -1,0 +1,558 @@
+/*
+ * The lip-sync inference.InferenceService of the design documents (proto/lipsync.proto) over
+ * the server core. InferBatch maps the documents' raw float32 byte arrays onto a model with two
+ * inputs, visual [N,6,320,320] and audio [N,32,16,16] (taken by name when the model calls them
+ * "visual" and "audio", else its first two inputs in order), checks every byte count against
+ * batch_size x the model's frame size, and splits the first output into one RawMouthRegion per
+ * frame. ListModels / LoadModel / UnloadModel / GetModelStats / Health report the registry,
+ * devices and totals. InferBatchComposite is declared and answers UNIMPLEMENTED until the
+ * compositing issue lands.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "api/grpc_internal.h"
+#include "lipsync.pb-c.h"
+
+/* The documents' InferBatchRequest.batch_size range ("1-25 frames"). */
+#define MTS__LIPSYNC_MAX_BATCH 25
+
+static const int64_t default_visual[] = {6, 320, 320};
+static const int64_t default_audio[] = {32, 16, 16};
+
+typedef struct lip_call {
+    mts_request req; /* first: the completion callback casts back */
+    mts__grpc_call *call;
+    Inference__InferBatchRequest *msg;
+    char names[2][128];
+    char out_name[128];
+} lip_call;
+
+static void lip_free(lip_call *l)
+{
+    mts_request_release(&l->req);
+    if (l->msg) inference__infer_batch_request__free_unpacked(l->msg, NULL);
+    free(l);
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* ---- InferBatch ---- */
+
+static void infer_done(mts_request *req, int status, const char *err)
+{
+    lip_call *l = (lip_call *)req;
+    mts__grpc_call *c = l->call;
+    pthread_mutex_lock(&c->lock);
+    c->state = NULL;
+    pthread_mutex_unlock(&c->lock);
+    if (status) {
+        mts__grpc_fail_status(c, status, err);
+    } else if (req->n_outputs < 1 || req->outputs[0].rank < 1 || req->outputs[0].dims[0] != l->msg->batch_size) {
+        mts__grpc_fail(c, MTS_GRPC_INTERNAL, "model '%s' did not produce a batch of %d mouth regions as its first output",
+                       l->msg->model_id, l->msg->batch_size);
+    } else {
+        mts__grpc_arena a = {0};
+        const mts_tensor *t = &req->outputs[0];
+        size_t n = (size_t)l->msg->batch_size, per = (size_t)mts_tensor_nbytes(t) / n;
+        Inference__InferBatchResponse r = INFERENCE__INFER_BATCH_RESPONSE__INIT;
+        r.n_outputs = n;
+        r.outputs = mts__grpc_alloc(&a, sizeof *r.outputs * n);
+        for (size_t i = 0; i < n; i++) {
+            Inference__RawMouthRegion *m = MTS__GRPC_NEW(&a, Inference__RawMouthRegion, INFERENCE__RAW_MOUTH_REGION__INIT);
+            m->data.data = (uint8_t *)t->data + i * per;
+            m->data.len = per;
+            r.outputs[i] = m;
+        }
+        r.inference_time_ms = (float)req->compute_ms;
+        r.queue_time_ms = (float)req->queue_ms;
+        r.success = 1;
+        r.gpu_id = req->device;
+        r.executed_batch_size = req->batch_size;
+        mts__grpc_reply(c, &r.base);
+        mts__grpc_arena_free(&a);
+    }
+    lip_free(l);
+    mts__grpc_call_unref(c);
+}
+
+static int64_t frame_elems(const mts_tensor_meta *m, const int64_t *def, int64_t dims[3])
+{
+    bool known = m->rank == 4;
+    for (int d = 1; known && d < 4; d++) known = m->dims[d] > 0;
+    int64_t n = 1;
+    for (int d = 0; d < 3; d++) {
+        dims[d] = known ? m->dims[d + 1] : def[d];
+        n *= dims[d];
+    }
+    return n;
+}
+
+/* With the model's signature known: picks the inputs, checks sizes, submits. Takes over l. */
+static void infer_submit(lip_call *l)
+{
+    mts__grpc_call *c = l->call;
+    Inference__InferBatchRequest *m = l->msg;
+    mts_model_status *st = malloc(sizeof *st);
+    char buf[300];
+    if (!st || mts_server_model_status_by_name(c->srv, m->model_id, st)) {
+        mts__grpc_fail(c, MTS_GRPC_NOT_FOUND, "%s", mts__grpc_unknown_model(buf, sizeof buf, m->model_id));
+        goto fail;
+    }
+    if (st->n_inputs < 2 || st->n_outputs < 1) {
+        mts__grpc_fail(c, MTS_GRPC_FAILED_PRECONDITION,
+                       "model '%s' has %d inputs and %d outputs; InferBatch needs a lip-sync model with inputs visual "
+                       "[N,6,320,320] and audio [N,32,16,16] and a mouth-region output",
+                       m->model_id, st->n_inputs, st->n_outputs);
+        goto fail;
+    }
+    int vi = 0, ai = 1;
+    for (int i = 0; i < st->n_inputs; i++) {
+        if (!strcmp(st->inputs[i].name, "visual")) vi = i;
+        if (!strcmp(st->inputs[i].name, "audio")) ai = i;
+    }
+    if (vi == ai) vi = 0, ai = 1;
+    if (st->inputs[vi].dtype != MTS_DTYPE_FLOAT || st->inputs[ai].dtype != MTS_DTYPE_FLOAT) {
+        mts__grpc_fail(c, MTS_GRPC_FAILED_PRECONDITION, "model '%s': inputs '%s' and '%s' must be float32",
+                       m->model_id, st->inputs[vi].name, st->inputs[ai].name);
+        goto fail;
+    }
+    const struct {
+        int idx;
+        const int64_t *def;
+        const ProtobufCBinaryData *bytes;
+        const char *field;
+    } in[2] = {{vi, default_visual, &m->visual_frames, "visual_frames"},
+               {ai, default_audio, &m->audio_features, "audio_features"}};
+    for (int k = 0; k < 2; k++) {
+        int64_t dims[3];
+        int64_t per = frame_elems(&st->inputs[in[k].idx], in[k].def, dims);
+        uint64_t want = (uint64_t)m->batch_size * (uint64_t)per * 4;
+        if (in[k].bytes->len != want) {
+            mts__grpc_fail(c, MTS_GRPC_INVALID_ARGUMENT,
+                           "%s has %zu bytes; batch_size %d x %lldx%lldx%lld float32 needs %llu", in[k].field,
+                           in[k].bytes->len, m->batch_size, (long long)dims[0], (long long)dims[1], (long long)dims[2],
+                           (unsigned long long)want);
+            goto fail;
+        }
+        mts_tensor *t = &l->req.inputs[k];
+        t->dtype = MTS_DTYPE_FLOAT;
+        t->rank = 4;
+        t->dims[0] = m->batch_size;
+        for (int d = 0; d < 3; d++) t->dims[d + 1] = dims[d];
+        t->data = in[k].bytes->data;
+        snprintf(l->names[k], sizeof l->names[k], "%s", st->inputs[in[k].idx].name);
+        l->req.input_names[k] = l->names[k];
+    }
+    l->req.n_inputs = 2;
+    snprintf(l->out_name, sizeof l->out_name, "%s", st->outputs[0].name);
+    l->req.requested[0] = l->out_name;
+    l->req.n_requested = 1;
+    l->req.model = m->model_id;
+    l->req.done = infer_done;
+    int64_t timeout = mts__grpc_timeout_us(c);
+    if (timeout < 0) {
+        mts__grpc_fail(c, MTS_GRPC_DEADLINE_EXCEEDED, "the deadline passed before the request was queued");
+        goto fail;
+    }
+    l->req.timeout_us = timeout;
+    free(st);
+    st = NULL;
+    pthread_mutex_lock(&c->lock);
+    c->state = l;
+    pthread_mutex_unlock(&c->lock);
+    int retry = 0;
+    mts_err err = {0};
+    int rc = mts_server_submit(c->srv, &l->req, &retry, &err);
+    if (!rc) return; /* infer_done owns l and the call reference now */
+    pthread_mutex_lock(&c->lock);
+    c->state = NULL;
+    pthread_mutex_unlock(&c->lock);
+    mts__grpc_fail_status(c, rc, err.msg);
+fail:
+    free(st);
+    lip_free(l);
+    mts__grpc_call_unref(c);
+}
+
+static void infer_loaded(void *user, int status, const char *msg)
+{
+    lip_call *l = user;
+    if (status) {
+        mts__grpc_fail_status(l->call, status, msg);
+        mts__grpc_call_unref(l->call);
+        lip_free(l);
+        return;
+    }
+    infer_submit(l);
+}
+
+static void infer_batch(mts__grpc_call *c, const uint8_t *data, size_t len)
+{
+    Inference__InferBatchRequest *m = inference__infer_batch_request__unpack(NULL, len, data);
+    if (!m) {
+        mts__grpc_fail(c, MTS_GRPC_INVALID_ARGUMENT, "the request is not a valid inference.InferBatchRequest");
+        return;
+    }
+    char buf[300];
+    if (!m->model_id[0]) {
+        mts__grpc_fail(c, MTS_GRPC_INVALID_ARGUMENT, "model_id is required");
+        inference__infer_batch_request__free_unpacked(m, NULL);
+        return;
+    }
+    if (!mts_server_has_model(c->srv, m->model_id)) {
+        mts__grpc_fail(c, MTS_GRPC_NOT_FOUND, "%s", mts__grpc_unknown_model(buf, sizeof buf, m->model_id));
+        inference__infer_batch_request__free_unpacked(m, NULL);
+        return;
+    }
+    if (m->batch_size < 1 || m->batch_size > MTS__LIPSYNC_MAX_BATCH) {
+        mts__grpc_fail(c, MTS_GRPC_INVALID_ARGUMENT, "batch_size is %d; expected 1..%d frames", m->batch_size,
+                       MTS__LIPSYNC_MAX_BATCH);
+        inference__infer_batch_request__free_unpacked(m, NULL);
+        return;
+    }
+    lip_call *l = calloc(1, sizeof *l);
+    if (!l) {
+        mts__grpc_fail(c, MTS_GRPC_RESOURCE_EXHAUSTED, "out of memory");
+        inference__infer_batch_request__free_unpacked(m, NULL);
+        return;
+    }
+    l->call = c;
+    l->msg = m;
+    mts__grpc_call_ref(c);
+    mts_model_status *st = malloc(sizeof *st);
+    bool known = st && !mts_server_model_status_by_name(c->srv, m->model_id, st) && st->n_inputs > 0;
+    free(st);
+    if (known) {
+        infer_submit(l);
+        return;
+    }
+    /* First use: the signature is known once the model has been loaded. */
+    mts_err err = {0};
+    int rc = mts_server_load(c->srv, m->model_id, false, infer_loaded, l, &err);
+    if (rc) {
+        mts__grpc_fail_status(c, rc, err.msg);
+        mts__grpc_call_unref(c);
+        lip_free(l);
+    }
+}
+
+static void infer_cancel(mts__grpc_call *c)
+{
+    pthread_mutex_lock(&c->lock);
+    if (c->state) mts_request_cancel(&((lip_call *)c->state)->req);
+    pthread_mutex_unlock(&c->lock);
+}
+
+static void infer_batch_composite(mts__grpc_call *c, const uint8_t *data, size_t len)
+{
+    mts__grpc_fail(c, MTS_GRPC_UNIMPLEMENTED,
+                   "InferBatchComposite is not implemented yet (compositing onto background frames); "
+                   "use InferBatch for the raw mouth regions");
+}
+
+/* ---- registry reports ---- */
+
+static Inference__ModelInfo *model_info(mts__grpc_arena *a, const mts_server *srv, const mts_model_status *st)
+{
+    const mts_model_config *mc = mts_config_find_model(mts_server_config(srv), st->name);
+    Inference__ModelInfo *m = MTS__GRPC_NEW(a, Inference__ModelInfo, INFERENCE__MODEL_INFO__INIT);
+    m->model_id = mts__grpc_strdup(a, st->name);
+    m->loaded = st->state == MTS_MODEL_READY;
+    m->state = (char *)mts_model_state_name(st->state);
+    m->gpu_id = st->device;
+    m->model_path = mts__grpc_strdup(a, mc && mc->model_path ? mc->model_path : "");
+    m->reason = mts__grpc_strdup(a, st->reason);
+    m->pinned = st->pinned;
+    m->max_batch = st->max_batch;
+    m->version = st->version;
+    Inference__ModelStats *s = MTS__GRPC_NEW(a, Inference__ModelStats, INFERENCE__MODEL_STATS__INIT);
+    s->usage_count = (int64_t)st->usage_count;
+    s->total_inference_time_ms = st->total_inference_ms;
+    s->memory_bytes = st->memory_bytes;
+    s->last_used_unix_ms = st->last_used_ms;
+    s->loaded_at_unix_ms = st->loaded_at_ms;
+    s->avg_inference_time_ms = st->execution_count ? st->total_inference_ms / (double)st->execution_count : 0;
+    s->inference_count = st->inference_count;
+    s->execution_count = st->execution_count;
+    s->queue_depth = st->queue_depth;
+    s->loads = st->loads;
+    s->unloads = st->unloads;
+    s->evictions = st->evictions;
+    s->load_failures = st->load_failures;
+    s->last_load_ms = st->last_load_ms;
+    m->stats = s;
+    return m;
+}
+
+static Inference__DeviceStats **device_stats(mts__grpc_arena *a, mts_server *srv, size_t *n)
+{
+    int nd = mts_server_device_count(srv);
+    Inference__DeviceStats **out = mts__grpc_alloc(a, sizeof *out * (size_t)(nd + 1));
+    for (int d = 0; d < nd; d++) {
+        mts_device_status ds;
+        mts_server_device_status(srv, d, &ds);
+        Inference__DeviceStats *s = MTS__GRPC_NEW(a, Inference__DeviceStats, INFERENCE__DEVICE_STATS__INIT);
+        s->gpu_id = d;
+        s->kind = "CPU";
+        s->models = ds.models;
+        s->memory_used_bytes = ds.bytes_used;
+        s->memory_total_bytes = ds.bytes_budget;
+        s->workers = ds.workers;
+        s->busy_workers = ds.busy_workers;
+        s->queue_depth = ds.queue_depth;
+        s->threads = ds.threads;
+        out[d] = s;
+    }
+    *n = (size_t)nd;
+    return out;
+}
+
+/* All models (or the one named) as ModelInfo; returns false (and fails the call) if unknown. */
+static bool collect_models(mts__grpc_call *c, mts__grpc_arena *a, const char *only, Inference__ModelInfo ***out,
+                           size_t *n_out, int *loaded)
+{
+    int n = mts_server_model_count(c->srv);
+    Inference__ModelInfo **models = mts__grpc_alloc(a, sizeof *models * (size_t)(n + 1));
+    mts_model_status *st = malloc(sizeof *st);
+    size_t k = 0;
+    *loaded = 0;
+    if (!st) {
+        mts__grpc_fail(c, MTS_GRPC_RESOURCE_EXHAUSTED, "out of memory");
+        return false;
+    }
+    if (only && only[0]) {
+        char buf[300];
+        if (mts_server_model_status_by_name(c->srv, only, st)) {
+            free(st);
+            mts__grpc_fail(c, MTS_GRPC_NOT_FOUND, "%s", mts__grpc_unknown_model(buf, sizeof buf, only));
+            return false;
+        }
+        models[k++] = model_info(a, c->srv, st);
+        *loaded = st->state == MTS_MODEL_READY;
+    } else {
+        for (int i = 0; i < n; i++) {
+            if (mts_server_model_status(c->srv, i, st)) continue;
+            models[k++] = model_info(a, c->srv, st);
+            if (st->state == MTS_MODEL_READY) (*loaded)++;
+        }
+    }
+    free(st);
+    *out = models;
+    *n_out = k;
+    return true;
+}
+
+static void list_models(mts__grpc_call *c, const uint8_t *data, size_t len)
+{
+    mts__grpc_arena a = {0};
+    Inference__ListModelsResponse r = INFERENCE__LIST_MODELS_RESPONSE__INIT;
+    int loaded = 0;
+    if (collect_models(c, &a, NULL, &r.models, &r.n_models, &loaded)) {
+        r.total_models = (int32_t)r.n_models;
+        r.loaded_models = loaded;
+        mts__grpc_reply(c, &r.base);
+    }
+    mts__grpc_arena_free(&a);
+}
+
+static void get_model_stats(mts__grpc_call *c, const uint8_t *data, size_t len)
+{
+    Inference__GetModelStatsRequest *m = inference__get_model_stats_request__unpack(NULL, len, data);
+    if (!m) {
+        mts__grpc_fail(c, MTS_GRPC_INVALID_ARGUMENT, "the request is not a valid inference.GetModelStatsRequest");
+        return;
+    }
+    mts__grpc_arena a = {0};
+    Inference__GetModelStatsResponse r = INFERENCE__GET_MODEL_STATS_RESPONSE__INIT;
+    int loaded = 0;
+    if (collect_models(c, &a, m->model_id, &r.models, &r.n_models, &loaded)) {
+        r.devices = device_stats(&a, c->srv, &r.n_devices);
+        mts_server_totals t;
+        mts_server_totals_get(c->srv, &t);
+        Inference__GlobalStats *g = MTS__GRPC_NEW(&a, Inference__GlobalStats, INFERENCE__GLOBAL_STATS__INIT);
+        g->total_models = mts_server_model_count(c->srv);
+        g->loaded_models = t.resident_models;
+        g->total_memory_bytes = t.resident_bytes;
+        g->requests_submitted = t.submitted;
+        g->requests_completed = t.completed;
+        g->requests_failed = t.failed;
+        g->rejected_queue_full = t.rejected_full;
+        g->timed_out = t.timed_out;
+        g->cancelled = t.cancelled;
+        g->queue_depth = t.queue_depth;
+        g->uptime_s = t.uptime_s;
+        r.totals = g;
+        mts__grpc_reply(c, &r.base);
+    }
+    mts__grpc_arena_free(&a);
+    inference__get_model_stats_request__free_unpacked(m, NULL);
+}
+
+static void health(mts__grpc_call *c, const uint8_t *data, size_t len)
+{
+    mts__grpc_arena a = {0};
+    Inference__HealthResponse r = INFERENCE__HEALTH_RESPONSE__INIT;
+    mts_server_totals t;
+    mts_server_totals_get(c->srv, &t);
+    r.healthy = !t.shutting_down;
+    r.status = t.shutting_down ? "SHUTTING_DOWN" : "SERVING";
+    r.cuda_available = 0;
+    r.total_models = mts_server_model_count(c->srv);
+    r.devices = device_stats(&a, c->srv, &r.n_devices);
+    r.loaded_model_ids = mts__grpc_alloc(&a, sizeof(char *) * (size_t)(r.total_models + 1));
+    mts_model_status *st = malloc(sizeof *st);
+    for (int i = 0; st && i < r.total_models; i++)
+        if (!mts_server_model_status(c->srv, i, st) && st->state == MTS_MODEL_READY)
+            r.loaded_model_ids[r.n_loaded_model_ids++] = mts__grpc_strdup(&a, st->name);
+    free(st);
+    r.loaded_models = (int32_t)r.n_loaded_model_ids;
+    r.version = "mtserve 0.1.0";
+    r.uptime_s = t.uptime_s;
+    mts__grpc_reply(c, &r.base);
+    mts__grpc_arena_free(&a);
+}
+
+/* ---- LoadModel / UnloadModel ---- */
+
+typedef struct load_call {
+    mts__grpc_call *call;
+    char model[256];
+    double t0;
+    bool was_ready;
+    bool force;
+} load_call;
+
+static void load_done(void *user, int status, const char *msg)
+{
+    load_call *lc = user;
+    mts__grpc_call *c = lc->call;
+    if (status) {
+        mts__grpc_fail_status(c, status, msg);
+    } else {
+        mts__grpc_arena a = {0};
+        Inference__LoadModelResponse r = INFERENCE__LOAD_MODEL_RESPONSE__INIT;
+        mts_model_status *st = malloc(sizeof *st);
+        if (st && !mts_server_model_status_by_name(c->srv, lc->model, st)) r.model = model_info(&a, c->srv, st);
+        r.success = 1;
+        r.load_time_ms = lc->was_ready && !lc->force ? 0 : now_ms() - lc->t0;
+        char text[400];
+        snprintf(text, sizeof text, "model '%s' %s", lc->model,
+                 lc->was_ready && !lc->force ? "was already loaded" : lc->force ? "reloaded" : "loaded");
+        r.message = text;
+        mts__grpc_reply(c, &r.base);
+        free(st);
+        mts__grpc_arena_free(&a);
+    }
+    mts__grpc_call_unref(c);
+    free(lc);
+}
+
+static void load_model(mts__grpc_call *c, const uint8_t *data, size_t len)
+{
+    Inference__LoadModelRequest *m = inference__load_model_request__unpack(NULL, len, data);
+    if (!m) {
+        mts__grpc_fail(c, MTS_GRPC_INVALID_ARGUMENT, "the request is not a valid inference.LoadModelRequest");
+        return;
+    }
+    mts_model_status *st = malloc(sizeof *st);
+    load_call *lc = calloc(1, sizeof *lc);
+    char buf[300];
+    if (!st || !lc) {
+        mts__grpc_fail(c, MTS_GRPC_RESOURCE_EXHAUSTED, "out of memory");
+        free(lc);
+    } else if (!m->model_id[0]) {
+        mts__grpc_fail(c, MTS_GRPC_INVALID_ARGUMENT, "model_id is required");
+        free(lc);
+    } else if (mts_server_model_status_by_name(c->srv, m->model_id, st)) {
+        mts__grpc_fail(c, MTS_GRPC_NOT_FOUND, "%s", mts__grpc_unknown_model(buf, sizeof buf, m->model_id));
+        free(lc);
+    } else {
+        lc->call = c;
+        snprintf(lc->model, sizeof lc->model, "%s", m->model_id);
+        lc->t0 = now_ms();
+        lc->was_ready = st->state == MTS_MODEL_READY;
+        lc->force = m->force_reload;
+        mts__grpc_call_ref(c);
+        mts_err err = {0};
+        int rc = mts_server_load(c->srv, m->model_id, m->force_reload, load_done, lc, &err);
+        if (rc) {
+            mts__grpc_fail_status(c, rc, err.msg);
+            mts__grpc_call_unref(c);
+            free(lc);
+        }
+    }
+    free(st);
+    inference__load_model_request__free_unpacked(m, NULL);
+}
+
+typedef struct unload_call {
+    mts__grpc_call *call;
+    char model[256];
+} unload_call;
+
+static void unload_done(void *user, int status, const char *msg)
+{
+    unload_call *uc = user;
+    if (status) {
+        mts__grpc_fail_status(uc->call, status, msg);
+    } else {
+        Inference__UnloadModelResponse r = INFERENCE__UNLOAD_MODEL_RESPONSE__INIT;
+        char text[400];
+        snprintf(text, sizeof text, "model '%s' unloaded", uc->model);
+        r.success = 1;
+        r.message = text;
+        mts__grpc_reply(uc->call, &r.base);
+    }
+    mts__grpc_call_unref(uc->call);
+    free(uc);
+}
+
+static void unload_model(mts__grpc_call *c, const uint8_t *data, size_t len)
+{
+    Inference__UnloadModelRequest *m = inference__unload_model_request__unpack(NULL, len, data);
+    if (!m) {
+        mts__grpc_fail(c, MTS_GRPC_INVALID_ARGUMENT, "the request is not a valid inference.UnloadModelRequest");
+        return;
+    }
+    char buf[300];
+    unload_call *uc = NULL;
+    if (!m->model_id[0]) {
+        mts__grpc_fail(c, MTS_GRPC_INVALID_ARGUMENT, "model_id is required");
+    } else if (!mts_server_has_model(c->srv, m->model_id)) {
+        mts__grpc_fail(c, MTS_GRPC_NOT_FOUND, "%s", mts__grpc_unknown_model(buf, sizeof buf, m->model_id));
+    } else if (!(uc = calloc(1, sizeof *uc))) {
+        mts__grpc_fail(c, MTS_GRPC_RESOURCE_EXHAUSTED, "out of memory");
+    } else {
+        uc->call = c;
+        snprintf(uc->model, sizeof uc->model, "%s", m->model_id);
+        mts__grpc_call_ref(c);
+        mts_err err = {0};
+        int rc = mts_server_unload(c->srv, m->model_id, unload_done, uc, &err);
+        if (rc) {
+            mts__grpc_fail_status(c, rc, err.msg);
+            mts__grpc_call_unref(c);
+            free(uc);
+        }
+    }
+    inference__unload_model_request__free_unpacked(m, NULL);
+}
+
+#define LS "/inference.InferenceService/"
+const mts__grpc_method mts__grpc_lipsync_methods[] = {
+    {LS "InferBatch", false, infer_batch, NULL, infer_cancel, NULL},
+    {LS "InferBatchComposite", false, infer_batch_composite, NULL, NULL, NULL},
+    {LS "ListModels", false, list_models, NULL, NULL, NULL},
+    {LS "LoadModel", false, load_model, NULL, NULL, NULL},
+    {LS "UnloadModel", false, unload_model, NULL, NULL, NULL},
+    {LS "GetModelStats", false, get_model_stats, NULL, NULL, NULL},
+    {LS "Health", false, health, NULL, NULL, NULL},
+    {NULL, false, NULL, NULL, NULL, NULL},
+};

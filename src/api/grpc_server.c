@@ -1,0 +1,599 @@
+/*
+ * The gRPC front end's transport layer on gRPC core (Debian's libgrpc, C API): listening,
+ * completion-queue threads, the call object and its reference counting, message and status
+ * sending, deadlines, cancellation, and method dispatch to the service files
+ * (grpc_kserve.c, grpc_lipsync.c, grpc_reflection.c). gRPC core does HTTP/2, flow control,
+ * keepalive and message-size limits; this file only sequences batches on calls.
+ *
+ * Threads: `threads` pollers run grpc_completion_queue_next and the handlers (which never
+ * block); workers and loaders of the server core finish calls from their own threads through
+ * the same functions (grpc_call_start_batch is thread-safe; per-call state is under c->lock).
+ */
+#include "api/grpc_internal.h"
+
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc_security.h>
+#include <grpc/support/time.h>
+
+#include "util/log.h"
+
+#define MTS_GRPC_SLOTS 32
+#define MTS_GRPC_MAX_THREADS 16
+
+/* A pending grpc_server_request_call: when it fires, its call becomes an mts__grpc_call and the
+ * slot asks for the next one. */
+typedef struct request_slot {
+    mts__grpc_tag tag;
+    mts_grpc *g;
+    grpc_call *call;
+    grpc_call_details details;
+    grpc_metadata_array md;
+} request_slot;
+
+struct mts_grpc {
+    mts_server *srv;
+    grpc_server *server;
+    grpc_completion_queue *cq;
+    int port;
+    int n_threads;
+    pthread_t threads[MTS_GRPC_MAX_THREADS];
+    request_slot slots[MTS_GRPC_SLOTS];
+    mts__grpc_tag t_shutdown;
+    pthread_mutex_t lock;
+    pthread_cond_t cv;
+    bool shutdown_started, shutdown_done;
+    _Atomic int live_calls;
+};
+
+int mts_grpc_code(int status)
+{
+    switch (status) {
+    case MTS_OK: return MTS_GRPC_OK;
+    case MTS_ENOTFOUND: return MTS_GRPC_NOT_FOUND;
+    case MTS_EINVAL: case MTS_ESHAPE: case MTS_EFORMAT: return MTS_GRPC_INVALID_ARGUMENT;
+    case MTS_EFULL: case MTS_ELIMIT: case MTS_ENOMEM: return MTS_GRPC_RESOURCE_EXHAUSTED;
+    case MTS_ETIMEDOUT: return MTS_GRPC_DEADLINE_EXCEEDED;
+    case MTS_EUNAVAILABLE: return MTS_GRPC_UNAVAILABLE;
+    case MTS_ECANCELLED: return MTS_GRPC_CANCELLED;
+    case MTS_EUNSUPPORTED: return MTS_GRPC_UNIMPLEMENTED;
+    default: return MTS_GRPC_INTERNAL;
+    }
+}
+
+const char *mts__grpc_status_text(int code)
+{
+    static const char *names[] = {"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED",
+                                  "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
+                                  "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL",
+                                  "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"};
+    return code >= 0 && code <= 16 ? names[code] : "?";
+}
+
+/* ---- arena ---- */
+
+void *mts__grpc_alloc(mts__grpc_arena *a, size_t n)
+{
+    void **b = calloc(1, sizeof(void *) * 2 + n);
+    MTS_ASSERT(b != NULL);
+    b[0] = a->blocks;
+    a->blocks = b;
+    return b + 2;
+}
+
+void *mts__grpc_dup(mts__grpc_arena *a, const void *p, size_t n)
+{
+    void *d = mts__grpc_alloc(a, n);
+    memcpy(d, p, n);
+    return d;
+}
+
+char *mts__grpc_strdup(mts__grpc_arena *a, const char *s)
+{
+    size_t n = strlen(s ? s : "");
+    char *d = mts__grpc_alloc(a, n + 1);
+    memcpy(d, s ? s : "", n);
+    return d;
+}
+
+void mts__grpc_arena_free(mts__grpc_arena *a)
+{
+    for (void **b = a->blocks, **n; b; b = n) {
+        n = b[0];
+        free(b);
+    }
+    a->blocks = NULL;
+}
+
+/* ---- call lifetime ---- */
+
+void mts__grpc_call_ref(mts__grpc_call *c)
+{
+    atomic_fetch_add(&c->refs, 1);
+}
+
+void mts__grpc_call_unref(mts__grpc_call *c)
+{
+    if (atomic_fetch_sub(&c->refs, 1) != 1) return;
+    for (mts__grpc_out *o = c->out_head, *n; o; o = n) {
+        n = o->next;
+        grpc_byte_buffer_destroy(o->buf);
+        free(o);
+    }
+    if (c->recv_buf) grpc_byte_buffer_destroy(c->recv_buf);
+    if (c->method && c->method->state_free && c->state) c->method->state_free(c->state);
+    grpc_slice_unref(c->status_details);
+    free(c->close_msg);
+    grpc_call_details_destroy(&c->details);
+    grpc_metadata_array_destroy(&c->md);
+    grpc_call_unref(c->call);
+    pthread_mutex_destroy(&c->lock);
+    atomic_fetch_sub(&c->g->live_calls, 1);
+    free(c);
+}
+
+/* Starts a batch holding a reference for it; on failure to start, the reference is returned. */
+static bool start_batch(mts__grpc_call *c, const grpc_op *ops, size_t n, mts__grpc_tag *tag)
+{
+    mts__grpc_call_ref(c);
+    grpc_call_error e = grpc_call_start_batch(c->call, ops, n, tag, NULL);
+    if (e != GRPC_CALL_OK) {
+        MTS_WARN("grpc: start_batch failed (%d) on %.*s", (int)e, (int)GRPC_SLICE_LENGTH(c->details.method),
+                 (const char *)GRPC_SLICE_START_PTR(c->details.method));
+        mts__grpc_call_unref(c);
+        return false;
+    }
+    return true;
+}
+
+static grpc_byte_buffer *pack(const ProtobufCMessage *msg)
+{
+    size_t n = msg ? protobuf_c_message_get_packed_size(msg) : 0;
+    grpc_slice s = grpc_slice_malloc(n);
+    if (n) protobuf_c_message_pack(msg, GRPC_SLICE_START_PTR(s));
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
+    grpc_slice_unref(s);
+    return bb;
+}
+
+static void on_status_sent(mts__grpc_tag *t, bool ok)
+{
+    (void)ok;
+    mts__grpc_call_unref(t->call);
+}
+
+/* Sends the final status (with the reply message for unary calls), under c->lock. Drops the
+ * alive reference. Returns false if the call was already finished. */
+static void finish_locked(mts__grpc_call *c, grpc_byte_buffer *reply, int code, const char *msg)
+{
+    if (c->finished) {
+        if (reply) grpc_byte_buffer_destroy(reply);
+        return;
+    }
+    c->finished = true;
+    grpc_op ops[3];
+    memset(ops, 0, sizeof ops);
+    size_t n = 0;
+    if (!c->sent_initial_md) {
+        ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
+        n++;
+        c->sent_initial_md = true;
+    }
+    if (reply) {
+        ops[n].op = GRPC_OP_SEND_MESSAGE;
+        ops[n].data.send_message.send_message = reply;
+        n++;
+    }
+    grpc_slice_unref(c->status_details);
+    c->status_details = grpc_slice_from_copied_string(msg ? msg : "");
+    ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    ops[n].data.send_status_from_server.status = (grpc_status_code)code;
+    ops[n].data.send_status_from_server.status_details = code ? &c->status_details : NULL;
+    n++;
+    start_batch(c, ops, n, &c->t_status);
+    /* gRPC core copies what it needs from SEND_MESSAGE when the batch starts. */
+    if (reply) grpc_byte_buffer_destroy(reply);
+    if (code && code != MTS_GRPC_CANCELLED)
+        mts_log(MTS_LOG_DEBUG, "grpc: %.*s -> %s: %s", (int)GRPC_SLICE_LENGTH(c->details.method),
+                  (const char *)GRPC_SLICE_START_PTR(c->details.method), mts__grpc_status_text(code), msg ? msg : "");
+    mts__grpc_call_unref(c); /* the alive reference */
+}
+
+void mts__grpc_reply(mts__grpc_call *c, const ProtobufCMessage *msg)
+{
+    grpc_byte_buffer *bb = pack(msg);
+    pthread_mutex_lock(&c->lock);
+    finish_locked(c, bb, MTS_GRPC_OK, NULL);
+    pthread_mutex_unlock(&c->lock);
+}
+
+void mts__grpc_fail(mts__grpc_call *c, int code, const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    pthread_mutex_lock(&c->lock);
+    if (c->method && c->method->streaming) mts__grpc_close_locked(c, code, msg);
+    else finish_locked(c, NULL, code, msg);
+    pthread_mutex_unlock(&c->lock);
+}
+
+void mts__grpc_fail_status(mts__grpc_call *c, int status, const char *msg)
+{
+    mts__grpc_fail(c, mts_grpc_code(status), "%s", msg && msg[0] ? msg : mts_status_text(status));
+}
+
+/* ---- streaming sends ---- */
+
+static void on_sent(mts__grpc_tag *t, bool ok);
+
+/* Starts the next queued send, or the pending status once the queue is empty. */
+static void pump_locked(mts__grpc_call *c)
+{
+    if (c->send_in_flight || c->finished) return;
+    mts__grpc_out *o = c->out_head;
+    if (o) {
+        c->out_head = o->next;
+        if (!c->out_head) c->out_tail = NULL;
+        grpc_op ops[2];
+        memset(ops, 0, sizeof ops);
+        size_t n = 0;
+        if (!c->sent_initial_md) {
+            ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+            c->sent_initial_md = true;
+        }
+        ops[n].op = GRPC_OP_SEND_MESSAGE;
+        ops[n].data.send_message.send_message = o->buf;
+        n++;
+        c->send_in_flight = start_batch(c, ops, n, &c->t_send);
+        grpc_byte_buffer_destroy(o->buf);
+        free(o);
+        return;
+    }
+    if (c->close_pending) finish_locked(c, NULL, c->close_code, c->close_msg);
+}
+
+static void on_sent(mts__grpc_tag *t, bool ok)
+{
+    mts__grpc_call *c = t->call;
+    pthread_mutex_lock(&c->lock);
+    c->send_in_flight = false;
+    if (!ok) { /* the stream is broken: drop what is queued */
+        for (mts__grpc_out *o = c->out_head, *n; o; o = n) {
+            n = o->next;
+            grpc_byte_buffer_destroy(o->buf);
+            free(o);
+        }
+        c->out_head = c->out_tail = NULL;
+    }
+    pump_locked(c);
+    pthread_mutex_unlock(&c->lock);
+    mts__grpc_call_unref(c);
+}
+
+void mts__grpc_send_locked(mts__grpc_call *c, const ProtobufCMessage *msg)
+{
+    if (c->finished || c->close_pending || atomic_load(&c->cancelled)) return;
+    mts__grpc_out *o = malloc(sizeof *o);
+    if (!o) return;
+    o->buf = pack(msg);
+    o->next = NULL;
+    if (c->out_tail) c->out_tail->next = o;
+    else c->out_head = o;
+    c->out_tail = o;
+    pump_locked(c);
+}
+
+void mts__grpc_send(mts__grpc_call *c, const ProtobufCMessage *msg)
+{
+    pthread_mutex_lock(&c->lock);
+    mts__grpc_send_locked(c, msg);
+    pthread_mutex_unlock(&c->lock);
+}
+
+void mts__grpc_close_locked(mts__grpc_call *c, int code, const char *msg)
+{
+    if (c->finished || c->close_pending) return;
+    c->close_pending = true;
+    c->close_code = code;
+    c->close_msg = strdup(msg ? msg : "");
+    pump_locked(c);
+}
+
+/* ---- reading ---- */
+
+static void on_read(mts__grpc_tag *t, bool ok)
+{
+    mts__grpc_call *c = t->call;
+    pthread_mutex_lock(&c->lock);
+    c->reading = false;
+    grpc_byte_buffer *bb = c->recv_buf;
+    c->recv_buf = NULL;
+    pthread_mutex_unlock(&c->lock);
+    const mts__grpc_method *m = c->method;
+    if (!ok || atomic_load(&c->cancelled)) {
+        if (bb) grpc_byte_buffer_destroy(bb);
+        mts__grpc_fail(c, MTS_GRPC_CANCELLED, "cancelled");
+    } else if (!bb) {
+        if (m->streaming) {
+            if (m->on_half_close) m->on_half_close(c);
+            else mts__grpc_fail(c, MTS_GRPC_OK, "%s", "");
+        } else {
+            mts__grpc_fail(c, MTS_GRPC_INVALID_ARGUMENT, "the call carried no request message");
+        }
+    } else {
+        grpc_byte_buffer_reader r;
+        if (!grpc_byte_buffer_reader_init(&r, bb)) {
+            grpc_byte_buffer_destroy(bb);
+            mts__grpc_fail(c, MTS_GRPC_INTERNAL, "cannot read the request message");
+        } else {
+            grpc_slice s = grpc_byte_buffer_reader_readall(&r);
+            grpc_byte_buffer_reader_destroy(&r);
+            grpc_byte_buffer_destroy(bb);
+            m->on_message(c, GRPC_SLICE_START_PTR(s), GRPC_SLICE_LENGTH(s));
+            grpc_slice_unref(s);
+        }
+    }
+    mts__grpc_call_unref(c);
+}
+
+void mts__grpc_read_locked(mts__grpc_call *c)
+{
+    if (c->reading || c->finished || atomic_load(&c->cancelled)) return;
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_RECV_MESSAGE;
+    op.data.recv_message.recv_message = &c->recv_buf;
+    c->reading = start_batch(c, &op, 1, &c->t_recv);
+}
+
+void mts__grpc_read(mts__grpc_call *c)
+{
+    pthread_mutex_lock(&c->lock);
+    mts__grpc_read_locked(c);
+    pthread_mutex_unlock(&c->lock);
+}
+
+/* ---- deadlines, cancellation ---- */
+
+int64_t mts__grpc_timeout_us(const mts__grpc_call *c)
+{
+    gpr_timespec d = c->details.deadline;
+    if (gpr_time_cmp(d, gpr_inf_future(d.clock_type)) == 0) return 0;
+    gpr_timespec left = gpr_time_sub(gpr_convert_clock_type(d, GPR_CLOCK_MONOTONIC), gpr_now(GPR_CLOCK_MONOTONIC));
+    int64_t us = (int64_t)left.tv_sec * 1000000 + left.tv_nsec / 1000;
+    return us == 0 ? -1 : us;
+}
+
+bool mts__grpc_shutting_down(const mts__grpc_call *c)
+{
+    mts_server_totals t;
+    mts_server_totals_get(c->srv, &t);
+    return t.shutting_down;
+}
+
+static void on_close(mts__grpc_tag *t, bool ok)
+{
+    mts__grpc_call *c = t->call;
+    (void)ok;
+    pthread_mutex_lock(&c->lock);
+    c->closed = true;
+    bool cancelled = c->cancelled_flag && !c->finished;
+    pthread_mutex_unlock(&c->lock);
+    if (c->cancelled_flag) {
+        atomic_store(&c->cancelled, true);
+        if (c->method && c->method->on_cancel) c->method->on_cancel(c);
+        if (cancelled) mts__grpc_fail(c, MTS_GRPC_CANCELLED, "cancelled by the client");
+    }
+    mts__grpc_call_unref(c);
+}
+
+/* ---- dispatch ---- */
+
+static const mts__grpc_method *const method_tables[] = {mts__grpc_kserve_methods, mts__grpc_lipsync_methods,
+                                                        mts__grpc_health_methods, mts__grpc_reflection_methods};
+
+static const mts__grpc_method *find_method(grpc_slice path)
+{
+    for (size_t k = 0; k < sizeof method_tables / sizeof method_tables[0]; k++)
+        for (const mts__grpc_method *m = method_tables[k]; m->path; m++)
+            if (grpc_slice_str_cmp(path, m->path) == 0) return m;
+    return NULL;
+}
+
+static void arm_slot(request_slot *s);
+
+static void on_new_call(mts__grpc_tag *t, bool ok)
+{
+    request_slot *s = (request_slot *)t;
+    mts_grpc *g = s->g;
+    if (!ok) { /* server shutting down: this slot is spent */
+        grpc_call_details_destroy(&s->details);
+        grpc_metadata_array_destroy(&s->md);
+        return;
+    }
+    mts__grpc_call *c = calloc(1, sizeof *c);
+    if (!c) {
+        grpc_call_cancel_with_status(s->call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory", NULL);
+        grpc_call_unref(s->call);
+        grpc_call_details_destroy(&s->details);
+        grpc_metadata_array_destroy(&s->md);
+        arm_slot(s);
+        return;
+    }
+    c->g = g;
+    c->srv = g->srv;
+    c->call = s->call;
+    c->details = s->details;
+    c->md = s->md;
+    c->status_details = grpc_empty_slice();
+    atomic_init(&c->refs, 1); /* alive */
+    pthread_mutex_init(&c->lock, NULL);
+    c->t_close = (mts__grpc_tag){on_close, c};
+    c->t_recv = (mts__grpc_tag){on_read, c};
+    c->t_send = (mts__grpc_tag){on_sent, c};
+    c->t_status = (mts__grpc_tag){on_status_sent, c};
+    atomic_fetch_add(&g->live_calls, 1);
+    arm_slot(s);
+
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    op.data.recv_close_on_server.cancelled = &c->cancelled_flag;
+    start_batch(c, &op, 1, &c->t_close);
+
+    c->method = find_method(c->details.method);
+    if (!c->method) {
+        mts__grpc_fail(c, MTS_GRPC_UNIMPLEMENTED, "method %.*s is not implemented by mtserve",
+                       (int)GRPC_SLICE_LENGTH(c->details.method), (const char *)GRPC_SLICE_START_PTR(c->details.method));
+        return;
+    }
+    if (mts__grpc_timeout_us(c) < 0) {
+        mts__grpc_fail(c, MTS_GRPC_DEADLINE_EXCEEDED, "the deadline passed before the call started");
+        return;
+    }
+    mts__grpc_read(c);
+}
+
+static void arm_slot(request_slot *s)
+{
+    s->call = NULL;
+    grpc_call_details_init(&s->details);
+    grpc_metadata_array_init(&s->md);
+    grpc_call_error e = grpc_server_request_call(s->g->server, &s->call, &s->details, &s->md, s->g->cq, s->g->cq, s);
+    if (e != GRPC_CALL_OK) {
+        grpc_call_details_destroy(&s->details);
+        grpc_metadata_array_destroy(&s->md);
+    }
+}
+
+static void on_shutdown(mts__grpc_tag *t, bool ok)
+{
+    (void)ok;
+    mts_grpc *g = (mts_grpc *)((char *)t - offsetof(mts_grpc, t_shutdown));
+    pthread_mutex_lock(&g->lock);
+    g->shutdown_done = true;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->lock);
+}
+
+static void *poll_main(void *arg)
+{
+    mts_grpc *g = arg;
+    for (;;) {
+        grpc_event ev = grpc_completion_queue_next(g->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+        if (ev.type == GRPC_QUEUE_SHUTDOWN) break;
+        if (ev.type != GRPC_OP_COMPLETE) continue;
+        mts__grpc_tag *t = ev.tag;
+        t->fn(t, ev.success != 0);
+    }
+    return NULL;
+}
+
+/* ---- start / stop ---- */
+
+int mts_grpc_start(mts_server *srv, const mts_grpc_opts *o, mts_grpc **out, mts_err *err)
+{
+    mts_grpc *g = calloc(1, sizeof *g);
+    if (!g) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+    grpc_init();
+    g->srv = srv;
+    pthread_mutex_init(&g->lock, NULL);
+    pthread_cond_init(&g->cv, NULL);
+    size_t max_msg = o->max_message ? o->max_message : (size_t)50 << 20;
+    if (max_msg > INT_MAX) max_msg = INT_MAX;
+    grpc_arg args[] = {
+        {.type = GRPC_ARG_INTEGER, .key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, .value.integer = (int)max_msg},
+        {.type = GRPC_ARG_INTEGER, .key = (char *)GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, .value.integer = -1},
+        /* Keepalive: ping idle clients every 60 s (20 s to answer); accept client keepalive pings
+         * as often as every 5 s, with or without calls in flight, without GOAWAY for strikes. */
+        {.type = GRPC_ARG_INTEGER, .key = (char *)GRPC_ARG_KEEPALIVE_TIME_MS, .value.integer = 60000},
+        {.type = GRPC_ARG_INTEGER, .key = (char *)GRPC_ARG_KEEPALIVE_TIMEOUT_MS, .value.integer = 20000},
+        {.type = GRPC_ARG_INTEGER, .key = (char *)GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, .value.integer = 1},
+        {.type = GRPC_ARG_INTEGER, .key = (char *)GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+         .value.integer = 5000},
+        {.type = GRPC_ARG_INTEGER, .key = (char *)GRPC_ARG_HTTP2_MAX_PING_STRIKES, .value.integer = 0},
+        {.type = GRPC_ARG_INTEGER, .key = (char *)GRPC_ARG_ALLOW_REUSEPORT, .value.integer = 0},
+    };
+    grpc_channel_args ca = {sizeof args / sizeof args[0], args};
+    g->server = grpc_server_create(&ca, NULL);
+    g->cq = grpc_completion_queue_create_for_next(NULL);
+    grpc_server_register_completion_queue(g->server, g->cq, NULL);
+    char addr[300];
+    snprintf(addr, sizeof addr, "%s:%d", o->host ? o->host : "127.0.0.1", o->port);
+    grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+    g->port = grpc_server_add_http2_port(g->server, addr, creds);
+    grpc_server_credentials_release(creds);
+    if (g->port <= 0) {
+        mts_err_set(err, MTS_EIO, "cannot listen for gRPC on %s (address in use or not local?)", addr);
+        grpc_server_destroy(g->server);
+        grpc_completion_queue_shutdown(g->cq);
+        while (grpc_completion_queue_next(g->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type != GRPC_QUEUE_SHUTDOWN) {
+        }
+        grpc_completion_queue_destroy(g->cq);
+        pthread_mutex_destroy(&g->lock);
+        pthread_cond_destroy(&g->cv);
+        free(g);
+        grpc_shutdown();
+        return MTS_EIO;
+    }
+    grpc_server_start(g->server);
+    for (int i = 0; i < MTS_GRPC_SLOTS; i++) {
+        g->slots[i].tag.fn = on_new_call;
+        g->slots[i].g = g;
+        arm_slot(&g->slots[i]);
+    }
+    g->t_shutdown.fn = on_shutdown;
+    g->n_threads = o->threads > 0 ? (o->threads > MTS_GRPC_MAX_THREADS ? MTS_GRPC_MAX_THREADS : o->threads) : 2;
+    for (int i = 0; i < g->n_threads; i++) pthread_create(&g->threads[i], NULL, poll_main, g);
+    MTS_INFO("event=grpc_listening addr=%s:%d max_message=%zu threads=%d", o->host ? o->host : "127.0.0.1", g->port,
+             max_msg, g->n_threads);
+    *out = g;
+    return MTS_OK;
+}
+
+int mts_grpc_port(const mts_grpc *g)
+{
+    return g->port;
+}
+
+void mts_grpc_stop_accepting(mts_grpc *g)
+{
+    if (!g) return;
+    pthread_mutex_lock(&g->lock);
+    bool start = !g->shutdown_started;
+    g->shutdown_started = true;
+    pthread_mutex_unlock(&g->lock);
+    if (start) grpc_server_shutdown_and_notify(g->server, g->cq, &g->t_shutdown);
+}
+
+void mts_grpc_stop(mts_grpc *g)
+{
+    if (!g) return;
+    mts_grpc_stop_accepting(g);
+    grpc_server_cancel_all_calls(g->server);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += 10;
+    pthread_mutex_lock(&g->lock);
+    while (!g->shutdown_done)
+        if (pthread_cond_timedwait(&g->cv, &g->lock, &ts)) break;
+    bool done = g->shutdown_done;
+    pthread_mutex_unlock(&g->lock);
+    if (!done) MTS_WARN("grpc: %d calls still open after 10 s; stopping anyway", atomic_load(&g->live_calls));
+    grpc_server_destroy(g->server);
+    grpc_completion_queue_shutdown(g->cq);
+    for (int i = 0; i < g->n_threads; i++) pthread_join(g->threads[i], NULL);
+    grpc_completion_queue_destroy(g->cq);
+    pthread_mutex_destroy(&g->lock);
+    pthread_cond_destroy(&g->cv);
+    free(g);
+    grpc_shutdown();
+}

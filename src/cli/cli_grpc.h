@@ -1,0 +1,25 @@
+/*
+ * The client side of the command line: `mtserve infer` and `mtserve models ...` against a
+ * running server over KServe v2 HTTP (--url http://HOST:PORT) or gRPC (--grpc HOST:PORT), and the
+ * small blocking unary gRPC client they use (gRPC core C API, protobuf-c messages).
+ */
+#ifndef MTS_CLI_CLI_GRPC_H
+#define MTS_CLI_CLI_GRPC_H
+
+#include <stddef.h>
+
+#include <protobuf-c/protobuf-c.h>
+
+int mts_cli_infer(int argc, char **argv);
+int mts_cli_models(int argc, char **argv);
+
+/* One unary call: sends req to method ("/pkg.Service/Method") on target ("host:port"), waits
+ * up to timeout_s, unpacks the reply with resp_desc into *resp (free with
+ * protobuf_c_message_free_unpacked). Returns the gRPC status code (0 = OK); err gets the status
+ * message. */
+int mts_cli_grpc_unary(const char *target, const char *method, const ProtobufCMessage *req,
+                       const ProtobufCMessageDescriptor *resp_desc, ProtobufCMessage **resp, double timeout_s,
+                       char *err, size_t err_len);
+const char *mts_cli_grpc_code_name(int code);
+
+#endif

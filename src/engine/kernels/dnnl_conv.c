@@ -1,0 +1,663 @@
+/*
+ * oneDNN convolutions: Conv and ConvTranspose primitives with fused post-ops, built once per
+ * plan and run by any number of contexts at once.
+ *
+ * Source and destination use the plain layouts the planner chose (NCHW or NHWC; 1-D convs run
+ * as 2-D with H = 1, 3-D convs are NCDHW only); the weights use format_tag::any so oneDNN picks
+ * its blocked layout, and are reordered into it once per model (the packed copy is kept in a
+ * model-level cache keyed by node and layout, so plans for other batch sizes share it). When
+ * oneDNN's choice for the requested source layout is a slow generic implementation, the
+ * source is converted to NHWC inside the step (into the context's scratch memory) first.
+ * Scratchpads are user-managed: the context supplies the memory, so a primitive never
+ * allocates at run time and concurrent executions never share state.
+ *
+ * Threading: libdnnl in Debian runs on OpenMP (loaded at run time with passive waiting, see
+ * dnnl_rt.h). oneDNN fixes a primitive's team size when it is created, so a conv keeps one
+ * primitive per intra-op thread count (made on first use); mts_dnnl_set_threads sets the calling
+ * thread's own team size (omp_set_num_threads affects only the calling thread's ICVs). Contexts
+ * of one thread never start an OpenMP team.
+ */
+#include <stdatomic.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+
+#include "engine/kernels/dnnl_ops.h"
+#include "engine/kernels/dnnl_rt.h"
+
+#define MTS_EINTERNAL MTS_EUNAVAILABLE
+#define N_EDGES (2 + MTS_DPOST_MAX)
+
+static dnnl_engine_t g_eng;
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+
+static void eng_init(void)
+{
+    if (!mts_dnnl_load()) return;
+    if (mts_dnnl.dnnl_engine_create(&g_eng, dnnl_cpu, 0) != dnnl_success) g_eng = NULL;
+    mts_dnnl.dnnl_set_primitive_cache_capacity(0); /* primitives live in plans; no global cache needed */
+}
+
+static dnnl_engine_t eng(void)
+{
+    pthread_once(&g_once, eng_init);
+    return g_eng;
+}
+
+void mts_dnnl_set_threads(int threads)
+{
+    if (eng()) mts_dnnl.omp_set_num_threads(threads > 0 ? threads : 1);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Packed-weight cache                                                                          */
+
+typedef struct wcache {
+    struct wcache *next;
+    int key;
+    bool transpose;
+    dnnl_memory_desc_t md;
+    void *data;
+    size_t bytes;
+} wcache;
+
+void mts_dnnl_cache_free(void *cache)
+{
+    wcache *e = cache;
+    while (e) {
+        wcache *n = e->next;
+        free(e->data);
+        free(e);
+        e = n;
+    }
+}
+
+int64_t mts_dnnl_cache_bytes(const void *cache)
+{
+    int64_t b = 0;
+    for (const wcache *e = cache; e; e = e->next) b += (int64_t)e->bytes + (int64_t)sizeof *e;
+    return b;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+
+static int dnnl_err(mts_err *err, dnnl_status_t st, const char *what)
+{
+    return mts_err_set(err, st == dnnl_unimplemented ? MTS_EUNSUPPORTED : MTS_EINTERNAL, "oneDNN %s failed (status %d)",
+                       what, (int)st);
+}
+
+#define DN(call, what)                                                                                                \
+    do {                                                                                                              \
+        dnnl_status_t st_ = (call);                                                                                   \
+        if (st_ != dnnl_success) {                                                                                    \
+            rc = dnnl_err(err, st_, what);                                                                            \
+            goto done;                                                                                                \
+        }                                                                                                             \
+    } while (0)
+
+static bool good_impl(const char *s)
+{
+    return strstr(s, "ref") == NULL && strstr(s, "gemm") == NULL;
+}
+
+static void act_md(dnnl_memory_desc_t *md, const mts_conv_geom *g, int64_t ch, const int64_t *sp, bool nhwc)
+{
+    if (g->nsp == 3) {
+        dnnl_dims_t d = {g->N, ch, sp[0], sp[1], sp[2]};
+        mts_dnnl.dnnl_memory_desc_init_by_tag(md, 5, d, dnnl_f32, nhwc ? dnnl_ndhwc : dnnl_ncdhw);
+    } else {
+        dnnl_dims_t d = {g->N, ch, sp[1], sp[2]};
+        mts_dnnl.dnnl_memory_desc_init_by_tag(md, 4, d, dnnl_f32, nhwc ? dnnl_nhwc : dnnl_nchw);
+    }
+}
+
+/* Builds the (de)convolution primitive descriptor for a given source layout. */
+static dnnl_status_t make_pd(const mts_dconv_spec *s, dnnl_primitive_attr_t attr, dnnl_primitive_desc_t *pd,
+                             dnnl_memory_desc_t *src_md, dnnl_memory_desc_t *dst_md)
+{
+    const mts_conv_geom *g = &s->g;
+    int sd = g->nsp == 3 ? 3 : 2, o = 3 - sd; /* first used index in the normalized arrays */
+    dnnl_memory_desc_t w_md, b_md;
+    dnnl_dims_t wd, strides, dil, pl, pr;
+    int wn;
+    act_md(src_md, g, g->C, g->in, true);
+    act_md(dst_md, g, g->M, g->out, true);
+    if (g->group == 1) {
+        wn = 2 + sd;
+        wd[0] = g->M, wd[1] = g->C;
+        for (int i = 0; i < sd; i++) wd[2 + i] = g->k[o + i];
+    } else {
+        wn = 3 + sd;
+        wd[0] = g->group, wd[1] = g->M / g->group, wd[2] = g->C / g->group;
+        for (int i = 0; i < sd; i++) wd[3 + i] = g->k[o + i];
+    }
+    mts_dnnl.dnnl_memory_desc_init_by_tag(&w_md, wn, wd, dnnl_f32, dnnl_format_tag_any);
+    dnnl_dims_t bd = {g->M};
+    mts_dnnl.dnnl_memory_desc_init_by_tag(&b_md, 1, bd, dnnl_f32, dnnl_x);
+    for (int i = 0; i < sd; i++) {
+        strides[i] = g->s[o + i];
+        dil[i] = g->d[o + i] - 1;
+        pl[i] = g->pb[o + i];
+        if (!s->transpose) {
+            pr[i] = g->pe[o + i];
+        } else {
+            int64_t ek = (g->k[o + i] - 1) * g->d[o + i] + 1;
+            pr[i] = (g->in[o + i] - 1) * g->s[o + i] + ek - g->pb[o + i] - g->out[o + i];
+        }
+    }
+    dnnl_memory_desc_t any_src = *src_md, any_dst = *dst_md;
+    union {
+        dnnl_convolution_desc_t c;
+        dnnl_deconvolution_desc_t d;
+        dnnl_pooling_v2_desc_t p;
+    } desc;
+    dnnl_status_t st;
+    if (s->kind >= MTS_DPRIM_POOL_MAX) {
+        dnnl_dims_t kern;
+        for (int i = 0; i < sd; i++) {
+            kern[i] = g->k[o + i];
+            int64_t ek = (g->k[o + i] - 1) * g->d[o + i] + 1;
+            pr[i] = (g->out[o + i] - 1) * g->s[o + i] + ek - g->in[o + i] - g->pb[o + i];
+        }
+        dnnl_alg_kind_t alg = s->kind == MTS_DPRIM_POOL_MAX           ? dnnl_pooling_max
+                              : s->kind == MTS_DPRIM_POOL_AVG_INCLUDE ? dnnl_pooling_avg_include_padding
+                                                                      : dnnl_pooling_avg_exclude_padding;
+        st = mts_dnnl.dnnl_pooling_v2_forward_desc_init(&desc.p, dnnl_forward_inference, alg, &any_src, &any_dst,
+                                                        strides, kern, dil, pl, pr);
+    } else if (!s->transpose)
+        st = mts_dnnl.dnnl_dilated_convolution_forward_desc_init(&desc.c, dnnl_forward_inference, dnnl_convolution_direct,
+                                                        &any_src, &w_md, s->b ? &b_md : NULL, &any_dst, strides, dil,
+                                                        pl, pr);
+    else
+        st = mts_dnnl.dnnl_dilated_deconvolution_forward_desc_init(&desc.d, dnnl_forward_inference,
+                                                          dnnl_deconvolution_direct, &any_src, &w_md,
+                                                          s->b ? &b_md : NULL, &any_dst, strides, dil, pl, pr);
+    if (st != dnnl_success) return st;
+    return mts_dnnl.dnnl_primitive_desc_create(pd, &desc, attr, eng(), NULL);
+}
+
+/* Reorders src (md from) into a new buffer of md to. */
+static dnnl_status_t reorder_once(const dnnl_memory_desc_t *from, const void *src, const dnnl_memory_desc_t *to,
+                                  void *dst)
+{
+    dnnl_primitive_desc_t rpd = NULL;
+    dnnl_primitive_t r = NULL;
+    dnnl_memory_t a = NULL, b = NULL;
+    dnnl_stream_t stream = NULL;
+    dnnl_status_t st = mts_dnnl.dnnl_reorder_primitive_desc_create(&rpd, from, eng(), to, eng(), NULL);
+    if (st == dnnl_success) st = mts_dnnl.dnnl_primitive_create(&r, rpd);
+    if (st == dnnl_success) st = mts_dnnl.dnnl_memory_create(&a, from, eng(), (void *)src);
+    if (st == dnnl_success) st = mts_dnnl.dnnl_memory_create(&b, to, eng(), dst);
+    if (st == dnnl_success) st = mts_dnnl.dnnl_stream_create(&stream, eng(), dnnl_stream_default_flags);
+    if (st == dnnl_success) {
+        dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, a}, {DNNL_ARG_TO, b}};
+        st = mts_dnnl.dnnl_primitive_execute(r, stream, 2, args);
+        if (st == dnnl_success) st = mts_dnnl.dnnl_stream_wait(stream);
+    }
+    if (stream) mts_dnnl.dnnl_stream_destroy(stream);
+    if (a) mts_dnnl.dnnl_memory_destroy(a);
+    if (b) mts_dnnl.dnnl_memory_destroy(b);
+    if (r) mts_dnnl.dnnl_primitive_destroy(r);
+    if (rpd) mts_dnnl.dnnl_primitive_desc_destroy(rpd);
+    return st;
+}
+
+/* One thread count's primitive: oneDNN fixes the team size (and the scratchpad size) when a
+ * primitive descriptor is created, so each intra-op thread count gets its own, made on first
+ * use and kept for the plan's lifetime. */
+typedef struct variant {
+    dnnl_primitive_t prim;
+    dnnl_primitive_t reorder[N_EDGES]; /* per edge: NULL when the user's layout is the primitive's */
+    size_t off[N_EDGES];               /* per edge: offset of the converted copy in the scratch memory */
+    dnnl_memory_t wmem;                /* packed weights for this primitive's weight layout (shared) */
+    dnnl_memory_desc_t scratch_md;
+    size_t scratch_bytes, total_scratch;
+} variant;
+
+struct mts_dconv {
+    mts_dconv_spec spec;               /* w is NULL after creation; b points at model/plan data */
+    dnnl_primitive_attr_t attr;
+    /* Edges: 0 source, 1 destination, 2.. residuals; user_md: the planner's layout, md: the
+     * primitive's (channels-last). */
+    dnnl_memory_desc_t user_md[N_EDGES], md[N_EDGES];
+    int n_edges;
+    int resid_po[MTS_DPOST_MAX];       /* post-op index of each residual */
+    dnnl_memory_t bmem;
+    wcache *base;                      /* weights packed at creation */
+    variant *_Atomic var[MTS_DNNL_MAX_THREADS + 1];
+    char impl[64];
+    /* ConvTranspose with kernel == stride and no padding: a 1x1 convolution to k*k*M channels
+     * (inner, into scratch) followed by a depth-to-space scatter into the destination. */
+    struct mts_dconv *inner;
+    float *s2d_bias;
+    int64_t s2d_k[2];
+    size_t s2d_tmp;
+};
+
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER; /* variant creation and the weight cache */
+
+static void variant_free(variant *v)
+{
+    if (!v) return;
+    if (v->prim) mts_dnnl.dnnl_primitive_destroy(v->prim);
+    for (int i = 0; i < N_EDGES; i++)
+        if (v->reorder[i]) mts_dnnl.dnnl_primitive_destroy(v->reorder[i]);
+    if (v->wmem) mts_dnnl.dnnl_memory_destroy(v->wmem);
+    free(v);
+}
+
+/* Packed weights of layout wmd: the creation-time copy, a cached one, or a new reorder of either
+ * the user's weights (w != NULL) or the base copy. Caller holds g_lock. */
+static int packed_weights(mts_dconv *c, const dnnl_memory_desc_t *wmd, const float *w, wcache **out, mts_err *err)
+{
+    const mts_dconv_spec *s = &c->spec;
+    for (wcache *q = *(wcache **)s->cache; q; q = q->next)
+        if (q->key == s->key && q->transpose == s->transpose && mts_dnnl.dnnl_memory_desc_equal(&q->md, wmd)) {
+            *out = q;
+            return MTS_OK;
+        }
+    wcache *e = calloc(1, sizeof *e);
+    if (!e) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+    e->key = s->key;
+    e->transpose = s->transpose;
+    e->md = *wmd;
+    e->bytes = mts_dnnl.dnnl_memory_desc_get_size(wmd);
+    e->data = aligned_alloc(64, (e->bytes + 63) / 64 * 64);
+    dnnl_memory_desc_t from;
+    const void *src;
+    if (w) {
+        const mts_conv_geom *g = &s->g;
+        int wn = wmd->ndims;
+        dnnl_format_tag_t tag;
+        if (!s->transpose)
+            tag = g->group == 1 ? (wn == 4 ? dnnl_oihw : dnnl_oidhw) : (wn == 5 ? dnnl_goihw : dnnl_goidhw);
+        else
+            tag = g->group == 1 ? (wn == 4 ? dnnl_iohw : dnnl_iodhw) : (wn == 5 ? dnnl_giohw : dnnl_giodhw);
+        mts_dnnl.dnnl_memory_desc_init_by_tag(&from, wn, wmd->dims, dnnl_f32, tag);
+        src = w;
+    } else {
+        from = c->base->md;
+        src = c->base->data;
+    }
+    dnnl_status_t st = dnnl_success;
+    if (!e->data || (st = reorder_once(&from, src, wmd, e->data)) != dnnl_success) {
+        int rc = e->data ? dnnl_err(err, st, "weight reorder") : mts_err_set(err, MTS_ENOMEM, "out of memory");
+        free(e->data);
+        free(e);
+        return rc;
+    }
+    e->next = *(wcache **)s->cache;
+    *(wcache **)s->cache = e;
+    *out = e;
+    return MTS_OK;
+}
+
+/* Creates the variant for `threads` (caller holds g_lock). w: the user's weights at creation. */
+static int variant_create(mts_dconv *c, int threads, const float *w, variant **out, mts_err *err)
+{
+    int rc = MTS_OK;
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_memory_desc_t src_md, dst_md;
+    int saved = mts_dnnl.omp_get_max_threads();
+    mts_dnnl.omp_set_num_threads(threads);
+    variant *v = calloc(1, sizeof *v);
+    if (!v) {
+        rc = mts_err_set(err, MTS_ENOMEM, "out of memory");
+        goto done;
+    }
+    dnnl_status_t st = make_pd(&c->spec, c->attr, &pd, &src_md, &dst_md);
+    const char *impl = "";
+    if (st == dnnl_success) mts_dnnl.dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl);
+    DN(st, c->spec.kind >= MTS_DPRIM_POOL_MAX ? "pooling" : c->spec.transpose ? "deconvolution" : "convolution");
+    if (!good_impl(impl)) {
+        rc = mts_err_set(err, MTS_EUNSUPPORTED, "no fast oneDNN implementation (%s)", impl);
+        goto done;
+    }
+    if (!c->impl[0]) snprintf(c->impl, sizeof c->impl, "%s", impl);
+    if (c->spec.kind < MTS_DPRIM_POOL_MAX) {
+        const dnnl_memory_desc_t *wmd = mts_dnnl.dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
+        wcache *wc = NULL;
+        if ((rc = packed_weights(c, wmd, w, &wc, err))) goto done;
+        if (!c->base) c->base = wc;
+        DN(mts_dnnl.dnnl_memory_create(&v->wmem, &wc->md, eng(), wc->data), "weights memory");
+    }
+    if (c->spec.b && !c->bmem) {
+        const dnnl_memory_desc_t *bmd = mts_dnnl.dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 1);
+        DN(mts_dnnl.dnnl_memory_create(&c->bmem, bmd, eng(), (void *)c->spec.b), "bias memory");
+    }
+    const dnnl_memory_desc_t *smd = mts_dnnl.dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+    v->scratch_md = *smd;
+    v->scratch_bytes = mts_dnnl.dnnl_memory_desc_get_size(smd);
+    v->total_scratch = (v->scratch_bytes + 63) / 64 * 64;
+    for (int i = 0; i < c->n_edges; i++) {
+        if (mts_dnnl.dnnl_memory_desc_equal(&c->user_md[i], &c->md[i])) continue;
+        dnnl_primitive_desc_t rpd;
+        bool out_edge = i == 1;
+        DN(mts_dnnl.dnnl_reorder_primitive_desc_create(&rpd, out_edge ? &c->md[i] : &c->user_md[i], eng(),
+                                              out_edge ? &c->user_md[i] : &c->md[i], eng(), NULL),
+           "layout reorder");
+        st = mts_dnnl.dnnl_primitive_create(&v->reorder[i], rpd);
+        mts_dnnl.dnnl_primitive_desc_destroy(rpd);
+        DN(st, "layout reorder");
+        v->off[i] = v->total_scratch;
+        v->total_scratch += (mts_dnnl.dnnl_memory_desc_get_size(&c->md[i]) + 63) / 64 * 64;
+    }
+    DN(mts_dnnl.dnnl_primitive_create(&v->prim, pd), "primitive");
+done:
+    mts_dnnl.omp_set_num_threads(saved);
+    if (pd) mts_dnnl.dnnl_primitive_desc_destroy(pd);
+    if (rc) {
+        variant_free(v);
+        return rc;
+    }
+    *out = v;
+    return MTS_OK;
+}
+
+static bool s2d_eligible(const mts_dconv_spec *s)
+{
+    const mts_conv_geom *g = &s->g;
+    if (g->group != 1 || g->nsp > 2) return false;
+    for (int i = 0; i < s->n_post; i++)
+        if (s->post[i].kind == MTS_DPOST_ADD) return false;
+    for (int i = 0; i < 3; i++)
+        if (g->k[i] != g->s[i] || g->d[i] != 1 || g->pb[i] || g->pe[i] || g->out[i] != g->in[i] * g->s[i])
+            return false;
+    return g->k[1] * g->k[2] > 1;
+}
+
+static int s2d_create(const mts_dconv_spec *s, mts_dconv **out, mts_err *err)
+{
+    const mts_conv_geom *g = &s->g;
+    int64_t kh = g->k[1], kw = g->k[2], kk = kh * kw, C = g->C, M = g->M;
+    mts_dconv *c = calloc(1, sizeof *c);
+    float *w = malloc(sizeof(float) * (size_t)(kk * M * C));
+    float *b = malloc(sizeof(float) * (size_t)(kk * M));
+    if (!c || !w || !b) {
+        free(c), free(w), free(b);
+        return mts_err_set(err, MTS_ENOMEM, "out of memory");
+    }
+    /* Inner weights [(i, j, m), c] from ConvTranspose W[c][m][i][j]; bias repeated per tap. */
+    for (int64_t ci = 0; ci < C; ci++)
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t t = 0; t < kk; t++) w[(t * M + m) * C + ci] = s->w[(ci * M + m) * kk + t];
+    for (int64_t t = 0; t < kk; t++)
+        for (int64_t m = 0; m < M; m++) b[t * M + m] = s->b ? s->b[m] : 0.0f;
+    mts_dconv_spec in = *s;
+    in.kind = MTS_DPRIM_CONV;
+    in.transpose = false;
+    in.w = w;
+    in.b = b;
+    in.dst_nhwc = true;
+    in.g.M = kk * M;
+    for (int i = 0; i < 3; i++) in.g.k[i] = in.g.s[i] = 1, in.g.out[i] = g->in[i];
+    int rc = mts_dconv_create(&in, &c->inner, err);
+    free(w);
+    if (rc) {
+        free(b), free(c);
+        return rc;
+    }
+    c->spec = *s;
+    c->spec.w = NULL;
+    c->s2d_bias = b;
+    c->s2d_k[0] = kh, c->s2d_k[1] = kw;
+    c->s2d_tmp = (size_t)(g->N * g->in[0] * g->in[1] * g->in[2] * kk * M) * sizeof(float);
+    snprintf(c->impl, sizeof c->impl, "%s+d2s", c->inner->impl);
+    *out = c;
+    return MTS_OK;
+}
+
+/* Scatters tmp [N, H, W, (i, j, m)] into dst [N, H*kh, W*kw, M] (NHWC) or [N, M, H*kh, W*kw]. */
+static void s2d_scatter(const mts_dconv *c, const float *tmp, float *dst)
+{
+    const mts_conv_geom *g = &c->spec.g;
+    int64_t N = g->N, H = g->in[0] * g->in[1], W = g->in[2], M = g->M, kh = c->s2d_k[0], kw = c->s2d_k[1];
+    int64_t OH = H * kh, OW = W * kw;
+    if (c->spec.dst_nhwc) {
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t w = 0; w < W; w++) {
+                    const float *t = tmp + ((n * H + h) * W + w) * kh * kw * M;
+                    for (int64_t i = 0; i < kh; i++)
+                        memcpy(dst + ((n * OH + h * kh + i) * OW + w * kw) * M, t + i * kw * M,
+                               sizeof(float) * (size_t)(kw * M));
+                }
+        return;
+    }
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t w = 0; w < W; w++) {
+                const float *t = tmp + ((n * H + h) * W + w) * kh * kw * M;
+                for (int64_t i = 0; i < kh; i++)
+                    for (int64_t j = 0; j < kw; j++)
+                        for (int64_t m = 0; m < M; m++)
+                            dst[((n * M + m) * OH + h * kh + i) * OW + w * kw + j] = t[(i * kw + j) * M + m];
+            }
+}
+
+int mts_dconv_create(const mts_dconv_spec *s, mts_dconv **out, mts_err *err)
+{
+    int rc = MTS_OK;
+    dnnl_post_ops_t po = NULL;
+    mts_dconv *c = NULL;
+    const mts_conv_geom *g = &s->g;
+    if (!eng()) return mts_err_set(err, MTS_EUNSUPPORTED, "oneDNN has no CPU engine");
+    if (g->nsp < 1 || g->nsp > 3) return mts_err_set(err, MTS_EUNSUPPORTED, "spatial rank %d", g->nsp);
+    if (s->transpose) {
+        int o = g->nsp == 3 ? 0 : 1;
+        for (int i = o; i < 3; i++) {
+            int64_t ek = (g->k[i] - 1) * g->d[i] + 1;
+            if (g->pe[i] < 0 || (g->in[i] - 1) * g->s[i] + ek - g->pb[i] - g->out[i] < 0)
+                return mts_err_set(err, MTS_EUNSUPPORTED, "output extends past the last input tap");
+        }
+    }
+    if (s->kind == MTS_DPRIM_DECONV && s2d_eligible(s)) return s2d_create(s, out, err);
+    if (s->kind >= MTS_DPRIM_POOL_MAX) {
+        if (s->n_post) return mts_err_set(err, MTS_EUNSUPPORTED, "post-ops on pooling");
+        for (int i = 0; i < 3; i++) {
+            int64_t ek = (g->k[i] - 1) * g->d[i] + 1;
+            int64_t pr = (g->out[i] - 1) * g->s[i] + ek - g->in[i] - g->pb[i];
+            if (pr < 0 || g->pb[i] >= ek || (s->kind == MTS_DPRIM_POOL_AVG_INCLUDE && pr != g->pe[i]))
+                return mts_err_set(err, MTS_EUNSUPPORTED, "pooling window geometry");
+        }
+    }
+    c = calloc(1, sizeof *c);
+    if (!c) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+    c->spec = *s;
+    act_md(&c->md[0], g, g->C, g->in, true);
+    act_md(&c->user_md[0], g, g->C, g->in, s->src_nhwc && g->nsp != 3);
+    act_md(&c->md[1], g, g->M, g->out, true);
+    act_md(&c->user_md[1], g, g->M, g->out, s->dst_nhwc && g->nsp != 3);
+    c->n_edges = 2;
+    DN(mts_dnnl.dnnl_primitive_attr_create(&c->attr), "attr");
+    DN(mts_dnnl.dnnl_primitive_attr_set_scratchpad_mode(c->attr, dnnl_scratchpad_mode_user), "scratchpad mode");
+    DN(mts_dnnl.dnnl_post_ops_create(&po), "post-ops");
+    for (int i = 0; i < s->n_post; i++) {
+        const mts_dpost *p = &s->post[i];
+        switch (p->kind) {
+        case MTS_DPOST_RELU:
+            DN(mts_dnnl.dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_relu, p->alpha, 0), "relu post-op");
+            break;
+        case MTS_DPOST_CLIP:
+            DN(mts_dnnl.dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_clip_v2, p->alpha, p->beta), "clip post-op");
+            break;
+        case MTS_DPOST_SIGMOID:
+            DN(mts_dnnl.dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_logistic, 0, 0), "sigmoid post-op");
+            break;
+        case MTS_DPOST_TANH:
+            DN(mts_dnnl.dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_tanh, 0, 0), "tanh post-op");
+            break;
+        case MTS_DPOST_HARDSWISH:
+            DN(mts_dnnl.dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_hardswish, 0, 0), "hardswish post-op");
+            break;
+        case MTS_DPOST_HARDSIGMOID:
+            DN(mts_dnnl.dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_linear, p->alpha, p->beta), "linear post-op");
+            DN(mts_dnnl.dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_clip_v2, 0.0f, 1.0f), "clip post-op");
+            break;
+        case MTS_DPOST_ADD: {
+            int e = c->n_edges++;
+            act_md(&c->md[e], g, g->M, g->out, true);
+            act_md(&c->user_md[e], g, g->M, g->out, p->nhwc && g->nsp != 3);
+            c->resid_po[e - 2] = mts_dnnl.dnnl_post_ops_len(po);
+            DN(mts_dnnl.dnnl_post_ops_append_binary(po, dnnl_binary_add, &c->md[e]), "add post-op");
+            break;
+        }
+        default:
+            rc = mts_err_set(err, MTS_EINTERNAL, "unknown post-op %d", p->kind);
+            goto done;
+        }
+    }
+    DN(mts_dnnl.dnnl_primitive_attr_set_post_ops(c->attr, po), "set post-ops");
+    {
+        variant *v = NULL;
+        pthread_mutex_lock(&g_lock);
+        rc = variant_create(c, 1, s->w, &v, err);
+        pthread_mutex_unlock(&g_lock);
+        if (rc) goto done;
+        atomic_store(&c->var[1], v);
+    }
+    c->spec.w = NULL;
+done:
+    if (po) mts_dnnl.dnnl_post_ops_destroy(po);
+    if (rc) {
+        mts_dconv_free(c);
+        return rc;
+    }
+    *out = c;
+    return MTS_OK;
+}
+
+void mts_dconv_free(mts_dconv *c)
+{
+    if (!c) return;
+    mts_dconv_free(c->inner);
+    free(c->s2d_bias);
+    for (int i = 0; i <= MTS_DNNL_MAX_THREADS; i++) variant_free(atomic_load(&c->var[i]));
+    if (c->bmem) mts_dnnl.dnnl_memory_destroy(c->bmem);
+    if (c->attr) mts_dnnl.dnnl_primitive_attr_destroy(c->attr);
+    free(c);
+}
+
+static int clamp_threads(int t)
+{
+    return t < 1 ? 1 : t > MTS_DNNL_MAX_THREADS ? MTS_DNNL_MAX_THREADS : t;
+}
+
+int mts_dconv_prepare(const mts_dconv *cc, int threads, size_t *scratch, mts_err *err)
+{
+    mts_dconv *c = (mts_dconv *)cc; /* variants are created once, under g_lock, and published atomically */
+    int t = clamp_threads(threads), rc = MTS_OK;
+    if (c->inner) {
+        size_t b = 0;
+        if ((rc = mts_dconv_prepare(c->inner, threads, &b, err))) return rc;
+        *scratch = (b + 63) / 64 * 64 + c->s2d_tmp;
+        return MTS_OK;
+    }
+    variant *v = atomic_load(&c->var[t]);
+    if (!v) {
+        pthread_mutex_lock(&g_lock);
+        v = atomic_load(&c->var[t]);
+        if (!v && (rc = variant_create(c, t, NULL, &v, err)) == MTS_OK) atomic_store(&c->var[t], v);
+        pthread_mutex_unlock(&g_lock);
+        if (rc) return rc;
+    }
+    *scratch = v->total_scratch;
+    return MTS_OK;
+}
+
+const char *mts_dconv_impl(const mts_dconv *c)
+{
+    return c->impl;
+}
+
+void *mts_dnnl_stream_create(void)
+{
+    dnnl_stream_t s = NULL;
+    if (!eng() || mts_dnnl.dnnl_stream_create(&s, eng(), dnnl_stream_default_flags) != dnnl_success) return NULL;
+    return s;
+}
+
+void mts_dnnl_stream_free(void *stream)
+{
+    if (stream) mts_dnnl.dnnl_stream_destroy(stream);
+}
+
+/* Runs reorder r from a (md ma) to b (md mb). */
+static dnnl_status_t run_reorder(dnnl_primitive_t r, void *stream, const dnnl_memory_desc_t *ma, const void *a,
+                                 const dnnl_memory_desc_t *mb, void *b)
+{
+    dnnl_memory_t x = NULL, y = NULL;
+    dnnl_status_t st = mts_dnnl.dnnl_memory_create(&x, ma, eng(), (void *)a);
+    if (st == dnnl_success) st = mts_dnnl.dnnl_memory_create(&y, mb, eng(), b);
+    if (st == dnnl_success) {
+        dnnl_exec_arg_t ra[2] = {{DNNL_ARG_FROM, x}, {DNNL_ARG_TO, y}};
+        st = mts_dnnl.dnnl_primitive_execute(r, stream, 2, ra);
+    }
+    if (x) mts_dnnl.dnnl_memory_destroy(x);
+    if (y) mts_dnnl.dnnl_memory_destroy(y);
+    return st;
+}
+
+int mts_dconv_run(const mts_dconv *c, int threads, void *stream, const float *src, float *dst,
+                  const float *const *resid, void *scratch, mts_err *err)
+{
+    int rc = MTS_OK;
+    if (c->inner) {
+        size_t b = 0;
+        if ((rc = mts_dconv_prepare(c->inner, threads, &b, err))) return rc;
+        float *tmp = (float *)((char *)scratch + (b + 63) / 64 * 64);
+        if ((rc = mts_dconv_run(c->inner, threads, stream, src, tmp, resid, scratch, err))) return rc;
+        s2d_scatter(c, tmp, dst);
+        return MTS_OK;
+    }
+    const variant *v = atomic_load(&((mts_dconv *)c)->var[clamp_threads(threads)]);
+    if (!v) return mts_err_set(err, MTS_EINTERNAL, "oneDNN primitive for %d threads not prepared", threads);
+    dnnl_memory_t mem[4 + MTS_DPOST_MAX] = {0};
+    int nm = 0;
+    dnnl_exec_arg_t args[6 + MTS_DPOST_MAX];
+    int na = 0;
+    char *sc = scratch;
+    const void *conv_src = src;
+    void *conv_dst = dst;
+    if (v->reorder[0]) {
+        conv_src = sc + v->off[0];
+        DN(run_reorder(v->reorder[0], stream, &c->user_md[0], src, &c->md[0], (void *)conv_src), "source reorder");
+    }
+    if (v->reorder[1]) conv_dst = sc + v->off[1];
+    dnnl_memory_t ms, md;
+    DN(mts_dnnl.dnnl_memory_create(&ms, &c->md[0], eng(), (void *)conv_src), "memory");
+    mem[nm++] = ms;
+    DN(mts_dnnl.dnnl_memory_create(&md, &c->md[1], eng(), conv_dst), "memory");
+    mem[nm++] = md;
+    args[na++] = (dnnl_exec_arg_t){DNNL_ARG_SRC, ms};
+    args[na++] = (dnnl_exec_arg_t){DNNL_ARG_DST, md};
+    if (v->wmem) args[na++] = (dnnl_exec_arg_t){DNNL_ARG_WEIGHTS, v->wmem};
+    if (c->bmem) args[na++] = (dnnl_exec_arg_t){DNNL_ARG_BIAS, c->bmem};
+    if (v->scratch_bytes) {
+        dnnl_memory_t mp;
+        DN(mts_dnnl.dnnl_memory_create(&mp, &v->scratch_md, eng(), sc), "memory");
+        mem[nm++] = mp;
+        args[na++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, mp};
+    }
+    for (int e = 2; e < c->n_edges; e++) {
+        const void *rp = resid[e - 2];
+        if (v->reorder[e]) {
+            DN(run_reorder(v->reorder[e], stream, &c->user_md[e], rp, &c->md[e], sc + v->off[e]), "residual reorder");
+            rp = sc + v->off[e];
+        }
+        dnnl_memory_t mr;
+        DN(mts_dnnl.dnnl_memory_create(&mr, &c->md[e], eng(), (void *)rp), "memory");
+        mem[nm++] = mr;
+        args[na++] = (dnnl_exec_arg_t){DNNL_ARG_ATTR_MULTIPLE_POST_OP(c->resid_po[e - 2]) | DNNL_ARG_SRC_1, mr};
+    }
+    DN(mts_dnnl.dnnl_primitive_execute(v->prim, stream, na, args), "execute");
+    if (v->reorder[1])
+        DN(run_reorder(v->reorder[1], stream, &c->md[1], conv_dst, &c->user_md[1], dst), "destination reorder");
+    DN(mts_dnnl.dnnl_stream_wait(stream), "wait");
+done:
+    for (int i = 0; i < nm; i++) mts_dnnl.dnnl_memory_destroy(mem[i]);
+    return rc;
+}

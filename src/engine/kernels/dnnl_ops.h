@@ -1,0 +1,82 @@
+/*
+ * The oneDNN backend's interface to the planner and the executor (dnnl_conv.c).
+ *
+ * A mts_dconv is one Conv, ConvTranspose or pooling op compiled for one plan: a oneDNN primitive with its
+ * fused post-ops (activations, a residual Add), the activation layouts the planner chose
+ * (NCHW or NHWC for the source and destination) and the weights in the layout oneDNN prefers
+ * (format_tag::any), packed once per model and shared by every plan and context through a
+ * model-level cache. Primitives are immutable after creation and run concurrently from many
+ * contexts; each context passes its own stream and scratchpad memory.
+ */
+#ifndef MTS_ENGINE_DNNL_OPS_H
+#define MTS_ENGINE_DNNL_OPS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "engine/kernels/kernel.h"
+
+enum mts_dpost_kind {
+    MTS_DPOST_RELU,        /* alpha: negative slope (LeakyRelu) */
+    MTS_DPOST_CLIP,        /* alpha: min, beta: max */
+    MTS_DPOST_SIGMOID,
+    MTS_DPOST_TANH,
+    MTS_DPOST_HARDSWISH,
+    MTS_DPOST_HARDSIGMOID, /* max(0, min(1, alpha*x + beta)) */
+    MTS_DPOST_ADD,         /* + a residual tensor of the destination's shape */
+};
+
+#define MTS_DPOST_MAX 6
+
+typedef struct mts_dpost {
+    int kind;
+    float alpha, beta;
+    bool nhwc; /* MTS_DPOST_ADD: layout of the residual */
+} mts_dpost;
+
+enum mts_dprim_kind {
+    MTS_DPRIM_CONV = 0,
+    MTS_DPRIM_DECONV,
+    MTS_DPRIM_POOL_MAX,
+    MTS_DPRIM_POOL_AVG_INCLUDE, /* count_include_pad = 1 */
+    MTS_DPRIM_POOL_AVG_EXCLUDE,
+};
+
+typedef struct mts_dconv_spec {
+    int kind;            /* enum mts_dprim_kind; pools have no weights and no post-ops */
+    bool transpose;      /* kind == MTS_DPRIM_DECONV */
+    mts_conv_geom g;
+    const float *w, *b;  /* ONNX layouts (w: Conv [M, C/g, k...], ConvTranspose [C, M/g, k...]); b may be NULL */
+    bool src_nhwc, dst_nhwc;
+    int n_post;
+    mts_dpost post[MTS_DPOST_MAX];
+    int key;             /* weight cache key (the node index; unique per model) */
+    void **cache;        /* model-level packed-weight cache (caller holds the plan lock) */
+} mts_dconv_spec;
+
+typedef struct mts_dconv mts_dconv;
+
+/* Creates the primitive (MTS_EUNSUPPORTED when oneDNN has no good implementation). */
+int mts_dconv_create(const mts_dconv_spec *s, mts_dconv **out, mts_err *err);
+void mts_dconv_free(mts_dconv *c);
+/* Makes sure a primitive for `threads` intra-op threads exists (oneDNN fixes the team size when
+ * a primitive is created; one is made per thread count on first use, thread-safely) and returns
+ * the scratch bytes one execution with it needs (scratchpad plus layout-conversion buffers). */
+#define MTS_DNNL_MAX_THREADS 64
+int mts_dconv_prepare(const mts_dconv *c, int threads, size_t *scratch, mts_err *err);
+/* oneDNN's implementation name ("brg:avx512_core", ...), for `mtserve inspect` and tests. */
+const char *mts_dconv_impl(const mts_dconv *c);
+/* Runs on the calling thread's OpenMP team. resid: the MTS_DPOST_ADD tensors in post-op order. */
+int mts_dconv_run(const mts_dconv *c, int threads, void *stream, const float *src, float *dst, const float *const *resid,
+                  void *scratch, mts_err *err);
+
+/* A oneDNN stream for one execution context (NULL on failure). */
+void *mts_dnnl_stream_create(void);
+void mts_dnnl_stream_free(void *stream);
+/* The model-level packed-weight cache. */
+void mts_dnnl_cache_free(void *cache);
+int64_t mts_dnnl_cache_bytes(const void *cache);
+/* Sets the OpenMP team size of the calling thread for the next oneDNN calls. */
+void mts_dnnl_set_threads(int threads);
+
+#endif

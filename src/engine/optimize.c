@@ -1,0 +1,672 @@
+/*
+ * Graph optimizer and layout pass of the default backend, run once per plan after shapes are
+ * known and constants are folded (plan.c), before buffer slots are assigned.
+ *
+ *   1. Identity and inference-mode Dropout are removed (their readers read the input).
+ *   2. Every Conv/ConvTranspose that oneDNN can run becomes a fused step (MTS__S_DCONV), and so
+ *      does every MaxPool / AveragePool / GlobalAveragePool / GlobalMaxPool (no fusion):
+ *      a following BatchNormalization is folded into the weights and bias, then a chain of
+ *      single-reader followers becomes oneDNN post-ops: Relu, LeakyRelu, Clip, Sigmoid, Tanh,
+ *      HardSwish, HardSigmoid, and a residual Add of a same-shape tensor computed earlier.
+ *   3. Layout: 4-D activations are grouped (union-find) across ops that do not care about the
+ *      layout (elementwise ops, channel Concat, Resize, reductions with keepdims); a group that touches a oneDNN
+ *      convolution and whose every reader and writer accepts channels-last data is stored NHWC.
+ *      Those ops then run the reference kernels on [N,H,W,C] views (Concat's axis, reduction
+ *      axes and Resize's scales/sizes/roi rewritten to match), and convolutions read and write NHWC directly, so
+ *      conversions happen only at the edges (graph inputs/outputs and other ops), inside the
+ *      convolution that reads or writes the edge. Tensors with one channel or one pixel are the
+ *      same bytes in both layouts and never constrain a group.
+ *   4. oneDNN primitives are created with the chosen layouts; a convolution oneDNN cannot run
+ *      well falls back to the reference kernel (with no fusion) and the pass starts over.
+ * The reference backend skips all of this: its plans run node by node, as the oracle.
+ */
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/kernels/dnnl_ops.h"
+#include "engine/model.h"
+
+typedef struct cinfo {
+    int step;
+    mts_dconv_spec spec;
+    float *wtmp;    /* BN-folded weights (malloc'd; freed once packed) */
+    float *bfold;   /* BN-folded bias (plan pool) */
+    int resid[MTS_DPOST_MAX];
+    int n_resid;
+} cinfo;
+
+typedef struct opt {
+    mts_model *m;
+    mts__plan *p;
+    int nv, ns;
+    int *nuse;       /* per value: readers among live steps (+1 when a graph output) */
+    int *reader;     /* per value: one reading step */
+    int *prod;       /* per value: producing step, -1 if none */
+    uint8_t *is_out; /* per value: graph output */
+    uint8_t *removed;/* per step */
+    int *parent;     /* union-find over values */
+    uint8_t *gbad, *gconv;
+} opt;
+
+static bool is_op(const mts__step *st, const char *name)
+{
+    return st->nd->domain[0] == 0 && !strcmp(st->nd->op_type, name);
+}
+
+static bool live_value(const mts__plan *p, int v)
+{
+    return v >= 0 && (p->state[v] == MTS__V_STATIC || p->state[v] == MTS__V_INPUT);
+}
+
+static bool const_value(const mts__plan *p, int v)
+{
+    return v >= 0 && p->state[v] == MTS__V_CONST;
+}
+
+static bool is_neutral(const mts_tensor *t)
+{
+    return t->rank == 4 && (t->dims[1] == 1 || t->dims[2] * t->dims[3] == 1);
+}
+
+static bool is_cand(const opt *o, int v)
+{
+    return v >= 0 && o->p->state[v] == MTS__V_STATIC && o->p->vals[v].rank == 4 && !is_neutral(&o->p->vals[v]);
+}
+
+static void count_uses(opt *o)
+{
+    mts__plan *p = o->p;
+    for (int v = 0; v < o->nv; v++) o->nuse[v] = o->is_out[v], o->reader[v] = -1, o->prod[v] = -1;
+    for (int s = 0; s < p->n_steps; s++) {
+        if (o->removed[s]) continue;
+        const mts__step *st = &p->steps[s];
+        for (int j = 0; j < st->n_in; j++) {
+            int v = st->in[j];
+            if (v < 0) continue;
+            bool again = false;
+            for (int q = 0; q < j; q++)
+                if (st->in[q] == v) again = true;
+            if (again) {
+                o->nuse[v] += 2; /* read twice by one step: never fusable */
+                continue;
+            }
+            o->nuse[v]++;
+            o->reader[v] = s;
+        }
+        for (int j = 0; j < st->n_out; j++)
+            if (st->out[j] >= 0) o->prod[st->out[j]] = s;
+    }
+}
+
+/* The only reader of v when v has exactly one and is not a graph output; else -1. */
+static int sole_reader(const opt *o, int v)
+{
+    return (v >= 0 && o->nuse[v] == 1 && !o->is_out[v]) ? o->reader[v] : -1;
+}
+
+static void redirect(opt *o, int from, int to)
+{
+    for (int s = 0; s < o->p->n_steps; s++) {
+        mts__step *st = &o->p->steps[s];
+        for (int j = 0; j < st->n_in; j++)
+            if (st->in[j] == from) st->in[j] = to;
+    }
+}
+
+/* Pass 1: Identity / inference Dropout. */
+static void remove_identities(opt *o)
+{
+    mts__plan *p = o->p;
+    for (int s = 0; s < p->n_steps; s++) {
+        mts__step *st = &p->steps[s];
+        if (st->dynamic || st->n_in < 1 || st->n_out < 1) continue;
+        bool drop = is_op(st, "Dropout");
+        if (!is_op(st, "Identity") && !drop) continue;
+        int x = st->in[0], y = st->out[0];
+        if (x < 0 || y < 0 || o->is_out[y] || p->state[x] == MTS__V_DYNAMIC) continue;
+        if (drop) {
+            if (st->n_out > 1 && st->out[1] >= 0 && (o->nuse[st->out[1]] > 0)) continue; /* mask used */
+            if (st->n_in > 2 && st->in[2] >= 0) {
+                const mts_tensor *t = &p->vals[st->in[2]];
+                if (!const_value(p, st->in[2]) || mts_tensor_get_int(t, 0) != 0) continue; /* training mode */
+            }
+        }
+        redirect(o, y, x);
+        o->removed[s] = 1;
+        p->state[y] = MTS__V_UNUSED;
+        count_uses(o);
+    }
+}
+
+static float clip_bound(const mts__plan *p, const mts__step *st, int idx, const char *attr, float dflt, bool *ok)
+{
+    if (st->nd->opset < 11) return mts_attr_float(st->nd, attr, dflt);
+    if (idx >= st->n_in || st->in[idx] < 0) return dflt;
+    int v = st->in[idx];
+    if (!const_value(p, v) || p->vals[v].dtype != MTS_DTYPE_FLOAT || mts_tensor_numel(&p->vals[v]) != 1) {
+        *ok = false;
+        return dflt;
+    }
+    return ((const float *)p->vals[v].data)[0];
+}
+
+/* A post-op for step st reading x, or false. */
+static bool as_postop(const opt *o, const mts__step *st, int x, mts_dpost *po, int *resid)
+{
+    const mts__plan *p = o->p;
+    if (st->dynamic || st->kind != MTS__S_KERNEL || st->n_out != 1 || st->out[0] < 0) return false;
+    if (p->vals[st->out[0]].dtype != MTS_DTYPE_FLOAT) return false;
+    memset(po, 0, sizeof *po);
+    *resid = -1;
+    if (is_op(st, "Add")) {
+        if (st->n_in != 2) return false;
+        int r = st->in[0] == x ? st->in[1] : st->in[0];
+        if (r == x || !live_value(p, r) || !mts_shape_equal(&p->vals[r], &p->vals[x]) ||
+            p->vals[r].dtype != MTS_DTYPE_FLOAT)
+            return false;
+        po->kind = MTS_DPOST_ADD;
+        *resid = r;
+        return true;
+    }
+    if (st->in[0] != x) return false;
+    if (is_op(st, "Relu")) {
+        po->kind = MTS_DPOST_RELU;
+    } else if (is_op(st, "LeakyRelu")) {
+        po->kind = MTS_DPOST_RELU;
+        po->alpha = mts_attr_float(st->nd, "alpha", 0.01f);
+    } else if (is_op(st, "Sigmoid")) {
+        po->kind = MTS_DPOST_SIGMOID;
+    } else if (is_op(st, "Tanh")) {
+        po->kind = MTS_DPOST_TANH;
+    } else if (is_op(st, "HardSwish")) {
+        po->kind = MTS_DPOST_HARDSWISH;
+    } else if (is_op(st, "HardSigmoid")) {
+        po->kind = MTS_DPOST_HARDSIGMOID;
+        po->alpha = mts_attr_float(st->nd, "alpha", 0.2f);
+        po->beta = mts_attr_float(st->nd, "beta", 0.5f);
+    } else if (is_op(st, "Clip")) {
+        bool ok = true;
+        po->kind = MTS_DPOST_CLIP;
+        po->alpha = clip_bound(p, st, 1, "min", -FLT_MAX, &ok);
+        po->beta = clip_bound(p, st, 2, "max", FLT_MAX, &ok);
+        if (!ok || !(po->alpha <= po->beta)) return false;
+    } else {
+        return false;
+    }
+    return true;
+}
+
+/* Pass 2a: is step s a convolution or pooling oneDNN may run? Fills c->spec's geometry and
+ * weights. */
+static bool conv_eligible(opt *o, int s, const uint8_t *no_dnnl, cinfo *c)
+{
+    mts__plan *p = o->p;
+    mts__step *st = &p->steps[s];
+    if (st->dynamic || st->kind != MTS__S_KERNEL || no_dnnl[st->node] || st->n_in < 1 || !live_value(p, st->in[0]))
+        return false;
+    const mts_tensor *x = &p->vals[st->in[0]];
+    if (x->dtype != MTS_DTYPE_FLOAT || x->rank < 3 || x->rank > 5 || mts_tensor_numel(x) == 0) return false;
+    memset(c, 0, sizeof *c);
+    c->step = s;
+    c->spec.key = st->node;
+    c->spec.cache = &o->m->dnnl_cache;
+    mts_err e = {0};
+    mts_tensor kout[2];
+    bool maxp = is_op(st, "MaxPool"), avgp = is_op(st, "AveragePool");
+    if (maxp || avgp) {
+        if (st->n_out < 1 || st->out[0] < 0) return false;
+        if (st->n_out > 1 && st->out[1] >= 0 && (o->nuse[st->out[1]] > 0 || o->is_out[st->out[1]])) return false;
+        const mts_tensor *kin[1] = {x};
+        mts_kctx k = {st->nd, kin, 1, kout, 1, &e, 1};
+        if (mts_pool_geometry(&k, maxp, &c->spec.g) != MTS_OK) return false;
+        c->spec.kind = maxp ? MTS_DPRIM_POOL_MAX
+                            : mts_attr_int(st->nd, "count_include_pad", 0) ? MTS_DPRIM_POOL_AVG_INCLUDE
+                                                                          : MTS_DPRIM_POOL_AVG_EXCLUDE;
+        return true;
+    }
+    bool gavg = is_op(st, "GlobalAveragePool"), gmax = is_op(st, "GlobalMaxPool");
+    if (gavg || gmax) {
+        if (st->n_out != 1 || st->out[0] < 0) return false;
+        mts_conv_geom *g = &c->spec.g;
+        g->nsp = x->rank - 2;
+        g->N = x->dims[0], g->C = g->M = x->dims[1], g->group = 1;
+        for (int i = 0; i < 3; i++) {
+            int j = i - (3 - g->nsp);
+            g->in[i] = g->k[i] = j >= 0 ? x->dims[2 + j] : 1;
+            g->s[i] = g->d[i] = g->out[i] = 1;
+        }
+        c->spec.kind = gmax ? MTS_DPRIM_POOL_MAX : MTS_DPRIM_POOL_AVG_EXCLUDE;
+        return true;
+    }
+    bool tr = is_op(st, "ConvTranspose");
+    if (!tr && !is_op(st, "Conv")) return false;
+    if (st->n_in < 2 || st->n_out != 1 || !const_value(p, st->in[1])) return false;
+    if (st->n_in > 2 && st->in[2] >= 0 && !const_value(p, st->in[2])) return false;
+    const mts_tensor *kin[3] = {x, &p->vals[st->in[1]], st->n_in > 2 && st->in[2] >= 0 ? &p->vals[st->in[2]] : NULL};
+    mts_kctx k = {st->nd, kin, st->n_in > 3 ? 3 : st->n_in, kout, 1, &e, 1};
+    if (mts_conv_geometry(&k, tr, &c->spec.g) != MTS_OK) return false;
+    c->spec.kind = tr ? MTS_DPRIM_DECONV : MTS_DPRIM_CONV;
+    c->spec.transpose = tr;
+    c->spec.w = kin[1]->data;
+    c->spec.b = kin[2] ? kin[2]->data : NULL;
+    return true;
+}
+
+/* Pass 2b: folds a BatchNormalization reading the conv's output into its weights. */
+static int fold_bn(opt *o, cinfo *c, int *cur, mts_err *err)
+{
+    mts__plan *p = o->p;
+    int r = sole_reader(o, *cur);
+    if (r < 0 || c->spec.transpose || c->spec.g.group < 1) return MTS_OK;
+    const mts__step *bn = &p->steps[r];
+    if (!is_op(bn, "BatchNormalization") || bn->dynamic || bn->n_in < 5 || bn->in[0] != *cur) return MTS_OK;
+    if (mts_attr_int(bn->nd, "training_mode", 0) != 0 || mts_attr_int(bn->nd, "spatial", 1) == 0) return MTS_OK;
+    for (int j = 1; j < bn->n_out; j++)
+        if (bn->out[j] >= 0 && (o->nuse[bn->out[j]] > 0 || o->is_out[bn->out[j]])) return MTS_OK;
+    int64_t M = c->spec.g.M;
+    const float *prm[4];
+    for (int j = 1; j <= 4; j++) {
+        int v = bn->in[j];
+        if (!const_value(p, v) || p->vals[v].dtype != MTS_DTYPE_FLOAT || mts_tensor_numel(&p->vals[v]) != M)
+            return MTS_OK;
+        prm[j - 1] = p->vals[v].data;
+    }
+    float eps = mts_attr_float(bn->nd, "epsilon", 1e-5f);
+    int64_t per = 1; /* weights per output channel */
+    const mts_tensor *w = &p->vals[p->steps[c->step].in[1]];
+    per = mts_tensor_numel(w) / M;
+    float *wt = malloc(sizeof(float) * (size_t)(per * M));
+    float *bt = mts_pool_alloc(&p->pool, sizeof(float) * (size_t)M);
+    if (!wt || !bt) {
+        free(wt);
+        return mts_err_set(err, MTS_ENOMEM, "out of memory folding BatchNormalization");
+    }
+    for (int64_t mo = 0; mo < M; mo++) {
+        float sc = prm[0][mo] / sqrtf(prm[3][mo] + eps);
+        for (int64_t i = 0; i < per; i++) wt[mo * per + i] = c->spec.w[mo * per + i] * sc;
+        float b0 = c->spec.b ? c->spec.b[mo] : 0.0f;
+        bt[mo] = (b0 - prm[2][mo]) * sc + prm[1][mo];
+    }
+    c->wtmp = wt;
+    c->bfold = bt;
+    c->spec.w = wt;
+    c->spec.b = bt;
+    o->removed[r] = 1;
+    p->state[*cur] = MTS__V_UNUSED;
+    *cur = bn->out[0];
+    return MTS_OK;
+}
+
+static int find(int *parent, int v)
+{
+    while (parent[v] != v) v = parent[v] = parent[parent[v]];
+    return v;
+}
+
+static void unite(int *parent, int a, int b)
+{
+    a = find(parent, a), b = find(parent, b);
+    if (a != b) parent[a] = b;
+}
+
+static bool rank4_ok(const opt *o, int v)
+{
+    const mts_tensor *t = &o->p->vals[v];
+    return t->rank == 4 && (is_cand(o, v) || (is_neutral(t) && o->p->state[v] != MTS__V_DYNAMIC));
+}
+
+/* Can step st run on channels-last views of its 4-D tensors? */
+static bool layout_agnostic(const opt *o, const mts__step *st)
+{
+    static const char *const unary[] = {"Relu", "LeakyRelu", "Sigmoid", "Tanh", "HardSwish", "HardSigmoid", "Elu",
+                                        "Selu", "Softplus", "Exp", "Abs", "Neg", "Sqrt", "Erf", "Clip", "Identity",
+                                        "Floor", "Ceil", "Reciprocal", "Softsign", "Log", NULL};
+    static const char *const binary[] = {"Add", "Sub", "Mul", "Div", "Max", "Min", "Sum", "Mean", NULL};
+    const mts__plan *p = o->p;
+    if (st->dynamic || st->kind != MTS__S_KERNEL || st->nd->domain[0] || st->n_out != 1 || st->out[0] < 0) return false;
+    if (p->vals[st->out[0]].rank != 4) return false;
+    const char *op = st->nd->op_type;
+    for (int i = 0; unary[i]; i++)
+        if (!strcmp(op, unary[i])) {
+            if (st->n_in < 1 || st->in[0] < 0 || !rank4_ok(o, st->in[0])) return false;
+            for (int j = 1; j < st->n_in; j++)
+                if (st->in[j] >= 0 && !(const_value(p, st->in[j]) && mts_tensor_numel(&p->vals[st->in[j]]) == 1))
+                    return false;
+            return true;
+        }
+    for (int i = 0; binary[i]; i++)
+        if (!strcmp(op, binary[i])) {
+            if (!strcmp(op, "Add") || !strcmp(op, "Sub") || !strcmp(op, "Mul") || !strcmp(op, "Div"))
+                if (st->nd->opset < 7) return false; /* legacy broadcast attributes */
+            for (int j = 0; j < st->n_in; j++) {
+                int v = st->in[j];
+                if (v < 0) return false;
+                if (const_value(p, v) && mts_tensor_numel(&p->vals[v]) == 1) continue;
+                if (!rank4_ok(o, v)) return false;
+            }
+            return st->n_in >= 1;
+        }
+    if (!strcmp(op, "Concat")) {
+        int64_t ax = mts_attr_int(st->nd, "axis", 1);
+        if (ax != 1 && ax != -3) return false;
+        for (int j = 0; j < st->n_in; j++)
+            if (st->in[j] < 0 || !rank4_ok(o, st->in[j])) return false;
+        return st->n_in >= 1;
+    }
+    if (!strncmp(op, "Reduce", 6)) {
+        static const char *const red[] = {"ReduceMean", "ReduceMax", "ReduceMin", "ReduceSum", "ReduceProd",
+                                          "ReduceL1", "ReduceL2", "ReduceLogSumExp", "ReduceSumSquare", NULL};
+        bool known = false;
+        for (int i = 0; red[i]; i++) known |= !strcmp(op, red[i]);
+        if (!known || mts_attr_int(st->nd, "keepdims", 1) != 1 || st->n_in < 1 || st->in[0] < 0 ||
+            !rank4_ok(o, st->in[0]) || st->n_in > 2)
+            return false;
+        if (st->n_in == 2 && st->in[1] >= 0) {
+            const mts_tensor *a = &p->vals[st->in[1]];
+            if (!const_value(p, st->in[1]) || a->dtype != MTS_DTYPE_INT64) return false;
+        }
+        return true;
+    }
+    if (!strcmp(op, "Resize")) {
+        if (st->nd->opset < 11 || mts_node_attr(st->nd, "axes") || st->n_in < 1 || st->in[0] < 0 ||
+            !rank4_ok(o, st->in[0]))
+            return false;
+        static const int64_t want[4] = {0, 8, 4, 4}; /* roi, scales, sizes: element counts when present */
+        for (int j = 1; j < st->n_in && j < 4; j++) {
+            int v = st->in[j];
+            if (v < 0) continue;
+            if (!const_value(p, v)) return false;
+            int64_t n = mts_tensor_numel(&p->vals[v]);
+            if (n != 0 && n != want[j]) return false;
+        }
+        return st->n_in <= 4;
+    }
+    return false;
+}
+
+/* A copy of t with its elements permuted: groups of 4 as [0,2,3,1] (NCHW order -> NHWC order). */
+static const mts_tensor *permuted_const(mts__plan *p, const mts_tensor *t)
+{
+    int64_t n = mts_tensor_numel(t);
+    size_t es = mts_dtype_size(t->dtype);
+    mts_tensor *c = mts_pool_calloc(&p->pool, 1, sizeof *c);
+    if (!c || es == 0) return NULL;
+    *c = *t;
+    if (n == 0) return c;
+    char *d = mts_pool_alloc(&p->pool, (size_t)n * es);
+    if (!d) return NULL;
+    static const int perm[4] = {0, 2, 3, 1};
+    for (int64_t g = 0; g < n / 4; g++)
+        for (int i = 0; i < 4; i++) memcpy(d + (size_t)(g * 4 + i) * es, (const char *)t->data + (size_t)(g * 4 + perm[i]) * es, es);
+    c->data = d;
+    return c;
+}
+
+static int rewrite_nhwc_step(mts__plan *p, mts__step *st, mts_err *err)
+{
+    st->nhwc = 1;
+    if (!strcmp(st->nd->op_type, "Concat")) {
+        mts_node *n = mts_pool_alloc(&p->pool, sizeof *n);
+        mts_attr *a = n ? mts_pool_alloc(&p->pool, sizeof *a * (size_t)(st->nd->n_attr + 1)) : NULL;
+        if (!a) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+        *n = *st->nd;
+        memcpy(a, st->nd->attrs, sizeof *a * (size_t)st->nd->n_attr);
+        for (int i = 0; i < n->n_attr; i++)
+            if (!strcmp(a[i].name, "axis")) a[i].i = 3;
+        n->attrs = a;
+        st->nd = n;
+    } else if (!strncmp(st->nd->op_type, "Reduce", 6)) {
+        /* Axes name NCHW positions; on NHWC views axis 1 is 3, 2 is 1 and 3 is 2. */
+        static const int64_t map[4] = {0, 3, 1, 2};
+        const mts_attr *ax = mts_node_attr(st->nd, "axes");
+        if (ax && ax->n > 0) {
+            mts_node *n = mts_pool_alloc(&p->pool, sizeof *n);
+            mts_attr *a = n ? mts_pool_alloc(&p->pool, sizeof *a * (size_t)(st->nd->n_attr + 1)) : NULL;
+            int64_t *v = a ? mts_pool_alloc(&p->pool, sizeof *v * (size_t)ax->n) : NULL;
+            if (!v) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+            *n = *st->nd;
+            memcpy(a, st->nd->attrs, sizeof *a * (size_t)st->nd->n_attr);
+            for (int i = 0; i < n->n_attr; i++)
+                if (!strcmp(a[i].name, "axes")) {
+                    for (int j = 0; j < ax->n; j++) {
+                        int64_t x = ax->ints[j] < 0 ? ax->ints[j] + 4 : ax->ints[j];
+                        v[j] = x >= 0 && x < 4 ? map[x] : ax->ints[j];
+                    }
+                    a[i].ints = v;
+                }
+            n->attrs = a;
+            st->nd = n;
+        }
+        if (st->n_in == 2 && st->in[1] >= 0) {
+            const mts_tensor *t = &p->vals[st->in[1]];
+            mts_tensor *c = mts_pool_calloc(&p->pool, 1, sizeof *c);
+            st->cin = mts_pool_calloc(&p->pool, 2, sizeof *st->cin);
+            int64_t n = mts_tensor_numel(t);
+            int64_t *d = mts_pool_alloc(&p->pool, sizeof(int64_t) * (size_t)(n > 0 ? n : 1));
+            if (!c || !st->cin || !d) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+            *c = *t;
+            for (int64_t j = 0; j < n; j++) {
+                int64_t x = ((const int64_t *)t->data)[j];
+                int64_t xn = x < 0 ? x + 4 : x;
+                d[j] = xn >= 0 && xn < 4 ? map[xn] : x;
+            }
+            c->data = d;
+            st->cin[1] = c;
+        }
+    } else if (!strcmp(st->nd->op_type, "Resize")) {
+        st->cin = mts_pool_calloc(&p->pool, (size_t)st->n_in, sizeof *st->cin);
+        if (!st->cin) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+        for (int j = 1; j < st->n_in; j++)
+            if (st->in[j] >= 0 && !(st->cin[j] = permuted_const(p, &p->vals[st->in[j]])))
+                return mts_err_set(err, MTS_ENOMEM, "out of memory");
+    }
+    return MTS_OK;
+}
+
+int mts__optimize(mts_model *m, mts__plan *p, mts_err *err)
+{
+    int rc = MTS_OK, ns = p->n_steps, nv = m->n_values, nci = 0;
+    opt o = {m, p, nv, ns, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    mts__step *orig = malloc(sizeof *orig * (size_t)(ns + 1));
+    uint8_t *no_dnnl = calloc((size_t)m->n_nodes + 1, 1);
+    uint8_t *state0 = malloc((size_t)nv + 1);
+    cinfo *ci = calloc((size_t)ns + 1, sizeof *ci);
+    o.nuse = malloc(sizeof(int) * ((size_t)nv + 1));
+    o.reader = malloc(sizeof(int) * ((size_t)nv + 1));
+    o.prod = malloc(sizeof(int) * ((size_t)nv + 1));
+    o.parent = malloc(sizeof(int) * ((size_t)nv + 1));
+    o.is_out = calloc((size_t)nv + 1, 1);
+    o.removed = calloc((size_t)ns + 1, 1);
+    o.gbad = calloc((size_t)nv + 1, 1);
+    o.gconv = calloc((size_t)nv + 1, 1);
+    int *cstep = malloc(sizeof(int) * ((size_t)ns + 1)); /* per step: index into ci, -1 */
+    if (!orig || !no_dnnl || !state0 || !ci || !o.nuse || !o.reader || !o.prod || !o.parent || !o.is_out ||
+        !o.removed || !o.gbad || !o.gconv || !cstep) {
+        rc = mts_err_set(err, MTS_ENOMEM, "out of memory");
+        goto out;
+    }
+    memcpy(orig, p->steps, sizeof *orig * (size_t)ns);
+    memcpy(state0, p->state, (size_t)nv);
+    for (int i = 0; i < m->n_outputs; i++) o.is_out[m->outputs[i]] = 1;
+    for (int attempt = 0; attempt <= m->n_nodes; attempt++) {
+        /* Reset to the unoptimized steps, with private copies of the index arrays. */
+        for (int i = 0; i < nci; i++) free(ci[i].wtmp);
+        nci = 0;
+        p->n_steps = ns;
+        memcpy(p->steps, orig, sizeof *orig * (size_t)ns);
+        memcpy(p->state, state0, (size_t)nv);
+        memset(o.removed, 0, (size_t)ns);
+        memset(p->nhwc, 0, (size_t)nv);
+        for (int s = 0; s < ns; s++) {
+            mts__step *st = &p->steps[s];
+            int *a = mts_pool_alloc(&p->pool, sizeof(int) * (size_t)(st->n_in + st->n_out + MTS_DPOST_MAX + 1));
+            if (!a) {
+                rc = mts_err_set(err, MTS_ENOMEM, "out of memory");
+                goto out;
+            }
+            memcpy(a, st->in, sizeof(int) * (size_t)st->n_in);
+            memcpy(a + st->n_in + MTS_DPOST_MAX, st->out, sizeof(int) * (size_t)st->n_out);
+            st->in = a;
+            st->out = a + st->n_in + MTS_DPOST_MAX;
+            cstep[s] = -1;
+        }
+        count_uses(&o);
+        remove_identities(&o);
+
+        /* Convolutions and their fusions. */
+        for (int s = 0; s < ns; s++) {
+            if (o.removed[s]) continue;
+            cinfo *c = &ci[nci];
+            if (!conv_eligible(&o, s, no_dnnl, c)) continue;
+            nci++;
+            cstep[s] = nci - 1;
+            int cur = p->steps[s].out[0];
+            if (c->spec.kind < MTS_DPRIM_POOL_MAX && (rc = fold_bn(&o, c, &cur, err))) goto out;
+            for (; c->spec.kind < MTS_DPRIM_POOL_MAX;) {
+                int r = sole_reader(&o, cur), resid;
+                mts_dpost po;
+                if (r < 0 || c->spec.n_post >= MTS_DPOST_MAX - 1 || !as_postop(&o, &p->steps[r], cur, &po, &resid))
+                    break;
+                if (resid >= 0) {
+                    /* The residual must exist before the conv runs. */
+                    if (p->state[resid] != MTS__V_INPUT && (o.prod[resid] < 0 || o.prod[resid] >= s)) break;
+                    c->resid[c->n_resid++] = resid;
+                }
+                c->spec.post[c->spec.n_post++] = po;
+                o.removed[r] = 1;
+                p->state[cur] = MTS__V_UNUSED;
+                cur = p->steps[r].out[0];
+            }
+            mts__step *st = &p->steps[s];
+            st->out[0] = cur;
+            st->n_out = 1;
+            st->n_in = 1 + c->n_resid;
+            for (int j = 0; j < c->n_resid; j++) st->in[1 + j] = c->resid[j];
+            o.prod[cur] = s;
+        }
+        count_uses(&o);
+
+        /* Layout groups. */
+        for (int v = 0; v < nv; v++) o.parent[v] = v, o.gbad[v] = 0, o.gconv[v] = 0;
+        for (int s = 0; s < ns; s++) {
+            if (o.removed[s]) continue;
+            const mts__step *st = &p->steps[s];
+            if (cstep[s] >= 0) {
+                for (int j = 1; j < st->n_in; j++)
+                    if (is_cand(&o, st->in[j]) && is_cand(&o, st->out[0])) unite(o.parent, st->in[j], st->out[0]);
+                continue;
+            }
+            if (layout_agnostic(&o, st)) {
+                int first = -1;
+                for (int j = 0; j < st->n_in + st->n_out; j++) {
+                    int v = j < st->n_in ? st->in[j] : st->out[j - st->n_in];
+                    if (!is_cand(&o, v)) continue;
+                    if (first < 0) first = v;
+                    else unite(o.parent, v, first);
+                }
+            }
+        }
+        for (int s = 0; s < ns; s++) {
+            if (o.removed[s]) continue;
+            const mts__step *st = &p->steps[s];
+            bool conv = cstep[s] >= 0, ok = conv || layout_agnostic(&o, st);
+            for (int j = 0; j < st->n_in + st->n_out; j++) {
+                int v = j < st->n_in ? st->in[j] : st->out[j - st->n_in];
+                if (!is_cand(&o, v)) continue;
+                if (!ok) o.gbad[find(o.parent, v)] = 1;
+                if (conv) o.gconv[find(o.parent, v)] = 1;
+            }
+        }
+        for (int v = 0; v < nv; v++)
+            if (o.is_out[v] && is_cand(&o, v)) o.gbad[find(o.parent, v)] = 1;
+        for (int v = 0; v < nv; v++)
+            if (is_cand(&o, v)) {
+                int r = find(o.parent, v);
+                p->nhwc[v] = !o.gbad[r] && o.gconv[r];
+            }
+
+        /* Primitives. */
+        int failed = -1;
+        for (int i = 0; i < nci && failed < 0; i++) {
+            cinfo *c = &ci[i];
+            mts__step *st = &p->steps[c->step];
+            const mts_tensor *x = &p->vals[st->in[0]], *y = &p->vals[st->out[0]];
+            c->spec.src_nhwc = x->rank == 4 && (p->nhwc[st->in[0]] || is_neutral(x));
+            c->spec.dst_nhwc = y->rank == 4 && (p->nhwc[st->out[0]] || is_neutral(y));
+            for (int j = 0, r = 0; j < c->spec.n_post; j++)
+                if (c->spec.post[j].kind == MTS_DPOST_ADD) {
+                    int rv = c->resid[r++];
+                    const mts_tensor *t = &p->vals[rv];
+                    c->spec.post[j].nhwc = t->rank == 4 && (p->nhwc[rv] || is_neutral(t));
+                }
+            mts_err e = {0};
+            if (mts_dconv_create(&c->spec, &st->dconv, &e) != MTS_OK) {
+                if (getenv("MTS_PLAN_VERBOSE"))
+                    fprintf(stderr, "oneDNN declines node '%s' (src %s, dst %s): %s\n", m->nodes[st->node].name,
+                            c->spec.src_nhwc ? "nhwc" : "nchw", c->spec.dst_nhwc ? "nhwc" : "nchw", e.msg);
+                failed = st->node;
+                break;
+            }
+            st->kind = MTS__S_DCONV;
+            free(c->wtmp);
+            c->wtmp = NULL;
+        }
+        if (failed >= 0) {
+            for (int s = 0; s < ns; s++) {
+                mts_dconv_free(p->steps[s].dconv);
+                p->steps[s].dconv = NULL;
+            }
+            no_dnnl[failed] = 1;
+            continue;
+        }
+        break;
+    }
+
+    /* Channels-last kernel steps, then compaction. */
+    p->scratch_bytes = 0;
+    int w = 0;
+    for (int s = 0; s < ns; s++) {
+        mts__step *st = &p->steps[s];
+        if (o.removed[s]) {
+            p->n_fused++;
+            continue;
+        }
+        if (st->kind == MTS__S_DCONV) {
+            size_t sb = 0;
+            if ((rc = mts_dconv_prepare(st->dconv, 1, &sb, err))) goto out;
+            if ((int64_t)sb > p->scratch_bytes) p->scratch_bytes = (int64_t)sb;
+        } else if (!st->dynamic) {
+            bool nhwc = false;
+            for (int j = 0; j < st->n_in + st->n_out; j++) {
+                int v = j < st->n_in ? st->in[j] : st->out[j - st->n_in];
+                if (v >= 0 && is_cand(&o, v) && p->nhwc[v]) nhwc = true;
+            }
+            if (nhwc && (rc = rewrite_nhwc_step(p, st, err))) goto out;
+        }
+        p->steps[w++] = *st;
+    }
+    p->n_steps = w;
+    if (p->n_steps > 0 && p->scratch_bytes == 0) {
+        for (int s = 0; s < p->n_steps; s++)
+            if (p->steps[s].kind == MTS__S_DCONV) p->scratch_bytes = 64; /* a stream is still needed */
+    }
+out:
+    for (int i = 0; ci && i < nci; i++) free(ci[i].wtmp);
+    free(orig);
+    free(no_dnnl);
+    free(state0);
+    free(ci);
+    free(o.nuse);
+    free(o.reader);
+    free(o.prod);
+    free(o.parent);
+    free(o.is_out);
+    free(o.removed);
+    free(o.gbad);
+    free(o.gconv);
+    free(cstep);
+    return rc;
+}

@@ -1,0 +1,516 @@
+"""Black-box tests of the gRPC front end through a stock client (python3-grpcio): every RPC of
+inference.GRPCInferenceService, inference.InferenceService, grpc.health.v1.Health and server
+reflection, every error path with its status code and message, a 250-message ModelStreamInfer
+session, 50 concurrent clients, large messages, deadlines, cancellation, keepalive pings and
+shutdown. Fixtures are in conftest.py."""
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import numpy as np
+import pytest
+from google.protobuf import descriptor_pb2
+
+from conftest import LIPSYNC, SEG, TINY, tiny_reference, tiny_request
+
+SLOW = {"max_batch": 1, "instances": 1}
+
+
+def code_of(fn):
+    try:
+        fn()
+    except grpc.RpcError as e:
+        return e.code(), e.details()
+    return grpc.StatusCode.OK, ""
+
+
+def ks(srv, pb):
+    return pb.ks_grpc.GRPCInferenceServiceStub(srv.channel)
+
+
+def lip(srv, pb):
+    return pb.ls_grpc.InferenceServiceStub(srv.channel)
+
+
+def seg_request(pb, n=1, timeout_us=0):
+    req = pb.ks.ModelInferRequest(model_name="seg")
+    req.inputs.add(name="image", datatype="FP32", shape=[n, 3, 256, 256])
+    req.raw_input_contents.append(np.random.default_rng(n).random((n, 3, 256, 256), np.float32).tobytes())
+    if timeout_us:
+        req.parameters["timeout"].int64_param = timeout_us
+    return req
+
+
+def wait_queued(srv, pb, model, n, timeout=20):
+    stub = lip(srv, pb)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        r = stub.GetModelStats(pb.ls.GetModelStatsRequest(model_id=model))
+        if r.models[0].stats.queue_depth >= n:
+            return
+        time.sleep(0.01)
+    pytest.fail(f"{model}: queue never reached {n}")
+
+
+def lip_inputs(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return (rng.random((n, 6, 320, 320), np.float32), rng.random((n, 32, 16, 16), np.float32))
+
+
+# ---------------------------------------------------------------- KServe: server and model metadata
+
+def test_server_live_ready_metadata(start_server, pb):
+    srv = start_server()
+    s = ks(srv, pb)
+    assert s.ServerLive(pb.ks.ServerLiveRequest()).live
+    assert s.ServerReady(pb.ks.ServerReadyRequest()).ready
+    md = s.ServerMetadata(pb.ks.ServerMetadataRequest())
+    assert md.name == "mtserve" and md.version
+    assert {"model_repository", "statistics", "model_configuration"} <= set(md.extensions)
+
+
+def test_model_ready_metadata_config(start_server, pb):
+    srv = start_server()
+    s = ks(srv, pb)
+    assert not s.ModelReady(pb.ks.ModelReadyRequest(name="tiny")).ready  # not loaded yet
+    md = s.ModelMetadata(pb.ks.ModelMetadataRequest(name="tiny"))  # loads it
+    assert md.name == "tiny" and list(md.versions) == ["1"] and md.platform == "onnxruntime_onnx"
+    assert [(t.name, t.datatype, list(t.shape)) for t in md.inputs] == [("x", "FP32", [-1, 16])]
+    assert [(t.name, t.datatype, list(t.shape)) for t in md.outputs] == [("y", "FP32", [-1, 16])]
+    assert s.ModelReady(pb.ks.ModelReadyRequest(name="tiny")).ready
+    cfg = s.ModelConfig(pb.ks.ModelConfigRequest(name="tiny")).config
+    assert cfg.name == "tiny" and cfg.max_batch_size == 8 and cfg.backend == "mtserve"
+    assert [(i.name, i.data_type, list(i.dims)) for i in cfg.input] == [("x", pb.ks.TYPE_FP32, [16])]
+    assert [(o.name, list(o.dims)) for o in cfg.output] == [("y", [16])]
+    assert cfg.instance_group[0].kind == pb.ks.ModelInstanceGroup.KIND_CPU
+    assert cfg.parameters["model_path"].string_value == str(TINY)
+    for rpc, req in ((s.ModelReady, pb.ks.ModelReadyRequest(name="nope")),
+                     (s.ModelMetadata, pb.ks.ModelMetadataRequest(name="nope")),
+                     (s.ModelConfig, pb.ks.ModelConfigRequest(name="nope"))):
+        code, msg = code_of(lambda: rpc(req))
+        assert code == grpc.StatusCode.NOT_FOUND and "unknown model 'nope'" in msg
+
+
+# ---------------------------------------------------------------- KServe: inference
+
+def test_model_infer_raw_and_typed(start_server, pb):
+    srv = start_server()
+    s = ks(srv, pb)
+    x = np.random.default_rng(1).standard_normal((3, 16)).astype(np.float32)
+    for raw in (True, False):
+        r = s.ModelInfer(tiny_request(pb, x, rid=f"req-{raw}", raw=raw))
+        assert r.model_name == "tiny" and r.model_version == "1" and r.id == f"req-{raw}"
+        assert [(o.name, o.datatype, list(o.shape)) for o in r.outputs] == [("y", "FP32", [3, 16])]
+        assert len(r.raw_output_contents) == 1
+        y = np.frombuffer(r.raw_output_contents[0], np.float32).reshape(3, 16)
+        np.testing.assert_allclose(y, tiny_reference(x), rtol=1e-4, atol=1e-4)
+        assert r.parameters["batch_size"].int64_param >= 3
+        assert r.parameters["compute_ms"].double_param >= 0
+    # requested output by name
+    req = tiny_request(pb, x)
+    req.outputs.add(name="y")
+    assert [o.name for o in s.ModelInfer(req).outputs] == ["y"]
+
+
+def test_model_infer_errors(start_server, pb):
+    srv = start_server()
+    s = ks(srv, pb)
+    x = np.ones((2, 16), np.float32)
+
+    def expect(req, code, *words):
+        c, msg = code_of(lambda: s.ModelInfer(req))
+        assert c == code, (c, msg)
+        for w in words:
+            assert w in msg, msg
+
+    expect(tiny_request(pb, x, model="nope"), grpc.StatusCode.NOT_FOUND, "unknown model 'nope'")
+    expect(pb.ks.ModelInferRequest(model_name="tiny"), grpc.StatusCode.INVALID_ARGUMENT, "at least one input")
+    req = tiny_request(pb, x)
+    req.inputs[0].datatype = "FP8"
+    expect(req, grpc.StatusCode.INVALID_ARGUMENT, "datatype 'FP8' is not supported")
+    req = tiny_request(pb, x)
+    req.raw_input_contents[0] = req.raw_input_contents[0][:-4]
+    expect(req, grpc.StatusCode.INVALID_ARGUMENT, "raw_input_contents[0] has 124 bytes", "needs 128")
+    req = tiny_request(pb, x)
+    req.raw_input_contents.append(b"1234")
+    expect(req, grpc.StatusCode.INVALID_ARGUMENT, "raw_input_contents has 2 entries; expected one per input (1)")
+    req = pb.ks.ModelInferRequest(model_name="tiny")
+    req.inputs.add(name="x", datatype="FP32", shape=[2, 16])
+    expect(req, grpc.StatusCode.INVALID_ARGUMENT, "neither contents nor a raw_input_contents entry")
+    req = tiny_request(pb, x, raw=False)
+    del req.inputs[0].contents.fp32_contents[-1]
+    expect(req, grpc.StatusCode.INVALID_ARGUMENT, "fp32_contents has 31 values", "needs 32")
+    req = tiny_request(pb, x, raw=False)
+    req.inputs[0].datatype = "INT64"
+    expect(req, grpc.StatusCode.INVALID_ARGUMENT, "int64_contents has 0 values")
+    req = tiny_request(pb, np.ones((2, 15), np.float32))
+    expect(req, grpc.StatusCode.INVALID_ARGUMENT, "x")  # the model's shape check (server core)
+    req = tiny_request(pb, x)
+    req.inputs[0].name = "nope"
+    expect(req, grpc.StatusCode.INVALID_ARGUMENT, "nope")
+    req = tiny_request(pb, x)
+    req.parameters["timeout"].string_param = "soon"
+    expect(req, grpc.StatusCode.INVALID_ARGUMENT, "timeout")
+    # not a ModelInferRequest at all
+    garbage = srv.channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+    c, msg = code_of(lambda: garbage(b"\xff\xff\xff\xff"))
+    assert c == grpc.StatusCode.INVALID_ARGUMENT and "ModelInferRequest" in msg
+    # methods that do not exist
+    for path in ("/inference.GRPCInferenceService/SystemSharedMemoryStatus", "/nope.Service/Call"):
+        c, msg = code_of(lambda: srv.channel.unary_unary(path)(b""))
+        assert c == grpc.StatusCode.UNIMPLEMENTED and path in msg
+    # still serving
+    assert s.ModelInfer(tiny_request(pb, x)).outputs[0].name == "y"
+
+
+def test_large_messages(start_server, pb):
+    """~38 MiB in and out through ModelInfer; over the 50 MiB limit is RESOURCE_EXHAUSTED."""
+    srv = start_server()
+    s = ks(srv, pb)
+    x = np.random.default_rng(2).standard_normal((600_000, 16)).astype(np.float32)
+    r = s.ModelInfer(tiny_request(pb, x), timeout=120)
+    y = np.frombuffer(r.raw_output_contents[0], np.float32).reshape(x.shape)
+    np.testing.assert_allclose(y[:1000], tiny_reference(x[:1000]), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(y[-1000:], tiny_reference(x[-1000:]), rtol=1e-4, atol=1e-4)
+    big = np.zeros((860_000, 16), np.float32)  # 52.5 MiB
+    c, msg = code_of(lambda: s.ModelInfer(tiny_request(pb, big), timeout=120))
+    assert c == grpc.StatusCode.RESOURCE_EXHAUSTED, (c, msg)
+    assert s.ServerLive(pb.ks.ServerLiveRequest()).live
+
+
+# ---------------------------------------------------------------- KServe: stream
+
+def test_stream_250_in_order(start_server, pb):
+    srv = start_server()
+    s = ks(srv, pb)
+    rng = np.random.default_rng(3)
+    xs = [rng.standard_normal((1 + i % 4, 16)).astype(np.float32) for i in range(250)]
+
+    def gen():
+        for i, x in enumerate(xs):
+            yield tiny_request(pb, x, rid=str(i))
+
+    got = list(s.ModelStreamInfer(gen(), timeout=120))
+    assert len(got) == 250
+    for i, r in enumerate(got):
+        assert r.error_message == "", r.error_message
+        assert r.infer_response.id == str(i)
+        y = np.frombuffer(r.infer_response.raw_output_contents[0], np.float32).reshape(xs[i].shape)
+        np.testing.assert_allclose(y, tiny_reference(xs[i]), rtol=1e-4, atol=1e-4)
+
+
+def test_stream_errors_in_band(start_server, pb):
+    srv = start_server()
+    s = ks(srv, pb)
+    x = np.ones((1, 16), np.float32)
+    reqs = [tiny_request(pb, x, rid="0"), tiny_request(pb, x, model="nope", rid="1"), tiny_request(pb, x, rid="2")]
+    bad = tiny_request(pb, x, rid="3")
+    bad.raw_input_contents[0] = b"123"
+    reqs.append(bad)
+    reqs.append(tiny_request(pb, x, rid="4"))
+    got = list(s.ModelStreamInfer(iter(reqs), timeout=60))
+    assert [r.infer_response.id for r in got] == ["0", "1", "2", "3", "4"]
+    assert [bool(r.error_message) for r in got] == [False, True, False, True, False]
+    assert "NOT_FOUND" in got[1].error_message and "unknown model 'nope'" in got[1].error_message
+    assert "INVALID_ARGUMENT" in got[3].error_message and "needs 64" in got[3].error_message
+    assert list(s.ModelStreamInfer(iter([]), timeout=10)) == []  # empty stream closes cleanly
+
+
+# ---------------------------------------------------------------- KServe: concurrency
+
+def test_50_concurrent_clients(start_server, pb):
+    srv = start_server({"tiny": {"model_path": str(TINY), "max_batch": 8, "queue_size": 1000}})
+    errors = []
+
+    def client(k):
+        ch = srv.new_channel()
+        stub = pb.ks_grpc.GRPCInferenceServiceStub(ch)
+        rng = np.random.default_rng(1000 + k)
+        try:
+            for j in range(20):
+                x = rng.standard_normal((1 + (k + j) % 3, 16)).astype(np.float32)
+                rid = f"{k}-{j}"
+                r = stub.ModelInfer(tiny_request(pb, x, rid=rid), timeout=60)
+                if r.id != rid:
+                    errors.append(f"{rid}: got id {r.id}")
+                y = np.frombuffer(r.raw_output_contents[0], np.float32).reshape(x.shape)
+                if not np.allclose(y, tiny_reference(x), rtol=1e-4, atol=1e-4):
+                    errors.append(f"{rid}: wrong values")
+        except grpc.RpcError as e:
+            errors.append(f"{k}: {e.code()} {e.details()}")
+        finally:
+            ch.close()
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(50)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    st = ks(srv, pb).ModelStatistics(pb.ks.ModelStatisticsRequest(name="tiny")).model_stats[0]
+    assert st.inference_stats.success.count == 1000
+
+
+# ---------------------------------------------------------------- KServe: statistics, repository
+
+def test_statistics_and_repository(start_server, pb):
+    srv = start_server({"tiny": {"model_path": str(TINY)}, "seg": {"model_path": str(SEG)}})
+    s = ks(srv, pb)
+    idx = {m.name: m.state for m in s.RepositoryIndex(pb.ks.RepositoryIndexRequest()).models}
+    assert idx == {"tiny": "UNLOADED", "seg": "UNLOADED"}
+    s.ModelInfer(tiny_request(pb, np.ones((4, 16), np.float32)))
+    ready = [m.name for m in s.RepositoryIndex(pb.ks.RepositoryIndexRequest(ready=True)).models]
+    assert ready == ["tiny"]
+    st = s.ModelStatistics(pb.ks.ModelStatisticsRequest(name="tiny")).model_stats
+    assert len(st) == 1 and st[0].name == "tiny" and st[0].inference_count == 4 and st[0].execution_count == 1
+    assert st[0].inference_stats.success.count == 1 and st[0].last_inference > 0
+    assert st[0].batch_stats[0].batch_size == 4 and st[0].memory_usage[0].type == "CPU"
+    all_stats = s.ModelStatistics(pb.ks.ModelStatisticsRequest()).model_stats
+    assert sorted(m.name for m in all_stats) == ["seg", "tiny"]
+    c, msg = code_of(lambda: s.ModelStatistics(pb.ks.ModelStatisticsRequest(name="nope")))
+    assert c == grpc.StatusCode.NOT_FOUND and "unknown model 'nope'" in msg
+    # load / reload / unload
+    s.RepositoryModelLoad(pb.ks.RepositoryModelLoadRequest(model_name="seg"))
+    assert s.ModelReady(pb.ks.ModelReadyRequest(name="seg")).ready
+    req = pb.ks.RepositoryModelLoadRequest(model_name="seg")
+    req.parameters["force_reload"].bool_param = True
+    s.RepositoryModelLoad(req)
+    info = lip(srv, pb).GetModelStats(pb.ls.GetModelStatsRequest(model_id="seg")).models[0]
+    assert info.loaded and info.stats.loads == 2
+    s.RepositoryModelUnload(pb.ks.RepositoryModelUnloadRequest(model_name="seg"))
+    assert not s.ModelReady(pb.ks.ModelReadyRequest(name="seg")).ready
+    for rpc, req in ((s.RepositoryModelLoad, pb.ks.RepositoryModelLoadRequest(model_name="nope")),
+                     (s.RepositoryModelUnload, pb.ks.RepositoryModelUnloadRequest(model_name="nope"))):
+        c, msg = code_of(lambda: rpc(req))
+        assert c == grpc.StatusCode.NOT_FOUND and "nope" in msg, (c, msg)
+
+
+# ---------------------------------------------------------------- deadlines, cancellation, queue
+
+def test_deadline_exceeded(start_server, pb):
+    srv = start_server({"seg": {"model_path": str(SEG), **SLOW}})
+    s = ks(srv, pb)
+    s.RepositoryModelLoad(pb.ks.RepositoryModelLoadRequest(model_name="seg"))
+    busy = s.ModelInfer.future(seg_request(pb, 32), timeout=60)  # keeps the one worker busy
+    time.sleep(0.1)
+    t0 = time.monotonic()
+    c, _ = code_of(lambda: s.ModelInfer(seg_request(pb, 1), timeout=0.05))  # gRPC deadline
+    assert c == grpc.StatusCode.DEADLINE_EXCEEDED and time.monotonic() - t0 < 5
+    c, msg = code_of(lambda: s.ModelInfer(seg_request(pb, 1, timeout_us=100_000), timeout=60))  # request timeout
+    assert c == grpc.StatusCode.DEADLINE_EXCEEDED, (c, msg)
+    assert busy.result().outputs[0].name == "mask"
+    g = lip(srv, pb).GetModelStats(pb.ls.GetModelStatsRequest()).totals
+    assert g.timed_out + g.cancelled >= 1 and g.requests_completed <= 2  # neither late request ran
+
+
+def test_cancel_drops_queued_request(start_server, pb):
+    srv = start_server({"seg": {"model_path": str(SEG), **SLOW}})
+    s = ks(srv, pb)
+    s.RepositoryModelLoad(pb.ks.RepositoryModelLoadRequest(model_name="seg"))
+    busy = s.ModelInfer.future(seg_request(pb, 32), timeout=60)
+    time.sleep(0.2)
+    doomed = s.ModelInfer.future(seg_request(pb, 4), timeout=60)
+    wait_queued(srv, pb, "seg", 1)
+    assert doomed.cancel()
+    busy.result()
+    stub = lip(srv, pb)
+    t0 = time.monotonic()
+    while stub.GetModelStats(pb.ls.GetModelStatsRequest()).totals.cancelled < 1:
+        assert time.monotonic() - t0 < 10, "the cancelled request was not dropped"
+        time.sleep(0.05)
+    info = stub.GetModelStats(pb.ls.GetModelStatsRequest(model_id="seg")).models[0]
+    assert info.stats.execution_count == 1  # the cancelled one never ran
+
+
+def test_queue_full_resource_exhausted(start_server, pb):
+    srv = start_server({"seg": {"model_path": str(SEG), "queue_size": 2, **SLOW}})
+    s = ks(srv, pb)
+    s.RepositoryModelLoad(pb.ks.RepositoryModelLoadRequest(model_name="seg"))
+    futures = [s.ModelInfer.future(seg_request(pb, 4), timeout=120) for _ in range(12)]
+    codes = []
+    for f in futures:
+        try:
+            f.result()
+            codes.append(grpc.StatusCode.OK)
+        except grpc.RpcError as e:
+            codes.append(e.code())
+            assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, (e.code(), e.details())
+            assert "queue" in e.details() and "full" in e.details(), e.details()
+    assert codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) >= 1 and codes.count(grpc.StatusCode.OK) >= 2, codes
+
+
+def test_keepalive_pings(start_server, pb):
+    srv = start_server()
+    ch = srv.new_channel(**{"grpc.keepalive_time_ms": 1000, "grpc.keepalive_timeout_ms": 2000,
+                            "grpc.keepalive_permit_without_calls": 1, "grpc.http2.max_pings_without_data": 0})
+    stub = pb.ks_grpc.GRPCInferenceServiceStub(ch)
+    assert stub.ServerLive(pb.ks.ServerLiveRequest()).live
+    time.sleep(4)  # idle: the client pings every second
+    x = np.ones((1, 16), np.float32)
+    assert stub.ModelInfer(tiny_request(pb, x)).outputs[0].name == "y"
+    ch.close()
+
+
+def test_shutdown_fails_queued_with_unavailable(start_server, pb):
+    srv = start_server({"seg": {"model_path": str(SEG), "queue_size": 10, **SLOW}}, grace=0)
+    s = ks(srv, pb)
+    s.RepositoryModelLoad(pb.ks.RepositoryModelLoadRequest(model_name="seg"))
+    futures = [s.ModelInfer.future(seg_request(pb, 16), timeout=60) for _ in range(4)]
+    wait_queued(srv, pb, "seg", 3)
+    srv.proc.send_signal(signal.SIGTERM)
+    codes = []
+    for f in futures:
+        try:
+            f.result()
+            codes.append(grpc.StatusCode.OK)
+        except grpc.RpcError as e:
+            codes.append(e.code())
+            if e.code() == grpc.StatusCode.UNAVAILABLE:
+                assert e.details(), "UNAVAILABLE without a message"
+    assert all(c in (grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE) for c in codes), codes
+    assert codes.count(grpc.StatusCode.UNAVAILABLE) >= 2, codes
+    assert srv.proc.wait(timeout=30) == 0
+
+
+# ---------------------------------------------------------------- health, reflection
+
+def test_health_check(start_server, pb):
+    srv = start_server()
+    h = pb.health_grpc.HealthStub(srv.channel)
+    SERVING = pb.health.HealthCheckResponse.SERVING
+    assert h.Check(pb.health.HealthCheckRequest()).status == SERVING
+    for name in ("inference.GRPCInferenceService", "inference.InferenceService", "grpc.health.v1.Health"):
+        assert h.Check(pb.health.HealthCheckRequest(service=name)).status == SERVING
+    c, msg = code_of(lambda: h.Check(pb.health.HealthCheckRequest(service="nope.Svc")))
+    assert c == grpc.StatusCode.NOT_FOUND and "nope.Svc" in msg
+
+
+@pytest.mark.parametrize("version", ["v1alpha", "v1"])
+def test_reflection(start_server, pb, version):
+    srv = start_server()
+    R = pb.refl.ServerReflectionRequest
+    call = srv.channel.stream_stream(f"/grpc.reflection.{version}.ServerReflection/ServerReflectionInfo",
+                                     request_serializer=R.SerializeToString,
+                                     response_deserializer=pb.refl.ServerReflectionResponse.FromString)
+    services = ["inference.GRPCInferenceService", "inference.InferenceService", "grpc.health.v1.Health"]
+    reqs = [R(list_services="")] + [R(file_containing_symbol=s) for s in services] + [
+        R(file_containing_symbol="inference.ModelInferRequest.InferInputTensor"),
+        R(file_containing_symbol="inference.InferenceService.InferBatch"),
+        R(file_by_filename="lipsync.proto"),
+        R(file_containing_symbol="inference.Nope"),
+        R(file_by_filename="nope.proto")]
+    got = list(call(iter(reqs), timeout=30))
+    assert len(got) == len(reqs)
+    listed = [s.name for s in got[0].list_services_response.service]
+    assert set(services + [f"grpc.reflection.{version}.ServerReflection"]) <= set(listed)
+
+    def fdp(resp):
+        assert resp.WhichOneof("message_response") == "file_descriptor_response", resp
+        return [descriptor_pb2.FileDescriptorProto.FromString(b)
+                for b in resp.file_descriptor_response.file_descriptor_proto]
+
+    for resp, svc in zip(got[1:4], services):
+        f = fdp(resp)[0]
+        assert svc in [f"{f.package}.{s.name}" for s in f.service]
+    assert fdp(got[4])[0].name == "inference_kserve.proto"
+    f = fdp(got[5])[0]
+    assert f.name == "lipsync.proto"
+    infer_batch = [m for s in f.service for m in s.method if m.name == "InferBatch"][0]
+    assert infer_batch.input_type == ".inference.InferBatchRequest"
+    req_fields = {x.name: x.number for m in f.message_type if m.name == "InferBatchRequest" for x in m.field}
+    assert req_fields == {"model_id": 1, "visual_frames": 2, "audio_features": 3, "batch_size": 4}
+    assert fdp(got[6])[0].name == "lipsync.proto"
+    for resp in got[7:]:
+        assert resp.WhichOneof("message_response") == "error_response"
+        assert resp.error_response.error_code == grpc.StatusCode.NOT_FOUND.value[0]
+
+
+# ---------------------------------------------------------------- lip-sync service
+
+def lip_server(start_server):
+    return start_server({"lip": {"model_path": str(LIPSYNC), "max_batch": 4},
+                         "tiny": {"model_path": str(TINY)}})
+
+
+def test_lipsync_infer_batch(start_server, pb):
+    srv = lip_server(start_server)
+    stub = lip(srv, pb)
+    vis, aud = lip_inputs(2, seed=7)
+    r = stub.InferBatch(pb.ls.InferBatchRequest(model_id="lip", visual_frames=vis.tobytes(),
+                                                audio_features=aud.tobytes(), batch_size=2), timeout=120)
+    assert r.success and len(r.outputs) == 2 and r.gpu_id == 0 and r.inference_time_ms > 0
+    outs = [np.frombuffer(o.data, np.float32).reshape(3, 320, 320) for o in r.outputs]
+    assert all(o.min() >= 0 and o.max() <= 1 for o in outs)
+    # the same frames through KServe ModelInfer, inputs by name: identical mouth regions
+    req = pb.ks.ModelInferRequest(model_name="lip")
+    req.inputs.add(name="visual", datatype="FP32", shape=list(vis.shape))
+    req.inputs.add(name="audio", datatype="FP32", shape=list(aud.shape))
+    req.raw_input_contents.extend([vis.tobytes(), aud.tobytes()])
+    kr = ks(srv, pb).ModelInfer(req, timeout=120)
+    ref = np.frombuffer(kr.raw_output_contents[0], np.float32).reshape(2, 3, 320, 320)
+    for i in range(2):
+        np.testing.assert_allclose(outs[i], ref[i], rtol=1e-5, atol=1e-6)
+
+
+def test_lipsync_infer_batch_errors(start_server, pb):
+    srv = lip_server(start_server)
+    stub = lip(srv, pb)
+    vis, aud = lip_inputs(1)
+
+    def expect(code, *words, **kw):
+        args = dict(model_id="lip", visual_frames=vis.tobytes(), audio_features=aud.tobytes(), batch_size=1)
+        args.update(kw)
+        c, msg = code_of(lambda: stub.InferBatch(pb.ls.InferBatchRequest(**args), timeout=60))
+        assert c == code, (c, msg)
+        for w in words:
+            assert w in msg, msg
+
+    expect(grpc.StatusCode.NOT_FOUND, "unknown model 'nope'", model_id="nope")
+    expect(grpc.StatusCode.INVALID_ARGUMENT, "model_id is required", model_id="")
+    expect(grpc.StatusCode.INVALID_ARGUMENT, "batch_size is 0; expected 1..25", batch_size=0)
+    expect(grpc.StatusCode.INVALID_ARGUMENT, "batch_size is 26; expected 1..25", batch_size=26)
+    expect(grpc.StatusCode.INVALID_ARGUMENT, "visual_frames has 2457600 bytes; batch_size 2 x 6x320x320 float32 "
+           "needs 4915200", batch_size=2)
+    expect(grpc.StatusCode.INVALID_ARGUMENT, "audio_features has 10 bytes", "needs 32768",
+           audio_features=b"0123456789")
+    expect(grpc.StatusCode.FAILED_PRECONDITION, "model 'tiny' has 1 inputs", model_id="tiny")
+    c, msg = code_of(lambda: stub.InferBatchComposite(pb.ls.CompositeBatchRequest(model_id="lip", batch_size=1)))
+    assert c == grpc.StatusCode.UNIMPLEMENTED and "InferBatchComposite" in msg
+
+
+def test_lipsync_management(start_server, pb):
+    srv = lip_server(start_server)
+    stub = lip(srv, pb)
+    lm = stub.ListModels(pb.ls.ListModelsRequest())
+    assert [m.model_id for m in lm.models] == ["lip", "tiny"] and lm.total_models == 2 and lm.loaded_models == 0
+    assert all(not m.loaded and m.state == "UNLOADED" and m.gpu_id == -1 for m in lm.models)
+    r = stub.LoadModel(pb.ls.LoadModelRequest(model_id="lip"), timeout=60)
+    assert r.success and r.load_time_ms > 0 and r.model.loaded and r.model.state == "READY"
+    assert r.model.stats.memory_bytes > 0 and r.model.model_path == str(LIPSYNC)
+    r = stub.LoadModel(pb.ls.LoadModelRequest(model_id="lip"))
+    assert r.success and r.load_time_ms == 0 and "already" in r.message
+    r = stub.LoadModel(pb.ls.LoadModelRequest(model_id="lip", force_reload=True), timeout=60)
+    assert r.success and r.model.stats.loads == 2 and r.model.version == 2
+    h = stub.Health(pb.ls.HealthRequest())
+    assert h.healthy and h.status == "SERVING" and list(h.loaded_model_ids) == ["lip"]
+    assert h.loaded_models == 1 and h.total_models == 2 and len(h.devices) >= 1
+    vis, aud = lip_inputs(1)
+    stub.InferBatch(pb.ls.InferBatchRequest(model_id="lip", visual_frames=vis.tobytes(),
+                                            audio_features=aud.tobytes(), batch_size=1), timeout=120)
+    one = stub.GetModelStats(pb.ls.GetModelStatsRequest(model_id="lip"))
+    assert [m.model_id for m in one.models] == ["lip"]
+    st = one.models[0].stats
+    assert st.usage_count == 1 and st.total_inference_time_ms > 0 and st.inference_count == 1
+    assert one.devices[0].kind == "CPU" and one.devices[0].memory_total_bytes > 0
+    assert one.totals.total_models == 2 and one.totals.requests_completed >= 1
+    every = stub.GetModelStats(pb.ls.GetModelStatsRequest())
+    assert [m.model_id for m in every.models] == ["lip", "tiny"]
+    assert stub.UnloadModel(pb.ls.UnloadModelRequest(model_id="lip"), timeout=60).success
+    assert not stub.GetModelStats(pb.ls.GetModelStatsRequest(model_id="lip")).models[0].loaded
+    for rpc, req in ((stub.LoadModel, pb.ls.LoadModelRequest(model_id="nope")),
+                     (stub.UnloadModel, pb.ls.UnloadModelRequest(model_id="nope")),
+                     (stub.GetModelStats, pb.ls.GetModelStatsRequest(model_id="nope"))):
+        c, msg = code_of(lambda: rpc(req))
+        assert c == grpc.StatusCode.NOT_FOUND and "unknown model 'nope'" in msg, (c, msg)

@@ -1,0 +1,383 @@
+/*
+ * The default backend (oneDNN + graph optimizer + channels-last layout) against the reference
+ * backend. Small ONNX graphs are written here with a minimal protobuf writer so that every
+ * rewrite is exercised: Conv + BatchNormalization folding, activation post-ops (Relu, Clip,
+ * HardSwish, HardSigmoid, Sigmoid, Tanh, LeakyRelu), residual Add, reductions over channels and
+ * over pixels (CBAM-style attention), pooling, depthwise / dilated / strided
+ * / asymmetric-pad / SAME_UPPER convolutions, ConvTranspose (groups, output_padding), 1-D and
+ * 3-D convolutions, Resize and Concat on channels-last data, a channel-attention Mul with an
+ * [N,C,1,1] operand, Identity removal, and graph outputs in the middle of a fused chain. Every
+ * graph runs on both backends at 1 and 2 threads and batch 1 and 3; outputs must agree within
+ * a relative L2 error of 1e-5. The reference models in models/out (when generated) are compared
+ * the same way at batch 1.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "test_util.h"
+
+/* ------------------------------------------------------------------------------------------ */
+/* A minimal protobuf writer for ModelProto                                                     */
+
+typedef struct buf {
+    uint8_t *p;
+    size_t n, cap;
+} buf;
+
+static void put(buf *b, const void *d, size_t n)
+{
+    if (b->n + n > b->cap) {
+        b->cap = (b->n + n) * 2 + 64;
+        b->p = realloc(b->p, b->cap);
+    }
+    memcpy(b->p + b->n, d, n);
+    b->n += n;
+}
+
+static void varint(buf *b, uint64_t v)
+{
+    uint8_t t[10];
+    int n = 0;
+    do {
+        t[n] = (uint8_t)(v & 0x7f);
+        v >>= 7;
+        if (v) t[n] |= 0x80;
+        n++;
+    } while (v);
+    put(b, t, (size_t)n);
+}
+
+static void key(buf *b, int field, int wt) { varint(b, (uint64_t)field << 3 | (uint64_t)wt); }
+static void f_int(buf *b, int field, int64_t v) { key(b, field, 0), varint(b, (uint64_t)v); }
+static void f_bytes(buf *b, int field, const void *d, size_t n) { key(b, field, 2), varint(b, n), put(b, d, n); }
+static void f_str(buf *b, int field, const char *s) { f_bytes(b, field, s, strlen(s)); }
+static void f_msg(buf *b, int field, buf *sub)
+{
+    f_bytes(b, field, sub->p, sub->n);
+    free(sub->p);
+    memset(sub, 0, sizeof *sub);
+}
+static void f_float(buf *b, int field, float f) { key(b, field, 5), put(b, &f, 4); }
+
+typedef struct graph {
+    buf g;
+    unsigned seed;
+} graph;
+
+/* Attributes: "name=i:3", "name=f:0.5", "name=s:text", "name=ii:1,1,2,2". */
+static void node(graph *G, const char *op, const char *ins, const char *outs, const char *attrs)
+{
+    buf n = {0};
+    char tmp[512];
+    snprintf(tmp, sizeof tmp, "%s", ins);
+    for (char *t = strtok(tmp, " "); t; t = strtok(NULL, " ")) f_str(&n, 1, strcmp(t, "-") ? t : "");
+    snprintf(tmp, sizeof tmp, "%s", outs);
+    for (char *t = strtok(tmp, " "); t; t = strtok(NULL, " ")) f_str(&n, 2, t);
+    f_str(&n, 4, op);
+    if (attrs) {
+        snprintf(tmp, sizeof tmp, "%s", attrs);
+        char *save = NULL;
+        for (char *t = strtok_r(tmp, " ", &save); t; t = strtok_r(NULL, " ", &save)) {
+            buf a = {0};
+            char *eq = strchr(t, '='), *colon = strchr(t, ':');
+            *eq = 0, *colon = 0;
+            f_str(&a, 1, t);
+            const char *kind = eq + 1, *val = colon + 1;
+            if (!strcmp(kind, "i")) f_int(&a, 3, atoll(val)), f_int(&a, 20, 2);
+            else if (!strcmp(kind, "f")) f_float(&a, 2, strtof(val, NULL)), f_int(&a, 20, 1);
+            else if (!strcmp(kind, "s")) f_str(&a, 4, val), f_int(&a, 20, 3);
+            else {
+                char *e;
+                for (const char *q = val; *q; q = e + (*e == ',')) f_int(&a, 8, strtoll(q, &e, 10));
+                f_int(&a, 20, 7);
+            }
+            f_msg(&n, 5, &a);
+        }
+    }
+    f_msg(&G->g, 1, &n);
+}
+
+static void tensor_msg(buf *t, const char *name, int rank, const int64_t *dims, int dtype, const void *raw, size_t n)
+{
+    for (int i = 0; i < rank; i++) f_int(t, 1, dims[i]);
+    f_int(t, 2, dtype);
+    f_str(t, 8, name);
+    f_bytes(t, 9, raw, n);
+}
+
+/* A float initializer with values uniform in [lo, hi). */
+static void init_f(graph *G, const char *name, int rank, const int64_t *dims, float lo, float hi)
+{
+    int64_t n = 1;
+    for (int i = 0; i < rank; i++) n *= dims[i];
+    float *d = malloc(sizeof(float) * (size_t)(n ? n : 1));
+    for (int64_t i = 0; i < n; i++) {
+        G->seed = G->seed * 1103515245u + 12345u;
+        d[i] = lo + (hi - lo) * (float)((G->seed >> 8) & 0xffff) / 65536.0f;
+    }
+    buf t = {0};
+    tensor_msg(&t, name, rank, dims, 1, d, sizeof(float) * (size_t)n);
+    f_msg(&G->g, 5, &t);
+    free(d);
+}
+
+static void init_vals(graph *G, const char *name, int rank, const int64_t *dims, int dtype, const void *d, size_t n)
+{
+    buf t = {0};
+    tensor_msg(&t, name, rank, dims, dtype, d, n);
+    f_msg(&G->g, 5, &t);
+}
+
+/* Graph input (field 11) or output (12): float, dims < 0 symbolic "N". */
+static void io(graph *G, int field, const char *name, int rank, const int64_t *dims)
+{
+    buf vi = {0}, tp = {0}, tt = {0}, sh = {0};
+    for (int i = 0; i < rank; i++) {
+        buf d = {0};
+        if (dims[i] < 0) f_str(&d, 2, "N");
+        else f_int(&d, 1, dims[i]);
+        f_msg(&sh, 1, &d);
+    }
+    f_int(&tt, 1, 1);
+    if (rank >= 0) f_msg(&tt, 2, &sh);
+    f_msg(&tp, 1, &tt);
+    f_str(&vi, 1, name);
+    f_msg(&vi, 2, &tp);
+    f_msg(&G->g, field, &vi);
+}
+
+static mts_model *finish(graph *G, const char *backend)
+{
+    buf m = {0}, op = {0};
+    f_int(&m, 1, 8);
+    f_str(&G->g, 2, "test");
+    buf g = {0};
+    put(&g, G->g.p, G->g.n);
+    f_msg(&m, 7, &g);
+    f_str(&op, 1, "");
+    f_int(&op, 2, 17);
+    f_msg(&m, 8, &op);
+    mts_load_opts o = {0};
+    o.backend = backend;
+    mts_model *model = NULL;
+    mts_err err = {0};
+    int rc = mts_model_load_buffer(m.p, m.n, "test.onnx", &o, &model, &err);
+    free(m.p);
+    if (rc) fail_msg("load (%s): %s", backend, err.msg);
+    return model;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+
+static double rel_l2(const mts_tensor *a, const mts_tensor *b)
+{
+    int64_t n = mts_tensor_numel(a);
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double x = ((const float *)a->data)[i], y = ((const float *)b->data)[i];
+        num += (x - y) * (x - y);
+        den += y * y;
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* Runs G on both backends (batch 1 and 3 when the first dim is symbolic, threads 1 and 2). */
+static void compare_backends(graph *G, const char *what, double tol)
+{
+    mts_model *ref = finish(G, "reference"), *dflt = finish(G, "default");
+    free(G->g.p);
+    G->g.p = NULL;
+    mts_model_info info;
+    mts_model_get_info(ref, &info);
+    for (int64_t batch = 1; batch <= 3; batch += 2)
+        for (int threads = 1; threads <= 2; threads++) {
+            mts_tensor *in = test_make_inputs(ref, batch, 7u + (unsigned)batch);
+            mts_ctx *c1, *c2;
+            mts_err err = {0};
+            assert_int_equal(mts_ctx_create(ref, 1, &c1, &err), 0);
+            assert_int_equal(mts_ctx_create(dflt, threads, &c2, &err), 0);
+            const mts_tensor *o1[8], *o2[8];
+            if (mts_ctx_run(c1, in, info.n_inputs, o1, &err)) fail_msg("%s reference: %s", what, err.msg);
+            for (int rep = 0; rep < 2; rep++) /* twice: the second run reuses the bound buffers */
+                if (mts_ctx_run(c2, in, info.n_inputs, o2, &err)) fail_msg("%s default: %s", what, err.msg);
+            for (int o = 0; o < info.n_outputs; o++) {
+                assert_true(mts_shape_equal(o1[o], o2[o]));
+                double e = rel_l2(o2[o], o1[o]);
+                if (!(e <= tol))
+                    fail_msg("%s output %d (batch %lld, %d threads): relative L2 error %.3g", what, o,
+                             (long long)batch, threads, e);
+            }
+            mts_ctx_free(c1);
+            mts_ctx_free(c2);
+            test_free_inputs(ref, in);
+        }
+    mts_model_free(ref);
+    mts_model_free(dflt);
+}
+
+#define D(...) ((const int64_t[]){__VA_ARGS__})
+
+/* Conv chain with BN, Clip, depthwise + HardSwish, residual Add + Relu, Resize, Concat,
+ * dilated conv + HardSigmoid, channel attention, ConvTranspose + Tanh. mid_outputs adds graph
+ * outputs inside the chain (forces NCHW groups and stops fusions). */
+static void build_chain(graph *G, bool mid_outputs)
+{
+    memset(G, 0, sizeof *G);
+    G->seed = 42;
+    io(G, 11, "x", 4, D(-1, 8, 20, 20));
+    init_f(G, "w1", 4, D(16, 8, 3, 3), -0.3f, 0.3f);
+    init_f(G, "b1", 1, D(16), -0.1f, 0.1f);
+    init_f(G, "bn_s", 1, D(16), 0.5f, 1.5f);
+    init_f(G, "bn_b", 1, D(16), -0.2f, 0.2f);
+    init_f(G, "bn_m", 1, D(16), -0.1f, 0.1f);
+    init_f(G, "bn_v", 1, D(16), 0.5f, 1.5f);
+    float lo = 0, hi = 6;
+    init_vals(G, "clip_lo", 0, NULL, 1, &lo, 4);
+    init_vals(G, "clip_hi", 0, NULL, 1, &hi, 4);
+    init_f(G, "wdw", 4, D(16, 1, 3, 3), -0.5f, 0.5f);
+    init_f(G, "bdw", 1, D(16), -0.1f, 0.1f);
+    init_f(G, "wpw", 4, D(16, 16, 1, 1), -0.3f, 0.3f);
+    init_f(G, "w4", 4, D(8, 32, 3, 3), -0.2f, 0.2f);
+    init_f(G, "b4", 1, D(8), -0.1f, 0.1f);
+    init_f(G, "wt", 4, D(8, 4, 3, 3), -0.3f, 0.3f);
+    init_f(G, "wsa", 4, D(1, 2, 3, 3), -0.3f, 0.3f);
+    init_f(G, "bt", 1, D(4), -0.1f, 0.1f);
+    float sc[4] = {1, 1, 2, 2};
+    init_vals(G, "scales", 1, D(4), 1, sc, sizeof sc);
+    node(G, "Conv", "x w1 b1", "c1", "pads=ii:1,1,1,1");
+    node(G, "BatchNormalization", "c1 bn_s bn_b bn_m bn_v", "bn1", "epsilon=f:0.001");
+    node(G, "Clip", "bn1 clip_lo clip_hi", "a1", NULL);
+    node(G, "Identity", "a1", "a1i", NULL);
+    node(G, "Conv", "a1i wdw bdw", "c2", "group=i:16 strides=ii:2,2 pads=ii:1,1,1,1");
+    node(G, "HardSwish", "c2", "a2", NULL);
+    node(G, "Conv", "a2 wpw", "c3", NULL);
+    node(G, "Add", "a2 c3", "s3", NULL);
+    node(G, "Relu", "s3", "r3", NULL);
+    node(G, "Resize", "r3 - scales", "u", "mode=s:nearest coordinate_transformation_mode=s:asymmetric nearest_mode=s:floor");
+    node(G, "Concat", "u a1", "cat", "axis=i:1");
+    node(G, "Conv", "cat w4 b4", "c4", "dilations=ii:2,2 pads=ii:2,2,2,2");
+    node(G, "HardSigmoid", "c4", "a4", "alpha=f:0.3 beta=f:0.4");
+    node(G, "GlobalAveragePool", "a4", "gap", NULL);
+    node(G, "Sigmoid", "gap", "att", NULL);
+    node(G, "Mul", "a4 att", "m4a", NULL);
+    node(G, "ReduceMean", "m4a", "sam", "axes=ii:1");
+    node(G, "ReduceMax", "m4a", "sax", "axes=ii:-3");
+    node(G, "ReduceMax", "m4a", "cax", "axes=ii:2,3");
+    node(G, "Concat", "sam sax", "sac", "axis=i:1");
+    node(G, "Conv", "sac wsa", "saconv", "pads=ii:1,1,1,1");
+    node(G, "Sigmoid", "saconv", "sas", NULL);
+    node(G, "Mul", "m4a sas", "m4b", NULL);
+    node(G, "Add", "m4b cax", "m4", NULL);
+    node(G, "ConvTranspose", "m4 wt bt", "ct", "strides=ii:2,2 pads=ii:1,1,1,1 output_padding=ii:1,1");
+    node(G, "Tanh", "ct", "y", NULL);
+    io(G, 12, "y", 4, D(-1, 4, 40, 40));
+    if (mid_outputs) {
+        io(G, 12, "a1", 4, D(-1, 16, 20, 20));
+        io(G, 12, "r3", 4, D(-1, 16, 10, 10));
+    }
+}
+
+static void test_chain(void **state)
+{
+    (void)state;
+    graph G;
+    build_chain(&G, false);
+    compare_backends(&G, "chain", 1e-5);
+    build_chain(&G, true);
+    compare_backends(&G, "chain with mid outputs", 1e-5);
+}
+
+/* 1-D and 3-D convolutions, LeakyRelu, asymmetric pads, SAME_UPPER, stride 3, grouped
+ * ConvTranspose with dilation, a residual Add whose operand is a graph input. */
+static void test_shapes(void **state)
+{
+    (void)state;
+    graph G;
+    memset(&G, 0, sizeof G);
+    G.seed = 7;
+    io(&G, 11, "x1", 3, D(-1, 4, 30));
+    io(&G, 11, "x3", 5, D(-1, 2, 6, 7, 5));
+    io(&G, 11, "x2", 4, D(-1, 6, 17, 19));
+    init_f(&G, "k1", 3, D(5, 4, 3), -0.3f, 0.3f);
+    init_f(&G, "k3", 5, D(3, 2, 3, 3, 3), -0.3f, 0.3f);
+    init_f(&G, "ka", 4, D(6, 6, 3, 2), -0.3f, 0.3f);
+    init_f(&G, "kb", 4, D(6, 6, 3, 3), -0.3f, 0.3f);
+    init_f(&G, "kt", 4, D(6, 2, 3, 3), -0.3f, 0.3f);
+    node(&G, "Conv", "x1 k1", "y1c", "pads=ii:2,1");
+    node(&G, "LeakyRelu", "y1c", "y1", "alpha=f:0.2");
+    node(&G, "Conv", "x3 k3", "y3c", "pads=ii:1,0,1,1,0,1");
+    node(&G, "Sigmoid", "y3c", "y3", NULL);
+    node(&G, "Conv", "x2 ka", "ya", "pads=ii:0,1,2,0 strides=ii:3,2");
+    node(&G, "Conv", "x2 kb", "yb", "auto_pad=s:SAME_UPPER");
+    node(&G, "Add", "yb x2", "yr", NULL);
+    node(&G, "ConvTranspose", "yr kt", "yt", "group=i:3 dilations=ii:2,1 strides=ii:2,3");
+    /* kernel == stride: runs as 1x1 conv + depth-to-space, to NHWC (then a conv) and to NCHW */
+    init_f(&G, "ku", 4, D(6, 5, 2, 3), -0.3f, 0.3f);
+    init_f(&G, "bu", 1, D(5), -0.3f, 0.3f);
+    init_f(&G, "kc", 4, D(4, 5, 3, 3), -0.3f, 0.3f);
+    node(&G, "ConvTranspose", "yr ku bu", "yu", "strides=ii:2,3");
+    node(&G, "Relu", "yu", "yur", NULL);
+    node(&G, "Conv", "yur kc", "yc", "pads=ii:1,1,1,1");
+    node(&G, "ConvTranspose", "ya ku bu", "yv", "strides=ii:2,3");
+    io(&G, 12, "y1", -1, NULL);
+    io(&G, 12, "y3", -1, NULL);
+    io(&G, 12, "ya", -1, NULL);
+    io(&G, 12, "yt", -1, NULL);
+    io(&G, 12, "yc", -1, NULL);
+    io(&G, 12, "yv", -1, NULL);
+    compare_backends(&G, "shapes", 1e-5);
+}
+
+/* The generated reference models, when present, at batch 1. */
+static void test_reference_models(void **state)
+{
+    (void)state;
+    static const char *const names[] = {"lipsync_unet_w4", "mobilenetv3", "seg_unet", "cbam_resunet", NULL};
+    for (int i = 0; names[i]; i++) {
+        char rel[256], path[4096];
+        snprintf(rel, sizeof rel, "models/out/%s.onnx", names[i]);
+        test_path(path, sizeof path, rel);
+        FILE *f = fopen(path, "rb");
+        if (!f) continue;
+        fclose(f);
+        mts_model *ref, *dflt;
+        mts_err err = {0};
+        mts_load_opts ro = {0}, dop = {0};
+        ro.backend = "reference";
+        dop.backend = "default";
+        assert_int_equal(mts_model_load(path, &ro, &ref, &err), 0);
+        assert_int_equal(mts_model_load(path, &dop, &dflt, &err), 0);
+        mts_model_info info;
+        mts_model_get_info(ref, &info);
+        mts_tensor *in = test_make_inputs(ref, 1, 3);
+        mts_ctx *c1, *c2;
+        assert_int_equal(mts_ctx_create(ref, 2, &c1, &err), 0);
+        assert_int_equal(mts_ctx_create(dflt, 2, &c2, &err), 0);
+        const mts_tensor *o1[8], *o2[8];
+        if (mts_ctx_run(c1, in, info.n_inputs, o1, &err)) fail_msg("%s reference: %s", names[i], err.msg);
+        if (mts_ctx_run(c2, in, info.n_inputs, o2, &err)) fail_msg("%s default: %s", names[i], err.msg);
+        for (int o = 0; o < info.n_outputs; o++) {
+            double e = rel_l2(o2[o], o1[o]);
+            if (!(e <= 1e-4)) fail_msg("%s output %d: relative L2 error %.3g", names[i], o, e);
+        }
+        mts_ctx_free(c1);
+        mts_ctx_free(c2);
+        test_free_inputs(ref, in);
+        mts_model_free(ref);
+        mts_model_free(dflt);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_chain),
+        cmocka_unit_test(test_shapes),
+        cmocka_unit_test(test_reference_models),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
