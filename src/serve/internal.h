@@ -82,6 +82,7 @@ typedef struct mts__entry {
     mts_tensor_meta in[MTS_REQ_MAX_TENSORS], out[MTS_REQ_MAX_TENSORS];
     /* statistics */
     int64_t last_used_ns, last_used_ms, loaded_at_ms;
+    int64_t last_bytes;     /* largest size a version of this model reached: the next load's estimate */
     uint64_t lfu;
     uint64_t usage_count, inference_count, execution_count;
     double total_inference_ms, last_load_ms;
@@ -154,6 +155,9 @@ void mts__version_free(mts__version *v);
  * and detaches a superseded version. Returns versions to free (outside the lock) via *to_free. */
 void mts__after_idle(mts_server *s, mts__entry *e, mts__version **to_free, mts__waiter **to_notify);
 void mts__notify(mts__waiter *w, int status, const char *msg);
+/* Evicts idle models from device dev (never `keep`) while its bytes exceed the budget, e.g.
+ * after activation buffers grew (lock held; versions to free are chained on *to_free). */
+void mts__enforce_budget(mts_server *s, int dev, const mts__entry *keep, mts__version **to_free);
 
 /* scheduler.c */
 void mts__ready_push(mts_server *s, mts__entry *e);       /* lock held */

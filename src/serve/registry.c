@@ -113,6 +113,7 @@ static void evict(mts_server *s, mts__entry *e, const char *why, mts__version **
 {
     mts__version *v = e->cur;
     int64_t bytes = version_bytes(v);
+    if (bytes > e->last_bytes) e->last_bytes = bytes;
     int dev = v->device;
     detach(s, e);
     e->evictions++;
@@ -121,6 +122,16 @@ static void evict(mts_server *s, mts__entry *e, const char *why, mts__version **
     MTS_INFO("model=%s event=evicted reason=%s policy=%s device=cpu:%d bytes=%lld idle_s=%.1f", e->cfg->name, why,
              s->cfg->eviction == MTS_EVICT_LFU ? "lfu" : "lru", dev, (long long)bytes,
              (double)(mts__now_ns() - e->last_used_ns) / 1e9);
+}
+
+void mts__enforce_budget(mts_server *s, int dev, const mts__entry *keep, mts__version **to_free)
+{
+    mts__device *d = &s->devs[dev];
+    while (d->used > d->budget) {
+        mts__entry *victim = pick_victim(s, dev, keep);
+        if (!victim) break; /* everything left is pinned or busy: the next load will fail instead */
+        evict(s, victim, "memory", to_free);
+    }
 }
 
 static int choose_device(mts_server *s, const mts__entry *e)
@@ -194,6 +205,9 @@ static void load_one(mts_server *s, mts__entry *e)
     struct stat st;
     int64_t need = stat(cfg->model_path, &st) == 0 ? (int64_t)st.st_size : 0;
     pthread_mutex_lock(&s->lock);
+    /* A model seen before is expected to need what it reached then (weights, plans and
+     * activations), not just its file size. */
+    if (e->last_bytes > need) need = e->last_bytes;
     bool reload = e->reload_pending;
     int dev = choose_device(s, e);
     int rc = make_room(s, e, dev, need, &to_free, msg, sizeof msg);
@@ -281,6 +295,7 @@ static void load_one(mts_server *s, mts__entry *e)
                  dev, ms, (long long)version_bytes(v), reload ? 1 : 0);
         mts__ready_push(s, e);
         mts__after_idle(s, e, &to_free, &notify);
+        mts__enforce_budget(s, dev, e, &to_free);
     }
     char reason[300];
     snprintf(reason, sizeof reason, "model '%s' failed to load: %s", cfg->name, e->reason);

@@ -522,6 +522,7 @@ void *mts__worker_main(void *arg)
             }
             v->ctx_bytes += ctx_after - ctx_before;
             d->used += ctx_after - ctx_before;
+            if (v->base_bytes + v->ctx_bytes > e->last_bytes) e->last_bytes = v->base_bytes + v->ctx_bytes;
             if (ctx) {
                 v->ctx_bytes -= ctx_after;
                 d->used -= ctx_after;
@@ -566,6 +567,7 @@ void *mts__worker_main(void *arg)
         mts__version *to_free = NULL;
         mts__waiter *notify = NULL;
         mts__after_idle(s, e, &to_free, &notify);
+        if (ctx_after > ctx_before) mts__enforce_budget(s, v->device, e, &to_free);
         pthread_cond_broadcast(&s->idle_cv);
         pthread_mutex_unlock(&s->lock);
 

@@ -341,6 +341,63 @@ static void test_reload_and_failed_load(void **state)
     mts_config_free(&cfg);
 }
 
+/* Runs one request on `name` and returns its status. */
+static int infer_once(mts_server *s, const char *name)
+{
+    call *c = call_new(name, 1);
+    int rc = submit(s, c);
+    if (!rc) rc = call_wait(c);
+    call_free(c);
+    return rc;
+}
+
+static void test_memory_budget_and_lfu(void **state)
+{
+    (void)state;
+    /* Measure one model's real bytes first. */
+    mts_config probe;
+    make_config(&probe, 1, 4, model_path);
+    mts_server *s;
+    mts_err err = {0};
+    assert_int_equal(mts_server_create(&probe, &s, &err), 0);
+    assert_int_equal(infer_once(s, "m00"), 0);
+    mts_model_status st;
+    mts_server_model_status_by_name(s, "m00", &st);
+    int64_t one = st.memory_bytes;
+    mts_server_shutdown(s, 5);
+    mts_server_free(s);
+    mts_config_free(&probe);
+    assert_true(one > 0);
+
+    /* A device budget of 2.5 models: the third load evicts, whatever max_models says. */
+    mts_config cfg;
+    make_config(&cfg, 4, 100, model_path);
+    cfg.memory_gb_per_device = (double)one * 2.5 / 1e9;
+    cfg.eviction = MTS_EVICT_LFU;
+    assert_int_equal(mts_server_create(&cfg, &s, &err), 0);
+    /* m00 is used often but long ago; m01 once, recently. LFU must evict m01, not m00. */
+    for (int i = 0; i < 5; i++) assert_int_equal(infer_once(s, "m00"), 0);
+    assert_int_equal(infer_once(s, "m01"), 0);
+    assert_int_equal(infer_once(s, "m02"), 0);
+    mts_model_status a, b, c;
+    mts_server_model_status_by_name(s, "m00", &a);
+    mts_server_model_status_by_name(s, "m01", &b);
+    mts_server_model_status_by_name(s, "m02", &c);
+    printf("budget %lld bytes: m00 %s, m01 %s, m02 %s\n", (long long)(cfg.memory_gb_per_device * 1e9),
+           mts_model_state_name(a.state), mts_model_state_name(b.state), mts_model_state_name(c.state));
+    assert_int_equal(a.state, MTS_MODEL_READY);
+    assert_int_equal(b.state, MTS_MODEL_UNLOADED);
+    assert_int_equal(b.evictions, 1);
+    assert_int_equal(c.state, MTS_MODEL_READY);
+    mts_device_status ds;
+    mts_server_device_status(s, 0, &ds);
+    assert_true(ds.bytes_used <= ds.bytes_budget);
+    assert_int_equal(ds.models, 2);
+    mts_server_shutdown(s, 5);
+    mts_server_free(s);
+    mts_config_free(&cfg);
+}
+
 int main(void)
 {
     mts_log_set_level(MTS_LOG_WARN);
@@ -350,6 +407,7 @@ int main(void)
         cmocka_unit_test(test_eviction_20_through_5),
         cmocka_unit_test(test_queue_full_timeout_unload),
         cmocka_unit_test(test_reload_and_failed_load),
+        cmocka_unit_test(test_memory_budget_and_lfu),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
