@@ -6,9 +6,13 @@
 #   make test     everything CI checks: unit tests (plain, ASan+UBSan, TSan), ONNX conformance,
 #                 the broken-file corpus under ASan, CLI checks, ONNX Runtime comparisons
 #   make models   generate the reference models into models/out
+#   make avatar   generate the demo lip-sync avatar (100 frames 1280x720 + crop rectangles) into
+#                 models/out/avatar (used by make run for lipsync_unet_w8; docs/media.md)
 #   make bench    engine benchmark (mtserve vs ONNX Runtime) and serving benchmark (HTTP vs bare engine)
 #   make bench-capacity  conversational users sustained on lipsync_unet_w8 vs the engine bound (~3-6 min)
 #   make bench-churn     1,000 small models, max_models 100, Zipf(1.0): hit rate, loads/s, latency (~2 min)
+#   make bench-grpc      tiny model over gRPC (1/16/64 streams) and gRPC serving efficiency on
+#                        lipsync_unet_w8 vs the bare engine, 3 runs each (~3-4 min)
 JOBS ?= 2
 PY := /usr/bin/python3
 BUILD := build
@@ -16,8 +20,8 @@ MODELS := models/out
 TESTDATA := /usr/share/libonnx-testdata/data
 export MTSERVE := $(CURDIR)/$(BUILD)/mtserve
 
-.PHONY: all deps build build-asan build-tsan models run test test-unit test-conformance bench \
-        bench-engine bench-serving bench-capacity bench-churn clean
+.PHONY: all deps build build-asan build-tsan models avatar run test test-unit test-conformance bench \
+        bench-engine bench-serving bench-capacity bench-churn bench-grpc clean
 
 all: build
 
@@ -43,7 +47,10 @@ build-tsan: deps
 models: deps
 	@$(PY) models/gen/generate_all.py $(MODELS)
 
-run: build models
+avatar: deps
+	@$(PY) models/gen/avatar.py assets $(MODELS)/avatar
+
+run: build models avatar
 	@bash scripts/demo.sh
 
 test: build build-asan build-tsan models
@@ -70,6 +77,9 @@ bench-capacity: build models
 
 bench-churn: build
 	@bash scripts/bench-churn.sh
+
+bench-grpc: build models
+	@bash scripts/bench-grpc.sh
 
 clean:
 	rm -rf $(BUILD) build-asan build-tsan $(BUILD).configure.log build-asan.configure.log build-tsan.configure.log

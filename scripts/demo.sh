@@ -11,8 +11,11 @@ for m in tiny mobilenetv3 seg_unet cbam_resunet bert_tiny lipsync_unet_w4 lipsyn
   mkdir -p "$REPO/$m"
   ln -sf "../../out/$m.onnx" "$REPO/$m/model.onnx"
 done
-# Per-model settings: a batching model and a pinned one.
-printf 'max_batch: 8\nmax_queue_delay_us: 2000\n' > "$REPO/lipsync_unet_w8/config.yaml"
+# Per-model settings: a batching model and a pinned one. lipsync_unet_w8 also composites onto the
+# demo avatar (make avatar: models/out/avatar; paths are relative to the config file).
+[ -f models/out/avatar/crop_rects.json ] || /usr/bin/python3 models/gen/avatar.py assets models/out/avatar
+printf 'max_batch: 8\nmax_queue_delay_us: 2000\nbackground_dir: ../../out/avatar/frames\ncrop_rects_path: ../../out/avatar/crop_rects.json\nnum_frames: 100\nbackground_cache_frames: 50\n' \
+  > "$REPO/lipsync_unet_w8/config.yaml"
 printf 'pin: true\nmax_batch: 64\n' > "$REPO/tiny/config.yaml"
 cat <<EOT
 
@@ -24,6 +27,8 @@ Try, in another terminal:
   curl -s localhost:$PORT/v2/models/tiny/infer -d '{"inputs":[{"name":"x","shape":[1,16],"datatype":"FP32","data":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16]}]}'
   curl -s localhost:$PORT/v2/models/stats
   curl -s localhost:$PORT/metrics | grep mts_requests_total
+  /usr/bin/python3 models/gen/avatar.py composite --url http://127.0.0.1:$PORT --model lipsync_unet_w8 --frames 25 --out composited
+      (25 lip-synced 1280x720 JPEG frames into ./composited; cache statistics: curl -s localhost:$PORT/metrics | grep bgcache)
 
 Stop with Ctrl-C.
 EOT

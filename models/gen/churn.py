@@ -2,7 +2,7 @@
 
 Writes COUNT models churn_0000.onnx ... into OUTDIR: four small architectures x seeds, all
 with the same signature (input `x` float [N, 64], output `y` float [N, 64]) so one request
-body fits every model, and widths drawn per seed so files range from a few KB to about 1 MB:
+body fits every model, and widths drawn per seed so files range from under 1 KB to 1.3 MB:
 
   mlp     Gemm(64->H) Relu Gemm(H->64)                 H in 16..512
   resmlp  x + Gemm(Relu(Gemm(x)))                      H in 16..512

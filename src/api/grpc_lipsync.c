@@ -5,8 +5,14 @@
  * "visual" and "audio", else its first two inputs in order), checks every byte count against
  * batch_size x the model's frame size, and splits the first output into one RawMouthRegion per
  * frame. ListModels / LoadModel / UnloadModel / GetModelStats / Health report the registry,
- * devices and totals. InferBatchComposite is declared and answers UNIMPLEMENTED until the
- * compositing issue lands.
+ * devices and totals.
+ *
+ * InferBatchComposite (issue 6, docs/media.md) runs the same inference, then composites each
+ * mouth region onto the model's background frame start_frame_idx + i and encodes it. While the
+ * batch is queued and running, the request's background frames are decoded ahead on the media
+ * threads (mts_bgcache_preload); when inference completes, the worker only hands the batch to a
+ * media thread, so compositing and encoding of one batch overlap the inference of the next and
+ * never hold a device worker.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +21,7 @@
 
 #include "api/grpc_internal.h"
 #include "lipsync.pb-c.h"
+#include "media/compose.h"
 
 /* The documents' InferBatchRequest.batch_size range ("1-25 frames"). */
 #define MTS__LIPSYNC_MAX_BATCH 25
@@ -25,17 +32,31 @@ static const int64_t default_audio[] = {32, 16, 16};
 typedef struct lip_call {
     mts_request req; /* first: the completion callback casts back */
     mts__grpc_call *call;
-    Inference__InferBatchRequest *msg;
+    Inference__InferBatchRequest *msg;      /* InferBatch */
+    Inference__CompositeBatchRequest *cmsg; /* InferBatchComposite */
+    /* the fields both requests share */
+    const char *model_id;
+    const ProtobufCBinaryData *visual, *audio;
+    int batch_size;
     char names[2][128];
     char out_name[128];
+    /* compositing */
+    mts_bgcache *bg;
+    mts_composite_opts opts;
+    double t_done; /* inference completed (ms, monotonic) */
 } lip_call;
 
 static void lip_free(lip_call *l)
 {
     mts_request_release(&l->req);
     if (l->msg) inference__infer_batch_request__free_unpacked(l->msg, NULL);
+    if (l->cmsg) inference__composite_batch_request__free_unpacked(l->cmsg, NULL);
+    mts_bgcache_unref(l->bg);
     free(l);
 }
+
+static void composite_done(mts_request *req, int status, const char *err);
+static bool composite_prepare(lip_call *l);
 
 static double now_ms(void)
 {
@@ -55,13 +76,13 @@ static void infer_done(mts_request *req, int status, const char *err)
     pthread_mutex_unlock(&c->lock);
     if (status) {
         mts__grpc_fail_status(c, status, err);
-    } else if (req->n_outputs < 1 || req->outputs[0].rank < 1 || req->outputs[0].dims[0] != l->msg->batch_size) {
+    } else if (req->n_outputs < 1 || req->outputs[0].rank < 1 || req->outputs[0].dims[0] != l->batch_size) {
         mts__grpc_fail(c, MTS_GRPC_INTERNAL, "model '%s' did not produce a batch of %d mouth regions as its first output",
-                       l->msg->model_id, l->msg->batch_size);
+                       l->model_id, l->batch_size);
     } else {
         mts__grpc_arena a = {0};
         const mts_tensor *t = &req->outputs[0];
-        size_t n = (size_t)l->msg->batch_size, per = (size_t)mts_tensor_nbytes(t) / n;
+        size_t n = (size_t)l->batch_size, per = (size_t)mts_tensor_nbytes(t) / n;
         Inference__InferBatchResponse r = INFERENCE__INFER_BATCH_RESPONSE__INIT;
         r.n_outputs = n;
         r.outputs = mts__grpc_alloc(&a, sizeof *r.outputs * n);
@@ -99,18 +120,17 @@ static int64_t frame_elems(const mts_tensor_meta *m, const int64_t *def, int64_t
 static void infer_submit(lip_call *l)
 {
     mts__grpc_call *c = l->call;
-    Inference__InferBatchRequest *m = l->msg;
     mts_model_status *st = malloc(sizeof *st);
     char buf[300];
-    if (!st || mts_server_model_status_by_name(c->srv, m->model_id, st)) {
-        mts__grpc_fail(c, MTS_GRPC_NOT_FOUND, "%s", mts__grpc_unknown_model(buf, sizeof buf, m->model_id));
+    if (!st || mts_server_model_status_by_name(c->srv, l->model_id, st)) {
+        mts__grpc_fail(c, MTS_GRPC_NOT_FOUND, "%s", mts__grpc_unknown_model(buf, sizeof buf, l->model_id));
         goto fail;
     }
     if (st->n_inputs < 2 || st->n_outputs < 1) {
         mts__grpc_fail(c, MTS_GRPC_FAILED_PRECONDITION,
                        "model '%s' has %d inputs and %d outputs; InferBatch needs a lip-sync model with inputs visual "
                        "[N,6,320,320] and audio [N,32,16,16] and a mouth-region output",
-                       m->model_id, st->n_inputs, st->n_outputs);
+                       l->model_id, st->n_inputs, st->n_outputs);
         goto fail;
     }
     int vi = 0, ai = 1;
@@ -121,7 +141,7 @@ static void infer_submit(lip_call *l)
     if (vi == ai) vi = 0, ai = 1;
     if (st->inputs[vi].dtype != MTS_DTYPE_FLOAT || st->inputs[ai].dtype != MTS_DTYPE_FLOAT) {
         mts__grpc_fail(c, MTS_GRPC_FAILED_PRECONDITION, "model '%s': inputs '%s' and '%s' must be float32",
-                       m->model_id, st->inputs[vi].name, st->inputs[ai].name);
+                       l->model_id, st->inputs[vi].name, st->inputs[ai].name);
         goto fail;
     }
     const struct {
@@ -129,23 +149,22 @@ static void infer_submit(lip_call *l)
         const int64_t *def;
         const ProtobufCBinaryData *bytes;
         const char *field;
-    } in[2] = {{vi, default_visual, &m->visual_frames, "visual_frames"},
-               {ai, default_audio, &m->audio_features, "audio_features"}};
+    } in[2] = {{vi, default_visual, l->visual, "visual_frames"}, {ai, default_audio, l->audio, "audio_features"}};
     for (int k = 0; k < 2; k++) {
         int64_t dims[3];
         int64_t per = frame_elems(&st->inputs[in[k].idx], in[k].def, dims);
-        uint64_t want = (uint64_t)m->batch_size * (uint64_t)per * 4;
+        uint64_t want = (uint64_t)l->batch_size * (uint64_t)per * 4;
         if (in[k].bytes->len != want) {
             mts__grpc_fail(c, MTS_GRPC_INVALID_ARGUMENT,
                            "%s has %zu bytes; batch_size %d x %lldx%lldx%lld float32 needs %llu", in[k].field,
-                           in[k].bytes->len, m->batch_size, (long long)dims[0], (long long)dims[1], (long long)dims[2],
+                           in[k].bytes->len, l->batch_size, (long long)dims[0], (long long)dims[1], (long long)dims[2],
                            (unsigned long long)want);
             goto fail;
         }
         mts_tensor *t = &l->req.inputs[k];
         t->dtype = MTS_DTYPE_FLOAT;
         t->rank = 4;
-        t->dims[0] = m->batch_size;
+        t->dims[0] = l->batch_size;
         for (int d = 0; d < 3; d++) t->dims[d + 1] = dims[d];
         t->data = in[k].bytes->data;
         snprintf(l->names[k], sizeof l->names[k], "%s", st->inputs[in[k].idx].name);
@@ -155,8 +174,9 @@ static void infer_submit(lip_call *l)
     snprintf(l->out_name, sizeof l->out_name, "%s", st->outputs[0].name);
     l->req.requested[0] = l->out_name;
     l->req.n_requested = 1;
-    l->req.model = m->model_id;
-    l->req.done = infer_done;
+    l->req.model = l->model_id;
+    l->req.done = l->cmsg ? composite_done : infer_done;
+    if (l->cmsg && !composite_prepare(l)) goto fail;
     int64_t timeout = mts__grpc_timeout_us(c);
     if (timeout < 0) {
         mts__grpc_fail(c, MTS_GRPC_DEADLINE_EXCEEDED, "the deadline passed before the request was queued");
@@ -194,6 +214,27 @@ static void infer_loaded(void *user, int status, const char *msg)
     infer_submit(l);
 }
 
+/* Submits at once when the model's signature is known, else loads it first. Takes over l. */
+static void lip_start(lip_call *l)
+{
+    mts__grpc_call *c = l->call;
+    mts_model_status *st = malloc(sizeof *st);
+    bool known = st && !mts_server_model_status_by_name(c->srv, l->model_id, st) && st->n_inputs > 0;
+    free(st);
+    if (known) {
+        infer_submit(l);
+        return;
+    }
+    /* First use: the signature is known once the model has been loaded. */
+    mts_err err = {0};
+    int rc = mts_server_load(c->srv, l->model_id, false, infer_loaded, l, &err);
+    if (rc) {
+        mts__grpc_fail_status(c, rc, err.msg);
+        mts__grpc_call_unref(c);
+        lip_free(l);
+    }
+}
+
 static void infer_batch(mts__grpc_call *c, const uint8_t *data, size_t len)
 {
     Inference__InferBatchRequest *m = inference__infer_batch_request__unpack(NULL, len, data);
@@ -226,22 +267,12 @@ static void infer_batch(mts__grpc_call *c, const uint8_t *data, size_t len)
     }
     l->call = c;
     l->msg = m;
+    l->model_id = m->model_id;
+    l->visual = &m->visual_frames;
+    l->audio = &m->audio_features;
+    l->batch_size = m->batch_size;
     mts__grpc_call_ref(c);
-    mts_model_status *st = malloc(sizeof *st);
-    bool known = st && !mts_server_model_status_by_name(c->srv, m->model_id, st) && st->n_inputs > 0;
-    free(st);
-    if (known) {
-        infer_submit(l);
-        return;
-    }
-    /* First use: the signature is known once the model has been loaded. */
-    mts_err err = {0};
-    int rc = mts_server_load(c->srv, m->model_id, false, infer_loaded, l, &err);
-    if (rc) {
-        mts__grpc_fail_status(c, rc, err.msg);
-        mts__grpc_call_unref(c);
-        lip_free(l);
-    }
+    lip_start(l);
 }
 
 static void infer_cancel(mts__grpc_call *c)
@@ -251,11 +282,185 @@ static void infer_cancel(mts__grpc_call *c)
     pthread_mutex_unlock(&c->lock);
 }
 
+/* ---- InferBatchComposite ---- */
+
+/* Status of a compositing failure: asset problems are the server's configuration, not the
+ * client's request. */
+static int composite_code(int status)
+{
+    return status == MTS_ENOMEM ? MTS_GRPC_RESOURCE_EXHAUSTED
+           : status == MTS_EUNAVAILABLE ? MTS_GRPC_UNAVAILABLE
+                                        : MTS_GRPC_FAILED_PRECONDITION;
+}
+
+typedef struct prefetch_job {
+    mts_bgcache *bg;
+    int idx[2 * MTS__LIPSYNC_MAX_BATCH];
+    int n;
+} prefetch_job;
+
+static void prefetch_run(void *arg)
+{
+    prefetch_job *p = arg;
+    for (int i = 0; i < p->n; i++) mts_bgcache_preload(p->bg, p->idx[i]);
+    mts_bgcache_unref(p->bg);
+    free(p);
+}
+
+/* Queues the decoding of this request's background frames (and, when the cache has room for
+ * two batches, of the next batch's, for sequential playback) on the media threads, so that it
+ * overlaps the inference. */
+static void prefetch(mts_server *srv, mts_bgcache *bg, const mts_composite_opts *o, int n)
+{
+    mts_workq *q = mts_server_media_queue(srv);
+    prefetch_job *p = q ? calloc(1, sizeof *p) : NULL;
+    if (!p) return;
+    int ahead = mts_bgcache_capacity(bg) >= 2 * n ? 2 * n : n;
+    for (int i = 0; i < ahead; i++) p->idx[p->n++] = mts_frame_index(o->start_frame_idx, i, mts_bgcache_num_frames(bg), o->wrap);
+    p->bg = bg;
+    mts_bgcache_ref(bg);
+    if (mts_workq_submit(q, prefetch_run, p)) {
+        mts_bgcache_unref(bg);
+        free(p);
+    }
+}
+
+/* Before submitting: the background cache of the resident version (fails the call when the
+ * assets are unusable) and the prefetch. Returns false after failing the call. */
+static bool composite_prepare(lip_call *l)
+{
+    mts_err err = {0};
+    int rc = mts_server_bgcache_acquire(l->call->srv, l->model_id, &l->bg, &err);
+    if (rc == MTS_EUNAVAILABLE) return true; /* not resident: acquired after the inference */
+    if (rc) {
+        mts__grpc_fail(l->call, MTS_GRPC_FAILED_PRECONDITION, "%s", err.msg);
+        return false;
+    }
+    prefetch(l->call->srv, l->bg, &l->opts, l->batch_size);
+    return true;
+}
+
+/* On a media thread (or inline): composite, encode, reply. Takes over l and its call ref. */
+static void composite_run(void *arg)
+{
+    lip_call *l = arg;
+    mts__grpc_call *c = l->call;
+    mts_request *req = &l->req;
+    double t_start = now_ms();
+    mts_err err = {0};
+    int rc = MTS_OK;
+    if (!l->bg) rc = mts_server_bgcache_acquire(c->srv, l->model_id, &l->bg, &err);
+    const mts_tensor *t = &req->outputs[0];
+    mts_composite_out out;
+    if (!rc && atomic_load(&c->cancelled)) rc = mts_err_set(&err, MTS_ECANCELLED, "cancelled");
+    if (!rc)
+        rc = mts_composite_batch(l->bg, t->data, l->batch_size, (int)t->dims[3], (int)t->dims[2], &l->opts, &out, &err);
+    if (rc) {
+        if (rc == MTS_ECANCELLED) mts__grpc_fail(c, MTS_GRPC_CANCELLED, "cancelled");
+        else mts__grpc_fail(c, composite_code(rc), "model '%s': compositing failed: %s", l->model_id, err.msg);
+    } else {
+        mts__grpc_arena a = {0};
+        Inference__CompositeBatchResponse r = INFERENCE__COMPOSITE_BATCH_RESPONSE__INIT;
+        r.n_frames = (size_t)out.n;
+        r.frames = mts__grpc_alloc(&a, sizeof *r.frames * (size_t)out.n);
+        const char *fmt = mts_frame_format_name(l->opts.format);
+        for (int i = 0; i < out.n; i++) {
+            Inference__CompositedFrame *f = MTS__GRPC_NEW(&a, Inference__CompositedFrame, INFERENCE__COMPOSITED_FRAME__INIT);
+            f->data.data = out.data.data + out.offset[i];
+            f->data.len = out.len[i];
+            f->frame_idx = out.frame_idx[i];
+            f->format = (char *)fmt;
+            f->width = out.width;
+            f->height = out.height;
+            r.frames[i] = f;
+        }
+        r.inference_time_ms = (float)req->compute_ms;
+        r.success = 1;
+        r.composite_time_ms = (float)out.composite_ms;
+        r.gpu_id = req->device;
+        r.encode_time_ms = (float)out.encode_ms;
+        r.background_time_ms = (float)out.background_ms;
+        r.queue_time_ms = (float)req->queue_ms;
+        r.executed_batch_size = req->batch_size;
+        r.media_queue_time_ms = (float)(t_start - l->t_done);
+        mts__grpc_reply(c, &r.base);
+        mts__grpc_arena_free(&a);
+        mts_composite_out_free(&out);
+    }
+    lip_free(l);
+    mts__grpc_call_unref(c);
+}
+
+/* On the device worker: checks the output and hands the batch to a media thread. */
+static void composite_done(mts_request *req, int status, const char *err)
+{
+    lip_call *l = (lip_call *)req;
+    mts__grpc_call *c = l->call;
+    pthread_mutex_lock(&c->lock);
+    c->state = NULL;
+    pthread_mutex_unlock(&c->lock);
+    const mts_tensor *t = &req->outputs[0];
+    if (status) {
+        mts__grpc_fail_status(c, status, err);
+    } else if (req->n_outputs < 1 || t->dtype != MTS_DTYPE_FLOAT || t->rank != 4 || t->dims[0] != l->batch_size ||
+               t->dims[1] != 3 || t->dims[2] < 1 || t->dims[3] < 1) {
+        mts__grpc_fail(c, MTS_GRPC_FAILED_PRECONDITION,
+                       "model '%s' must produce float32 mouth regions [%d,3,H,W] as its first output to composite",
+                       l->model_id, l->batch_size);
+    } else {
+        l->t_done = now_ms();
+        mts_workq *q = mts_server_media_queue(c->srv);
+        if (!q || mts_workq_submit(q, composite_run, l)) composite_run(l); /* shutting down: inline */
+        return;
+    }
+    lip_free(l);
+    mts__grpc_call_unref(c);
+}
+
 static void infer_batch_composite(mts__grpc_call *c, const uint8_t *data, size_t len)
 {
-    mts__grpc_fail(c, MTS_GRPC_UNIMPLEMENTED,
-                   "InferBatchComposite is not implemented yet (compositing onto background frames); "
-                   "use InferBatch for the raw mouth regions");
+    Inference__CompositeBatchRequest *m = inference__composite_batch_request__unpack(NULL, len, data);
+    if (!m) {
+        mts__grpc_fail(c, MTS_GRPC_INVALID_ARGUMENT, "the request is not a valid inference.CompositeBatchRequest");
+        return;
+    }
+    char buf[300];
+    int fmt = mts_frame_format_parse(m->format), wrap = mts_wrap_mode_parse(m->wrap);
+    if (!m->model_id[0]) {
+        mts__grpc_fail(c, MTS_GRPC_INVALID_ARGUMENT, "model_id is required");
+    } else if (!mts_server_has_model(c->srv, m->model_id)) {
+        mts__grpc_fail(c, MTS_GRPC_NOT_FOUND, "%s", mts__grpc_unknown_model(buf, sizeof buf, m->model_id));
+    } else if (m->batch_size < 1 || m->batch_size > MTS__LIPSYNC_MAX_BATCH) {
+        mts__grpc_fail(c, MTS_GRPC_INVALID_ARGUMENT, "batch_size is %d; expected 1..%d frames", m->batch_size,
+                       MTS__LIPSYNC_MAX_BATCH);
+    } else if (fmt < 0) {
+        mts__grpc_fail(c, MTS_GRPC_INVALID_ARGUMENT, "format '%.40s' is not one of jpeg, png, rgb", m->format);
+    } else if (wrap < 0) {
+        mts__grpc_fail(c, MTS_GRPC_INVALID_ARGUMENT, "wrap '%.40s' is not one of loop, pingpong", m->wrap);
+    } else if (m->jpeg_quality < 0 || m->jpeg_quality > 100) {
+        mts__grpc_fail(c, MTS_GRPC_INVALID_ARGUMENT, "jpeg_quality is %d; expected 1..100 (0 = 85)", m->jpeg_quality);
+    } else {
+        lip_call *l = calloc(1, sizeof *l);
+        if (!l) {
+            mts__grpc_fail(c, MTS_GRPC_RESOURCE_EXHAUSTED, "out of memory");
+        } else {
+            l->call = c;
+            l->cmsg = m;
+            l->model_id = m->model_id;
+            l->visual = &m->visual_frames;
+            l->audio = &m->audio_features;
+            l->batch_size = m->batch_size;
+            l->opts.format = (mts_frame_format)fmt;
+            l->opts.quality = m->jpeg_quality ? m->jpeg_quality : 85;
+            l->opts.png_level = 1;
+            l->opts.wrap = (mts_wrap_mode)wrap;
+            l->opts.start_frame_idx = m->start_frame_idx;
+            mts__grpc_call_ref(c);
+            lip_start(l);
+            return;
+        }
+    }
+    inference__composite_batch_request__free_unpacked(m, NULL);
 }
 
 /* ---- registry reports ---- */
@@ -288,6 +493,29 @@ static Inference__ModelInfo *model_info(mts__grpc_arena *a, const mts_server *sr
     s->evictions = st->evictions;
     s->load_failures = st->load_failures;
     s->last_load_ms = st->last_load_ms;
+    if (st->has_bgcache || st->bg_error[0]) { /* issue 6 */
+        Inference__BackgroundCacheStats *b =
+            MTS__GRPC_NEW(a, Inference__BackgroundCacheStats, INFERENCE__BACKGROUND_CACHE_STATS__INIT);
+        const mts_bgcache_stats *bs = &st->bgcache;
+        b->enabled = st->has_bgcache;
+        b->error = mts__grpc_strdup(a, st->bg_error);
+        b->requests = bs->requests;
+        b->hits = bs->hits;
+        b->misses = bs->misses;
+        b->hit_rate = bs->hit_rate;
+        b->evictions = bs->evictions;
+        b->avg_load_ms = bs->avg_load_ms;
+        b->preloads = bs->preloads;
+        b->load_errors = bs->load_errors;
+        b->frames_cached = bs->frames_cached;
+        b->capacity_frames = bs->capacity_frames;
+        b->num_frames = bs->num_frames;
+        b->bytes = bs->bytes;
+        b->capacity_bytes = bs->capacity_bytes;
+        b->width = bs->width;
+        b->height = bs->height;
+        s->background_cache = b;
+    }
     m->stats = s;
     return m;
 }
@@ -548,7 +776,7 @@ static void unload_model(mts__grpc_call *c, const uint8_t *data, size_t len)
 #define LS "/inference.InferenceService/"
 const mts__grpc_method mts__grpc_lipsync_methods[] = {
     {LS "InferBatch", false, infer_batch, NULL, infer_cancel, NULL},
-    {LS "InferBatchComposite", false, infer_batch_composite, NULL, NULL, NULL},
+    {LS "InferBatchComposite", false, infer_batch_composite, NULL, infer_cancel, NULL},
     {LS "ListModels", false, list_models, NULL, NULL, NULL},
     {LS "LoadModel", false, load_model, NULL, NULL, NULL},
     {LS "UnloadModel", false, unload_model, NULL, NULL, NULL},

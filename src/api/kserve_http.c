@@ -5,6 +5,7 @@
  *   GET  /v2/models/{m}[/versions/{v}][/ready|/config|/stats]          GET /v2/models/stats
  *   POST /v2/models/{m}[/versions/{v}]/infer
  *   POST /v2/repository/index | /v2/repository/models/{m}/load | .../unload
+ *   POST /api/v1/lipsync/{m}/composite   (lip-sync compositing: api/lipsync_http.c)
  *
  * Inference requests are parsed on the I/O thread into an mts_request whose input tensors point
  * into the request body (binary extension) or into buffers flattened from JSON data; the reply
@@ -19,6 +20,7 @@
 #include <string.h>
 
 #include "api/http.h"
+#include "api/lipsync_http.h"
 #include "util/json.h"
 #include "util/log.h"
 
@@ -201,6 +203,8 @@ static void infer_done(mts_request *req, int status, const char *msg)
     mts_jw_int(&w, req->batch_size);
     mts_jw_key(&w, "device");
     mts_jw_int(&w, req->device);
+    mts_jw_key(&w, "cold_start");
+    mts_jw_bool(&w, req->cold);
     mts_jw_end_object(&w);
     mts_jw_key(&w, "outputs");
     mts_jw_begin_array(&w);
@@ -931,6 +935,12 @@ static void handler(void *user, mts_http_conn *c, mts_http_req *hr)
         }
         mts_http_respond(c, 200, "text/plain; version=0.0.4", NULL, text, len);
         free(text);
+        return;
+    }
+    if (!strncmp(p, MTS_LIPSYNC_HTTP_PREFIX, strlen(MTS_LIPSYNC_HTTP_PREFIX))) {
+        /* Lip-sync compositing (issue 6, api/lipsync_http.c). Its call struct starts with an
+         * mts_request, so on_cancel below cancels it through hr->user like an infer_call. */
+        mts_lipsync_http_handle(h->srv, c, hr);
         return;
     }
     if (!strcmp(p, "/v2/models/stats")) {

@@ -6,9 +6,11 @@
  * Transports. A transport is a small table of functions. A client thread owns one connection
  * (connect ... close) and sends one request at a time on it (infer). Requests are prepared once
  * per model (the body is encoded up front and shared read-only by every thread), so sending
- * costs no encoding. HTTP (KServe v2 REST with the binary tensor extension) is the first
- * implementation; a gRPC transport plugs in by filling the same table. Control operations
- * (model metadata, repository index, statistics) always go over HTTP.
+ * costs no encoding. HTTP (KServe v2 REST with the binary tensor extension, bench_http.c) and
+ * gRPC (KServe v2 GRPCInferenceService ModelInfer with raw_input_contents, bench_grpc.c) fill
+ * the same table. Control operations (model metadata, repository index, statistics) go over
+ * HTTP when there is an HTTP address; with --grpc alone, metadata and the index go over gRPC and
+ * server statistics are not read (ModelStatistics has no loads, evictions or residency).
  */
 #ifndef MTS_CLI_BENCH_H
 #define MTS_CLI_BENCH_H
@@ -64,6 +66,8 @@ typedef struct mts_bench_result {
     double queue_ms;     /* server-reported time queued incl. load waits; < 0 if not reported */
     double compute_ms;   /* server-reported engine time; < 0 if not reported */
     char msg[200];       /* error text (server's "error" field or the transport's reason) */
+    char code[24];       /* error key when the transport has its own names (gRPC: NOT_FOUND, ...);
+                            empty: the HTTP status or the transport error name is used */
 } mts_bench_result;
 
 typedef struct mts_bench_transport {
@@ -83,6 +87,21 @@ typedef struct mts_bench_transport {
 } mts_bench_transport;
 
 extern const mts_bench_transport mts_bench_http_transport;
+extern const mts_bench_transport mts_bench_grpc_transport;
+
+/* ---- gRPC (bench_grpc.c) --------------------------------------------------------------- */
+
+/* Initialises gRPC core (pair with mts_bench_grpc_finish) and sets the channel pool: client
+ * threads share `channels` channels round-robin (each its own TCP connection); 0 gives every
+ * client thread a channel of its own. */
+void mts_bench_grpc_configure(int channels);
+void mts_bench_grpc_finish(void);
+/* ModelMetadata: the inputs (name, datatype, shape with -1 for variable dimensions; no data)
+ * into ins[0..max). 0, or -1 with "CODE: message" in err. */
+int mts_bench_grpc_metadata(const char *target, const char *model, mts_bench_input *ins, int max, int *n,
+                            char *err, size_t errlen);
+/* RepositoryIndex: every configured model's name, malloc'd (caller frees each and the array). */
+int mts_bench_grpc_index(const char *target, char ***names, int *n, char *err, size_t errlen);
 
 /* ---- HTTP/1.1 client (bench_http.c) ---------------------------------------------------- */
 
@@ -138,7 +157,7 @@ uint64_t mts_bench_hist_bucket_low(int idx);
 typedef struct mts_bench_codes {
     int n;
     struct {
-        char key[16];
+        char key[24];
         uint64_t count;
         char msg[160];
     } e[MTS_BENCH_MAX_CODES];

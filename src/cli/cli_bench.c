@@ -28,7 +28,11 @@
  * p50/p90/p99/p99.9/max of successful requests, errors by HTTP status or transport failure,
  * per-model rows) as text or, with --json, one JSON object.
  *
- * The wire protocol is behind mts_bench_transport (bench.h); HTTP is in bench_http.c.
+ * The wire protocol is behind mts_bench_transport (bench.h): KServe v2 HTTP with binary tensors
+ * (--url, bench_http.c) or KServe v2 gRPC ModelInfer with raw_input_contents (--grpc HOST:PORT,
+ * bench_grpc.c; client threads spread over --grpc-channels channels). gRPC errors are counted by
+ * status code name. With --grpc alone, metadata and the repository index are read over gRPC and
+ * server statistics are skipped; adding --url reads them over HTTP.
  */
 #include <errno.h>
 #include <math.h>
@@ -58,6 +62,9 @@ typedef struct input_spec {
 
 typedef struct bench_opts {
     const char *url;
+    bool url_set;
+    const char *grpc;  /* --grpc host:port */
+    int grpc_channels; /* 0: one channel per client thread */
     const char *transport;
     char **models;
     int n_models;
@@ -101,7 +108,7 @@ typedef struct model_agg {
 typedef struct agg {
     uint64_t requests, ok, errors;
     mts_bench_codes codes;
-    mts_bench_hist lat, lat_warm, lat_cold, server_queue;
+    mts_bench_hist lat, lat_warm, lat_cold, server_queue, server_compute;
     uint64_t n_warm, n_cold, probe_failed;
     uint64_t frames, on_time, late, failed;
     double last_done;
@@ -178,7 +185,14 @@ static void sleep_until(double t)
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: mtserve bench [--url http://HOST:PORT] (--model A,B,... | --all-models) [options]\n"
+            "usage: mtserve bench [--url http://HOST:PORT | --grpc HOST:PORT] (--model A,B,... | --all-models)\n"
+            "                     [options]\n"
+            "\n"
+            "transport: --url http://HOST:PORT  KServe v2 HTTP, binary tensors (default http://127.0.0.1:8000)\n"
+            "           --grpc HOST:PORT        KServe v2 gRPC ModelInfer, raw_input_contents (port 50051 if\n"
+            "                                   omitted); with --url too, metadata/stats go over HTTP\n"
+            "             --grpc-channels K     client threads share K channels (TCP connections), default 4;\n"
+            "                                   0 = one channel per client thread\n"
             "\n"
             "load (one of):\n"
             "  --concurrency N        closed loop with N connections (default 1)\n"
@@ -197,7 +211,7 @@ static void usage(FILE *f)
             "        --input NAME:DATATYPE:D1,D2,... (repeatable; -1 = batch; skips metadata)\n"
             "other:  --timeout-ms T (client, default 30000), --server-timeout-ms T (timeout parameter),\n"
             "        --cold-probe (split latency by model residency), --no-server-stats, --seed N,\n"
-            "        --transport http, --json, --quiet (no progress line), --per-model-rows N (20)\n");
+            "        --json, --quiet (no progress line), --per-model-rows N (20)\n");
 }
 
 static int parse_spec(const char *s, input_spec *sp)
@@ -262,6 +276,7 @@ static int parse_args(int argc, char **argv, bench_opts *o)
     memset(o, 0, sizeof *o);
     o->url = "http://127.0.0.1:8000";
     o->transport = "http";
+    o->grpc_channels = 4;
     o->batch = 1;
     o->connections = 8;
     o->max_connections = 512;
@@ -307,6 +322,13 @@ static int parse_args(int argc, char **argv, bench_opts *o)
         } else if (!strcmp(a, "--url")) {
             NEED();
             o->url = v;
+            o->url_set = true;
+        } else if (!strcmp(a, "--grpc")) {
+            NEED();
+            o->grpc = v;
+            o->transport = "grpc";
+        } else if (!strcmp(a, "--grpc-channels")) {
+            NUM(0, o->grpc_channels);
         } else if (!strcmp(a, "--transport")) {
             NEED();
             o->transport = v;
@@ -460,6 +482,44 @@ static int inputs_from_specs(model_info *m, const input_spec *specs, int n, int6
         owned[(*n_owned)++] = data;
     }
     return 0;
+}
+
+/* ModelMetadata over gRPC into input specs. 0, or -1 with a message. */
+static int fetch_metadata_grpc(const char *target, const char *model, input_spec *specs, int *n, char *err,
+                               size_t errlen)
+{
+    mts_bench_input ins[MTS_BENCH_MAX_INPUTS];
+    if (mts_bench_grpc_metadata(target, model, ins, MTS_BENCH_MAX_INPUTS, n, err, errlen)) return -1;
+    for (int i = 0; i < *n; i++) {
+        input_spec *sp = &specs[i];
+        memset(sp, 0, sizeof *sp);
+        snprintf(sp->name, sizeof sp->name, "%s", ins[i].name);
+        snprintf(sp->datatype, sizeof sp->datatype, "%s", ins[i].datatype);
+        sp->rank = ins[i].rank;
+        memcpy(sp->dims, ins[i].dims, sizeof sp->dims);
+        if (!dtype_size(sp->datatype)) {
+            snprintf(err, errlen, "input '%s' has datatype %s, which bench cannot generate", sp->name, sp->datatype);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int fetch_index_grpc(const char *target, bench_opts *o, char *err, size_t errlen)
+{
+    char **names = NULL;
+    int n = 0, ret = 0;
+    if (mts_bench_grpc_index(target, &names, &n, err, errlen)) return -1;
+    for (int i = 0; i < n; i++) {
+        if (!ret && split_models(names[i], o)) ret = -1;
+        free(names[i]);
+    }
+    free(names);
+    if (!ret && o->n_models == 0) {
+        snprintf(err, errlen, "the repository index lists no models");
+        ret = -1;
+    }
+    return ret;
 }
 
 /* Reads GET /v2/models/NAME into input specs. 0, or -1 with a message. */
@@ -672,9 +732,10 @@ static void note_lag(run *r, double lag, bool measured)
 static void record(run *r, const job *j, const mts_bench_result *res, double latency_ms, int cold)
 {
     bool ok = res->status >= 200 && res->status < 300;
-    char key[16];
+    char key[24];
     if (!ok) {
-        if (res->status) snprintf(key, sizeof key, "%d", res->status);
+        if (res->code[0]) snprintf(key, sizeof key, "%s", res->code);
+        else if (res->status) snprintf(key, sizeof key, "%d", res->status);
         else snprintf(key, sizeof key, "%s", mts_bench_error_name(res->transport_error));
     }
     double us = latency_ms * 1e3;
@@ -705,6 +766,7 @@ static void record(run *r, const job *j, const mts_bench_result *res, double lat
                 a->probe_failed++;
             }
             if (res->queue_ms >= 0) mts_bench_hist_add(&a->server_queue, res->queue_ms * 1e3);
+            if (res->compute_ms >= 0) mts_bench_hist_add(&a->server_compute, res->compute_ms * 1e3);
         } else {
             a->errors++;
             m->errors++;
@@ -793,6 +855,7 @@ static int run_load(run *r, int mode, int n_users, int initial_threads)
     mts_bench_hist_init(&r->a.lat_warm);
     mts_bench_hist_init(&r->a.lat_cold);
     mts_bench_hist_init(&r->a.server_queue);
+    mts_bench_hist_init(&r->a.server_compute);
     r->a.per_model = calloc((size_t)r->n_models, sizeof *r->a.per_model);
     r->max_threads = mode == MODE_CLOSED ? initial_threads : o->max_connections;
     if (initial_threads > r->max_threads) initial_threads = r->max_threads;
@@ -852,7 +915,7 @@ static int run_load(run *r, int mode, int n_users, int initial_threads)
             next_progress += 1000;
         }
     }
-    if (!o->quiet) print_progress(r, true);
+    if (!o->quiet && (now_ms() - r->prog_t > 300 || !r->prog_t)) print_progress(r, true);
     return 0;
 }
 
@@ -955,6 +1018,7 @@ static void json_run(mts_jw *w, const run *r, const model_info *models)
     mts_jw_double(w, win > 0 ? (double)a->ok * (double)o->batch / win : 0);
     json_latency(w, "latency_ms", &a->lat);
     if (a->server_queue.count) json_latency(w, "server_queue_ms", &a->server_queue);
+    if (a->server_compute.count) json_latency(w, "server_compute_ms", &a->server_compute);
     if (r->mode != MODE_CLOSED) {
         mts_jw_key(w, "pool");
         mts_jw_begin_object(w);
@@ -1045,6 +1109,7 @@ static void text_run(const run *r, const model_info *models)
            win > 0 ? (double)a->ok / win : 0, win > 0 ? (double)a->ok * (double)o->batch / win : 0);
     print_latency("latency", &a->lat);
     if (a->server_queue.count) print_latency("server queue", &a->server_queue);
+    if (a->server_compute.count) print_latency("server comp.", &a->server_compute);
     for (int i = 0; i < a->codes.n; i++)
         printf("error %-6s %llu  (%s)\n", a->codes.e[i].key, (unsigned long long)a->codes.e[i].count,
                a->codes.e[i].msg);
@@ -1118,24 +1183,48 @@ int mts_cli_bench(int argc, char **argv)
     if (prc) return prc == 1 ? 0 : prc;
     const mts_bench_transport *tp = NULL;
     if (!strcmp(o.transport, "http")) tp = &mts_bench_http_transport;
+    else if (!strcmp(o.transport, "grpc")) tp = &mts_bench_grpc_transport;
     if (!tp) {
-        fprintf(stderr, "mtserve bench: unknown transport '%s' (available: http)\n", o.transport);
+        fprintf(stderr, "mtserve bench: unknown transport '%s' (available: http, grpc)\n", o.transport);
         return 2;
     }
-    mts_bench_target target;
+    if (tp == &mts_bench_grpc_transport && !o.grpc) {
+        fprintf(stderr, "mtserve bench: --transport grpc needs --grpc HOST:PORT\n");
+        return 2;
+    }
+    /* target: where requests go; http_target: control calls (when http_ctl) */
+    mts_bench_target target, http_target;
     char err[300];
-    if (mts_bench_parse_url(o.url, &target, err, sizeof err)) {
+    bool use_grpc = tp == &mts_bench_grpc_transport;
+    bool http_ctl = !use_grpc || o.url_set;
+    if (mts_bench_parse_url(o.url, &http_target, err, sizeof err)) {
         fprintf(stderr, "mtserve bench: %s\n", err);
         return 2;
     }
+    target = http_target;
+    if (use_grpc) {
+        if (strstr(o.grpc, "://") || mts_bench_parse_url(o.grpc, &target, err, sizeof err)) {
+            fprintf(stderr, "mtserve bench: --grpc '%s': expected HOST:PORT\n", o.grpc);
+            return 2;
+        }
+        if (!strchr(o.grpc, ':')) {
+            target.port = 50051;
+            snprintf(target.hostport, sizeof target.hostport, "%s:%d", target.host, target.port);
+        }
+        mts_bench_grpc_configure(o.grpc_channels);
+    }
+    if (!http_ctl) o.server_stats = false;
+    const char *shown = use_grpc ? target.hostport : o.url;
     signal(SIGPIPE, SIG_IGN);
     struct sigaction sa = {0};
     sa.sa_handler = on_sigint;
     sigaction(SIGINT, &sa, NULL);
     atomic_store(&g_stop, 0);
 
-    if (o.all_models && fetch_index(&target, &o, err, sizeof err)) {
+    if (o.all_models && (http_ctl ? fetch_index(&http_target, &o, err, sizeof err)
+                                  : fetch_index_grpc(target.hostport, &o, err, sizeof err))) {
         fprintf(stderr, "mtserve bench: %s\n", err);
+        if (use_grpc) mts_bench_grpc_finish();
         return 1;
     }
     int rc = 1;
@@ -1158,7 +1247,8 @@ int mts_cli_bench(int argc, char **argv)
         } else {
             input_spec specs[MTS_BENCH_MAX_INPUTS];
             int n = 0;
-            if (fetch_metadata(&target, m->name, specs, &n, err, sizeof err)) {
+            if (http_ctl ? fetch_metadata(&http_target, m->name, specs, &n, err, sizeof err)
+                         : fetch_metadata_grpc(target.hostport, m->name, specs, &n, err, sizeof err)) {
                 fprintf(stderr, "mtserve bench: metadata of '%s': %s; sending requests without inputs\n", m->name,
                         err);
                 meta_failed++;
@@ -1178,7 +1268,7 @@ int mts_cli_bench(int argc, char **argv)
     int mode = o.rate > 0 ? MODE_OPEN : (o.users > 0 || o.find_capacity) ? MODE_USERS : MODE_CLOSED;
     if (mode == MODE_CLOSED && o.concurrency <= 0) o.concurrency = 1;
     server_stats before, after;
-    if (o.server_stats) fetch_server_stats(&target, &before);
+    if (o.server_stats) fetch_server_stats(&http_target, &before);
     double wall0 = now_ms();
 
     mts_jw w;
@@ -1189,7 +1279,11 @@ int mts_cli_bench(int argc, char **argv)
     mts_jw_key(&w, "transport");
     mts_jw_string(&w, tp->name);
     mts_jw_key(&w, "url");
-    mts_jw_string(&w, o.url);
+    mts_jw_string(&w, shown);
+    if (use_grpc) {
+        mts_jw_key(&w, "grpc_channels");
+        mts_jw_int(&w, o.grpc_channels);
+    }
     mts_jw_key(&w, "models");
     mts_jw_int(&w, o.n_models);
     mts_jw_key(&w, "zipf");
@@ -1225,7 +1319,7 @@ int mts_cli_bench(int argc, char **argv)
     }
     const char *shape = mode == MODE_CLOSED ? "closed loop" : mode == MODE_OPEN ? "open loop" : "conversational users";
     if (!o.json) {
-        printf("mtserve bench: %s over %s (%s), %d model%s%s, batch %lld", shape, tp->name, o.url, o.n_models,
+        printf("mtserve bench: %s over %s (%s), %d model%s%s, batch %lld", shape, tp->name, shown, o.n_models,
                o.n_models == 1 ? "" : "s", o.n_models > 1 ? (o.zipf > 0 ? " (zipf)" : " (uniform)") : "",
                (long long)o.batch);
         if (mode == MODE_CLOSED) printf(", concurrency %d", o.concurrency);
@@ -1313,13 +1407,15 @@ int mts_cli_bench(int argc, char **argv)
         mts_jw_key(&w, "level_s");
         mts_jw_double(&w, lo_opts.duration_s);
         mts_jw_end_object(&w);
-        if (!o.json)
-            printf("capacity     %d users with >= %.1f%% of frames on time (first failing level: %d users)\n", lo,
-                   100 * o.on_time_target, hi);
+        if (!o.json) {
+            printf("capacity     %d users with >= %.1f%% of frames on time", lo, 100 * o.on_time_target);
+            if (hi >= 0) printf(" (%d users failed)\n", hi);
+            else printf(" (no level failed up to --max-users %d)\n", o.max_users);
+        }
     }
     double wall = (now_ms() - wall0) / 1e3;
     if (o.server_stats) {
-        fetch_server_stats(&target, &after);
+        fetch_server_stats(&http_target, &after);
         json_server(&w, &before, &after, wall);
         if (!o.json && before.ok && after.ok)
             printf("server       %llu loads (%.2f/s), %llu evictions, %llu rejected (queue full), %llu timed out; "
@@ -1330,6 +1426,9 @@ int mts_cli_bench(int argc, char **argv)
                    (unsigned long long)(after.rejected_full - before.rejected_full),
                    (unsigned long long)(after.timed_out - before.timed_out), (long long)after.resident_models,
                    (double)after.resident_bytes / 1e6);
+    } else if (!http_ctl) {
+        server_stats none = {0};
+        json_server(&w, &none, &none, wall); /* "available": false: no HTTP address for statistics */
     }
     mts_jw_key(&w, "metadata_failures");
     mts_jw_int(&w, meta_failed);
@@ -1356,5 +1455,6 @@ out:
     mts_bench_popularity_free(&pop);
     for (int i = 0; i < o.n_models; i++) free(o.models[i]);
     free(o.models);
+    if (use_grpc) mts_bench_grpc_finish();
     return rc;
 }

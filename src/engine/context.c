@@ -8,6 +8,7 @@
  * that grow as needed. Nothing here takes a lock except the plan lookup.
  */
 #include <stdio.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <time.h>
 #include <string.h>
@@ -170,6 +171,19 @@ static int prepare_dnnl(mts_ctx *c, const mts__plan *p, mts_err *err)
     return MTS_OK;
 }
 
+/* MTS_PROFILE=1 prints per-step times; read once, thread-safely. */
+static int profile_flag;
+static pthread_once_t profile_once = PTHREAD_ONCE_INIT;
+static void profile_init(void)
+{
+    profile_flag = getenv("MTS_PROFILE") != NULL;
+}
+static int mts__profile_enabled(void)
+{
+    pthread_once(&profile_once, profile_init);
+    return profile_flag;
+}
+
 int mts_ctx_run(mts_ctx *c, const mts_tensor *inputs, int n_inputs, const mts_tensor **outputs, mts_err *err)
 {
     mts_model *m = c->m;
@@ -185,8 +199,7 @@ int mts_ctx_run(mts_ctx *c, const mts_tensor *inputs, int n_inputs, const mts_te
         if ((p != c->prep_plan || c->threads != c->prep_threads) && (rc = prepare_dnnl(c, p, err))) return rc;
         mts_dnnl_set_threads(c->threads);
     }
-    static int profile = -1;
-    if (profile < 0) profile = getenv("MTS_PROFILE") != NULL;
+    int profile = mts__profile_enabled();
     double t_step = profile ? now_ms() : 0;
     for (int s = 0; s < p->n_steps; s++) {
         const mts__step *st = &p->steps[s];

@@ -210,11 +210,31 @@ int mts_model_load_buffer(const void *data, size_t len, const char *name, const 
     return MTS_OK;
 }
 
+/* Copies are large (weights): they get their own pages so dropping one returns its memory to
+ * the system at once (a malloc'd block would stay in the heap). */
+#define COPY_MMAP_MIN ((size_t)16 << 10)
+
+static void *copy_alloc(size_t len)
+{
+    if (len < COPY_MMAP_MIN) return malloc(len ? len : 1);
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+static void copy_free(void *p, size_t len)
+{
+    if (!p) return;
+    if (len < COPY_MMAP_MIN) free(p);
+    else munmap(p, len);
+}
+
 void mts_model_free(mts_model *m)
 {
     if (!m) return;
     mts__plan_free_all(m);
     mts_dnnl_cache_free(m->dnnl_cache);
+    for (int i = 0; i < m->n_copies; i++) copy_free(m->copies[i].data, m->copies[i].len);
+    free(m->copies);
     for (int i = 0; i < m->n_maps; i++) {
         if (m->maps[i].addr) munmap(m->maps[i].addr, m->maps[i].len);
         free(m->maps[i].location);
@@ -238,8 +258,76 @@ void mts_model_get_info(const mts_model *m, mts_model_info *out)
     out->param_bytes = m->param_bytes;
     out->mapped_bytes = m->mapped_bytes;
     pthread_mutex_lock((pthread_mutex_t *)&m->plan_lock);
-    out->resident_bytes = (int64_t)m->pool.bytes + m->plan_bytes + mts_dnnl_cache_bytes(m->dnnl_cache);
+    out->resident_bytes =
+        (int64_t)m->pool.bytes + m->plan_bytes + m->copy_bytes + mts_dnnl_cache_bytes(m->dnnl_cache);
     pthread_mutex_unlock((pthread_mutex_t *)&m->plan_lock);
+}
+
+mts__copy *mts__add_copy(mts_model *m, const void *src, size_t len)
+{
+    if (m->n_copies == m->cap_copies) {
+        int cap = m->cap_copies ? m->cap_copies * 2 : 16;
+        mts__copy *c = realloc(m->copies, sizeof *c * (size_t)cap);
+        if (!c) return NULL;
+        m->copies = c;
+        m->cap_copies = cap;
+    }
+    void *d = copy_alloc(len);
+    if (!d) return NULL;
+    if (len) memcpy(d, src, len);
+    mts__copy *c = &m->copies[m->n_copies++];
+    *c = (mts__copy){d, src, len, -1};
+    m->copy_bytes += (int64_t)len;
+    return c;
+}
+
+void mts__release_weights(mts_model *m, const mts__plan *p, const int *values, int n)
+{
+    if (n <= 0) return;
+    uint8_t *used = calloc((size_t)m->n_values + 1, 1);
+    if (!used) return;
+    for (int s = 0; s < p->n_steps; s++)
+        for (int j = 0; j < p->steps[s].n_in; j++)
+            if (p->steps[s].in[j] >= 0) used[p->steps[s].in[j]] = 1;
+    for (int i = 0; i < m->n_outputs; i++) used[m->outputs[i]] = 1;
+    long page = sysconf(_SC_PAGESIZE);
+    for (int i = 0; i < n; i++) {
+        int v = values[i];
+        mts_value *val = &m->values[v];
+        if (v < 0 || used[v] || val->kind != MTS_VALUE_INITIALIZER || !val->init.data) continue;
+        bool copied = false;
+        for (int c = 0; c < m->n_copies; c++)
+            if (m->copies[c].value == v && m->copies[c].data) {
+                copy_free(m->copies[c].data, m->copies[c].len);
+                m->copies[c].data = NULL;
+                m->copy_bytes -= (int64_t)m->copies[c].len;
+                val->init.data = NULL;
+                copied = true;
+            }
+        (void)copied;
+    }
+    free(used);
+    /* The file mapping was touched by parsing and copying; drop it from this process's resident
+     * set. Pages still read by kernels (in-place initializers, biases) fault back in from the
+     * page cache on their next use; the released weights never do. */
+    for (int i = 0; i < m->n_maps; i++) {
+        uintptr_t a = ((uintptr_t)m->maps[i].addr + (uintptr_t)page - 1) / (uintptr_t)page * (uintptr_t)page;
+        uintptr_t e = ((uintptr_t)m->maps[i].addr + m->maps[i].len) / (uintptr_t)page * (uintptr_t)page;
+        if (page > 0 && e > a) madvise((void *)a, e - a, MADV_DONTNEED);
+    }
+}
+
+int mts__restore_weights(mts_model *m, mts_err *err)
+{
+    for (int c = 0; c < m->n_copies; c++) {
+        mts__copy *cp = &m->copies[c];
+        if (cp->data || cp->value < 0) continue;
+        if (!(cp->data = copy_alloc(cp->len))) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+        if (cp->len) memcpy(cp->data, cp->src, cp->len);
+        m->copy_bytes += (int64_t)cp->len;
+        m->values[cp->value].init.data = cp->data;
+    }
+    return MTS_OK;
 }
 
 const char *mts_model_backend(const mts_model *m)

@@ -11,6 +11,14 @@
 #include "engine/kernels/kernel.h"
 #include "util/pool.h"
 
+/* A misaligned initializer copied out of the file mapping (malloc'd; data NULL while released). */
+typedef struct mts__copy {
+    void *data;
+    const void *src;       /* the bytes in the mapping */
+    size_t len;
+    int value;             /* initializer value index, -1 for attribute tensors */
+} mts__copy;
+
 typedef struct mts__mapping {
     char *location;  /* external data location ("" for the model file itself) */
     void *addr;
@@ -87,6 +95,9 @@ struct mts_model {
     mts__plan *plans;
     int n_plans;
     int64_t plan_bytes;
+    mts__copy *copies;     /* misaligned initializers copied at load */
+    int n_copies, cap_copies;
+    int64_t copy_bytes;    /* bytes of copies held now */
     int backend;           /* mts_backend_kind */
     void *dnnl_cache;      /* packed weights shared by all plans (under plan_lock) */
 };
@@ -96,6 +107,15 @@ int mts__plan_get(mts_model *m, const mts_tensor *inputs, int n, const mts__plan
 void mts__plan_free_all(mts_model *m);
 /* Graph optimizer and layout pass (optimize.c): rewrites p->steps for the oneDNN backend. */
 int mts__optimize(mts_model *m, mts__plan *p, mts_err *err);
+/* Records a copy of len bytes at src (onnx_pb.c, loading). NULL when out of memory. */
+mts__copy *mts__add_copy(mts_model *m, const void *src, size_t len);
+/* Weights packed for oneDNN are not read again by the plan that packed them: drops the copies of
+ * the given initializers unless a step of plan p still reads them, and lets the kernel reclaim
+ * the file mapping's pages (MADV_DONTNEED; the file stays mapped and pages still in use fault
+ * back in from the page cache). mts__restore_weights remakes
+ * dropped copies before another plan is built. Both run under the plan lock. */
+void mts__release_weights(mts_model *m, const mts__plan *p, const int *values, int n);
+int mts__restore_weights(mts_model *m, mts_err *err);
 /* Resolves the backend for a model from the load options, $MTS_BACKEND and the build default. */
 int mts__resolve_backend(const mts_load_opts *opts, mts_err *err);
 int mts__check_inputs(const mts_model *m, const mts_tensor *in, int n, mts_err *err);

@@ -376,6 +376,12 @@ int mts__parse_tensor(const mts__pb_src *s, const uint8_t *p, size_t len, mts_po
         if (((uintptr_t)raw % es) == 0) {
             t->data = (void *)raw; /* zero-copy view of the mapping */
             if (s->model) s->model->mapped_bytes += (int64_t)raw_len;
+        } else if (s->model) {
+            /* Tracked, so that a copy of weights packed for oneDNN can be dropped and remade from
+             * the mapping when needed again (mts__release_weights). */
+            mts__copy *c = mts__add_copy(s->model, raw, raw_len);
+            if (!c) return mts_err_set(err, MTS_ENOMEM, "out of memory copying tensor '%s'", name);
+            t->data = c->data;
         } else {
             void *copy = mts_pool_alloc(pool, raw_len ? raw_len : 1);
             if (!copy) return mts_err_set(err, MTS_ENOMEM, "out of memory copying tensor '%s'", name);
@@ -773,6 +779,7 @@ static int parse_graph(const mts__pb_src *s, pb g, mts_model *m, mts_err *err)
             rc = mts_err_set(err, MTS_EFORMAT, "%s: initializer '%s' is defined twice", s->file, name);
             goto out_map;
         }
+        if (m->n_copies > 0 && m->copies[m->n_copies - 1].data == v->init.data) m->copies[m->n_copies - 1].value = nv;
         v->name = name;
         v->kind = MTS_VALUE_INITIALIZER;
         v->dtype = v->init.dtype;

@@ -248,6 +248,12 @@ static bool conv_eligible(opt *o, int s, const uint8_t *no_dnnl, cinfo *c)
     const mts_tensor *kin[3] = {x, &p->vals[st->in[1]], st->n_in > 2 && st->in[2] >= 0 ? &p->vals[st->in[2]] : NULL};
     mts_kctx k = {st->nd, kin, st->n_in > 3 ? 3 : st->n_in, kout, 1, &e, 1};
     if (mts_conv_geometry(&k, tr, &c->spec.g) != MTS_OK) return false;
+    /* Tiny convolutions on one pixel (attention MLPs): the reference kernel is as fast and a
+     * oneDNN primitive would cost JIT code and per-call setup. */
+    const mts_conv_geom *g = &c->spec.g;
+    double macs = (double)g->N * (double)g->M * (double)(g->C / g->group) * (double)(g->k[0] * g->k[1] * g->k[2]) *
+                  (double)(g->out[0] * g->out[1] * g->out[2]);
+    if (g->out[0] * g->out[1] * g->out[2] == 1 && macs < 65536) return false;
     c->spec.kind = tr ? MTS_DPRIM_DECONV : MTS_DPRIM_CONV;
     c->spec.transpose = tr;
     c->spec.w = kin[1]->data;
@@ -405,6 +411,33 @@ static const mts_tensor *permuted_const(mts__plan *p, const mts_tensor *t)
     return c;
 }
 
+/* Resize that is a nearest-neighbour upsampling by integer factors on H and W: out[y] = in[y/s].
+ * For integer s, asymmetric + floor and half_pixel + round_prefer_floor/ceil both pick y/s. */
+static bool nearest_integer_upsample(const mts__plan *p, const mts__step *st)
+{
+    const mts_node *n = st->nd;
+    if (strcmp(mts_attr_string(n, "mode", "nearest"), "nearest")) return false;
+    const char *ct = mts_attr_string(n, "coordinate_transformation_mode", "half_pixel");
+    const char *nm = mts_attr_string(n, "nearest_mode", "round_prefer_floor");
+    bool ok = (!strcmp(ct, "asymmetric") && !strcmp(nm, "floor")) ||
+              (!strcmp(ct, "half_pixel") && (!strcmp(nm, "round_prefer_floor") || !strcmp(nm, "round_prefer_ceil")));
+    if (!ok || mts_attr_int(n, "antialias", 0) || mts_node_attr(n, "axes")) return false;
+    const mts_tensor *x = &p->vals[st->in[0]], *y = &p->vals[st->out[0]];
+    if (x->rank != 4 || y->rank != 4 || x->dims[0] != y->dims[0] || x->dims[1] != y->dims[1]) return false;
+    for (int a = 2; a < 4; a++)
+        if (x->dims[a] < 1 || y->dims[a] % x->dims[a] != 0) return false;
+    /* The planned output shape must come from exact factors: with scales, out = floor(in * s). */
+    if (st->n_in > 2 && st->in[2] >= 0 && mts_tensor_numel(&p->vals[st->in[2]]) == 4) {
+        const mts_tensor *sc = &p->vals[st->in[2]];
+        if (sc->dtype != MTS_DTYPE_FLOAT) return false;
+        const float *s = sc->data;
+        if (s[0] != 1.0f || s[1] != 1.0f) return false;
+        for (int a = 2; a < 4; a++)
+            if (s[a] != (float)(y->dims[a] / x->dims[a])) return false;
+    }
+    return true;
+}
+
 static int rewrite_nhwc_step(mts__plan *p, mts__step *st, mts_err *err)
 {
     st->nhwc = 1;
@@ -418,6 +451,10 @@ static int rewrite_nhwc_step(mts__plan *p, mts__step *st, mts_err *err)
             if (!strcmp(a[i].name, "axis")) a[i].i = 3;
         n->attrs = a;
         st->nd = n;
+        bool same = true; /* the channels-last copy kernel needs one element type */
+        for (int j = 0; j < st->n_in; j++)
+            if (p->vals[st->in[j]].dtype != p->vals[st->out[0]].dtype || p->vals[st->in[j]].rank != 4) same = false;
+        if (same) st->op = &mts_nhwc_concat;
     } else if (!strncmp(st->nd->op_type, "Reduce", 6)) {
         /* Axes name NCHW positions; on NHWC views axis 1 is 3, 2 is 1 and 3 is 2. */
         static const int64_t map[4] = {0, 3, 1, 2};
@@ -462,6 +499,7 @@ static int rewrite_nhwc_step(mts__plan *p, mts__step *st, mts_err *err)
         for (int j = 1; j < st->n_in; j++)
             if (st->in[j] >= 0 && !(st->cin[j] = permuted_const(p, &p->vals[st->in[j]])))
                 return mts_err_set(err, MTS_ENOMEM, "out of memory");
+        if (nearest_integer_upsample(p, st)) st->op = &mts_nhwc_upsample_nearest;
     }
     return MTS_OK;
 }
@@ -649,6 +687,19 @@ int mts__optimize(mts_model *m, mts__plan *p, mts_err *err)
         p->steps[w++] = *st;
     }
     p->n_steps = w;
+    /* Weights now live packed in the model's cache: drop the unpacked originals. */
+    {
+        int *cand = malloc(sizeof(int) * ((size_t)w + 1)), nc = 0;
+        for (int s = 0; cand && s < w; s++) {
+            const mts__step *st = &p->steps[s];
+            const mts_node *nd = &m->nodes[st->node];
+            if (st->kind == MTS__S_DCONV && nd->n_in >= 2 && nd->in[1] >= 0 &&
+                (is_op(st, "Conv") || is_op(st, "ConvTranspose")))
+                cand[nc++] = nd->in[1];
+        }
+        if (cand) mts__release_weights(m, p, cand, nc);
+        free(cand);
+    }
     if (p->n_steps > 0 && p->scratch_bytes == 0) {
         for (int s = 0; s < p->n_steps; s++)
             if (p->steps[s].kind == MTS__S_DCONV) p->scratch_bytes = 64; /* a stream is still needed */

@@ -4,7 +4,8 @@
  * Building a plan walks the nodes in topological order and, for each, runs the kernel's shape
  * inference with the shapes (and, where known, the values) of its inputs:
  *   - a node whose inputs are all constant is run right away and its outputs become constants
- *     (this folds Shape→Gather→Concat→Reshape chains and weight preprocessing);
+ *     (this folds weight preprocessing); Shape and Size of a tensor whose shape is known here
+ *     count as constant too, which folds Shape→Gather→Concat→Reshape chains;
  *   - a node whose output shape depends on values only known at run time is marked dynamic and
  *     its shapes are inferred again on every run;
  *   - every other node gets static output shapes, and its outputs get a buffer slot.
@@ -124,12 +125,19 @@ static void dump_plan(const mts_model *m, const mts__plan *p)
         int y = st->n_out > 0 ? st->out[0] : -1;
         fprintf(stderr, "  %3d %-18s %-24s -> %-24s %s%s%s\n", s, m->nodes[st->node].op_type, m->nodes[st->node].name,
                 y >= 0 ? m->values[y].name : "-", st->kind == MTS__S_DCONV ? mts_dconv_impl(st->dconv) : "",
-                st->nhwc || (y >= 0 && p->nhwc[y]) ? " nhwc" : "", st->dynamic ? " dynamic" : "");
+                st->nhwc || (y >= 0 && p->nhwc[y]) ? " nhwc" : "",
+                st->kind == MTS__S_KERNEL && st->op != m->ops[st->node] ? " (special kernel)"
+                : st->dynamic                                          ? " dynamic"
+                                                                       : "");
     }
 }
 
 static int build(mts_model *m, const mts_tensor *inputs, int n_in, mts__plan **out, mts_err *err)
 {
+    if (m->backend == MTS_BACKEND_DEFAULT) {
+        int rc0 = mts__restore_weights(m, err);
+        if (rc0) return rc0;
+    }
     mts__plan *p = calloc(1, sizeof *p);
     if (!p) return mts_err_set(err, MTS_ENOMEM, "out of memory");
     mts_pool *pool = &p->pool;
@@ -189,12 +197,14 @@ static int build(mts_model *m, const mts_tensor *inputs, int n_in, mts__plan **o
         if (!needed[i]) continue;
         const mts_node *n = &m->nodes[i];
         bool dynamic = false, all_const = true;
+        /* Shape and Size read only their input's dims, known here unless it is dynamic. */
+        bool dims_only = !n->domain[0] && (!strcmp(n->op_type, "Shape") || !strcmp(n->op_type, "Size"));
         for (int j = 0; j < n->n_in; j++) {
             int v = n->in[j];
             kin[j] = v >= 0 ? &p->vals[v] : NULL;
             if (v < 0) continue;
             if (p->state[v] == MTS__V_DYNAMIC) dynamic = true;
-            if (p->state[v] != MTS__V_CONST) all_const = false;
+            if (p->state[v] != MTS__V_CONST && !dims_only) all_const = false;
             if (p->state[v] != MTS__V_DYNAMIC && !mts_dtype_supported(p->vals[v].dtype)) {
                 rc = mts_err_set(err, MTS_EUNSUPPORTED, "input '%s' has unsupported type %s", m->values[v].name,
                                  mts_dtype_name(p->vals[v].dtype));

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "serve/internal.h"
 #include "util/log.h"
@@ -45,6 +46,7 @@ void mts__version_free(mts__version *v)
     if (!v) return;
     for (int i = 0; i < v->n_ctx_free; i++) mts_ctx_free(v->ctx_free[i]);
     free(v->ctx_free);
+    mts_bgcache_unref(v->bg); /* composites in flight may keep it a little longer */
     mts_model_free(v->model);
     free(v);
 }
@@ -204,6 +206,23 @@ static void load_one(mts_server *s, mts__entry *e)
     const mts_model_config *cfg = e->cfg;
     struct stat st;
     int64_t need = stat(cfg->model_path, &st) == 0 ? (int64_t)st.st_size : 0;
+    /* Lip-sync assets (issue 6): open the background cache with the version and reserve its
+     * capacity (background_cache_frames decoded frames) in the device budget. Asset problems do
+     * not fail the load: the model serves InferBatch and composites report bg_error. */
+    mts_bgcache *bg = NULL;
+    char bg_error[384] = "";
+    if (cfg->background_dir) {
+        mts_err berr = {0};
+        mts_bgcache_config bc = {cfg->name, cfg->background_dir, cfg->crop_rects_path, cfg->num_frames,
+                                 cfg->background_cache_frames > 0 ? cfg->background_cache_frames
+                                 : s->cfg->background_cache_frames > 0 ? s->cfg->background_cache_frames : 50};
+        if (mts_bgcache_open(&bc, &bg, &berr)) {
+            snprintf(bg_error, sizeof bg_error, "%s", berr.msg);
+            MTS_WARN("model=%s event=assets_failed error=\"%s\"", cfg->name, berr.msg);
+        } else {
+            need += mts_bgcache_capacity_bytes(bg);
+        }
+    }
     pthread_mutex_lock(&s->lock);
     /* A model seen before is expected to need what it reached then (weights, plans and
      * activations), not just its file size. */
@@ -238,8 +257,13 @@ static void load_one(mts_server *s, mts__entry *e)
             mts_model_get_info(m, &info);
             v->base_bytes = info.resident_bytes + info.mapped_bytes;
             fill_meta(v, cfg);
+            v->bg = bg; /* issue 6: the cache's capacity counts in the version's bytes */
+            bg = NULL;
+            if (v->bg) v->base_bytes += mts_bgcache_capacity_bytes(v->bg);
+            snprintf(v->bg_error, sizeof v->bg_error, "%s", bg_error);
         }
     }
+    mts_bgcache_unref(bg); /* the load failed */
     double ms = (double)(mts__now_ns() - t0) / 1e6;
     mts__waiter *notify = NULL;
     mts_request *failed = NULL;
@@ -445,4 +469,46 @@ void *mts__janitor_main(void *arg)
     }
     pthread_mutex_unlock(&s->lock);
     return NULL;
+}
+
+/* ---- Lip-sync compositing hooks (issue 6) ---- */
+
+int mts_server_bgcache_acquire(mts_server *s, const char *model, mts_bgcache **out, mts_err *err)
+{
+    *out = NULL;
+    int rc = MTS_OK;
+    pthread_mutex_lock(&s->lock);
+    mts__entry *e = mts__find(s, model);
+    if (!e) rc = mts_err_set(err, MTS_ENOTFOUND, "unknown model '%s'", model);
+    else if (!e->cfg->background_dir)
+        rc = mts_err_set(err, MTS_EUNSUPPORTED,
+                         "model '%s' has no background_dir (configure background_dir, crop_rects_path and num_frames "
+                         "to composite)", model);
+    else if (!e->cur) rc = mts_err_set(err, MTS_EUNAVAILABLE, "model '%s' is not loaded", model);
+    else if (!e->cur->bg)
+        rc = mts_err_set(err, MTS_EINVAL, "model '%s': background assets are unusable: %s", model, e->cur->bg_error);
+    else {
+        mts_bgcache_ref(e->cur->bg);
+        *out = e->cur->bg;
+    }
+    pthread_mutex_unlock(&s->lock);
+    return rc;
+}
+
+mts_workq *mts_server_media_queue(mts_server *s)
+{
+    pthread_mutex_lock(&s->lock);
+    if (!s->media_q && !s->media_closed) {
+        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        const char *t = getenv("MTS_MEDIA_THREADS"), *n = getenv("MTS_MEDIA_NICE");
+        int threads = t && atoi(t) > 0 ? atoi(t) : (int)(cpus / 4 > 1 ? cpus / 4 : 1);
+        mts_err err = {0};
+        if (mts_workq_create(threads, n ? atoi(n) : 0, &s->media_q, &err))
+            MTS_WARN("event=media_threads_failed error=\"%s\"", err.msg);
+        else
+            MTS_INFO("event=media_threads_started threads=%d", threads);
+    }
+    mts_workq *q = s->media_q;
+    pthread_mutex_unlock(&s->lock);
+    return q;
 }

@@ -144,6 +144,7 @@ int mts_server_submit(mts_server *s, mts_request *req, int *retry_after_s, mts_e
     e->qlen++;
     s->total_queued++;
     s->submitted++;
+    req->cold = e->state != MTS_MODEL_READY;
     if (e->state == MTS_MODEL_UNLOADED || e->state == MTS_MODEL_FAILED) mts__request_load(s, e);
     else if (e->cur) mts__ready_push(s, e);
     pthread_mutex_unlock(&s->lock);

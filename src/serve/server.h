@@ -16,6 +16,8 @@
 
 #include "config/config.h"
 #include "engine/tensor.h"
+#include "media/bgcache.h"
+#include "media/workq.h"
 #include "util/status.h"
 
 typedef struct mts_server mts_server;
@@ -45,6 +47,7 @@ struct mts_request {
     double queue_ms, compute_ms;               /* time queued (incl. load wait) and in the engine */
     int device;                                /* device that ran it */
     int batch_size;                            /* samples in the batch it ran in */
+    bool cold;                                 /* the model was not resident when it arrived */
     /* Internal. */
     _Atomic int cancelled;
     int64_t enqueue_ns, deadline_ns;
@@ -126,6 +129,11 @@ typedef struct mts_model_status {
     uint64_t loads, unloads, evictions, load_failures;
     int n_inputs, n_outputs;   /* metadata (known once loaded at least once) */
     mts_tensor_meta inputs[MTS_REQ_MAX_TENSORS], outputs[MTS_REQ_MAX_TENSORS];
+    /* Lip-sync background cache (issue 6) of the resident version: has_bgcache when it opened;
+     * bg_error when the model has background_dir but its assets did not open. */
+    bool has_bgcache;
+    mts_bgcache_stats bgcache;
+    char bg_error[384];
 } mts_model_status;
 
 int mts_server_model_count(const mts_server *s);
@@ -152,6 +160,19 @@ typedef struct mts_server_totals {
     bool shutting_down;
 } mts_server_totals;
 void mts_server_totals_get(mts_server *s, mts_server_totals *out);
+
+/* ---- Lip-sync compositing hooks (issue 6, src/media) ---- */
+
+/* The background cache of the model's resident version, with a reference the caller drops with
+ * mts_bgcache_unref. MTS_ENOTFOUND unknown model; MTS_EUNAVAILABLE not resident (load it
+ * first); MTS_EUNSUPPORTED no background_dir configured; MTS_EINVAL its assets did not open
+ * (err has the reason). */
+int mts_server_bgcache_acquire(mts_server *s, const char *model, mts_bgcache **out, mts_err *err);
+/* The media work queue (compositing and encoding off the device workers), started on first
+ * use with $MTS_MEDIA_THREADS threads (default: a quarter of the online cores, at least 1) at
+ * nice $MTS_MEDIA_NICE (default 0). NULL once shutdown has drained it (callers then do the
+ * work inline). */
+mts_workq *mts_server_media_queue(mts_server *s);
 
 /* Prometheus text exposition of every metric. Returns a malloc'd string. */
 char *mts_server_metrics(mts_server *s, size_t *len);

@@ -60,6 +60,11 @@ static void snapshot(mts_server *s, const mts__entry *e, mts_model_status *o)
     o->n_outputs = e->n_out;
     memcpy(o->inputs, e->in, sizeof o->inputs);
     memcpy(o->outputs, e->out, sizeof o->outputs);
+    if (e->cur && e->cur->bg) { /* issue 6: background cache (its own lock nests inside) */
+        o->has_bgcache = true;
+        mts_bgcache_stats_get(e->cur->bg, &o->bgcache);
+    }
+    if (e->cur) snprintf(o->bg_error, sizeof o->bg_error, "%s", e->cur->bg_error);
     (void)s;
 }
 
@@ -236,6 +241,35 @@ char *mts_server_metrics(mts_server *s, size_t *len)
         const mts__entry *e = &s->entries[i];
         outf(&b, "mts_model_memory_bytes{model=\"%s\"} %lld\n", e->cfg->name,
              (long long)(e->cur ? e->cur->base_bytes + e->cur->ctx_bytes : 0));
+    }
+    /* Issue 6: background frame caches of lip-sync models (resident versions with assets). */
+    static const char *bg_names[][2] = {
+        {"mts_bgcache_requests_total", "Background frame lookups by composites."},
+        {"mts_bgcache_hits_total", "Lookups that found the frame decoded."},
+        {"mts_bgcache_misses_total", "Lookups that decoded the frame."},
+        {"mts_bgcache_evictions_total", "Decoded frames evicted (LRU)."},
+        {"mts_bgcache_preloads_total", "Frames decoded ahead of use."},
+        {"mts_bgcache_load_errors_total", "Frame decodes that failed."},
+        {"mts_bgcache_hit_rate", "Hits / lookups since the model loaded."},
+        {"mts_bgcache_load_avg_ms", "Average PNG decode time per frame (ms)."},
+        {"mts_bgcache_frames", "Frames decoded now."},
+        {"mts_bgcache_bytes", "Bytes of decoded frames held now."},
+        {"mts_bgcache_capacity_bytes", "Bytes reserved in the model's budget for the cache."},
+    };
+    for (size_t k = 0; k < sizeof bg_names / sizeof bg_names[0]; k++) {
+        bool counter = strstr(bg_names[k][0], "_total") != NULL;
+        outf(&b, "# HELP %s %s\n# TYPE %s %s\n", bg_names[k][0], bg_names[k][1], bg_names[k][0],
+             counter ? "counter" : "gauge");
+        for (int i = 0; i < s->n_entries; i++) {
+            const mts__entry *e = &s->entries[i];
+            if (!e->cur || !e->cur->bg) continue;
+            mts_bgcache_stats st;
+            mts_bgcache_stats_get(e->cur->bg, &st);
+            double v[] = {(double)st.requests, (double)st.hits, (double)st.misses, (double)st.evictions,
+                          (double)st.preloads, (double)st.load_errors, st.hit_rate, st.avg_load_ms,
+                          (double)st.frames_cached, (double)st.bytes, (double)st.capacity_bytes};
+            outf(&b, "%s{model=\"%s\"} %.9g\n", bg_names[k][0], e->cfg->name, v[k]);
+        }
     }
     outf(&b, "# HELP mts_device_resident_models Models resident per device.\n# TYPE mts_device_resident_models gauge\n");
     for (int d = 0; d < s->n_devs; d++) outf(&b, "mts_device_resident_models{device=\"cpu:%d\"} %d\n", d, s->devs[d].models);

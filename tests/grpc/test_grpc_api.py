@@ -476,8 +476,10 @@ def test_lipsync_infer_batch_errors(start_server, pb):
     expect(grpc.StatusCode.INVALID_ARGUMENT, "audio_features has 10 bytes", "needs 32768",
            audio_features=b"0123456789")
     expect(grpc.StatusCode.FAILED_PRECONDITION, "model 'tiny' has 1 inputs", model_id="tiny")
-    c, msg = code_of(lambda: stub.InferBatchComposite(pb.ls.CompositeBatchRequest(model_id="lip", batch_size=1)))
-    assert c == grpc.StatusCode.UNIMPLEMENTED and "InferBatchComposite" in msg
+    # InferBatchComposite needs background assets (tests/grpc/test_composite.py covers it)
+    c, msg = code_of(lambda: stub.InferBatchComposite(pb.ls.CompositeBatchRequest(
+        model_id="lip", visual_frames=vis.tobytes(), audio_features=aud.tobytes(), batch_size=1), timeout=60))
+    assert c == grpc.StatusCode.FAILED_PRECONDITION and "has no background_dir" in msg, (c, msg)
 
 
 def test_lipsync_management(start_server, pb):

@@ -232,7 +232,7 @@ struct mts_dconv {
     /* ConvTranspose with kernel == stride and no padding: a 1x1 convolution to k*k*M channels
      * (inner, into scratch) followed by a depth-to-space scatter into the destination. */
     struct mts_dconv *inner;
-    float *s2d_bias;
+    float *s2d_bias;                   /* owned bias (the 1x1 one for depth-to-space) */
     int64_t s2d_k[2];
     size_t s2d_tmp;
 };
@@ -467,6 +467,14 @@ int mts_dconv_create(const mts_dconv_spec *s, mts_dconv **out, mts_err *err)
     c = calloc(1, sizeof *c);
     if (!c) return mts_err_set(err, MTS_ENOMEM, "out of memory");
     c->spec = *s;
+    if (s->b) { /* own copy: the model's may be in the file mapping, which is let go after planning */
+        if (!(c->s2d_bias = malloc(sizeof(float) * (size_t)g->M))) {
+            free(c);
+            return mts_err_set(err, MTS_ENOMEM, "out of memory");
+        }
+        memcpy(c->s2d_bias, s->b, sizeof(float) * (size_t)g->M);
+        c->spec.b = c->s2d_bias;
+    }
     act_md(&c->md[0], g, g->C, g->in, true);
     act_md(&c->user_md[0], g, g->C, g->in, s->src_nhwc && g->nsp != 3);
     act_md(&c->md[1], g, g->M, g->out, true);

@@ -52,6 +52,9 @@ typedef struct mts_dnnl_api {
 #undef MTS_DNNL_X
     void (*omp_set_num_threads)(int);
     int (*omp_get_max_threads)(void);
+    int (*omp_get_thread_num)(void);
+    int (*omp_get_num_threads)(void);
+    void (*GOMP_parallel)(void (*fn)(void *), void *data, unsigned num_threads, unsigned flags);
 } mts_dnnl_api;
 
 extern mts_dnnl_api mts_dnnl;

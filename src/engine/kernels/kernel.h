@@ -83,6 +83,15 @@ int mts_pool_geometry(mts_kctx *k, bool is_max, mts_conv_geom *out);
  * process default; mts_load_opts.backend overrides both per model. */
 typedef enum mts_backend_kind { MTS_BACKEND_DEFAULT = 0, MTS_BACKEND_REFERENCE = 1 } mts_backend_kind;
 
+/* Channels-last special cases the optimizer substitutes (kernels/nhwc.c). */
+extern const mts_op mts_nhwc_upsample_nearest; /* [N,H,W,C] nearest upsampling by integer factors */
+extern const mts_op mts_nhwc_concat;           /* concatenation of [N,H,W,Ci] along C */
+
+/* Runs fn(ctx, ithr, nthr) for ithr in [0, nthr) on `threads` threads of the calling thread's
+ * OpenMP team (the one oneDNN uses; kernels/dnnl_rt.c), or inline when threads <= 1 or OpenMP
+ * is unavailable. */
+void mts_parallel(int threads, void (*fn)(void *ctx, int ithr, int nthr), void *ctx);
+
 /* Shared helpers for kernels (kernels/common.c). */
 /* Numpy-style broadcast of a and b into out (rank/dims); MTS_ESHAPE with a message on mismatch. */
 int mts_broadcast_shape(const mts_tensor *a, const mts_tensor *b, mts_tensor *out, mts_err *err);

@@ -7,7 +7,8 @@
  * kernels) followed by a cache-blocked float GEMM whose portable micro-kernel gcc vectorizes at
  * -O2 (an AVX2/FMA micro-kernel is picked at run time on x86-64 CPUs that have it);
  * convolutions with one input channel per group (depthwise) run as a direct loop. ConvTranspose
- * runs as GEMM + col2im. Large convolutions are split over k->threads pthreads. Resize and
+ * runs as GEMM + col2im. Large convolutions are split over k->threads threads (the OpenMP team
+ * of kernels/dnnl_rt.c; pthreads in sanitizer builds). Resize and
  * Upsample interpolate separably, one axis at a time (nearest, linear, cubic).
  */
 #include <float.h>
@@ -253,6 +254,12 @@ static void *par_main(void *arg)
     return NULL;
 }
 
+static void par_part(void *arg, int ithr, int nthr)
+{
+    (void)nthr;
+    par_main(&((par_worker *)arg)[ithr]);
+}
+
 static int par_run(int threads, int64_t n_units, size_t scratch, unit_fn fn, void *ctx)
 {
     if (n_units <= 0) return MTS_OK;
@@ -265,6 +272,14 @@ static int par_run(int threads, int64_t n_units, size_t scratch, unit_fn fn, voi
         w[i] = (par_worker){fn, ctx, n_units, i, nt, scratch, 0};
         started[i] = false;
     }
+#ifndef MTS_DEFAULT_BACKEND_REFERENCE
+    /* The OpenMP team oneDNN uses (passive waiting; no thread creation per call). */
+    (void)th;
+    mts_parallel(nt, par_part, w);
+    for (int i = 0; i < nt; i++)
+        if (w[i].rc) return w[i].rc;
+    return MTS_OK;
+#endif
     for (int i = 1; i < nt; i++) started[i] = pthread_create(&th[i], NULL, par_main, &w[i]) == 0;
     par_main(&w[0]);
     for (int i = 1; i < nt; i++) {
@@ -773,17 +788,17 @@ int mts_conv_geometry(mts_kctx *k, bool transpose, mts_conv_geom *out)
 {
     int rc;
     const geom *g;
+    conv_desc cd; /* both outlive g's uses below */
+    convt_desc td;
     memset(out, 0, sizeof *out);
     if (!transpose) {
-        conv_desc d;
-        if ((rc = conv_setup(k, &d))) return rc;
-        g = &d.g;
-        out->N = d.N, out->C = d.C, out->M = d.M, out->group = d.group;
+        if ((rc = conv_setup(k, &cd))) return rc;
+        g = &cd.g;
+        out->N = cd.N, out->C = cd.C, out->M = cd.M, out->group = cd.group;
     } else {
-        convt_desc d;
-        if ((rc = convt_setup(k, &d))) return rc;
-        g = &d.g;
-        out->N = d.N, out->C = d.C, out->M = d.M, out->group = d.group;
+        if ((rc = convt_setup(k, &td))) return rc;
+        g = &td.g;
+        out->N = td.N, out->C = td.C, out->M = td.M, out->group = td.group;
     }
     out->nsp = g->nsp;
     for (int i = 0; i < NSP; i++) {

@@ -467,6 +467,12 @@ static void *sgemm_thread(void *arg)
     return NULL;
 }
 
+static void sgemm_part(void *arg, int ithr, int nthr)
+{
+    (void)nthr;
+    sgemm_thread(&((sgemm_worker *)arg)[ithr]);
+}
+
 #define GEMM_MAX_THREADS 64
 #define GEMM_FLOPS_PER_THREAD 1.6e7 /* below this much work another thread does not pay */
 
@@ -516,6 +522,13 @@ static int sgemm_run(sgemm_job *g, int threads)
         wk[t].rc = MTS_OK;
         started[t] = 0;
     }
+#ifndef MTS_DEFAULT_BACKEND_REFERENCE
+    /* The OpenMP team oneDNN uses (passive waiting; no thread creation per call). */
+    mts_parallel((int)nth, sgemm_part, wk);
+    for (int64_t t = 0; t < nth; t++)
+        if (wk[t].rc) return wk[t].rc;
+    return MTS_OK;
+#endif
     for (int64_t t = 1; t < nth; t++) started[t] = pthread_create(&tid[t], NULL, sgemm_thread, &wk[t]) == 0;
     sgemm_thread(&wk[0]);
     for (int64_t t = 1; t < nth; t++) {

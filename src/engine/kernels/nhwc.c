@@ -1,0 +1,97 @@
+/*
+ * Channels-last kernels the optimizer substitutes for reference kernels on [N,H,W,C] views
+ * (memory-bound copies, split over the context's threads with mts_parallel):
+ *   - nearest-neighbour upsampling by integer factors (Resize in UNet decoders): one copy of C
+ *     contiguous values per output pixel, one copy per repeated output row;
+ *   - Concat along channels: per pixel, one copy per input.
+ */
+#include <string.h>
+
+#include "engine/kernels/kernel.h"
+
+static void split(int64_t n, int ithr, int nthr, int64_t *lo, int64_t *hi)
+{
+    *lo = n * ithr / nthr;
+    *hi = n * (ithr + 1) / nthr;
+}
+
+/* Threads worth using for a copy of `bytes`: about 256 KB each. */
+static int copy_threads(const mts_kctx *k, int64_t bytes)
+{
+    int64_t t = bytes / (256 << 10);
+    return t < 1 ? 1 : t < k->threads ? (int)t : k->threads;
+}
+
+/* in [N,H,W,C] -> out [N,H*sh,W*sw,C], out[n,y,x] = in[n, y/sh, x/sw]. Shapes were checked by the
+ * planner (integer factors; N and C equal). */
+typedef struct up_job {
+    const mts_tensor *x;
+    mts_tensor *y;
+} up_job;
+
+static void up_part(void *arg, int ithr, int nthr)
+{
+    const up_job *j = arg;
+    const mts_tensor *x = j->x;
+    size_t es = mts_dtype_size(x->dtype);
+    int64_t N = x->dims[0], H = x->dims[1], W = x->dims[2], C = x->dims[3];
+    int64_t OH = j->y->dims[1], OW = j->y->dims[2], sh = OH / H, sw = OW / W;
+    size_t px = (size_t)C * es, row = (size_t)OW * px;
+    const char *src = x->data;
+    char *dst = j->y->data;
+    int64_t lo, hi;
+    split(N * H, ithr, nthr, &lo, &hi);
+    for (int64_t nh = lo; nh < hi; nh++) {
+        int64_t n = nh / H, h = nh % H;
+        const char *in = src + (size_t)(nh * W) * px;
+        char *out = dst + (size_t)((n * OH + h * sh) * OW) * px;
+        char *o = out;
+        for (int64_t w = 0; w < W; w++)
+            for (int64_t s = 0; s < sw; s++, o += px) memcpy(o, in + (size_t)w * px, px);
+        for (int64_t i = 1; i < sh; i++) memcpy(out + (size_t)i * row, out, row);
+    }
+}
+
+static int up_nearest_run(mts_kctx *k)
+{
+    up_job j = {k->in[0], &k->out[0]};
+    mts_parallel(copy_threads(k, mts_tensor_nbytes(&k->out[0])), up_part, &j);
+    return MTS_OK;
+}
+
+typedef struct cat_job {
+    const mts_kctx *k;
+} cat_job;
+
+static void cat_part(void *arg, int ithr, int nthr)
+{
+    const mts_kctx *k = ((const cat_job *)arg)->k;
+    const mts_tensor *y = &k->out[0];
+    size_t es = mts_dtype_size(y->dtype), opx = (size_t)y->dims[3] * es;
+    int64_t rows = y->dims[0] * y->dims[1] * y->dims[2], lo, hi;
+    split(rows, ithr, nthr, &lo, &hi);
+    size_t off = 0;
+    for (int i = 0; i < k->n_in; i++) {
+        const mts_tensor *x = k->in[i];
+        size_t px = (size_t)x->dims[3] * es;
+        const char *src = (const char *)x->data + (size_t)lo * px;
+        char *dst = (char *)y->data + (size_t)lo * opx + off;
+        for (int64_t r = lo; r < hi; r++, src += px, dst += opx) memcpy(dst, src, px);
+        off += px;
+    }
+}
+
+static int concat_run(mts_kctx *k)
+{
+    cat_job j = {k};
+    mts_parallel(copy_threads(k, mts_tensor_nbytes(&k->out[0])), cat_part, &j);
+    return MTS_OK;
+}
+
+static int static_only_infer(mts_kctx *k)
+{
+    return mts_err_set(k->err, MTS_EUNSUPPORTED, "channels-last kernels run only in static plans");
+}
+
+const mts_op mts_nhwc_upsample_nearest = {"Resize", static_only_infer, up_nearest_run};
+const mts_op mts_nhwc_concat = {"Concat", static_only_infer, concat_run};

@@ -1,0 +1,25 @@
+/*
+ * A small FIFO work queue with its own threads, used for compositing and encoding so that this
+ * work never runs on the engine's device workers (which would hold a worker, and its compute
+ * threads, idle while a batch is encoded) and never on I/O threads (which must not block).
+ * Threads may run at a lower scheduling priority (nice) so that, when cores are scarce, the
+ * engine's compute threads win and compositing takes the idle time between batches.
+ */
+#ifndef MTS_MEDIA_WORKQ_H
+#define MTS_MEDIA_WORKQ_H
+
+#include "util/status.h"
+
+typedef struct mts_workq mts_workq;
+typedef void (*mts_work_fn)(void *arg);
+
+/* threads >= 1; nice: added to the threads' nice value (0 = same priority, Linux only). */
+int mts_workq_create(int threads, int nice, mts_workq **out, mts_err *err);
+/* Queues fn(arg); never blocks. MTS_EUNAVAILABLE once shutdown has begun, MTS_ENOMEM. */
+int mts_workq_submit(mts_workq *q, mts_work_fn fn, void *arg);
+/* Jobs queued or running. */
+int mts_workq_pending(mts_workq *q);
+/* Runs every queued job, joins the threads and frees the queue. NULL is ignored. */
+void mts_workq_destroy(mts_workq *q);
+
+#endif
