@@ -47,6 +47,7 @@ stage "ONNX node conformance under ASan+UBSan" bash -o pipefail -c "build-asan/m
 stage "CLI: inspect and run --json on every generated model" cli_checks
 stage "server black-box tests (KServe v2 HTTP, real server process)" $PY -m pytest -q -p no:cacheprovider tests/server
 stage "gRPC tests (grpcio clients against a real server)" $PY -m pytest -q -p no:cacheprovider tests/grpc
+stage "load generator tests (mtserve bench against a real server)" $PY -m pytest -q -p no:cacheprovider tests/bench
 stage "reference models vs ONNX Runtime" $PY tests/models/compare_ort.py --models-dir models/out
 
 echo

@@ -98,6 +98,30 @@ static void respond_error(mts_http_conn *c, int status, const char *msg, int ret
     mts_jw_free(&w);
 }
 
+static void respond_unknown_model(mts_http_conn *c, const char *model)
+{
+    char m[300];
+    snprintf(m, sizeof m, "unknown model '%s'", model);
+    respond_error(c, MTS_ENOTFOUND, m, 0);
+}
+
+/* Parses an optional JSON object body (repository requests); answers 400 itself and returns
+ * NULL when it is malformed; *empty is set when there is no body. */
+static mts_json_doc *parse_small_body(mts_http_conn *c, const mts_http_req *hr, bool *empty)
+{
+    *empty = hr->body_len == 0;
+    if (*empty) return NULL;
+    mts_json_doc *doc = NULL;
+    mts_err err = {0};
+    if (mts_json_parse(hr->body, hr->body_len, &doc, &err)) {
+        char m[600];
+        snprintf(m, sizeof m, "invalid JSON: %s", err.msg);
+        respond_error(c, MTS_EINVAL, m, 0);
+        return NULL;
+    }
+    return doc;
+}
+
 static void respond_empty(mts_http_conn *c, int status)
 {
     mts_http_respond(c, status, "application/json", NULL, "", 0);
@@ -478,9 +502,7 @@ static int parse_infer(infer_call *ic, const mts_http_req *hr, char *msg, size_t
 static void handle_infer(mts_kserve_http *h, mts_http_conn *c, mts_http_req *hr, const char *model)
 {
     if (!mts_server_has_model(h->srv, model)) {
-        char m[300];
-        snprintf(m, sizeof m, "unknown model '%s'", model);
-        respond_error(c, MTS_ENOTFOUND, m, 0);
+        respond_unknown_model(c, model);
         return;
     }
     infer_call *ic = calloc(1, sizeof *ic);
@@ -553,9 +575,7 @@ static void send_metadata(mts_kserve_http *h, mts_http_conn *c, const char *mode
 {
     mts_model_status st;
     if (mts_server_model_status_by_name(h->srv, model, &st)) {
-        char m[300];
-        snprintf(m, sizeof m, "unknown model '%s'", model);
-        respond_error(c, MTS_ENOTFOUND, m, 0);
+        respond_unknown_model(c, model);
         return;
     }
     const mts_config *cfg = mts_server_config(h->srv);
@@ -647,9 +667,7 @@ static void handle_meta(mts_kserve_http *h, mts_http_conn *c, const char *model,
 {
     mts_model_status st;
     if (mts_server_model_status_by_name(h->srv, model, &st)) {
-        char m[300];
-        snprintf(m, sizeof m, "unknown model '%s'", model);
-        respond_error(c, MTS_ENOTFOUND, m, 0);
+        respond_unknown_model(c, model);
         return;
     }
     if (kind != 2 && st.n_inputs > 0) {
@@ -770,9 +788,7 @@ static void handle_stats(mts_kserve_http *h, mts_http_conn *c, const char *model
     if (model) {
         if (mts_server_model_status_by_name(h->srv, model, &st)) {
             mts_jw_free(&w);
-            char m[300];
-            snprintf(m, sizeof m, "unknown model '%s'", model);
-            respond_error(c, MTS_ENOTFOUND, m, 0);
+            respond_unknown_model(c, model);
             return;
         }
         write_model_stats(&w, &st);
@@ -842,16 +858,10 @@ static void handle_stats(mts_kserve_http *h, mts_http_conn *c, const char *model
 
 static void handle_index(mts_kserve_http *h, mts_http_conn *c, const mts_http_req *hr)
 {
-    bool ready_only = false;
-    if (hr->body_len > 0) {
-        mts_json_doc *doc = NULL;
-        mts_err err = {0};
-        if (mts_json_parse(hr->body, hr->body_len, &doc, &err)) {
-            char m[600];
-            snprintf(m, sizeof m, "invalid JSON: %s", err.msg);
-            respond_error(c, MTS_EINVAL, m, 0);
-            return;
-        }
+    bool ready_only = false, empty;
+    mts_json_doc *doc = parse_small_body(c, hr, &empty);
+    if (!doc && !empty) return;
+    if (doc) {
         const mts_json *root = mts_json_root(doc);
         int b = bool_param(root, "ready", &ready_only);
         mts_json_free(doc);
@@ -960,16 +970,10 @@ static void handler(void *user, mts_http_conn *c, mts_http_req *hr)
         snprintf(model, sizeof model, "%.*s", (int)(slash - name), name);
         if (!post) goto bad_method;
         if (!strcmp(slash, "/load")) {
-            bool force = false;
-            if (hr->body_len > 0) {
-                mts_json_doc *doc = NULL;
-                mts_err err = {0};
-                if (mts_json_parse(hr->body, hr->body_len, &doc, &err)) {
-                    char m[600];
-                    snprintf(m, sizeof m, "invalid JSON: %s", err.msg);
-                    respond_error(c, MTS_EINVAL, m, 0);
-                    return;
-                }
+            bool force = false, empty;
+            mts_json_doc *doc = parse_small_body(c, hr, &empty);
+            if (!doc && !empty) return;
+            if (doc) {
                 const mts_json *params = mts_json_get(mts_json_root(doc), "parameters");
                 int b = bool_param(params, "force_reload", &force);
                 mts_json_free(doc);
@@ -1036,9 +1040,7 @@ static void handler(void *user, mts_http_conn *c, mts_http_req *hr)
         }
         return;
     unknown_model: {
-        char m[300];
-        snprintf(m, sizeof m, "unknown model '%s'", model);
-        respond_error(c, MTS_ENOTFOUND, m, 0);
+        respond_unknown_model(c, model);
         return;
     }
     }
