@@ -3,17 +3,22 @@
 #  1. the tiny model (x[N,16] -> y[N,16], max_batch 64) over KServe gRPC ModelInfer with
 #     raw_input_contents: requests/s and p99 with 1, 16 and 64 concurrent streams (closed loop);
 #  2. serving efficiency on lipsync_unet_w8: throughput at saturation through gRPC ModelInfer
-#     (2 concurrent streams, max_batch 1) over the bare engine (`mtserve run --batch 1 --threads 2`)
-#     with the same threads (server: 1 device, 1 worker, 2 threads), measured back to back in pairs.
+#     (2 concurrent streams, max_batch 1) over the bare engine (`mtserve run --batch 1 --threads 2
+#     --iters 20`) with the same threads (server: 1 device, 1 worker, 2 threads), back to back:
+#     each round runs the bare engine, gRPC, the same through HTTP (binary tensors, for comparison)
+#     and the bare engine again; a round's efficiency is served / mean of its two bare runs. The
+#     worker's busy fraction (served frames/s x the server's mean compute_ms) separates time lost
+#     between frames from engine slowdown under the front end's load.
 # Every figure is measured REPEAT times and reported as median and range (the machine is small and
 # shared). Knobs: DURATION (seconds per tiny run, default 8), W8_DURATION (seconds per served w8
-# run, default 15), REPEAT (default 3), CHANNELS (--grpc-channels, default 4), PORT (gRPC, default
-# 0 = any free port).
+# run, default 15), ITERS (bare engine iterations, default 20), REPEAT (default 3), CHANNELS
+# (--grpc-channels, default 4), PORT (gRPC, default 0 = any free port).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=/usr/bin/python3
 DURATION=${DURATION:-8}
 W8_DURATION=${W8_DURATION:-15}
+ITERS=${ITERS:-20}
 REPEAT=${REPEAT:-3}
 CHANNELS=${CHANNELS:-4}
 PORT=${PORT:-0}
@@ -41,14 +46,20 @@ build/mtserve serve --config "$TMP/config.yaml" --log-level warn > "$TMP/serve.o
 SERVER=$!
 for _ in $(seq 200); do grep -q 'serving gRPC' "$TMP/serve.out" 2>/dev/null && break; sleep 0.1; done
 G=$(sed -n 's/^mtserve: serving gRPC on \([^ ]*\) .*/\1/p' "$TMP/serve.out")
-[ -n "$G" ] || { echo "server did not start:" >&2; cat "$TMP/serve.err" >&2; exit 1; }
+U=$(sed -n 's/^mtserve: serving .* on \(http:[^ ]*\) .*/\1/p' "$TMP/serve.out")
+[ -n "$G" ] && [ -n "$U" ] || { echo "server did not start:" >&2; cat "$TMP/serve.err" >&2; exit 1; }
 sleep 1
 
-# bench ARGS... -> "rps p50 p99 errors" of one run
-bench() {
-  build/mtserve bench --grpc "$G" --grpc-channels "$CHANNELS" --json --quiet "$@" |
-    $PY -c 'import json,sys; d=json.load(sys.stdin); l=d["latency_ms"]
-print(d["throughput_rps"], l["p50"], l["p99"], d["errors"])'
+# bench TRANSPORT-ARGS ARGS... -> "rps p50 p99 errors busy" of one run
+run_bench() {
+  build/mtserve bench --json --quiet "$@" |
+    $PY -c 'import json,sys; d=json.load(sys.stdin); l=d["latency_ms"]; c=d.get("server_compute_ms", {}).get("mean", 0)
+print(d["throughput_rps"], l["p50"], l["p99"], d["errors"], d["throughput_rps"] * c / 1e3)'
+}
+bench() { run_bench --grpc "$G" --grpc-channels "$CHANNELS" "$@"; }
+bare() {
+  build/mtserve run models/out/lipsync_unet_w8.onnx --batch 1 --threads 2 --iters "$ITERS" --json |
+    $PY -c 'import json,sys; print(json.load(sys.stdin)["throughput_per_s"])'
 }
 # summary FILE COLUMN DIGITS -> "median (min-max)" of a column of numbers
 summary() {
@@ -69,14 +80,15 @@ for c in 1 16 64; do
 done
 
 : > "$TMP/pairs"
+W8="--model lipsync_unet_w8 --concurrency 2 --duration $W8_DURATION --warmup 2"
 for r in $(seq "$REPEAT"); do
-  echo "bare engine: mtserve run lipsync_unet_w8 --batch 1 --threads 2, run $r/$REPEAT" >&2
-  bare=$(build/mtserve run models/out/lipsync_unet_w8.onnx --batch 1 --threads 2 --iters 20 --json |
-         $PY -c 'import json,sys; print(json.load(sys.stdin)["throughput_per_s"])')
-  echo "served: lipsync_unet_w8 over gRPC, 2 concurrent streams, ${W8_DURATION}s, run $r/$REPEAT" >&2
-  served=$(bench --model lipsync_unet_w8 --concurrency 2 --duration "$W8_DURATION" --warmup 2)
-  set -- $served
-  echo "$bare $1 $($PY -c "print($1 / $bare)") $4" >> "$TMP/pairs"
+  echo "lipsync_unet_w8 round $r/$REPEAT: bare engine, gRPC (2 streams, ${W8_DURATION}s), HTTP, bare engine" >&2
+  b1=$(bare)
+  set -- $(bench $W8); g=$1 gerr=$4 gbusy=$5
+  set -- $(run_bench --url "$U" $W8); h=$1 herr=$4 hbusy=$5
+  b2=$(bare)
+  # columns: bare grpc grpc/bare errors http http/bare grpc-busy http-busy b1 b2
+  $PY -c "b = ($b1 + $b2) / 2; print(b, $g, $g / b, $gerr + $herr, $h, $h / b, $gbusy, $hbusy, $b1, $b2)" >> "$TMP/pairs"
 done
 kill -TERM $SERVER; wait $SERVER || true
 SERVER=
@@ -92,11 +104,16 @@ cat <<EOT
 
 Errors in the tiny runs: $errs.
 
-| lipsync_unet_w8, batch 1, 2 threads (median (min-max) of $REPEAT back-to-back pairs) | frames/s |
+| lipsync_unet_w8, batch 1, 2 threads (median (min-max) of $REPEAT rounds) | result |
 |---|---:|
-| bare engine (\`mtserve run\`) | $(summary "$TMP/pairs" 0 2) |
-| gRPC ModelInfer, raw contents, 2 streams, 1 worker × 2 threads | $(summary "$TMP/pairs" 1 2) |
-| **serving efficiency** (gRPC / bare, per pair) | **$(summary "$TMP/pairs" 2 3)** |
+| bare engine (\`mtserve run\`, mean of the runs before and after) | $(summary "$TMP/pairs" 0 2) frames/s |
+| gRPC ModelInfer, raw contents, 2 streams, 1 worker × 2 threads | $(summary "$TMP/pairs" 1 2) frames/s |
+| **serving efficiency, gRPC** (gRPC / bare, per round) | **$(summary "$TMP/pairs" 2 3)** |
+| worker busy fraction, gRPC (frames/s × mean compute_ms) | $(summary "$TMP/pairs" 6 3) |
+| HTTP binary, same server, 2 connections (comparison) | $(summary "$TMP/pairs" 4 2) frames/s |
+| serving efficiency, HTTP (HTTP / bare, per round) | $(summary "$TMP/pairs" 5 3) |
+| worker busy fraction, HTTP | $(summary "$TMP/pairs" 7 3) |
 
-Errors in the served runs: $w8errs.
+Errors in the served runs: $w8errs. Rounds (bare before, bare after, gRPC, HTTP frames/s):
+$(awk '{printf "%s%.2f/%.2f/%.2f/%.2f", (NR > 1 ? "; " : ""), $9, $10, $2, $5} END {print ""}' "$TMP/pairs").
 EOT

@@ -1176,20 +1176,33 @@ static const char *mode_name(int mode, bool capacity)
     return mode == MODE_CLOSED ? "closed" : mode == MODE_OPEN ? "open" : "users";
 }
 
+static void free_model_names(bench_opts *o)
+{
+    for (int i = 0; i < o->n_models; i++) free(o->models[i]);
+    free(o->models);
+    o->models = NULL;
+    o->n_models = 0;
+}
+
 int mts_cli_bench(int argc, char **argv)
 {
     bench_opts o;
     int prc = parse_args(argc, argv, &o);
-    if (prc) return prc == 1 ? 0 : prc;
+    if (prc) {
+        free_model_names(&o);
+        return prc == 1 ? 0 : prc;
+    }
     const mts_bench_transport *tp = NULL;
     if (!strcmp(o.transport, "http")) tp = &mts_bench_http_transport;
     else if (!strcmp(o.transport, "grpc")) tp = &mts_bench_grpc_transport;
     if (!tp) {
         fprintf(stderr, "mtserve bench: unknown transport '%s' (available: http, grpc)\n", o.transport);
+        free_model_names(&o);
         return 2;
     }
     if (tp == &mts_bench_grpc_transport && !o.grpc) {
         fprintf(stderr, "mtserve bench: --transport grpc needs --grpc HOST:PORT\n");
+        free_model_names(&o);
         return 2;
     }
     /* target: where requests go; http_target: control calls (when http_ctl) */
@@ -1199,12 +1212,14 @@ int mts_cli_bench(int argc, char **argv)
     bool http_ctl = !use_grpc || o.url_set;
     if (mts_bench_parse_url(o.url, &http_target, err, sizeof err)) {
         fprintf(stderr, "mtserve bench: %s\n", err);
+        free_model_names(&o);
         return 2;
     }
     target = http_target;
     if (use_grpc) {
         if (strstr(o.grpc, "://") || mts_bench_parse_url(o.grpc, &target, err, sizeof err)) {
             fprintf(stderr, "mtserve bench: --grpc '%s': expected HOST:PORT\n", o.grpc);
+            free_model_names(&o);
             return 2;
         }
         if (!strchr(o.grpc, ':')) {
@@ -1225,6 +1240,7 @@ int mts_cli_bench(int argc, char **argv)
                                   : fetch_index_grpc(target.hostport, &o, err, sizeof err))) {
         fprintf(stderr, "mtserve bench: %s\n", err);
         if (use_grpc) mts_bench_grpc_finish();
+        free_model_names(&o);
         return 1;
     }
     int rc = 1;
@@ -1453,8 +1469,7 @@ out:
     free(owned);
     free(models);
     mts_bench_popularity_free(&pop);
-    for (int i = 0; i < o.n_models; i++) free(o.models[i]);
-    free(o.models);
+    free_model_names(&o);
     if (use_grpc) mts_bench_grpc_finish();
     return rc;
 }

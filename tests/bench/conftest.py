@@ -35,7 +35,7 @@ def serve(tmp_path):
         for name, path in models.items():
             (repo / name).mkdir(parents=True)
             (repo / name / "model.onnx").symlink_to(path)
-        args = [str(MTSERVE), "serve", "--http-port", "0", "--log-level", "warn"]
+        args = [str(MTSERVE), "serve", "--http-port", "0", "--grpc-port", "0", "--log-level", "warn"]
         if max_models:
             cfg = tmp_path / f"config{len(procs)}.yaml"
             cfg.write_text(f"capacity:\n  max_models: {max_models}\nmodel_repository: {repo}\n")
