@@ -42,13 +42,15 @@ stage "corpus of broken model files (generate)" $PY tests/corpus/make_corpus.py 
 stage "unit tests" bash -c "cd build && ctest --output-on-failure"
 stage "unit tests under ASan+UBSan (includes the broken-file corpus)" bash -c "cd build-asan && ctest --output-on-failure"
 stage "unit and concurrency tests under TSan" bash -c "cd build-tsan && ctest --output-on-failure"
-stage "ONNX conformance (reference backend)" build/mts-conformance --tolerances tests/conformance/tolerances.txt $TESTDATA/node $TESTDATA/pytorch-converted $TESTDATA/pytorch-operator $TESTDATA/simple
+stage "ONNX conformance (default backend: oneDNN + optimizer)" build/mts-conformance --backend default --tolerances tests/conformance/tolerances.txt $TESTDATA/node $TESTDATA/pytorch-converted $TESTDATA/pytorch-operator $TESTDATA/simple
+stage "ONNX conformance (reference backend)" build/mts-conformance --backend reference --tolerances tests/conformance/tolerances.txt $TESTDATA/node $TESTDATA/pytorch-converted $TESTDATA/pytorch-operator $TESTDATA/simple
 stage "ONNX node conformance under ASan+UBSan" bash -o pipefail -c "build-asan/mts-conformance --tolerances tests/conformance/tolerances.txt $TESTDATA/node | tail -1"
 stage "CLI: inspect and run --json on every generated model" cli_checks
 stage "server black-box tests (KServe v2 HTTP, real server process)" $PY -m pytest -q -p no:cacheprovider tests/server
 stage "gRPC tests (grpcio clients against a real server)" $PY -m pytest -q -p no:cacheprovider tests/grpc
 stage "load generator tests (mtserve bench against a real server)" $PY -m pytest -q -p no:cacheprovider tests/bench
-stage "reference models vs ONNX Runtime" $PY tests/models/compare_ort.py --models-dir models/out
+stage "reference models vs ONNX Runtime (default backend)" env MTS_BACKEND=default $PY tests/models/compare_ort.py --models-dir models/out
+stage "reference models vs ONNX Runtime (reference backend)" env MTS_BACKEND=reference $PY tests/models/compare_ort.py --models-dir models/out
 
 echo
 if [ $failed -gt 0 ]; then echo "failed stages: ${failed_names[*]}"; fi

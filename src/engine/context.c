@@ -146,6 +146,66 @@ static int bind(mts_ctx *c, const mts__plan *p, mts_err *err)
     return MTS_OK;
 }
 
+/* An elementwise-like kernel on slices of one outer axis (st->split_axis, chosen at plan time),
+ * one slice per thread of the context's OpenMP team. */
+#define SPLIT_MAX_IN 8
+#define SPLIT_MAX_THREADS 16
+
+typedef struct split_job {
+    const mts__step *st;
+    const mts_kctx *k;
+    int64_t extent;
+    int rc[SPLIT_MAX_THREADS];
+    mts_err err[SPLIT_MAX_THREADS];
+} split_job;
+
+static void slice(mts_tensor *t, int axis, int64_t extent, int64_t lo, int64_t hi)
+{
+    if (axis < 0 || axis >= t->rank || t->dims[axis] != extent) return; /* broadcast: whole */
+    int64_t inner = 1;
+    for (int i = axis + 1; i < t->rank; i++) inner *= t->dims[i];
+    t->data = (char *)t->data + (size_t)(lo * inner) * mts_dtype_size(t->dtype);
+    t->dims[axis] = hi - lo;
+}
+
+static void split_part(void *arg, int ithr, int nthr)
+{
+    split_job *j = arg;
+    const mts_kctx *k = j->k;
+    int64_t lo = j->extent * ithr / nthr, hi = j->extent * (ithr + 1) / nthr;
+    if (hi <= lo) return;
+    mts_tensor in[SPLIT_MAX_IN], out = k->out[0];
+    const mts_tensor *inp[SPLIT_MAX_IN];
+    int a = j->st->split_axis;
+    for (int i = 0; i < k->n_in; i++) {
+        inp[i] = NULL;
+        if (!k->in[i]) continue;
+        in[i] = *k->in[i];
+        slice(&in[i], a - (out.rank - in[i].rank), j->extent, lo, hi);
+        inp[i] = &in[i];
+    }
+    slice(&out, a, j->extent, lo, hi);
+    mts_kctx kk = {k->node, inp, k->n_in, &out, 1, &j->err[ithr], 1};
+    j->rc[ithr] = j->st->op->run(&kk);
+}
+
+static int run_split(mts_ctx *c, const mts__step *st, mts_kctx *k)
+{
+    split_job *j = calloc(1, sizeof *j);
+    if (!j) return st->op->run(k);
+    j->st = st;
+    j->k = k;
+    j->extent = k->out[0].dims[st->split_axis];
+    int t = c->threads < SPLIT_MAX_THREADS ? c->threads : SPLIT_MAX_THREADS;
+    if (t > j->extent) t = (int)j->extent;
+    mts_parallel(t, split_part, j);
+    int rc = MTS_OK;
+    for (int i = 0; i < t && !rc; i++)
+        if ((rc = j->rc[i])) *k->err = j->err[i];
+    free(j);
+    return rc;
+}
+
 /* Sizes the scratch memory for the plan's oneDNN steps at this context's thread count (creating
  * their primitives for that count on first use) and makes the stream. */
 static int prepare_dnnl(mts_ctx *c, const mts__plan *p, mts_err *err)
@@ -269,7 +329,9 @@ int mts_ctx_run(mts_ctx *c, const mts_tensor *inputs, int n_inputs, const mts_te
                 }
             }
         }
-        if ((rc = st->op->run(&k))) goto node_fail;
+        if (st->split_axis >= 0 && c->threads > 1 && !st->dynamic) rc = run_split(c, st, &k);
+        else rc = st->op->run(&k);
+        if (rc) goto node_fail;
         continue;
     node_fail:
         mts_err_prefix(err, "node '%s' (#%d, %s): ", m->nodes[ni].name, ni, m->nodes[ni].op_type);

@@ -293,18 +293,16 @@ void mts__release_weights(mts_model *m, const mts__plan *p, const int *values, i
     long page = sysconf(_SC_PAGESIZE);
     for (int i = 0; i < n; i++) {
         int v = values[i];
+        if (v < 0 || v >= m->n_values || used[v]) continue;
         mts_value *val = &m->values[v];
-        if (v < 0 || used[v] || val->kind != MTS_VALUE_INITIALIZER || !val->init.data) continue;
-        bool copied = false;
+        if (val->kind != MTS_VALUE_INITIALIZER || !val->init.data) continue;
         for (int c = 0; c < m->n_copies; c++)
             if (m->copies[c].value == v && m->copies[c].data) {
                 copy_free(m->copies[c].data, m->copies[c].len);
                 m->copies[c].data = NULL;
                 m->copy_bytes -= (int64_t)m->copies[c].len;
                 val->init.data = NULL;
-                copied = true;
             }
-        (void)copied;
     }
     free(used);
     /* The file mapping was touched by parsing and copying; drop it from this process's resident

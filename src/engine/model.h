@@ -52,6 +52,8 @@ typedef struct mts__step {
     int n_in, n_out;
     int *in, *out;
     const mts_tensor **cin;   /* per input: plan-time replacement (permuted constants), or NULL */
+    int split_axis;           /* >= 0: an elementwise-like kernel that may run on slices of this
+                               * (view) axis in parallel; -1 otherwise */
     struct mts_dconv *dconv;
 } mts__step;
 

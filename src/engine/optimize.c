@@ -4,10 +4,12 @@
  *
  *   1. Identity and inference-mode Dropout are removed (their readers read the input).
  *   2. Every Conv/ConvTranspose that oneDNN can run becomes a fused step (MTS__S_DCONV), and so
- *      does every MaxPool / AveragePool / GlobalAveragePool / GlobalMaxPool (no fusion):
+ *      do MaxPool / AveragePool / GlobalAveragePool / GlobalMaxPool (no fusion) and MatMul /
+ *      Gemm with constant 2-D weights (a following Add of a constant row becomes the bias):
  *      a following BatchNormalization is folded into the weights and bias, then a chain of
  *      single-reader followers becomes oneDNN post-ops: Relu, LeakyRelu, Clip, Sigmoid, Tanh,
- *      HardSwish, HardSigmoid, and a residual Add of a same-shape tensor computed earlier.
+ *      HardSwish, HardSigmoid, GELU written out as Div/Erf/Add/Mul/Mul, and a residual Add of a
+ *      same-shape tensor computed earlier.
  *   3. Layout: 4-D activations are grouped (union-find) across ops that do not care about the
  *      layout (elementwise ops, channel Concat, Resize, reductions with keepdims); a group that touches a oneDNN
  *      convolution and whose every reader and writer accepts channels-last data is stored NHWC.
@@ -199,6 +201,87 @@ static bool as_postop(const opt *o, const mts__step *st, int x, mts_dpost *po, i
     return true;
 }
 
+static bool const_scalar(const mts__plan *p, int v, float *f)
+{
+    if (!const_value(p, v) || p->vals[v].dtype != MTS_DTYPE_FLOAT || mts_tensor_numel(&p->vals[v]) != 1) return false;
+    *f = ((const float *)p->vals[v].data)[0];
+    return true;
+}
+
+/* x * c for an elementwise step st (op "Mul" or "Div") reading x and a constant scalar: c (1/c for
+ * Div), else 0. */
+static float scaled_by(const mts__plan *p, const mts__step *st, int x)
+{
+    float f;
+    if (st->dynamic || st->kind != MTS__S_KERNEL || st->n_in != 2 || st->n_out != 1) return 0;
+    if (is_op(st, "Mul")) {
+        int o = st->in[0] == x ? st->in[1] : st->in[0];
+        return (st->in[0] == x || st->in[1] == x) && const_scalar(p, o, &f) ? f : 0;
+    }
+    if (is_op(st, "Div") && st->in[0] == x && const_scalar(p, st->in[1], &f) && f != 0) return 1.0f / f;
+    return 0;
+}
+
+/* GELU written out, as exported from PyTorch: y = (x * (erf(x / sqrt2) + 1)) * 0.5, x read twice.
+ * On a match, marks the five nodes removed and returns the last one's output; else -1. */
+static int gelu_pattern(opt *o, int x)
+{
+    mts__plan *p = o->p;
+    if (x < 0 || o->nuse[x] != 2 || o->is_out[x]) return -1;
+    int rd[2], n = 0;
+    for (int s = 0; s < p->n_steps && n < 2; s++) {
+        if (o->removed[s]) continue;
+        for (int j = 0; j < p->steps[s].n_in; j++)
+            if (p->steps[s].in[j] == x) {
+                rd[n++] = s;
+                break;
+            }
+    }
+    if (n != 2) return -1;
+    for (int first = 0; first < 2; first++) {
+        int d = rd[first], mul = rd[1 - first];
+        if (fabsf(scaled_by(p, &p->steps[d], x) - 0.70710678f) > 1e-5f) continue;
+        int e = sole_reader(o, p->steps[d].out[0]);
+        if (e < 0 || !is_op(&p->steps[e], "Erf") || p->steps[e].dynamic) continue;
+        int a = sole_reader(o, p->steps[e].out[0]);
+        if (a < 0 || !is_op(&p->steps[a], "Add") || p->steps[a].n_in != 2) continue;
+        int ea = p->steps[e].out[0], one = p->steps[a].in[0] == ea ? p->steps[a].in[1] : p->steps[a].in[0];
+        float f;
+        if (!const_scalar(p, one, &f) || f != 1.0f) continue;
+        const mts__step *m1 = &p->steps[mul];
+        int aa = p->steps[a].out[0];
+        if (!is_op(m1, "Mul") || m1->n_in != 2 || m1->dynamic ||
+            !((m1->in[0] == x && m1->in[1] == aa) || (m1->in[1] == x && m1->in[0] == aa)) ||
+            sole_reader(o, aa) != mul)
+            continue;
+        int m2 = sole_reader(o, m1->out[0]);
+        if (m2 < 0 || scaled_by(p, &p->steps[m2], m1->out[0]) != 0.5f) continue;
+        int steps[5] = {d, e, a, mul, m2};
+        for (int i = 0; i < 5; i++) {
+            o->removed[steps[i]] = 1;
+            if (i < 4) p->state[p->steps[steps[i]].out[0]] = MTS__V_UNUSED;
+        }
+        p->state[x] = MTS__V_UNUSED;
+        return p->steps[m2].out[0];
+    }
+    return -1;
+}
+
+/* MatMul followed by Add of a constant [N] (or [1.., N]) row: that row is the bias. */
+static bool matmul_bias(const opt *o, const mts__step *st, int x, int64_t N, const float **bias)
+{
+    const mts__plan *p = o->p;
+    if (st->dynamic || st->kind != MTS__S_KERNEL || !is_op(st, "Add") || st->n_in != 2 || st->n_out != 1) return false;
+    int r = st->in[0] == x ? st->in[1] : st->in[0];
+    if (r == x || !const_value(p, r)) return false;
+    const mts_tensor *t = &p->vals[r];
+    if (t->dtype != MTS_DTYPE_FLOAT || mts_tensor_numel(t) != N || t->rank < 1 || t->dims[t->rank - 1] != N ||
+        t->rank > p->vals[x].rank || !mts_shape_equal(&p->vals[st->out[0]], &p->vals[x]))
+        return false;
+    *bias = t->data;
+    return true;
+}
+
 /* Pass 2a: is step s a convolution or pooling oneDNN may run? Fills c->spec's geometry and
  * weights. */
 static bool conv_eligible(opt *o, int s, const uint8_t *no_dnnl, cinfo *c)
@@ -208,7 +291,9 @@ static bool conv_eligible(opt *o, int s, const uint8_t *no_dnnl, cinfo *c)
     if (st->dynamic || st->kind != MTS__S_KERNEL || no_dnnl[st->node] || st->n_in < 1 || !live_value(p, st->in[0]))
         return false;
     const mts_tensor *x = &p->vals[st->in[0]];
-    if (x->dtype != MTS_DTYPE_FLOAT || x->rank < 3 || x->rank > 5 || mts_tensor_numel(x) == 0) return false;
+    bool mm = is_op(st, "MatMul"), gemm = is_op(st, "Gemm");
+    if (x->dtype != MTS_DTYPE_FLOAT || x->rank < (mm || gemm ? 2 : 3) || x->rank > 5 || mts_tensor_numel(x) == 0)
+        return false;
     memset(c, 0, sizeof *c);
     c->step = s;
     c->spec.key = st->node;
@@ -239,6 +324,38 @@ static bool conv_eligible(opt *o, int s, const uint8_t *no_dnnl, cinfo *c)
             g->s[i] = g->d[i] = g->out[i] = 1;
         }
         c->spec.kind = gmax ? MTS_DPRIM_POOL_MAX : MTS_DPRIM_POOL_AVG_EXCLUDE;
+        return true;
+    }
+    if (mm || gemm) {
+        /* Constant 2-D weights; A's leading dims flatten into rows. */
+        if (st->n_out != 1 || st->n_in < 2 || !const_value(p, st->in[1]) || x->rank < 2) return false;
+        const mts_tensor *w = &p->vals[st->in[1]];
+        if (w->dtype != MTS_DTYPE_FLOAT || w->rank != 2) return false;
+        bool tb = gemm && mts_attr_int(st->nd, "transB", 0);
+        int64_t K = x->dims[x->rank - 1], N = tb ? w->dims[0] : w->dims[1];
+        if ((tb ? w->dims[1] : w->dims[0]) != K || K < 1 || N < 1) return false;
+        const float *bias = NULL;
+        if (gemm) {
+            if (x->rank != 2 || mts_attr_int(st->nd, "transA", 0) || mts_attr_float(st->nd, "alpha", 1.0f) != 1.0f)
+                return false;
+            if (st->n_in > 2 && st->in[2] >= 0) {
+                const mts_tensor *cb = &p->vals[st->in[2]];
+                if (!const_value(p, st->in[2]) || cb->dtype != MTS_DTYPE_FLOAT || mts_tensor_numel(cb) != N ||
+                    cb->dims[cb->rank - 1] != N || mts_attr_float(st->nd, "beta", 1.0f) != 1.0f)
+                    return false;
+                bias = cb->data;
+            }
+        } else if (st->n_in != 2) {
+            return false;
+        }
+        int64_t rows = mts_tensor_numel(x) / K;
+        if ((double)rows * (double)K * (double)N < 16384) return false; /* tiny: reference GEMM */
+        mts_conv_geom *g = &c->spec.g;
+        g->nsp = 0, g->N = rows, g->C = K, g->M = N, g->group = 1;
+        c->spec.kind = MTS_DPRIM_MATMUL;
+        c->spec.transpose = tb;
+        c->spec.w = w->data;
+        c->spec.b = bias;
         return true;
     }
     bool tr = is_op(st, "ConvTranspose");
@@ -504,6 +621,64 @@ static int rewrite_nhwc_step(mts__plan *p, mts__step *st, mts_err *err)
     return MTS_OK;
 }
 
+/* The dims a kernel sees for value v in step st (channels-last steps get [N,H,W,C] views). */
+static void view_of(const mts__step *st, const mts_tensor *t, mts_tensor *out)
+{
+    *out = *t;
+    if (st->nhwc && t->rank == 4) out->dims[1] = t->dims[2], out->dims[2] = t->dims[3], out->dims[3] = t->dims[1];
+}
+
+/* Elementwise ops and keepdims reductions may run on slices of an outer axis in parallel: the
+ * first output axis longer than 1 with only unit axes before it, when every input either has
+ * that axis (same length, unit axes before it: a contiguous slice) or broadcasts along it. */
+static int split_axis(const mts__plan *p, const mts__step *st)
+{
+    static const char *const ok[] = {"Relu", "LeakyRelu", "Sigmoid", "Tanh", "HardSwish", "HardSigmoid", "Elu",
+                                     "Selu", "Softplus", "Exp", "Abs", "Neg", "Sqrt", "Erf", "Clip", "Floor", "Ceil",
+                                     "Reciprocal", "Log", "Add", "Sub", "Mul", "Div", "Max", "Min", "Sum", "Mean",
+                                     "Pow", "Where", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceSum", "ReduceProd",
+                                     "ReduceL1", "ReduceL2", "ReduceLogSumExp", "ReduceSumSquare", NULL};
+    if (st->dynamic || st->kind != MTS__S_KERNEL || st->nd->domain[0] || st->n_out != 1 || st->out[0] < 0 ||
+        st->n_in < 1 || st->n_in > 8)
+        return -1;
+    bool known = false;
+    for (int i = 0; ok[i]; i++) known |= !strcmp(st->nd->op_type, ok[i]);
+    /* Normalizations over trailing axes: slices of an earlier axis are independent. */
+    int norm_axis = -1;
+    if (!strcmp(st->nd->op_type, "Softmax") || !strcmp(st->nd->op_type, "LogSoftmax") ||
+        !strcmp(st->nd->op_type, "LayerNormalization")) {
+        int r = p->vals[st->out[0]].rank;
+        int64_t ax = mts_attr_int(st->nd, "axis", !strcmp(st->nd->op_type, "LayerNormalization") || st->nd->opset >= 13
+                                                      ? -1 : 1);
+        if (ax < 0) ax += r;
+        if (ax < 0 || ax >= r || st->nhwc) return -1;
+        norm_axis = (int)ax;
+        known = true;
+    }
+    if (!known) return -1;
+    bool reduce = !strncmp(st->nd->op_type, "Reduce", 6);
+    if (reduce && mts_attr_int(st->nd, "keepdims", 1) != 1) return -1;
+    if (st->nd->opset < 7) return -1; /* legacy broadcast attributes */
+    mts_tensor y;
+    view_of(st, &p->vals[st->out[0]], &y);
+    if (mts_tensor_numel(&y) < (1 << 16)) return -1; /* too small to be worth a team */
+    int a = 0;
+    while (a < y.rank && y.dims[a] == 1) a++;
+    if (a >= y.rank || (norm_axis >= 0 && a >= norm_axis)) return -1;
+    for (int j = 0; j < st->n_in; j++) {
+        if (st->in[j] < 0) continue;
+        mts_tensor t;
+        view_of(st, st->cin && st->cin[j] ? st->cin[j] : &p->vals[st->in[j]], &t);
+        int b = a - (y.rank - t.rank);
+        if (b < 0) continue; /* broadcast along the axis */
+        if (reduce && j == 0 && t.rank != y.rank) return -1;
+        for (int i = 0; i < b; i++)
+            if (t.dims[i] != 1) return -1;
+        if (t.dims[b] != y.dims[a] && t.dims[b] != 1) return -1;
+    }
+    return a;
+}
+
 int mts__optimize(mts_model *m, mts__plan *p, mts_err *err)
 {
     int rc = MTS_OK, ns = p->n_steps, nv = m->n_values, nci = 0;
@@ -562,10 +737,25 @@ int mts__optimize(mts_model *m, mts__plan *p, mts_err *err)
             nci++;
             cstep[s] = nci - 1;
             int cur = p->steps[s].out[0];
-            if (c->spec.kind < MTS_DPRIM_POOL_MAX && (rc = fold_bn(&o, c, &cur, err))) goto out;
-            for (; c->spec.kind < MTS_DPRIM_POOL_MAX;) {
+            if (c->spec.kind == MTS_DPRIM_CONV && (rc = fold_bn(&o, c, &cur, err))) goto out;
+            for (; !mts_dprim_is_pool(c->spec.kind);) {
                 int r = sole_reader(&o, cur), resid;
                 mts_dpost po;
+                if (r >= 0 && c->spec.kind == MTS_DPRIM_MATMUL && !c->spec.b && c->spec.n_post == 0 &&
+                    matmul_bias(&o, &p->steps[r], cur, c->spec.g.M, &c->spec.b)) {
+                    o.removed[r] = 1; /* MatMul + Add(constant row) -> bias */
+                    p->state[cur] = MTS__V_UNUSED;
+                    cur = p->steps[r].out[0];
+                    continue;
+                }
+                if (c->spec.n_post < MTS_DPOST_MAX - 1) {
+                    int gy = gelu_pattern(&o, cur);
+                    if (gy >= 0) {
+                        c->spec.post[c->spec.n_post++] = (mts_dpost){MTS_DPOST_GELU, 0, 0, false};
+                        cur = gy;
+                        continue;
+                    }
+                }
                 if (r < 0 || c->spec.n_post >= MTS_DPOST_MAX - 1 || !as_postop(&o, &p->steps[r], cur, &po, &resid))
                     break;
                 if (resid >= 0) {
@@ -592,6 +782,7 @@ int mts__optimize(mts_model *m, mts__plan *p, mts_err *err)
         for (int s = 0; s < ns; s++) {
             if (o.removed[s]) continue;
             const mts__step *st = &p->steps[s];
+            if (cstep[s] >= 0 && ci[cstep[s]].spec.kind == MTS_DPRIM_MATMUL) continue;
             if (cstep[s] >= 0) {
                 for (int j = 1; j < st->n_in; j++)
                     if (is_cand(&o, st->in[j]) && is_cand(&o, st->out[0])) unite(o.parent, st->in[j], st->out[0]);
@@ -610,7 +801,8 @@ int mts__optimize(mts_model *m, mts__plan *p, mts_err *err)
         for (int s = 0; s < ns; s++) {
             if (o.removed[s]) continue;
             const mts__step *st = &p->steps[s];
-            bool conv = cstep[s] >= 0, ok = conv || layout_agnostic(&o, st);
+            bool conv = cstep[s] >= 0 && ci[cstep[s]].spec.kind != MTS_DPRIM_MATMUL;
+            bool ok = conv || layout_agnostic(&o, st);
             for (int j = 0; j < st->n_in + st->n_out; j++) {
                 int v = j < st->n_in ? st->in[j] : st->out[j - st->n_in];
                 if (!is_cand(&o, v)) continue;
@@ -632,13 +824,14 @@ int mts__optimize(mts_model *m, mts__plan *p, mts_err *err)
             cinfo *c = &ci[i];
             mts__step *st = &p->steps[c->step];
             const mts_tensor *x = &p->vals[st->in[0]], *y = &p->vals[st->out[0]];
-            c->spec.src_nhwc = x->rank == 4 && (p->nhwc[st->in[0]] || is_neutral(x));
-            c->spec.dst_nhwc = y->rank == 4 && (p->nhwc[st->out[0]] || is_neutral(y));
+            bool mm = c->spec.kind == MTS_DPRIM_MATMUL;
+            c->spec.src_nhwc = !mm && x->rank == 4 && (p->nhwc[st->in[0]] || is_neutral(x));
+            c->spec.dst_nhwc = !mm && y->rank == 4 && (p->nhwc[st->out[0]] || is_neutral(y));
             for (int j = 0, r = 0; j < c->spec.n_post; j++)
                 if (c->spec.post[j].kind == MTS_DPOST_ADD) {
                     int rv = c->resid[r++];
                     const mts_tensor *t = &p->vals[rv];
-                    c->spec.post[j].nhwc = t->rank == 4 && (p->nhwc[rv] || is_neutral(t));
+                    c->spec.post[j].nhwc = !mm && t->rank == 4 && (p->nhwc[rv] || is_neutral(t));
                 }
             mts_err e = {0};
             if (mts_dconv_create(&c->spec, &st->dconv, &e) != MTS_OK) {
@@ -683,10 +876,40 @@ int mts__optimize(mts_model *m, mts__plan *p, mts_err *err)
                 if (v >= 0 && is_cand(&o, v) && p->nhwc[v]) nhwc = true;
             }
             if (nhwc && (rc = rewrite_nhwc_step(p, st, err))) goto out;
+            st->split_axis = split_axis(p, st);
         }
         p->steps[w++] = *st;
     }
     p->n_steps = w;
+    /* Small constants read by reference kernels get plan copies, so no step reads the file
+     * mapping after planning (each page fault there would map a neighbourhood of pages). */
+    for (int s = 0; s < w && rc == MTS_OK; s++) {
+        mts__step *st = &p->steps[s];
+        if (st->kind != MTS__S_KERNEL) continue;
+        for (int j = 0; j < st->n_in; j++) {
+            int v = st->in[j];
+            if (v < 0 || (st->cin && st->cin[j]) || m->values[v].kind != MTS_VALUE_INITIALIZER ||
+                p->vals[v].data != m->values[v].init.data)
+                continue;
+            int64_t nb = mts_tensor_nbytes(&p->vals[v]);
+            if (nb <= 0 || nb > (64 << 10)) continue;
+            if (!st->cin && !(st->cin = mts_pool_calloc(&p->pool, (size_t)st->n_in, sizeof *st->cin))) {
+                rc = mts_err_set(err, MTS_ENOMEM, "out of memory");
+                break;
+            }
+            mts_tensor *c = mts_pool_alloc(&p->pool, sizeof *c);
+            void *d = c ? mts_pool_alloc(&p->pool, (size_t)nb) : NULL;
+            if (!d) {
+                rc = mts_err_set(err, MTS_ENOMEM, "out of memory");
+                break;
+            }
+            *c = p->vals[v];
+            memcpy(d, p->vals[v].data, (size_t)nb);
+            c->data = d;
+            st->cin[j] = c;
+        }
+    }
+    if (rc) goto out;
     /* Weights now live packed in the model's cache: drop the unpacked originals. */
     {
         int *cand = malloc(sizeof(int) * ((size_t)w + 1)), nc = 0;
@@ -694,7 +917,7 @@ int mts__optimize(mts_model *m, mts__plan *p, mts_err *err)
             const mts__step *st = &p->steps[s];
             const mts_node *nd = &m->nodes[st->node];
             if (st->kind == MTS__S_DCONV && nd->n_in >= 2 && nd->in[1] >= 0 &&
-                (is_op(st, "Conv") || is_op(st, "ConvTranspose")))
+                (is_op(st, "Conv") || is_op(st, "ConvTranspose") || is_op(st, "MatMul") || is_op(st, "Gemm")))
                 cand[nc++] = nd->in[1];
         }
         if (cand) mts__release_weights(m, p, cand, nc);

@@ -113,6 +113,7 @@ static void add_step(mts_model *m, mts__plan *p, int i, bool dynamic)
     st->n_out = n->n_out;
     st->in = n->in;
     st->out = n->out;
+    st->split_axis = -1;
 }
 
 /* MTS_PLAN_VERBOSE=1: one line per step on stderr (kind, layout, oneDNN implementation). */
@@ -123,6 +124,7 @@ static void dump_plan(const mts_model *m, const mts__plan *p)
     for (int s = 0; s < p->n_steps; s++) {
         const mts__step *st = &p->steps[s];
         int y = st->n_out > 0 ? st->out[0] : -1;
+        if (st->split_axis >= 0) fprintf(stderr, "  [split on axis %d]", st->split_axis);
         fprintf(stderr, "  %3d %-18s %-24s -> %-24s %s%s%s\n", s, m->nodes[st->node].op_type, m->nodes[st->node].name,
                 y >= 0 ? m->values[y].name : "-", st->kind == MTS__S_DCONV ? mts_dconv_impl(st->dconv) : "",
                 st->nhwc || (y >= 0 && p->nhwc[y]) ? " nhwc" : "",

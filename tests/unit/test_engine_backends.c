@@ -2,10 +2,10 @@
  * The default backend (oneDNN + graph optimizer + channels-last layout) against the reference
  * backend. Small ONNX graphs are written here with a minimal protobuf writer so that every
  * rewrite is exercised: Conv + BatchNormalization folding, activation post-ops (Relu, Clip,
- * HardSwish, HardSigmoid, Sigmoid, Tanh, LeakyRelu), residual Add, reductions over channels and
+ * HardSwish, HardSigmoid, Sigmoid, Tanh, LeakyRelu, GELU), residual Add, reductions over channels and
  * over pixels (CBAM-style attention), pooling, depthwise / dilated / strided
  * / asymmetric-pad / SAME_UPPER convolutions, ConvTranspose (groups, output_padding), 1-D and
- * 3-D convolutions, Resize and Concat on channels-last data, a channel-attention Mul with an
+ * 3-D convolutions, MatMul/Gemm with constant weights, Resize and Concat on channels-last data, a channel-attention Mul with an
  * [N,C,1,1] operand, Identity removal, and graph outputs in the middle of a fused chain. Every
  * graph runs on both backends at 1 and 2 threads and batch 1 and 3; outputs must agree within
  * a relative L2 error of 1e-5. The reference models in models/out (when generated) are compared
@@ -344,6 +344,56 @@ static void test_shapes(void **state)
     compare_backends(&G, "shapes", 1e-5);
 }
 
+/* MatMul with constant weights (+ bias row, residual, Relu), Gemm with transB and bias,
+ * a MatMul whose weights are not constant (stays on the reference GEMM). */
+static void test_matmul(void **state)
+{
+    (void)state;
+    graph G;
+    memset(&G, 0, sizeof G);
+    G.seed = 11;
+    io(&G, 11, "a", 3, D(-1, 24, 32));
+    io(&G, 11, "g", 2, D(-1, 200));
+    init_f(&G, "wm", 2, D(32, 32), -0.3f, 0.3f);
+    init_f(&G, "bm", 1, D(32), -0.3f, 0.3f);
+    init_f(&G, "wg", 2, D(100, 200), -0.1f, 0.1f);
+    init_f(&G, "bg", 1, D(100), -0.3f, 0.3f);
+    node(&G, "MatMul", "a wm", "m1", NULL);
+    node(&G, "Add", "m1 bm", "m2", NULL);
+    node(&G, "Add", "m2 a", "m3", NULL);
+    node(&G, "Relu", "m3", "m4", NULL);
+    node(&G, "Transpose", "m4", "m4t", "perm=ii:0,2,1");
+    node(&G, "MatMul", "m4 m4t", "mm", NULL);
+    node(&G, "Gemm", "g wg bg", "gy", "transB=i:1");
+    /* GELU as exported from PyTorch, after a MatMul + bias: fused into the MatMul */
+    float sqrt2 = 1.4142135f, one = 1.0f, half = 0.5f;
+    init_vals(&G, "sqrt2", 0, NULL, 1, &sqrt2, 4);
+    init_vals(&G, "one", 0, NULL, 1, &one, 4);
+    init_vals(&G, "half", 0, NULL, 1, &half, 4);
+    init_f(&G, "wq", 2, D(32, 64), -0.5f, 0.5f);
+    init_f(&G, "bq", 1, D(64), -0.5f, 0.5f);
+    node(&G, "MatMul", "a wq", "q1", NULL);
+    node(&G, "Add", "bq q1", "q2", NULL);
+    node(&G, "Div", "q2 sqrt2", "q3", NULL);
+    node(&G, "Erf", "q3", "q4", NULL);
+    node(&G, "Add", "q4 one", "q5", NULL);
+    node(&G, "Mul", "q2 q5", "q6", NULL);
+    node(&G, "Mul", "q6 half", "gel", NULL);
+    io(&G, 12, "m4", -1, NULL);
+    io(&G, 12, "mm", -1, NULL);
+    io(&G, 12, "gy", -1, NULL);
+    io(&G, 12, "gel", -1, NULL);
+    /* normalizations over the last axis, big enough to run on slices in parallel */
+    io(&G, 11, "big", 3, D(-1, 512, 128));
+    init_f(&G, "lns", 1, D(128), 0.5f, 1.5f);
+    init_f(&G, "lnb", 1, D(128), -0.5f, 0.5f);
+    node(&G, "LayerNormalization", "big lns lnb", "ln", "axis=i:-1");
+    node(&G, "Softmax", "ln", "sm", "axis=i:2");
+    node(&G, "Mul", "sm big", "smb", NULL);
+    io(&G, 12, "smb", -1, NULL);
+    compare_backends(&G, "matmul", 1e-5);
+}
+
 /* The generated reference models, when present, at batch 1. */
 static void test_reference_models(void **state)
 {
@@ -389,6 +439,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chain),
         cmocka_unit_test(test_shapes),
+        cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_reference_models),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

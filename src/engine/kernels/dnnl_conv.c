@@ -105,6 +105,11 @@ static bool good_impl(const char *s)
 
 static void act_md(dnnl_memory_desc_t *md, const mts_conv_geom *g, int64_t ch, const int64_t *sp, bool nhwc)
 {
+    if (g->nsp == 0) { /* matmul: [rows, ch] */
+        dnnl_dims_t d = {g->N, ch};
+        mts_dnnl.dnnl_memory_desc_init_by_tag(md, 2, d, dnnl_f32, dnnl_ab);
+        return;
+    }
     if (g->nsp == 3) {
         dnnl_dims_t d = {g->N, ch, sp[0], sp[1], sp[2]};
         mts_dnnl.dnnl_memory_desc_init_by_tag(md, 5, d, dnnl_f32, nhwc ? dnnl_ndhwc : dnnl_ncdhw);
@@ -119,12 +124,20 @@ static dnnl_status_t make_pd(const mts_dconv_spec *s, dnnl_primitive_attr_t attr
                              dnnl_memory_desc_t *src_md, dnnl_memory_desc_t *dst_md)
 {
     const mts_conv_geom *g = &s->g;
+    if (s->kind == MTS_DPRIM_MATMUL) {
+        dnnl_memory_desc_t w_md, b_md;
+        dnnl_dims_t wd = {g->C, g->M}, bd = {1, g->M};
+        mts_dnnl.dnnl_memory_desc_init_by_tag(&w_md, 2, wd, dnnl_f32, dnnl_format_tag_any);
+        mts_dnnl.dnnl_memory_desc_init_by_tag(&b_md, 2, bd, dnnl_f32, dnnl_ab);
+        dnnl_matmul_desc_t md;
+        dnnl_status_t st = mts_dnnl.dnnl_matmul_desc_init(&md, src_md, &w_md, s->b ? &b_md : NULL, dst_md);
+        if (st != dnnl_success) return st;
+        return mts_dnnl.dnnl_primitive_desc_create(pd, &md, attr, eng(), NULL);
+    }
     int sd = g->nsp == 3 ? 3 : 2, o = 3 - sd; /* first used index in the normalized arrays */
     dnnl_memory_desc_t w_md, b_md;
     dnnl_dims_t wd, strides, dil, pl, pr;
     int wn;
-    act_md(src_md, g, g->C, g->in, true);
-    act_md(dst_md, g, g->M, g->out, true);
     if (g->group == 1) {
         wn = 2 + sd;
         wd[0] = g->M, wd[1] = g->C;
@@ -155,7 +168,7 @@ static dnnl_status_t make_pd(const mts_dconv_spec *s, dnnl_primitive_attr_t attr
         dnnl_pooling_v2_desc_t p;
     } desc;
     dnnl_status_t st;
-    if (s->kind >= MTS_DPRIM_POOL_MAX) {
+    if (mts_dprim_is_pool(s->kind)) {
         dnnl_dims_t kern;
         for (int i = 0; i < sd; i++) {
             kern[i] = g->k[o + i];
@@ -272,7 +285,9 @@ static int packed_weights(mts_dconv *c, const dnnl_memory_desc_t *wmd, const flo
         const mts_conv_geom *g = &s->g;
         int wn = wmd->ndims;
         dnnl_format_tag_t tag;
-        if (!s->transpose)
+        if (s->kind == MTS_DPRIM_MATMUL)
+            tag = s->transpose ? dnnl_ba : dnnl_ab;
+        else if (!s->transpose)
             tag = g->group == 1 ? (wn == 4 ? dnnl_oihw : dnnl_oidhw) : (wn == 5 ? dnnl_goihw : dnnl_goidhw);
         else
             tag = g->group == 1 ? (wn == 4 ? dnnl_iohw : dnnl_iodhw) : (wn == 5 ? dnnl_giohw : dnnl_giodhw);
@@ -308,16 +323,21 @@ static int variant_create(mts_dconv *c, int threads, const float *w, variant **o
         rc = mts_err_set(err, MTS_ENOMEM, "out of memory");
         goto done;
     }
+    src_md = c->md[0];
+    dst_md = c->md[1];
     dnnl_status_t st = make_pd(&c->spec, c->attr, &pd, &src_md, &dst_md);
     const char *impl = "";
     if (st == dnnl_success) mts_dnnl.dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl);
-    DN(st, c->spec.kind >= MTS_DPRIM_POOL_MAX ? "pooling" : c->spec.transpose ? "deconvolution" : "convolution");
+    DN(st, mts_dprim_is_pool(c->spec.kind)           ? "pooling"
+           : c->spec.kind == MTS_DPRIM_MATMUL        ? "matmul"
+           : c->spec.kind == MTS_DPRIM_DECONV        ? "deconvolution"
+                                                     : "convolution");
     if (!good_impl(impl)) {
         rc = mts_err_set(err, MTS_EUNSUPPORTED, "no fast oneDNN implementation (%s)", impl);
         goto done;
     }
     if (!c->impl[0]) snprintf(c->impl, sizeof c->impl, "%s", impl);
-    if (c->spec.kind < MTS_DPRIM_POOL_MAX) {
+    if (!mts_dprim_is_pool(c->spec.kind)) {
         const dnnl_memory_desc_t *wmd = mts_dnnl.dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
         wcache *wc = NULL;
         if ((rc = packed_weights(c, wmd, w, &wc, err))) goto done;
@@ -445,8 +465,9 @@ int mts_dconv_create(const mts_dconv_spec *s, mts_dconv **out, mts_err *err)
     mts_dconv *c = NULL;
     const mts_conv_geom *g = &s->g;
     if (!eng()) return mts_err_set(err, MTS_EUNSUPPORTED, "oneDNN has no CPU engine");
-    if (g->nsp < 1 || g->nsp > 3) return mts_err_set(err, MTS_EUNSUPPORTED, "spatial rank %d", g->nsp);
-    if (s->transpose) {
+    if ((g->nsp < 1 && s->kind != MTS_DPRIM_MATMUL) || g->nsp > 3)
+        return mts_err_set(err, MTS_EUNSUPPORTED, "spatial rank %d", g->nsp);
+    if (s->kind == MTS_DPRIM_DECONV) {
         int o = g->nsp == 3 ? 0 : 1;
         for (int i = o; i < 3; i++) {
             int64_t ek = (g->k[i] - 1) * g->d[i] + 1;
@@ -455,7 +476,7 @@ int mts_dconv_create(const mts_dconv_spec *s, mts_dconv **out, mts_err *err)
         }
     }
     if (s->kind == MTS_DPRIM_DECONV && s2d_eligible(s)) return s2d_create(s, out, err);
-    if (s->kind >= MTS_DPRIM_POOL_MAX) {
+    if (mts_dprim_is_pool(s->kind)) {
         if (s->n_post) return mts_err_set(err, MTS_EUNSUPPORTED, "post-ops on pooling");
         for (int i = 0; i < 3; i++) {
             int64_t ek = (g->k[i] - 1) * g->d[i] + 1;
@@ -501,6 +522,9 @@ int mts_dconv_create(const mts_dconv_spec *s, mts_dconv **out, mts_err *err)
         case MTS_DPOST_HARDSWISH:
             DN(mts_dnnl.dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_hardswish, 0, 0), "hardswish post-op");
             break;
+        case MTS_DPOST_GELU:
+            DN(mts_dnnl.dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_gelu_erf, 0, 0), "gelu post-op");
+            break;
         case MTS_DPOST_HARDSIGMOID:
             DN(mts_dnnl.dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_linear, p->alpha, p->beta), "linear post-op");
             DN(mts_dnnl.dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_clip_v2, 0.0f, 1.0f), "clip post-op");
@@ -522,7 +546,18 @@ int mts_dconv_create(const mts_dconv_spec *s, mts_dconv **out, mts_err *err)
     {
         variant *v = NULL;
         pthread_mutex_lock(&g_lock);
-        rc = variant_create(c, 1, s->w, &v, err);
+        /* A first layer (few input channels) reads NCHW directly when oneDNN has a fast kernel
+         * for it, saving the conversion of the input. */
+        bool direct = s->kind == MTS_DPRIM_CONV && !s->src_nhwc && g->nsp < 3 && g->C <= 8 && g->group == 1;
+        if (direct) {
+            c->md[0] = c->user_md[0];
+            mts_err e2 = {0};
+            if (variant_create(c, 1, s->w, &v, &e2) != MTS_OK) {
+                act_md(&c->md[0], g, g->C, g->in, true);
+                direct = false;
+            }
+        }
+        rc = direct ? MTS_OK : variant_create(c, 1, s->w, &v, err);
         pthread_mutex_unlock(&g_lock);
         if (rc) goto done;
         atomic_store(&c->var[1], v);
@@ -554,16 +589,32 @@ static int clamp_threads(int t)
     return t < 1 ? 1 : t > MTS_DNNL_MAX_THREADS ? MTS_DNNL_MAX_THREADS : t;
 }
 
+/* Threads worth using: waking a team costs about as much as a million multiply-adds, so small
+ * steps (late layers of small networks at batch 1) run on the calling thread alone. */
+static int work_threads(const mts_dconv *c, int threads)
+{
+    const mts_conv_geom *g = &c->spec.g;
+    double outv = (double)(g->out[0] * g->out[1] * g->out[2]), k = (double)(g->k[0] * g->k[1] * g->k[2]), macs;
+    if (c->spec.kind == MTS_DPRIM_MATMUL) macs = (double)g->N * (double)g->C * (double)g->M;
+    else if (mts_dprim_is_pool(c->spec.kind)) macs = (double)g->N * (double)g->C * outv * k;
+    else if (c->spec.kind == MTS_DPRIM_DECONV)
+        macs = (double)g->N * (double)g->C * (double)(g->M / g->group) * k * (double)(g->in[0] * g->in[1] * g->in[2]);
+    else macs = (double)g->N * (double)g->M * (double)(g->C / g->group) * k * outv;
+    double t = macs / 1e6;
+    return clamp_threads(t < 1 ? 1 : t < threads ? (int)t : threads);
+}
+
 int mts_dconv_prepare(const mts_dconv *cc, int threads, size_t *scratch, mts_err *err)
 {
     mts_dconv *c = (mts_dconv *)cc; /* variants are created once, under g_lock, and published atomically */
-    int t = clamp_threads(threads), rc = MTS_OK;
+    int rc = MTS_OK;
     if (c->inner) {
         size_t b = 0;
         if ((rc = mts_dconv_prepare(c->inner, threads, &b, err))) return rc;
         *scratch = (b + 63) / 64 * 64 + c->s2d_tmp;
         return MTS_OK;
     }
+    int t = work_threads(c, threads);
     variant *v = atomic_load(&c->var[t]);
     if (!v) {
         pthread_mutex_lock(&g_lock);
@@ -609,6 +660,24 @@ static dnnl_status_t run_reorder(dnnl_primitive_t r, void *stream, const dnnl_me
     return st;
 }
 
+typedef struct to_nchw_job {
+    const float *src; /* [N, P, C] */
+    float *dst;       /* [N, C, P] */
+    int64_t N, P, C;
+} to_nchw_job;
+
+static void to_nchw_part(void *arg, int ithr, int nthr)
+{
+    const to_nchw_job *j = arg;
+    int64_t p0 = j->P * ithr / nthr, p1 = j->P * (ithr + 1) / nthr;
+    for (int64_t n = 0; n < j->N; n++)
+        for (int64_t c = 0; c < j->C; c++) {
+            const float *s = j->src + n * j->P * j->C + c;
+            float *d = j->dst + (n * j->C + c) * j->P;
+            for (int64_t p = p0; p < p1; p++) d[p] = s[p * j->C];
+        }
+}
+
 int mts_dconv_run(const mts_dconv *c, int threads, void *stream, const float *src, float *dst,
                   const float *const *resid, void *scratch, mts_err *err)
 {
@@ -621,7 +690,8 @@ int mts_dconv_run(const mts_dconv *c, int threads, void *stream, const float *sr
         s2d_scatter(c, tmp, dst);
         return MTS_OK;
     }
-    const variant *v = atomic_load(&((mts_dconv *)c)->var[clamp_threads(threads)]);
+    threads = work_threads(c, threads);
+    const variant *v = atomic_load(&((mts_dconv *)c)->var[threads]);
     if (!v) return mts_err_set(err, MTS_EINTERNAL, "oneDNN primitive for %d threads not prepared", threads);
     dnnl_memory_t mem[4 + MTS_DPOST_MAX] = {0};
     int nm = 0;
@@ -662,8 +732,16 @@ int mts_dconv_run(const mts_dconv *c, int threads, void *stream, const float *sr
         args[na++] = (dnnl_exec_arg_t){DNNL_ARG_ATTR_MULTIPLE_POST_OP(c->resid_po[e - 2]) | DNNL_ARG_SRC_1, mr};
     }
     DN(mts_dnnl.dnnl_primitive_execute(v->prim, stream, na, args), "execute");
-    if (v->reorder[1])
+    if (v->reorder[1] && c->spec.g.nsp < 3 && c->spec.g.M <= 16) {
+        /* Few channels to NCHW (a network's output layer): oneDNN's generic reorder is slow for
+         * this shape; a plain transpose over the context's threads is not. */
+        DN(mts_dnnl.dnnl_stream_wait(stream), "wait");
+        to_nchw_job j = {conv_dst, dst, c->spec.g.N, c->spec.g.out[1] * c->spec.g.out[2], c->spec.g.M};
+        int t = (int)(j.N * j.P * j.C / (64 << 10));
+        mts_parallel(t < 1 ? 1 : t < threads ? t : threads, to_nchw_part, &j);
+    } else if (v->reorder[1]) {
         DN(run_reorder(v->reorder[1], stream, &c->md[1], conv_dst, &c->user_md[1], dst), "destination reorder");
+    }
     DN(mts_dnnl.dnnl_stream_wait(stream), "wait");
 done:
     for (int i = 0; i < nm; i++) mts_dnnl.dnnl_memory_destroy(mem[i]);

@@ -1,7 +1,8 @@
 /*
  * The oneDNN backend's interface to the planner and the executor (dnnl_conv.c).
  *
- * A mts_dconv is one Conv, ConvTranspose or pooling op compiled for one plan: a oneDNN primitive with its
+ * A mts_dconv is one Conv, ConvTranspose, pooling op or MatMul/Gemm with constant weights
+ * compiled for one plan: a oneDNN primitive with its
  * fused post-ops (activations, a residual Add), the activation layouts the planner chose
  * (NCHW or NHWC for the source and destination) and the weights in the layout oneDNN prefers
  * (format_tag::any), packed once per model and shared by every plan and context through a
@@ -24,6 +25,7 @@ enum mts_dpost_kind {
     MTS_DPOST_HARDSWISH,
     MTS_DPOST_HARDSIGMOID, /* max(0, min(1, alpha*x + beta)) */
     MTS_DPOST_ADD,         /* + a residual tensor of the destination's shape */
+    MTS_DPOST_GELU,        /* x * 0.5 * (1 + erf(x / sqrt(2))) */
 };
 
 #define MTS_DPOST_MAX 6
@@ -40,7 +42,13 @@ enum mts_dprim_kind {
     MTS_DPRIM_POOL_MAX,
     MTS_DPRIM_POOL_AVG_INCLUDE, /* count_include_pad = 1 */
     MTS_DPRIM_POOL_AVG_EXCLUDE,
+    MTS_DPRIM_MATMUL,    /* g.nsp = 0, g.N = rows, g.C = K, g.M = columns; transpose: B is [N, K] */
 };
+
+static inline bool mts_dprim_is_pool(int kind)
+{
+    return kind >= MTS_DPRIM_POOL_MAX && kind <= MTS_DPRIM_POOL_AVG_EXCLUDE;
+}
 
 typedef struct mts_dconv_spec {
     int kind;            /* enum mts_dprim_kind; pools have no weights and no post-ops */

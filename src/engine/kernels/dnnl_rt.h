@@ -6,6 +6,9 @@
  * engine loads libdnnl (and with it libgomp) with dlopen on first use, after setting
  * OMP_WAIT_POLICY=PASSIVE unless the environment already says otherwise. Calls go through the
  * mts_dnnl function table; the build still requires libdnnl-dev (headers and library).
+ * The setenv happens once, on the first plan build of the default backend; a program that
+ * reads the environment from other threads at that moment should set OMP_WAIT_POLICY itself
+ * before starting them (a value already present is kept).
  */
 #ifndef MTS_ENGINE_DNNL_RT_H
 #define MTS_ENGINE_DNNL_RT_H
@@ -24,6 +27,7 @@
     X(dnnl_memory_desc_init_by_tag) \
     X(dnnl_memory_destroy) \
     X(dnnl_pooling_v2_forward_desc_init) \
+    X(dnnl_matmul_desc_init) \
     X(dnnl_post_ops_append_binary) \
     X(dnnl_post_ops_append_eltwise) \
     X(dnnl_post_ops_create) \

@@ -9,6 +9,22 @@
 
 #include "engine/kernels/kernel.h"
 
+/* Copies n runs of px bytes from src (stride ss) to dst (stride ds). Common small run sizes get
+ * fixed-size copies the compiler inlines (a libc call per pixel costs more than the copy). */
+static void copy_runs(char *dst, size_t ds, const char *src, size_t ss, size_t px, int64_t n)
+{
+#define RUNS(B)                                                                                 \
+    case B:                                                                                     \
+        for (int64_t r = 0; r < n; r++, dst += ds, src += ss) memcpy(dst, src, B);             \
+        return;
+    switch (px) {
+        RUNS(4) RUNS(8) RUNS(12) RUNS(16) RUNS(32) RUNS(48) RUNS(64) RUNS(128) RUNS(256)
+    default:
+        for (int64_t r = 0; r < n; r++, dst += ds, src += ss) memcpy(dst, src, px);
+    }
+#undef RUNS
+}
+
 static void split(int64_t n, int ithr, int nthr, int64_t *lo, int64_t *hi)
 {
     *lo = n * ithr / nthr;
@@ -45,9 +61,7 @@ static void up_part(void *arg, int ithr, int nthr)
         int64_t n = nh / H, h = nh % H;
         const char *in = src + (size_t)(nh * W) * px;
         char *out = dst + (size_t)((n * OH + h * sh) * OW) * px;
-        char *o = out;
-        for (int64_t w = 0; w < W; w++)
-            for (int64_t s = 0; s < sw; s++, o += px) memcpy(o, in + (size_t)w * px, px);
+        for (int64_t s = 0; s < sw; s++) copy_runs(out + (size_t)s * px, (size_t)sw * px, in, px, px, W);
         for (int64_t i = 1; i < sh; i++) memcpy(out + (size_t)i * row, out, row);
     }
 }
@@ -74,9 +88,8 @@ static void cat_part(void *arg, int ithr, int nthr)
     for (int i = 0; i < k->n_in; i++) {
         const mts_tensor *x = k->in[i];
         size_t px = (size_t)x->dims[3] * es;
-        const char *src = (const char *)x->data + (size_t)lo * px;
-        char *dst = (char *)y->data + (size_t)lo * opx + off;
-        for (int64_t r = lo; r < hi; r++, src += px, dst += opx) memcpy(dst, src, px);
+        copy_runs((char *)y->data + (size_t)lo * opx + off, opx, (const char *)x->data + (size_t)lo * px, px, px,
+                  hi - lo);
         off += px;
     }
 }

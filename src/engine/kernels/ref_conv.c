@@ -254,11 +254,13 @@ static void *par_main(void *arg)
     return NULL;
 }
 
+#ifndef MTS_DEFAULT_BACKEND_REFERENCE
 static void par_part(void *arg, int ithr, int nthr)
 {
     (void)nthr;
     par_main(&((par_worker *)arg)[ithr]);
 }
+#endif
 
 static int par_run(int threads, int64_t n_units, size_t scratch, unit_fn fn, void *ctx)
 {

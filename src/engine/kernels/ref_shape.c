@@ -467,11 +467,13 @@ static void *sgemm_thread(void *arg)
     return NULL;
 }
 
+#ifndef MTS_DEFAULT_BACKEND_REFERENCE
 static void sgemm_part(void *arg, int ithr, int nthr)
 {
     (void)nthr;
     sgemm_thread(&((sgemm_worker *)arg)[ithr]);
 }
+#endif
 
 #define GEMM_MAX_THREADS 64
 #define GEMM_FLOPS_PER_THREAD 1.6e7 /* below this much work another thread does not pay */
