@@ -2,8 +2,8 @@
  * The server core through its C API, with real models on real worker threads: lazy loading (a
  * storm of requests to a cold model causes one load), dynamic batching, eviction with 20 models
  * through max_models 5 and no failed request, queue-full rejection, per-request timeouts,
- * unload with requests in flight, force_reload, failed loads with back-off, statistics and
- * metrics. Runs plain, under ASan+UBSan and under TSan in `make test`.
+ * unload with requests in flight, force_reload, failed loads with back-off, memory budgets with
+ * LFU, placement over two devices, idle unloading, statistics and metrics. Runs plain, under ASan+UBSan and under TSan in `make test`.
  */
 #include <pthread.h>
 #include <setjmp.h>
@@ -398,6 +398,54 @@ static void test_memory_budget_and_lfu(void **state)
     mts_config_free(&cfg);
 }
 
+static void test_devices_and_idle_timeout(void **state)
+{
+    (void)state;
+    mts_config cfg;
+    make_config(&cfg, 4, 10, model_path);
+    cfg.device_count = 2;
+    cfg.threads_per_device = 1;
+    cfg.workers_per_device = 1;
+    cfg.memory_gb_per_device = 1;
+    cfg.placement = MTS_PLACE_ROUND_ROBIN;
+    cfg.models[3].preferred_device = 1;
+    cfg.idle_timeout_minutes = 0.02; /* 1.2 s */
+    mts_server *s;
+    mts_err err = {0};
+    assert_int_equal(mts_server_create(&cfg, &s, &err), 0);
+    assert_int_equal(infer_once(s, "m00"), 0);
+    assert_int_equal(infer_once(s, "m01"), 0);
+    assert_int_equal(infer_once(s, "m03"), 0);
+    mts_model_status a, b, d;
+    mts_server_model_status_by_name(s, "m00", &a);
+    mts_server_model_status_by_name(s, "m01", &b);
+    mts_server_model_status_by_name(s, "m03", &d);
+    printf("placement: m00 on cpu:%d, m01 on cpu:%d, m03 (preferred 1) on cpu:%d\n", a.device, b.device, d.device);
+    assert_int_not_equal(a.device, b.device); /* round-robin */
+    assert_int_equal(d.device, 1);
+    mts_device_status d0, d1;
+    mts_server_device_status(s, 0, &d0);
+    mts_server_device_status(s, 1, &d1);
+    assert_int_equal(d0.models + d1.models, 3);
+    /* Idle timeout: with no traffic, all three are unloaded within a few seconds. */
+    int resident = 3;
+    for (int k = 0; k < 60 && resident > 0; k++) {
+        usleep(100000);
+        mts_server_totals t;
+        mts_server_totals_get(s, &t);
+        resident = t.resident_models;
+    }
+    assert_int_equal(resident, 0);
+    mts_server_model_status_by_name(s, "m00", &a);
+    assert_int_equal(a.state, MTS_MODEL_UNLOADED);
+    assert_int_equal(a.evictions, 1);
+    /* And it comes back on the next request. */
+    assert_int_equal(infer_once(s, "m00"), 0);
+    mts_server_shutdown(s, 5);
+    mts_server_free(s);
+    mts_config_free(&cfg);
+}
+
 int main(void)
 {
     mts_log_set_level(MTS_LOG_WARN);
@@ -408,6 +456,7 @@ int main(void)
         cmocka_unit_test(test_queue_full_timeout_unload),
         cmocka_unit_test(test_reload_and_failed_load),
         cmocka_unit_test(test_memory_budget_and_lfu),
+        cmocka_unit_test(test_devices_and_idle_timeout),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
