@@ -47,7 +47,7 @@ static int buf_reserve(mts_buf *b, size_t need)
 int mts_buf_append(mts_buf *b, const void *p, size_t n)
 {
     if (buf_reserve(b, b->len + n)) return MTS_ENOMEM;
-    memcpy(b->data + b->len, p, n);
+    if (n) memcpy(b->data + b->len, p, n); /* memcpy with NULL is undefined even for 0 bytes */
     b->len += n;
     return MTS_OK;
 }
