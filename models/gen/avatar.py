@@ -11,7 +11,7 @@ usage:
       OUTDIR/stamp.json matches the arguments. Needs numpy only (PNG written with zlib).
   avatar.py composite --url http://127.0.0.1:8000 --model lipsync_unet_w8 --frames 25
                       [--start 0] [--format jpeg|png|rgb] [--quality 85] --out DIR
-      Sends one batch of random inputs to POST /api/v1/lipsync/{model}/composite and writes the
+      Sends random inputs in batches of 8 to POST /api/v1/lipsync/{model}/composite and writes the
       frames to DIR/frame_<index>.<ext> (rgb frames are written as binary PPM).
 
 Library use (tests): write_png(path, rgb), read_png(data) -> HxWx3 uint8 (8-bit RGB/RGBA,
@@ -154,29 +154,39 @@ def parse_composite_response(body, header_len):
     return head, [data[fr["offset"]:fr["offset"] + fr["size"]] for fr in head["frames"]]
 
 
-def composite(url, model, frames, start, fmt, quality, out, seed=0):
+def composite(url, model, frames, start, fmt, quality, out, seed=0, batch=8):
+    """Sends the frames in requests of at most `batch` frames (25 frames of inputs are 62 MB, above
+    the server's default 50 MB message limit) and writes every returned frame."""
     rng = np.random.default_rng(seed)
-    visual = rng.random((frames, 6, 320, 320), np.float32)
-    audio = rng.standard_normal((frames, 32, 16, 16), np.float32)
-    q = "batch_size=%d&start_frame_idx=%d&format=%s&quality=%d" % (frames, start, fmt, quality)
-    req = urllib.request.Request("%s/api/v1/lipsync/%s/composite?%s" % (url.rstrip("/"), model, q),
-                                 data=visual.tobytes() + audio.tobytes(), method="POST",
-                                 headers={"Content-Type": "application/octet-stream"})
-    t0 = time.time()
-    with urllib.request.urlopen(req, timeout=300) as r:
-        body = r.read()
-        head, blobs = parse_composite_response(body, int(r.headers["Inference-Header-Content-Length"]))
     os.makedirs(out, exist_ok=True)
-    ext = {"jpeg": "jpg", "png": "png", "rgb": "ppm"}[head["format"]]
-    for fr, blob in zip(head["frames"], blobs):
-        path = os.path.join(out, "frame_%06d.%s" % (fr["frame_idx"], ext))
-        with open(path, "wb") as f:
-            if ext == "ppm":
-                f.write(b"P6\n%d %d\n255\n" % (head["width"], head["height"]))
-            f.write(blob)
+    t0 = time.time()
+    done, inf_ms, comp_ms, enc_ms = 0, 0.0, 0.0, 0.0
+    head = None
+    while done < frames:
+        n = min(batch, frames - done)
+        visual = rng.random((n, 6, 320, 320), np.float32)
+        audio = rng.standard_normal((n, 32, 16, 16), np.float32)
+        q = "batch_size=%d&start_frame_idx=%d&format=%s&quality=%d" % (n, start + done, fmt, quality)
+        req = urllib.request.Request("%s/api/v1/lipsync/%s/composite?%s" % (url.rstrip("/"), model, q),
+                                     data=visual.tobytes() + audio.tobytes(), method="POST",
+                                     headers={"Content-Type": "application/octet-stream"})
+        with urllib.request.urlopen(req, timeout=300) as r:
+            body = r.read()
+            head, blobs = parse_composite_response(body, int(r.headers["Inference-Header-Content-Length"]))
+        ext = {"jpeg": "jpg", "png": "png", "rgb": "ppm"}[head["format"]]
+        for fr, blob in zip(head["frames"], blobs):
+            path = os.path.join(out, "frame_%06d.%s" % (fr["frame_idx"], ext))
+            with open(path, "wb") as f:
+                if ext == "ppm":
+                    f.write(b"P6\n%d %d\n255\n" % (head["width"], head["height"]))
+                f.write(blob)
+        done += len(blobs)
+        inf_ms += head["inference_time_ms"]
+        comp_ms += head["composite_time_ms"]
+        enc_ms += head["encode_time_ms"]
     print("%d frames (%s, %dx%d) in %.0f ms: inference %.1f ms, composite %.1f ms, encode %.1f ms -> %s" % (
-        len(blobs), head["format"], head["width"], head["height"], (time.time() - t0) * 1e3,
-        head["inference_time_ms"], head["composite_time_ms"], head["encode_time_ms"], out))
+        done, head["format"], head["width"], head["height"], (time.time() - t0) * 1e3, inf_ms, comp_ms, enc_ms,
+        out))
 
 
 def main():
