@@ -54,5 +54,5 @@ stage "reference models vs ONNX Runtime (reference backend)" env MTS_BACKEND=ref
 
 echo
 if [ $failed -gt 0 ]; then echo "failed stages: ${failed_names[*]}"; fi
-echo "make test: $passed passed, $failed failed"
+echo "stages: $passed passed, $failed failed"
 [ $failed -eq 0 ]
