@@ -65,6 +65,10 @@ typedef struct mts__grpc_tag {
     mts__grpc_call *call;
 } mts__grpc_tag;
 
+/* Runs fn(arg) on the gRPC reply thread instead of the calling (worker) thread. Returns 0, or
+ * an error when there is no such thread (the caller then runs fn itself). */
+int mts__grpc_defer(mts__grpc_call *c, void (*fn)(void *), void *arg);
+
 struct mts__grpc_call {
     mts_grpc *g;
     mts_server *srv;

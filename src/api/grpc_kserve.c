@@ -273,6 +273,19 @@ static Inference__ModelInferResponse *build_response(mts__grpc_arena *a, kinfer 
 
 /* ---- ModelInfer ---- */
 
+/* Encodes and sends a successful reply; frees the call's request. */
+static void send_reply(void *arg)
+{
+    kinfer *k = arg;
+    mts__grpc_call *c = k->call;
+    mts__grpc_arena a = {0};
+    Inference__ModelInferResponse *r = build_response(&a, k);
+    mts__grpc_reply(c, &r->base);
+    mts__grpc_arena_free(&a);
+    kinfer_free(k);
+    mts__grpc_call_unref(c);
+}
+
 static void unary_done(mts_request *req, int status, const char *err)
 {
     kinfer *k = (kinfer *)req;
@@ -282,14 +295,16 @@ static void unary_done(mts_request *req, int status, const char *err)
     pthread_mutex_unlock(&c->lock);
     if (status) {
         mts__grpc_fail_status(c, status, err);
-    } else {
-        mts__grpc_arena a = {0};
-        Inference__ModelInferResponse *r = build_response(&a, k);
-        mts__grpc_reply(c, &r->base);
-        mts__grpc_arena_free(&a);
+        kinfer_free(k);
+        mts__grpc_call_unref(c);
+        return;
     }
-    kinfer_free(k);
-    mts__grpc_call_unref(c);
+    /* Copying and encoding a large reply (1.2 MB per lip-sync frame) takes about a millisecond:
+     * do it on the reply thread so the device worker can start its next batch. Small replies
+     * are cheaper to send right here than to hand over. */
+    int64_t bytes = 0;
+    for (int o = 0; o < req->n_outputs; o++) bytes += mts_tensor_nbytes(&req->outputs[o]);
+    if (bytes < (256 << 10) || mts__grpc_defer(c, send_reply, k)) send_reply(k);
 }
 
 static void model_infer(mts__grpc_call *c, const uint8_t *data, size_t len)

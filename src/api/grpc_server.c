@@ -10,6 +10,7 @@
  * the same functions (grpc_call_start_batch is thread-safe; per-call state is under c->lock).
  */
 #include "api/grpc_internal.h"
+#include "media/workq.h"
 
 #include <limits.h>
 #include <stdarg.h>
@@ -49,6 +50,7 @@ struct mts_grpc {
     pthread_cond_t cv;
     bool shutdown_started, shutdown_done;
     _Atomic int live_calls;
+    mts_workq *replies; /* builds large replies off the device workers (NULL: inline) */
 };
 
 int mts_grpc_code(int status)
@@ -551,6 +553,8 @@ int mts_grpc_start(mts_server *srv, const mts_grpc_opts *o, mts_grpc **out, mts_
         arm_slot(&g->slots[i]);
     }
     g->t_shutdown.fn = on_shutdown;
+    mts_err qerr = {0};
+    if (mts_workq_create(1, 0, &g->replies, &qerr)) g->replies = NULL; /* replies are then built inline */
     g->n_threads = o->threads > 0 ? (o->threads > MTS_GRPC_MAX_THREADS ? MTS_GRPC_MAX_THREADS : o->threads) : 2;
     for (int i = 0; i < g->n_threads; i++) pthread_create(&g->threads[i], NULL, poll_main, g);
     MTS_INFO("event=grpc_listening addr=%s:%d max_message=%zu threads=%d", o->host ? o->host : "127.0.0.1", g->port,
@@ -574,10 +578,18 @@ void mts_grpc_stop_accepting(mts_grpc *g)
     if (start) grpc_server_shutdown_and_notify(g->server, g->cq, &g->t_shutdown);
 }
 
+int mts__grpc_defer(mts__grpc_call *c, void (*fn)(void *), void *arg)
+{
+    return c->g->replies ? mts_workq_submit(c->g->replies, fn, arg) : MTS_EUNAVAILABLE;
+}
+
 void mts_grpc_stop(mts_grpc *g)
 {
     if (!g) return;
     mts_grpc_stop_accepting(g);
+    /* Replies still being built go out before calls are cancelled. */
+    mts_workq_destroy(g->replies);
+    g->replies = NULL;
     grpc_server_cancel_all_calls(g->server);
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
