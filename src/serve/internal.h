@@ -162,6 +162,8 @@ void *mts__loader_main(void *arg);
 void *mts__janitor_main(void *arg);
 /* Frees a version whose refs are 0 (outside the lock). */
 void mts__version_free(mts__version *v);
+/* Frees a chain of versions linked through ->next (outside the lock) and empties *list. */
+void mts__version_free_list(mts__version **list);
 /* After a batch ended or a queue emptied: completes an unload if the entry is draining and idle,
  * and detaches a superseded version. Returns versions to free (outside the lock) via *to_free. */
 void mts__after_idle(mts_server *s, mts__entry *e, mts__version **to_free, mts__waiter **to_notify);

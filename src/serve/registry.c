@@ -51,6 +51,17 @@ void mts__version_free(mts__version *v)
     free(v);
 }
 
+void mts__version_free_list(mts__version **list)
+{
+    mts__version *v = *list;
+    while (v) {
+        mts__version *next = v->next;
+        mts__version_free(v);
+        v = next;
+    }
+    *list = NULL; /* callers keep using the variable for later batches of work */
+}
+
 static int64_t version_bytes(const mts__version *v)
 {
     return v->base_bytes + v->ctx_bytes;
@@ -233,11 +244,7 @@ static void load_one(mts_server *s, mts__entry *e)
     bool reserved = rc == MTS_OK;
     if (reserved) s->devs[dev].used += need; /* released when the load ends */
     pthread_mutex_unlock(&s->lock);
-    while (to_free) {
-        mts__version *nx = to_free->next;
-        mts__version_free(to_free);
-        to_free = nx;
-    }
+    mts__version_free_list(&to_free);
     mts__version *v = NULL;
     int64_t t0 = mts__now_ns();
     if (!rc) {
@@ -326,11 +333,7 @@ static void load_one(mts_server *s, mts__entry *e)
     pthread_mutex_unlock(&s->lock);
     mts__fail_list(failed, MTS_EUNAVAILABLE, reason);
     mts__notify(notify, rc, rc ? reason : "loaded");
-    while (to_free) {
-        mts__version *nx = to_free->next;
-        mts__version_free(to_free);
-        to_free = nx;
-    }
+    mts__version_free_list(&to_free);
 }
 
 void *mts__loader_main(void *arg)
@@ -432,11 +435,7 @@ int mts_server_unload(mts_server *s, const char *model, mts_server_cb cb, void *
     pthread_mutex_unlock(&s->lock);
     if (done_now && cb) cb(user, MTS_OK, "not loaded");
     mts__notify(notify, MTS_OK, "unloaded");
-    while (to_free) {
-        mts__version *nx = to_free->next;
-        mts__version_free(to_free);
-        to_free = nx;
-    }
+    mts__version_free_list(&to_free);
     return rc;
 }
 
@@ -459,11 +458,7 @@ void *mts__janitor_main(void *arg)
         }
         if (to_free) {
             pthread_mutex_unlock(&s->lock);
-            while (to_free) {
-                mts__version *nx = to_free->next;
-                mts__version_free(to_free);
-                to_free = nx;
-            }
+            mts__version_free_list(&to_free);
             pthread_mutex_lock(&s->lock);
         }
     }

@@ -470,11 +470,7 @@ void *mts__worker_main(void *arg)
             pthread_mutex_unlock(&s->lock);
             finish_dropped(cancelled, expired, invalid);
             mts__notify(notify, 0, "unloaded");
-            while (to_free) {
-                mts__version *nx = to_free->next;
-                mts__version_free(to_free);
-                to_free = nx;
-            }
+            mts__version_free_list(&to_free);
             pthread_mutex_lock(&s->lock);
             continue;
         }
@@ -584,11 +580,7 @@ void *mts__worker_main(void *arg)
             }
         }
         mts__notify(notify, 0, "unloaded");
-        while (to_free) {
-            mts__version *nx = to_free->next;
-            mts__version_free(to_free);
-            to_free = nx;
-        }
+        mts__version_free_list(&to_free);
         pthread_mutex_lock(&s->lock);
     }
     pthread_mutex_unlock(&s->lock);
