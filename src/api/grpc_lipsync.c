@@ -20,11 +20,11 @@
 #include <time.h>
 
 #include "api/grpc_internal.h"
+#include "api/lipsync_common.h"
 #include "lipsync.pb-c.h"
 #include "media/compose.h"
 
 /* The documents' InferBatchRequest.batch_size range ("1-25 frames"). */
-#define MTS__LIPSYNC_MAX_BATCH 25
 
 static const int64_t default_visual[] = {6, 320, 320};
 static const int64_t default_audio[] = {32, 16, 16};
@@ -104,18 +104,6 @@ static void infer_done(mts_request *req, int status, const char *err)
     mts__grpc_call_unref(c);
 }
 
-static int64_t frame_elems(const mts_tensor_meta *m, const int64_t *def, int64_t dims[3])
-{
-    bool known = m->rank == 4;
-    for (int d = 1; known && d < 4; d++) known = m->dims[d] > 0;
-    int64_t n = 1;
-    for (int d = 0; d < 3; d++) {
-        dims[d] = known ? m->dims[d + 1] : def[d];
-        n *= dims[d];
-    }
-    return n;
-}
-
 /* With the model's signature known: picks the inputs, checks sizes, submits. Takes over l. */
 static void infer_submit(lip_call *l)
 {
@@ -152,7 +140,7 @@ static void infer_submit(lip_call *l)
     } in[2] = {{vi, default_visual, l->visual, "visual_frames"}, {ai, default_audio, l->audio, "audio_features"}};
     for (int k = 0; k < 2; k++) {
         int64_t dims[3];
-        int64_t per = frame_elems(&st->inputs[in[k].idx], in[k].def, dims);
+        int64_t per = mts_lipsync_frame_elems(&st->inputs[in[k].idx], in[k].def, dims);
         uint64_t want = (uint64_t)l->batch_size * (uint64_t)per * 4;
         if (in[k].bytes->len != want) {
             mts__grpc_fail(c, MTS_GRPC_INVALID_ARGUMENT,
@@ -253,9 +241,9 @@ static void infer_batch(mts__grpc_call *c, const uint8_t *data, size_t len)
         inference__infer_batch_request__free_unpacked(m, NULL);
         return;
     }
-    if (m->batch_size < 1 || m->batch_size > MTS__LIPSYNC_MAX_BATCH) {
+    if (m->batch_size < 1 || m->batch_size > MTS_LIPSYNC_MAX_BATCH) {
         mts__grpc_fail(c, MTS_GRPC_INVALID_ARGUMENT, "batch_size is %d; expected 1..%d frames", m->batch_size,
-                       MTS__LIPSYNC_MAX_BATCH);
+                       MTS_LIPSYNC_MAX_BATCH);
         inference__infer_batch_request__free_unpacked(m, NULL);
         return;
     }
@@ -293,38 +281,6 @@ static int composite_code(int status)
                                         : MTS_GRPC_FAILED_PRECONDITION;
 }
 
-typedef struct prefetch_job {
-    mts_bgcache *bg;
-    int idx[2 * MTS__LIPSYNC_MAX_BATCH];
-    int n;
-} prefetch_job;
-
-static void prefetch_run(void *arg)
-{
-    prefetch_job *p = arg;
-    for (int i = 0; i < p->n; i++) mts_bgcache_preload(p->bg, p->idx[i]);
-    mts_bgcache_unref(p->bg);
-    free(p);
-}
-
-/* Queues the decoding of this request's background frames (and, when the cache has room for
- * two batches, of the next batch's, for sequential playback) on the media threads, so that it
- * overlaps the inference. */
-static void prefetch(mts_server *srv, mts_bgcache *bg, const mts_composite_opts *o, int n)
-{
-    mts_workq *q = mts_server_media_queue(srv);
-    prefetch_job *p = q ? calloc(1, sizeof *p) : NULL;
-    if (!p) return;
-    int ahead = mts_bgcache_capacity(bg) >= 2 * n ? 2 * n : n;
-    for (int i = 0; i < ahead; i++) p->idx[p->n++] = mts_frame_index(o->start_frame_idx, i, mts_bgcache_num_frames(bg), o->wrap);
-    p->bg = bg;
-    mts_bgcache_ref(bg);
-    if (mts_workq_submit(q, prefetch_run, p)) {
-        mts_bgcache_unref(bg);
-        free(p);
-    }
-}
-
 /* Before submitting: the background cache of the resident version (fails the call when the
  * assets are unusable) and the prefetch. Returns false after failing the call. */
 static bool composite_prepare(lip_call *l)
@@ -336,7 +292,7 @@ static bool composite_prepare(lip_call *l)
         mts__grpc_fail(l->call, MTS_GRPC_FAILED_PRECONDITION, "%s", err.msg);
         return false;
     }
-    prefetch(l->call->srv, l->bg, &l->opts, l->batch_size);
+    mts_lipsync_prefetch(l->call->srv, l->bg, &l->opts, l->batch_size);
     return true;
 }
 
@@ -430,9 +386,9 @@ static void infer_batch_composite(mts__grpc_call *c, const uint8_t *data, size_t
         mts__grpc_fail(c, MTS_GRPC_INVALID_ARGUMENT, "model_id is required");
     } else if (!mts_server_has_model(c->srv, m->model_id)) {
         mts__grpc_fail(c, MTS_GRPC_NOT_FOUND, "%s", mts__grpc_unknown_model(buf, sizeof buf, m->model_id));
-    } else if (m->batch_size < 1 || m->batch_size > MTS__LIPSYNC_MAX_BATCH) {
+    } else if (m->batch_size < 1 || m->batch_size > MTS_LIPSYNC_MAX_BATCH) {
         mts__grpc_fail(c, MTS_GRPC_INVALID_ARGUMENT, "batch_size is %d; expected 1..%d frames", m->batch_size,
-                       MTS__LIPSYNC_MAX_BATCH);
+                       MTS_LIPSYNC_MAX_BATCH);
     } else if (fmt < 0) {
         mts__grpc_fail(c, MTS_GRPC_INVALID_ARGUMENT, "format '%.40s' is not one of jpeg, png, rgb", m->format);
     } else if (wrap < 0) {

@@ -19,10 +19,10 @@
 #include <time.h>
 
 #include "api/kserve_http.h"
+#include "api/lipsync_common.h"
 #include "media/compose.h"
 #include "util/json.h"
 
-#define MAX_BATCH 25
 
 typedef struct comp_call {
     mts_request req; /* first: kserve_http's on_cancel cancels it through req->user */
@@ -195,32 +195,6 @@ static void infer_done(mts_request *req, int status, const char *msg)
 
 /* ---- submission ---- */
 
-typedef struct prefetch_job {
-    mts_bgcache *bg;
-    int idx[2 * MAX_BATCH];
-    int n;
-} prefetch_job;
-
-static void prefetch_run(void *arg)
-{
-    prefetch_job *p = arg;
-    for (int i = 0; i < p->n; i++) mts_bgcache_preload(p->bg, p->idx[i]);
-    mts_bgcache_unref(p->bg);
-    free(p);
-}
-
-static int64_t frame_elems(const mts_tensor_meta *m, const int64_t *def, int64_t dims[3])
-{
-    bool known = m->rank == 4;
-    for (int d = 1; known && d < 4; d++) known = m->dims[d] > 0;
-    int64_t n = 1;
-    for (int d = 0; d < 3; d++) {
-        dims[d] = known ? m->dims[d + 1] : def[d];
-        n *= dims[d];
-    }
-    return n;
-}
-
 /* With the model loaded: sizes, inputs, background cache, prefetch, submit. Any thread. */
 static void submit(comp_call *cc)
 {
@@ -244,14 +218,15 @@ static void submit(comp_call *cc)
     }
     if (vi == ai) vi = 0, ai = 1;
     int64_t dv[3], da[3];
-    int64_t pv = frame_elems(&st->inputs[vi], def_visual, dv), pa = frame_elems(&st->inputs[ai], def_audio, da);
+    int64_t pv = mts_lipsync_frame_elems(&st->inputs[vi], def_visual, dv);
+    int64_t pa = mts_lipsync_frame_elems(&st->inputs[ai], def_audio, da);
     uint64_t per = (uint64_t)(pv + pa) * 4;
     if (cc->batch_size == 0 && cc->body_len % per == 0) cc->batch_size = (int)(cc->body_len / per);
-    if (cc->batch_size < 1 || cc->batch_size > MAX_BATCH || cc->body_len != per * (uint64_t)cc->batch_size) {
+    if (cc->batch_size < 1 || cc->batch_size > MTS_LIPSYNC_MAX_BATCH || cc->body_len != per * (uint64_t)cc->batch_size) {
         fail(cc, 400,
              "the body has %zu bytes; batch_size (1..%d) x (visual %lldx%lldx%lld + audio %lldx%lldx%lld) float32 "
              "needs a multiple of %llu bytes%s",
-             cc->body_len, MAX_BATCH, (long long)dv[0], (long long)dv[1], (long long)dv[2], (long long)da[0],
+             cc->body_len, MTS_LIPSYNC_MAX_BATCH, (long long)dv[0], (long long)dv[1], (long long)dv[2], (long long)da[0],
              (long long)da[1], (long long)da[2], (unsigned long long)per,
              cc->batch_size ? " matching batch_size" : "");
         free(st);
@@ -284,19 +259,8 @@ static void submit(comp_call *cc)
         fail(cc, rc == MTS_EUNSUPPORTED ? 412 : asset_http_status(rc), "%s", err.msg);
         return;
     }
-    mts_workq *q = cc->bg ? mts_server_media_queue(cc->srv) : NULL;
-    prefetch_job *pj = q ? calloc(1, sizeof *pj) : NULL;
-    if (pj) { /* decode this batch's (and the next batch's) background frames during inference */
-        int n = mts_bgcache_num_frames(cc->bg);
-        int ahead = mts_bgcache_capacity(cc->bg) >= 2 * cc->batch_size ? 2 * cc->batch_size : cc->batch_size;
-        for (int i = 0; i < ahead; i++) pj->idx[pj->n++] = mts_frame_index(cc->opts.start_frame_idx, i, n, cc->opts.wrap);
-        pj->bg = cc->bg;
-        mts_bgcache_ref(cc->bg);
-        if (mts_workq_submit(q, prefetch_run, pj)) {
-            mts_bgcache_unref(cc->bg);
-            free(pj);
-        }
-    }
+    /* decode this batch's (and the next batch's) background frames during inference */
+    mts_lipsync_prefetch(cc->srv, cc->bg, &cc->opts, cc->batch_size);
     int retry = 0;
     rc = mts_server_submit(cc->srv, &cc->req, &retry, &err);
     if (rc) fail(cc, mts_kserve_http_status(rc), "%s", err.msg);
@@ -357,8 +321,8 @@ void mts_lipsync_http_handle(mts_server *srv, mts_http_conn *c, mts_http_req *hr
     char v[64];
     long long bs = 0, start = 0, quality = 85;
     int fmt = MTS_FRAME_JPEG, wrap = MTS_WRAP_LOOP;
-    if (query_param(hr->query, "batch_size", v, sizeof v) && !parse_int(v, 1, MAX_BATCH, &bs)) {
-        mts_http_respond_error(c, 400, "batch_size '%s' is not a number of frames in 1..%d", v, MAX_BATCH);
+    if (query_param(hr->query, "batch_size", v, sizeof v) && !parse_int(v, 1, MTS_LIPSYNC_MAX_BATCH, &bs)) {
+        mts_http_respond_error(c, 400, "batch_size '%s' is not a number of frames in 1..%d", v, MTS_LIPSYNC_MAX_BATCH);
         return;
     }
     if (query_param(hr->query, "start_frame_idx", v, sizeof v) && !parse_int(v, -2000000000, 2000000000, &start)) {
