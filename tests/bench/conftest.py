@@ -1,6 +1,6 @@
 """Fixtures for the tests of `mtserve bench` (the load generator) against a real server.
 
-`serve(models, max_models=None)` starts `mtserve serve` on a temporary model repository (one
+`servers(models, max_models=None)` (and `serve`, its HTTP-only form) starts `mtserve serve` on a temporary model repository (one
 folder per model name with a symlink to the .onnx file) on a free port, waits for its serving
 line and returns the base URL; the server gets SIGTERM at teardown. `bench(url, *args)` runs
 `mtserve bench ... --json --quiet` and returns the parsed summary. The binary is $MTSERVE when
@@ -22,8 +22,13 @@ TINY = ROOT / "models" / "out" / "tiny.onnx"  # x[N,16] -> y[N,16]
 SERVING_RE = re.compile(r"mtserve: serving (\d+) models? on (http://[0-9.]+:\d+) \(KServe v2\)")
 
 
+GRPC_RE = re.compile(r"mtserve: serving gRPC on ([0-9.]+:\d+) \(")
+
+
 @pytest.fixture
-def serve(tmp_path):
+def servers(tmp_path):
+    """Starts servers on demand: `start(models, max_models=None)` returns (HTTP URL, gRPC host:port)
+    once both front ends print their serving lines; every server gets SIGTERM at teardown."""
     procs = []
 
     def start(models, max_models=None):
@@ -48,9 +53,10 @@ def serve(tmp_path):
         procs.append(p)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
-            m = SERVING_RE.search(out.read_text(errors="replace"))
-            if m:
-                return m.group(2)
+            text = out.read_text(errors="replace")
+            h, g = SERVING_RE.search(text), GRPC_RE.search(text)
+            if h and g:
+                return h.group(2), g.group(1)
             if p.poll() is not None:
                 break
             time.sleep(0.02)
@@ -65,6 +71,12 @@ def serve(tmp_path):
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+
+
+@pytest.fixture
+def serve(servers):
+    """`serve(models, max_models=None)`: like `servers`, returning the HTTP base URL."""
+    return lambda models, max_models=None: servers(models, max_models)[0]
 
 
 def run_bench(url, *args, timeout=120):

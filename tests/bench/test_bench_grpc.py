@@ -11,60 +11,17 @@ out of the reply, and statistics read over HTTP when --url is given as well.
 Run with /usr/bin/python3 -m pytest tests/bench/test_bench_grpc.py.
 """
 import json
-import re
-import signal
 import socket
 import subprocess
-import time
 
 import pytest
 
 from conftest import MTSERVE, TINY
 
-HTTP_RE = re.compile(r"mtserve: serving \d+ models? on (http://[0-9.]+:\d+) \(KServe v2\)")
-GRPC_RE = re.compile(r"mtserve: serving gRPC on ([0-9.]+:\d+) \(")
-
-
 @pytest.fixture
-def grpc_serve(tmp_path):
+def grpc_serve(servers):
     """Starts `mtserve serve` with both front ends on free ports; returns (grpc host:port, http url)."""
-    procs = []
-
-    def start(models):
-        if not MTSERVE.exists():
-            pytest.fail(f"{MTSERVE} is missing: run `make build` first")
-        if not TINY.exists():
-            pytest.fail(f"{TINY} is missing: run `make models` first")
-        repo = tmp_path / f"repo{len(procs)}"
-        for name, path in models.items():
-            (repo / name).mkdir(parents=True)
-            (repo / name / "model.onnx").symlink_to(path)
-        out = tmp_path / f"serve{len(procs)}.out"
-        err = tmp_path / f"serve{len(procs)}.err"
-        args = [str(MTSERVE), "serve", "--model-repository", str(repo), "--http-port", "0", "--grpc-port", "0",
-                "--log-level", "warn"]
-        p = subprocess.Popen(args, stdout=open(out, "wb"), stderr=open(err, "wb"), stdin=subprocess.DEVNULL)
-        procs.append(p)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            text = out.read_text(errors="replace")
-            g, h = GRPC_RE.search(text), HTTP_RE.search(text)
-            if g and h:
-                return g.group(1), h.group(1)
-            if p.poll() is not None:
-                break
-            time.sleep(0.02)
-        pytest.fail(f"server did not start: {err.read_text(errors='replace')[-2000:]}")
-
-    yield start
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+    return lambda models: tuple(reversed(servers(models)))
 
 
 def gbench(target, *args, timeout=120):
