@@ -518,17 +518,22 @@ static int conv_setup(mts_kctx *k, conv_desc *d)
     return MTS_OK;
 }
 
+/* Output shape [N, M, spatial...] of a Conv or ConvTranspose with geometry g. */
+static void set_conv_output(mts_tensor *o, int64_t N, int64_t M, const geom *g)
+{
+    o->dtype = MTS_DTYPE_FLOAT;
+    o->rank = g->nsp + 2;
+    o->dims[0] = N;
+    o->dims[1] = M;
+    for (int i = 0; i < g->nsp; i++) o->dims[2 + i] = g->out[NSP - g->nsp + i];
+}
+
 static int conv_infer(mts_kctx *k)
 {
     conv_desc d;
     int rc = conv_setup(k, &d);
     if (rc) return rc;
-    mts_tensor *o = &k->out[0];
-    o->dtype = MTS_DTYPE_FLOAT;
-    o->rank = d.g.nsp + 2;
-    o->dims[0] = d.N;
-    o->dims[1] = d.M;
-    for (int i = 0; i < d.g.nsp; i++) o->dims[2 + i] = d.g.out[NSP - d.g.nsp + i];
+    set_conv_output(&k->out[0], d.N, d.M, &d.g);
     return MTS_OK;
 }
 
@@ -815,12 +820,7 @@ static int convt_infer(mts_kctx *k)
     convt_desc d;
     int rc = convt_setup(k, &d);
     if (rc) return rc;
-    mts_tensor *o = &k->out[0];
-    o->dtype = MTS_DTYPE_FLOAT;
-    o->rank = d.g.nsp + 2;
-    o->dims[0] = d.N;
-    o->dims[1] = d.M;
-    for (int i = 0; i < d.g.nsp; i++) o->dims[2 + i] = d.g.out[NSP - d.g.nsp + i];
+    set_conv_output(&k->out[0], d.N, d.M, &d.g);
     return MTS_OK;
 }
 
