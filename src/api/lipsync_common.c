@@ -42,6 +42,7 @@ void mts_lipsync_prefetch(mts_server *srv, mts_bgcache *bg, const mts_composite_
     int ahead = mts_bgcache_capacity(bg) >= 2 * n ? 2 * n : n;
     for (int i = 0; i < ahead; i++)
         p->idx[p->n++] = mts_frame_index(o->start_frame_idx, i, mts_bgcache_num_frames(bg), o->wrap);
+    if (o->format == MTS_FRAME_JPEG) mts_bgcache_want_jpeg(bg, mts_composite_quality(o));
     p->bg = bg;
     mts_bgcache_ref(bg);
     if (mts_workq_submit(q, prefetch_run, p)) {

@@ -20,6 +20,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "media/jpeg_splice.h"
 #include "util/json.h"
 
 enum { SLOT_EMPTY = 0, SLOT_LOADING, SLOT_READY };
@@ -28,6 +29,7 @@ typedef struct slot {
     mts_bgframe *frame;
     int state;
     int refs;
+    int jpeg_busy; /* a thread is encoding this frame as JPEG (mts_bgcache_jpeg) */
     int prev, next; /* LRU list (READY slots), -1 terminated */
 } slot;
 
@@ -45,7 +47,8 @@ struct mts_bgcache {
     int head, tail;   /* most / least recently used */
     int cached;
     int64_t bytes;
-    uint64_t requests, hits, misses, evictions, preloads, load_errors, loads;
+    uint64_t requests, hits, misses, evictions, preloads, load_errors, loads, jpeg_spliced, jpeg_full;
+    _Atomic int jpeg_quality; /* of the latest mts_bgcache_jpeg call: decodes encode at it (0: none yet) */
     double total_load_ms;
 };
 
@@ -245,7 +248,27 @@ static void free_frame(mts_bgframe *f)
 {
     if (!f) return;
     mts_image_free(&f->img);
+    mts_jpeg_bg_free(f->jpeg);
     free(f);
+}
+
+static int64_t frame_bytes(const mts_bgframe *f)
+{
+    return (int64_t)f->img.width * f->img.height * 3 + (f->jpeg ? (int64_t)mts_jpeg_bg_bytes(f->jpeg) : 0);
+}
+
+/* The frame's JPEG encoding at quality (lock NOT held); NULL if the encoder fails. */
+static mts_jpeg_bg *encode_jpeg(const mts_image *img, int quality)
+{
+    const uint8_t **rows = malloc(sizeof *rows * (size_t)img->height);
+    mts_jpeg_bg *b = NULL;
+    mts_err err = {0};
+    if (rows) {
+        for (int y = 0; y < img->height; y++) rows[y] = img->rgb + (size_t)y * img->width * 3;
+        if (mts_jpeg_bg_make(rows, img->width, img->height, quality, &b, &err)) b = NULL;
+    }
+    free(rows);
+    return b;
 }
 
 static void cache_free(mts_bgcache *c)
@@ -329,15 +352,22 @@ void mts_bgcache_size(const mts_bgcache *c, int *width, int *height)
     *height = c->height;
 }
 
+int64_t mts_bgcache_frame_reserve(int width, int height)
+{
+    return (int64_t)width * height * 3 + (int64_t)width * height / 4;
+}
+
 int64_t mts_bgcache_capacity_bytes(const mts_bgcache *c)
 {
-    return (int64_t)c->capacity * c->width * c->height * 3;
+    return (int64_t)c->capacity * mts_bgcache_frame_reserve(c->width, c->height);
 }
 
 const mts_crop_rect *mts_bgcache_rect(const mts_bgcache *c, int idx)
 {
     return &c->rects[idx];
 }
+
+static const mts_jpeg_bg *jpeg_of(mts_bgcache *c, mts_bgframe *f, int quality, bool count);
 
 /* ---- LRU (lock held) ---- */
 
@@ -372,7 +402,7 @@ static void trim(mts_bgcache *c)
             lru_unlink(c, i);
             s->state = SLOT_EMPTY;
             c->cached--;
-            c->bytes -= (int64_t)s->frame->img.width * s->frame->img.height * 3;
+            c->bytes -= frame_bytes(s->frame);
             c->evictions++;
             free_frame(s->frame);
             s->frame = NULL;
@@ -396,6 +426,8 @@ static int decode(mts_bgcache *c, int idx, mts_bgframe **out, double *ms, mts_er
         return rc;
     }
     f->idx = idx;
+    int q = atomic_load(&c->jpeg_quality);
+    if (q > 0) f->jpeg = encode_jpeg(&f->img, q); /* NULL on failure: requests encode whole frames */
     *out = f;
     *ms = now_ms() - t0;
     return MTS_OK;
@@ -410,7 +442,7 @@ static void install(mts_bgcache *c, int idx, mts_bgframe *f, double ms, int pin)
     s->refs = pin;
     lru_push_head(c, idx);
     c->cached++;
-    c->bytes += (int64_t)f->img.width * f->img.height * 3;
+    c->bytes += frame_bytes(f);
     c->loads++;
     c->total_load_ms += ms;
     trim(c);
@@ -474,9 +506,19 @@ void mts_bgcache_preload(mts_bgcache *c, int idx)
     pthread_mutex_lock(&c->lock);
     slot *s = &c->slots[idx];
     if (s->state != SLOT_EMPTY) {
+        int q = atomic_load(&c->jpeg_quality);
+        mts_bgframe *f = s->frame;
         if (s->state == SLOT_READY) {
             lru_unlink(c, idx);
             lru_push_head(c, idx);
+            /* cached without the JPEG encoding composites will want: make it now, off their path */
+            if (q > 0 && !s->jpeg_busy && s->refs == 0 && (!f->jpeg || mts_jpeg_bg_quality(f->jpeg) != q)) {
+                s->refs++;
+                pthread_mutex_unlock(&c->lock);
+                jpeg_of(c, f, q, false);
+                mts_bgcache_put(c, f);
+                return;
+            }
         }
         pthread_mutex_unlock(&c->lock);
         return;
@@ -510,6 +552,8 @@ void mts_bgcache_stats_get(mts_bgcache *c, mts_bgcache_stats *o)
     o->preloads = c->preloads;
     o->load_errors = c->load_errors;
     o->loads = c->loads;
+    o->jpeg_spliced = c->jpeg_spliced;
+    o->jpeg_full = c->jpeg_full;
     o->total_load_ms = c->total_load_ms;
     o->frames_cached = c->cached;
     o->bytes = c->bytes;
@@ -521,4 +565,50 @@ void mts_bgcache_stats_get(mts_bgcache *c, mts_bgcache_stats *o)
     o->width = c->width;
     o->height = c->height;
     o->capacity_bytes = mts_bgcache_capacity_bytes(c);
+}
+
+void mts_bgcache_want_jpeg(mts_bgcache *c, int quality)
+{
+    atomic_store(&c->jpeg_quality, quality);
+}
+
+/* mts_bgcache_jpeg; count: whether this is a composite's lookup (counted in the stats). */
+static const mts_jpeg_bg *jpeg_of(mts_bgcache *c, mts_bgframe *f, int quality, bool count)
+{
+    pthread_mutex_lock(&c->lock);
+    slot *s = &c->slots[f->idx];
+    mts_jpeg_bg *have = f->jpeg;
+    if (have && mts_jpeg_bg_quality(have) == quality) {
+        c->jpeg_spliced += count;
+        pthread_mutex_unlock(&c->lock);
+        return have;
+    }
+    if (s->jpeg_busy || (have && s->refs > 1)) { /* being encoded, or read by others at another quality */
+        c->jpeg_full += count;
+        pthread_mutex_unlock(&c->lock);
+        return NULL;
+    }
+    s->jpeg_busy = 1;
+    f->jpeg = NULL;
+    if (have) c->bytes -= (int64_t)mts_jpeg_bg_bytes(have);
+    pthread_mutex_unlock(&c->lock);
+    mts_jpeg_bg_free(have); /* only this thread has the frame pinned: nobody else reads it */
+    mts_jpeg_bg *b = encode_jpeg(&f->img, quality);
+    pthread_mutex_lock(&c->lock);
+    s->jpeg_busy = 0;
+    f->jpeg = b;
+    if (b) {
+        c->bytes += (int64_t)mts_jpeg_bg_bytes(b);
+        c->jpeg_spliced += count;
+    } else {
+        c->jpeg_full += count;
+    }
+    pthread_mutex_unlock(&c->lock);
+    return b;
+}
+
+const mts_jpeg_bg *mts_bgcache_jpeg(mts_bgcache *c, mts_bgframe *f, int quality)
+{
+    atomic_store(&c->jpeg_quality, quality);
+    return jpeg_of(c, f, quality, true);
 }

@@ -50,12 +50,14 @@ typedef struct mts_bgcache_stats {
     uint64_t preloads;    /* frames decoded ahead of use by mts_bgcache_preload */
     uint64_t load_errors; /* decodes that failed (missing/corrupt file, wrong size) */
     uint64_t loads;       /* decodes done (misses + preloads, successful) */
+    uint64_t jpeg_spliced; /* JPEG frames encoded by splicing onto the frame's cached encoding */
+    uint64_t jpeg_full;    /* JPEG frames encoded whole (no cached encoding at that quality yet) */
     double total_load_ms;
     double hit_rate;      /* hits / requests (0 when no requests) */
     double avg_load_ms;   /* total_load_ms / loads */
     int frames_cached, capacity_frames, num_frames, width, height;
-    int64_t bytes;          /* decoded frames held now */
-    int64_t capacity_bytes; /* capacity x width x height x 3: what the model's budget reserves */
+    int64_t bytes;          /* decoded frames and their JPEG encodings held now */
+    int64_t capacity_bytes; /* capacity x mts_bgcache_frame_reserve: what the model's budget reserves */
 } mts_bgcache_stats;
 
 int mts_bgcache_open(const mts_bgcache_config *cfg, mts_bgcache **out, mts_err *err);
@@ -74,6 +76,7 @@ const mts_crop_rect *mts_bgcache_rect(const mts_bgcache *c, int idx);
 typedef struct mts_bgframe {
     mts_image img;
     int idx;
+    struct mts_jpeg_bg *jpeg; /* the frame encoded as JPEG, managed by the cache: use mts_bgcache_jpeg */
 } mts_bgframe;
 
 /* Looks frame idx up (decoding it on a miss) and pins it. Errors: MTS_EINVAL (index out of
@@ -86,5 +89,21 @@ void mts_bgcache_put(mts_bgcache *c, mts_bgframe *f);
  * reports them). */
 void mts_bgcache_preload(mts_bgcache *c, int idx);
 void mts_bgcache_stats_get(mts_bgcache *c, mts_bgcache_stats *out);
+
+/* JPEG encodings of background frames, for media/jpeg_splice.h. Each cached frame may hold one
+ * encoding, at one quality. The cache remembers the quality of the latest call and encodes
+ * every frame it decodes from then on at that quality (off the request path when the frame is
+ * preloaded). For a pinned frame f, mts_bgcache_jpeg returns its encoding at `quality`, making
+ * it now if the frame has none (or one at another quality that no other reader has pinned);
+ * the result stays valid until mts_bgcache_put(c, f). NULL when that is not possible right now
+ * (another thread is encoding the frame, or it is pinned elsewhere at another quality, or the
+ * encoder failed): the caller encodes the whole frame instead. Counts jpeg_spliced/jpeg_full. */
+const struct mts_jpeg_bg *mts_bgcache_jpeg(mts_bgcache *c, mts_bgframe *f, int quality);
+/* Sets the quality that decodes and preloads encode at (before the first composite's lookup;
+ * a preload of a cached frame lacking the encoding makes it). */
+void mts_bgcache_want_jpeg(mts_bgcache *c, int quality);
+/* Bytes the budget reserves per cached frame: the decoded RGB frame plus 2 bits per pixel for
+ * its JPEG encoding (q85 photos take about 1; measured figures in docs/benchmarks.md). */
+int64_t mts_bgcache_frame_reserve(int width, int height);
 
 #endif

@@ -1,10 +1,14 @@
 /*
  * A composite batch (compose.h): per frame, pin the background frame in the cache, check its
  * crop rectangle, resize the mouth region into a patch, build the composited frame's row
- * pointers (only the rectangle's rows are copied) and encode. Scratch buffers are allocated
- * once per batch; timings are split into background (cache), composite and encode.
+ * pointers (only the rectangle's rows are copied) and encode (JPEG: by re-encoding only the
+ * restart intervals around the rectangle onto the frame's cached encoding, jpeg_splice.h).
+ * Scratch buffers are allocated once per batch; timings are split into background (cache),
+ * composite and encode.
  */
 #include "media/compose.h"
+
+#include "media/jpeg_splice.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -47,6 +51,11 @@ int mts_frame_index(long long start, int i, int n, mts_wrap_mode w)
         return (int)(p < n ? p : period - p);
     }
     return (int)(((k % n) + n) % n);
+}
+
+int mts_composite_quality(const mts_composite_opts *o)
+{
+    return o->quality > 0 ? (o->quality > 100 ? 100 : o->quality) : 85;
 }
 
 void mts_composite_out_free(mts_composite_out *out)
@@ -98,7 +107,10 @@ int mts_composite_batch(mts_bgcache *c, const float *mouths, int n, int side_w, 
             out->composite_ms += t2 - t1;
             out->offset[i] = out->data.len;
             if (o->format == MTS_FRAME_JPEG) {
-                rc = mts_jpeg_encode(rows, W, H, o->quality > 0 ? o->quality : 85, &out->data, err);
+                int q = mts_composite_quality(o);
+                const mts_jpeg_bg *jb = mts_bgcache_jpeg(c, f, q);
+                rc = jb ? mts_jpeg_bg_compose(jb, rows, r, &out->data, err)
+                        : mts_jpeg_encode(rows, W, H, q, &out->data, err);
             } else if (o->format == MTS_FRAME_PNG) {
                 rc = mts_png_encode(rows, W, H, o->png_level > 0 ? o->png_level : 1, &out->data, err);
             } else {

@@ -35,6 +35,9 @@ typedef struct mts_composite_opts {
     long long start_frame_idx;
 } mts_composite_opts;
 
+/* The JPEG quality a request gets: o->quality clamped to 1..100, 85 when 0. */
+int mts_composite_quality(const mts_composite_opts *o);
+
 #define MTS_COMPOSITE_MAX_FRAMES 256
 
 typedef struct mts_composite_out {

@@ -269,7 +269,24 @@ static void jd_term(j_compress_ptr ci)
     d->b->len = d->b->cap - d->pub.free_in_buffer;
 }
 
+int mts_jpeg_restart_mcus(int width)
+{
+    int cols = (width + 15) / 16, best = cols; /* MCUs per row (4:2:0: 16x16 pixels) */
+    for (int d = 10; d >= 4; d--)
+        if (cols % d == 0) {
+            best = d;
+            break;
+        }
+    return best;
+}
+
 int mts_jpeg_encode(const uint8_t *const *rows, int width, int height, int quality, mts_buf *out, mts_err *err)
+{
+    return mts_jpeg_encode_ex(rows, width, height, quality, mts_jpeg_restart_mcus(width), out, err);
+}
+
+int mts_jpeg_encode_ex(const uint8_t *const *rows, int width, int height, int quality, int restart_mcus, mts_buf *out,
+                       mts_err *err)
 {
     struct jpeg_compress_struct ci;
     jpeg_err_ctx je;
@@ -296,6 +313,7 @@ int mts_jpeg_encode(const uint8_t *const *rows, int width, int height, int quali
     jpeg_set_defaults(&ci);
     jpeg_set_quality(&ci, quality < 1 ? 1 : quality > 100 ? 100 : quality, TRUE);
     ci.dct_method = JDCT_ISLOW;
+    ci.restart_interval = (unsigned int)(restart_mcus > 0 ? restart_mcus : 0);
     jpeg_start_compress(&ci, TRUE);
     while (ci.next_scanline < ci.image_height) {
         JSAMPROW r[64];

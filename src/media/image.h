@@ -43,8 +43,16 @@ int mts_buf_append(mts_buf *b, const void *p, size_t n);
 
 /* Encodes height rows of width RGB8 pixels (rows[y] points at row y) and APPENDS the file to out.
  * PNG: compression level 0..9 (zlib; 1 is fast), no interlace. JPEG: quality 1..100, 4:2:0
- * chroma subsampling, baseline, no restart markers. */
+ * chroma subsampling, baseline, restart markers as below. */
 int mts_png_encode(const uint8_t *const *rows, int width, int height, int level, mts_buf *out, mts_err *err);
 int mts_jpeg_encode(const uint8_t *const *rows, int width, int height, int quality, mts_buf *out, mts_err *err);
+/* JPEG files from mts_jpeg_encode carry a restart marker every mts_jpeg_restart_mcus(width) MCUs:
+ * a divisor of the MCUs per row (the largest in 4..10, or the whole row when there is none), so
+ * every image row of MCUs holds whole restart intervals. That lets media/jpeg_splice.c replace
+ * the intervals around a crop rectangle without re-encoding the rest (about 1 % larger files). */
+int mts_jpeg_restart_mcus(int width);
+/* Same with an explicit restart interval in MCUs (0: none). */
+int mts_jpeg_encode_ex(const uint8_t *const *rows, int width, int height, int quality, int restart_mcus, mts_buf *out,
+                       mts_err *err);
 
 #endif

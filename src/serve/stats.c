@@ -250,10 +250,12 @@ char *mts_server_metrics(mts_server *s, size_t *len)
         {"mts_bgcache_evictions_total", "Decoded frames evicted (LRU)."},
         {"mts_bgcache_preloads_total", "Frames decoded ahead of use."},
         {"mts_bgcache_load_errors_total", "Frame decodes that failed."},
+        {"mts_bgcache_jpeg_spliced_total", "JPEG frames encoded by re-encoding only the crop rectangle's restart intervals."},
+        {"mts_bgcache_jpeg_full_total", "JPEG frames encoded whole (the background's encoding was not ready)."},
         {"mts_bgcache_hit_rate", "Hits / lookups since the model loaded."},
         {"mts_bgcache_load_avg_ms", "Average PNG decode time per frame (ms)."},
         {"mts_bgcache_frames", "Frames decoded now."},
-        {"mts_bgcache_bytes", "Bytes of decoded frames held now."},
+        {"mts_bgcache_bytes", "Bytes of decoded frames and their JPEG encodings held now."},
         {"mts_bgcache_capacity_bytes", "Bytes reserved in the model's budget for the cache."},
     };
     for (size_t k = 0; k < sizeof bg_names / sizeof bg_names[0]; k++) {
@@ -266,7 +268,8 @@ char *mts_server_metrics(mts_server *s, size_t *len)
             mts_bgcache_stats st;
             mts_bgcache_stats_get(e->cur->bg, &st);
             double v[] = {(double)st.requests, (double)st.hits, (double)st.misses, (double)st.evictions,
-                          (double)st.preloads, (double)st.load_errors, st.hit_rate, st.avg_load_ms,
+                          (double)st.preloads, (double)st.load_errors, (double)st.jpeg_spliced,
+                          (double)st.jpeg_full, st.hit_rate, st.avg_load_ms,
                           (double)st.frames_cached, (double)st.bytes, (double)st.capacity_bytes};
             outf(&b, "%s{model=\"%s\"} %.9g\n", bg_names[k][0], e->cfg->name, v[k]);
         }

@@ -166,14 +166,24 @@ def test_cache_stats_and_metrics(start_server, pb, assets):
     assert bc.enabled and not bc.error and bc.requests == 2 * NF and bc.hits + bc.misses == bc.requests
     assert bc.capacity_frames == 6 and bc.num_frames == NF and (bc.width, bc.height) == (FW, FH)
     assert bc.frames_cached <= 6 and bc.bytes == bc.frames_cached * FW * FH * 3
-    assert bc.capacity_bytes == 6 * FW * FH * 3 and st.memory_bytes > bc.capacity_bytes
+    # per frame: the decoded RGB frame plus 2 bits per pixel for its JPEG encoding (jpeg_splice.h)
+    assert bc.capacity_bytes == 6 * (FW * FH * 3 + FW * FH // 4) and st.memory_bytes > bc.capacity_bytes
     assert bc.evictions > 0 and bc.avg_load_ms > 0 and 0 <= bc.hit_rate <= 1
     assert bc.hit_rate == pytest.approx(bc.hits / bc.requests)
     metrics = urllib.request.urlopen(http_base(srv) + "/metrics", timeout=30).read().decode()
     assert 'mts_bgcache_requests_total{model="lip"} %d' % (2 * NF) in metrics
     for name in ("hits_total", "misses_total", "evictions_total", "hit_rate", "load_avg_ms", "bytes",
-                 "capacity_bytes"):
+                 "capacity_bytes", "jpeg_spliced_total", "jpeg_full_total"):
         assert 'mts_bgcache_%s{model="lip"}' % name in metrics
+    assert 'mts_bgcache_jpeg_spliced_total{model="lip"} 0\n' in metrics  # no JPEG asked for yet
+    # JPEG playback: frames are encoded by splicing onto the backgrounds' cached encodings
+    for start_idx in range(0, 2 * NF, 2):
+        s.InferBatchComposite(comp_req(pb, vis, aud, start_frame_idx=start_idx), timeout=120)
+    metrics = urllib.request.urlopen(http_base(srv) + "/metrics", timeout=30).read().decode()
+    val = {k: float(metrics.split('mts_bgcache_%s{model="lip"} ' % k)[1].split()[0])
+           for k in ("jpeg_spliced_total", "jpeg_full_total", "bytes", "frames")}
+    assert val["jpeg_spliced_total"] + val["jpeg_full_total"] == 2 * NF and val["jpeg_spliced_total"] >= NF
+    assert val["bytes"] > val["frames"] * FW * FH * 3  # the encodings are counted
 
 
 def test_bad_assets_fail_requests_model_keeps_serving(start_server, pb, assets, tmp_path):

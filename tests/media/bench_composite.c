@@ -1,6 +1,8 @@
 /*
  * Compositing micro-benchmark (issue 6 figures for docs/benchmarks.md), single-threaded:
- *   1. PNG decode time of a background frame (cache miss cost);
+ *   1. PNG decode time of a background frame (cache miss cost), and the time to encode a
+ *      decoded background as the JPEG that composites splice into (once per cached frame, on
+ *      the prefetch thread in the server);
  *   2. composite + encode per frame with the background cached (resize 3x320x320 -> crop
  *      rectangle, paste, encode) for JPEG at the given quality, PNG (level 1) and raw RGB;
  *   3. cache hit rate of sequential playback (batches of `batch` frames, start advancing by
@@ -15,6 +17,7 @@
 #include <time.h>
 
 #include "media/compose.h"
+#include "media/jpeg_splice.h"
 
 static double now_ms(void)
 {
@@ -97,6 +100,21 @@ int main(int argc, char **argv)
     int nd = n < cache ? n : cache;
     for (int i = 0; i < nd; i++) mts_bgcache_preload(c, i);
     printf("decode    %dx%d PNG: %.2f ms CPU/frame (%d frames)\n", W, H, (cpu_ms() - t0) / nd, nd);
+    /* 1b. the background's JPEG encoding (what a decode adds once composites want JPEG) */
+    t0 = cpu_ms();
+    size_t jbytes = 0;
+    for (int i = 0; i < nd; i++) {
+        mts_bgframe *f;
+        if (mts_bgcache_get(c, i, &f, &err)) {
+            fprintf(stderr, "%s\n", err.msg);
+            return 1;
+        }
+        const mts_jpeg_bg *jb = mts_bgcache_jpeg(c, f, quality);
+        jbytes += jb ? mts_jpeg_bg_bytes(jb) : 0;
+        mts_bgcache_put(c, f);
+    }
+    printf("bg jpeg   q%d encoding of a cached background: %.2f ms CPU/frame, %.0f KB/frame held\n", quality,
+           (cpu_ms() - t0) / nd, (double)jbytes / nd / 1024);
     /* 2. composite + encode with cached backgrounds */
     float *m = malloc(sizeof(float) * 3 * 320 * 320);
     for (size_t i = 0; i < (size_t)3 * 320 * 320; i++) m[i] = (float)((i * 2654435761u) % 1000) / 1000.f;

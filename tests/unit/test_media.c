@@ -2,7 +2,8 @@
  * Unit tests of src/media (lip-sync compositing, issue 6): quantization and bilinear resize
  * against a reference computed here in double precision, pixel-exact compositing of a known
  * pattern through the whole batch path (cache -> resize -> paste -> raw RGB / PNG round trip),
- * JPEG output structure, frame index wrapping, LRU accounting (hits, misses, evictions,
+ * JPEG output structure, JPEG splicing (byte-identical to encoding the whole frame, for frame
+ * sizes with and without partial MCUs and rectangles touching every edge), frame index wrapping, LRU accounting (hits, misses, evictions,
  * preloads, pinned frames), every bad-asset case (missing folder, numbering gap, num_frames
  * mismatch, bad or incomplete crop JSON, missing / corrupt / wrong-size frame, rectangle
  * outside the frame), and concurrent lookups and composites (run under TSan by the TSan build).
@@ -21,8 +22,10 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <jpeglib.h>
 
 #include "media/compose.h"
+#include "media/jpeg_splice.h"
 
 #define W 200
 #define H 150
@@ -260,6 +263,38 @@ static void test_composite_pixel_exact(void **state)
                 assert_int_equal((j[k + 7] << 8) | j[k + 8], W);
             }
         assert_true(sof);
+        /* It is the whole-frame encoding of the raw frame, byte for byte, and decodes without
+         * warnings to that frame within JPEG's error (the sawtooth pattern here is hard on 4:2:0
+         * JPEG: about 18 dB; garbage blocks from a misplaced restart interval would drop it). */
+        const uint8_t *rrows[H];
+        for (int y = 0; y < H; y++) rrows[y] = out.data.data + out.offset[i] + (size_t)y * W * 3;
+        mts_buf whole = {0};
+        assert_int_equal(mts_jpeg_encode(rrows, W, H, 85, &whole, &err), 0);
+        assert_int_equal(whole.len, jl);
+        assert_memory_equal(whole.data, j, jl);
+        mts_buf_free(&whole);
+        struct jpeg_decompress_struct d;
+        struct jpeg_error_mgr je;
+        d.err = jpeg_std_error(&je);
+        jpeg_create_decompress(&d);
+        jpeg_mem_src(&d, j, (unsigned long)jl);
+        assert_int_equal(jpeg_read_header(&d, TRUE), JPEG_HEADER_OK);
+        d.out_color_space = JCS_RGB;
+        jpeg_start_decompress(&d);
+        uint8_t line[W * 3];
+        double se = 0;
+        const uint8_t *want = out.data.data + out.offset[i];
+        while (d.output_scanline < (unsigned)H) {
+            JSAMPROW rp = line;
+            int y = (int)d.output_scanline;
+            jpeg_read_scanlines(&d, &rp, 1);
+            for (int x = 0; x < W * 3; x++) se += (line[x] - want[(size_t)y * W * 3 + x]) * (double)(line[x] - want[(size_t)y * W * 3 + x]);
+        }
+        jpeg_finish_decompress(&d);
+        assert_int_equal(je.num_warnings, 0);
+        jpeg_destroy_decompress(&d);
+        double psnr = 10 * log10(255.0 * 255.0 / (se / ((double)W * H * 3)));
+        if (psnr < 16) fail_msg("frame %d: JPEG decodes with PSNR %.1f dB against the raw frame", i, psnr);
     }
     mts_composite_out_free(&png);
     mts_composite_out_free(&jpg);
@@ -267,6 +302,73 @@ static void test_composite_pixel_exact(void **state)
     free(m);
     mts_bgcache_unref(c);
     remove_assets(dir);
+}
+
+/* A frame with structure (gradients, edges) and noise, like a photo. */
+static uint8_t *noisy_frame(int w, int h, unsigned seed)
+{
+    uint8_t *px = malloc((size_t)w * h * 3);
+    for (int y = 0; y < h; y++)
+        for (int x = 0; x < w; x++)
+            for (int c = 0; c < 3; c++) {
+                seed = seed * 1103515245u + 12345u;
+                int v = (x * (c + 1) + y * 2) / 3 + ((x / 37 + y / 23) & 1) * 60 + (int)((seed >> 16) & 31);
+                px[((size_t)y * w + x) * 3 + c] = (uint8_t)(v & 255);
+            }
+    return px;
+}
+
+/* Splicing the re-encoded intervals around a rectangle into the background's encoding gives the
+ * exact bytes of encoding the whole composited frame. */
+static void test_jpeg_splice(void **state)
+{
+    (void)state;
+    static const int sizes[][2] = {{1280, 720}, {1000, 700}, {200, 150}, {40, 24}, {16, 16}, {17, 9}, {333, 100}};
+    unsigned seed = 7;
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+        int w = sizes[si][0], h = sizes[si][1];
+        uint8_t *bg = noisy_frame(w, h, (unsigned)si + 1), *comp = malloc((size_t)w * h * 3);
+        const uint8_t **rows = malloc(sizeof *rows * (size_t)h);
+        for (int y = 0; y < h; y++) rows[y] = bg + (size_t)y * w * 3;
+        for (int q = 50; q <= 95; q += 45) {
+            mts_jpeg_bg *jb;
+            mts_err err = {0};
+            assert_int_equal(mts_jpeg_bg_make(rows, w, h, q, &jb, &err), 0);
+            mts_crop_rect rects[8] = {{0, 0, w, h}, {0, 0, 1, 1}, {w - 1, h - 1, w, h}, {w / 3, h / 4, w / 2 + 1, h / 2 + 3}};
+            for (int k = 4; k < 8; k++) { /* random rectangles */
+                seed = seed * 1103515245u + 12345u;
+                int x1 = (int)(seed >> 8) % w, y1 = (int)(seed >> 4) % h;
+                seed = seed * 1103515245u + 12345u;
+                int x2 = x1 + 1 + (int)(seed >> 8) % (w - x1), y2 = y1 + 1 + (int)(seed >> 4) % (h - y1);
+                rects[k] = (mts_crop_rect){x1, y1, x2, y2};
+            }
+            if (w > 300 && h > 270) rects[4] = (mts_crop_rect){w - 290, h - 260, w, h}; /* touching right, bottom */
+            for (int k = 0; k < 8; k++) {
+                mts_crop_rect r = rects[k];
+                assert_int_equal(mts_crop_check(&r, w, h, 0, &err), 0);
+                memcpy(comp, bg, (size_t)w * h * 3);
+                for (int y = r.y1; y < r.y2; y++)
+                    for (int x = r.x1; x < r.x2; x++)
+                        for (int c = 0; c < 3; c++) comp[((size_t)y * w + x) * 3 + c] = (uint8_t)(255 - x - c * y);
+                const uint8_t **crow = malloc(sizeof *crow * (size_t)h);
+                for (int y = 0; y < h; y++) crow[y] = comp + (size_t)y * w * 3;
+                mts_buf whole = {0}, spliced = {0};
+                assert_int_equal(mts_jpeg_encode(crow, w, h, q, &whole, &err), 0);
+                assert_int_equal(mts_buf_append(&spliced, "x", 1), 0); /* appends after existing bytes */
+                assert_int_equal(mts_jpeg_bg_compose(jb, crow, &r, &spliced, &err), 0);
+                if (spliced.len - 1 != whole.len || memcmp(spliced.data + 1, whole.data, whole.len))
+                    fail_msg("%dx%d q%d rect [%d,%d,%d,%d]: spliced JPEG (%zu bytes) differs from the whole-frame "
+                             "encoding (%zu bytes)", w, h, q, r.x1, r.y1, r.x2, r.y2, spliced.len - 1, whole.len);
+                mts_buf_free(&whole);
+                mts_buf_free(&spliced);
+                free(crow);
+            }
+            mts_jpeg_bg_free(jb);
+        }
+        free(rows);
+        free(bg);
+        free(comp);
+    }
 }
 
 static void test_frame_index(void **state)
@@ -306,7 +408,8 @@ static void test_cache_accounting(void **state)
     assert_int_equal(open_cache(dir, NULL, NF, 3, &c, &err), 0);
     mts_bgcache_stats st;
     mts_bgcache_stats_get(c, &st);
-    assert_int_equal(st.capacity_bytes, 3LL * W * H * 3);
+    assert_int_equal(st.capacity_bytes, 3 * mts_bgcache_frame_reserve(W, H));
+    assert_true(st.capacity_bytes > 3LL * W * H * 3);
     assert_int_equal(st.width, W);
     assert_int_equal(st.height, H);
     get_put(c, 0);
@@ -345,8 +448,37 @@ static void test_cache_accounting(void **state)
     get_put(c, 2);
     mts_bgcache_stats_get(c, &st);
     assert_int_equal(st.hits, hits + 1);
+    /* JPEG encodings: made on first use at a quality, reused, replaced at another quality while
+     * only this reader has the frame pinned, refused while another reader has it pinned. */
+    mts_bgframe *f, *f2;
+    assert_int_equal(mts_bgcache_get(c, 2, &f, &err), 0);
+    mts_bgcache_stats_get(c, &st);
+    int64_t before = st.bytes;
+    const mts_jpeg_bg *j85 = mts_bgcache_jpeg(c, f, 85);
+    assert_non_null(j85);
+    assert_int_equal(mts_jpeg_bg_quality(j85), 85);
+    assert_ptr_equal(mts_bgcache_jpeg(c, f, 85), j85);
+    mts_bgcache_stats_get(c, &st);
+    assert_int_equal(st.bytes, before + (int64_t)mts_jpeg_bg_bytes(j85));
+    const mts_jpeg_bg *j90 = mts_bgcache_jpeg(c, f, 90);
+    assert_non_null(j90);
+    assert_int_equal(mts_jpeg_bg_quality(j90), 90);
+    assert_int_equal(mts_bgcache_get(c, 2, &f2, &err), 0);
+    assert_null(mts_bgcache_jpeg(c, f2, 85)); /* pinned twice: the quality-90 encoding stays */
+    assert_int_equal(mts_jpeg_bg_quality(j90), 90);
+    mts_bgcache_put(c, f2);
+    mts_bgcache_stats_get(c, &st);
+    assert_int_equal(st.jpeg_spliced, 3);
+    assert_int_equal(st.jpeg_full, 1);
+    assert_int_equal(st.bytes, before + (int64_t)mts_jpeg_bg_bytes(j90));
+    mts_bgcache_put(c, f);
+    /* Frames decoded from now on are encoded at the latest quality (85) as they are decoded. */
+    get_put(c, 7);
+    assert_int_equal(mts_bgcache_get(c, 7, &f, &err), 0);
+    assert_non_null(f->jpeg);
+    assert_int_equal(mts_jpeg_bg_quality(f->jpeg), 85);
+    mts_bgcache_put(c, f);
     /* Out of range index. */
-    mts_bgframe *f;
     assert_int_equal(mts_bgcache_get(c, NF, &f, &err), MTS_EINVAL);
     mts_bgcache_unref(c);
     remove_assets(dir);
@@ -482,11 +614,27 @@ static void *worker(void *p)
         if (mts_bgcache_get(a->c, idx, &f, &err) || f->img.rgb[0] != bg_pixel(idx, 0, 0, 0)) a->failures++;
         else mts_bgcache_put(a->c, f);
         if (k % 4 == 0) mts_bgcache_preload(a->c, (idx + 1) % NF);
-        if (k % 10 == 0) {
-            mts_composite_opts o = {k % 20 ? MTS_FRAME_JPEG : MTS_FRAME_RGB, 80, 1, MTS_WRAP_PINGPONG, idx};
-            mts_composite_out out;
-            if (mts_composite_batch(a->c, m, 2, S, S, &o, &out, &err)) a->failures++;
-            else mts_composite_out_free(&out);
+        if (k % 5 == 0) { /* JPEG at two qualities (encodings replaced under contention) vs whole-frame encoding */
+            int q = k % 10 ? 80 : 90;
+            mts_composite_opts o = {MTS_FRAME_RGB, q, 1, MTS_WRAP_PINGPONG, idx};
+            mts_composite_out raw, jpg;
+            if (mts_composite_batch(a->c, m, 2, S, S, &o, &raw, &err)) {
+                a->failures++;
+                continue;
+            }
+            o.format = MTS_FRAME_JPEG;
+            if (mts_composite_batch(a->c, m, 2, S, S, &o, &jpg, &err)) a->failures++;
+            for (int i = 0; !err.code && i < 2; i++) {
+                const uint8_t *rows[H];
+                for (int y = 0; y < H; y++) rows[y] = raw.data.data + raw.offset[i] + (size_t)y * W * 3;
+                mts_buf whole = {0};
+                if (mts_jpeg_encode(rows, W, H, q, &whole, &err) || whole.len != jpg.len[i] ||
+                    memcmp(whole.data, jpg.data.data + jpg.offset[i], whole.len))
+                    a->failures++;
+                mts_buf_free(&whole);
+            }
+            if (!err.code) mts_composite_out_free(&jpg);
+            mts_composite_out_free(&raw);
         }
         mts_bgcache_stats st;
         mts_bgcache_stats_get(a->c, &st);
@@ -529,6 +677,7 @@ int main(void)
         cmocka_unit_test(test_quantize),
         cmocka_unit_test(test_resize_identity_and_reference),
         cmocka_unit_test(test_composite_pixel_exact),
+        cmocka_unit_test(test_jpeg_splice),
         cmocka_unit_test(test_frame_index),
         cmocka_unit_test(test_cache_accounting),
         cmocka_unit_test(test_bad_assets),
