@@ -143,6 +143,7 @@ void mts__grpc_call_unref(mts__grpc_call *c)
 static bool start_batch(mts__grpc_call *c, const grpc_op *ops, size_t n, mts__grpc_tag *tag)
 {
     mts__grpc_call_ref(c);
+    mts__grpc_tag_handoff(tag);
     grpc_call_error e = grpc_call_start_batch(c->call, ops, n, tag, NULL);
     if (e != GRPC_CALL_OK) {
         MTS_WARN("grpc: start_batch failed (%d) on %.*s", (int)e, (int)GRPC_SLICE_LENGTH(c->details.method),
@@ -438,10 +439,10 @@ static void on_new_call(mts__grpc_tag *t, bool ok)
     c->status_details = grpc_empty_slice();
     atomic_init(&c->refs, 1); /* alive */
     pthread_mutex_init(&c->lock, NULL);
-    c->t_close = (mts__grpc_tag){on_close, c};
-    c->t_recv = (mts__grpc_tag){on_read, c};
-    c->t_send = (mts__grpc_tag){on_sent, c};
-    c->t_status = (mts__grpc_tag){on_status_sent, c};
+    c->t_close = (mts__grpc_tag){on_close, c, 0};
+    c->t_recv = (mts__grpc_tag){on_read, c, 0};
+    c->t_send = (mts__grpc_tag){on_sent, c, 0};
+    c->t_status = (mts__grpc_tag){on_status_sent, c, 0};
     atomic_fetch_add(&g->live_calls, 1);
     arm_slot(s);
 
@@ -469,6 +470,7 @@ static void arm_slot(request_slot *s)
     s->call = NULL;
     grpc_call_details_init(&s->details);
     grpc_metadata_array_init(&s->md);
+    mts__grpc_tag_handoff(&s->tag);
     grpc_call_error e = grpc_server_request_call(s->g->server, &s->call, &s->details, &s->md, s->g->cq, s->g->cq, s);
     if (e != GRPC_CALL_OK) {
         grpc_call_details_destroy(&s->details);
@@ -494,6 +496,7 @@ static void *poll_main(void *arg)
         if (ev.type == GRPC_QUEUE_SHUTDOWN) break;
         if (ev.type != GRPC_OP_COMPLETE) continue;
         mts__grpc_tag *t = ev.tag;
+        (void)atomic_load_explicit(&t->handoffs, memory_order_acquire);
         t->fn(t, ev.success != 0);
     }
     return NULL;
@@ -575,6 +578,7 @@ void mts_grpc_stop_accepting(mts_grpc *g)
     bool start = !g->shutdown_started;
     g->shutdown_started = true;
     pthread_mutex_unlock(&g->lock);
+    if (start) mts__grpc_tag_handoff(&g->t_shutdown);
     if (start) grpc_server_shutdown_and_notify(g->server, g->cq, &g->t_shutdown);
 }
 
