@@ -32,6 +32,8 @@ int mts_crop_check(const mts_crop_rect *r, int width, int height, int frame_idx,
 
 /* Resizes a planar float image (3 x src_h x src_w) to dst_w x dst_h interleaved RGB8. */
 void mts_mouth_resize(const float *planar, int src_w, int src_h, int dst_w, int dst_h, uint8_t *dst_rgb);
+/* Tests: 1 makes mts_mouth_resize use its scalar path, 0 lets it pick (AVX2 where present). */
+void mts_mouth_resize_force_scalar(int on);
 
 /* Quantizes one value as above (exposed for tests). */
 static inline uint8_t mts_unit_to_u8(float v)

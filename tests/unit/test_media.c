@@ -161,9 +161,8 @@ static void test_quantize(void **state)
     assert_int_equal(mts_unit_to_u8(0.6f / 255.0f), 1);
 }
 
-static void test_resize_identity_and_reference(void **state)
+static void check_resize(void)
 {
-    (void)state;
     float *m = make_mouths(1, 7);
     uint8_t *out = malloc((size_t)S * S * 3);
     mts_mouth_resize(m, S, S, S, S, out); /* same size: exact per-pixel quantization */
@@ -194,6 +193,16 @@ static void test_resize_identity_and_reference(void **state)
     }
     free(out);
     free(m);
+}
+
+/* Both resize paths (AVX2 where the CPU has it, and the scalar one) against the reference. */
+static void test_resize_identity_and_reference(void **state)
+{
+    (void)state;
+    check_resize();
+    mts_mouth_resize_force_scalar(1);
+    check_resize();
+    mts_mouth_resize_force_scalar(0);
 }
 
 static void test_composite_pixel_exact(void **state)
