@@ -4,7 +4,8 @@
  *      decoded background as the JPEG that composites splice into (once per cached frame, on
  *      the prefetch thread in the server);
  *   2. composite + encode per frame with the background cached (resize 3x320x320 -> crop
- *      rectangle, paste, encode) for JPEG at the given quality, PNG (level 1) and raw RGB;
+ *      rectangle, paste, encode) for JPEG at the given quality, PNG (level 1) and raw RGB, and
+ *      as the reference for JPEG the whole-frame encode that splicing replaces;
  *   3. cache hit rate of sequential playback (batches of `batch` frames, start advancing by
  *      batch, wrapping over the avatar) with the given cache size, with and without preloading
  *      the next batch, plus the bytes the cache holds / reserves.
@@ -145,6 +146,34 @@ int main(int argc, char **argv)
                cpu[it / 2], cpu[0], tot[it / 2], tot[it * 9 / 10], comp / it, enc / it, bytes / it / 1024);
         free(tot);
         free(cpu);
+    }
+    /* 2b. reference in the same run: encoding the whole composited frame (what a frame costs
+     * without splicing: composite as above + this) */
+    {
+        mts_composite_opts o = {MTS_FRAME_RGB, quality, 1, MTS_WRAP_LOOP, 0};
+        mts_composite_out out;
+        if (mts_composite_batch(c, m, 1, 320, 320, &o, &out, &err)) {
+            fprintf(stderr, "%s\n", err.msg);
+            return 1;
+        }
+        const uint8_t **rows = malloc(sizeof *rows * (size_t)H);
+        for (int y = 0; y < H; y++) rows[y] = out.data.data + (size_t)y * W * 3;
+        double *cpu = malloc(sizeof(double) * (size_t)iters);
+        size_t bytes = 0;
+        for (int i = 0; i < iters; i++) {
+            mts_buf b = {0};
+            double ca = cpu_ms();
+            mts_jpeg_encode(rows, W, H, quality, &b, &err);
+            cpu[i] = cpu_ms() - ca;
+            bytes = b.len;
+            mts_buf_free(&b);
+        }
+        qsort(cpu, (size_t)iters, sizeof *cpu, cmp_d);
+        printf("reference whole-frame JPEG q%d encode (no splicing): CPU median %.2f ms (min %.2f), %.0f KB\n", quality,
+               cpu[iters / 2], cpu[0], (double)bytes / 1024);
+        free(cpu);
+        free(rows);
+        mts_composite_out_free(&out);
     }
     free(m);
     mts_bgcache_unref(c);
