@@ -1170,6 +1170,34 @@ void mts_http_respond_error(mts_http_conn *c, int status, const char *fmt, ...)
     mts_http_respond(c, status, "application/json", NULL, body, bl);
 }
 
+char *mts_http_error_json(const char *msg, size_t *len)
+{
+    char body[2048];
+    size_t bl = json_error(body, sizeof body, msg);
+    char *s = malloc(bl + 1);
+    if (!s) return NULL;
+    memcpy(s, body, bl);
+    s[bl] = 0;
+    *len = bl;
+    return s;
+}
+
+bool mts_http_query_param(const char *query, const char *key, char *out, size_t cap)
+{
+    size_t klen = strlen(key);
+    const char *q = query;
+    while (q && *q) {
+        const char *amp = strchr(q, '&');
+        size_t len = amp ? (size_t)(amp - q) : strlen(q);
+        if (len > klen && !strncmp(q, key, klen) && q[klen] == '=') {
+            snprintf(out, cap, "%.*s", (int)(len - klen - 1), q + klen + 1);
+            return true;
+        }
+        q = amp ? amp + 1 : NULL;
+    }
+    return false;
+}
+
 mts_http_req *mts_http_conn_request(mts_http_conn *c)
 {
     return &c->req;

@@ -23,6 +23,7 @@
 #ifndef MTS_API_HTTP_H
 #define MTS_API_HTTP_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <sys/uio.h>
 
@@ -112,6 +113,14 @@ void mts_http_respondv(mts_http_conn *c, int status, const char *content_type,
 /* Convenience: status with body {"error":"<formatted message, JSON-escaped>"}. */
 void mts_http_respond_error(mts_http_conn *c, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* {"error":"<msg, JSON-escaped>"} in a malloc'd string (its length in *len), for answers that
+ * go out through mts_http_respondv with a done callback; NULL when out of memory. */
+char *mts_http_error_json(const char *msg, size_t *len);
+
+/* Copies the raw (not percent-decoded) value of `key` in a query string ("a=1&b=2") into out
+ * (cut to cap - 1 bytes). False when the key is absent. */
+bool mts_http_query_param(const char *query, const char *key, char *out, size_t cap);
 
 /* The request of an in-flight connection handle (the same pointer the handler got). */
 mts_http_req *mts_http_conn_request(mts_http_conn *c);

@@ -6,6 +6,7 @@
  *   POST /v2/models/{m}[/versions/{v}]/infer
  *   POST /v2/repository/index | /v2/repository/models/{m}/load | .../unload
  *   POST /api/v1/lipsync/{m}/composite   (lip-sync compositing: api/lipsync_http.c)
+ *   POST /api/v1/segment, /api/v1/batch-segment (image segmentation uploads: api/segment_http.c)
  *
  * Inference requests are parsed on the I/O thread into an mts_request whose input tensors point
  * into the request body (binary extension) or into buffers flattened from JSON data; the reply
@@ -21,6 +22,7 @@
 
 #include "api/http.h"
 #include "api/lipsync_http.h"
+#include "api/segment_http.h"
 #include "util/json.h"
 #include "util/log.h"
 
@@ -945,6 +947,11 @@ static void handler(void *user, mts_http_conn *c, mts_http_req *hr)
         }
         mts_http_respond(c, 200, "text/plain; version=0.0.4", NULL, text, len);
         free(text);
+        return;
+    }
+    if (mts_segment_http_route(p)) {
+        /* Segmentation uploads (seeds/004, api/segment_http.c); cancellable like the above. */
+        mts_segment_http_handle(h->srv, c, hr);
         return;
     }
     if (!strncmp(p, MTS_LIPSYNC_HTTP_PREFIX, strlen(MTS_LIPSYNC_HTTP_PREFIX))) {

@@ -73,15 +73,8 @@ static void fail(comp_call *cc, int http_status, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    mts_jw w;
-    mts_jw_init(&w);
-    mts_jw_begin_object(&w);
-    mts_jw_key(&w, "error");
-    mts_jw_string(&w, msg);
-    mts_jw_end_object(&w);
     size_t len = 0;
-    cc->head = mts_jw_take(&w, &len);
-    mts_jw_free(&w);
+    cc->head = mts_http_error_json(msg, &len);
     static const char oom[] = "{\"error\":\"out of memory\"}";
     struct iovec iov = cc->head ? (struct iovec){cc->head, len} : (struct iovec){(void *)oom, sizeof oom - 1};
     mts_http_respondv(cc->conn, http_status, "application/json", http_status == 429 ? "Retry-After: 1\r\n" : NULL,
@@ -275,21 +268,6 @@ static void loaded(void *user, int status, const char *msg)
 
 /* ---- request parsing (I/O thread) ---- */
 
-static bool query_param(const char *q, const char *key, char *out, size_t cap)
-{
-    size_t klen = strlen(key);
-    while (q && *q) {
-        const char *amp = strchr(q, '&');
-        size_t len = amp ? (size_t)(amp - q) : strlen(q);
-        if (len > klen && !strncmp(q, key, klen) && q[klen] == '=') {
-            snprintf(out, cap, "%.*s", (int)(len - klen - 1), q + klen + 1);
-            return true;
-        }
-        q = amp ? amp + 1 : NULL;
-    }
-    return false;
-}
-
 static bool parse_int(const char *s, long long lo, long long hi, long long *out)
 {
     char *end = NULL;
@@ -321,23 +299,23 @@ void mts_lipsync_http_handle(mts_server *srv, mts_http_conn *c, mts_http_req *hr
     char v[64];
     long long bs = 0, start = 0, quality = 85;
     int fmt = MTS_FRAME_JPEG, wrap = MTS_WRAP_LOOP;
-    if (query_param(hr->query, "batch_size", v, sizeof v) && !parse_int(v, 1, MTS_LIPSYNC_MAX_BATCH, &bs)) {
+    if (mts_http_query_param(hr->query, "batch_size", v, sizeof v) && !parse_int(v, 1, MTS_LIPSYNC_MAX_BATCH, &bs)) {
         mts_http_respond_error(c, 400, "batch_size '%s' is not a number of frames in 1..%d", v, MTS_LIPSYNC_MAX_BATCH);
         return;
     }
-    if (query_param(hr->query, "start_frame_idx", v, sizeof v) && !parse_int(v, -2000000000, 2000000000, &start)) {
+    if (mts_http_query_param(hr->query, "start_frame_idx", v, sizeof v) && !parse_int(v, -2000000000, 2000000000, &start)) {
         mts_http_respond_error(c, 400, "start_frame_idx '%s' is not an integer", v);
         return;
     }
-    if (query_param(hr->query, "quality", v, sizeof v) && !parse_int(v, 1, 100, &quality)) {
+    if (mts_http_query_param(hr->query, "quality", v, sizeof v) && !parse_int(v, 1, 100, &quality)) {
         mts_http_respond_error(c, 400, "quality '%s' is not in 1..100", v);
         return;
     }
-    if (query_param(hr->query, "format", v, sizeof v) && (fmt = mts_frame_format_parse(v)) < 0) {
+    if (mts_http_query_param(hr->query, "format", v, sizeof v) && (fmt = mts_frame_format_parse(v)) < 0) {
         mts_http_respond_error(c, 400, "format '%s' is not one of jpeg, png, rgb", v);
         return;
     }
-    if (query_param(hr->query, "wrap", v, sizeof v) && (wrap = mts_wrap_mode_parse(v)) < 0) {
+    if (mts_http_query_param(hr->query, "wrap", v, sizeof v) && (wrap = mts_wrap_mode_parse(v)) < 0) {
         mts_http_respond_error(c, 400, "wrap '%s' is not one of loop, pingpong", v);
         return;
     }

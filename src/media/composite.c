@@ -25,8 +25,7 @@ int mts_crop_check(const mts_crop_rect *r, int width, int height, int frame_idx,
     return MTS_OK;
 }
 
-/* Source index pair and weight of the second for each of n output positions. */
-static void axis_map(int src, int dst, int *i0, int *i1, float *w)
+void mts_resize_axis(int src, int dst, int *i0, int *i1, float *w)
 {
     double scale = (double)src / (double)dst;
     for (int d = 0; d < dst; d++) {
@@ -124,8 +123,8 @@ void mts_mouth_resize(const float *planar, int src_w, int src_h, int dst_w, int 
     }
     int *x0 = xi, *x1 = xi + dst_w, *y0 = xi + 2 * dst_w, *y1 = y0 + dst_h;
     float *wx = xw, *wy = xw + dst_w, *row = wy + dst_h; /* row: 3 blended source rows */
-    axis_map(src_w, dst_w, x0, x1, wx);
-    axis_map(src_h, dst_h, y0, y1, wy);
+    mts_resize_axis(src_w, dst_w, x0, x1, wx);
+    mts_resize_axis(src_h, dst_h, y0, y1, wy);
     int fast = 0;
 #ifdef HAVE_AVX2_PATH
     int u = __atomic_load_n(&use_avx2, __ATOMIC_RELAXED);

@@ -30,6 +30,10 @@ typedef struct mts_crop_rect {
  * empty) when r does not fit. */
 int mts_crop_check(const mts_crop_rect *r, int width, int height, int frame_idx, mts_err *err);
 
+/* The bilinear sampling of one axis under the convention above: for each of dst output
+ * positions, the two source indices (i1 = i0 + 1, or i0 at the last one) and the weight of i1. */
+void mts_resize_axis(int src, int dst, int *i0, int *i1, float *w);
+
 /* Resizes a planar float image (3 x src_h x src_w) to dst_w x dst_h interleaved RGB8. */
 void mts_mouth_resize(const float *planar, int src_w, int src_h, int dst_w, int dst_h, uint8_t *dst_rgb);
 /* Tests: 1 makes mts_mouth_resize use its scalar path, 0 lets it pick (AVX2 where present). */

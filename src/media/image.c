@@ -58,6 +58,7 @@ typedef struct png_ctx {
     char msg[256];
     const uint8_t *mem; /* memory source */
     size_t len, pos;
+    int64_t max_pixels; /* 0: only the per-side limit */
 } png_ctx;
 
 static void png_err_fn(png_structp p, png_const_charp msg)
@@ -107,6 +108,11 @@ static int png_decode(FILE *f, png_ctx *ctx, const char *what, mts_image *out, b
     png_uint_32 w = png_get_image_width(p, info), h = png_get_image_height(p, info);
     out->width = (int)w;
     out->height = (int)h;
+    if (ctx->max_pixels > 0 && (int64_t)w * h > ctx->max_pixels) {
+        png_destroy_read_struct(&p, &info, NULL);
+        return mts_err_set(err, MTS_ELIMIT, "%s: a %ux%u PNG has more than the %lld pixels allowed", what, (unsigned)w,
+                           (unsigned)h, (long long)ctx->max_pixels);
+    }
     if (probe_only) {
         png_destroy_read_struct(&p, &info, NULL);
         return MTS_OK;
@@ -184,6 +190,99 @@ int mts_png_decode_mem(const void *data, size_t len, mts_image *out, mts_err *er
     return png_decode(NULL, &ctx, "memory", out, false, err);
 }
 
+/* ---- JPEG decoding ---- */
+
+typedef struct jpeg_dec_err {
+    struct jpeg_error_mgr pub;
+    jmp_buf jb;
+    char msg[JMSG_LENGTH_MAX];
+} jpeg_dec_err;
+
+static void jpeg_dec_exit(j_common_ptr ci)
+{
+    jpeg_dec_err *e = (jpeg_dec_err *)ci->err;
+    e->pub.format_message(ci, e->msg);
+    longjmp(e->jb, 1);
+}
+
+/* Warnings (a truncated file, corrupt data that libjpeg would paper over) are errors here. */
+static void jpeg_dec_message(j_common_ptr ci, int level)
+{
+    if (level < 0) jpeg_dec_exit(ci);
+}
+
+static int jpeg_decode_mem(const void *data, size_t len, int64_t max_pixels, mts_image *out, mts_err *err)
+{
+    struct jpeg_decompress_struct ci;
+    jpeg_dec_err je;
+    uint8_t *volatile pixels = NULL;
+    memset(out, 0, sizeof *out);
+    ci.err = jpeg_std_error(&je.pub);
+    je.pub.error_exit = jpeg_dec_exit;
+    je.pub.emit_message = jpeg_dec_message;
+    je.msg[0] = 0;
+    if (setjmp(je.jb)) {
+        free(pixels);
+        jpeg_destroy_decompress(&ci);
+        return mts_err_set(err, MTS_EFORMAT, "corrupt JPEG: %s", je.msg);
+    }
+    jpeg_create_decompress(&ci);
+    jpeg_mem_src(&ci, (const unsigned char *)data, (unsigned long)len);
+    jpeg_read_header(&ci, TRUE);
+    unsigned w = ci.image_width, h = ci.image_height;
+    if (w > MTS_IMAGE_MAX_SIDE || h > MTS_IMAGE_MAX_SIDE || (max_pixels > 0 && (int64_t)w * h > max_pixels)) {
+        jpeg_destroy_decompress(&ci);
+        return mts_err_set(err, MTS_ELIMIT, "a %ux%u JPEG is over the limits (side %d, %lld pixels)", w, h,
+                           MTS_IMAGE_MAX_SIDE, (long long)max_pixels);
+    }
+    if (ci.jpeg_color_space == JCS_CMYK || ci.jpeg_color_space == JCS_YCCK) {
+        jpeg_destroy_decompress(&ci);
+        return mts_err_set(err, MTS_EFORMAT, "CMYK JPEGs are not supported (convert the image to RGB)");
+    }
+    ci.out_color_space = JCS_RGB;
+    jpeg_start_decompress(&ci);
+    if (ci.output_components != 3) {
+        jpeg_destroy_decompress(&ci);
+        return mts_err_set(err, MTS_EFORMAT, "JPEG decodes to %d components, expected RGB", ci.output_components);
+    }
+    pixels = malloc((size_t)w * h * 3);
+    if (!pixels) {
+        jpeg_destroy_decompress(&ci);
+        return mts_err_set(err, MTS_ENOMEM, "out of memory for a %ux%u image", w, h);
+    }
+    while (ci.output_scanline < h) {
+        JSAMPROW row = pixels + (size_t)ci.output_scanline * w * 3;
+        jpeg_read_scanlines(&ci, &row, 1);
+    }
+    jpeg_finish_decompress(&ci);
+    jpeg_destroy_decompress(&ci);
+    out->width = (int)w;
+    out->height = (int)h;
+    out->rgb = pixels;
+    return MTS_OK;
+}
+
+int mts_image_decode_mem(const void *data, size_t len, int64_t max_pixels, mts_image *out, mts_err *err)
+{
+    const uint8_t *b = data;
+    memset(out, 0, sizeof *out);
+    if (len >= 8 && !png_sig_cmp(b, 0, 8)) {
+        if (len >= 24 && !memcmp(b + 12, "IHDR", 4)) { /* the size, before libpng sees it */
+            uint32_t w = (uint32_t)b[16] << 24 | (uint32_t)b[17] << 16 | (uint32_t)b[18] << 8 | b[19];
+            uint32_t h = (uint32_t)b[20] << 24 | (uint32_t)b[21] << 16 | (uint32_t)b[22] << 8 | b[23];
+            if (w > MTS_IMAGE_MAX_SIDE || h > MTS_IMAGE_MAX_SIDE || (max_pixels > 0 && (int64_t)w * h > max_pixels))
+                return mts_err_set(err, MTS_ELIMIT, "a %ux%u PNG is over the limits (side %d, %lld pixels)", w, h,
+                                   MTS_IMAGE_MAX_SIDE, (long long)max_pixels);
+        }
+        png_ctx ctx = {.mem = data, .len = len, .max_pixels = max_pixels};
+        return png_decode(NULL, &ctx, "PNG image", out, false, err);
+    }
+    if (len >= 3 && b[0] == 0xFF && b[1] == 0xD8 && b[2] == 0xFF) return jpeg_decode_mem(data, len, max_pixels, out, err);
+    if (len == 0) return mts_err_set(err, MTS_EFORMAT, "the image is empty (0 bytes)");
+    return mts_err_set(err, MTS_EFORMAT, "not a PNG or JPEG image (%zu bytes starting %02x %02x %02x %02x)", len, b[0],
+                       len > 1 ? b[1] : 0, len > 2 ? b[2] : 0, len > 3 ? b[3] : 0);
+}
+
 /* ---- PNG encoding ---- */
 
 static void png_write_buf(png_structp p, png_bytep data, png_size_t n)
@@ -197,7 +296,8 @@ static void png_flush_buf(png_structp p)
     (void)p;
 }
 
-int mts_png_encode(const uint8_t *const *rows, int width, int height, int level, mts_buf *out, mts_err *err)
+static int png_encode(const uint8_t *const *rows, int width, int height, int level, int color_type, mts_buf *out,
+                      mts_err *err)
 {
     png_ctx ctx = {0};
     png_structp p = png_create_write_struct(PNG_LIBPNG_VER_STRING, &ctx, png_err_fn, png_warn_fn);
@@ -216,13 +316,23 @@ int mts_png_encode(const uint8_t *const *rows, int width, int height, int level,
     png_set_write_fn(p, out, png_write_buf, png_flush_buf);
     png_set_compression_level(p, level < 0 ? 1 : level > 9 ? 9 : level);
     png_set_filter(p, 0, level <= 1 ? PNG_FILTER_SUB : PNG_ALL_FILTERS);
-    png_set_IHDR(p, info, (png_uint_32)width, (png_uint_32)height, 8, PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE,
+    png_set_IHDR(p, info, (png_uint_32)width, (png_uint_32)height, 8, color_type, PNG_INTERLACE_NONE,
                  PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
     png_write_info(p, info);
     for (int y = 0; y < height; y++) png_write_row(p, (png_const_bytep)rows[y]);
     png_write_end(p, info);
     png_destroy_write_struct(&p, &info);
     return MTS_OK;
+}
+
+int mts_png_encode(const uint8_t *const *rows, int width, int height, int level, mts_buf *out, mts_err *err)
+{
+    return png_encode(rows, width, height, level, PNG_COLOR_TYPE_RGB, out, err);
+}
+
+int mts_png_encode_gray(const uint8_t *const *rows, int width, int height, int level, mts_buf *out, mts_err *err)
+{
+    return png_encode(rows, width, height, level, PNG_COLOR_TYPE_GRAY, out, err);
 }
 
 /* ---- JPEG encoding ---- */

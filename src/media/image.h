@@ -31,6 +31,12 @@ int mts_png_probe(const char *path, int *width, int *height, mts_err *err);
 int mts_png_decode_file(const char *path, mts_image *out, mts_err *err);
 /* Same from memory. */
 int mts_png_decode_mem(const void *data, size_t len, mts_image *out, mts_err *err);
+/* Decodes an uploaded PNG or JPEG (told apart by their signatures) into RGB8. Beyond the per-side
+ * limit, images of more than max_pixels (> 0) are refused from their header, before any pixel
+ * memory is allocated (MTS_ELIMIT). JPEG warnings (a truncated file, corrupt entropy data) are
+ * errors (MTS_EFORMAT with libjpeg's reason), as are CMYK JPEGs and anything that is neither
+ * format. */
+int mts_image_decode_mem(const void *data, size_t len, int64_t max_pixels, mts_image *out, mts_err *err);
 void mts_image_free(mts_image *img);
 
 /* A growable output buffer for the encoders. */
@@ -45,6 +51,8 @@ int mts_buf_append(mts_buf *b, const void *p, size_t n);
  * PNG: compression level 0..9 (zlib; 1 is fast), no interlace. JPEG: quality 1..100, 4:2:0
  * chroma subsampling, baseline, restart markers as below. */
 int mts_png_encode(const uint8_t *const *rows, int width, int height, int level, mts_buf *out, mts_err *err);
+/* Same for 8-bit greyscale rows (width bytes each), e.g. segmentation masks. */
+int mts_png_encode_gray(const uint8_t *const *rows, int width, int height, int level, mts_buf *out, mts_err *err);
 int mts_jpeg_encode(const uint8_t *const *rows, int width, int height, int quality, mts_buf *out, mts_err *err);
 /* JPEG files from mts_jpeg_encode carry a restart marker every mts_jpeg_restart_mcus(width) MCUs:
  * a divisor of the MCUs per row (the largest in 4..10, or the whole row when there is none), so

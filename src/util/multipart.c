@@ -204,10 +204,11 @@ int mts_multipart_parse(const char *content_type, const char *body, size_t len, 
         /* the data runs to the next delimiter; the line end before it belongs to the delimiter */
         const char *f = p <= end ? memmem(p - 1, (size_t)(end - p + 1), delim, dlen) : NULL;
         if (!f) {
-            mts_multipart_free(out);
-            return mts_err_set(err, MTS_EINVAL,
-                               "multipart: part %d ('%s', data from byte %zu) is not terminated by a '--%s' delimiter",
-                               idx, part->name, (size_t)(p - body), boundary);
+            rc = mts_err_set(err, MTS_EINVAL,
+                             "multipart: part %d ('%s', data from byte %zu) is not terminated by a '--%s' delimiter",
+                             idx, part->name, (size_t)(p - body), boundary);
+            mts_multipart_free(out); /* after the message: it names the part */
+            return rc;
         }
         const char *dend = f > p && f[-1] == '\r' ? f - 1 : f;
         part->data = p;

@@ -3,7 +3,8 @@
  * against a reference computed here in double precision, pixel-exact compositing of a known
  * pattern through the whole batch path (cache -> resize -> paste -> raw RGB / PNG round trip),
  * JPEG output structure, JPEG splicing (byte-identical to encoding the whole frame, for frame
- * sizes with and without partial MCUs and rectangles touching every edge), frame index wrapping, LRU accounting (hits, misses, evictions,
+ * sizes with and without partial MCUs and rectangles touching every edge), decoding of uploaded
+ * PNG/JPEG images (limits, every truncation), segmentation pre/post-processing, frame index wrapping, LRU accounting (hits, misses, evictions,
  * preloads, pinned frames), every bad-asset case (missing folder, numbering gap, num_frames
  * mismatch, bad or incomplete crop JSON, missing / corrupt / wrong-size frame, rectangle
  * outside the frame), and concurrent lookups and composites (run under TSan by the TSan build).
@@ -26,6 +27,7 @@
 
 #include "media/compose.h"
 #include "media/jpeg_splice.h"
+#include "media/segment.h"
 
 #define W 200
 #define H 150
@@ -380,6 +382,99 @@ static void test_jpeg_splice(void **state)
     }
 }
 
+/* Uploaded images (segmentation endpoints): PNG and JPEG decode, every prefix of each fails
+ * cleanly (ASan build), size limits are enforced from the header. */
+static void test_upload_decode(void **state)
+{
+    (void)state;
+    int w = 53, h = 37;
+    uint8_t *px = noisy_frame(w, h, 9);
+    const uint8_t *rows[37];
+    for (int y = 0; y < h; y++) rows[y] = px + (size_t)y * w * 3;
+    mts_buf png = {0}, jpg = {0};
+    mts_err err = {0};
+    assert_int_equal(mts_png_encode(rows, w, h, 6, &png, &err), 0);
+    assert_int_equal(mts_jpeg_encode(rows, w, h, 95, &jpg, &err), 0);
+    mts_image img;
+    assert_int_equal(mts_image_decode_mem(png.data, png.len, 0, &img, &err), 0);
+    assert_int_equal(img.width, w);
+    assert_int_equal(img.height, h);
+    assert_memory_equal(img.rgb, px, (size_t)w * h * 3);
+    mts_image_free(&img);
+    assert_int_equal(mts_image_decode_mem(jpg.data, jpg.len, 0, &img, &err), 0);
+    assert_int_equal(img.width, w);
+    double se = 0;
+    for (size_t i = 0; i < (size_t)w * h * 3; i++) se += (img.rgb[i] - px[i]) * (double)(img.rgb[i] - px[i]);
+    assert_true(se / ((double)w * h * 3) < 100); /* q95 on a noisy image: RMS error under 10 */
+    mts_image_free(&img);
+    /* limits from the header */
+    assert_int_equal(mts_image_decode_mem(png.data, png.len, (int64_t)w * h - 1, &img, &err), MTS_ELIMIT);
+    assert_non_null(strstr(err.msg, "53x37 PNG is over the limits"));
+    assert_int_equal(mts_image_decode_mem(jpg.data, jpg.len, (int64_t)w * h - 1, &img, &err), MTS_ELIMIT);
+    assert_non_null(strstr(err.msg, "53x37 JPEG"));
+    /* every truncation fails with a message */
+    for (int k = 0; k < 2; k++) {
+        const mts_buf *b = k ? &jpg : &png;
+        for (size_t len = 0; len < b->len; len++) {
+            uint8_t *cut = malloc(len ? len : 1);
+            memcpy(cut, b->data, len);
+            err = (mts_err){0};
+            int rc = mts_image_decode_mem(cut, len, 0, &img, &err);
+            if (rc == 0) fail_msg("%s truncated to %zu of %zu bytes decoded", k ? "JPEG" : "PNG", len, b->len);
+            assert_true(err.msg[0] != 0);
+            free(cut);
+        }
+    }
+    assert_int_equal(mts_image_decode_mem("GIF89a", 6, 0, &img, &err), MTS_EFORMAT);
+    assert_non_null(strstr(err.msg, "not a PNG or JPEG"));
+    mts_buf_free(&png);
+    mts_buf_free(&jpg);
+    free(px);
+}
+
+/* Segmentation pre/post-processing against direct computations. */
+static void test_segment_processing(void **state)
+{
+    (void)state;
+    /* same size: preprocessing is value / 255 per channel, planar */
+    mts_image img = {5, 4, noisy_frame(5, 4, 3)};
+    float in[3 * 4 * 5];
+    mts_seg_preprocess(&img, 5, 4, in);
+    for (int c = 0; c < 3; c++)
+        for (int i = 0; i < 20; i++) assert_true(fabsf(in[c * 20 + i] - img.rgb[i * 3 + c] / 255.0f) < 1e-6f);
+    mts_image_free(&img);
+    /* one channel, same size: threshold only; statistics and bounding box */
+    float prob[12] = {0.1f, 0.6f, 0.2f, 0.9f, 0.5f, 0.51f, 0.0f, 0.0f, 0.7f, 0.0f, 0.0f, 0.0f};
+    uint8_t mask[12];
+    mts_seg_stats st;
+    mts_seg_mask(prob, 1, 4, 3, 0.5f, 4, 3, mask, &st);
+    const uint8_t want[12] = {0, 255, 0, 255, 0, 255, 0, 0, 255, 0, 0, 0};
+    assert_memory_equal(mask, want, 12);
+    assert_int_equal(st.foreground, 4);
+    assert_int_equal(st.x1, 0);
+    assert_int_equal(st.y1, 0);
+    assert_int_equal(st.x2, 4);
+    assert_int_equal(st.y2, 3);
+    /* one channel, 2x upscale: bilinear between model pixels, clamped at the edges */
+    float p2[2] = {0.0f, 1.0f};
+    uint8_t m4[4];
+    mts_seg_mask(p2, 1, 2, 1, 0.5f, 4, 1, m4, &st);
+    const uint8_t w4[4] = {0, 0, 255, 255}; /* samples at 0, 0.25, 0.75, 1 */
+    assert_memory_equal(m4, w4, 4);
+    /* three classes: argmax per model pixel, nearest for the image pixels; first wins ties */
+    float sc[3 * 2] = {0.9f, 0.1f, /* class 0 */ 0.05f, 0.1f, /* class 1 */ 0.05f, 0.8f /* class 2 */};
+    uint8_t m6[4];
+    mts_seg_mask(sc, 3, 2, 1, 0.5f, 4, 1, m6, &st);
+    const uint8_t w6[4] = {0, 0, 2, 2};
+    assert_memory_equal(m6, w6, 4);
+    assert_int_equal(st.foreground, 2);
+    assert_int_equal(st.x1, 2);
+    float tie[2] = {0.5f, 0.5f};
+    mts_seg_mask(tie, 2, 1, 1, 0.5f, 1, 1, m6, &st);
+    assert_int_equal(m6[0], 0);
+    assert_int_equal(st.foreground, 0);
+}
+
 static void test_frame_index(void **state)
 {
     (void)state;
@@ -687,6 +782,8 @@ int main(void)
         cmocka_unit_test(test_resize_identity_and_reference),
         cmocka_unit_test(test_composite_pixel_exact),
         cmocka_unit_test(test_jpeg_splice),
+        cmocka_unit_test(test_upload_decode),
+        cmocka_unit_test(test_segment_processing),
         cmocka_unit_test(test_frame_index),
         cmocka_unit_test(test_cache_accounting),
         cmocka_unit_test(test_bad_assets),
