@@ -23,6 +23,7 @@
 #include "api/lipsync_common.h"
 #include "lipsync.pb-c.h"
 #include "media/compose.h"
+#include "util/clock.h"
 
 /* The documents' InferBatchRequest.batch_size range ("1-25 frames"). */
 
@@ -57,13 +58,6 @@ static void lip_free(lip_call *l)
 
 static void composite_done(mts_request *req, int status, const char *err);
 static bool composite_prepare(lip_call *l);
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 /* ---- InferBatch ---- */
 
@@ -302,7 +296,7 @@ static void composite_run(void *arg)
     lip_call *l = arg;
     mts__grpc_call *c = l->call;
     mts_request *req = &l->req;
-    double t_start = now_ms();
+    double t_start = mts_now_ms();
     mts_err err = {0};
     int rc = MTS_OK;
     if (!l->bg) rc = mts_server_bgcache_acquire(c->srv, l->model_id, &l->bg, &err);
@@ -364,7 +358,7 @@ static void composite_done(mts_request *req, int status, const char *err)
                        "model '%s' must produce float32 mouth regions [%d,3,H,W] as its first output to composite",
                        l->model_id, l->batch_size);
     } else {
-        l->t_done = now_ms();
+        l->t_done = mts_now_ms();
         mts_workq *q = mts_server_media_queue(c->srv);
         if (!q || mts_workq_submit(q, composite_run, l)) composite_run(l); /* shutting down: inline */
         return;
@@ -626,7 +620,7 @@ static void load_done(void *user, int status, const char *msg)
         mts_model_status *st = malloc(sizeof *st);
         if (st && !mts_server_model_status_by_name(c->srv, lc->model, st)) r.model = model_info(&a, c->srv, st);
         r.success = 1;
-        r.load_time_ms = lc->was_ready && !lc->force ? 0 : now_ms() - lc->t0;
+        r.load_time_ms = lc->was_ready && !lc->force ? 0 : mts_now_ms() - lc->t0;
         char text[400];
         snprintf(text, sizeof text, "model '%s' %s", lc->model,
                  lc->was_ready && !lc->force ? "was already loaded" : lc->force ? "reloaded" : "loaded");
@@ -661,7 +655,7 @@ static void load_model(mts__grpc_call *c, const uint8_t *data, size_t len)
     } else {
         lc->call = c;
         snprintf(lc->model, sizeof lc->model, "%s", m->model_id);
-        lc->t0 = now_ms();
+        lc->t0 = mts_now_ms();
         lc->was_ready = st->state == MTS_MODEL_READY;
         lc->force = m->force_reload;
         mts__grpc_call_ref(c);

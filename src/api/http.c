@@ -1170,16 +1170,18 @@ void mts_http_respond_error(mts_http_conn *c, int status, const char *fmt, ...)
     mts_http_respond(c, status, "application/json", NULL, body, bl);
 }
 
-char *mts_http_error_json(const char *msg, size_t *len)
+void mts_http_respond_error_async(mts_http_conn *c, int status, const char *msg, char **body,
+                                  void (*done)(void *arg), void *done_arg)
 {
-    char body[2048];
-    size_t bl = json_error(body, sizeof body, msg);
-    char *s = malloc(bl + 1);
-    if (!s) return NULL;
-    memcpy(s, body, bl);
-    s[bl] = 0;
-    *len = bl;
-    return s;
+    static const char oom[] = "{\"error\":\"out of memory\"}";
+    char tmp[2048];
+    size_t bl = json_error(tmp, sizeof tmp, msg);
+    free(*body);
+    *body = malloc(bl);
+    if (*body) memcpy(*body, tmp, bl);
+    struct iovec iov = *body ? (struct iovec){*body, bl} : (struct iovec){(void *)oom, sizeof oom - 1};
+    mts_http_respondv(c, status, "application/json", status == 429 ? "Retry-After: 1\r\n" : NULL, &iov, 1, done,
+                      done_arg);
 }
 
 bool mts_http_query_param(const char *query, const char *key, char *out, size_t cap)

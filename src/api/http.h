@@ -114,9 +114,11 @@ void mts_http_respondv(mts_http_conn *c, int status, const char *content_type,
 void mts_http_respond_error(mts_http_conn *c, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-/* {"error":"<msg, JSON-escaped>"} in a malloc'd string (its length in *len), for answers that
- * go out through mts_http_respondv with a done callback; NULL when out of memory. */
-char *mts_http_error_json(const char *msg, size_t *len);
+/* For applications that free their request state in a respondv done callback: answers c with
+ * status and {"error":"<msg>"} (429 adds Retry-After: 1) from a body malloc'd into *body (freed
+ * first if set), which done must free; then done(done_arg) as for mts_http_respondv. */
+void mts_http_respond_error_async(mts_http_conn *c, int status, const char *msg, char **body,
+                                  void (*done)(void *arg), void *done_arg);
 
 /* Copies the raw (not percent-decoded) value of `key` in a query string ("a=1&b=2") into out
  * (cut to cap - 1 bytes). False when the key is absent. */

@@ -22,7 +22,7 @@
 #include "api/lipsync_common.h"
 #include "media/compose.h"
 #include "util/json.h"
-
+#include "util/clock.h"
 
 typedef struct comp_call {
     mts_request req; /* first: kserve_http's on_cancel cancels it through req->user */
@@ -41,13 +41,6 @@ typedef struct comp_call {
     char *head; /* JSON header of the response */
     double t_done;
 } comp_call;
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 static void call_free(comp_call *cc)
 {
@@ -73,12 +66,7 @@ static void fail(comp_call *cc, int http_status, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    size_t len = 0;
-    cc->head = mts_http_error_json(msg, &len);
-    static const char oom[] = "{\"error\":\"out of memory\"}";
-    struct iovec iov = cc->head ? (struct iovec){cc->head, len} : (struct iovec){(void *)oom, sizeof oom - 1};
-    mts_http_respondv(cc->conn, http_status, "application/json", http_status == 429 ? "Retry-After: 1\r\n" : NULL,
-                      &iov, 1, response_sent, cc);
+    mts_http_respond_error_async(cc->conn, http_status, msg, &cc->head, response_sent, cc);
 }
 
 static int asset_http_status(int rc)
@@ -92,7 +80,7 @@ static void composite_run(void *arg)
 {
     comp_call *cc = arg;
     mts_request *req = &cc->req;
-    double t_start = now_ms();
+    double t_start = mts_now_ms();
     mts_err err = {0};
     int rc = MTS_OK;
     if (!cc->bg) rc = mts_server_bgcache_acquire(cc->srv, cc->model, &cc->bg, &err);
@@ -181,7 +169,7 @@ static void infer_done(mts_request *req, int status, const char *msg)
              cc->model, cc->batch_size);
         return;
     }
-    cc->t_done = now_ms();
+    cc->t_done = mts_now_ms();
     mts_workq *q = mts_server_media_queue(cc->srv);
     if (!q || mts_workq_submit(q, composite_run, cc)) composite_run(cc);
 }

@@ -21,6 +21,7 @@
 #include "media/segment.h"
 #include "util/json.h"
 #include "util/multipart.h"
+#include "util/clock.h"
 
 #define DEFAULT_SIDE 256                    /* model input side when the model leaves it symbolic */
 #define MAX_INPUT_BYTES (1024LL * 1024 * 1024) /* one batch's float input */
@@ -45,13 +46,6 @@ typedef struct seg_call {
     size_t answer_len;
 } seg_call;
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
 int mts_segment_http_route(const char *path)
 {
     return !strcmp(path, "/api/v1/segment") || !strcmp(path, "/api/v1/batch-segment");
@@ -75,12 +69,7 @@ static void fail(seg_call *sc, int http_status, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    free(sc->answer);
-    sc->answer = mts_http_error_json(msg, &sc->answer_len);
-    static const char oom[] = "{\"error\":\"out of memory\"}";
-    struct iovec iov = sc->answer ? (struct iovec){sc->answer, sc->answer_len} : (struct iovec){(void *)oom, sizeof oom - 1};
-    mts_http_respondv(sc->conn, http_status, "application/json", http_status == 429 ? "Retry-After: 1\r\n" : NULL,
-                      &iov, 1, response_sent, sc);
+    mts_http_respond_error_async(sc->conn, http_status, msg, &sc->answer, response_sent, sc);
 }
 
 /* ---- answer (media thread) ---- */
@@ -128,7 +117,7 @@ static void write_timings(mts_jw *w, const seg_call *sc, double post_ms)
 static void finish(void *arg)
 {
     seg_call *sc = arg;
-    double t0 = now_ms();
+    double t0 = mts_now_ms();
     const mts_tensor *t = &sc->req.outputs[0];
     int channels = t->rank == 4 ? (int)t->dims[1] : 1;
     int oh = (int)t->dims[t->rank - 2], ow = (int)t->dims[t->rank - 1];
@@ -223,7 +212,7 @@ static void finish(void *arg)
         return;
     }
     if (sc->batch) mts_jw_end_array(&w);
-    write_timings(&w, sc, now_ms() - t0);
+    write_timings(&w, sc, mts_now_ms() - t0);
     mts_jw_end_object(&w);
     sc->answer = mts_jw_take(&w, &sc->answer_len);
     mts_jw_free(&w);
@@ -255,7 +244,7 @@ static void infer_done(mts_request *req, int status, const char *msg)
 static void prepare(void *arg)
 {
     seg_call *sc = arg;
-    double t0 = now_ms();
+    double t0 = mts_now_ms();
     mts_model_status *st = malloc(sizeof *st);
     if (!st || mts_server_model_status_by_name(sc->srv, sc->model, st)) {
         free(st);
@@ -304,7 +293,7 @@ static void prepare(void *arg)
         mts_seg_preprocess(&img, sc->in_w, sc->in_h, sc->input + per * (size_t)i);
         mts_image_free(&img);
     }
-    sc->decode_ms = now_ms() - t0;
+    sc->decode_ms = mts_now_ms() - t0;
     mts_tensor *t = &sc->req.inputs[0];
     t->dtype = MTS_DTYPE_FLOAT;
     t->rank = 4;
@@ -411,7 +400,7 @@ void mts_segment_http_handle(mts_server *srv, mts_http_conn *c, mts_http_req *hr
     }
     sc->srv = srv;
     sc->conn = c;
-    sc->t_start = now_ms();
+    sc->t_start = mts_now_ms();
     snprintf(sc->model, sizeof sc->model, "%s", model);
     sc->threshold = (float)t;
     sc->batch = batch;

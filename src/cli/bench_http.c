@@ -33,6 +33,7 @@
 
 #include "cli/bench.h"
 #include "util/json.h"
+#include "util/clock.h"
 
 #define MAX_HEAD (64 * 1024)
 
@@ -96,16 +97,9 @@ struct mts_bench_http_conn {
     size_t cap, len;
 };
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
 static int remaining_ms(double deadline)
 {
-    double r = deadline - now_ms();
+    double r = deadline - mts_now_ms();
     if (r <= 0) return 0;
     return r > 1e9 ? 1000000000 : (int)r + 1;
 }
@@ -184,7 +178,7 @@ mts_bench_http_conn *mts_bench_http_open(const mts_bench_target *t)
         return NULL;
     }
     char err[200];
-    conn_open(c, now_ms() + 5000, err, sizeof err); /* a failure shows on the first exchange */
+    conn_open(c, mts_now_ms() + 5000, err, sizeof err); /* a failure shows on the first exchange */
     return c;
 }
 
@@ -528,7 +522,7 @@ int mts_bench_http_exchange(mts_bench_http_conn *c, const char *head, size_t hea
                             const size_t *body_len, int n_body, double timeout_ms, mts_bench_http_resp *resp,
                             char *err, size_t errlen)
 {
-    double deadline = now_ms() + timeout_ms;
+    double deadline = mts_now_ms() + timeout_ms;
     bool head_only = head_len >= 5 && !strncmp(head, "HEAD ", 5);
     memset(resp, 0, sizeof *resp);
     resp->infer_header_len = -1;

@@ -20,6 +20,7 @@
 #include "lipsync.pb-c.h"
 #include "util/json.h"
 #include "util/npy.h"
+#include "util/clock.h"
 
 typedef struct target {
     const char *grpc;   /* host:port */
@@ -27,13 +28,6 @@ typedef struct target {
     char port[16];
     double timeout_s;
 } target;
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 static int parse_url(target *t, const char *url)
 {
@@ -246,10 +240,10 @@ static int infer_grpc(const target *t, const char *model, const io_set *in, io_s
     req.raw_input_contents = raw;
     ProtobufCMessage *resp = NULL;
     char err[1024];
-    double t0 = now_ms();
+    double t0 = mts_now_ms();
     int code = mts_cli_grpc_unary(t->grpc, "/inference.GRPCInferenceService/ModelInfer", &req.base,
                                   &inference__model_infer_response__descriptor, &resp, t->timeout_s, err, sizeof err);
-    *ms = now_ms() - t0;
+    *ms = mts_now_ms() - t0;
     if (code) {
         fprintf(stderr, "mtserve: infer '%s': %s: %s\n", model, mts_cli_grpc_code_name(code), err);
         return 1;
@@ -316,9 +310,9 @@ static int infer_http(const target *t, const char *model, const io_set *in, io_s
     snprintf(path, sizeof path, "/v2/models/%s/infer", model);
     snprintf(hdr, sizeof hdr, "Inference-Header-Content-Length: %zu\r\nContent-Type: application/octet-stream\r\n", jlen);
     http_reply r;
-    double t0 = now_ms();
+    double t0 = mts_now_ms();
     int rc = http_call(t, "POST", path, hdr, json, jlen, body, bin, &r);
-    *ms = now_ms() - t0;
+    *ms = mts_now_ms() - t0;
     free(json);
     free(body);
     if (rc) return 1;

@@ -22,6 +22,7 @@
 
 #include "media/jpeg_splice.h"
 #include "util/json.h"
+#include "util/clock.h"
 
 enum { SLOT_EMPTY = 0, SLOT_LOADING, SLOT_READY };
 
@@ -51,13 +52,6 @@ struct mts_bgcache {
     _Atomic int jpeg_quality; /* of the latest mts_bgcache_jpeg call: decodes encode at it (0: none yet) */
     double total_load_ms;
 };
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 /* ---- opening: frames ---- */
 
@@ -414,7 +408,7 @@ static void trim(mts_bgcache *c)
 /* Decodes slot idx (state LOADING, lock NOT held). */
 static int decode(mts_bgcache *c, int idx, mts_bgframe **out, double *ms, mts_err *err)
 {
-    double t0 = now_ms();
+    double t0 = mts_now_ms();
     mts_bgframe *f = calloc(1, sizeof *f);
     if (!f) return mts_err_set(err, MTS_ENOMEM, "out of memory");
     int rc = mts_png_decode_file(c->paths[idx], &f->img, err);
@@ -429,7 +423,7 @@ static int decode(mts_bgcache *c, int idx, mts_bgframe **out, double *ms, mts_er
     int q = atomic_load(&c->jpeg_quality);
     if (q > 0) f->jpeg = encode_jpeg(&f->img, q); /* NULL on failure: requests encode whole frames */
     *out = f;
-    *ms = now_ms() - t0;
+    *ms = mts_now_ms() - t0;
     return MTS_OK;
 }
 

@@ -9,18 +9,12 @@
 #include "media/compose.h"
 
 #include "media/jpeg_splice.h"
+#include "util/clock.h"
 
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <time.h>
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 int mts_frame_format_parse(const char *s)
 {
@@ -89,10 +83,10 @@ int mts_composite_batch(mts_bgcache *c, const float *mouths, int n, int side_w, 
     for (int i = 0; !rc && i < n; i++) {
         int idx = mts_frame_index(o->start_frame_idx, i, mts_bgcache_num_frames(c), o->wrap);
         out->frame_idx[i] = idx;
-        double t0 = now_ms();
+        double t0 = mts_now_ms();
         mts_bgframe *f = NULL;
         rc = mts_bgcache_get(c, idx, &f, err);
-        double t1 = now_ms();
+        double t1 = mts_now_ms();
         out->background_ms += t1 - t0;
         if (rc) {
             mts_err_prefix(err, "background frame %d: ", idx);
@@ -103,7 +97,7 @@ int mts_composite_batch(mts_bgcache *c, const float *mouths, int n, int side_w, 
         if (!rc) {
             mts_mouth_resize(mouths + per * (size_t)i, side_w, side_h, r->x2 - r->x1, r->y2 - r->y1, patch);
             mts_composite_rows(&f->img, r, patch, scratch, rows);
-            double t2 = now_ms();
+            double t2 = mts_now_ms();
             out->composite_ms += t2 - t1;
             out->offset[i] = out->data.len;
             if (o->format == MTS_FRAME_JPEG) {
@@ -118,7 +112,7 @@ int mts_composite_batch(mts_bgcache *c, const float *mouths, int n, int side_w, 
                 if (rc) mts_err_set(err, MTS_ENOMEM, "out of memory for raw frames");
             }
             out->len[i] = out->data.len - out->offset[i];
-            out->encode_ms += now_ms() - t2;
+            out->encode_ms += mts_now_ms() - t2;
         }
         mts_bgcache_put(c, f);
     }

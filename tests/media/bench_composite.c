@@ -19,13 +19,7 @@
 
 #include "media/compose.h"
 #include "media/jpeg_splice.h"
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
+#include "util/clock.h"
 
 /* CPU time of this thread: what one core spends, whatever else the machine runs. */
 static double cpu_ms(void)
@@ -127,12 +121,12 @@ int main(int argc, char **argv)
         for (int i = 0; i < it; i++) {
             mts_composite_opts o = {fmts[k], quality, 1, MTS_WRAP_LOOP, i % nd};
             mts_composite_out out;
-            double a = now_ms(), ca = cpu_ms();
+            double a = mts_now_ms(), ca = cpu_ms();
             if (mts_composite_batch(c, m, 1, 320, 320, &o, &out, &err)) {
                 fprintf(stderr, "%s\n", err.msg);
                 return 1;
             }
-            tot[i] = now_ms() - a;
+            tot[i] = mts_now_ms() - a;
             cpu[i] = cpu_ms() - ca;
             comp += out.composite_ms;
             enc += out.encode_ms;
