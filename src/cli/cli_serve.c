@@ -22,6 +22,17 @@ static void warn_cb(void *user, const char *msg)
     MTS_WARN("config: %s", msg);
 }
 
+static void note_cb(void *user, const char *msg)
+{
+    (void)user;
+    MTS_INFO("config: %s", msg);
+}
+
+static const char *env_get(const char *name)
+{
+    return getenv(name);
+}
+
 static void usage(FILE *f)
 {
     fprintf(f, "usage: mtserve serve [--config FILE.yaml] [--model-repository DIR] [--host ADDR] [--http-port PORT]\n"
@@ -80,7 +91,8 @@ int mts_cli_serve(int argc, char **argv)
         if (port >= 0) cfg.http_port = port;
         if (grpc_port >= 0) cfg.grpc_port = grpc_port;
         if (grace >= 0) cfg.shutdown_grace_s = grace;
-        rc = mts_config_finalize(&cfg, &err);
+        rc = mts_config_apply_env(&cfg, env_get, note_cb, NULL, &err);
+        if (!rc) rc = mts_config_finalize(&cfg, &err);
     }
     if (rc) {
         fprintf(stderr, "mtserve: %s\n", err.msg);

@@ -983,6 +983,62 @@ int mts_config_scan_repository(mts_config *c, const char *dir, mts_config_warn_f
     return rc;
 }
 
+static int env_int(const char *name, const char *v, long lo, long hi, long *out, mts_err *err)
+{
+    char *end = NULL;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (!v[0] || *end || errno || x < lo || x > hi)
+        return mts_err_set(err, MTS_EINVAL, "environment %s='%.64s': expected an integer %ld..%ld", name, v, lo, hi);
+    *out = x;
+    return MTS_OK;
+}
+
+int mts_config_apply_env(mts_config *c, const char *(*getenv_fn)(const char *name), mts_config_warn_fn note,
+                         void *user, mts_err *err)
+{
+    char line[256];
+    const char *v;
+    long x;
+    if ((v = getenv_fn("ML_INFERENCE_WORKERS"))) {
+        if (env_int("ML_INFERENCE_WORKERS", v, 1, 256, &x, err)) return MTS_EINVAL;
+        c->workers_per_device = c->worker_count = (int)x;
+        snprintf(line, sizeof line, "environment ML_INFERENCE_WORKERS=%ld: %ld workers per device", x, x);
+        if (note) note(user, line);
+    }
+    if ((v = getenv_fn("ML_MEMORY_LIMIT_GB"))) {
+        char *end = NULL;
+        double g = strtod(v, &end);
+        if (!v[0] || *end || !(g > 0) || g > 1e6)
+            return mts_err_set(err, MTS_EINVAL, "environment ML_MEMORY_LIMIT_GB='%.64s': expected a number of GB > 0", v);
+        c->max_memory_gb = g;
+        int n = c->device_count > 0 ? c->device_count : 1;
+        if (c->memory_gb_per_device > g / n) c->memory_gb_per_device = g / n;
+        snprintf(line, sizeof line, "environment ML_MEMORY_LIMIT_GB=%g: memory budget %g GB in all", g, g);
+        if (note) note(user, line);
+    }
+    if ((v = getenv_fn("ML_CONCURRENT_MODELS"))) {
+        if (env_int("ML_CONCURRENT_MODELS", v, 1, 1000000, &x, err)) return MTS_EINVAL;
+        c->max_models = (int)x;
+        snprintf(line, sizeof line, "environment ML_CONCURRENT_MODELS=%ld: at most %ld resident models", x, x);
+        if (note) note(user, line);
+    }
+    if ((v = getenv_fn("ML_ENABLE_PARALLEL_INFERENCE"))) {
+        bool on;
+        if (!strcasecmp(v, "true") || !strcmp(v, "1") || !strcasecmp(v, "yes")) on = true;
+        else if (!strcasecmp(v, "false") || !strcmp(v, "0") || !strcasecmp(v, "no")) on = false;
+        else
+            return mts_err_set(err, MTS_EINVAL, "environment ML_ENABLE_PARALLEL_INFERENCE='%.64s': expected true or false",
+                               v);
+        if (!on)
+            for (int i = 0; i < c->n_models; i++) c->models[i].instances = 1;
+        snprintf(line, sizeof line, "environment ML_ENABLE_PARALLEL_INFERENCE=%s: %s", on ? "true" : "false",
+                 on ? "batches of one model may run concurrently (the default)" : "one batch at a time per model");
+        if (note) note(user, line);
+    }
+    return MTS_OK;
+}
+
 int mts_config_finalize(mts_config *c, mts_err *err)
 {
     const char *src = c->source ? c->source : "configuration";

@@ -83,6 +83,17 @@ int mts_config_parse_yaml(const char *text, size_t len, const char *name, mts_co
 /* Adds every <dir>/<name>/model.onnx (optionally with <dir>/<name>/config.yaml holding the
  * per-model keys) as a model; models already configured by name are kept. */
 int mts_config_scan_repository(mts_config *c, const char *dir, mts_config_warn_fn warn, void *user, mts_err *err);
+/* The ML service design's environment variables (../shared/seeds/004), applied over the file:
+ *   ML_INFERENCE_WORKERS=N          workers per device (1..256)
+ *   ML_MEMORY_LIMIT_GB=G            total memory budget (capacity.max_memory_gb; per-device
+ *                                   budgets above G / devices are lowered to it)
+ *   ML_CONCURRENT_MODELS=K          resident models at most (capacity.max_models, 1..1000000)
+ *   ML_ENABLE_PARALLEL_INFERENCE=B  true (default: batches of one model run concurrently, no
+ *                                   model locks) or false (one batch at a time per model)
+ * getenv_fn is getenv (tests pass their own). note() receives one line per variable applied.
+ * MTS_EINVAL names the variable and the expected values. Call before mts_config_finalize. */
+int mts_config_apply_env(mts_config *c, const char *(*getenv_fn)(const char *name), mts_config_warn_fn note,
+                         void *user, mts_err *err);
 /* Fills derived defaults (per-device memory, workers, threads) and checks cross-field rules. */
 int mts_config_finalize(mts_config *c, mts_err *err);
 const mts_model_config *mts_config_find_model(const mts_config *c, const char *name);

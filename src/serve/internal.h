@@ -53,6 +53,9 @@ typedef struct mts__version {
     int n_ctx_free, cap_ctx_free;
     bool batchable;       /* every input and output has a variable leading dimension */
     int max_batch;
+    /* Memory-aware batching: the activation bytes of a context after its largest batch so far
+     * (act_samples samples); bytes / samples is the per-sample cost the scheduler budgets. */
+    int64_t act_bytes, act_samples;
     int n_in, n_out;
     mts_tensor_meta in[MTS_REQ_MAX_TENSORS], out[MTS_REQ_MAX_TENSORS];
     /* Lip-sync compositing (issue 6): the background frame cache opened with this version when
@@ -96,6 +99,7 @@ typedef struct mts__entry {
     mts_duration_stat success, fail, queue, compute_input, compute_infer, compute_output;
     mts_duration_stat batch_infer[MTS_MAX_BATCH_STATS + 1];
     uint64_t loads, unloads, evictions, load_failures;
+    uint64_t mem_capped;  /* batches cut below max_batch because the device's memory was short */
     uint64_t n_timeout, n_cancelled, n_rejected;
     mts__hist h_queue, h_compute, h_batch, h_load;
 } mts__entry;

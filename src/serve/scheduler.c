@@ -13,6 +13,13 @@
  * if work remains — so one model's flood cannot starve the others — and runs the batch outside
  * the lock with an execution context taken from the model version's pool.
  *
+ * Memory-aware batching (the ML service design's "dynamic batch sizing based on available
+ * memory"): once a model has run, the scheduler knows what a context's activations cost per
+ * sample (bytes after its largest batch / that batch). A batch is then capped at what fits in
+ * the device's free budget (plus what the reused context already holds), at least 1, so a full
+ * device runs smaller batches instead of evicting other models or exceeding the budget; with
+ * room to spare batches grow to max_batch. Capped batches are counted per model.
+ *
  * Intra-op threads per batch come from the backlog: when no other work is waiting on the
  * device, a batch gets every idle core of the device (a small load runs wide); when work is
  * waiting, each batch gets cores / workers, so workers × threads never exceeds the device's
@@ -425,6 +432,17 @@ void *mts__worker_main(void *arg)
         int n = 0;
         int64_t samples = 0;
         mts__version *v = e ? e->cur : NULL;
+        int64_t limit = v ? v->max_batch : 1;
+        bool capped = false;
+        if (v && v->batchable && limit > 1 && v->act_samples > 0) {
+            int64_t per = v->act_bytes / v->act_samples;
+            int64_t reuse = v->n_ctx_free > 0 ? mts_ctx_bytes(v->ctx_free[v->n_ctx_free - 1]) : 0;
+            int64_t fit = per > 0 ? (d->budget - d->used + reuse) / per : limit;
+            if (fit < limit) {
+                limit = fit < 1 ? 1 : fit;
+                capped = true;
+            }
+        }
         if (e && v) {
             mts_request *prev = NULL, *r = e->qh;
             int scanned = 0;
@@ -450,11 +468,11 @@ void *mts__worker_main(void *arg)
                     s->failed++;
                     r->reject_msg = strdup(msg);
                 } else if (n == 0 || (v->batchable && compatible(v, reqs[0], &br[0], r, &br[n]) &&
-                                      samples + r->samples <= v->max_batch)) {
+                                      samples + r->samples <= limit)) {
                     queue_remove(s, e, prev, r);
                     reqs[n++] = r;
                     samples += r->samples;
-                    if (!v->batchable || samples >= v->max_batch) break;
+                    if (!v->batchable || samples >= limit) break;
                 } else {
                     prev = r;
                 }
@@ -474,6 +492,7 @@ void *mts__worker_main(void *arg)
             pthread_mutex_lock(&s->lock);
             continue;
         }
+        if (capped && samples >= limit && e->qh) e->mem_capped++; /* work was left for a later batch */
         e->running++;
         v->refs++;
         mts__ready_push(s, e);
@@ -519,6 +538,10 @@ void *mts__worker_main(void *arg)
             }
             v->ctx_bytes += ctx_after - ctx_before;
             d->used += ctx_after - ctx_before;
+            if (!rc && samples >= v->act_samples && ctx_after > 0) {
+                v->act_samples = samples;
+                v->act_bytes = ctx_after;
+            }
             if (v->base_bytes + v->ctx_bytes > e->last_bytes) e->last_bytes = v->base_bytes + v->ctx_bytes;
             if (ctx) {
                 v->ctx_bytes -= ctx_after;

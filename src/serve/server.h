@@ -127,6 +127,7 @@ typedef struct mts_model_status {
     bool pinned;
     double last_load_ms;
     uint64_t loads, unloads, evictions, load_failures;
+    uint64_t memory_capped_batches; /* batches cut below max_batch to fit the device's free memory */
     int n_inputs, n_outputs;   /* metadata (known once loaded at least once) */
     mts_tensor_meta inputs[MTS_REQ_MAX_TENSORS], outputs[MTS_REQ_MAX_TENSORS];
     /* Lip-sync background cache (issue 6) of the resident version: has_bgcache when it opened;

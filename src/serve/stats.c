@@ -56,6 +56,7 @@ static void snapshot(mts_server *s, const mts__entry *e, mts_model_status *o)
     o->unloads = e->unloads;
     o->evictions = e->evictions;
     o->load_failures = e->load_failures;
+    o->memory_capped_batches = e->mem_capped;
     o->n_inputs = e->n_in;
     o->n_outputs = e->n_out;
     memcpy(o->inputs, e->in, sizeof o->inputs);
@@ -236,6 +237,11 @@ char *mts_server_metrics(mts_server *s, size_t *len)
     for (int i = 0; i < s->n_entries; i++)
         outf(&b, "mts_model_evictions_total{model=\"%s\"} %llu\n", s->entries[i].cfg->name,
              (unsigned long long)s->entries[i].evictions);
+    outf(&b, "# HELP mts_batches_memory_capped_total Batches cut below max_batch to fit the device's free memory.\n"
+             "# TYPE mts_batches_memory_capped_total counter\n");
+    for (int i = 0; i < s->n_entries; i++)
+        outf(&b, "mts_batches_memory_capped_total{model=\"%s\"} %llu\n", s->entries[i].cfg->name,
+             (unsigned long long)s->entries[i].mem_capped);
     outf(&b, "# HELP mts_model_memory_bytes Bytes held by the resident model.\n# TYPE mts_model_memory_bytes gauge\n");
     for (int i = 0; i < s->n_entries; i++) {
         const mts__entry *e = &s->entries[i];

@@ -9,6 +9,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <cmocka.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -471,6 +472,70 @@ static void test_finalize_errors(void **state)
     mts_config_free(&c);
 }
 
+/* A fake environment for mts_config_apply_env. */
+static const char *fake_env[8][2];
+
+static const char *fake_getenv(const char *name)
+{
+    for (int i = 0; i < 8 && fake_env[i][0]; i++)
+        if (!strcmp(fake_env[i][0], name)) return fake_env[i][1];
+    return NULL;
+}
+
+static void set_env(const char *a, const char *av, const char *b, const char *bv)
+{
+    memset(fake_env, 0, sizeof fake_env);
+    fake_env[0][0] = a, fake_env[0][1] = av;
+    fake_env[1][0] = b, fake_env[1][1] = bv;
+}
+
+/* seeds/004: ML_INFERENCE_WORKERS, ML_MEMORY_LIMIT_GB, ML_CONCURRENT_MODELS,
+ * ML_ENABLE_PARALLEL_INFERENCE over the file's values; bad values name the variable. */
+static void test_ml_service_env(void **state)
+{
+    (void)state;
+    mts_config c;
+    warns w = {0};
+    mts_err err = {0};
+    assert_int_equal(parse(seed002, "seed002.yaml", &c, &w, &err), MTS_OK);
+    memset(fake_env, 0, sizeof fake_env);
+    fake_env[0][0] = "ML_INFERENCE_WORKERS", fake_env[0][1] = "4";
+    fake_env[1][0] = "ML_MEMORY_LIMIT_GB", fake_env[1][1] = "6";
+    fake_env[2][0] = "ML_CONCURRENT_MODELS", fake_env[2][1] = "3";
+    fake_env[3][0] = "ML_ENABLE_PARALLEL_INFERENCE", fake_env[3][1] = "false";
+    warns notes = {0};
+    assert_int_equal(mts_config_apply_env(&c, fake_getenv, on_warn, &notes, &err), MTS_OK);
+    assert_int_equal(notes.n, 4);
+    assert_int_equal(mts_config_finalize(&c, &err), MTS_OK);
+    assert_int_equal(c.workers_per_device, 4);
+    assert_int_equal(c.max_models, 3);
+    assert_true(fabs(c.max_memory_gb - 6) < 1e-9);
+    assert_true(fabs(c.memory_gb_per_device - 6.0 / 8) < 1e-9); /* the file's 96 GB per GPU is lowered */
+    assert_int_equal(c.models[0].instances, 1);                  /* parallel inference off */
+    mts_config_free(&c);
+    /* absent variables change nothing; "true" keeps the default instances */
+    assert_int_equal(parse(seed002, "seed002.yaml", &c, &w, &err), MTS_OK);
+    set_env("ML_ENABLE_PARALLEL_INFERENCE", "TRUE", NULL, NULL);
+    assert_int_equal(mts_config_apply_env(&c, fake_getenv, NULL, NULL, &err), MTS_OK);
+    assert_int_equal(mts_config_finalize(&c, &err), MTS_OK);
+    assert_int_equal(c.max_models, 1200);
+    assert_int_equal(c.models[0].instances, 4);
+    mts_config_free(&c);
+    static const char *bad[][3] = {{"ML_INFERENCE_WORKERS", "four", "expected an integer 1..256"},
+                                   {"ML_INFERENCE_WORKERS", "0", "expected an integer 1..256"},
+                                   {"ML_MEMORY_LIMIT_GB", "-1", "expected a number of GB"},
+                                   {"ML_CONCURRENT_MODELS", "3x", "expected an integer"},
+                                   {"ML_ENABLE_PARALLEL_INFERENCE", "maybe", "expected true or false"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_equal(parse(seed002, "seed002.yaml", &c, &w, &err), MTS_OK);
+        set_env(bad[i][0], bad[i][1], NULL, NULL);
+        assert_int_equal(mts_config_apply_env(&c, fake_getenv, NULL, NULL, &err), MTS_EINVAL);
+        assert_non_null(strstr(err.msg, bad[i][0]));
+        assert_non_null(strstr(err.msg, bad[i][2]));
+        mts_config_free(&c);
+    }
+}
+
 static void test_warnings_once(void **state)
 {
     (void)state;
@@ -632,6 +697,7 @@ int main(void)
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_limits),
         cmocka_unit_test(test_finalize_errors),
+        cmocka_unit_test(test_ml_service_env),
         cmocka_unit_test(test_warnings_once),
         cmocka_unit_test(test_load_file_relative_paths),
         cmocka_unit_test(test_repository_scan),

@@ -2,7 +2,8 @@
  * The server core through its C API, with real models on real worker threads: lazy loading (a
  * storm of requests to a cold model causes one load), dynamic batching, eviction with 20 models
  * through max_models 5 and no failed request, queue-full rejection, per-request timeouts,
- * unload with requests in flight, force_reload, failed loads with back-off, memory budgets with
+ * unload with requests in flight, force_reload, failed loads with back-off, memory-aware batch
+ * caps, memory budgets with
  * LFU, placement over two devices, idle unloading, statistics and metrics. Runs plain, under ASan+UBSan and under TSan in `make test`.
  */
 #include <pthread.h>
@@ -398,6 +399,93 @@ static void test_memory_budget_and_lfu(void **state)
     mts_config_free(&cfg);
 }
 
+/* Runs one request of `batch` samples on m00; returns the model's memory bytes afterwards. */
+static int64_t run_and_measure(mts_server *s, int batch)
+{
+    call *c = call_new("m00", batch);
+    assert_int_equal(submit(s, c), 0);
+    assert_int_equal(call_wait(c), 0);
+    call_free(c);
+    mts_model_status st;
+    mts_server_model_status_by_name(s, "m00", &st);
+    return st.memory_bytes;
+}
+
+/* 48 single-sample requests at once; returns the status afterwards (all must succeed). */
+static void storm_status(mts_server *s, mts_model_status *st)
+{
+    enum { N = 48 };
+    call *calls[N];
+    for (int i = 0; i < N; i++) {
+        calls[i] = call_new("m00", 1);
+        assert_int_equal(submit(s, calls[i]), 0);
+    }
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(call_wait(calls[i]), 0);
+        call_free(calls[i]);
+    }
+    mts_server_model_status_by_name(s, "m00", st);
+}
+
+static int largest_batch(const mts_model_status *st)
+{
+    int b = 0;
+    for (int k = 1; k <= MTS_MAX_BATCH_STATS; k++)
+        if (st->batch_infer[k].count) b = k;
+    return b;
+}
+
+/* Memory-aware batching: with memory to spare batches reach max_batch; on a device whose budget
+ * leaves room for only a few samples of activations, batches are capped (and counted) and every
+ * request still succeeds. */
+static void test_memory_aware_batching(void **state)
+{
+    (void)state;
+    mts_config cfg;
+    make_config(&cfg, 1, 4, model_path);
+    cfg.workers_per_device = 1; /* one context: the arithmetic below is exact */
+    mts_server *s;
+    mts_err err = {0};
+    assert_int_equal(mts_server_create(&cfg, &s, &err), 0);
+    int64_t m1 = run_and_measure(s, 1), m4 = run_and_measure(s, 4); /* call_new holds up to 4 samples */
+    mts_model_status roomy;
+    storm_status(s, &roomy);
+    mts_server_shutdown(s, 5);
+    mts_server_free(s);
+    mts_config_free(&cfg);
+    int64_t per = (m4 - m1) / 3;
+    printf("memory-aware batching: model %lld bytes at batch 1, %lld at batch 4 (%lld per sample); largest batch "
+           "with room %d, capped %llu\n", (long long)m1, (long long)m4, (long long)per, largest_batch(&roomy),
+           (unsigned long long)roomy.memory_capped_batches);
+    assert_true(per > 0);
+    assert_int_equal(roomy.memory_capped_batches, 0);
+    assert_true(largest_batch(&roomy) > 4);
+
+    /* Budget: the model after a batch of 1, plus 2 samples' worth. */
+    make_config(&cfg, 1, 4, model_path);
+    cfg.workers_per_device = 1;
+    cfg.memory_gb_per_device = (double)(m1 + 2 * per) / 1e9;
+    assert_int_equal(mts_server_create(&cfg, &s, &err), 0);
+    run_and_measure(s, 1);
+    mts_model_status tight;
+    storm_status(s, &tight);
+    mts_device_status ds;
+    mts_server_device_status(s, 0, &ds);
+    printf("memory-aware batching: budget %lld bytes: largest batch %d, capped batches %llu, executions %llu, used "
+           "%lld\n", (long long)ds.bytes_budget, largest_batch(&tight), (unsigned long long)tight.memory_capped_batches,
+           (unsigned long long)tight.execution_count, (long long)ds.bytes_used);
+    assert_true(tight.memory_capped_batches > 0);
+    assert_true(largest_batch(&tight) <= 3);
+    assert_true(ds.bytes_used <= ds.bytes_budget);
+    size_t len;
+    char *metrics = mts_server_metrics(s, &len);
+    assert_non_null(strstr(metrics, "mts_batches_memory_capped_total{model=\"m00\"} "));
+    free(metrics);
+    mts_server_shutdown(s, 5);
+    mts_server_free(s);
+    mts_config_free(&cfg);
+}
+
 static void test_devices_and_idle_timeout(void **state)
 {
     (void)state;
@@ -456,6 +544,7 @@ int main(void)
         cmocka_unit_test(test_queue_full_timeout_unload),
         cmocka_unit_test(test_reload_and_failed_load),
         cmocka_unit_test(test_memory_budget_and_lfu),
+        cmocka_unit_test(test_memory_aware_batching),
         cmocka_unit_test(test_devices_and_idle_timeout),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
