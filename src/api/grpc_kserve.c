@@ -111,6 +111,7 @@ static int parse_infer(mts__grpc_call *c, kinfer *k, char *msg, size_t len)
         mts__grpc_unknown_model(msg, len, m->model_name);
         return MTS_ENOTFOUND;
     }
+    if (!mts_server_version_ok(c->srv, m->model_name, m->model_version, msg, len)) return MTS_ENOTFOUND;
     k->req.model = m->model_name;
     if (m->n_inputs == 0) {
         snprintf(msg, len, "at least one input is required");
@@ -243,7 +244,9 @@ static Inference__ModelInferResponse *build_response(mts__grpc_arena *a, kinfer 
     mts_request *req = &k->req;
     Inference__ModelInferResponse *r = MTS__GRPC_NEW(a, Inference__ModelInferResponse, INFERENCE__MODEL_INFER_RESPONSE__INIT);
     r->model_name = k->msg->model_name;
-    r->model_version = "1";
+    char ver[16];
+    snprintf(ver, sizeof ver, "%d", mts_server_model_version(k->call->srv, req->model));
+    r->model_version = mts__grpc_strdup(a, ver);
     r->id = k->msg->id;
     r->n_parameters = 4;
     r->parameters = mts__grpc_alloc(a, 4 * sizeof *r->parameters);
@@ -535,6 +538,12 @@ static char *unpack_name(mts__grpc_call *c, const uint8_t *data, size_t len)
         mts__grpc_fail(c, MTS_GRPC_INVALID_ARGUMENT, "malformed request message");
         return NULL;
     }
+    char msg[400];
+    if (m->name[0] && mts_server_has_model(c->srv, m->name) && !mts_server_version_ok(c->srv, m->name, m->version, msg, sizeof msg)) {
+        inference__model_ready_request__free_unpacked(m, NULL);
+        mts__grpc_fail(c, MTS_GRPC_NOT_FOUND, "%s", msg);
+        return NULL;
+    }
     char *name = strdup(m->name);
     inference__model_ready_request__free_unpacked(m, NULL);
     if (!name) mts__grpc_fail(c, MTS_GRPC_RESOURCE_EXHAUSTED, "out of memory");
@@ -582,7 +591,8 @@ static void send_metadata(mts__grpc_call *c, const char *model, int kind)
     }
     mts__grpc_arena a = {0};
     if (kind == META_METADATA) {
-        static char *versions[] = {"1"};
+        char ver[16], *versions[1] = {ver};
+        snprintf(ver, sizeof ver, "%d", st.model_version);
         Inference__ModelMetadataResponse r = INFERENCE__MODEL_METADATA_RESPONSE__INIT;
         r.name = st.name;
         r.n_versions = 1;
@@ -753,7 +763,9 @@ static Inference__ModelStatistics *model_stats(mts__grpc_arena *a, const mts_mod
 {
     Inference__ModelStatistics *m = MTS__GRPC_NEW(a, Inference__ModelStatistics, INFERENCE__MODEL_STATISTICS__INIT);
     m->name = mts__grpc_strdup(a, st->name);
-    m->version = "1";
+    char ver[16];
+    snprintf(ver, sizeof ver, "%d", st->model_version);
+    m->version = mts__grpc_strdup(a, ver);
     m->last_inference = (uint64_t)st->last_used_ms;
     m->inference_count = st->inference_count;
     m->execution_count = st->execution_count;
@@ -844,7 +856,9 @@ static void repository_index(mts__grpc_call *c, const uint8_t *data, size_t len)
         Inference__RepositoryIndexResponse__ModelIndex *mi = MTS__GRPC_NEW(
             &a, Inference__RepositoryIndexResponse__ModelIndex, INFERENCE__REPOSITORY_INDEX_RESPONSE__MODEL_INDEX__INIT);
         mi->name = mts__grpc_strdup(&a, st->name);
-        mi->version = "1";
+        char ver[16];
+        snprintf(ver, sizeof ver, "%d", st->model_version);
+        mi->version = mts__grpc_strdup(&a, ver);
         mi->state = (char *)mts_model_state_name(st->state);
         mi->reason = mts__grpc_strdup(&a, st->reason);
         r.models[r.n_models++] = mi;

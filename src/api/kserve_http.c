@@ -141,6 +141,7 @@ typedef struct infer_call {
     bool binary_out_set[MTS_REQ_MAX_TENSORS];
     const char *id; /* points into doc */
     char model[256];
+    int version;         /* the model's served version (for model_version) */
     char *response_json; /* JSON header of a binary response, until it is written */
 } infer_call;
 
@@ -218,7 +219,9 @@ static void infer_done(mts_request *req, int status, const char *msg)
     mts_jw_key(&w, "model_name");
     mts_jw_string(&w, ic->model);
     mts_jw_key(&w, "model_version");
-    mts_jw_string(&w, "1");
+    char ver[16];
+    snprintf(ver, sizeof ver, "%d", ic->version);
+    mts_jw_string(&w, ver);
     mts_jw_key(&w, "parameters");
     mts_jw_begin_object(&w);
     mts_jw_key(&w, "queue_ms");
@@ -513,6 +516,7 @@ static void handle_infer(mts_kserve_http *h, mts_http_conn *c, mts_http_req *hr,
         return;
     }
     ic->conn = c;
+    ic->version = mts_server_model_version(h->srv, model);
     snprintf(ic->model, sizeof ic->model, "%s", model);
     ic->req.model = ic->model;
     ic->req.done = infer_done;
@@ -590,7 +594,9 @@ static void send_metadata(mts_kserve_http *h, mts_http_conn *c, const char *mode
     if (kind == 0) {
         mts_jw_key(&w, "versions");
         mts_jw_begin_array(&w);
-        mts_jw_string(&w, "1");
+        char ver[16];
+        snprintf(ver, sizeof ver, "%d", st.model_version);
+        mts_jw_string(&w, ver);
         mts_jw_end_array(&w);
         mts_jw_key(&w, "platform");
         mts_jw_string(&w, "onnxruntime_onnx");
@@ -710,7 +716,9 @@ static void write_model_stats(mts_jw *w, const mts_model_status *st)
     mts_jw_key(w, "name");
     mts_jw_string(w, st->name);
     mts_jw_key(w, "version");
-    mts_jw_string(w, "1");
+    char ver[16];
+    snprintf(ver, sizeof ver, "%d", st->model_version);
+    mts_jw_string(w, ver);
     mts_jw_key(w, "state");
     mts_jw_string(w, mts_model_state_name(st->state));
     mts_jw_key(w, "last_inference");
@@ -883,7 +891,9 @@ static void handle_index(mts_kserve_http *h, mts_http_conn *c, const mts_http_re
         mts_jw_key(&w, "name");
         mts_jw_string(&w, st.name);
         mts_jw_key(&w, "version");
-        mts_jw_string(&w, "1");
+        char ver[16];
+        snprintf(ver, sizeof ver, "%d", st.model_version);
+        mts_jw_string(&w, ver);
         mts_jw_key(&w, "state");
         mts_jw_string(&w, mts_model_state_name(st.state));
         mts_jw_key(&w, "reason");
@@ -1010,10 +1020,9 @@ static void handler(void *user, mts_http_conn *c, mts_http_req *hr)
         if (!strncmp(rest, "/versions/", 10)) {
             size_t vlen = strcspn(rest + 10, "/");
             if (!is_digits(rest + 10, vlen)) goto not_found;
-            if (vlen != 1 || rest[10] != '1') {
-                char m[400];
-                snprintf(m, sizeof m, "model '%s' has no version %.*s (mtserve serves version 1 of each model)", model,
-                         (int)(vlen > 20 ? 20 : vlen), rest + 10);
+            char want[24], m[400];
+            snprintf(want, sizeof want, "%.*s", (int)(vlen > 20 ? 20 : vlen), rest + 10);
+            if (mts_server_has_model(h->srv, model) && !mts_server_version_ok(h->srv, model, want, m, sizeof m)) {
                 respond_error(c, MTS_ENOTFOUND, m, 0);
                 return;
             }

@@ -27,6 +27,8 @@
 #include <unistd.h>
 #include <yaml.h>
 
+#include "config/pbtxt.h"
+
 #define CFG_MAX_FILE_BYTES ((size_t)4 << 20) /* 4 MiB */
 #define CFG_MAX_DEPTH 64
 #define CFG_MAX_NODES 1000000
@@ -709,6 +711,7 @@ static mts_model_config *add_model(mts_config *c, const char *name)
     m->max_queue_delay_us = -1;
     m->preferred_device = -1;
     m->background_cache_frames = -1;
+    m->version = 1;
     c->n_models++;
     return m;
 }
@@ -898,28 +901,151 @@ static char *path_join(const char *a, const char *b)
     return r;
 }
 
-/* One repository folder: model.onnx plus an optional config.yaml with the per-model keys. */
+/* ---- Triton's config.pbtxt (the fields that map onto mtserve's model settings) ---- */
+
+static int pb_int(const mts_pbtxt *n, const char *file, long long lo, long long hi, long long *out, mts_err *err)
+{
+    char *end = NULL;
+    long long v = n->scalar ? strtoll(n->scalar, &end, 10) : 0;
+    if (!n->scalar || !n->scalar[0] || *end || v < lo || v > hi)
+        return mts_err_set(err, MTS_EINVAL, "%s:%d: %s must be an integer %lld..%lld, got '%.40s'", file, n->line,
+                           n->name, lo, hi, n->scalar ? n->scalar : "{...}");
+    *out = v;
+    return MTS_OK;
+}
+
+/* The version folder to serve: the highest <N>/<file> present, among the versions a
+ * version_policy { specific { versions: [...] } } lists when it has one (Triton's default
+ * policy, latest 1, otherwise). 0 when there is none. */
+static long long pick_version(const char *folder, const char *file, const mts_pbtxt *pb)
+{
+    const mts_pbtxt *pol = pb ? mts_pbtxt_get(pb, "version_policy") : NULL;
+    const mts_pbtxt *spec = pol ? mts_pbtxt_get(pol, "specific") : NULL;
+    DIR *dp = opendir(folder);
+    if (!dp) return 0;
+    long long best = 0;
+    struct dirent *e;
+    while ((e = readdir(dp))) {
+        size_t n = strlen(e->d_name);
+        if (n == 0 || n > 9 || strspn(e->d_name, "0123456789") != n) continue;
+        long long v = atoll(e->d_name);
+        if (v < 1 || v <= best) continue;
+        if (spec) {
+            bool listed = false;
+            for (int i = 0; i < spec->n_kids; i++)
+                if (!strcmp(spec->kids[i].name, "versions") && spec->kids[i].scalar &&
+                    atoll(spec->kids[i].scalar) == v)
+                    listed = true;
+            if (!listed) continue;
+        }
+        char sub[1100];
+        snprintf(sub, sizeof sub, "%s/%s/%s", folder, e->d_name, file);
+        struct stat sb;
+        if (stat(sub, &sb) == 0 && S_ISREG(sb.st_mode)) best = v;
+    }
+    closedir(dp);
+    return best;
+}
+
+/* Applies max_batch_size, dynamic_batching.max_queue_delay_microseconds and instance_group
+ * counts; warns about fields that would change behaviour elsewhere. */
+static int apply_pbtxt(mts_model_config *m, const mts_pbtxt *pb, const char *file, mts_config_warn_fn warn,
+                       void *user, mts_err *err)
+{
+    static const char *quiet[] = {"name", "platform", "backend", "input", "output", "version_policy",
+                                  "max_batch_size", "dynamic_batching", "instance_group", "default_model_filename"};
+    char msg[MTS_ERR_MSG_MAX];
+    long long v;
+    int instances = 0;
+    bool batching = false;
+    for (int i = 0; i < pb->n_kids; i++) {
+        const mts_pbtxt *k = &pb->kids[i];
+        if (!strcmp(k->name, "max_batch_size")) {
+            if (pb_int(k, file, 0, 4096, &v, err)) return MTS_EINVAL;
+            m->max_batch = v > 0 ? (int)v : 1; /* 0: the model does not take a batch dimension */
+        } else if (!strcmp(k->name, "dynamic_batching")) {
+            batching = true;
+            const mts_pbtxt *d = mts_pbtxt_get(k, "max_queue_delay_microseconds");
+            if (d) {
+                if (pb_int(d, file, 0, 60000000, &v, err)) return MTS_EINVAL;
+                m->max_queue_delay_us = v;
+            }
+        } else if (!strcmp(k->name, "instance_group")) {
+            const mts_pbtxt *cnt = mts_pbtxt_get(k, "count");
+            v = 1;
+            if (cnt && pb_int(cnt, file, 1, 1024, &v, err)) return MTS_EINVAL;
+            instances += (int)v;
+        } else if (!strcmp(k->name, "name") && k->scalar && strcmp(k->scalar, m->name)) {
+            snprintf(msg, sizeof msg, "%s:%d: name '%.100s' differs from the folder name; the model is served as '%s'",
+                     file, k->line, k->scalar, m->name);
+            if (warn) warn(user, msg);
+        } else if ((!strcmp(k->name, "platform") || !strcmp(k->name, "backend")) && k->scalar &&
+                   strncmp(k->scalar, "onnxruntime", 11) && strcmp(k->scalar, "onnx")) {
+            snprintf(msg, sizeof msg, "%s:%d: %s '%.60s': mtserve runs ONNX models only (the ONNX file is used)", file,
+                     k->line, k->name, k->scalar);
+            if (warn) warn(user, msg);
+        } else {
+            bool known = false;
+            for (size_t q = 0; q < sizeof quiet / sizeof quiet[0]; q++) known |= !strcmp(k->name, quiet[q]);
+            if (!known && warn) {
+                snprintf(msg, sizeof msg, "%s:%d: field '%s' does not apply to mtserve; ignored", file, k->line, k->name);
+                warn(user, msg);
+            }
+        }
+    }
+    if (!batching) m->max_queue_delay_us = 0; /* Triton without dynamic_batching does not wait to batch */
+    if (instances > 0) m->instances = instances > 1024 ? 1024 : instances;
+    return MTS_OK;
+}
+
+/* One repository folder: model.onnx (or Triton's <version>/model.onnx) plus an optional
+ * config.pbtxt (Triton) and/or config.yaml (mtserve's per-model keys, applied last). */
 static int scan_one(mts_config *c, const char *dir, const char *sub, mts_config_warn_fn warn, void *user,
                     mts_err *err)
 {
     char *folder = path_join(dir, sub), *onnx = folder ? path_join(folder, "model.onnx") : NULL;
     char *cfg = folder ? path_join(folder, "config.yaml") : NULL;
+    char *pbpath = folder ? path_join(folder, "config.pbtxt") : NULL;
     int rc = MTS_OK;
     char *text = NULL;
     ydoc d = {0};
-    if (!folder || !onnx || !cfg) {
+    mts_pbtxt pb = {0};
+    long long version = 1;
+    if (!folder || !onnx || !cfg || !pbpath) {
         rc = mts_err_set(err, MTS_ENOMEM, "%s: out of memory", dir);
         goto done;
     }
     struct stat sb;
     if (stat(folder, &sb) != 0 || !S_ISDIR(sb.st_mode)) goto done;
+    if (stat(pbpath, &sb) == 0) {
+        size_t len;
+        rc = read_small_file(pbpath, CFG_MAX_FILE_BYTES, &text, &len, err);
+        if (rc == MTS_OK) rc = mts_pbtxt_parse(text, len, pbpath, &pb, err);
+        free(text);
+        text = NULL;
+        if (rc) goto done;
+    }
     if (stat(onnx, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        if (warn) {
-            char msg[MTS_ERR_MSG_MAX];
-            snprintf(msg, sizeof msg, "%s: no model.onnx in this folder; skipped", folder);
-            warn(user, msg);
+        const mts_pbtxt *fn = mts_pbtxt_get(&pb, "default_model_filename");
+        const char *file = fn && fn->scalar && !strchr(fn->scalar, '/') ? fn->scalar : "model.onnx";
+        version = pick_version(folder, file, &pb);
+        if (version > 0) {
+            char vf[1200];
+            snprintf(vf, sizeof vf, "%s/%lld/%s", folder, version, file);
+            free(onnx);
+            if (!(onnx = strdup(vf))) {
+                rc = mts_err_set(err, MTS_ENOMEM, "%s: out of memory", dir);
+                goto done;
+            }
+        } else {
+            if (warn) {
+                char msg[MTS_ERR_MSG_MAX];
+                snprintf(msg, sizeof msg, "%s: no model.onnx in this folder or in a version folder (1/model.onnx); "
+                         "skipped", folder);
+                warn(user, msg);
+            }
+            goto done;
         }
-        goto done;
     }
     if (mts_config_find_model(c, sub)) goto done; /* configured explicitly: that wins */
     if (!valid_model_name(sub)) {
@@ -937,6 +1063,8 @@ static int scan_one(mts_config *c, const char *dir, const char *sub, mts_config_
         rc = mts_err_set(err, MTS_ENOMEM, "%s: out of memory", dir);
         goto done;
     }
+    m->version = (int)version;
+    if (pb.n_kids && (rc = apply_pbtxt(m, &pb, pbpath, warn, user, err))) goto done;
     if (stat(cfg, &sb) != 0) goto done;
     size_t len;
     rc = read_small_file(cfg, CFG_MAX_FILE_BYTES, &text, &len, err);
@@ -948,10 +1076,12 @@ static int scan_one(mts_config *c, const char *dir, const char *sub, mts_config_
     }
 done:
     ydoc_free(&d);
+    mts_pbtxt_free(&pb);
     free(text);
     free(folder);
     free(onnx);
     free(cfg);
+    free(pbpath);
     return rc;
 }
 

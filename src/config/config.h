@@ -25,6 +25,7 @@ typedef struct mts_model_config {
     bool pin;                  /* never evicted */
     int preferred_device;      /* -1 = placement strategy decides (documents: preferred_gpu) */
     int instances;             /* max concurrent batches of this model; default: device workers */
+    int version;               /* the version served (Triton layout <name>/<N>/model.onnx); default 1 */
     /* lip-sync assets (compositing issue) */
     char *background_dir;
     char *crop_rects_path;

@@ -128,6 +128,7 @@ typedef struct mts_model_status {
     double last_load_ms;
     uint64_t loads, unloads, evictions, load_failures;
     uint64_t memory_capped_batches; /* batches cut below max_batch to fit the device's free memory */
+    int model_version;         /* the repository version served (mts_server_model_version) */
     int n_inputs, n_outputs;   /* metadata (known once loaded at least once) */
     mts_tensor_meta inputs[MTS_REQ_MAX_TENSORS], outputs[MTS_REQ_MAX_TENSORS];
     /* Lip-sync background cache (issue 6) of the resident version: has_bgcache when it opened;
@@ -140,6 +141,11 @@ typedef struct mts_model_status {
 int mts_server_model_count(const mts_server *s);
 /* True when name is a configured model (cheap; no snapshot). */
 bool mts_server_has_model(const mts_server *s, const char *name);
+/* The repository version a model serves (its Triton version folder, else 1); 0 if unknown. */
+int mts_server_model_version(const mts_server *s, const char *name);
+/* Whether a client's version string ("" or NULL: any) names the version the model serves; when
+ * it does not, msg gets "model 'm' has no version 'v' (it serves version N)". */
+bool mts_server_version_ok(const mts_server *s, const char *name, const char *requested, char *msg, size_t len);
 /* By index (configuration order) or by name. */
 int mts_server_model_status(mts_server *s, int index, mts_model_status *out);
 int mts_server_model_status_by_name(mts_server *s, const char *name, mts_model_status *out);

@@ -56,6 +56,7 @@ static void snapshot(mts_server *s, const mts__entry *e, mts_model_status *o)
     o->unloads = e->unloads;
     o->evictions = e->evictions;
     o->load_failures = e->load_failures;
+    o->model_version = e->cfg->version > 0 ? e->cfg->version : 1;
     o->memory_capped_batches = e->mem_capped;
     o->n_inputs = e->n_in;
     o->n_outputs = e->n_out;
@@ -72,6 +73,23 @@ static void snapshot(mts_server *s, const mts__entry *e, mts_model_status *o)
 bool mts_server_has_model(const mts_server *s, const char *name)
 {
     return mts__find(s, name) != NULL; /* the index is immutable after creation */
+}
+
+int mts_server_model_version(const mts_server *s, const char *name)
+{
+    const mts__entry *e = mts__find(s, name);
+    return e ? (e->cfg->version > 0 ? e->cfg->version : 1) : 0;
+}
+
+bool mts_server_version_ok(const mts_server *s, const char *name, const char *requested, char *msg, size_t len)
+{
+    if (!requested || !requested[0]) return true;
+    int v = mts_server_model_version(s, name);
+    char have[16];
+    snprintf(have, sizeof have, "%d", v);
+    if (v > 0 && !strcmp(have, requested)) return true;
+    snprintf(msg, len, "model '%s' has no version '%.20s' (it serves version %d)", name, requested, v);
+    return false;
 }
 
 int mts_server_model_count(const mts_server *s)

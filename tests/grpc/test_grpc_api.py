@@ -126,6 +126,13 @@ def test_model_infer_errors(start_server, pb):
             assert w in msg, msg
 
     expect(tiny_request(pb, x, model="nope"), grpc.StatusCode.NOT_FOUND, "unknown model 'nope'")
+    req = tiny_request(pb, x)
+    req.model_version = "5"  # the model serves version 1 (Triton layout folders set others)
+    expect(req, grpc.StatusCode.NOT_FOUND, "model 'tiny' has no version '5' (it serves version 1)")
+    req.model_version = "1"
+    assert s.ModelInfer(req).model_version == "1"
+    c, msg = code_of(lambda: s.ModelMetadata(pb.ks.ModelMetadataRequest(name="tiny", version="2")))
+    assert c == grpc.StatusCode.NOT_FOUND and "has no version '2'" in msg
     expect(pb.ks.ModelInferRequest(model_name="tiny"), grpc.StatusCode.INVALID_ARGUMENT, "at least one input")
     req = tiny_request(pb, x)
     req.inputs[0].datatype = "FP8"

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "config/config.h"
+#include "config/pbtxt.h"
 
 /* ---- warning capture ---- */
 
@@ -536,6 +537,124 @@ static void test_ml_service_env(void **state)
     }
 }
 
+static void write_file(const char *path, const char *text);
+
+/* Triton's config.pbtxt: the text format, the fields mtserve maps, errors with file and line, and
+ * every truncation of a real-looking file parsing or failing cleanly. */
+static const char *triton_pbtxt =
+    "name: \"seg\"\n"
+    "platform: \"onnxruntime_onnx\"  # the ONNX Runtime backend\n"
+    "max_batch_size: 16\n"
+    "version_policy: { latest { num_versions: 1 } }\n"
+    "input [\n"
+    "  { name: \"image\" data_type: TYPE_FP32 dims: [ 3, 256, 256 ] }\n"
+    "]\n"
+    "output [ { name: \"mask\", data_type: TYPE_FP32, dims: [1, 256, 256] } ]\n"
+    "dynamic_batching {\n"
+    "  preferred_batch_size: [ 4, 8 ]\n"
+    "  max_queue_delay_microseconds: 500\n"
+    "}\n"
+    "instance_group [ { count: 2 kind: KIND_GPU gpus: [ 0 ] }, { kind: KIND_CPU } ]\n"
+    "model_warmup [ { name: 'w' batch_size: 1 } ]\n";
+
+static void test_triton_pbtxt(void **state)
+{
+    (void)state;
+    mts_pbtxt root;
+    mts_err err = {0};
+    assert_int_equal(mts_pbtxt_parse(triton_pbtxt, strlen(triton_pbtxt), "config.pbtxt", &root, &err), MTS_OK);
+    assert_string_equal(mts_pbtxt_get(&root, "name")->scalar, "seg");
+    assert_string_equal(mts_pbtxt_get(&root, "max_batch_size")->scalar, "16");
+    const mts_pbtxt *in = mts_pbtxt_get(&root, "input");
+    assert_non_null(in);
+    assert_int_equal(in->line, 6);
+    int dims = 0;
+    for (int i = 0; i < in->n_kids; i++) dims += !strcmp(in->kids[i].name, "dims");
+    assert_int_equal(dims, 3); /* the list became three repeated fields */
+    int groups = 0;
+    for (int i = 0; i < root.n_kids; i++) groups += !strcmp(root.kids[i].name, "instance_group");
+    assert_int_equal(groups, 2);
+    mts_pbtxt_free(&root);
+    static const char *bad[][2] = {{"max_batch_size 16\n", "config.pbtxt:1: expected ':' or '{'"},
+                                   {"a {\n b: 1\n", "config.pbtxt:3: a message is not closed"},
+                                   {"a: [1, 2\n", "unterminated list"},
+                                   {"a: [1 2]", "expected ',' or ']'"},
+                                   {"a: \"x\n\"", "config.pbtxt:1: a string runs past the end of its line"},
+                                   {"\n\n: 3", "config.pbtxt:3: expected a field name"},
+                                   {"a:", "expected a value"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        err = (mts_err){0};
+        assert_int_equal(mts_pbtxt_parse(bad[i][0], strlen(bad[i][0]), "config.pbtxt", &root, &err), MTS_EINVAL);
+        if (!strstr(err.msg, bad[i][1])) fail_msg("'%s': message '%s' lacks '%s'", bad[i][0], err.msg, bad[i][1]);
+    }
+    char deep[200];
+    memset(deep, 0, sizeof deep);
+    for (int i = 0; i < 40; i++) strcat(deep, "a{");
+    assert_int_equal(mts_pbtxt_parse(deep, strlen(deep), "config.pbtxt", &root, &err), MTS_ELIMIT);
+    assert_non_null(strstr(err.msg, "nested deeper than 32"));
+    size_t n = strlen(triton_pbtxt);
+    for (size_t len = 0; len < n; len++) { /* each prefix: parses or fails with a message */
+        char *cut = malloc(len + 1);
+        memcpy(cut, triton_pbtxt, len);
+        err = (mts_err){0};
+        if (mts_pbtxt_parse(cut, len, "config.pbtxt", &root, &err) == MTS_OK) mts_pbtxt_free(&root);
+        else assert_true(err.msg[0] != 0);
+        free(cut);
+    }
+}
+
+/* A Triton model repository served unchanged: <name>/config.pbtxt and <name>/<version>/model.onnx. */
+static void test_triton_repository(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/mts_triton_XXXXXX", p[600];
+    assert_non_null(mkdtemp(dir));
+    const char *paths[] = {"seg", "seg/1", "seg/3", "seg/10", "pinned", "pinned/1", "pinned/2"};
+    for (int i = 0; i < 7; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, paths[i]);
+        assert_int_equal(mkdir(p, 0700), 0);
+    }
+    snprintf(p, sizeof p, "%s/seg/config.pbtxt", dir);
+    write_file(p, triton_pbtxt);
+    const char *files[] = {"seg/1/model.onnx", "seg/3/model.onnx", "pinned/1/model.onnx", "pinned/2/model.onnx"};
+    for (int i = 0; i < 4; i++) { /* seg/10 has no model file: not a version */
+        snprintf(p, sizeof p, "%s/%s", dir, files[i]);
+        write_file(p, "onnx");
+    }
+    snprintf(p, sizeof p, "%s/pinned/config.pbtxt", dir);
+    write_file(p, "max_batch_size: 0\nversion_policy: { specific: { versions: [1] } }\n");
+    mts_config c;
+    warns w = {0};
+    mts_err err = {0};
+    mts_config_defaults(&c);
+    assert_int_equal(mts_config_scan_repository(&c, dir, on_warn, &w, &err), MTS_OK);
+    assert_int_equal(mts_config_finalize(&c, &err), MTS_OK);
+    const mts_model_config *seg = mts_config_find_model(&c, "seg"), *pin = mts_config_find_model(&c, "pinned");
+    assert_non_null(seg);
+    assert_non_null(pin);
+    snprintf(p, sizeof p, "%s/seg/3/model.onnx", dir);
+    assert_string_equal(seg->model_path, p);
+    assert_int_equal(seg->version, 3);
+    assert_int_equal(seg->max_batch, 16);
+    assert_int_equal(seg->max_queue_delay_us, 500);
+    assert_int_equal(seg->instances, 3); /* 2 + 1 */
+    assert_int_equal(pin->version, 1);   /* version_policy specific [1] */
+    assert_int_equal(pin->max_batch, 1);  /* max_batch_size 0: no batch dimension */
+    assert_int_equal(pin->max_queue_delay_us, 0);
+    assert_int_equal(count_warns(&w, "field 'model_warmup' does not apply"), 1);
+    assert_int_equal(count_warns(&w, "input"), 0);
+    mts_config_free(&c);
+    /* a broken config.pbtxt names file and line */
+    snprintf(p, sizeof p, "%s/seg/config.pbtxt", dir);
+    write_file(p, "max_batch_size: 8\ndynamic_batching { max_queue_delay_microseconds: soon }\n");
+    mts_config_defaults(&c);
+    assert_int_equal(mts_config_scan_repository(&c, dir, on_warn, &w, &err), MTS_EINVAL);
+    assert_non_null(strstr(err.msg, "seg/config.pbtxt:2: max_queue_delay_microseconds must be an integer"));
+    mts_config_free(&c);
+    snprintf(p, sizeof p, "rm -rf '%s'", dir);
+    assert_int_equal(system(p), 0);
+}
+
 static void test_warnings_once(void **state)
 {
     (void)state;
@@ -701,6 +820,8 @@ int main(void)
         cmocka_unit_test(test_warnings_once),
         cmocka_unit_test(test_load_file_relative_paths),
         cmocka_unit_test(test_repository_scan),
+        cmocka_unit_test(test_triton_pbtxt),
+        cmocka_unit_test(test_triton_repository),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
