@@ -125,6 +125,11 @@ void mts__grpc_read_locked(mts__grpc_call *c);
 /* Microseconds left before the call's deadline; 0 when it has none, <0 when past. */
 int64_t mts__grpc_timeout_us(const mts__grpc_call *c);
 bool mts__grpc_shutting_down(const mts__grpc_call *c);
+/* Health Watch streams: a registered call (one reference taken) gets on_shutdown(c) once when the
+ * server starts shutting down (which must send the final status and close the stream), unless
+ * it was unregistered first (client gone). Returns false when shutdown already began. */
+bool mts__grpc_watch_add(mts__grpc_call *c, void (*on_shutdown)(mts__grpc_call *c));
+void mts__grpc_watch_remove(mts__grpc_call *c);
 const char *mts__grpc_status_text(int code);
 
 /* ---- services ---- */

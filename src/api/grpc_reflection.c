@@ -41,8 +41,59 @@ static void health_check(mts__grpc_call *c, const uint8_t *data, size_t len)
     grpc__health__v1__health_check_request__free_unpacked(m, NULL);
 }
 
+/* Watch (server streaming): the current status at once, then a message whenever it changes. The
+ * only change a running mtserve has is SERVING -> NOT_SERVING at shutdown, after which the stream
+ * closes with OK. An unknown service gets SERVICE_UNKNOWN and the stream stays open (as the
+ * protocol asks), as do streams whose client keeps them. */
+static void watch_send(mts__grpc_call *c, int status)
+{
+    Grpc__Health__V1__HealthCheckResponse r = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
+    r.status = status;
+    mts__grpc_send(c, &r.base);
+}
+
+static void watch_shutdown(mts__grpc_call *c)
+{
+    watch_send(c, GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING);
+    mts__grpc_fail(c, MTS_GRPC_OK, "%s", "");
+}
+
+static void health_watch(mts__grpc_call *c, const uint8_t *data, size_t len)
+{
+    if (c->state) return; /* one request per stream; later messages are ignored */
+    c->state = (void *)1;
+    Grpc__Health__V1__HealthCheckRequest *m = grpc__health__v1__health_check_request__unpack(NULL, len, data);
+    if (!m) {
+        mts__grpc_fail(c, MTS_GRPC_INVALID_ARGUMENT, "the request is not a valid grpc.health.v1.HealthCheckRequest");
+        return;
+    }
+    bool known = !m->service[0];
+    for (int i = 0; !known && mts__grpc_service_names[i]; i++) known = !strcmp(m->service, mts__grpc_service_names[i]);
+    grpc__health__v1__health_check_request__free_unpacked(m, NULL);
+    if (!known) {
+        watch_send(c, GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVICE_UNKNOWN);
+        return;
+    }
+    if (mts__grpc_shutting_down(c) || !mts__grpc_watch_add(c, watch_shutdown)) {
+        watch_shutdown(c);
+        return;
+    }
+    watch_send(c, GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING);
+}
+
+static void watch_half_close(mts__grpc_call *c)
+{
+    (void)c; /* the client sent its request; the stream stays open for updates */
+}
+
+static void watch_cancel(mts__grpc_call *c)
+{
+    mts__grpc_watch_remove(c);
+}
+
 const mts__grpc_method mts__grpc_health_methods[] = {
     {"/grpc.health.v1.Health/Check", false, health_check, NULL, NULL, NULL},
+    {"/grpc.health.v1.Health/Watch", true, health_watch, watch_half_close, watch_cancel, NULL},
     {NULL, false, NULL, NULL, NULL, NULL},
 };
 

@@ -51,7 +51,49 @@ struct mts_grpc {
     bool shutdown_started, shutdown_done;
     _Atomic int live_calls;
     mts_workq *replies; /* builds large replies off the device workers (NULL: inline) */
+    struct watcher *watchers; /* health Watch streams (under lock) */
 };
+
+typedef struct watcher {
+    mts__grpc_call *c;
+    void (*on_shutdown)(mts__grpc_call *c);
+    struct watcher *next;
+} watcher;
+
+bool mts__grpc_watch_add(mts__grpc_call *c, void (*on_shutdown)(mts__grpc_call *c))
+{
+    mts_grpc *g = c->g;
+    watcher *w = malloc(sizeof *w);
+    if (!w) return false;
+    pthread_mutex_lock(&g->lock);
+    bool ok = !g->shutdown_started;
+    if (ok) {
+        mts__grpc_call_ref(c);
+        *w = (watcher){c, on_shutdown, g->watchers};
+        g->watchers = w;
+    }
+    pthread_mutex_unlock(&g->lock);
+    if (!ok) free(w);
+    return ok;
+}
+
+void mts__grpc_watch_remove(mts__grpc_call *c)
+{
+    mts_grpc *g = c->g;
+    watcher *found = NULL;
+    pthread_mutex_lock(&g->lock);
+    for (watcher **p = &g->watchers; *p; p = &(*p)->next)
+        if ((*p)->c == c) {
+            found = *p;
+            *p = found->next;
+            break;
+        }
+    pthread_mutex_unlock(&g->lock);
+    if (found) {
+        mts__grpc_call_unref(c);
+        free(found);
+    }
+}
 
 int mts_grpc_code(int status)
 {
@@ -577,7 +619,16 @@ void mts_grpc_stop_accepting(mts_grpc *g)
     pthread_mutex_lock(&g->lock);
     bool start = !g->shutdown_started;
     g->shutdown_started = true;
+    watcher *ws = g->watchers; /* taken: no Watch registers after this */
+    g->watchers = NULL;
     pthread_mutex_unlock(&g->lock);
+    while (ws) { /* health watchers learn NOT_SERVING before the listener goes */
+        watcher *next = ws->next;
+        ws->on_shutdown(ws->c);
+        mts__grpc_call_unref(ws->c);
+        free(ws);
+        ws = next;
+    }
     if (start) mts__grpc_tag_handoff(&g->t_shutdown);
     if (start) grpc_server_shutdown_and_notify(g->server, g->cq, &g->t_shutdown);
 }

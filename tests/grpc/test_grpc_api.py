@@ -394,6 +394,31 @@ def test_health_check(start_server, pb):
     assert c == grpc.StatusCode.NOT_FOUND and "nope.Svc" in msg
 
 
+def test_health_watch(start_server, pb):
+    """Watch streams SERVING at once, NOT_SERVING when the server begins shutting down, then ends
+    with OK; an unknown service gets SERVICE_UNKNOWN on a stream that stays open."""
+    srv = start_server()
+    ch = grpc.insecure_channel(srv.addr)  # srv.stop() closes srv.channel first
+    h = pb.health_grpc.HealthStub(ch)
+    R = pb.health.HealthCheckResponse
+    whole = h.Watch(pb.health.HealthCheckRequest())
+    svc = h.Watch(pb.health.HealthCheckRequest(service="inference.InferenceService"))
+    unknown = h.Watch(pb.health.HealthCheckRequest(service="nope.Svc"))
+    assert next(whole).status == R.SERVING
+    assert next(svc).status == R.SERVING
+    assert next(unknown).status == R.SERVICE_UNKNOWN
+    unknown.cancel()
+    # a cancelled watcher is dropped cleanly; the others see the shutdown
+    srv.proc.send_signal(signal.SIGTERM)
+    for stream in (whole, svc):
+        assert next(stream).status == R.NOT_SERVING
+        with pytest.raises(StopIteration):
+            next(stream)
+        assert stream.code() == grpc.StatusCode.OK
+    ch.close()
+    assert srv.stop() == 0
+
+
 @pytest.mark.parametrize("version", ["v1alpha", "v1"])
 def test_reflection(start_server, pb, version):
     srv = start_server()
