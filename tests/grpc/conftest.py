@@ -6,11 +6,9 @@ temporary folder; the health and reflection protos are copied under flat file na
 `grpc.*` Python module paths do not shadow the grpc package itself (the wire names, which come
 from the proto packages, are unchanged).
 
-The server under test is `build/mtserve serve --grpc-port 0` when that binary has the option
-(the lead wires the gRPC front end into cli_serve.c), else the stand-alone
-build/mts-grpc-harness (same options, same shutdown order). Either prints
-`mtserve: serving gRPC on HOST:PORT (...)`; the fixture waits for that line. $MTSERVE and
-$MTS_GRPC_SERVER override the binaries.
+The server under test is `build/mtserve serve --grpc-port 0`; it prints
+`mtserve: serving gRPC on HOST:PORT (...)` and the fixture waits for that line. $MTSERVE (or
+$MTS_GRPC_SERVER, a whole command) overrides the binary.
 """
 import importlib
 import os
@@ -41,14 +39,9 @@ def _server_command():
     if os.environ.get("MTS_GRPC_SERVER"):
         return [os.environ["MTS_GRPC_SERVER"]]
     mtserve = Path(os.environ.get("MTSERVE", BUILD / "mtserve"))
-    if mtserve.exists():
-        help_text = subprocess.run([str(mtserve), "serve", "--help"], capture_output=True, text=True).stdout
-        if "--grpc-port" in help_text:
-            return [str(mtserve), "serve"]
-    for cand in (BUILD / "mts-grpc-harness",):
-        if cand.exists():
-            return [str(cand)]
-    pytest.fail("no gRPC server binary: build mtserve (with --grpc-port) or mts-grpc-harness")
+    if not mtserve.exists():
+        pytest.fail(f"{mtserve} is missing: run `make build` first")
+    return [str(mtserve), "serve"]
 
 
 @pytest.fixture(scope="session")
