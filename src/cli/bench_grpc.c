@@ -236,19 +236,7 @@ static grpc_status_code conn_unary(grpc_conn *k, void *reg, grpc_slice body, dou
     grpc_status_code status = GRPC_STATUS_UNKNOWN;
     grpc_slice details = grpc_empty_slice();
     grpc_op ops[6];
-    memset(ops, 0, sizeof ops);
-    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[1].op = GRPC_OP_SEND_MESSAGE;
-    ops[1].data.send_message.send_message = send;
-    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
-    ops[3].data.recv_initial_metadata.recv_initial_metadata = &md_initial;
-    ops[4].op = GRPC_OP_RECV_MESSAGE;
-    ops[4].data.recv_message.recv_message = recv;
-    ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
-    ops[5].data.recv_status_on_client.trailing_metadata = &md_trailing;
-    ops[5].data.recv_status_on_client.status = &status;
-    ops[5].data.recv_status_on_client.status_details = &details;
+    mts_cli_grpc_unary_ops(ops, send, recv, &md_initial, &md_trailing, &status, &details);
     int tag = 1;
     if (grpc_call_start_batch(call, ops, 6, &tag, NULL) != GRPC_CALL_OK) {
         snprintf(msg, msglen, "cannot start the call");

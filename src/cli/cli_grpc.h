@@ -8,6 +8,7 @@
 
 #include <stddef.h>
 
+#include <grpc/grpc.h>
 #include <protobuf-c/protobuf-c.h>
 
 int mts_cli_infer(int argc, char **argv);
@@ -21,5 +22,12 @@ int mts_cli_grpc_unary(const char *target, const char *method, const ProtobufCMe
                        const ProtobufCMessageDescriptor *resp_desc, ProtobufCMessage **resp, double timeout_s,
                        char *err, size_t err_len);
 const char *mts_cli_grpc_code_name(int code);
+
+/* The six operations of a unary call (send metadata, message and close; receive metadata,
+ * message and status) pointing at the caller's buffers, for callers that run their own call
+ * and completion queue (the load generator reuses channels and registered methods). */
+void mts_cli_grpc_unary_ops(grpc_op ops[6], grpc_byte_buffer *send, grpc_byte_buffer **recv,
+                            grpc_metadata_array *md_initial, grpc_metadata_array *md_trailing,
+                            grpc_status_code *status, grpc_slice *details);
 
 #endif

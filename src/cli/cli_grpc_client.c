@@ -23,6 +23,25 @@ const char *mts_cli_grpc_code_name(int code)
     return code >= 0 && code <= 16 ? names[code] : "?";
 }
 
+void mts_cli_grpc_unary_ops(grpc_op ops[6], grpc_byte_buffer *send, grpc_byte_buffer **recv,
+                            grpc_metadata_array *md_initial, grpc_metadata_array *md_trailing,
+                            grpc_status_code *status, grpc_slice *details)
+{
+    memset(ops, 0, 6 * sizeof *ops);
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[1].op = GRPC_OP_SEND_MESSAGE;
+    ops[1].data.send_message.send_message = send;
+    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[3].data.recv_initial_metadata.recv_initial_metadata = md_initial;
+    ops[4].op = GRPC_OP_RECV_MESSAGE;
+    ops[4].data.recv_message.recv_message = recv;
+    ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    ops[5].data.recv_status_on_client.trailing_metadata = md_trailing;
+    ops[5].data.recv_status_on_client.status = status;
+    ops[5].data.recv_status_on_client.status_details = details;
+}
+
 int mts_cli_grpc_unary(const char *target, const char *method, const ProtobufCMessage *req,
                        const ProtobufCMessageDescriptor *resp_desc, ProtobufCMessage **resp, double timeout_s,
                        char *err, size_t err_len)
@@ -57,19 +76,7 @@ int mts_cli_grpc_unary(const char *target, const char *method, const ProtobufCMe
     grpc_status_code status = GRPC_STATUS_UNKNOWN;
     grpc_slice details = grpc_empty_slice();
     grpc_op ops[6];
-    memset(ops, 0, sizeof ops);
-    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[1].op = GRPC_OP_SEND_MESSAGE;
-    ops[1].data.send_message.send_message = send;
-    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
-    ops[3].data.recv_initial_metadata.recv_initial_metadata = &md_initial;
-    ops[4].op = GRPC_OP_RECV_MESSAGE;
-    ops[4].data.recv_message.recv_message = &recv;
-    ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
-    ops[5].data.recv_status_on_client.trailing_metadata = &md_trailing;
-    ops[5].data.recv_status_on_client.status = &status;
-    ops[5].data.recv_status_on_client.status_details = &details;
+    mts_cli_grpc_unary_ops(ops, send, &recv, &md_initial, &md_trailing, &status, &details);
     int tag = 1;
     if (grpc_call_start_batch(call, ops, 6, &tag, NULL) == GRPC_CALL_OK)
         grpc_completion_queue_pluck(cq, &tag, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
