@@ -18,8 +18,11 @@
 # to serve a level's frames: the measured capacity can exceed the bound by up to deadline/cycle
 # (1.3 % at 200 ms, 7 % at 1 s). The engine is measured before and after the search (the machine
 # is shared: its speed drifts) and the bound uses the mean. Prints Markdown. About 2-5 minutes.
+# MAX_BATCH > 1 lets the server batch concurrent users' frames (dynamic batching, queue delay
+# QUEUE_DELAY_US, default 2000); the engine is then measured at that batch size, so the bound is
+# the batched throughput's.
 # Knobs: MODEL (lipsync_unet_w8), THREADS (2), LEVEL_S (15), DEADLINE_MS (200), FPS2 (auto),
-#        DEADLINE2_MS (1000).
+#        DEADLINE2_MS (1000), MAX_BATCH (1), QUEUE_DELAY_US (2000).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=/usr/bin/python3
@@ -30,6 +33,8 @@ LEVEL_S=${LEVEL_S:-15}
 DEADLINE_MS=${DEADLINE_MS:-200}
 FPS2=${FPS2:-}
 DEADLINE2_MS=${DEADLINE2_MS:-1000}
+MAX_BATCH=${MAX_BATCH:-1}
+QUEUE_DELAY_US=${QUEUE_DELAY_US:-2000}
 TMP=$(mktemp -d)
 SERVER=
 cleanup() {
@@ -39,8 +44,8 @@ cleanup() {
 trap cleanup EXIT
 
 engine() {
-  echo "bare engine: mtserve run $MODEL --batch 1 --threads $THREADS --iters 30" >&2
-  "$MTSERVE" run "models/out/$MODEL.onnx" --batch 1 --threads "$THREADS" --iters 30 --json |
+  echo "bare engine: mtserve run $MODEL --batch $MAX_BATCH --threads $THREADS --iters 30" >&2
+  "$MTSERVE" run "models/out/$MODEL.onnx" --batch "$MAX_BATCH" --threads "$THREADS" --iters 30 --json |
     $PY -c 'import json,sys; print(json.load(sys.stdin)["throughput_per_s"])'
 }
 engine_before=$(engine)
@@ -48,7 +53,7 @@ engine_fps=$engine_before
 
 mkdir -p "$TMP/repo/$MODEL"
 ln -s "$PWD/models/out/$MODEL.onnx" "$TMP/repo/$MODEL/model.onnx"
-printf 'preload: true\nmax_batch: 1\n' > "$TMP/repo/$MODEL/config.yaml"
+printf 'preload: true\nmax_batch: %d\nmax_queue_delay_us: %d\n' "$MAX_BATCH" "$QUEUE_DELAY_US" > "$TMP/repo/$MODEL/config.yaml"
 cat > "$TMP/config.yaml" <<EOT
 server:
   http_port: 0
@@ -84,13 +89,13 @@ kill -TERM "$SERVER"; wait "$SERVER" || true; SERVER=
 engine_after=$(engine)
 [ -n "${OUT_JSON:-}" ] && cp "$TMP/cap25.json" "$OUT_JSON"
 
-$PY - "$engine_before" "$engine_after" "$MODEL" "$THREADS" "$TMP/cap25.json" "$TMP/cap2.json" <<'EOF'
+$PY - "$engine_before" "$engine_after" "$MODEL" "$THREADS" "$MAX_BATCH" "$TMP/cap25.json" "$TMP/cap2.json" <<'EOF'
 import json, os, sys
-before, after = float(sys.argv[1]), float(sys.argv[2]); model, threads = sys.argv[3:5]
+before, after = float(sys.argv[1]), float(sys.argv[2]); model, threads, batch = sys.argv[3:6]
 fps_engine = (before + after) / 2
-runs = [json.load(open(p)) for p in sys.argv[5:7] if os.path.exists(p)]
-print(f"bare engine: {model}, batch 1, {threads} threads: **{fps_engine:.2f} frames/s** "
-      f"(mean of {before:.2f} before and {after:.2f} after the search)\n")
+runs = [json.load(open(p)) for p in sys.argv[6:8] if os.path.exists(p)]
+print(f"bare engine: {model}, batch {batch}, {threads} threads: **{fps_engine:.2f} frames/s** "
+      f"(mean of {before:.2f} before and {after:.2f} after the search); server max_batch {batch}\n")
 print("| user frame rate, frame deadline | bound = engine fps / (fps x 4/15) | measured capacity (>= 99 % on time) | ratio | levels tried (users: on-time %) |")
 print("|---|---:|---:|---:|---|")
 for j in runs:
