@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc_security.h>
@@ -645,6 +646,9 @@ void mts_grpc_stop(mts_grpc *g)
     /* Replies still being built go out before calls are cancelled. */
     mts_workq_destroy(g->replies);
     g->replies = NULL;
+    /* Answers already queued (health watchers' NOT_SERVING, calls the core failed at shutdown)
+     * get up to a second to go out before whatever is still open is cancelled. */
+    for (int i = 0; i < 100 && atomic_load(&g->live_calls) > 0; i++) nanosleep(&(struct timespec){0, 10000000}, NULL);
     grpc_server_cancel_all_calls(g->server);
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
