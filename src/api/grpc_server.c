@@ -547,6 +547,23 @@ static void *poll_main(void *arg)
 
 /* ---- start / stop ---- */
 
+/* A PEM file's text (NUL-terminated), or NULL when it cannot be read or holds no PEM block. */
+static char *read_pem(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = malloc(1 << 20);
+    size_t n = buf ? fread(buf, 1, (1 << 20) - 1, f) : 0;
+    fclose(f);
+    if (!buf) return NULL;
+    buf[n] = 0;
+    if (!strstr(buf, "-----BEGIN ")) {
+        free(buf);
+        return NULL;
+    }
+    return buf;
+}
+
 int mts_grpc_start(mts_server *srv, const mts_grpc_opts *o, mts_grpc **out, mts_err *err)
 {
     mts_grpc *g = calloc(1, sizeof *g);
@@ -576,7 +593,38 @@ int mts_grpc_start(mts_server *srv, const mts_grpc_opts *o, mts_grpc **out, mts_
     grpc_server_register_completion_queue(g->server, g->cq, NULL);
     char addr[300];
     snprintf(addr, sizeof addr, "%s:%d", o->host ? o->host : "127.0.0.1", o->port);
-    grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+    grpc_server_credentials *creds = NULL;
+    if (o->tls_cert) {
+        char *pem[3] = {0};
+        const char *paths[3] = {o->tls_cert, o->tls_key, o->tls_client_ca}, *what[3] = {"certificate", "key", "client CA"};
+        int bad = -1;
+        for (int i = 0; i < 3 && bad < 0; i++)
+            if (paths[i] && !(pem[i] = read_pem(paths[i]))) bad = i;
+        if (bad < 0) {
+            grpc_ssl_pem_key_cert_pair pair = {pem[1], pem[0]};
+            creds = grpc_ssl_server_credentials_create_ex(
+                pem[2], &pair, 1,
+                pem[2] ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
+                NULL);
+        }
+        for (int i = 0; i < 3; i++) free(pem[i]);
+        if (!creds) {
+            if (bad >= 0) mts_err_set(err, MTS_EIO, "TLS %s %s: cannot read it (or it is not PEM text)", what[bad], paths[bad]);
+            else mts_err_set(err, MTS_EINVAL, "TLS: gRPC rejected the certificate/key pair");
+            grpc_server_destroy(g->server);
+            grpc_completion_queue_shutdown(g->cq);
+            while (grpc_completion_queue_next(g->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type != GRPC_QUEUE_SHUTDOWN) {
+            }
+            grpc_completion_queue_destroy(g->cq);
+            pthread_mutex_destroy(&g->lock);
+            pthread_cond_destroy(&g->cv);
+            free(g);
+            grpc_shutdown();
+            return err->code;
+        }
+    } else {
+        creds = grpc_insecure_server_credentials_create();
+    }
     g->port = grpc_server_add_http2_port(g->server, addr, creds);
     grpc_server_credentials_release(creds);
     if (g->port <= 0) {
@@ -603,8 +651,8 @@ int mts_grpc_start(mts_server *srv, const mts_grpc_opts *o, mts_grpc **out, mts_
     if (mts_workq_create(1, 0, &g->replies, &qerr)) g->replies = NULL; /* replies are then built inline */
     g->n_threads = o->threads > 0 ? (o->threads > MTS_GRPC_MAX_THREADS ? MTS_GRPC_MAX_THREADS : o->threads) : 2;
     for (int i = 0; i < g->n_threads; i++) pthread_create(&g->threads[i], NULL, poll_main, g);
-    MTS_INFO("event=grpc_listening addr=%s:%d max_message=%zu threads=%d", o->host ? o->host : "127.0.0.1", g->port,
-             max_msg, g->n_threads);
+    MTS_INFO("event=grpc_listening addr=%s:%d max_message=%zu threads=%d tls=%s", o->host ? o->host : "127.0.0.1",
+             g->port, max_msg, g->n_threads, o->tls_cert ? (o->tls_client_ca ? "mutual" : "on") : "off");
     *out = g;
     return MTS_OK;
 }

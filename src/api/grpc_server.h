@@ -19,6 +19,9 @@ typedef struct mts_grpc_opts {
     int port;                /* 0: ephemeral (tests); mts_grpc_port tells which */
     int threads;             /* completion-queue threads; default 2 */
     size_t max_message;      /* largest request message, bytes (server.max_message_size_mb) */
+    /* TLS (all NULL: plaintext). cert + key: PEM files of the server's certificate chain and key;
+     * client_ca: PEM roots that must have signed a client certificate (mutual TLS). */
+    const char *tls_cert, *tls_key, *tls_client_ca;
 } mts_grpc_opts;
 
 /* Binds, starts the polling threads and returns. On failure nothing is left running. */

@@ -36,7 +36,7 @@ static const char *env_get(const char *name)
 static void usage(FILE *f)
 {
     fprintf(f, "usage: mtserve serve [--config FILE.yaml] [--model-repository DIR] [--host ADDR] [--http-port PORT]\n"
-               "                     [--grpc-port PORT]"
+               "                     [--grpc-port PORT] [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]]\n"
                "                     [--grace S] [--log-level debug|info|warn|error]\n"
                "  Serves every model of the configuration and/or of DIR (one folder per model holding model.onnx\n"
                "  and an optional config.yaml) over KServe v2 HTTP. Stops gracefully on SIGTERM/SIGINT.\n");
@@ -46,6 +46,7 @@ int mts_cli_serve(int argc, char **argv)
 {
     const char *config_path = NULL, *repo = NULL, *host = NULL;
     int port = -1, grpc_port = -1, grace = -1;
+    const char *tls[3] = {NULL, NULL, NULL}; /* cert, key, client CA */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool has = i + 1 < argc;
@@ -55,6 +56,9 @@ int mts_cli_serve(int argc, char **argv)
         else if (!strcmp(a, "--http-port") && has) port = atoi(argv[++i]);
         else if (!strcmp(a, "--grpc-port") && has) grpc_port = atoi(argv[++i]);
         else if (!strcmp(a, "--grace") && has) grace = atoi(argv[++i]);
+        else if (!strcmp(a, "--tls-cert") && has) tls[0] = argv[++i];
+        else if (!strcmp(a, "--tls-key") && has) tls[1] = argv[++i];
+        else if (!strcmp(a, "--tls-client-ca") && has) tls[2] = argv[++i];
         else if (!strcmp(a, "--log-level") && has) {
             const char *l = argv[++i];
             mts_log_set_level(!strcmp(l, "debug") ? MTS_LOG_DEBUG : !strcmp(l, "warn") ? MTS_LOG_WARN
@@ -91,6 +95,12 @@ int mts_cli_serve(int argc, char **argv)
         if (port >= 0) cfg.http_port = port;
         if (grpc_port >= 0) cfg.grpc_port = grpc_port;
         if (grace >= 0) cfg.shutdown_grace_s = grace;
+        char **tls_dst[3] = {&cfg.tls_cert_path, &cfg.tls_key_path, &cfg.tls_client_ca_path};
+        for (int i = 0; i < 3; i++)
+            if (tls[i]) {
+                free(*tls_dst[i]);
+                *tls_dst[i] = strdup(tls[i]);
+            }
         rc = mts_config_apply_env(&cfg, env_get, note_cb, NULL, &err);
         if (!rc) rc = mts_config_finalize(&cfg, &err);
     }
@@ -128,7 +138,8 @@ int mts_cli_serve(int argc, char **argv)
     printf("mtserve: serving %d model%s on http://%s:%d (KServe v2)\n", cfg.n_models, cfg.n_models == 1 ? "" : "s",
            cfg.host, bound);
     fflush(stdout);
-    mts_grpc_opts go = {cfg.host, cfg.grpc_port, 2, (size_t)cfg.max_message_size_mb << 20};
+    mts_grpc_opts go = {cfg.host, cfg.grpc_port, 2, (size_t)cfg.max_message_size_mb << 20,
+                        cfg.tls_cert_path, cfg.tls_key_path, cfg.tls_client_ca_path};
     mts_grpc *grpc = NULL;
     if ((rc = mts_grpc_start(srv, &go, &grpc, &err))) {
         fprintf(stderr, "mtserve: cannot start gRPC on %s:%d: %s\n", cfg.host, cfg.grpc_port, err.msg);

@@ -588,6 +588,9 @@ static int server_key(pctx *x, const char *key, const char *full, const ynode *k
         rc = get_int(x, v, full, 0, 86400000, &i64);
         if (rc == 1) c->default_timeout_ms = i64;
     } else if (strcmp(key, "shutdown_grace_s") == 0) rc = get_int32(x, v, full, 0, 3600, &c->shutdown_grace_s);
+    else if (strcmp(key, "tls_cert_path") == 0) rc = get_path(x, v, full, &c->tls_cert_path);
+    else if (strcmp(key, "tls_key_path") == 0) rc = get_path(x, v, full, &c->tls_key_path);
+    else if (strcmp(key, "tls_client_ca_path") == 0) rc = get_path(x, v, full, &c->tls_client_ca_path);
     else warn_unknown(x, k, full);
     return rc < 0 ? rc : MTS_OK;
 }
@@ -1208,6 +1211,11 @@ int mts_config_finalize(mts_config *c, mts_err *err)
                                src, m->name, m->preferred_device, c->device_count, c->device_count - 1);
         if (m->pin) pinned++;
     }
+    if (!c->tls_cert_path != !c->tls_key_path)
+        return mts_err_set(err, MTS_EINVAL, "%s: server.tls_cert_path and server.tls_key_path go together (got only %s)",
+                           src, c->tls_cert_path ? "tls_cert_path" : "tls_key_path");
+    if (c->tls_client_ca_path && !c->tls_cert_path)
+        return mts_err_set(err, MTS_EINVAL, "%s: server.tls_client_ca_path needs tls_cert_path and tls_key_path", src);
     if (pinned > c->max_models)
         return mts_err_set(err, MTS_EINVAL, "%s: %d models have pin: true but capacity.max_models is %d", src, pinned,
                            c->max_models);
@@ -1235,5 +1243,8 @@ void mts_config_free(mts_config *c)
     free(c->source);
     free(c->host);
     free(c->model_repository);
+    free(c->tls_cert_path);
+    free(c->tls_key_path);
+    free(c->tls_client_ca_path);
     memset(c, 0, sizeof *c);
 }

@@ -45,6 +45,9 @@ typedef struct mts_config {
     int max_message_size_mb;   /* request body / message limit; default 50 */
     int64_t default_timeout_ms;/* 0 = none */
     int shutdown_grace_s;      /* SIGTERM: time to finish queued work; default 30 */
+    char *tls_cert_path;       /* server.tls_cert_path: PEM certificate chain; gRPC serves TLS when set */
+    char *tls_key_path;        /* server.tls_key_path: its PEM private key */
+    char *tls_client_ca_path;  /* server.tls_client_ca_path: when set, clients must present a cert it signed */
     /* devices (the documents' gpus section maps onto CPU devices) */
     int device_count;          /* gpus.count; default 1 */
     double memory_gb_per_device; /* gpus.memory_gb_per_gpu; default capacity.max_memory_gb / count */

@@ -1,0 +1,76 @@
+"""gRPC over TLS (server.tls_cert_path / tls_key_path, and tls_client_ca_path for mutual TLS):
+certificates are made here with the openssl command line; a grpcio client with the CA as its
+root talks to the server, a plaintext client and (for mutual TLS) a client without a certificate
+are refused, and bad certificate files stop the start with a message naming the file.
+"""
+import subprocess
+
+import grpc
+import pytest
+
+from conftest import GRPC_RE, TINY, tiny_request  # noqa: F401
+
+import numpy as np
+
+
+def openssl(*args, cwd):
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+@pytest.fixture
+def pki(tmp_path):
+    d = tmp_path / "pki"
+    d.mkdir()
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
+            "-subj", "/CN=mtserve test CA", cwd=d)
+    for name in ("server", "client"):
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
+                "-subj", f"/CN={'localhost' if name == 'server' else 'client'}", cwd=d)
+        (d / f"{name}.ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+                "-out", f"{name}.pem", "-days", "2", "-extfile", f"{name}.ext", cwd=d)
+    return d
+
+
+def call(ch, pb):
+    stub = pb.ks_grpc.GRPCInferenceServiceStub(ch)
+    x = np.ones((1, 16), np.float32)
+    return stub.ModelInfer(tiny_request(pb, x), timeout=10)
+
+
+def test_tls_and_mutual_tls(start_server, pb, pki):
+    ca = (pki / "ca.pem").read_bytes()
+    srv = start_server(server={"tls_cert_path": str(pki / "server.pem"), "tls_key_path": str(pki / "server.key")})
+    assert "tls=on" in srv.log()
+    opts = [("grpc.ssl_target_name_override", "localhost")]
+    with grpc.secure_channel(srv.addr, grpc.ssl_channel_credentials(root_certificates=ca), options=opts) as ch:
+        assert call(ch, pb).outputs[0].shape == [1, 16]
+    with grpc.insecure_channel(srv.addr) as ch:  # plaintext against a TLS port
+        with pytest.raises(grpc.RpcError) as e:
+            call(ch, pb)
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+
+    m = start_server(server={"tls_cert_path": str(pki / "server.pem"), "tls_key_path": str(pki / "server.key"),
+                             "tls_client_ca_path": str(pki / "ca.pem")})
+    with grpc.secure_channel(m.addr, grpc.ssl_channel_credentials(root_certificates=ca), options=opts) as ch:
+        with pytest.raises(grpc.RpcError) as e:  # no client certificate
+            call(ch, pb)
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+    creds = grpc.ssl_channel_credentials(root_certificates=ca, private_key=(pki / "client.key").read_bytes(),
+                                         certificate_chain=(pki / "client.pem").read_bytes())
+    with grpc.secure_channel(m.addr, creds, options=opts) as ch:
+        assert call(ch, pb).outputs[0].shape == [1, 16]
+
+
+def test_bad_tls_files_stop_the_start(tmp_path, pki):
+    from conftest import _server_command
+    (tmp_path / "junk.pem").write_text("not a certificate\n")
+    for cert, key, want in ((tmp_path / "missing.pem", pki / "server.key", "missing.pem: cannot read it"),
+                            (tmp_path / "junk.pem", pki / "server.key", "junk.pem: cannot read it"),
+                            (pki / "server.pem", None, "tls_cert_path and server.tls_key_path go together")):
+        cfg = tmp_path / "c.yaml"
+        lines = ["server:", f"  tls_cert_path: {cert}"] + ([f"  tls_key_path: {key}"] if key else [])
+        cfg.write_text("\n".join(lines) + "\nmodels:\n  tiny:\n    model_path: %s\n" % TINY)
+        r = subprocess.run(_server_command() + ["--config", str(cfg), "--http-port", "0", "--grpc-port", "0"],
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode != 0 and want in r.stderr, r.stderr
