@@ -23,7 +23,7 @@
  * Intra-op threads per batch come from the backlog: when no other work is waiting on the
  * device, a batch gets every idle core of the device (a small load runs wide); when work is
  * waiting, each batch gets cores / workers, so workers × threads never exceeds the device's
- * cores. While every core is busy no further batch starts (it waits for cores, not workers).
+ * cores.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -417,10 +417,7 @@ void *mts__worker_main(void *arg)
             s->last_sweep_ns = now;
             sweep(s, &cancelled, &expired);
         }
-        /* Every core busy: wait for a batch to finish rather than start one more thread; an
-         * extra thread would preempt a running batch's threads, and oneDNN's parallel loops
-         * wait for their slowest thread. */
-        mts__entry *e = d->busy_cores < d->cores ? ready_pop(d) : NULL;
+        mts__entry *e = ready_pop(d);
         if (!e && !cancelled && !expired) {
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
@@ -524,7 +521,6 @@ void *mts__worker_main(void *arg)
         pthread_mutex_lock(&s->lock);
         d->busy_cores -= threads;
         d->busy_workers--;
-        if (d->ready_head) pthread_cond_signal(&d->cv); /* cores are free again */
         d->w_batches[w->index]++;
         d->w_busy_ns[w->index] += t_end - t_start;
         if (ctx) {
