@@ -471,6 +471,20 @@ static void test_finalize_errors(void **state)
     assert_int_equal(mts_config_finalize(&c, &err), MTS_EINVAL);
     assert_non_null(strstr(err.msg, "max_models"));
     mts_config_free(&c);
+    /* TLS files come in pairs; a client CA needs both; paths resolve against the file's folder */
+    assert_int_equal(parse("server:\n  tls_cert_path: cert.pem\n", "/etc/m/conf.yaml", &c, &w, &err), MTS_OK);
+    assert_string_equal(c.tls_cert_path, "/etc/m/cert.pem");
+    assert_int_equal(mts_config_finalize(&c, &err), MTS_EINVAL);
+    assert_non_null(strstr(err.msg, "tls_cert_path and server.tls_key_path go together (got only tls_cert_path)"));
+    mts_config_free(&c);
+    assert_int_equal(parse("server:\n  tls_client_ca_path: ca.pem\n", "conf.yaml", &c, &w, &err), MTS_OK);
+    assert_int_equal(mts_config_finalize(&c, &err), MTS_EINVAL);
+    assert_non_null(strstr(err.msg, "tls_client_ca_path needs"));
+    mts_config_free(&c);
+    assert_int_equal(parse("server:\n  tls_cert_path: c.pem\n  tls_key_path: k.pem\n", "conf.yaml", &c, &w, &err),
+                     MTS_OK);
+    assert_int_equal(mts_config_finalize(&c, &err), MTS_OK);
+    mts_config_free(&c);
 }
 
 /* A fake environment for mts_config_apply_env. */
