@@ -20,6 +20,13 @@
  *      same bytes in both layouts and never constrain a group.
  *   4. oneDNN primitives are created with the chosen layouts; a convolution oneDNN cannot run
  *      well falls back to the reference kernel (with no fusion) and the pass starts over.
+ *   5. Fast kernels (kernels/fast.c; MTS_NO_FAST=1 turns this off for comparisons): a Div/Mul by
+ *      a constant scalar before a last-axis Softmax becomes the softmax's input scale; rank-4
+ *      float MatMuls (attention) read their operands through the Reshape + Transpose steps before
+ *      them and write through a Transpose (+ Reshape) after them as strides, so those copies go;
+ *      chains of float Add/Sub/Mul/Div/Relu/Sigmoid steps (each intermediate read only by the
+ *      next) become one pass at the last step's position; ReduceMean/Max/Sum, LayerNormalization
+ *      and Softmax steps get the vectorized kernels.
  * The reference backend skips all of this: its plans run node by node, as the oracle.
  */
 #include <float.h>
@@ -621,6 +628,306 @@ static int rewrite_nhwc_step(mts__plan *p, mts__step *st, mts_err *err)
     return MTS_OK;
 }
 
+/* A plan-owned copy of st->nd with op_type `op` (NULL: unchanged) and one more attribute. */
+static mts_node *node_with_attr(mts__plan *p, const mts__step *st, const char *op, mts_attr extra)
+{
+    mts_node *n = mts_pool_alloc(&p->pool, sizeof *n);
+    mts_attr *a = n ? mts_pool_alloc(&p->pool, sizeof *a * (size_t)(st->nd->n_attr + 1)) : NULL;
+    if (!a) return NULL;
+    *n = *st->nd;
+    memcpy(a, st->nd->attrs, sizeof *a * (size_t)st->nd->n_attr);
+    a[n->n_attr++] = extra;
+    n->attrs = a;
+    if (op) n->op_type = op;
+    return n;
+}
+
+static bool float_value(const mts__plan *p, int v)
+{
+    return v >= 0 && (live_value(p, v) || const_value(p, v)) && p->vals[v].dtype == MTS_DTYPE_FLOAT;
+}
+
+/* Softmax over the last axis reading x / c or x * c (c a constant scalar, the attention scale):
+ * the scale becomes the fast kernel's attribute "mts_scale" and the Div/Mul step goes. */
+static int fuse_softmax_scale(opt *o, mts_err *err)
+{
+    mts__plan *p = o->p;
+    for (int s = 0; s < p->n_steps; s++) {
+        mts__step *st = &p->steps[s];
+        if (o->removed[s] || st->kind != MTS__S_KERNEL || st->dynamic || !is_op(st, "Softmax") || st->n_in != 1 ||
+            st->n_out != 1)
+            continue;
+        int y = st->in[0];
+        const mts_tensor *t = y >= 0 ? &p->vals[y] : NULL;
+        int64_t ax = mts_attr_int(st->nd, "axis", st->nd->opset >= 13 ? -1 : 1);
+        if (!t || t->dtype != MTS_DTYPE_FLOAT || t->rank < 1 || !(ax == -1 || ax == t->rank - 1) ||
+            p->state[y] != MTS__V_STATIC || o->prod[y] < 0 || sole_reader(o, y) != s)
+            continue;
+        int d = o->prod[y];
+        const mts__step *ds = &p->steps[d];
+        if (o->removed[d] || ds->kind != MTS__S_KERNEL || ds->n_in != 2 || ds->nd->opset < 7) continue;
+        int x = ds->in[0];
+        float c = scaled_by(p, ds, x);
+        if (c == 0 && is_op(ds, "Mul")) c = scaled_by(p, ds, x = ds->in[1]);
+        if (c == 0 || !float_value(p, x) || !mts_shape_equal(&p->vals[x], t)) continue;
+        mts_attr a = {0};
+        a.name = "mts_scale";
+        a.type = MTS_ATTR_FLOAT;
+        a.f = c;
+        mts_node *n = node_with_attr(p, st, NULL, a);
+        if (!n) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+        st->nd = n;
+        st->op = &mts_fast_softmax;
+        st->in[0] = x;
+        o->removed[d] = 1;
+        p->state[y] = MTS__V_UNUSED;
+        count_uses(o);
+    }
+    return MTS_OK;
+}
+
+/* The chain stage code of elementwise step st reading the chain value `cur` (-1: the step starts
+ * a chain), and its other operand in *operand (-1 for unary stages); -1 when st cannot be one. */
+static int chain_stage(const opt *o, const mts__step *st, int cur, int *operand)
+{
+    const mts__plan *p = o->p;
+    *operand = -1;
+    if (st->kind != MTS__S_KERNEL || st->dynamic || st->nd->domain[0] || st->n_out != 1 || st->out[0] < 0 ||
+        p->vals[st->out[0]].dtype != MTS_DTYPE_FLOAT || p->state[st->out[0]] != MTS__V_STATIC)
+        return -1;
+    if (is_op(st, "Relu") || is_op(st, "Sigmoid")) {
+        if (st->n_in != 1 || !float_value(p, st->in[0]) || (cur >= 0 && st->in[0] != cur)) return -1;
+        return is_op(st, "Relu") ? MTS_CHAIN_RELU : MTS_CHAIN_SIGMOID;
+    }
+    int code;
+    if (is_op(st, "Add")) code = MTS_CHAIN_ADD;
+    else if (is_op(st, "Sub")) code = MTS_CHAIN_SUB;
+    else if (is_op(st, "Mul")) code = MTS_CHAIN_MUL;
+    else if (is_op(st, "Div")) code = MTS_CHAIN_DIV;
+    else return -1;
+    if (st->n_in != 2 || st->nd->opset < 7 || !float_value(p, st->in[0]) || !float_value(p, st->in[1])) return -1;
+    if (cur < 0) {
+        *operand = st->in[1];
+        return code;
+    }
+    if (st->in[0] == st->in[1] || !mts_shape_equal(&p->vals[cur], &p->vals[st->out[0]])) return -1;
+    if (st->in[0] == cur) {
+        *operand = st->in[1];
+        return code;
+    }
+    if (st->in[1] != cur) return -1;
+    *operand = st->in[0];
+    return code == MTS_CHAIN_SUB ? MTS_CHAIN_RSUB : code == MTS_CHAIN_DIV ? MTS_CHAIN_RDIV : code;
+}
+
+/* Chains of float elementwise steps (each intermediate read only by the next) become one fast
+ * step at the position of the chain's last step, where every operand has been computed. */
+static int fuse_chains(opt *o, mts_err *err)
+{
+    mts__plan *p = o->p;
+    enum { MAXS = 8 };
+    for (int s = 0; s < p->n_steps; s++) {
+        if (o->removed[s]) continue;
+        int operand, code = chain_stage(o, &p->steps[s], -1, &operand);
+        if (code < 0) continue;
+        int64_t ops[MAXS];
+        int ins[MAXS + 1], steps[MAXS], n_ops = 0, n_in = 0, n_steps = 0;
+        ins[n_in++] = p->steps[s].in[0];
+        ops[n_ops++] = code;
+        if (operand >= 0) ins[n_in++] = operand;
+        steps[n_steps++] = s;
+        int cur = p->steps[s].out[0];
+        while (n_ops < MAXS && n_in < MAXS) {
+            int r = sole_reader(o, cur);
+            if (r < 0 || o->removed[r]) break;
+            code = chain_stage(o, &p->steps[r], cur, &operand);
+            if (code < 0) break;
+            ops[n_ops++] = code;
+            if (operand >= 0) ins[n_in++] = operand;
+            steps[n_steps++] = r;
+            cur = p->steps[r].out[0];
+        }
+        int last = steps[n_steps - 1];
+        mts__step *st = &p->steps[last];
+        mts_attr a = {0};
+        a.name = "ops";
+        a.type = MTS_ATTR_INTS;
+        a.n = n_ops;
+        int64_t *opv = mts_pool_alloc(&p->pool, sizeof(int64_t) * (size_t)n_ops);
+        int *io = mts_pool_alloc(&p->pool, sizeof(int) * (size_t)(n_in + 1));
+        if (!opv || !io) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+        memcpy(opv, ops, sizeof(int64_t) * (size_t)n_ops);
+        a.ints = opv;
+        mts_node *n = node_with_attr(p, st, "MtsEltwiseChain", a);
+        if (!n) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+        memcpy(io, ins, sizeof(int) * (size_t)n_in);
+        io[n_in] = cur;
+        st->nd = n;
+        st->op = &mts_fast_chain;
+        st->in = io;
+        st->n_in = n_in;
+        st->out = io + n_in;
+        st->n_out = 1;
+        for (int i = 0; i + 1 < n_steps; i++) {
+            o->removed[steps[i]] = 1;
+            p->state[p->steps[steps[i]].out[0]] = MTS__V_UNUSED;
+        }
+        count_uses(o);
+    }
+    return MTS_OK;
+}
+
+static void contiguous_strides(const mts_tensor *t, int64_t *st)
+{
+    int64_t s = 1;
+    for (int i = t->rank - 1; i >= 0; i--) st[i] = s, s *= t->dims[i];
+}
+
+static bool plain_float4(const mts__plan *p, int v)
+{
+    return live_value(p, v) && p->vals[v].rank == 4 && p->vals[v].dtype == MTS_DTYPE_FLOAT && !p->nhwc[v];
+}
+
+/* The permutation of Transpose step ts over rank 4 (default: reversed); false if malformed. */
+static bool perm4(const mts__step *ts, int64_t perm[4])
+{
+    int n = 0;
+    const int64_t *pa = mts_attr_ints(ts->nd, "perm", &n);
+    bool seen[4] = {false};
+    for (int i = 0; i < 4; i++) {
+        perm[i] = pa ? (n == 4 ? pa[i] : -1) : 3 - i;
+        if (perm[i] < 0 || perm[i] > 3 || seen[perm[i]]) return false;
+        seen[perm[i]] = true;
+    }
+    return true;
+}
+
+static bool plain_step(const opt *o, int s, const char *op)
+{
+    return s >= 0 && !o->removed[s] && o->p->steps[s].kind == MTS__S_KERNEL && !o->p->steps[s].dynamic &&
+           is_op(&o->p->steps[s], op) && o->p->steps[s].n_out == 1;
+}
+
+/* Operand v of MatMul step s as a strided view: through a Transpose read only by s, and a
+ * Reshape before it read only by the Transpose (the bytes are the Reshape's input). */
+static void operand_view(opt *o, int s, int v, int64_t st[4], int *src, int *rm, int *n_rm)
+{
+    mts__plan *p = o->p;
+    contiguous_strides(&p->vals[v], st);
+    *src = v;
+    int t = o->prod[v];
+    int64_t perm[4], ust[4];
+    if (p->state[v] != MTS__V_STATIC || sole_reader(o, v) != s || !plain_step(o, t, "Transpose") ||
+        p->steps[t].n_in != 1 || !perm4(&p->steps[t], perm) || !plain_float4(p, p->steps[t].in[0]))
+        return;
+    int u = p->steps[t].in[0];
+    contiguous_strides(&p->vals[u], ust);
+    for (int i = 0; i < 4; i++) st[i] = ust[perm[i]];
+    *src = u;
+    rm[(*n_rm)++] = t;
+    int r = o->prod[u];
+    if (p->state[u] != MTS__V_STATIC || sole_reader(o, u) != t || !plain_step(o, r, "Reshape")) return;
+    int w = p->steps[r].in[0];
+    if (!live_value(p, w) || p->vals[w].dtype != MTS_DTYPE_FLOAT || (p->vals[w].rank == 4 && p->nhwc[w]) ||
+        mts_tensor_numel(&p->vals[w]) != mts_tensor_numel(&p->vals[u]))
+        return;
+    *src = w;
+    rm[(*n_rm)++] = r;
+}
+
+static int64_t *pool_ints(mts__plan *p, const int64_t *v, int n)
+{
+    int64_t *d = mts_pool_alloc(&p->pool, sizeof(int64_t) * (size_t)n);
+    if (d) memcpy(d, v, sizeof(int64_t) * (size_t)n);
+    return d;
+}
+
+/* Batched float MatMuls of rank 4 (attention) run on strided views (kernels/fast.c): the
+ * Reshape + Transpose steps feeding them and a Transpose (+ Reshape) after them become strides. */
+static int fuse_strided_matmuls(opt *o, mts_err *err)
+{
+    mts__plan *p = o->p;
+    for (int s = 0; s < p->n_steps; s++) {
+        mts__step *st = &p->steps[s];
+        if (!plain_step(o, s, "MatMul") || st->n_in != 2) continue;
+        int a = st->in[0], b = st->in[1], y = st->out[0];
+        if (!plain_float4(p, a) || !plain_float4(p, b) || !plain_float4(p, y) || p->state[y] != MTS__V_STATIC) continue;
+        const mts_tensor *ta = &p->vals[a], *tb = &p->vals[b], *ty = &p->vals[y];
+        if (ta->dims[0] != tb->dims[0] || ta->dims[1] != tb->dims[1] || ta->dims[3] != tb->dims[2]) continue;
+        int rm[6], n_rm = 0, sa, sb;
+        int64_t as[4], bs[4], ys[4];
+        operand_view(o, s, a, as, &sa, rm, &n_rm);
+        operand_view(o, s, b, bs, &sb, rm, &n_rm);
+        /* the output, through a Transpose (+ Reshape) that keeps columns contiguous */
+        int fin = y, t2 = sole_reader(o, y);
+        contiguous_strides(ty, ys);
+        int64_t perm[4];
+        if (plain_step(o, t2, "Transpose") && p->steps[t2].n_in == 1 && perm4(&p->steps[t2], perm) && perm[3] == 3 &&
+            plain_float4(p, p->steps[t2].out[0]) && p->state[p->steps[t2].out[0]] == MTS__V_STATIC) {
+            int z = p->steps[t2].out[0];
+            int64_t zs[4];
+            contiguous_strides(&p->vals[z], zs);
+            for (int j = 0; j < 4; j++) ys[perm[j]] = zs[j];
+            rm[n_rm++] = t2;
+            fin = z;
+            int r2 = sole_reader(o, z);
+            if (plain_step(o, r2, "Reshape") && p->state[p->steps[r2].out[0]] == MTS__V_STATIC &&
+                p->vals[p->steps[r2].out[0]].dtype == MTS_DTYPE_FLOAT &&
+                !(p->vals[p->steps[r2].out[0]].rank == 4 && p->nhwc[p->steps[r2].out[0]])) {
+                rm[n_rm++] = r2;
+                fin = p->steps[r2].out[0];
+            }
+        }
+        int64_t dims[5] = {ta->dims[0], ta->dims[1], ta->dims[2], tb->dims[3], ta->dims[3]};
+        const mts_tensor *tf = &p->vals[fin];
+        mts_attr at[5];
+        memset(at, 0, sizeof at);
+        const char *names[5] = {"dims", "a_strides", "b_strides", "y_strides", "y_dims"};
+        const int64_t *vals[5] = {dims, as, bs, ys, tf->dims};
+        int ns[5] = {5, 4, 4, 4, tf->rank};
+        mts_node *n = mts_pool_alloc(&p->pool, sizeof *n);
+        mts_attr *na = mts_pool_alloc(&p->pool, sizeof *na * 5);
+        int *io = mts_pool_alloc(&p->pool, sizeof(int) * 3);
+        if (!n || !na || !io) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+        for (int i = 0; i < 5; i++) {
+            na[i] = (mts_attr){0};
+            na[i].name = names[i];
+            na[i].type = MTS_ATTR_INTS;
+            na[i].n = ns[i];
+            if (!(na[i].ints = pool_ints(p, vals[i], ns[i]))) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+        }
+        *n = *st->nd;
+        n->op_type = "MtsStridedMatMul";
+        n->attrs = na;
+        n->n_attr = 5;
+        io[0] = sa, io[1] = sb, io[2] = fin;
+        st->nd = n;
+        st->op = &mts_fast_bmm;
+        st->in = io;
+        st->out = io + 2;
+        for (int i = 0; i < n_rm; i++) {
+            o->removed[rm[i]] = 1;
+            const mts__step *r = &p->steps[rm[i]];
+            /* the folded steps' values that nothing reads any more */
+            if (r->out[0] != fin) p->state[r->out[0]] = MTS__V_UNUSED;
+        }
+        if (fin != y) p->state[y] = MTS__V_UNUSED;
+        count_uses(o);
+    }
+    return MTS_OK;
+}
+
+/* Fast kernels for single steps (kernels/fast.c; each checks its case at run time). */
+static void fast_substitute(const mts__plan *p, mts__step *st)
+{
+    if (st->kind != MTS__S_KERNEL || st->dynamic || st->nd->domain[0] || st->n_out < 1 || st->out[0] < 0 ||
+        p->vals[st->out[0]].dtype != MTS_DTYPE_FLOAT)
+        return;
+    if (is_op(st, "ReduceMean") || is_op(st, "ReduceMax") || is_op(st, "ReduceSum")) st->op = &mts_fast_reduce;
+    else if (is_op(st, "LayerNormalization")) st->op = &mts_fast_layernorm;
+    else if (is_op(st, "Softmax")) st->op = &mts_fast_softmax;
+}
+
 /* The dims a kernel sees for value v in step st (channels-last steps get [N,H,W,C] views). */
 static void view_of(const mts__step *st, const mts_tensor *t, mts_tensor *out)
 {
@@ -856,6 +1163,12 @@ int mts__optimize(mts_model *m, mts__plan *p, mts_err *err)
         break;
     }
 
+    /* Fusions into fast kernels. */
+    count_uses(&o);
+    if (!getenv("MTS_NO_FAST") && ((rc = fuse_softmax_scale(&o, err)) || (rc = fuse_strided_matmuls(&o, err)) ||
+                                  (rc = fuse_chains(&o, err))))
+        goto out;
+
     /* Channels-last kernel steps, then compaction. */
     p->scratch_bytes = 0;
     int w = 0;
@@ -877,6 +1190,7 @@ int mts__optimize(mts_model *m, mts__plan *p, mts_err *err)
             }
             if (nhwc && (rc = rewrite_nhwc_step(p, st, err))) goto out;
             st->split_axis = split_axis(p, st);
+            if (!getenv("MTS_NO_FAST")) fast_substitute(p, st);
         }
         p->steps[w++] = *st;
     }
