@@ -917,6 +917,55 @@ static int fuse_strided_matmuls(opt *o, mts_err *err)
     return MTS_OK;
 }
 
+/* A channel Concat on channels-last data whose input comes from a nearest integer upsampling
+ * (Resize) read only by the Concat: the Concat reads the Resize's input through the factors
+ * (kernels/nhwc.c, attribute "mts_up") and the Resize step goes. */
+static int fuse_upsample_concat(opt *o, mts_err *err)
+{
+    mts__plan *p = o->p;
+    for (int s = 0; s < p->n_steps; s++) {
+        mts__step *st = &p->steps[s];
+        if (!plain_step(o, s, "Concat") || st->n_in < 1 || st->n_in > 64) continue;
+        int y = st->out[0];
+        int64_t ax = mts_attr_int(st->nd, "axis", 1);
+        if ((ax != 1 && ax != -3) || !is_cand(o, y) || !p->nhwc[y]) continue;
+        bool same = true; /* as rewrite_nhwc_step: the channels-last kernel then runs it */
+        for (int j = 0; j < st->n_in; j++)
+            if (st->in[j] < 0 || p->vals[st->in[j]].dtype != p->vals[y].dtype || p->vals[st->in[j]].rank != 4) same = false;
+        if (!same) continue;
+        int64_t up[128];
+        int n_up = 0;
+        for (int j = 0; j < st->n_in; j++) {
+            int v = st->in[j], r = o->prod[v];
+            up[2 * j] = up[2 * j + 1] = 1;
+            if (!plain_step(o, r, "Resize") || sole_reader(o, v) != s || p->state[v] != MTS__V_STATIC ||
+                !nearest_integer_upsample(p, &p->steps[r]))
+                continue;
+            int x = p->steps[r].in[0];
+            const mts_tensor *tx = &p->vals[x], *tv = &p->vals[v];
+            /* the Concat reads x as [N,H,W,C]: x must be stored so (or be the same bytes either way) */
+            if (!live_value(p, x) || !(is_neutral(tx) || (is_cand(o, x) && p->nhwc[x]))) continue;
+            up[2 * j] = tv->dims[2] / tx->dims[2];
+            up[2 * j + 1] = tv->dims[3] / tx->dims[3];
+            st->in[j] = x;
+            o->removed[r] = 1;
+            p->state[v] = MTS__V_UNUSED;
+            n_up++;
+        }
+        if (!n_up) continue;
+        mts_attr a = {0};
+        a.name = "mts_up";
+        a.type = MTS_ATTR_INTS;
+        a.n = 2 * st->n_in;
+        if (!(a.ints = pool_ints(p, up, 2 * st->n_in))) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+        mts_node *n = node_with_attr(p, st, NULL, a);
+        if (!n) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+        st->nd = n;
+        count_uses(o);
+    }
+    return MTS_OK;
+}
+
 /* Fast kernels for single steps (kernels/fast.c; each checks its case at run time). */
 static void fast_substitute(const mts__plan *p, mts__step *st)
 {
@@ -1166,7 +1215,7 @@ int mts__optimize(mts_model *m, mts__plan *p, mts_err *err)
     /* Fusions into fast kernels. */
     count_uses(&o);
     if (!getenv("MTS_NO_FAST") && ((rc = fuse_softmax_scale(&o, err)) || (rc = fuse_strided_matmuls(&o, err)) ||
-                                  (rc = fuse_chains(&o, err))))
+                                  (rc = fuse_chains(&o, err)) || (rc = fuse_upsample_concat(&o, err))))
         goto out;
 
     /* Channels-last kernel steps, then compaction. */
