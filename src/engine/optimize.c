@@ -1125,6 +1125,26 @@ int mts__optimize(mts_model *m, mts__plan *p, mts_err *err)
                 cur = p->steps[r].out[0];
             }
             mts__step *st = &p->steps[s];
+            /* A nearest integer upsampling (Resize) read only by this conv: the conv reads the
+             * Resize's input, one small convolution per output phase (dnnl_conv.c). */
+            if (c->spec.kind == MTS_DPRIM_CONV && !getenv("MTS_NO_FAST")) {
+                int u = st->in[0], r = o.prod[u];
+                if (r >= 0 && !o.removed[r] && is_op(&p->steps[r], "Resize") && p->steps[r].kind == MTS__S_KERNEL &&
+                    !p->steps[r].dynamic && sole_reader(&o, u) == s && p->state[u] == MTS__V_STATIC &&
+                    nearest_integer_upsample(p, &p->steps[r]) && live_value(p, p->steps[r].in[0]) &&
+                    p->vals[p->steps[r].in[0]].dtype == MTS_DTYPE_FLOAT) {
+                    const mts_tensor *tx = &p->vals[p->steps[r].in[0]], *tu = &p->vals[u];
+                    c->spec.up[0] = tu->dims[2] / tx->dims[2];
+                    c->spec.up[1] = tu->dims[3] / tx->dims[3];
+                    if (mts_dconv_up_ok(&c->spec)) {
+                        st->in[0] = p->steps[r].in[0];
+                        o.removed[r] = 1;
+                        p->state[u] = MTS__V_UNUSED;
+                    } else {
+                        c->spec.up[0] = c->spec.up[1] = 0;
+                    }
+                }
+            }
             st->out[0] = cur;
             st->n_out = 1;
             st->n_in = 1 + c->n_resid;
