@@ -686,6 +686,81 @@ static int fuse_softmax_scale(opt *o, mts_err *err)
     return MTS_OK;
 }
 
+static bool plain_step(const opt *o, int s, const char *op);
+
+/* Reduce step r over the channel axis of a 4-D tensor, keepdims, axes by attribute or constant. */
+static bool channel_reduce(const opt *o, int r, const char *op)
+{
+    const mts__plan *p = o->p;
+    if (!plain_step(o, r, op) || mts_attr_int(p->steps[r].nd, "keepdims", 1) != 1) return false;
+    const mts__step *st = &p->steps[r];
+    const int64_t *ax = NULL;
+    int n = 0;
+    if (st->n_in >= 2 && st->in[1] >= 0) {
+        const mts_tensor *t = &p->vals[st->in[1]];
+        if (!const_value(p, st->in[1]) || t->dtype != MTS_DTYPE_INT64) return false;
+        ax = t->data;
+        n = (int)mts_tensor_numel(t);
+    } else {
+        ax = mts_attr_ints(st->nd, "axes", &n);
+    }
+    return ax && n == 1 && (ax[0] == 1 || ax[0] == -3);
+}
+
+/* CBAM spatial attention: Concat(ReduceMean(m, C), ReduceMax(m, C)) on channels-last data
+ * becomes one MtsChannelPool step (at the Concat). When m = x * c with c a per-sample channel
+ * vector [N,C,1,1], the pooling reads x and c, so m keeps one reader fewer (and the chain pass
+ * that follows can then compute it on the fly). */
+static int fuse_channel_pool(opt *o, mts_err *err)
+{
+    mts__plan *p = o->p;
+    for (int s = 0; s < p->n_steps; s++) {
+        mts__step *st = &p->steps[s];
+        if (!plain_step(o, s, "Concat") || st->n_in != 2) continue;
+        int y = st->out[0];
+        int64_t axc = mts_attr_int(st->nd, "axis", 1);
+        if ((axc != 1 && axc != -3) || !is_cand(o, y) || !p->nhwc[y] || p->vals[y].dtype != MTS_DTYPE_FLOAT) continue;
+        int a = st->in[0], b = st->in[1];
+        int ra = a >= 0 ? o->prod[a] : -1, rb = b >= 0 ? o->prod[b] : -1;
+        if (ra < 0 || rb < 0 || sole_reader(o, a) != s || sole_reader(o, b) != s || !channel_reduce(o, ra, "ReduceMean") ||
+            !channel_reduce(o, rb, "ReduceMax") || p->steps[ra].in[0] != p->steps[rb].in[0])
+            continue;
+        int m = p->steps[ra].in[0];
+        if (!is_cand(o, m) || !p->nhwc[m] || p->vals[m].dtype != MTS_DTYPE_FLOAT) continue;
+        int ins[2] = {m, -1}, nin = 1;
+        int q = o->prod[m];
+        if (plain_step(o, q, "Mul") && p->steps[q].n_in == 2 && p->steps[q].nd->opset >= 7) {
+            for (int side = 0; side < 2; side++) {
+                int x = p->steps[q].in[side], c = p->steps[q].in[1 - side];
+                const mts_tensor *tx = x >= 0 ? &p->vals[x] : NULL, *tc = c >= 0 ? &p->vals[c] : NULL;
+                if (!tx || !tc || !is_cand(o, x) || !p->nhwc[x] || !mts_shape_equal(tx, &p->vals[m]) ||
+                    !float_value(p, c) || tc->rank != 4 || tc->dims[1] != tx->dims[1] || tc->dims[2] != 1 ||
+                    tc->dims[3] != 1 || (tc->dims[0] != 1 && tc->dims[0] != tx->dims[0]))
+                    continue;
+                ins[0] = x, ins[1] = c, nin = 2;
+                break;
+            }
+        }
+        int *io = mts_pool_alloc(&p->pool, sizeof(int) * 3);
+        mts_node *n = mts_pool_alloc(&p->pool, sizeof *n);
+        if (!io || !n) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+        *n = *st->nd;
+        n->op_type = "MtsChannelPool";
+        n->n_attr = 0;
+        n->attrs = NULL;
+        io[0] = ins[0], io[1] = ins[1], io[nin] = y;
+        st->nd = n;
+        st->op = &mts_fast_cpool;
+        st->in = io;
+        st->n_in = nin;
+        st->out = io + nin;
+        o->removed[ra] = o->removed[rb] = 1;
+        p->state[a] = p->state[b] = MTS__V_UNUSED;
+        count_uses(o);
+    }
+    return MTS_OK;
+}
+
 /* The chain stage code of elementwise step st reading the chain value `cur` (-1: the step starts
  * a chain), and its other operand in *operand (-1 for unary stages); -1 when st cannot be one. */
 static int chain_stage(const opt *o, const mts__step *st, int cur, int *operand)
@@ -975,6 +1050,12 @@ static void fast_substitute(const mts__plan *p, mts__step *st)
     if (is_op(st, "ReduceMean") || is_op(st, "ReduceMax") || is_op(st, "ReduceSum")) st->op = &mts_fast_reduce;
     else if (is_op(st, "LayerNormalization")) st->op = &mts_fast_layernorm;
     else if (is_op(st, "Softmax")) st->op = &mts_fast_softmax;
+    else if (is_op(st, "Conv") && st->n_in >= 2 && const_value(p, st->in[1]) && p->vals[st->in[0]].rank >= 3) {
+        const mts_tensor *x = &p->vals[st->in[0]];
+        bool one = true;
+        for (int i = 2; i < x->rank; i++) one &= x->dims[i] == 1;
+        if (one) st->op = &mts_fast_conv1px; /* checks the rest itself */
+    }
 }
 
 /* The dims a kernel sees for value v in step st (channels-last steps get [N,H,W,C] views). */
@@ -1235,7 +1316,7 @@ int mts__optimize(mts_model *m, mts__plan *p, mts_err *err)
     /* Fusions into fast kernels. */
     count_uses(&o);
     if (!getenv("MTS_NO_FAST") && ((rc = fuse_softmax_scale(&o, err)) || (rc = fuse_strided_matmuls(&o, err)) ||
-                                  (rc = fuse_chains(&o, err)) || (rc = fuse_upsample_concat(&o, err))))
+                                  (rc = fuse_channel_pool(&o, err)) || (rc = fuse_chains(&o, err)) || (rc = fuse_upsample_concat(&o, err))))
         goto out;
 
     /* Channels-last kernel steps, then compaction. */

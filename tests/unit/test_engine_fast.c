@@ -5,7 +5,10 @@
  * Reduce{Mean,Max,Sum} over every contiguous axis range (with NaN and inf in the data for
  * ReduceMax), LayerNormalization over trailing axes, Softmax over the last axis with and
  * without a folded input scale, elementwise chains with numpy broadcasting of every
- * operand, and the batched MatMul on strided views (operands and result transposed). The graph-level fusions that produce these steps are covered by
+ * operand, the batched MatMul on strided views (operands and result transposed), and the
+ * channel mean/max pooling of spatial attention (with and without a channel scale, NaN in
+ * the data), and the one-pixel 1x1 Conv (matrix-vector products; cases it must hand back to
+ * the reference kernel: padding, groups). The graph-level fusions that produce these steps are covered by
  * test_engine_backends.c.
  */
 #include <math.h>
@@ -397,6 +400,86 @@ static void test_strided_matmul(void **state)
     }
 }
 
+/* MtsChannelPool against ReduceMean/ReduceMax over the last axis of x * scale. */
+static void test_channel_pool(void **state)
+{
+    (void)state;
+    static const int64_t cs[] = {1, 2, 15, 16, 17, 32, 70};
+    for (int iter = 0; iter < 28; iter++) {
+        int64_t N = 1 + irand(3), H = 1 + irand(9), W = 1 + irand(40), C = cs[iter % 7];
+        if (iter == 27) H = 64, W = 64; /* threaded */
+        int64_t xd[4] = {N, H, W, C}, sd[4] = {iter % 3 == 0 ? 1 : N, 1, 1, C}, od[4] = {N, H, W, 2};
+        mts_tensor x = tens(4, xd), sc = tens(4, sd);
+        fill(&x, -3, 3);
+        fill(&sc, 0, 1);
+        if (iter % 4 == 1) ((float *)x.data)[irand((int)mts_tensor_numel(&x))] = NAN;
+        bool scaled = iter % 2 == 0;
+        /* reference: m = x * sc (broadcast), then the reductions over the last axis */
+        mts_tensor m = tens(4, xd);
+        for (int64_t i = 0; i < mts_tensor_numel(&x); i++) {
+            int64_t n = i / (H * W * C), c = i % C;
+            float f = scaled ? ((float *)sc.data)[(sd[0] == 1 ? 0 : n) * C + c] : 1.0f;
+            ((float *)m.data)[i] = ((float *)x.data)[i] * f;
+        }
+        nodebuf nb;
+        mknode(&nb, "ReduceMean", 1, 1, 13);
+        mts_attr *ax = attr(&nb, "axes", MTS_ATTR_INTS);
+        int64_t last = 3;
+        ax->n = 1, ax->ints = &last;
+        const mts_tensor *min[1] = {&m};
+        mts_tensor mean = run_op(mts_op_lookup("ReduceMean"), &nb.n, min, 1, 1);
+        nb.n.op_type = "ReduceMax";
+        mts_tensor mx = run_op(mts_op_lookup("ReduceMax"), &nb.n, min, 1, 1);
+        mts_tensor ref = tens(4, od);
+        for (int64_t p = 0; p < N * H * W; p++) {
+            ((float *)ref.data)[2 * p] = ((float *)mean.data)[p];
+            ((float *)ref.data)[2 * p + 1] = ((float *)mx.data)[p];
+        }
+        nodebuf pb;
+        mknode(&pb, "MtsChannelPool", scaled ? 2 : 1, 1, 1);
+        const mts_tensor *in[2] = {&x, &sc};
+        for (int t = 1; t <= MAX_THREADS; t++) {
+            mts_err err = {0};
+            mts_tensor got = tens(4, od);
+            mts_kctx k = {&pb.n, in, scaled ? 2 : 1, &got, 1, &err, t};
+            if (mts_fast_cpool.run(&k)) fail_msg("channel pool: %s", err.msg);
+            char what[64];
+            snprintf(what, sizeof what, "channel pool C %lld scaled %d threads %d", (long long)C, scaled, t);
+            expect_close(&got, &ref, 1e-5, what);
+            free(got.data);
+        }
+        free(x.data), free(sc.data), free(m.data), free(mean.data), free(mx.data), free(ref.data);
+    }
+}
+
+static void test_conv1px(void **state)
+{
+    (void)state;
+    static const int64_t cs[] = {1, 3, 16, 17, 100, 576};
+    for (int iter = 0; iter < 24; iter++) {
+        int64_t N = 1 + irand(3), C = cs[iter % 6], M = cs[(iter / 6 + iter) % 6];
+        int64_t xd[4] = {N, C, 1, 1}, wd[4] = {M, C, 1, 1};
+        bool padded = iter % 8 == 7, grouped = iter % 8 == 5 && C % 2 == 0 && M % 2 == 0;
+        if (grouped) wd[1] = C / 2;
+        mts_tensor x = tens(4, xd), w = tens(4, wd), b = tens(1, &M);
+        fill(&x, -1, 1), fill(&w, -1, 1), fill(&b, -1, 1);
+        nodebuf nb;
+        mknode(&nb, "Conv", 3, 1, 13);
+        int64_t pads[4] = {1, 1, 1, 1};
+        if (padded) {
+            mts_attr *a = attr(&nb, "pads", MTS_ATTR_INTS);
+            a->n = 4, a->ints = pads;
+        }
+        if (grouped) attr(&nb, "group", MTS_ATTR_INT)->i = 2;
+        const mts_tensor *in[3] = {&x, &w, &b};
+        int nin = iter % 3 ? 3 : 2;
+        mts_tensor ref = run_op(mts_op_lookup("Conv"), &nb.n, in, nin, 1);
+        mts_tensor got = run_op(&mts_fast_conv1px, &nb.n, in, nin, 1);
+        expect_close(&got, &ref, 1e-5, "one-pixel conv");
+        free(got.data), free(ref.data), free(x.data), free(w.data), free(b.data);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -405,6 +488,8 @@ int main(void)
         cmocka_unit_test(test_softmax),
         cmocka_unit_test(test_chain),
         cmocka_unit_test(test_strided_matmul),
+        cmocka_unit_test(test_channel_pool),
+        cmocka_unit_test(test_conv1px),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -13,6 +13,13 @@
  *   - an elementwise chain ("MtsEltwiseChain"): in[0] followed by stages listed in the INTS
  *     attribute "ops" (Add, Sub, Mul, Div with the next input, broadcast numpy-style to the
  *     output, or Relu / Sigmoid), computed in one pass over the output;
+ *   - the spatial-attention pooling of CBAM ("MtsChannelPool"): per pixel of a channels-last
+ *     [N,H,W,C] tensor, optionally times a per-channel scale [N,1,1,C] (the channel attention,
+ *     so its product is never stored for the pooling), the channel mean and max written as the
+ *     two channels of one [N,H,W,2] output (the Concat that followed);
+ *   - Conv on one input pixel with a 1x1 kernel (squeeze-and-excitation and attention MLPs):
+ *     a matrix-vector product per sample on the weights as stored, where the reference
+ *     GEMM would pack the weights on every call;
  *   - a batched MatMul on strided views ("MtsStridedMatMul", attention): A, B and Y are read and
  *     written through explicit element strides over two batch dims, so the Reshape/Transpose
  *     steps around attention MatMuls become strides instead of copies. B is packed per batch
@@ -556,8 +563,9 @@ static int fast_chain_run(mts_kctx *k)
     int n_ops = 0;
     const int64_t *ops = mts_attr_ints(k->node, "ops", &n_ops);
     const mts_tensor *y = &k->out[0];
-    chain_job *j = calloc(1, sizeof *j);
-    if (!j) return mts_err_set(k->err, MTS_ENOMEM, "out of memory");
+    chain_job jb;
+    memset(&jb, 0, sizeof jb);
+    chain_job *j = &jb;
     j->ops = ops;
     j->n_ops = n_ops;
     j->n_in = k->n_in;
@@ -604,7 +612,6 @@ static int fast_chain_run(mts_kctx *k)
     for (int q = 0; q < k->n_in; q++) memcpy(j->str[q], cs[q], sizeof(int64_t) * (size_t)cr);
     int threads = j->total >= (1 << 15) ? k->threads : 1;
     if (j->total > 0) mts_parallel(threads, chain_part, j);
-    free(j);
     return MTS_OK;
 }
 
@@ -770,8 +777,124 @@ static int fast_bmm_infer(mts_kctx *k)
     return MTS_OK;
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* Channel mean + max per pixel (CBAM spatial attention)                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct cpool_job {
+    const float *x, *sc; /* sc: [Ns][C] or NULL */
+    float *y;
+    int64_t N, P, C, Ns;
+} cpool_job;
+
+FAST_CLONES static void cpool_rows(const float *x, const float *sc, float *y, int64_t n, int64_t C)
+{
+    for (int64_t p = 0; p < n; p++, x += C, y += 2) {
+        v16f s = splat16(0), m = splat16(-INFINITY), chk = splat16(0);
+        int64_t c = 0;
+        for (; c + 16 <= C; c += 16) {
+            v16f v = ld16(x + c);
+            if (sc) v *= ld16(sc + c);
+            s += v;
+            m = vmax16(m, v);
+            chk += v * splat16(0);
+        }
+        float fs = hsum16(s), fm = hmax16(m);
+        bool nan = false;
+        for (; c < C; c++) {
+            float v = sc ? x[c] * sc[c] : x[c];
+            fs += v;
+            if (v > fm) fm = v;
+            nan |= v != v;
+        }
+        if (hsum16(chk) != 0)
+            for (int64_t q = 0; q < C; q++) {
+                float v = sc ? x[q] * sc[q] : x[q];
+                nan |= v != v;
+            }
+        y[0] = fs / (float)C;
+        y[1] = nan ? NAN : fm;
+    }
+}
+
+static void cpool_part(void *arg, int ithr, int nthr)
+{
+    const cpool_job *j = arg;
+    int64_t rows = j->N * j->P, lo = rows * ithr / nthr, hi = rows * (ithr + 1) / nthr;
+    while (lo < hi) {
+        int64_t n = lo / j->P, e = (n + 1) * j->P < hi ? (n + 1) * j->P : hi;
+        const float *sc = j->sc ? j->sc + (j->Ns == 1 ? 0 : n) * j->C : NULL;
+        cpool_rows(j->x + lo * j->C, sc, j->y + lo * 2, e - lo, j->C);
+        lo = e;
+    }
+}
+
+static int fast_cpool_run(mts_kctx *k)
+{
+    const mts_tensor *x = k->in[0], *sc = k->n_in > 1 ? k->in[1] : NULL;
+    const mts_tensor *y = &k->out[0];
+    if (x->rank != 4 || y->rank != 4 || y->dims[3] != 2 || x->dims[0] != y->dims[0] || x->dims[1] != y->dims[1] ||
+        x->dims[2] != y->dims[2] || x->dims[3] < 1 ||
+        (sc && (mts_tensor_numel(sc) % x->dims[3] || (mts_tensor_numel(sc) / x->dims[3] != 1 &&
+                                                     mts_tensor_numel(sc) / x->dims[3] != x->dims[0]))))
+        return mts_err_set(k->err, MTS_ESHAPE, "channel pooling shapes do not match");
+    cpool_job j = {x->data, sc ? sc->data : NULL, y->data, x->dims[0], x->dims[1] * x->dims[2], x->dims[3],
+                   sc ? mts_tensor_numel(sc) / x->dims[3] : 1};
+    int threads = mts_tensor_numel(x) >= (1 << 15) ? k->threads : 1;
+    mts_parallel(threads, cpool_part, &j);
+    return MTS_OK;
+}
+
+static int fast_cpool_infer(mts_kctx *k)
+{
+    return mts_err_set(k->err, MTS_EUNSUPPORTED, "channel pooling runs only in static plans");
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Conv on one pixel with a 1x1 kernel: y[n, m] = b[m] + W[m, :] . x[n, :]                     */
+/* ------------------------------------------------------------------------------------------ */
+
+FAST_CLONES static void gemv_rows(const float *W, const float *x, const float *b, float *y, int64_t M, int64_t C)
+{
+    for (int64_t m = 0; m < M; m++) {
+        const float *w = W + m * C;
+        v16f a = splat16(0);
+        int64_t c = 0;
+        for (; c + 16 <= C; c += 16) a += ld16(w + c) * ld16(x + c);
+        float s = hsum16(a);
+        for (; c < C; c++) s += w[c] * x[c];
+        y[m] = s + (b ? b[m] : 0.0f);
+    }
+}
+
+static int fast_conv1px_run(mts_kctx *k)
+{
+    const mts_tensor *x = mts_kin(k, 0), *w = mts_kin(k, 1), *b = mts_kin(k, 2);
+    const mts_node *n = k->node;
+    bool ok = x && w && x->dtype == MTS_DTYPE_FLOAT && w->dtype == MTS_DTYPE_FLOAT && x->rank >= 3 &&
+              w->rank == x->rank && mts_attr_int(n, "group", 1) == 1 && w->dims[1] == x->dims[1] &&
+              (!b || (b->dtype == MTS_DTYPE_FLOAT && mts_tensor_numel(b) == w->dims[0])) &&
+              strcmp(mts_attr_string(n, "auto_pad", "NOTSET"), "NOTSET") == 0 && k->n_out == 1;
+    for (int i = 2; ok && i < x->rank; i++) ok = x->dims[i] == 1 && w->dims[i] == 1;
+    int np = 0;
+    const int64_t *pads = mts_attr_ints(n, "pads", &np);
+    for (int i = 0; ok && pads && i < np; i++) ok = pads[i] == 0;
+    if (!ok) return ref_run(k, "Conv");
+    int64_t N = x->dims[0], C = x->dims[1], M = w->dims[0];
+    for (int64_t i = 0; i < N; i++)
+        gemv_rows(w->data, (const float *)x->data + i * C, b ? b->data : NULL, (float *)k->out[0].data + i * M, M, C);
+    return MTS_OK;
+}
+
+static int fast_conv1px_infer(mts_kctx *k)
+{
+    return ref_infer(k, "Conv");
+}
+
 const mts_op mts_fast_reduce = {"Reduce", fast_reduce_infer, fast_reduce_run};
 const mts_op mts_fast_layernorm = {"LayerNormalization", fast_layernorm_infer, fast_layernorm_run};
 const mts_op mts_fast_softmax = {"Softmax", fast_softmax_infer, fast_softmax_run};
 const mts_op mts_fast_chain = {"MtsEltwiseChain", fast_chain_infer, fast_chain_run};
 const mts_op mts_fast_bmm = {"MtsStridedMatMul", fast_bmm_infer, fast_bmm_run};
+const mts_op mts_fast_conv1px = {"Conv", fast_conv1px_infer, fast_conv1px_run};
+const mts_op mts_fast_cpool = {"MtsChannelPool", fast_cpool_infer, fast_cpool_run};
