@@ -1165,6 +1165,7 @@ int mts__optimize(mts_model *m, mts__plan *p, mts_err *err)
         }
         count_uses(&o);
         remove_identities(&o);
+        int64_t up_extra = 0; /* phase weight bytes added by upsampling folds in this attempt */
 
         /* Convolutions and their fusions. */
         for (int s = 0; s < ns; s++) {
@@ -1217,7 +1218,16 @@ int mts__optimize(mts_model *m, mts__plan *p, mts_err *err)
                     const mts_tensor *tx = &p->vals[p->steps[r].in[0]], *tu = &p->vals[u];
                     c->spec.up[0] = tu->dims[2] / tx->dims[2];
                     c->spec.up[1] = tu->dims[3] / tx->dims[3];
-                    if (mts_dconv_up_ok(&c->spec)) {
+                    /* The phase weights take more room than the kernel they replace (16 taps
+                     * for 9 at s = 2): only while a layer adds at most 3 % of the model's
+                     * parameter bytes (or 256 KB) and all of them at most 5 % (or 512 KB), so
+                     * resident memory stays within the 1.2x target (the widest decoder layers
+                     * of big models stay plain). */
+                    int64_t extra = mts_dconv_up_ok(&c->spec) ? mts_dconv_up_extra_bytes(&c->spec) : -1;
+                    double pb = (double)m->param_bytes;
+                    if (extra >= 0 && (double)extra <= fmax(0.03 * pb, 256e3) &&
+                        (double)(up_extra + extra) <= fmax(0.05 * pb, 512e3)) {
+                        up_extra += extra;
                         st->in[0] = p->steps[r].in[0];
                         o.removed[r] = 1;
                         p->state[u] = MTS__V_UNUSED;

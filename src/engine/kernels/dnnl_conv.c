@@ -492,6 +492,19 @@ bool mts_dconv_up_ok(const mts_dconv_spec *s)
     return true;
 }
 
+int64_t mts_dconv_up_extra_bytes(const mts_dconv_spec *s)
+{
+    int64_t taps = 0;
+    for (int64_t py = 0; py < s->up[0]; py++)
+        for (int64_t px = 0; px < s->up[1]; px++) {
+            int64_t h0, h1, w0, w1;
+            up_range(s, 1, py, &h0, &h1);
+            up_range(s, 2, px, &w0, &w1);
+            taps += (h1 - h0 + 1) * (w1 - w0 + 1);
+        }
+    return (taps - s->g.k[1] * s->g.k[2]) * s->g.M * s->g.C * (int64_t)sizeof(float);
+}
+
 static int up_create(const mts_dconv_spec *s, mts_dconv **out, mts_err *err)
 {
     const mts_conv_geom *g = &s->g;

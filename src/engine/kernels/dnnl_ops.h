@@ -73,6 +73,8 @@ typedef struct mts_dconv mts_dconv;
  * by s then a k x k convolution reads, for output row s*i + p, source rows i + d with
  * d = floor((p + ky - pad) / s): fewer distinct taps (2 x 2 instead of 3 x 3 for s = 2). */
 bool mts_dconv_up_ok(const mts_dconv_spec *s);
+/* Packed weight bytes the phase convolutions of s need beyond the plain convolution's. */
+int64_t mts_dconv_up_extra_bytes(const mts_dconv_spec *s);
 
 /* Creates the primitive (MTS_EUNSUPPORTED when oneDNN has no good implementation). */
 int mts_dconv_create(const mts_dconv_spec *s, mts_dconv **out, mts_err *err);
