@@ -378,6 +378,9 @@ static bool conv_eligible(opt *o, int s, const uint8_t *no_dnnl, cinfo *c)
     double macs = (double)g->N * (double)g->M * (double)(g->C / g->group) * (double)(g->k[0] * g->k[1] * g->k[2]) *
                   (double)(g->out[0] * g->out[1] * g->out[2]);
     if (g->out[0] * g->out[1] * g->out[2] == 1 && macs < 65536) return false;
+    /* One output channel from a few (CBAM's spatial-attention conv): the direct kernel in
+     * fast.c uses every vector lane, oneDNN's blocked kernels waste most of them. */
+    if (!tr && mts_fast_conv_small_ok(g) && !getenv("MTS_NO_FAST")) return false;
     c->spec.kind = tr ? MTS_DPRIM_DECONV : MTS_DPRIM_CONV;
     c->spec.transpose = tr;
     c->spec.w = kin[1]->data;
@@ -446,6 +449,24 @@ static bool rank4_ok(const opt *o, int v)
 {
     const mts_tensor *t = &o->p->vals[v];
     return t->rank == 4 && (is_cand(o, v) || (is_neutral(t) && o->p->state[v] != MTS__V_DYNAMIC));
+}
+
+/* A Conv step the direct small-channel kernel (fast.c) runs: its source may be stored either
+ * way, its one-channel output is the same bytes in both. */
+static bool small_conv_step(const opt *o, const mts__step *st)
+{
+    const mts__plan *p = o->p;
+    if (getenv("MTS_NO_FAST") || st->dynamic || st->kind != MTS__S_KERNEL || !is_op(st, "Conv") || st->n_in < 2 ||
+        st->n_out != 1 || st->in[0] < 0 || !const_value(p, st->in[1]) || (st->n_in > 2 && st->in[2] >= 0 && !const_value(p, st->in[2])))
+        return false;
+    const mts_tensor *x = &p->vals[st->in[0]];
+    if (x->dtype != MTS_DTYPE_FLOAT || x->rank != 4) return false;
+    const mts_tensor *kin[3] = {x, &p->vals[st->in[1]], st->n_in > 2 && st->in[2] >= 0 ? &p->vals[st->in[2]] : NULL};
+    mts_err e = {0};
+    mts_tensor kout[1];
+    mts_kctx k = {st->nd, kin, st->n_in > 3 ? 3 : st->n_in, kout, 1, &e, 1};
+    mts_conv_geom g;
+    return mts_conv_geometry(&k, false, &g) == MTS_OK && mts_fast_conv_small_ok(&g);
 }
 
 /* Can step st run on channels-last views of its 4-D tensors? */
@@ -1042,11 +1063,25 @@ static int fuse_upsample_concat(opt *o, mts_err *err)
 }
 
 /* Fast kernels for single steps (kernels/fast.c; each checks its case at run time). */
-static void fast_substitute(const mts__plan *p, mts__step *st)
+static int fast_substitute(opt *o, mts__step *st, mts_err *err)
 {
+    mts__plan *p = o->p;
+    if (small_conv_step(o, st)) {
+        st->op = &mts_fast_conv_small;
+        if (st->nhwc) {
+            mts_attr a = {0};
+            a.name = "mts_nhwc_src";
+            a.type = MTS_ATTR_INT;
+            a.i = 1;
+            mts_node *n = node_with_attr(p, st, NULL, a);
+            if (!n) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+            st->nd = n;
+        }
+        return MTS_OK;
+    }
     if (st->kind != MTS__S_KERNEL || st->dynamic || st->nd->domain[0] || st->n_out < 1 || st->out[0] < 0 ||
         p->vals[st->out[0]].dtype != MTS_DTYPE_FLOAT)
-        return;
+        return MTS_OK;
     if (is_op(st, "ReduceMean") || is_op(st, "ReduceMax") || is_op(st, "ReduceSum")) st->op = &mts_fast_reduce;
     else if (is_op(st, "LayerNormalization")) st->op = &mts_fast_layernorm;
     else if (is_op(st, "Softmax")) st->op = &mts_fast_softmax;
@@ -1056,6 +1091,7 @@ static void fast_substitute(const mts__plan *p, mts__step *st)
         for (int i = 2; i < x->rank; i++) one &= x->dims[i] == 1;
         if (one) st->op = &mts_fast_conv1px; /* checks the rest itself */
     }
+    return MTS_OK;
 }
 
 /* The dims a kernel sees for value v in step st (channels-last steps get [N,H,W,C] views). */
@@ -1268,7 +1304,9 @@ int mts__optimize(mts_model *m, mts__plan *p, mts_err *err)
         for (int s = 0; s < ns; s++) {
             if (o.removed[s]) continue;
             const mts__step *st = &p->steps[s];
-            bool conv = cstep[s] >= 0 && ci[cstep[s]].spec.kind != MTS_DPRIM_MATMUL;
+            bool small = small_conv_step(&o, st); /* reads either layout; channels-last lets
+                                                     * the CBAM pooling before it write once */
+            bool conv = (cstep[s] >= 0 && ci[cstep[s]].spec.kind != MTS_DPRIM_MATMUL) || small;
             bool ok = conv || layout_agnostic(&o, st);
             for (int j = 0; j < st->n_in + st->n_out; j++) {
                 int v = j < st->n_in ? st->in[j] : st->out[j - st->n_in];
@@ -1350,7 +1388,7 @@ int mts__optimize(mts_model *m, mts__plan *p, mts_err *err)
             }
             if (nhwc && (rc = rewrite_nhwc_step(p, st, err))) goto out;
             st->split_axis = split_axis(p, st);
-            if (!getenv("MTS_NO_FAST")) fast_substitute(p, st);
+            if (!getenv("MTS_NO_FAST") && (rc = fast_substitute(&o, st, err))) goto out;
         }
         p->steps[w++] = *st;
     }

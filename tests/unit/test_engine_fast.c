@@ -7,8 +7,9 @@
  * without a folded input scale, elementwise chains with numpy broadcasting of every
  * operand, the batched MatMul on strided views (operands and result transposed), and the
  * channel mean/max pooling of spatial attention (with and without a channel scale, NaN in
- * the data), and the one-pixel 1x1 Conv (matrix-vector products; cases it must hand back to
- * the reference kernel: padding, groups). The graph-level fusions that produce these steps are covered by
+ * the data), the one-pixel 1x1 Conv (matrix-vector products; cases it must hand back to
+ * the reference kernel: padding, groups), and the direct one-output-channel Conv (kernel sizes
+ * 1-7, asymmetric pads, NCHW and channels-last sources). The graph-level fusions that produce these steps are covered by
  * test_engine_backends.c.
  */
 #include <math.h>
@@ -480,6 +481,52 @@ static void test_conv1px(void **state)
     }
 }
 
+static void test_conv_small(void **state)
+{
+    (void)state;
+    for (int iter = 0; iter < 40; iter++) {
+        int64_t N = 1 + irand(2), C = 1 + irand(4), H = 1 + irand(40), W = 1 + irand(50), K = 1 + 2 * irand(4);
+        if (iter == 39) N = 2, H = 200, W = 180; /* threaded */
+        int64_t xd[4] = {N, C, H, W}, wd[4] = {1, C, K, K};
+        mts_tensor x = tens(4, xd), w = tens(4, wd), b = tens(1, (const int64_t[]){1});
+        fill(&x, -1, 1), fill(&w, -1, 1), fill(&b, -1, 1);
+        int64_t pads[4] = {irand((int)K), irand((int)K), irand((int)K), irand((int)K)};
+        nodebuf nb;
+        mknode(&nb, "Conv", 3, 1, 13);
+        mts_attr *a = attr(&nb, "pads", MTS_ATTR_INTS);
+        a->n = 4, a->ints = pads;
+        const mts_tensor *in[3] = {&x, &w, &b};
+        int nin = iter % 2 ? 3 : 2;
+        mts_tensor ref = run_op(mts_op_lookup("Conv"), &nb.n, in, nin, 1);
+        for (int t = 1; t <= MAX_THREADS; t++) {
+            mts_tensor got = run_op(&mts_fast_conv_small, &nb.n, in, nin, t);
+            expect_close(&got, &ref, 1e-5, "small conv (NCHW)");
+            free(got.data);
+        }
+        /* channels-last source: x stored NHWC, passed (as the context does) as [N,H,W,C] views
+         * of x and of the weights */
+        int64_t vd[4] = {N, H, W, C}, wvd[4] = {1, K, K, C};
+        mts_tensor xn = tens(4, vd), wv = w;
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t c = 0; c < C; c++)
+                for (int64_t i = 0; i < H * W; i++)
+                    ((float *)xn.data)[(n * H * W + i) * C + c] = ((float *)x.data)[(n * C + c) * H * W + i];
+        memcpy(wv.dims, wvd, sizeof wvd);
+        attr(&nb, "mts_nhwc_src", MTS_ATTR_INT)->i = 1;
+        const mts_tensor *vin[3] = {&xn, &wv, &b};
+        for (int t = 1; t <= MAX_THREADS; t++) {
+            mts_err err = {0};
+            int64_t od[4] = {N, 1, ref.dims[2], ref.dims[3]};
+            mts_tensor got = tens(4, od);
+            mts_kctx k = {&nb.n, vin, nin, &got, 1, &err, t};
+            if (mts_fast_conv_small.run(&k)) fail_msg("small conv (NHWC): %s", err.msg);
+            expect_close(&got, &ref, 1e-5, "small conv (NHWC)");
+            free(got.data);
+        }
+        free(ref.data), free(x.data), free(xn.data), free(w.data), free(b.data);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -490,6 +537,7 @@ int main(void)
         cmocka_unit_test(test_strided_matmul),
         cmocka_unit_test(test_channel_pool),
         cmocka_unit_test(test_conv1px),
+        cmocka_unit_test(test_conv_small),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -17,6 +17,9 @@
  *     [N,H,W,C] tensor, optionally times a per-channel scale [N,1,1,C] (the channel attention,
  *     so its product is never stored for the pooling), the channel mean and max written as the
  *     two channels of one [N,H,W,2] output (the Concat that followed);
+ *   - Conv with one output channel and at most four input channels (CBAM's 7x7 spatial
+ *     attention conv, 2 -> 1): direct, 16 output pixels per vector, on zero-padded copies of
+ *     the input planes (oneDNN's blocked kernels waste most lanes on such shapes);
  *   - Conv on one input pixel with a 1x1 kernel (squeeze-and-excitation and attention MLPs):
  *     a matrix-vector product per sample on the weights as stored, where the reference
  *     GEMM would pack the weights on every call;
@@ -42,6 +45,9 @@
 #else
 #define FAST_CLONES
 #endif
+
+/* Multiply-adds from which the small-channel conv splits over the context's threads. */
+#define FAST_SCONV_MT (1 << 21)
 
 typedef float v16f __attribute__((vector_size(64)));
 typedef int32_t v16i __attribute__((vector_size(64)));
@@ -891,10 +897,140 @@ static int fast_conv1px_infer(mts_kctx *k)
     return ref_infer(k, "Conv");
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* Conv with few channels: direct, on padded planes                                           */
+/* ------------------------------------------------------------------------------------------ */
+
+bool mts_fast_conv_small_ok(const mts_conv_geom *g)
+{
+    return g->nsp == 2 && g->group == 1 && g->M == 1 && g->C >= 1 && g->C <= 4 && g->s[1] == 1 &&
+           g->s[2] == 1 && g->d[1] == 1 && g->d[2] == 1 && g->k[1] <= 15 && g->k[2] <= 15 && g->pb[1] >= 0 &&
+           g->pb[2] >= 0 && g->pe[1] >= 0 && g->pe[2] >= 0;
+}
+
+/* out[y, x..x+n) for one output channel: bias + sum over c, ky, kx of w * padded plane rows. */
+FAST_CLONES static void sconv_row(const float *pad, int64_t PW, int64_t PHW, int64_t C, int64_t KH, int64_t KW,
+                                  const float *w, float b, int64_t y, int64_t OW, float *out)
+{
+    int64_t x = 0;
+    for (; x + 16 <= OW; x += 16) {
+        v16f acc = splat16(b);
+        for (int64_t c = 0; c < C; c++)
+            for (int64_t ky = 0; ky < KH; ky++) {
+                const float *row = pad + c * PHW + (y + ky) * PW + x;
+                const float *wr = w + (c * KH + ky) * KW;
+                for (int64_t kx = 0; kx < KW; kx++) acc += splat16(wr[kx]) * ld16(row + kx);
+            }
+        st16(out + x, acc);
+    }
+    for (; x < OW; x++) {
+        float acc = b;
+        for (int64_t c = 0; c < C; c++)
+            for (int64_t ky = 0; ky < KH; ky++)
+                for (int64_t kx = 0; kx < KW; kx++)
+                    acc += w[(c * KH + ky) * KW + kx] * pad[c * PHW + (y + ky) * PW + x + kx];
+        out[x] = acc;
+    }
+}
+
+typedef struct sconv_job {
+    mts_conv_geom g;
+    const float *x, *w, *b;
+    float *y, *pad; /* pad: per thread C planes of PH x PW (+16 floats of slack) */
+    int64_t PH, PW;
+    int nhwc;       /* source is [N,H,W,C] */
+} sconv_job;
+
+static void sconv_part(void *arg, int ithr, int nthr)
+{
+    const sconv_job *j = arg;
+    const mts_conv_geom *g = &j->g;
+    int64_t C = g->C, M = g->M, H = g->in[1], W = g->in[2], OH = g->out[1], OW = g->out[2];
+    int64_t PHW = j->PH * j->PW;
+    float *pad = j->pad + (size_t)ithr * (size_t)(C * PHW + 16);
+    /* by images when there are enough, else by output rows of each image */
+    bool by_img = g->N >= nthr;
+    for (int64_t n = by_img ? ithr : 0; n < g->N; n += by_img ? nthr : 1) {
+        int64_t y0 = by_img ? 0 : OH * ithr / nthr, y1 = by_img ? OH : OH * (ithr + 1) / nthr;
+        if (y0 >= y1) continue;
+        /* the padded rows this part reads: [y0, y1 + KH - 1) */
+        int64_t r0 = y0, r1 = y1 + g->k[1] - 1;
+        for (int64_t c = 0; c < C; c++)
+            for (int64_t r = r0; r < r1; r++) {
+                float *d = pad + c * PHW + r * j->PW;
+                int64_t sy = r - g->pb[1];
+                for (int64_t q = 0; q < j->PW; q++) {
+                    int64_t sx = q - g->pb[2];
+                    float v = 0.0f;
+                    if (sy >= 0 && sy < H && sx >= 0 && sx < W)
+                        v = j->nhwc ? j->x[((n * H + sy) * W + sx) * C + c] : j->x[((n * C + c) * H + sy) * W + sx];
+                    d[q] = v;
+                }
+            }
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t y = y0; y < y1; y++)
+                sconv_row(pad, j->PW, PHW, C, g->k[1], g->k[2], j->w + m * C * g->k[1] * g->k[2], j->b ? j->b[m] : 0.0f,
+                          y, OW, j->y + ((n * M + m) * OH + y) * OW);
+    }
+}
+
+/* in[0] may be a channels-last view ([N,H,W,C], attribute mts_nhwc_src = 1); the output has one
+ * channel, the same bytes in both layouts. */
+static int fast_conv_small_run(mts_kctx *k)
+{
+    mts_conv_geom g;
+    bool nhwc = mts_attr_int(k->node, "mts_nhwc_src", 0) != 0;
+    mts_tensor xv;
+    const mts_tensor *kin[3] = {mts_kin(k, 0), mts_kin(k, 1), mts_kin(k, 2)};
+    mts_tensor wv;
+    if (nhwc && kin[0] && kin[0]->rank == 4 && kin[1] && kin[1]->rank == 4) {
+        /* the context passes [N,H,W,C] views of every 4-D input; the geometry wants NCHW dims
+         * (the weights' bytes are NCHW-ordered as always) */
+        xv = *kin[0];
+        xv.dims[1] = kin[0]->dims[3], xv.dims[2] = kin[0]->dims[1], xv.dims[3] = kin[0]->dims[2];
+        kin[0] = &xv;
+        wv = *kin[1];
+        wv.dims[1] = kin[1]->dims[3], wv.dims[2] = kin[1]->dims[1], wv.dims[3] = kin[1]->dims[2];
+        kin[1] = &wv;
+    }
+    mts_kctx kk = *k;
+    kk.in = kin;
+    kk.n_in = k->n_in > 3 ? 3 : k->n_in;
+    if (!kin[0] || kin[0]->dtype != MTS_DTYPE_FLOAT || mts_conv_geometry(&kk, false, &g) != MTS_OK ||
+        !mts_fast_conv_small_ok(&g)) {
+        if (nhwc) return mts_err_set(k->err, MTS_EINVAL, "channels-last small conv with an unsupported geometry");
+        return ref_run(k, "Conv");
+    }
+    sconv_job j;
+    memset(&j, 0, sizeof j);
+    j.g = g;
+    j.x = kin[0]->data;
+    j.w = kin[1]->data;
+    j.b = kin[2] ? kin[2]->data : NULL;
+    j.y = k->out[0].data;
+    j.PH = g.in[1] + g.pb[1] + g.pe[1];
+    j.PW = g.in[2] + g.pb[2] + g.pe[2];
+    j.nhwc = nhwc;
+    int threads = g.N * g.M * g.out[1] * g.out[2] * g.C * g.k[1] * g.k[2] >= FAST_SCONV_MT ? k->threads : 1;
+    if (threads > g.N * g.out[1]) threads = (int)(g.N * g.out[1]);
+    if (threads < 1) threads = 1;
+    j.pad = malloc(sizeof(float) * (size_t)(g.C * j.PH * j.PW + 16) * (size_t)threads);
+    if (!j.pad) return mts_err_set(k->err, MTS_ENOMEM, "out of memory");
+    mts_parallel(threads, sconv_part, &j);
+    free(j.pad);
+    return MTS_OK;
+}
+
+static int fast_conv_small_infer(mts_kctx *k)
+{
+    return ref_infer(k, "Conv");
+}
+
 const mts_op mts_fast_reduce = {"Reduce", fast_reduce_infer, fast_reduce_run};
 const mts_op mts_fast_layernorm = {"LayerNormalization", fast_layernorm_infer, fast_layernorm_run};
 const mts_op mts_fast_softmax = {"Softmax", fast_softmax_infer, fast_softmax_run};
 const mts_op mts_fast_chain = {"MtsEltwiseChain", fast_chain_infer, fast_chain_run};
 const mts_op mts_fast_bmm = {"MtsStridedMatMul", fast_bmm_infer, fast_bmm_run};
 const mts_op mts_fast_conv1px = {"Conv", fast_conv1px_infer, fast_conv1px_run};
+const mts_op mts_fast_conv_small = {"Conv", fast_conv_small_infer, fast_conv_small_run};
 const mts_op mts_fast_cpool = {"MtsChannelPool", fast_cpool_infer, fast_cpool_run};

@@ -100,7 +100,11 @@ extern const mts_op mts_fast_bmm;
 /* "MtsChannelPool" on channels-last views: in[0] x [N,H,W,C], optional in[1] scale [N or 1,1,1,C];
  * out [N,H,W,2] = (mean over C, max over C) of x * scale. */
 extern const mts_op mts_fast_cpool;
-extern const mts_op mts_fast_conv1px;  /* Conv: one input pixel, 1x1 kernel, group 1, no padding */
+extern const mts_op mts_fast_conv1px;
+/* Conv with one output and 1-4 input channels, stride 1, no dilation, group 1
+ * (mts_fast_conv_small_ok); attribute mts_nhwc_src = 1: in[0] is a channels-last view. */
+extern const mts_op mts_fast_conv_small;
+bool mts_fast_conv_small_ok(const mts_conv_geom *g);  /* Conv: one input pixel, 1x1 kernel, group 1, no padding */
 enum mts_chain_op {
     MTS_CHAIN_ADD = 0,  /* acc + next input */
     MTS_CHAIN_SUB,      /* acc - next input */
