@@ -20,6 +20,13 @@
  *      same bytes in both layouts and never constrain a group.
  *   4. oneDNN primitives are created with the chosen layouts; a convolution oneDNN cannot run
  *      well falls back to the reference kernel (with no fusion) and the pass starts over.
+ *   5. Fast kernels (kernels/fast.c; MTS_NO_FAST=1 turns this off for comparisons): a Div/Mul by
+ *      a constant scalar before a last-axis Softmax becomes the softmax's input scale; rank-4
+ *      float MatMuls (attention) read their operands through the Reshape + Transpose steps before
+ *      them and write through a Transpose (+ Reshape) after them as strides, so those copies go;
+ *      chains of float Add/Sub/Mul/Div/Relu/Sigmoid steps (each intermediate read only by the
+ *      next) become one pass at the last step's position; ReduceMean/Max/Sum, LayerNormalization
+ *      and Softmax steps get the vectorized kernels.
  * The reference backend skips all of this: its plans run node by node, as the oracle.
  */
 #include <float.h>
@@ -371,6 +378,9 @@ static bool conv_eligible(opt *o, int s, const uint8_t *no_dnnl, cinfo *c)
     double macs = (double)g->N * (double)g->M * (double)(g->C / g->group) * (double)(g->k[0] * g->k[1] * g->k[2]) *
                   (double)(g->out[0] * g->out[1] * g->out[2]);
     if (g->out[0] * g->out[1] * g->out[2] == 1 && macs < 65536) return false;
+    /* One output channel from a few (CBAM's spatial-attention conv): the direct kernel in
+     * fast.c uses every vector lane, oneDNN's blocked kernels waste most of them. */
+    if (!tr && mts_fast_conv_small_ok(g) && !getenv("MTS_NO_FAST")) return false;
     c->spec.kind = tr ? MTS_DPRIM_DECONV : MTS_DPRIM_CONV;
     c->spec.transpose = tr;
     c->spec.w = kin[1]->data;
@@ -439,6 +449,24 @@ static bool rank4_ok(const opt *o, int v)
 {
     const mts_tensor *t = &o->p->vals[v];
     return t->rank == 4 && (is_cand(o, v) || (is_neutral(t) && o->p->state[v] != MTS__V_DYNAMIC));
+}
+
+/* A Conv step the direct small-channel kernel (fast.c) runs: its source may be stored either
+ * way, its one-channel output is the same bytes in both. */
+static bool small_conv_step(const opt *o, const mts__step *st)
+{
+    const mts__plan *p = o->p;
+    if (getenv("MTS_NO_FAST") || st->dynamic || st->kind != MTS__S_KERNEL || !is_op(st, "Conv") || st->n_in < 2 ||
+        st->n_out != 1 || st->in[0] < 0 || !const_value(p, st->in[1]) || (st->n_in > 2 && st->in[2] >= 0 && !const_value(p, st->in[2])))
+        return false;
+    const mts_tensor *x = &p->vals[st->in[0]];
+    if (x->dtype != MTS_DTYPE_FLOAT || x->rank != 4) return false;
+    const mts_tensor *kin[3] = {x, &p->vals[st->in[1]], st->n_in > 2 && st->in[2] >= 0 ? &p->vals[st->in[2]] : NULL};
+    mts_err e = {0};
+    mts_tensor kout[1];
+    mts_kctx k = {st->nd, kin, st->n_in > 3 ? 3 : st->n_in, kout, 1, &e, 1};
+    mts_conv_geom g;
+    return mts_conv_geometry(&k, false, &g) == MTS_OK && mts_fast_conv_small_ok(&g);
 }
 
 /* Can step st run on channels-last views of its 4-D tensors? */
@@ -621,6 +649,451 @@ static int rewrite_nhwc_step(mts__plan *p, mts__step *st, mts_err *err)
     return MTS_OK;
 }
 
+/* A plan-owned copy of st->nd with op_type `op` (NULL: unchanged) and one more attribute. */
+static mts_node *node_with_attr(mts__plan *p, const mts__step *st, const char *op, mts_attr extra)
+{
+    mts_node *n = mts_pool_alloc(&p->pool, sizeof *n);
+    mts_attr *a = n ? mts_pool_alloc(&p->pool, sizeof *a * (size_t)(st->nd->n_attr + 1)) : NULL;
+    if (!a) return NULL;
+    *n = *st->nd;
+    memcpy(a, st->nd->attrs, sizeof *a * (size_t)st->nd->n_attr);
+    a[n->n_attr++] = extra;
+    n->attrs = a;
+    if (op) n->op_type = op;
+    return n;
+}
+
+static bool float_value(const mts__plan *p, int v)
+{
+    return v >= 0 && (live_value(p, v) || const_value(p, v)) && p->vals[v].dtype == MTS_DTYPE_FLOAT;
+}
+
+/* Softmax over the last axis reading x / c or x * c (c a constant scalar, the attention scale):
+ * the scale becomes the fast kernel's attribute "mts_scale" and the Div/Mul step goes. */
+static int fuse_softmax_scale(opt *o, mts_err *err)
+{
+    mts__plan *p = o->p;
+    for (int s = 0; s < p->n_steps; s++) {
+        mts__step *st = &p->steps[s];
+        if (o->removed[s] || st->kind != MTS__S_KERNEL || st->dynamic || !is_op(st, "Softmax") || st->n_in != 1 ||
+            st->n_out != 1)
+            continue;
+        int y = st->in[0];
+        const mts_tensor *t = y >= 0 ? &p->vals[y] : NULL;
+        int64_t ax = mts_attr_int(st->nd, "axis", st->nd->opset >= 13 ? -1 : 1);
+        if (!t || t->dtype != MTS_DTYPE_FLOAT || t->rank < 1 || !(ax == -1 || ax == t->rank - 1) ||
+            p->state[y] != MTS__V_STATIC || o->prod[y] < 0 || sole_reader(o, y) != s)
+            continue;
+        int d = o->prod[y];
+        const mts__step *ds = &p->steps[d];
+        if (o->removed[d] || ds->kind != MTS__S_KERNEL || ds->n_in != 2 || ds->nd->opset < 7) continue;
+        int x = ds->in[0];
+        float c = scaled_by(p, ds, x);
+        if (c == 0 && is_op(ds, "Mul")) c = scaled_by(p, ds, x = ds->in[1]);
+        if (c == 0 || !float_value(p, x) || !mts_shape_equal(&p->vals[x], t)) continue;
+        mts_attr a = {0};
+        a.name = "mts_scale";
+        a.type = MTS_ATTR_FLOAT;
+        a.f = c;
+        mts_node *n = node_with_attr(p, st, NULL, a);
+        if (!n) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+        st->nd = n;
+        st->op = &mts_fast_softmax;
+        st->in[0] = x;
+        o->removed[d] = 1;
+        p->state[y] = MTS__V_UNUSED;
+        count_uses(o);
+    }
+    return MTS_OK;
+}
+
+static bool plain_step(const opt *o, int s, const char *op);
+
+/* Reduce step r over the channel axis of a 4-D tensor, keepdims, axes by attribute or constant. */
+static bool channel_reduce(const opt *o, int r, const char *op)
+{
+    const mts__plan *p = o->p;
+    if (!plain_step(o, r, op) || mts_attr_int(p->steps[r].nd, "keepdims", 1) != 1) return false;
+    const mts__step *st = &p->steps[r];
+    const int64_t *ax = NULL;
+    int n = 0;
+    if (st->n_in >= 2 && st->in[1] >= 0) {
+        const mts_tensor *t = &p->vals[st->in[1]];
+        if (!const_value(p, st->in[1]) || t->dtype != MTS_DTYPE_INT64) return false;
+        ax = t->data;
+        n = (int)mts_tensor_numel(t);
+    } else {
+        ax = mts_attr_ints(st->nd, "axes", &n);
+    }
+    return ax && n == 1 && (ax[0] == 1 || ax[0] == -3);
+}
+
+/* CBAM spatial attention: Concat(ReduceMean(m, C), ReduceMax(m, C)) on channels-last data
+ * becomes one MtsChannelPool step (at the Concat). When m = x * c with c a per-sample channel
+ * vector [N,C,1,1], the pooling reads x and c, so m keeps one reader fewer (and the chain pass
+ * that follows can then compute it on the fly). */
+static int fuse_channel_pool(opt *o, mts_err *err)
+{
+    mts__plan *p = o->p;
+    for (int s = 0; s < p->n_steps; s++) {
+        mts__step *st = &p->steps[s];
+        if (!plain_step(o, s, "Concat") || st->n_in != 2) continue;
+        int y = st->out[0];
+        int64_t axc = mts_attr_int(st->nd, "axis", 1);
+        if ((axc != 1 && axc != -3) || !is_cand(o, y) || !p->nhwc[y] || p->vals[y].dtype != MTS_DTYPE_FLOAT) continue;
+        int a = st->in[0], b = st->in[1];
+        int ra = a >= 0 ? o->prod[a] : -1, rb = b >= 0 ? o->prod[b] : -1;
+        if (ra < 0 || rb < 0 || sole_reader(o, a) != s || sole_reader(o, b) != s || !channel_reduce(o, ra, "ReduceMean") ||
+            !channel_reduce(o, rb, "ReduceMax") || p->steps[ra].in[0] != p->steps[rb].in[0])
+            continue;
+        int m = p->steps[ra].in[0];
+        if (!is_cand(o, m) || !p->nhwc[m] || p->vals[m].dtype != MTS_DTYPE_FLOAT) continue;
+        int ins[2] = {m, -1}, nin = 1;
+        int q = o->prod[m];
+        if (plain_step(o, q, "Mul") && p->steps[q].n_in == 2 && p->steps[q].nd->opset >= 7) {
+            for (int side = 0; side < 2; side++) {
+                int x = p->steps[q].in[side], c = p->steps[q].in[1 - side];
+                const mts_tensor *tx = x >= 0 ? &p->vals[x] : NULL, *tc = c >= 0 ? &p->vals[c] : NULL;
+                if (!tx || !tc || !is_cand(o, x) || !p->nhwc[x] || !mts_shape_equal(tx, &p->vals[m]) ||
+                    !float_value(p, c) || tc->rank != 4 || tc->dims[1] != tx->dims[1] || tc->dims[2] != 1 ||
+                    tc->dims[3] != 1 || (tc->dims[0] != 1 && tc->dims[0] != tx->dims[0]))
+                    continue;
+                ins[0] = x, ins[1] = c, nin = 2;
+                break;
+            }
+        }
+        int *io = mts_pool_alloc(&p->pool, sizeof(int) * 3);
+        mts_node *n = mts_pool_alloc(&p->pool, sizeof *n);
+        if (!io || !n) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+        *n = *st->nd;
+        n->op_type = "MtsChannelPool";
+        n->n_attr = 0;
+        n->attrs = NULL;
+        io[0] = ins[0], io[1] = ins[1], io[nin] = y;
+        st->nd = n;
+        st->op = &mts_fast_cpool;
+        st->in = io;
+        st->n_in = nin;
+        st->out = io + nin;
+        o->removed[ra] = o->removed[rb] = 1;
+        p->state[a] = p->state[b] = MTS__V_UNUSED;
+        count_uses(o);
+    }
+    return MTS_OK;
+}
+
+/* The chain stage code of elementwise step st reading the chain value `cur` (-1: the step starts
+ * a chain), and its other operand in *operand (-1 for unary stages); -1 when st cannot be one. */
+static int chain_stage(const opt *o, const mts__step *st, int cur, int *operand)
+{
+    const mts__plan *p = o->p;
+    *operand = -1;
+    if (st->kind != MTS__S_KERNEL || st->dynamic || st->nd->domain[0] || st->n_out != 1 || st->out[0] < 0 ||
+        p->vals[st->out[0]].dtype != MTS_DTYPE_FLOAT || p->state[st->out[0]] != MTS__V_STATIC)
+        return -1;
+    if (is_op(st, "Relu") || is_op(st, "Sigmoid")) {
+        if (st->n_in != 1 || !float_value(p, st->in[0]) || (cur >= 0 && st->in[0] != cur)) return -1;
+        return is_op(st, "Relu") ? MTS_CHAIN_RELU : MTS_CHAIN_SIGMOID;
+    }
+    int code;
+    if (is_op(st, "Add")) code = MTS_CHAIN_ADD;
+    else if (is_op(st, "Sub")) code = MTS_CHAIN_SUB;
+    else if (is_op(st, "Mul")) code = MTS_CHAIN_MUL;
+    else if (is_op(st, "Div")) code = MTS_CHAIN_DIV;
+    else return -1;
+    if (st->n_in != 2 || st->nd->opset < 7 || !float_value(p, st->in[0]) || !float_value(p, st->in[1])) return -1;
+    if (cur < 0) {
+        *operand = st->in[1];
+        return code;
+    }
+    if (st->in[0] == st->in[1] || !mts_shape_equal(&p->vals[cur], &p->vals[st->out[0]])) return -1;
+    if (st->in[0] == cur) {
+        *operand = st->in[1];
+        return code;
+    }
+    if (st->in[1] != cur) return -1;
+    *operand = st->in[0];
+    return code == MTS_CHAIN_SUB ? MTS_CHAIN_RSUB : code == MTS_CHAIN_DIV ? MTS_CHAIN_RDIV : code;
+}
+
+/* Chains of float elementwise steps (each intermediate read only by the next) become one fast
+ * step at the position of the chain's last step, where every operand has been computed. */
+static int fuse_chains(opt *o, mts_err *err)
+{
+    mts__plan *p = o->p;
+    enum { MAXS = 8 };
+    for (int s = 0; s < p->n_steps; s++) {
+        if (o->removed[s]) continue;
+        int operand, code = chain_stage(o, &p->steps[s], -1, &operand);
+        if (code < 0) continue;
+        int64_t ops[MAXS];
+        int ins[MAXS + 1], steps[MAXS], n_ops = 0, n_in = 0, n_steps = 0;
+        ins[n_in++] = p->steps[s].in[0];
+        ops[n_ops++] = code;
+        if (operand >= 0) ins[n_in++] = operand;
+        steps[n_steps++] = s;
+        int cur = p->steps[s].out[0];
+        while (n_ops < MAXS && n_in < MAXS) {
+            int r = sole_reader(o, cur);
+            if (r < 0 || o->removed[r]) break;
+            code = chain_stage(o, &p->steps[r], cur, &operand);
+            if (code < 0) break;
+            ops[n_ops++] = code;
+            if (operand >= 0) ins[n_in++] = operand;
+            steps[n_steps++] = r;
+            cur = p->steps[r].out[0];
+        }
+        int last = steps[n_steps - 1];
+        mts__step *st = &p->steps[last];
+        mts_attr a = {0};
+        a.name = "ops";
+        a.type = MTS_ATTR_INTS;
+        a.n = n_ops;
+        int64_t *opv = mts_pool_alloc(&p->pool, sizeof(int64_t) * (size_t)n_ops);
+        int *io = mts_pool_alloc(&p->pool, sizeof(int) * (size_t)(n_in + 1));
+        if (!opv || !io) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+        memcpy(opv, ops, sizeof(int64_t) * (size_t)n_ops);
+        a.ints = opv;
+        mts_node *n = node_with_attr(p, st, "MtsEltwiseChain", a);
+        if (!n) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+        memcpy(io, ins, sizeof(int) * (size_t)n_in);
+        io[n_in] = cur;
+        st->nd = n;
+        st->op = &mts_fast_chain;
+        st->in = io;
+        st->n_in = n_in;
+        st->out = io + n_in;
+        st->n_out = 1;
+        for (int i = 0; i + 1 < n_steps; i++) {
+            o->removed[steps[i]] = 1;
+            p->state[p->steps[steps[i]].out[0]] = MTS__V_UNUSED;
+        }
+        count_uses(o);
+    }
+    return MTS_OK;
+}
+
+static void contiguous_strides(const mts_tensor *t, int64_t *st)
+{
+    int64_t s = 1;
+    for (int i = t->rank - 1; i >= 0; i--) st[i] = s, s *= t->dims[i];
+}
+
+static bool plain_float4(const mts__plan *p, int v)
+{
+    return live_value(p, v) && p->vals[v].rank == 4 && p->vals[v].dtype == MTS_DTYPE_FLOAT && !p->nhwc[v];
+}
+
+/* The permutation of Transpose step ts over rank 4 (default: reversed); false if malformed. */
+static bool perm4(const mts__step *ts, int64_t perm[4])
+{
+    int n = 0;
+    const int64_t *pa = mts_attr_ints(ts->nd, "perm", &n);
+    bool seen[4] = {false};
+    for (int i = 0; i < 4; i++) {
+        perm[i] = pa ? (n == 4 ? pa[i] : -1) : 3 - i;
+        if (perm[i] < 0 || perm[i] > 3 || seen[perm[i]]) return false;
+        seen[perm[i]] = true;
+    }
+    return true;
+}
+
+static bool plain_step(const opt *o, int s, const char *op)
+{
+    return s >= 0 && !o->removed[s] && o->p->steps[s].kind == MTS__S_KERNEL && !o->p->steps[s].dynamic &&
+           is_op(&o->p->steps[s], op) && o->p->steps[s].n_out == 1;
+}
+
+/* Operand v of MatMul step s as a strided view: through a Transpose read only by s, and a
+ * Reshape before it read only by the Transpose (the bytes are the Reshape's input). */
+static void operand_view(opt *o, int s, int v, int64_t st[4], int *src, int *rm, int *n_rm)
+{
+    mts__plan *p = o->p;
+    contiguous_strides(&p->vals[v], st);
+    *src = v;
+    int t = o->prod[v];
+    int64_t perm[4], ust[4];
+    if (p->state[v] != MTS__V_STATIC || sole_reader(o, v) != s || !plain_step(o, t, "Transpose") ||
+        p->steps[t].n_in != 1 || !perm4(&p->steps[t], perm) || !plain_float4(p, p->steps[t].in[0]))
+        return;
+    int u = p->steps[t].in[0];
+    contiguous_strides(&p->vals[u], ust);
+    for (int i = 0; i < 4; i++) st[i] = ust[perm[i]];
+    *src = u;
+    rm[(*n_rm)++] = t;
+    int r = o->prod[u];
+    if (p->state[u] != MTS__V_STATIC || sole_reader(o, u) != t || !plain_step(o, r, "Reshape")) return;
+    int w = p->steps[r].in[0];
+    if (!live_value(p, w) || p->vals[w].dtype != MTS_DTYPE_FLOAT || (p->vals[w].rank == 4 && p->nhwc[w]) ||
+        mts_tensor_numel(&p->vals[w]) != mts_tensor_numel(&p->vals[u]))
+        return;
+    *src = w;
+    rm[(*n_rm)++] = r;
+}
+
+static int64_t *pool_ints(mts__plan *p, const int64_t *v, int n)
+{
+    int64_t *d = mts_pool_alloc(&p->pool, sizeof(int64_t) * (size_t)n);
+    if (d) memcpy(d, v, sizeof(int64_t) * (size_t)n);
+    return d;
+}
+
+/* Batched float MatMuls of rank 4 (attention) run on strided views (kernels/fast.c): the
+ * Reshape + Transpose steps feeding them and a Transpose (+ Reshape) after them become strides. */
+static int fuse_strided_matmuls(opt *o, mts_err *err)
+{
+    mts__plan *p = o->p;
+    for (int s = 0; s < p->n_steps; s++) {
+        mts__step *st = &p->steps[s];
+        if (!plain_step(o, s, "MatMul") || st->n_in != 2) continue;
+        int a = st->in[0], b = st->in[1], y = st->out[0];
+        if (!plain_float4(p, a) || !plain_float4(p, b) || !plain_float4(p, y) || p->state[y] != MTS__V_STATIC) continue;
+        const mts_tensor *ta = &p->vals[a], *tb = &p->vals[b], *ty = &p->vals[y];
+        if (ta->dims[0] != tb->dims[0] || ta->dims[1] != tb->dims[1] || ta->dims[3] != tb->dims[2]) continue;
+        int rm[6], n_rm = 0, sa, sb;
+        int64_t as[4], bs[4], ys[4];
+        operand_view(o, s, a, as, &sa, rm, &n_rm);
+        operand_view(o, s, b, bs, &sb, rm, &n_rm);
+        /* the output, through a Transpose (+ Reshape) that keeps columns contiguous */
+        int fin = y, t2 = sole_reader(o, y);
+        contiguous_strides(ty, ys);
+        int64_t perm[4];
+        if (plain_step(o, t2, "Transpose") && p->steps[t2].n_in == 1 && perm4(&p->steps[t2], perm) && perm[3] == 3 &&
+            plain_float4(p, p->steps[t2].out[0]) && p->state[p->steps[t2].out[0]] == MTS__V_STATIC) {
+            int z = p->steps[t2].out[0];
+            int64_t zs[4];
+            contiguous_strides(&p->vals[z], zs);
+            for (int j = 0; j < 4; j++) ys[perm[j]] = zs[j];
+            rm[n_rm++] = t2;
+            fin = z;
+            int r2 = sole_reader(o, z);
+            if (plain_step(o, r2, "Reshape") && p->state[p->steps[r2].out[0]] == MTS__V_STATIC &&
+                p->vals[p->steps[r2].out[0]].dtype == MTS_DTYPE_FLOAT &&
+                !(p->vals[p->steps[r2].out[0]].rank == 4 && p->nhwc[p->steps[r2].out[0]])) {
+                rm[n_rm++] = r2;
+                fin = p->steps[r2].out[0];
+            }
+        }
+        int64_t dims[5] = {ta->dims[0], ta->dims[1], ta->dims[2], tb->dims[3], ta->dims[3]};
+        const mts_tensor *tf = &p->vals[fin];
+        mts_attr at[5];
+        memset(at, 0, sizeof at);
+        const char *names[5] = {"dims", "a_strides", "b_strides", "y_strides", "y_dims"};
+        const int64_t *vals[5] = {dims, as, bs, ys, tf->dims};
+        int ns[5] = {5, 4, 4, 4, tf->rank};
+        mts_node *n = mts_pool_alloc(&p->pool, sizeof *n);
+        mts_attr *na = mts_pool_alloc(&p->pool, sizeof *na * 5);
+        int *io = mts_pool_alloc(&p->pool, sizeof(int) * 3);
+        if (!n || !na || !io) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+        for (int i = 0; i < 5; i++) {
+            na[i] = (mts_attr){0};
+            na[i].name = names[i];
+            na[i].type = MTS_ATTR_INTS;
+            na[i].n = ns[i];
+            if (!(na[i].ints = pool_ints(p, vals[i], ns[i]))) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+        }
+        *n = *st->nd;
+        n->op_type = "MtsStridedMatMul";
+        n->attrs = na;
+        n->n_attr = 5;
+        io[0] = sa, io[1] = sb, io[2] = fin;
+        st->nd = n;
+        st->op = &mts_fast_bmm;
+        st->in = io;
+        st->out = io + 2;
+        for (int i = 0; i < n_rm; i++) {
+            o->removed[rm[i]] = 1;
+            const mts__step *r = &p->steps[rm[i]];
+            /* the folded steps' values that nothing reads any more */
+            if (r->out[0] != fin) p->state[r->out[0]] = MTS__V_UNUSED;
+        }
+        if (fin != y) p->state[y] = MTS__V_UNUSED;
+        count_uses(o);
+    }
+    return MTS_OK;
+}
+
+/* A channel Concat on channels-last data whose input comes from a nearest integer upsampling
+ * (Resize) read only by the Concat: the Concat reads the Resize's input through the factors
+ * (kernels/nhwc.c, attribute "mts_up") and the Resize step goes. */
+static int fuse_upsample_concat(opt *o, mts_err *err)
+{
+    mts__plan *p = o->p;
+    for (int s = 0; s < p->n_steps; s++) {
+        mts__step *st = &p->steps[s];
+        if (!plain_step(o, s, "Concat") || st->n_in < 1 || st->n_in > 64) continue;
+        int y = st->out[0];
+        int64_t ax = mts_attr_int(st->nd, "axis", 1);
+        if ((ax != 1 && ax != -3) || !is_cand(o, y) || !p->nhwc[y]) continue;
+        bool same = true; /* as rewrite_nhwc_step: the channels-last kernel then runs it */
+        for (int j = 0; j < st->n_in; j++)
+            if (st->in[j] < 0 || p->vals[st->in[j]].dtype != p->vals[y].dtype || p->vals[st->in[j]].rank != 4) same = false;
+        if (!same) continue;
+        int64_t up[128];
+        int n_up = 0;
+        for (int j = 0; j < st->n_in; j++) {
+            int v = st->in[j], r = o->prod[v];
+            up[2 * j] = up[2 * j + 1] = 1;
+            if (!plain_step(o, r, "Resize") || sole_reader(o, v) != s || p->state[v] != MTS__V_STATIC ||
+                !nearest_integer_upsample(p, &p->steps[r]))
+                continue;
+            int x = p->steps[r].in[0];
+            const mts_tensor *tx = &p->vals[x], *tv = &p->vals[v];
+            /* the Concat reads x as [N,H,W,C]: x must be stored so (or be the same bytes either way) */
+            if (!live_value(p, x) || !(is_neutral(tx) || (is_cand(o, x) && p->nhwc[x]))) continue;
+            up[2 * j] = tv->dims[2] / tx->dims[2];
+            up[2 * j + 1] = tv->dims[3] / tx->dims[3];
+            st->in[j] = x;
+            o->removed[r] = 1;
+            p->state[v] = MTS__V_UNUSED;
+            n_up++;
+        }
+        if (!n_up) continue;
+        mts_attr a = {0};
+        a.name = "mts_up";
+        a.type = MTS_ATTR_INTS;
+        a.n = 2 * st->n_in;
+        if (!(a.ints = pool_ints(p, up, 2 * st->n_in))) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+        mts_node *n = node_with_attr(p, st, NULL, a);
+        if (!n) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+        st->nd = n;
+        count_uses(o);
+    }
+    return MTS_OK;
+}
+
+/* Fast kernels for single steps (kernels/fast.c; each checks its case at run time). */
+static int fast_substitute(opt *o, mts__step *st, mts_err *err)
+{
+    mts__plan *p = o->p;
+    if (small_conv_step(o, st)) {
+        st->op = &mts_fast_conv_small;
+        if (st->nhwc) {
+            mts_attr a = {0};
+            a.name = "mts_nhwc_src";
+            a.type = MTS_ATTR_INT;
+            a.i = 1;
+            mts_node *n = node_with_attr(p, st, NULL, a);
+            if (!n) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+            st->nd = n;
+        }
+        return MTS_OK;
+    }
+    if (st->kind != MTS__S_KERNEL || st->dynamic || st->nd->domain[0] || st->n_out < 1 || st->out[0] < 0 ||
+        p->vals[st->out[0]].dtype != MTS_DTYPE_FLOAT)
+        return MTS_OK;
+    if (is_op(st, "ReduceMean") || is_op(st, "ReduceMax") || is_op(st, "ReduceSum")) st->op = &mts_fast_reduce;
+    else if (is_op(st, "LayerNormalization")) st->op = &mts_fast_layernorm;
+    else if (is_op(st, "Softmax")) st->op = &mts_fast_softmax;
+    else if (is_op(st, "Conv") && st->n_in >= 2 && const_value(p, st->in[1]) && p->vals[st->in[0]].rank >= 3) {
+        const mts_tensor *x = &p->vals[st->in[0]];
+        bool one = true;
+        for (int i = 2; i < x->rank; i++) one &= x->dims[i] == 1;
+        if (one) st->op = &mts_fast_conv1px; /* checks the rest itself */
+    }
+    return MTS_OK;
+}
+
 /* The dims a kernel sees for value v in step st (channels-last steps get [N,H,W,C] views). */
 static void view_of(const mts__step *st, const mts_tensor *t, mts_tensor *out)
 {
@@ -728,6 +1201,7 @@ int mts__optimize(mts_model *m, mts__plan *p, mts_err *err)
         }
         count_uses(&o);
         remove_identities(&o);
+        int64_t up_extra = 0; /* phase weight bytes added by upsampling folds in this attempt */
 
         /* Convolutions and their fusions. */
         for (int s = 0; s < ns; s++) {
@@ -769,6 +1243,35 @@ int mts__optimize(mts_model *m, mts__plan *p, mts_err *err)
                 cur = p->steps[r].out[0];
             }
             mts__step *st = &p->steps[s];
+            /* A nearest integer upsampling (Resize) read only by this conv: the conv reads the
+             * Resize's input, one small convolution per output phase (dnnl_conv.c). */
+            if (c->spec.kind == MTS_DPRIM_CONV && !getenv("MTS_NO_FAST")) {
+                int u = st->in[0], r = o.prod[u];
+                if (r >= 0 && !o.removed[r] && is_op(&p->steps[r], "Resize") && p->steps[r].kind == MTS__S_KERNEL &&
+                    !p->steps[r].dynamic && sole_reader(&o, u) == s && p->state[u] == MTS__V_STATIC &&
+                    nearest_integer_upsample(p, &p->steps[r]) && live_value(p, p->steps[r].in[0]) &&
+                    p->vals[p->steps[r].in[0]].dtype == MTS_DTYPE_FLOAT) {
+                    const mts_tensor *tx = &p->vals[p->steps[r].in[0]], *tu = &p->vals[u];
+                    c->spec.up[0] = tu->dims[2] / tx->dims[2];
+                    c->spec.up[1] = tu->dims[3] / tx->dims[3];
+                    /* The phase weights take more room than the kernel they replace (16 taps
+                     * for 9 at s = 2): only while a layer adds at most 3 % of the model's
+                     * parameter bytes (or 256 KB) and all of them at most 5 % (or 512 KB), so
+                     * resident memory stays within the 1.2x target (the widest decoder layers
+                     * of big models stay plain). */
+                    int64_t extra = mts_dconv_up_ok(&c->spec) ? mts_dconv_up_extra_bytes(&c->spec) : -1;
+                    double pb = (double)m->param_bytes;
+                    if (extra >= 0 && (double)extra <= fmax(0.03 * pb, 256e3) &&
+                        (double)(up_extra + extra) <= fmax(0.05 * pb, 512e3)) {
+                        up_extra += extra;
+                        st->in[0] = p->steps[r].in[0];
+                        o.removed[r] = 1;
+                        p->state[u] = MTS__V_UNUSED;
+                    } else {
+                        c->spec.up[0] = c->spec.up[1] = 0;
+                    }
+                }
+            }
             st->out[0] = cur;
             st->n_out = 1;
             st->n_in = 1 + c->n_resid;
@@ -801,7 +1304,9 @@ int mts__optimize(mts_model *m, mts__plan *p, mts_err *err)
         for (int s = 0; s < ns; s++) {
             if (o.removed[s]) continue;
             const mts__step *st = &p->steps[s];
-            bool conv = cstep[s] >= 0 && ci[cstep[s]].spec.kind != MTS_DPRIM_MATMUL;
+            bool small = small_conv_step(&o, st); /* reads either layout; channels-last lets
+                                                     * the CBAM pooling before it write once */
+            bool conv = (cstep[s] >= 0 && ci[cstep[s]].spec.kind != MTS_DPRIM_MATMUL) || small;
             bool ok = conv || layout_agnostic(&o, st);
             for (int j = 0; j < st->n_in + st->n_out; j++) {
                 int v = j < st->n_in ? st->in[j] : st->out[j - st->n_in];
@@ -856,6 +1361,12 @@ int mts__optimize(mts_model *m, mts__plan *p, mts_err *err)
         break;
     }
 
+    /* Fusions into fast kernels. */
+    count_uses(&o);
+    if (!getenv("MTS_NO_FAST") && ((rc = fuse_softmax_scale(&o, err)) || (rc = fuse_strided_matmuls(&o, err)) ||
+                                  (rc = fuse_channel_pool(&o, err)) || (rc = fuse_chains(&o, err)) || (rc = fuse_upsample_concat(&o, err))))
+        goto out;
+
     /* Channels-last kernel steps, then compaction. */
     p->scratch_bytes = 0;
     int w = 0;
@@ -877,6 +1388,7 @@ int mts__optimize(mts_model *m, mts__plan *p, mts_err *err)
             }
             if (nhwc && (rc = rewrite_nhwc_step(p, st, err))) goto out;
             st->split_axis = split_axis(p, st);
+            if (!getenv("MTS_NO_FAST") && (rc = fast_substitute(&o, st, err))) goto out;
         }
         p->steps[w++] = *st;
     }

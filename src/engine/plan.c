@@ -125,12 +125,17 @@ static void dump_plan(const mts_model *m, const mts__plan *p)
         const mts__step *st = &p->steps[s];
         int y = st->n_out > 0 ? st->out[0] : -1;
         if (st->split_axis >= 0) fprintf(stderr, "  [split on axis %d]", st->split_axis);
+        bool special = st->kind == MTS__S_KERNEL && st->op != m->ops[st->node];
+        char note[96] = "";
+        if (special && strcmp(st->nd->op_type, m->nodes[st->node].op_type))
+            snprintf(note, sizeof note, " (special kernel: %s)", st->nd->op_type);
+        else if (special)
+            snprintf(note, sizeof note, " (special kernel)");
+        else if (st->dynamic)
+            snprintf(note, sizeof note, " dynamic");
         fprintf(stderr, "  %3d %-18s %-24s -> %-24s %s%s%s\n", s, m->nodes[st->node].op_type, m->nodes[st->node].name,
                 y >= 0 ? m->values[y].name : "-", st->kind == MTS__S_DCONV ? mts_dconv_impl(st->dconv) : "",
-                st->nhwc || (y >= 0 && p->nhwc[y]) ? " nhwc" : "",
-                st->kind == MTS__S_KERNEL && st->op != m->ops[st->node] ? " (special kernel)"
-                : st->dynamic                                          ? " dynamic"
-                                                                       : "");
+                st->nhwc || (y >= 0 && p->nhwc[y]) ? " nhwc" : "", note);
     }
 }
 

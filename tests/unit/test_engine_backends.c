@@ -394,6 +394,108 @@ static void test_matmul(void **state)
     compare_backends(&G, "matmul", 1e-5);
 }
 
+/* Fusions into the fast kernels: a Div / Mul by a constant scalar folded into Softmax, and
+ * elementwise chains with reversed Sub/Div operands, broadcast operands on either side and
+ * graph inputs as operands, on NCHW data and on channels-last data next to a convolution. */
+static void test_fast_fusions(void **state)
+{
+    (void)state;
+    graph G;
+    memset(&G, 0, sizeof G);
+    G.seed = 5;
+    io(&G, 11, "x", 4, D(-1, 3, 7, 19));
+    io(&G, 11, "p", 4, D(-1, 1, 7, 19));
+    float c8 = 8.0f, c3 = 0.3f;
+    init_vals(&G, "c8", 0, NULL, 1, &c8, 4);
+    init_vals(&G, "c3", 0, NULL, 1, &c3, 4);
+    init_f(&G, "row", 1, D(19), 0.5f, 1.5f);
+    init_f(&G, "wc", 4, D(6, 3, 3, 3), -0.3f, 0.3f);
+    node(&G, "Div", "x c8", "xd", NULL);
+    node(&G, "Softmax", "xd", "sm1", "axis=i:-1");
+    node(&G, "Mul", "c3 x", "xm", NULL);
+    node(&G, "Softmax", "xm", "sm2", "axis=i:3");
+    node(&G, "Sub", "row x", "e1", NULL);
+    node(&G, "Div", "p e1", "e2", NULL);
+    node(&G, "Mul", "e2 p", "e3", NULL);
+    node(&G, "Relu", "e3", "e4", NULL);
+    node(&G, "Add", "sm1 e4", "e5", NULL);
+    node(&G, "Sigmoid", "e5", "e6", NULL);
+    /* channels-last: conv output times a per-pixel map plus a per-channel vector, then Relu */
+    node(&G, "Conv", "x wc", "cv", "pads=ii:1,1,1,1");
+    node(&G, "ReduceMean", "cv", "cm", "axes=ii:1");
+    node(&G, "ReduceMax", "cv", "gm", "axes=ii:2,3");
+    node(&G, "Mul", "cv cm", "f1", NULL);
+    node(&G, "Sub", "gm f1", "f2", NULL);
+    node(&G, "Relu", "f2", "f3", NULL);
+    node(&G, "Conv", "f3 wc", "cv2", "pads=ii:1,1,1,1 group=i:2");
+    io(&G, 12, "sm2", -1, NULL);
+    io(&G, 12, "e6", -1, NULL);
+    io(&G, 12, "cv2", -1, NULL);
+    /* self-attention with 3 heads of 5: Reshape + Transpose into the MatMuls, scaled Softmax,
+     * Transpose + Reshape after (folded into strided MatMuls) */
+    io(&G, 11, "h", 3, D(-1, 11, 15));
+    int64_t hs[4] = {0, 11, 3, 5}, ms[3] = {0, 11, 15};
+    init_vals(&G, "hshape", 1, D(4), 7, hs, sizeof hs);
+    init_vals(&G, "mshape", 1, D(3), 7, ms, sizeof ms);
+    float rs = 2.236068f;
+    init_vals(&G, "rs", 0, NULL, 1, &rs, 4);
+    node(&G, "Reshape", "h hshape", "hq", NULL);
+    node(&G, "Reshape", "h hshape", "hk", NULL);
+    node(&G, "Transpose", "hq", "q", "perm=ii:0,2,1,3");
+    node(&G, "Transpose", "hk", "kt", "perm=ii:0,2,3,1");
+    node(&G, "MatMul", "q kt", "sc", NULL);
+    node(&G, "Div", "sc rs", "scd", NULL);
+    node(&G, "Softmax", "scd", "pr", "axis=i:-1");
+    node(&G, "MatMul", "pr q", "cx", NULL);
+    node(&G, "Transpose", "cx", "cxt", "perm=ii:0,2,1,3");
+    node(&G, "Reshape", "cxt mshape", "att", NULL);
+    io(&G, 12, "att", -1, NULL);
+    compare_backends(&G, "fast fusions", 1e-5);
+}
+
+/* Nearest upsampling read only by a convolution: the conv runs one small convolution per
+ * output phase on the low-resolution source (factors 2x2 with 3x3 pad 1 + BN + Relu into a
+ * channels-last conv; 3x2 with 5x5 pad 2 as a graph output, NCHW; 2x2 with 1x1; a strided
+ * conv after an upsampling, which stays on the plain path). */
+static void test_upsample_conv(void **state)
+{
+    (void)state;
+    graph G;
+    memset(&G, 0, sizeof G);
+    G.seed = 9;
+    io(&G, 11, "x", 4, D(-1, 5, 6, 7));
+    float s22[4] = {1, 1, 2, 2}, s32[4] = {1, 1, 3, 2};
+    init_vals(&G, "s22", 1, D(4), 1, s22, sizeof s22);
+    init_vals(&G, "s32", 1, D(4), 1, s32, sizeof s32);
+    init_f(&G, "w1", 4, D(8, 5, 3, 3), -0.3f, 0.3f);
+    init_f(&G, "b1", 1, D(8), -0.1f, 0.1f);
+    init_f(&G, "bn_s", 1, D(8), 0.5f, 1.5f);
+    init_f(&G, "bn_b", 1, D(8), -0.2f, 0.2f);
+    init_f(&G, "bn_m", 1, D(8), -0.1f, 0.1f);
+    init_f(&G, "bn_v", 1, D(8), 0.5f, 1.5f);
+    init_f(&G, "w2", 4, D(4, 8, 3, 3), -0.3f, 0.3f);
+    init_f(&G, "w3", 4, D(3, 5, 5, 5), -0.3f, 0.3f);
+    init_f(&G, "w4", 4, D(6, 5, 1, 1), -0.3f, 0.3f);
+    init_f(&G, "w5", 4, D(4, 5, 3, 3), -0.3f, 0.3f);
+    node(&G, "Resize", "x - s22", "u1", "mode=s:nearest coordinate_transformation_mode=s:asymmetric nearest_mode=s:floor");
+    node(&G, "Conv", "u1 w1 b1", "c1", "pads=ii:1,1,1,1");
+    node(&G, "BatchNormalization", "c1 bn_s bn_b bn_m bn_v", "n1", NULL);
+    node(&G, "Relu", "n1", "r1", NULL);
+    node(&G, "Conv", "r1 w2", "y1", "pads=ii:1,1,1,1");
+    node(&G, "Resize", "x - s32", "u2", "mode=s:nearest");
+    node(&G, "Conv", "u2 w3", "y2", "pads=ii:2,2,2,2");
+    node(&G, "Resize", "x - s22", "u3", "mode=s:nearest");
+    node(&G, "Conv", "u3 w4", "y3c", NULL);
+    node(&G, "Sigmoid", "y3c", "y3", NULL);
+    node(&G, "Resize", "x - s22", "u4", "mode=s:nearest");
+    node(&G, "Conv", "u4 w5", "y4", "pads=ii:1,1,1,1 strides=ii:2,2");
+    io(&G, 12, "y1", -1, NULL);
+    io(&G, 12, "y2", -1, NULL);
+    io(&G, 12, "y3", -1, NULL);
+    io(&G, 12, "y4", -1, NULL);
+    compare_backends(&G, "upsample + conv", 1e-5);
+}
+
 /* The generated reference models, when present, at batch 1. */
 static void test_reference_models(void **state)
 {
@@ -440,6 +542,8 @@ int main(void)
         cmocka_unit_test(test_chain),
         cmocka_unit_test(test_shapes),
         cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_fast_fusions),
+        cmocka_unit_test(test_upsample_conv),
         cmocka_unit_test(test_reference_models),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

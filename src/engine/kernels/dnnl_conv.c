@@ -248,6 +248,11 @@ struct mts_dconv {
     float *s2d_bias;                   /* owned bias (the 1x1 one for depth-to-space) */
     int64_t s2d_k[2];
     size_t s2d_tmp;
+    /* Nearest upsampling + convolution: one convolution per output phase on the low-resolution
+     * source (phase[0..n_phase), each into scratch), then an interleaving scatter. */
+    struct mts_dconv *phase[16];
+    int n_phase;
+    size_t phase_tmp;                  /* bytes of one phase's output */
 };
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER; /* variant creation and the weight cache */
@@ -458,6 +463,137 @@ static void s2d_scatter(const mts_dconv *c, const float *tmp, float *dst)
             }
 }
 
+/* Per spatial dim i (1: H, 2: W) and phase p: the first and last source offset d the taps
+ * read, d = floor((p + k - pad) / s) for k in [0, K). */
+static void up_range(const mts_dconv_spec *s, int i, int64_t p, int64_t *dmin, int64_t *dmax)
+{
+    int64_t f = s->up[i - 1], K = s->g.k[i];
+    int64_t a = p - s->g.pb[i], b = p + K - 1 - s->g.pb[i];
+    *dmin = a >= 0 ? a / f : -((-a + f - 1) / f);
+    *dmax = b >= 0 ? b / f : -((-b + f - 1) / f);
+}
+
+bool mts_dconv_up_ok(const mts_dconv_spec *s)
+{
+    const mts_conv_geom *g = &s->g;
+    if (s->kind != MTS_DPRIM_CONV || s->transpose || g->nsp != 2 || g->group != 1 || s->up[0] < 1 || s->up[1] < 1 ||
+        s->up[0] * s->up[1] < 2 || s->up[0] * s->up[1] > 16)
+        return false;
+    for (int i = 0; i < s->n_post; i++)
+        if (s->post[i].kind == MTS_DPOST_ADD) return false;
+    for (int i = 1; i < 3; i++) {
+        if (g->s[i] != 1 || g->d[i] != 1 || g->out[i] != g->in[i] || g->in[i] % s->up[i - 1]) return false;
+        for (int64_t p = 0; p < s->up[i - 1]; p++) {
+            int64_t a, b;
+            up_range(s, i, p, &a, &b);
+            if (a > 0 || b < 0) return false;
+        }
+    }
+    return true;
+}
+
+int64_t mts_dconv_up_extra_bytes(const mts_dconv_spec *s)
+{
+    int64_t taps = 0;
+    for (int64_t py = 0; py < s->up[0]; py++)
+        for (int64_t px = 0; px < s->up[1]; px++) {
+            int64_t h0, h1, w0, w1;
+            up_range(s, 1, py, &h0, &h1);
+            up_range(s, 2, px, &w0, &w1);
+            taps += (h1 - h0 + 1) * (w1 - w0 + 1);
+        }
+    return (taps - s->g.k[1] * s->g.k[2]) * s->g.M * s->g.C * (int64_t)sizeof(float);
+}
+
+static int up_create(const mts_dconv_spec *s, mts_dconv **out, mts_err *err)
+{
+    const mts_conv_geom *g = &s->g;
+    int64_t fh = s->up[0], fw = s->up[1], M = g->M, C = g->C, KH = g->k[1], KW = g->k[2];
+    int64_t H = g->in[1] / fh, W = g->in[2] / fw;
+    mts_dconv *c = calloc(1, sizeof *c);
+    float *w = malloc(sizeof(float) * (size_t)(M * C * KH * KW));
+    if (!c || !w) {
+        free(c), free(w);
+        return mts_err_set(err, MTS_ENOMEM, "out of memory");
+    }
+    c->spec = *s;
+    c->spec.w = NULL;
+    int rc = MTS_OK;
+    for (int64_t py = 0; py < fh && !rc; py++)
+        for (int64_t px = 0; px < fw && !rc; px++) {
+            int64_t h0, h1, w0, w1;
+            up_range(s, 1, py, &h0, &h1);
+            up_range(s, 2, px, &w0, &w1);
+            int64_t th = h1 - h0 + 1, tw = w1 - w0 + 1;
+            /* phase weights: the taps that read the same source pixel, summed */
+            memset(w, 0, sizeof(float) * (size_t)(M * C * th * tw));
+            for (int64_t m = 0; m < M; m++)
+                for (int64_t ci = 0; ci < C; ci++)
+                    for (int64_t ky = 0; ky < KH; ky++) {
+                        int64_t a = py + ky - g->pb[1], dy = (a >= 0 ? a / fh : -((-a + fh - 1) / fh)) - h0;
+                        for (int64_t kx = 0; kx < KW; kx++) {
+                            int64_t b = px + kx - g->pb[2], dx = (b >= 0 ? b / fw : -((-b + fw - 1) / fw)) - w0;
+                            w[((m * C + ci) * th + dy) * tw + dx] += s->w[((m * C + ci) * KH + ky) * KW + kx];
+                        }
+                    }
+            mts_dconv_spec ps = *s;
+            ps.up[0] = ps.up[1] = 0;
+            ps.w = w;
+            ps.dst_nhwc = true;
+            ps.key = -(s->key * 16 + (int)(py * fw + px)) - 1; /* its own packed weights */
+            ps.g.in[1] = H, ps.g.in[2] = W;
+            ps.g.out[1] = H, ps.g.out[2] = W;
+            ps.g.k[1] = th, ps.g.k[2] = tw;
+            ps.g.pb[1] = -h0, ps.g.pe[1] = h1;
+            ps.g.pb[2] = -w0, ps.g.pe[2] = w1;
+            rc = mts_dconv_create(&ps, &c->phase[c->n_phase], err);
+            if (!rc) c->n_phase++;
+        }
+    free(w);
+    if (rc) {
+        mts_dconv_free(c);
+        return rc;
+    }
+    c->phase_tmp = ((size_t)(g->N * H * W * M) * sizeof(float) + 63) / 64 * 64;
+    snprintf(c->impl, sizeof c->impl, "%s+up%lldx%lld", c->phase[0]->impl, (long long)fh, (long long)fw);
+    *out = c;
+    return MTS_OK;
+}
+
+typedef struct up_scatter_job {
+    const mts_dconv *c;
+    const float *tmp; /* n_phase x [N, H, W, M] */
+    float *dst;
+} up_scatter_job;
+
+/* Interleaves the phase outputs into dst ([N, H*fh, W*fw, M] or NCHW), by low-res rows. */
+static void up_scatter_part(void *arg, int ithr, int nthr)
+{
+    const up_scatter_job *j = arg;
+    const mts_dconv *c = j->c;
+    const mts_conv_geom *g = &c->spec.g;
+    int64_t fh = c->spec.up[0], fw = c->spec.up[1], M = g->M, OH = g->out[1], OW = g->out[2];
+    int64_t H = OH / fh, W = OW / fw, rows = g->N * H;
+    int64_t lo = rows * ithr / nthr, hi = rows * (ithr + 1) / nthr;
+    size_t ph = c->phase_tmp / sizeof(float);
+    for (int64_t r = lo; r < hi; r++) {
+        int64_t n = r / H, i = r % H;
+        for (int64_t py = 0; py < fh; py++)
+            for (int64_t px = 0; px < fw; px++) {
+                const float *t = j->tmp + (size_t)(py * fw + px) * ph + (size_t)(r * W * M);
+                if (c->spec.dst_nhwc) {
+                    float *d = j->dst + ((n * OH + i * fh + py) * OW + px) * M;
+                    for (int64_t x = 0; x < W; x++) memcpy(d + x * fw * M, t + x * M, sizeof(float) * (size_t)M);
+                } else {
+                    for (int64_t m = 0; m < M; m++) {
+                        float *d = j->dst + ((n * M + m) * OH + i * fh + py) * OW + px;
+                        for (int64_t x = 0; x < W; x++) d[x * fw] = t[x * M + m];
+                    }
+                }
+            }
+    }
+}
+
 int mts_dconv_create(const mts_dconv_spec *s, mts_dconv **out, mts_err *err)
 {
     int rc = MTS_OK;
@@ -476,6 +612,10 @@ int mts_dconv_create(const mts_dconv_spec *s, mts_dconv **out, mts_err *err)
         }
     }
     if (s->kind == MTS_DPRIM_DECONV && s2d_eligible(s)) return s2d_create(s, out, err);
+    if (s->up[0] * s->up[1] > 1) {
+        if (!mts_dconv_up_ok(s)) return mts_err_set(err, MTS_EUNSUPPORTED, "upsampled source geometry");
+        return up_create(s, out, err);
+    }
     if (mts_dprim_is_pool(s->kind)) {
         if (s->n_post) return mts_err_set(err, MTS_EUNSUPPORTED, "post-ops on pooling");
         for (int i = 0; i < 3; i++) {
@@ -577,6 +717,7 @@ void mts_dconv_free(mts_dconv *c)
 {
     if (!c) return;
     mts_dconv_free(c->inner);
+    for (int i = 0; i < c->n_phase; i++) mts_dconv_free(c->phase[i]);
     free(c->s2d_bias);
     for (int i = 0; i <= MTS_DNNL_MAX_THREADS; i++) variant_free(atomic_load(&c->var[i]));
     if (c->bmem) mts_dnnl.dnnl_memory_destroy(c->bmem);
@@ -612,6 +753,16 @@ int mts_dconv_prepare(const mts_dconv *cc, int threads, size_t *scratch, mts_err
         size_t b = 0;
         if ((rc = mts_dconv_prepare(c->inner, threads, &b, err))) return rc;
         *scratch = (b + 63) / 64 * 64 + c->s2d_tmp;
+        return MTS_OK;
+    }
+    if (c->n_phase) {
+        size_t most = 0;
+        for (int i = 0; i < c->n_phase; i++) {
+            size_t b = 0;
+            if ((rc = mts_dconv_prepare(c->phase[i], threads, &b, err))) return rc;
+            if (b > most) most = b;
+        }
+        *scratch = (most + 63) / 64 * 64 + (size_t)c->n_phase * c->phase_tmp;
         return MTS_OK;
     }
     int t = work_threads(c, threads);
@@ -688,6 +839,24 @@ int mts_dconv_run(const mts_dconv *c, int threads, void *stream, const float *sr
         float *tmp = (float *)((char *)scratch + (b + 63) / 64 * 64);
         if ((rc = mts_dconv_run(c->inner, threads, stream, src, tmp, resid, scratch, err))) return rc;
         s2d_scatter(c, tmp, dst);
+        return MTS_OK;
+    }
+    if (c->n_phase) {
+        size_t most = 0;
+        for (int i = 0; i < c->n_phase; i++) {
+            size_t b = 0;
+            if ((rc = mts_dconv_prepare(c->phase[i], threads, &b, err))) return rc;
+            if (b > most) most = b;
+        }
+        float *tmp = (float *)((char *)scratch + (most + 63) / 64 * 64);
+        for (int i = 0; i < c->n_phase; i++)
+            if ((rc = mts_dconv_run(c->phase[i], threads, stream, src, tmp + (size_t)i * (c->phase_tmp / sizeof(float)),
+                                    resid, scratch, err)))
+                return rc;
+        up_scatter_job j = {c, tmp, dst};
+        int64_t bytes = (int64_t)c->n_phase * (int64_t)c->phase_tmp;
+        int t = (int)(bytes / (256 << 10));
+        mts_parallel(t < 1 ? 1 : t < threads ? t : threads, up_scatter_part, &j);
         return MTS_OK;
     }
     threads = work_threads(c, threads);

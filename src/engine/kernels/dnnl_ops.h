@@ -58,11 +58,23 @@ typedef struct mts_dconv_spec {
     bool src_nhwc, dst_nhwc;
     int n_post;
     mts_dpost post[MTS_DPOST_MAX];
+    int64_t up[2];       /* > 1: the source is read through a nearest upsampling by these (H, W)
+                          * factors first; g describes the conv on the upsampled source (see
+                          * mts_dconv_up_ok) */
     int key;             /* weight cache key (the node index; unique per model) */
     void **cache;        /* model-level packed-weight cache (caller holds the plan lock) */
 } mts_dconv_spec;
 
 typedef struct mts_dconv mts_dconv;
+
+/* Whether s (with s->up set) can run as one small convolution per output phase on the
+ * low-resolution source: 2-D, group 1, stride 1, dilation 1, output the size of the upsampled
+ * source, no residual post-ops, and every phase's taps within the padding. Nearest upsampling
+ * by s then a k x k convolution reads, for output row s*i + p, source rows i + d with
+ * d = floor((p + ky - pad) / s): fewer distinct taps (2 x 2 instead of 3 x 3 for s = 2). */
+bool mts_dconv_up_ok(const mts_dconv_spec *s);
+/* Packed weight bytes the phase convolutions of s need beyond the plain convolution's. */
+int64_t mts_dconv_up_extra_bytes(const mts_dconv_spec *s);
 
 /* Creates the primitive (MTS_EUNSUPPORTED when oneDNN has no good implementation). */
 int mts_dconv_create(const mts_dconv_spec *s, mts_dconv **out, mts_err *err);

@@ -87,6 +87,35 @@ typedef enum mts_backend_kind { MTS_BACKEND_DEFAULT = 0, MTS_BACKEND_REFERENCE =
 extern const mts_op mts_nhwc_upsample_nearest; /* [N,H,W,C] nearest upsampling by integer factors */
 extern const mts_op mts_nhwc_concat;           /* concatenation of [N,H,W,Ci] along C */
 
+/* Fast float kernels (kernels/fast.c); each falls back to the reference kernel for cases it does
+ * not handle. mts_fast_reduce serves ReduceMean, ReduceMax and ReduceSum (by the node's op_type). */
+extern const mts_op mts_fast_reduce;
+extern const mts_op mts_fast_layernorm;
+extern const mts_op mts_fast_softmax;  /* attribute "mts_scale" (float): softmax(x * scale) */
+extern const mts_op mts_fast_chain;    /* "MtsEltwiseChain": in[0], then the stages in INTS "ops" */
+/* "MtsStridedMatMul": Y[b0,b1] = A[b0,b1] x B[b0,b1] on strided views. INTS attributes: dims
+ * {B0, B1, M, N, K}; a_strides, b_strides, y_strides {batch 0, batch 1, row, column} in elements
+ * (y's column stride must be 1); y_dims, the output value's shape. */
+extern const mts_op mts_fast_bmm;
+/* "MtsChannelPool" on channels-last views: in[0] x [N,H,W,C], optional in[1] scale [N or 1,1,1,C];
+ * out [N,H,W,2] = (mean over C, max over C) of x * scale. */
+extern const mts_op mts_fast_cpool;
+extern const mts_op mts_fast_conv1px;
+/* Conv with one output and 1-4 input channels, stride 1, no dilation, group 1
+ * (mts_fast_conv_small_ok); attribute mts_nhwc_src = 1: in[0] is a channels-last view. */
+extern const mts_op mts_fast_conv_small;
+bool mts_fast_conv_small_ok(const mts_conv_geom *g);  /* Conv: one input pixel, 1x1 kernel, group 1, no padding */
+enum mts_chain_op {
+    MTS_CHAIN_ADD = 0,  /* acc + next input */
+    MTS_CHAIN_SUB,      /* acc - next input */
+    MTS_CHAIN_RSUB,     /* next input - acc */
+    MTS_CHAIN_MUL,
+    MTS_CHAIN_DIV,      /* acc / next input */
+    MTS_CHAIN_RDIV,     /* next input / acc */
+    MTS_CHAIN_RELU,
+    MTS_CHAIN_SIGMOID,
+};
+
 /* Runs fn(ctx, ithr, nthr) for ithr in [0, nthr) on `threads` threads of the calling thread's
  * OpenMP team (the one oneDNN uses; kernels/dnnl_rt.c), or inline when threads <= 1 or OpenMP
  * is unavailable. */

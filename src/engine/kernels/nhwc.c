@@ -3,7 +3,10 @@
  * (memory-bound copies, split over the context's threads with mts_parallel):
  *   - nearest-neighbour upsampling by integer factors (Resize in UNet decoders): one copy of C
  *     contiguous values per output pixel, one copy per repeated output row;
- *   - Concat along channels: per pixel, one copy per input.
+ *   - Concat along channels: per pixel, one copy per input. An input may be read through a
+ *     nearest upsampling by integer factors (INTS attribute "mts_up": sh, sw per input, set when
+ *     the optimizer folds a Resize read only by the Concat), so UNet decoders write the
+ *     upsampled tensor once, into its channel slice, instead of writing it and copying it.
  */
 #include <string.h>
 
@@ -94,9 +97,46 @@ static void cat_part(void *arg, int ithr, int nthr)
     }
 }
 
+/* With upsampled inputs: by output rows [n, y]; input i's row is y / sh_i, pixel x / sw_i. */
+static void cat_up_part(void *arg, int ithr, int nthr)
+{
+    const mts_kctx *k = ((const cat_job *)arg)->k;
+    int n_up = 0;
+    const int64_t *up = mts_attr_ints(k->node, "mts_up", &n_up);
+    const mts_tensor *y = &k->out[0];
+    size_t es = mts_dtype_size(y->dtype), opx = (size_t)y->dims[3] * es;
+    int64_t OH = y->dims[1], OW = y->dims[2], lo, hi;
+    split(y->dims[0] * OH, ithr, nthr, &lo, &hi);
+    for (int64_t r = lo; r < hi; r++) {
+        int64_t n = r / OH, oy = r % OH;
+        char *dst = (char *)y->data + (size_t)(r * OW) * opx;
+        size_t off = 0;
+        for (int i = 0; i < k->n_in; i++) {
+            const mts_tensor *x = k->in[i];
+            size_t px = (size_t)x->dims[3] * es;
+            int64_t sh = up[2 * i], sw = up[2 * i + 1], IH = x->dims[1], IW = x->dims[2];
+            const char *src = (const char *)x->data + (size_t)((n * IH + oy / sh) * IW) * px;
+            for (int64_t s = 0; s < sw; s++) copy_runs(dst + off + (size_t)s * opx, (size_t)sw * opx, src, px, px, IW);
+            off += px;
+        }
+    }
+}
+
 static int concat_run(mts_kctx *k)
 {
     cat_job j = {k};
+    int n_up = 0;
+    const int64_t *up = mts_attr_ints(k->node, "mts_up", &n_up);
+    bool scaled = false;
+    for (int i = 0; up && i < n_up; i++) scaled |= up[i] != 1;
+    if (scaled && n_up == 2 * k->n_in) {
+        for (int i = 0; i < k->n_in; i++)
+            if (k->in[i]->dims[1] * up[2 * i] != k->out[0].dims[1] || k->in[i]->dims[2] * up[2 * i + 1] != k->out[0].dims[2] ||
+                k->in[i]->dims[0] != k->out[0].dims[0])
+                return mts_err_set(k->err, MTS_ESHAPE, "Concat input %d does not upsample to the output", i);
+        mts_parallel(copy_threads(k, mts_tensor_nbytes(&k->out[0])), cat_up_part, &j);
+        return MTS_OK;
+    }
     mts_parallel(copy_threads(k, mts_tensor_nbytes(&k->out[0])), cat_part, &j);
     return MTS_OK;
 }

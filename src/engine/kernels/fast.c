@@ -1,0 +1,1036 @@
+/*
+ * Fast float kernels the optimizer substitutes for reference kernels in the default backend
+ * (optimize.c). Each one checks at run time that it handles the case in front of it and
+ * otherwise calls the reference kernel, which stays the oracle (tests/unit/test_engine_fast.c
+ * compares the two on random data):
+ *   - Reduce{Mean,Max,Sum} over one contiguous range of axes, viewed as [outer, R, inner]: the
+ *     channel mean/max of spatial attention (inner = 1) and the global pooling of channel
+ *     attention on channels-last data (inner = C); sums are accumulated in float blocks flushed
+ *     into double, max propagates NaN like the reference;
+ *   - LayerNormalization over trailing axes with full-size scale/bias and no saved statistics;
+ *   - Softmax over the last axis, with an optional input scale (attribute "mts_scale", set when
+ *     the optimizer folds a Div/Mul by a constant scalar into it);
+ *   - an elementwise chain ("MtsEltwiseChain"): in[0] followed by stages listed in the INTS
+ *     attribute "ops" (Add, Sub, Mul, Div with the next input, broadcast numpy-style to the
+ *     output, or Relu / Sigmoid), computed in one pass over the output;
+ *   - the spatial-attention pooling of CBAM ("MtsChannelPool"): per pixel of a channels-last
+ *     [N,H,W,C] tensor, optionally times a per-channel scale [N,1,1,C] (the channel attention,
+ *     so its product is never stored for the pooling), the channel mean and max written as the
+ *     two channels of one [N,H,W,2] output (the Concat that followed);
+ *   - Conv with one output channel and at most four input channels (CBAM's 7x7 spatial
+ *     attention conv, 2 -> 1): direct, 16 output pixels per vector, on zero-padded copies of
+ *     the input planes (oneDNN's blocked kernels waste most lanes on such shapes);
+ *   - Conv on one input pixel with a 1x1 kernel (squeeze-and-excitation and attention MLPs):
+ *     a matrix-vector product per sample on the weights as stored, where the reference
+ *     GEMM would pack the weights on every call;
+ *   - a batched MatMul on strided views ("MtsStridedMatMul", attention): A, B and Y are read and
+ *     written through explicit element strides over two batch dims, so the Reshape/Transpose
+ *     steps around attention MatMuls become strides instead of copies. B is packed per batch
+ *     entry into a contiguous panel; a 4-row x 64-column register block accumulates.
+ * The vector code uses GCC vector extensions (16 floats), so it compiles to whatever vector
+ * instructions the target has; target_clones builds AVX-512 and AVX2 variants chosen at load.
+ * Large kernels split their work over the context's threads with mts_parallel.
+ */
+/* The v16f helpers are inlined into every clone, so their by-value ABI never matters. */
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/kernels/kernel.h"
+
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#define FAST_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define FAST_CLONES
+#endif
+
+/* Multiply-adds from which the small-channel conv splits over the context's threads. */
+#define FAST_SCONV_MT (1 << 21)
+
+typedef float v16f __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+
+static inline __attribute__((always_inline)) v16f ld16(const float *p)
+{
+    v16f v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline __attribute__((always_inline)) void st16(float *p, v16f v)
+{
+    memcpy(p, &v, sizeof v);
+}
+
+static inline __attribute__((always_inline)) v16f splat16(float f)
+{
+    return (v16f){0} + f; /* scalar operands broadcast; +0 is exact for every f but -0 */
+}
+
+static inline __attribute__((always_inline)) float hsum16(v16f v)
+{
+    typedef int32_t v16m __attribute__((vector_size(64)));
+    v = v + __builtin_shuffle(v, (v16m){8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7});
+    v = v + __builtin_shuffle(v, (v16m){4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11});
+    v = v + __builtin_shuffle(v, (v16m){2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13});
+    return v[0] + v[1];
+}
+
+/* max(a, b) lane by lane (a where b is NaN). Written per lane so that the vectorizer emits a
+ * compare-and-blend with AVX-512 mask registers (a vector mask would need AVX512DQ). */
+static inline __attribute__((always_inline)) v16f vmax16(v16f a, v16f b)
+{
+    v16f r;
+    for (int l = 0; l < 16; l++) r[l] = b[l] > a[l] ? b[l] : a[l];
+    return r;
+}
+
+static inline __attribute__((always_inline)) float hmax16(v16f v)
+{
+    typedef int32_t v16m __attribute__((vector_size(64)));
+    v = vmax16(v, __builtin_shuffle(v, (v16m){8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7}));
+    v = vmax16(v, __builtin_shuffle(v, (v16m){4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11}));
+    v = vmax16(v, __builtin_shuffle(v, (v16m){2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13}));
+    return v[0] > v[1] ? v[0] : v[1];
+}
+
+/* exp(x) for |x| within float range: 2^n * p(r), r = x - n ln2, |r| <= ln2/2, degree-6
+ * polynomial (relative error ~2e-7); x below -87.3 gives 0 (with the clamp, a tiny denormal). */
+static inline __attribute__((always_inline)) v16f vexp16(v16f x)
+{
+    for (int l = 0; l < 16; l++) x[l] = x[l] < -87.3f ? -87.3f : x[l] > 88.3f ? 88.3f : x[l];
+    const v16f magic = splat16(12582912.0f); /* 1.5 * 2^23: rounds to nearest */
+    v16f n = (x * splat16(1.44269504f) + magic) - magic;
+    v16f r = x - n * splat16(0.693359375f);
+    r = r - n * splat16(-2.12194440e-4f);
+    v16f p = splat16(1.0f / 720);
+    p = p * r + splat16(1.0f / 120);
+    p = p * r + splat16(1.0f / 24);
+    p = p * r + splat16(1.0f / 6);
+    p = p * r + splat16(0.5f);
+    p = p * r + splat16(1.0f);
+    p = p * r + splat16(1.0f);
+    v16i e = (__builtin_convertvector(n, v16i) + 127) << 23;
+    return p * (v16f)e;
+}
+
+/* The reference kernel of the same op type (the fallback). */
+static int ref_run(mts_kctx *k, const char *op_type)
+{
+    const mts_op *op = mts_op_lookup(op_type);
+    return op ? op->run(k) : mts_err_set(k->err, MTS_EUNSUPPORTED, "no reference kernel for %s", op_type);
+}
+
+static int ref_infer(mts_kctx *k, const char *op_type)
+{
+    const mts_op *op = mts_op_lookup(op_type);
+    return op ? op->infer(k) : mts_err_set(k->err, MTS_EUNSUPPORTED, "no reference kernel for %s", op_type);
+}
+
+static int64_t numel_of(const mts_tensor *t)
+{
+    int64_t n = 1;
+    for (int i = 0; i < t->rank; i++) n *= t->dims[i];
+    return n;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Reductions                                                                                 */
+/* ------------------------------------------------------------------------------------------ */
+
+enum { FR_SUM, FR_MEAN, FR_MAX };
+
+typedef struct red_job {
+    int op;
+    const float *x;
+    int64_t outer, R, inner;
+    int nsplit;    /* R is cut into nsplit parts (outer < threads) */
+    double *part;  /* [outer][nsplit][inner] partial sums or maxima */
+    float *y;      /* inner == 1 with nsplit == 1: results directly */
+} red_job;
+
+/* One row of R contiguous values. */
+FAST_CLONES static double red_row(int op, const float *x, int64_t R)
+{
+    int64_t i = 0;
+    if (op == FR_MAX) {
+        v16f a = splat16(-INFINITY), chk = splat16(0); /* chk: NaN once a NaN or inf was seen */
+        for (; i + 16 <= R; i += 16) {
+            v16f v = ld16(x + i);
+            chk += v * splat16(0);
+            a = vmax16(a, v);
+        }
+        float m = hmax16(a);
+        bool nan = false;
+        if (hsum16(chk) != 0)
+            for (int64_t q = 0; q < i; q++) nan |= x[q] != x[q];
+        for (; i < R; i++) {
+            if (x[i] != x[i]) nan = true;
+            if (x[i] > m) m = x[i];
+        }
+        return nan ? NAN : m;
+    }
+    double s = 0;
+    while (i < R) {
+        int64_t e = i + 4096 < R ? i + 4096 : R;
+        v16f a = splat16(0);
+        for (; i + 16 <= e; i += 16) a += ld16(x + i);
+        float f = hsum16(a);
+        for (; i < e; i++) f += x[i];
+        s += f;
+    }
+    return s;
+}
+
+/* Rows [r0, r1) of x ([R][inner]) reduced into acc[inner] (doubles; acc holds the start value). */
+FAST_CLONES static void red_cols(int op, const float *x, int64_t r0, int64_t r1, int64_t inner, double *acc,
+                                 float *tmp)
+{
+    float chk[256];
+    for (int64_t c0 = 0; c0 < inner; c0 += 256) {
+        int64_t w = inner - c0 < 256 ? inner - c0 : 256;
+        for (int64_t rb = r0; rb < r1; rb += 64) {
+            int64_t re = rb + 64 < r1 ? rb + 64 : r1;
+            if (op == FR_MAX) {
+                for (int64_t c = 0; c < w; c++) tmp[c] = (float)acc[c0 + c], chk[c] = 0;
+            } else
+                memset(tmp, 0, sizeof(float) * (size_t)w);
+            for (int64_t r = rb; r < re; r++) {
+                const float *xr = x + r * inner + c0;
+                int64_t c = 0;
+                if (op == FR_MAX) {
+                    for (; c + 16 <= w; c += 16) {
+                        v16f v = ld16(xr + c);
+                        st16(tmp + c, vmax16(ld16(tmp + c), v));
+                        st16(chk + c, ld16(chk + c) + v * splat16(0));
+                    }
+                    for (; c < w; c++) {
+                        if (xr[c] > tmp[c]) tmp[c] = xr[c];
+                        chk[c] += xr[c] * 0.0f;
+                    }
+                } else {
+                    for (; c + 16 <= w; c += 16) st16(tmp + c, ld16(tmp + c) + ld16(xr + c));
+                    for (; c < w; c++) tmp[c] += xr[c];
+                }
+            }
+            if (op == FR_MAX)
+                for (int64_t c = 0; c < w; c++) {
+                    acc[c0 + c] = tmp[c];
+                    if (chk[c] != 0) /* a NaN or inf in this column: NaN wins, as in the reference */
+                        for (int64_t r = rb; r < re; r++)
+                            if (x[r * inner + c0 + c] != x[r * inner + c0 + c]) acc[c0 + c] = NAN;
+                }
+            else
+                for (int64_t c = 0; c < w; c++) acc[c0 + c] += tmp[c];
+        }
+    }
+}
+
+static void red_part(void *arg, int ithr, int nthr)
+{
+    red_job *j = arg;
+    float tmp[256];
+    int64_t items = j->outer * j->nsplit;
+    int64_t lo = items * ithr / nthr, hi = items * (ithr + 1) / nthr;
+    for (int64_t it = lo; it < hi; it++) {
+        int64_t o = it / j->nsplit, sp = it % j->nsplit;
+        int64_t r0 = j->R * sp / j->nsplit, r1 = j->R * (sp + 1) / j->nsplit;
+        const float *x = j->x + o * j->R * j->inner;
+        if (j->inner == 1) {
+            double v = red_row(j->op, x + r0, r1 - r0);
+            if (j->y) {
+                if (j->op == FR_MEAN) v /= (double)j->R;
+                j->y[o] = (float)v;
+            } else {
+                j->part[it] = v;
+            }
+            continue;
+        }
+        double *acc = j->part + it * j->inner;
+        double init = j->op == FR_MAX ? -INFINITY : 0.0;
+        for (int64_t c = 0; c < j->inner; c++) acc[c] = init;
+        red_cols(j->op, x, r0, r1, j->inner, acc, tmp);
+    }
+}
+
+/* Reduced axes as one contiguous range [*a0, *a1]; false otherwise (or when there are none). */
+static bool red_axes(const mts_kctx *k, const mts_tensor *x, int *a0, int *a1)
+{
+    const int64_t *ax = NULL;
+    int n = 0;
+    const mts_tensor *at = mts_kin(k, 1);
+    if (at) {
+        if (at->dtype != MTS_DTYPE_INT64 || !at->data || at->rank != 1) return false;
+        ax = at->data;
+        n = (int)at->dims[0];
+    } else {
+        ax = mts_attr_ints(k->node, "axes", &n);
+    }
+    if (!ax || n <= 0 || n > x->rank) return false;
+    bool red[MTS_MAX_RANK] = {false};
+    for (int i = 0; i < n; i++) {
+        int64_t a = ax[i] < 0 ? ax[i] + x->rank : ax[i];
+        if (a < 0 || a >= x->rank || red[a]) return false;
+        red[a] = true;
+    }
+    int lo = -1, hi = -1;
+    for (int i = 0; i < x->rank; i++)
+        if (red[i]) {
+            if (lo < 0) lo = i;
+            else if (hi != i - 1) return false;
+            hi = i;
+        }
+    *a0 = lo, *a1 = hi;
+    return true;
+}
+
+static int fast_reduce_run(mts_kctx *k)
+{
+    const char *opn = k->node->op_type;
+    int op = !strcmp(opn, "ReduceMax") ? FR_MAX : !strcmp(opn, "ReduceMean") ? FR_MEAN : FR_SUM;
+    const mts_tensor *x = mts_kin(k, 0);
+    int a0, a1;
+    if (!x || x->dtype != MTS_DTYPE_FLOAT || k->n_out != 1 || !red_axes(k, x, &a0, &a1)) return ref_run(k, opn);
+    int64_t outer = 1, R = 1, inner = 1;
+    for (int i = 0; i < x->rank; i++) {
+        if (i < a0) outer *= x->dims[i];
+        else if (i <= a1) R *= x->dims[i];
+        else inner *= x->dims[i];
+    }
+    if (R < 1 || numel_of(&k->out[0]) != outer * inner) return ref_run(k, opn);
+    if (outer * inner == 0) return MTS_OK;
+    int threads = k->threads;
+    if (outer * R * inner < (1 << 15)) threads = 1;
+    red_job j = {op, x->data, outer, R, inner, 1, NULL, NULL};
+    if (outer < threads && R >= 4 * threads) j.nsplit = threads;
+    if (inner == 1 && j.nsplit == 1) {
+        j.y = k->out[0].data;
+        mts_parallel(threads, red_part, &j);
+        return MTS_OK;
+    }
+    j.part = malloc(sizeof(double) * (size_t)(outer * j.nsplit * inner));
+    if (!j.part) return mts_err_set(k->err, MTS_ENOMEM, "out of memory for reduction partials");
+    mts_parallel(threads, red_part, &j);
+    float *y = k->out[0].data;
+    for (int64_t o = 0; o < outer; o++)
+        for (int64_t c = 0; c < inner; c++) {
+            double v = j.part[o * j.nsplit * inner + c];
+            for (int s = 1; s < j.nsplit; s++) {
+                double w = j.part[(o * j.nsplit + s) * inner + c];
+                if (op == FR_MAX) v = (w > v || w != w || v != v) ? (v != v ? v : w) : v;
+                else v += w;
+            }
+            if (op == FR_MEAN) v /= (double)R;
+            y[o * inner + c] = (float)v;
+        }
+    free(j.part);
+    return MTS_OK;
+}
+
+static int fast_reduce_infer(mts_kctx *k)
+{
+    return ref_infer(k, k->node->op_type);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* LayerNormalization and Softmax over trailing axes                                          */
+/* ------------------------------------------------------------------------------------------ */
+
+FAST_CLONES static void ln_rows(const float *x, float *y, int64_t rows, int64_t m, const float *sc, const float *bi,
+                                float eps)
+{
+    for (int64_t r = 0; r < rows; r++, x += m, y += m) {
+        v16f a = splat16(0);
+        int64_t i = 0;
+        for (; i + 16 <= m; i += 16) a += ld16(x + i);
+        float s = hsum16(a);
+        for (; i < m; i++) s += x[i];
+        float mu = s / (float)m;
+        v16f vm = splat16(mu);
+        a = splat16(0);
+        float q = 0;
+        for (i = 0; i + 16 <= m; i += 16) {
+            v16f d = ld16(x + i) - vm;
+            a += d * d;
+        }
+        q = hsum16(a);
+        for (; i < m; i++) q += (x[i] - mu) * (x[i] - mu);
+        float inv = 1.0f / sqrtf(q / (float)m + eps);
+        v16f vi = splat16(inv);
+        for (i = 0; i + 16 <= m; i += 16) {
+            v16f v = (ld16(x + i) - vm) * vi * ld16(sc + i);
+            if (bi) v += ld16(bi + i);
+            st16(y + i, v);
+        }
+        for (; i < m; i++) y[i] = (x[i] - mu) * inv * sc[i] + (bi ? bi[i] : 0.0f);
+    }
+}
+
+static int fast_layernorm_run(mts_kctx *k)
+{
+    const mts_tensor *x = mts_kin(k, 0), *sc = mts_kin(k, 1), *bi = mts_kin(k, 2);
+    bool ok = x && sc && x->dtype == MTS_DTYPE_FLOAT && x->rank >= 1 && sc->dtype == MTS_DTYPE_FLOAT &&
+              (!bi || bi->dtype == MTS_DTYPE_FLOAT);
+    for (int j = 1; j < k->n_out; j++)
+        if (!(j < k->node->n_out && k->node->out[j] < 0)) ok = false; /* statistics wanted */
+    int64_t ax = mts_attr_int(k->node, "axis", -1);
+    if (ok) {
+        if (ax < 0) ax += x->rank;
+        ok = ax >= 0 && ax < x->rank;
+    }
+    int64_t rows = 1, m = 1;
+    if (ok) {
+        for (int i = 0; i < x->rank; i++) {
+            if (i < ax) rows *= x->dims[i];
+            else m *= x->dims[i];
+        }
+        ok = numel_of(sc) == m && (!bi || numel_of(bi) == m) && m > 0;
+    }
+    if (!ok) return ref_run(k, "LayerNormalization");
+    ln_rows(x->data, k->out[0].data, rows, m, sc->data, bi ? bi->data : NULL, mts_attr_float(k->node, "epsilon", 1e-5f));
+    return MTS_OK;
+}
+
+static int fast_layernorm_infer(mts_kctx *k)
+{
+    return ref_infer(k, "LayerNormalization");
+}
+
+FAST_CLONES static void softmax_rows(const float *x, float *y, int64_t rows, int64_t n, float scale)
+{
+    v16f vs = splat16(scale);
+    for (int64_t r = 0; r < rows; r++, x += n, y += n) {
+        v16f a = splat16(-INFINITY);
+        int64_t i = 0;
+        for (; i + 16 <= n; i += 16) a = vmax16(a, ld16(x + i) * vs);
+        float mx = hmax16(a);
+        for (; i < n; i++) mx = x[i] * scale > mx ? x[i] * scale : mx;
+        if (!(mx > -INFINITY && mx < INFINITY)) { /* all -inf or some +inf: NaN, as the reference */
+            for (i = 0; i < n; i++) y[i] = NAN;
+            continue;
+        }
+        v16f vm = splat16(mx), sum = splat16(0);
+        for (i = 0; i + 16 <= n; i += 16) {
+            v16f e = vexp16(ld16(x + i) * vs - vm);
+            st16(y + i, e);
+            sum += e;
+        }
+        float s = hsum16(sum);
+        for (; i < n; i++) {
+            float e = expf(x[i] * scale - mx);
+            y[i] = e;
+            s += e;
+        }
+        v16f vr = splat16(1.0f / s);
+        for (i = 0; i + 16 <= n; i += 16) st16(y + i, ld16(y + i) * vr);
+        for (; i < n; i++) y[i] *= 1.0f / s;
+    }
+}
+
+static int fast_softmax_run(mts_kctx *k)
+{
+    const mts_tensor *x = mts_kin(k, 0);
+    float scale = mts_attr_float(k->node, "mts_scale", 1.0f);
+    bool v13 = k->node->opset >= 13;
+    int64_t ax = mts_attr_int(k->node, "axis", v13 ? -1 : 1);
+    bool ok = x && x->dtype == MTS_DTYPE_FLOAT && x->rank >= 1 && k->n_out == 1 &&
+              (ax == -1 || ax == x->rank - 1) && x->dims[x->rank - 1] > 0;
+    if (!ok) {
+        if (scale != 1.0f) return mts_err_set(k->err, MTS_EINVAL, "scaled softmax needs float data and the last axis");
+        return ref_run(k, "Softmax");
+    }
+    int64_t n = x->dims[x->rank - 1];
+    softmax_rows(x->data, k->out[0].data, numel_of(x) / n, n, scale);
+    return MTS_OK;
+}
+
+static int fast_softmax_infer(mts_kctx *k)
+{
+    return ref_infer(k, "Softmax");
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Elementwise chains                                                                         */
+/* ------------------------------------------------------------------------------------------ */
+
+#define CHAIN_MAX_IN 8
+#define CHAIN_BLOCK 512
+
+typedef struct chain_job {
+    const int64_t *ops;
+    int n_ops, n_in;
+    int rank;                                  /* coalesced */
+    int64_t dims[MTS_MAX_RANK];
+    int64_t str[CHAIN_MAX_IN][MTS_MAX_RANK];   /* per input, in elements; 0 = broadcast */
+    const float *in[CHAIN_MAX_IN];
+    float *y;
+    int64_t total;
+} chain_job;
+
+FAST_CLONES static void chain_block(const chain_job *j, const float *const *src, const bool *vec, int64_t n, float *y)
+{
+    float buf[CHAIN_BLOCK] __attribute__((aligned(64)));
+    int64_t i;
+    if (vec[0]) memcpy(buf, src[0], sizeof(float) * (size_t)n);
+    else
+        for (i = 0; i < n; i++) buf[i] = src[0][0];
+    int in = 1;
+    for (int s = 0; s < j->n_ops; s++) {
+        int op = (int)j->ops[s];
+        if (op == MTS_CHAIN_RELU) {
+            for (i = 0; i + 16 <= n; i += 16) st16(buf + i, vmax16(ld16(buf + i), splat16(0)));
+            for (; i < n; i++) buf[i] = buf[i] > 0 ? buf[i] : (buf[i] != buf[i] ? buf[i] : 0.0f);
+            continue;
+        }
+        if (op == MTS_CHAIN_SIGMOID) {
+            for (i = 0; i + 16 <= n; i += 16) st16(buf + i, splat16(1.0f) / (splat16(1.0f) + vexp16(-ld16(buf + i))));
+            for (; i < n; i++) buf[i] = 1.0f / (1.0f + expf(-buf[i]));
+            continue;
+        }
+        const float *b = src[in];
+        bool bv = vec[in];
+        in++;
+        v16f bs = splat16(b[0]);
+#define CHAIN_OP(EXPR)                                                                        \
+    do {                                                                                      \
+        if (bv) {                                                                             \
+            for (i = 0; i + 16 <= n; i += 16) {                                               \
+                v16f a = ld16(buf + i), c = ld16(b + i);                                      \
+                st16(buf + i, EXPR);                                                          \
+            }                                                                                 \
+        } else {                                                                              \
+            for (i = 0; i + 16 <= n; i += 16) {                                               \
+                v16f a = ld16(buf + i), c = bs;                                               \
+                st16(buf + i, EXPR);                                                          \
+            }                                                                                 \
+        }                                                                                     \
+        for (; i < n; i++) {                                                                  \
+            float a = buf[i], c = bv ? b[i] : b[0];                                           \
+            buf[i] = EXPR;                                                                    \
+        }                                                                                     \
+    } while (0)
+        switch (op) {
+        case MTS_CHAIN_ADD: CHAIN_OP(a + c); break;
+        case MTS_CHAIN_SUB: CHAIN_OP(a - c); break;
+        case MTS_CHAIN_RSUB: CHAIN_OP(c - a); break;
+        case MTS_CHAIN_MUL: CHAIN_OP(a * c); break;
+        case MTS_CHAIN_DIV: CHAIN_OP(a / c); break;
+        case MTS_CHAIN_RDIV: CHAIN_OP(c / a); break;
+        default: break;
+        }
+#undef CHAIN_OP
+    }
+    memcpy(y, buf, sizeof(float) * (size_t)n);
+}
+
+static void chain_part(void *arg, int ithr, int nthr)
+{
+    const chain_job *j = arg;
+    int64_t lo = j->total * ithr / nthr, hi = j->total * (ithr + 1) / nthr;
+    int r = j->rank;
+    int64_t L = j->dims[r - 1];
+    const float *src[CHAIN_MAX_IN];
+    bool vec[CHAIN_MAX_IN];
+    int64_t idx_[MTS_MAX_RANK] = {0}, off[CHAIN_MAX_IN] = {0};
+    for (int q = 0; q < j->n_in; q++) vec[q] = j->str[q][r - 1] != 0;
+    if (lo >= hi) return;
+    /* Coordinates of the first row, then an odometer over the outer dims. */
+    int64_t row = lo / L, col = lo % L, rr = row;
+    for (int d = r - 2; d >= 0; d--) {
+        idx_[d] = rr % j->dims[d];
+        rr /= j->dims[d];
+    }
+    for (int q = 0; q < j->n_in; q++)
+        for (int d = r - 2; d >= 0; d--) off[q] += idx_[d] * j->str[q][d];
+    for (int64_t idx = lo; idx < hi;) {
+        int64_t n = L - col;
+        if (n > hi - idx) n = hi - idx;
+        if (n > CHAIN_BLOCK) n = CHAIN_BLOCK;
+        for (int q = 0; q < j->n_in; q++) src[q] = j->in[q] + off[q] + col * j->str[q][r - 1];
+        chain_block(j, src, vec, n, j->y + idx);
+        idx += n;
+        col += n;
+        if (col == L) {
+            col = 0;
+            for (int d = r - 2; d >= 0; d--) {
+                for (int q = 0; q < j->n_in; q++) off[q] += j->str[q][d];
+                if (++idx_[d] < j->dims[d]) break;
+                for (int q = 0; q < j->n_in; q++) off[q] -= j->str[q][d] * j->dims[d];
+                idx_[d] = 0;
+            }
+        }
+    }
+}
+
+static int fast_chain_run(mts_kctx *k)
+{
+    int n_ops = 0;
+    const int64_t *ops = mts_attr_ints(k->node, "ops", &n_ops);
+    const mts_tensor *y = &k->out[0];
+    chain_job jb;
+    memset(&jb, 0, sizeof jb);
+    chain_job *j = &jb;
+    j->ops = ops;
+    j->n_ops = n_ops;
+    j->n_in = k->n_in;
+    j->y = y->data;
+    j->total = numel_of(y);
+    int r = y->rank > 0 ? y->rank : 1;
+    int64_t dims[MTS_MAX_RANK];
+    for (int d = 0; d < r; d++) dims[d] = y->rank > 0 ? y->dims[d] : 1;
+    for (int q = 0; q < k->n_in; q++) {
+        const mts_tensor *t = k->in[q];
+        int64_t s = 1;
+        for (int d = r - 1; d >= 0; d--) {
+            int td = d - (r - t->rank);
+            int64_t len = td >= 0 ? t->dims[td] : 1;
+            j->str[q][d] = len == 1 ? 0 : s;
+            s *= len;
+        }
+        j->in[q] = t->data;
+    }
+    /* Coalesce adjacent dims that every input walks the same way. */
+    int64_t cd[MTS_MAX_RANK], cs[CHAIN_MAX_IN][MTS_MAX_RANK];
+    int cr = 0;
+    for (int d = 0; d < r; d++) {
+        if (dims[d] == 1) continue;
+        bool merge = cr > 0;
+        for (int q = 0; q < k->n_in && merge; q++)
+            if (cs[q][cr - 1] != j->str[q][d] * dims[d]) merge = false;
+        if (merge) {
+            cd[cr - 1] *= dims[d];
+            for (int q = 0; q < k->n_in; q++) cs[q][cr - 1] = j->str[q][d];
+        } else {
+            cd[cr] = dims[d];
+            for (int q = 0; q < k->n_in; q++) cs[q][cr] = j->str[q][d];
+            cr++;
+        }
+    }
+    if (cr == 0) {
+        cd[0] = 1;
+        for (int q = 0; q < k->n_in; q++) cs[q][0] = 0;
+        cr = 1;
+    }
+    j->rank = cr;
+    memcpy(j->dims, cd, sizeof(int64_t) * (size_t)cr);
+    for (int q = 0; q < k->n_in; q++) memcpy(j->str[q], cs[q], sizeof(int64_t) * (size_t)cr);
+    int threads = j->total >= (1 << 15) ? k->threads : 1;
+    if (j->total > 0) mts_parallel(threads, chain_part, j);
+    return MTS_OK;
+}
+
+static int fast_chain_infer(mts_kctx *k)
+{
+    int n_ops = 0, need = 1;
+    const int64_t *ops = mts_attr_ints(k->node, "ops", &n_ops);
+    for (int s = 0; ops && s < n_ops; s++) need += ops[s] != MTS_CHAIN_RELU && ops[s] != MTS_CHAIN_SIGMOID;
+    if (!ops || k->n_in != need || k->n_in > CHAIN_MAX_IN || k->n_out != 1)
+        return mts_err_set(k->err, MTS_EINVAL, "malformed elementwise chain");
+    mts_tensor acc = *k->in[0];
+    for (int q = 0; q < k->n_in; q++) {
+        if (!k->in[q] || k->in[q]->dtype != MTS_DTYPE_FLOAT)
+            return mts_err_set(k->err, MTS_EINVAL, "elementwise chain input %d must be float", q);
+        if (q > 0) {
+            mts_tensor o;
+            int rc = mts_broadcast_shape(&acc, k->in[q], &o, k->err);
+            if (rc) return rc;
+            acc.rank = o.rank;
+            memcpy(acc.dims, o.dims, sizeof acc.dims);
+        }
+    }
+    k->out[0].dtype = MTS_DTYPE_FLOAT;
+    k->out[0].rank = acc.rank;
+    memcpy(k->out[0].dims, acc.dims, sizeof acc.dims);
+    return MTS_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Batched MatMul on strided views                                                            */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct bmm_job {
+    const float *A, *B;
+    float *Y;
+    int64_t B0, B1, M, N, K, Np;
+    const int64_t *as, *bs, *ys; /* strides: batch 0, batch 1, row, column */
+    float *pack;                 /* per thread: K x Np */
+} bmm_job;
+
+FAST_CLONES static void bmm_one(const bmm_job *j, const float *A, const float *B, float *Y, float *bp)
+{
+    int64_t M = j->M, N = j->N, K = j->K, Np = j->Np;
+    int64_t ars = j->as[2], acs = j->as[3], brs = j->bs[2], bcs = j->bs[3], yrs = j->ys[2];
+    for (int64_t k = 0; k < K; k++) {
+        float *d = bp + k * Np;
+        const float *b = B + k * brs;
+        if (bcs == 1) memcpy(d, b, sizeof(float) * (size_t)N);
+        else
+            for (int64_t c = 0; c < N; c++) d[c] = b[c * bcs];
+        for (int64_t c = N; c < Np; c++) d[c] = 0;
+    }
+    for (int64_t j0 = 0; j0 < Np; j0 += 64) {
+        int nv = (int)((Np - j0) / 16 < 4 ? (Np - j0) / 16 : 4);
+        int64_t i = 0;
+        for (; i + 4 <= M; i += 4) {
+            v16f acc[4][4];
+            for (int r = 0; r < 4; r++)
+                for (int v = 0; v < 4; v++) acc[r][v] = splat16(0);
+            const float *a0 = A + i * ars, *a1 = a0 + ars, *a2 = a1 + ars, *a3 = a2 + ars;
+            if (nv == 4) {
+                for (int64_t k = 0; k < K; k++) {
+                    const float *b = bp + k * Np + j0;
+                    v16f b0 = ld16(b), b1 = ld16(b + 16), b2 = ld16(b + 32), b3 = ld16(b + 48);
+                    v16f x0 = splat16(a0[k * acs]), x1 = splat16(a1[k * acs]), x2 = splat16(a2[k * acs]),
+                         x3 = splat16(a3[k * acs]);
+                    acc[0][0] += x0 * b0, acc[0][1] += x0 * b1, acc[0][2] += x0 * b2, acc[0][3] += x0 * b3;
+                    acc[1][0] += x1 * b0, acc[1][1] += x1 * b1, acc[1][2] += x1 * b2, acc[1][3] += x1 * b3;
+                    acc[2][0] += x2 * b0, acc[2][1] += x2 * b1, acc[2][2] += x2 * b2, acc[2][3] += x2 * b3;
+                    acc[3][0] += x3 * b0, acc[3][1] += x3 * b1, acc[3][2] += x3 * b2, acc[3][3] += x3 * b3;
+                }
+            } else {
+                for (int64_t k = 0; k < K; k++) {
+                    const float *b = bp + k * Np + j0;
+                    v16f x[4] = {splat16(a0[k * acs]), splat16(a1[k * acs]), splat16(a2[k * acs]),
+                                 splat16(a3[k * acs])};
+                    for (int v = 0; v < nv; v++) {
+                        v16f bv = ld16(b + 16 * v);
+                        for (int r = 0; r < 4; r++) acc[r][v] += x[r] * bv;
+                    }
+                }
+            }
+            for (int r = 0; r < 4; r++) {
+                float *y = Y + (i + r) * yrs + j0;
+                for (int v = 0; v < nv; v++) {
+                    int64_t c = j0 + 16 * v;
+                    if (c + 16 <= N) {
+                        st16(y + 16 * v, acc[r][v]);
+                    } else {
+                        for (int64_t q = c; q < N; q++) y[q - j0] = acc[r][v][q - c];
+                    }
+                }
+            }
+        }
+        for (; i < M; i++) {
+            v16f acc[4] = {splat16(0), splat16(0), splat16(0), splat16(0)};
+            const float *a = A + i * ars;
+            for (int64_t k = 0; k < K; k++) {
+                v16f x = splat16(a[k * acs]);
+                for (int v = 0; v < nv; v++) acc[v] += x * ld16(bp + k * Np + j0 + 16 * v);
+            }
+            float *y = Y + i * yrs + j0;
+            for (int v = 0; v < nv; v++) {
+                int64_t c = j0 + 16 * v;
+                if (c + 16 <= N) st16(y + 16 * v, acc[v]);
+                else
+                    for (int64_t q = c; q < N; q++) y[q - j0] = acc[v][q - c];
+            }
+        }
+    }
+}
+
+static void bmm_part(void *arg, int ithr, int nthr)
+{
+    const bmm_job *j = arg;
+    int64_t nb = j->B0 * j->B1, lo = nb * ithr / nthr, hi = nb * (ithr + 1) / nthr;
+    float *bp = j->pack + (size_t)ithr * (size_t)(j->K * j->Np);
+    for (int64_t b = lo; b < hi; b++) {
+        int64_t b0 = b / j->B1, b1 = b % j->B1;
+        bmm_one(j, j->A + b0 * j->as[0] + b1 * j->as[1], j->B + b0 * j->bs[0] + b1 * j->bs[1],
+                j->Y + b0 * j->ys[0] + b1 * j->ys[1], bp);
+    }
+}
+
+static int fast_bmm_run(mts_kctx *k)
+{
+    int n[5];
+    const int64_t *dims = mts_attr_ints(k->node, "dims", &n[0]);
+    const int64_t *as = mts_attr_ints(k->node, "a_strides", &n[1]);
+    const int64_t *bs = mts_attr_ints(k->node, "b_strides", &n[2]);
+    const int64_t *ys = mts_attr_ints(k->node, "y_strides", &n[3]);
+    if (!dims || !as || !bs || !ys || n[0] != 5 || n[1] != 4 || n[2] != 4 || n[3] != 4 || k->n_in != 2 ||
+        ys[3] != 1)
+        return mts_err_set(k->err, MTS_EINVAL, "malformed strided MatMul");
+    bmm_job j = {k->in[0]->data, k->in[1]->data, k->out[0].data, dims[0], dims[1], dims[2], dims[3], dims[4],
+                 (dims[3] + 15) / 16 * 16, as, bs, ys, NULL};
+    if (j.B0 * j.B1 * j.M * j.N == 0) return MTS_OK;
+    int64_t nb = j.B0 * j.B1;
+    int threads = k->threads < nb ? k->threads : (int)nb;
+    if (j.B0 * j.B1 * j.M * j.N * j.K < (1 << 16)) threads = 1;
+    if (threads < 1) threads = 1;
+    j.pack = malloc(sizeof(float) * (size_t)(j.K * j.Np > 0 ? j.K * j.Np : 1) * (size_t)threads);
+    if (!j.pack) return mts_err_set(k->err, MTS_ENOMEM, "out of memory");
+    if (j.K == 0) {
+        for (int64_t b = 0; b < nb; b++)
+            for (int64_t i = 0; i < j.M; i++)
+                memset(j.Y + (b / j.B1) * ys[0] + (b % j.B1) * ys[1] + i * ys[2], 0, sizeof(float) * (size_t)j.N);
+    } else {
+        mts_parallel(threads, bmm_part, &j);
+    }
+    free(j.pack);
+    return MTS_OK;
+}
+
+static int fast_bmm_infer(mts_kctx *k)
+{
+    int n = 0;
+    const int64_t *yd = mts_attr_ints(k->node, "y_dims", &n);
+    if (!yd || n < 1 || n > MTS_MAX_RANK) return mts_err_set(k->err, MTS_EINVAL, "malformed strided MatMul");
+    k->out[0].dtype = MTS_DTYPE_FLOAT;
+    k->out[0].rank = n;
+    memcpy(k->out[0].dims, yd, sizeof(int64_t) * (size_t)n);
+    return MTS_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Channel mean + max per pixel (CBAM spatial attention)                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct cpool_job {
+    const float *x, *sc; /* sc: [Ns][C] or NULL */
+    float *y;
+    int64_t N, P, C, Ns;
+} cpool_job;
+
+FAST_CLONES static void cpool_rows(const float *x, const float *sc, float *y, int64_t n, int64_t C)
+{
+    for (int64_t p = 0; p < n; p++, x += C, y += 2) {
+        v16f s = splat16(0), m = splat16(-INFINITY), chk = splat16(0);
+        int64_t c = 0;
+        for (; c + 16 <= C; c += 16) {
+            v16f v = ld16(x + c);
+            if (sc) v *= ld16(sc + c);
+            s += v;
+            m = vmax16(m, v);
+            chk += v * splat16(0);
+        }
+        float fs = hsum16(s), fm = hmax16(m);
+        bool nan = false;
+        for (; c < C; c++) {
+            float v = sc ? x[c] * sc[c] : x[c];
+            fs += v;
+            if (v > fm) fm = v;
+            nan |= v != v;
+        }
+        if (hsum16(chk) != 0)
+            for (int64_t q = 0; q < C; q++) {
+                float v = sc ? x[q] * sc[q] : x[q];
+                nan |= v != v;
+            }
+        y[0] = fs / (float)C;
+        y[1] = nan ? NAN : fm;
+    }
+}
+
+static void cpool_part(void *arg, int ithr, int nthr)
+{
+    const cpool_job *j = arg;
+    int64_t rows = j->N * j->P, lo = rows * ithr / nthr, hi = rows * (ithr + 1) / nthr;
+    while (lo < hi) {
+        int64_t n = lo / j->P, e = (n + 1) * j->P < hi ? (n + 1) * j->P : hi;
+        const float *sc = j->sc ? j->sc + (j->Ns == 1 ? 0 : n) * j->C : NULL;
+        cpool_rows(j->x + lo * j->C, sc, j->y + lo * 2, e - lo, j->C);
+        lo = e;
+    }
+}
+
+static int fast_cpool_run(mts_kctx *k)
+{
+    const mts_tensor *x = k->in[0], *sc = k->n_in > 1 ? k->in[1] : NULL;
+    const mts_tensor *y = &k->out[0];
+    if (x->rank != 4 || y->rank != 4 || y->dims[3] != 2 || x->dims[0] != y->dims[0] || x->dims[1] != y->dims[1] ||
+        x->dims[2] != y->dims[2] || x->dims[3] < 1 ||
+        (sc && (mts_tensor_numel(sc) % x->dims[3] || (mts_tensor_numel(sc) / x->dims[3] != 1 &&
+                                                     mts_tensor_numel(sc) / x->dims[3] != x->dims[0]))))
+        return mts_err_set(k->err, MTS_ESHAPE, "channel pooling shapes do not match");
+    cpool_job j = {x->data, sc ? sc->data : NULL, y->data, x->dims[0], x->dims[1] * x->dims[2], x->dims[3],
+                   sc ? mts_tensor_numel(sc) / x->dims[3] : 1};
+    int threads = mts_tensor_numel(x) >= (1 << 15) ? k->threads : 1;
+    mts_parallel(threads, cpool_part, &j);
+    return MTS_OK;
+}
+
+static int fast_cpool_infer(mts_kctx *k)
+{
+    return mts_err_set(k->err, MTS_EUNSUPPORTED, "channel pooling runs only in static plans");
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Conv on one pixel with a 1x1 kernel: y[n, m] = b[m] + W[m, :] . x[n, :]                     */
+/* ------------------------------------------------------------------------------------------ */
+
+FAST_CLONES static void gemv_rows(const float *W, const float *x, const float *b, float *y, int64_t M, int64_t C)
+{
+    for (int64_t m = 0; m < M; m++) {
+        const float *w = W + m * C;
+        v16f a = splat16(0);
+        int64_t c = 0;
+        for (; c + 16 <= C; c += 16) a += ld16(w + c) * ld16(x + c);
+        float s = hsum16(a);
+        for (; c < C; c++) s += w[c] * x[c];
+        y[m] = s + (b ? b[m] : 0.0f);
+    }
+}
+
+static int fast_conv1px_run(mts_kctx *k)
+{
+    const mts_tensor *x = mts_kin(k, 0), *w = mts_kin(k, 1), *b = mts_kin(k, 2);
+    const mts_node *n = k->node;
+    bool ok = x && w && x->dtype == MTS_DTYPE_FLOAT && w->dtype == MTS_DTYPE_FLOAT && x->rank >= 3 &&
+              w->rank == x->rank && mts_attr_int(n, "group", 1) == 1 && w->dims[1] == x->dims[1] &&
+              (!b || (b->dtype == MTS_DTYPE_FLOAT && mts_tensor_numel(b) == w->dims[0])) &&
+              strcmp(mts_attr_string(n, "auto_pad", "NOTSET"), "NOTSET") == 0 && k->n_out == 1;
+    for (int i = 2; ok && i < x->rank; i++) ok = x->dims[i] == 1 && w->dims[i] == 1;
+    int np = 0;
+    const int64_t *pads = mts_attr_ints(n, "pads", &np);
+    for (int i = 0; ok && pads && i < np; i++) ok = pads[i] == 0;
+    if (!ok) return ref_run(k, "Conv");
+    int64_t N = x->dims[0], C = x->dims[1], M = w->dims[0];
+    for (int64_t i = 0; i < N; i++)
+        gemv_rows(w->data, (const float *)x->data + i * C, b ? b->data : NULL, (float *)k->out[0].data + i * M, M, C);
+    return MTS_OK;
+}
+
+static int fast_conv1px_infer(mts_kctx *k)
+{
+    return ref_infer(k, "Conv");
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Conv with few channels: direct, on padded planes                                           */
+/* ------------------------------------------------------------------------------------------ */
+
+bool mts_fast_conv_small_ok(const mts_conv_geom *g)
+{
+    return g->nsp == 2 && g->group == 1 && g->M == 1 && g->C >= 1 && g->C <= 4 && g->s[1] == 1 &&
+           g->s[2] == 1 && g->d[1] == 1 && g->d[2] == 1 && g->k[1] <= 15 && g->k[2] <= 15 && g->pb[1] >= 0 &&
+           g->pb[2] >= 0 && g->pe[1] >= 0 && g->pe[2] >= 0;
+}
+
+/* out[y, x..x+n) for one output channel: bias + sum over c, ky, kx of w * padded plane rows. */
+FAST_CLONES static void sconv_row(const float *pad, int64_t PW, int64_t PHW, int64_t C, int64_t KH, int64_t KW,
+                                  const float *w, float b, int64_t y, int64_t OW, float *out)
+{
+    int64_t x = 0;
+    for (; x + 16 <= OW; x += 16) {
+        v16f acc = splat16(b);
+        for (int64_t c = 0; c < C; c++)
+            for (int64_t ky = 0; ky < KH; ky++) {
+                const float *row = pad + c * PHW + (y + ky) * PW + x;
+                const float *wr = w + (c * KH + ky) * KW;
+                for (int64_t kx = 0; kx < KW; kx++) acc += splat16(wr[kx]) * ld16(row + kx);
+            }
+        st16(out + x, acc);
+    }
+    for (; x < OW; x++) {
+        float acc = b;
+        for (int64_t c = 0; c < C; c++)
+            for (int64_t ky = 0; ky < KH; ky++)
+                for (int64_t kx = 0; kx < KW; kx++)
+                    acc += w[(c * KH + ky) * KW + kx] * pad[c * PHW + (y + ky) * PW + x + kx];
+        out[x] = acc;
+    }
+}
+
+typedef struct sconv_job {
+    mts_conv_geom g;
+    const float *x, *w, *b;
+    float *y, *pad; /* pad: per thread C planes of PH x PW (+16 floats of slack) */
+    int64_t PH, PW;
+    int nhwc;       /* source is [N,H,W,C] */
+} sconv_job;
+
+static void sconv_part(void *arg, int ithr, int nthr)
+{
+    const sconv_job *j = arg;
+    const mts_conv_geom *g = &j->g;
+    int64_t C = g->C, M = g->M, H = g->in[1], W = g->in[2], OH = g->out[1], OW = g->out[2];
+    int64_t PHW = j->PH * j->PW;
+    float *pad = j->pad + (size_t)ithr * (size_t)(C * PHW + 16);
+    /* by images when there are enough, else by output rows of each image */
+    bool by_img = g->N >= nthr;
+    for (int64_t n = by_img ? ithr : 0; n < g->N; n += by_img ? nthr : 1) {
+        int64_t y0 = by_img ? 0 : OH * ithr / nthr, y1 = by_img ? OH : OH * (ithr + 1) / nthr;
+        if (y0 >= y1) continue;
+        /* the padded rows this part reads: [y0, y1 + KH - 1) */
+        int64_t r0 = y0, r1 = y1 + g->k[1] - 1;
+        for (int64_t c = 0; c < C; c++)
+            for (int64_t r = r0; r < r1; r++) {
+                float *d = pad + c * PHW + r * j->PW;
+                int64_t sy = r - g->pb[1];
+                for (int64_t q = 0; q < j->PW; q++) {
+                    int64_t sx = q - g->pb[2];
+                    float v = 0.0f;
+                    if (sy >= 0 && sy < H && sx >= 0 && sx < W)
+                        v = j->nhwc ? j->x[((n * H + sy) * W + sx) * C + c] : j->x[((n * C + c) * H + sy) * W + sx];
+                    d[q] = v;
+                }
+            }
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t y = y0; y < y1; y++)
+                sconv_row(pad, j->PW, PHW, C, g->k[1], g->k[2], j->w + m * C * g->k[1] * g->k[2], j->b ? j->b[m] : 0.0f,
+                          y, OW, j->y + ((n * M + m) * OH + y) * OW);
+    }
+}
+
+/* in[0] may be a channels-last view ([N,H,W,C], attribute mts_nhwc_src = 1); the output has one
+ * channel, the same bytes in both layouts. */
+static int fast_conv_small_run(mts_kctx *k)
+{
+    mts_conv_geom g;
+    bool nhwc = mts_attr_int(k->node, "mts_nhwc_src", 0) != 0;
+    mts_tensor xv;
+    const mts_tensor *kin[3] = {mts_kin(k, 0), mts_kin(k, 1), mts_kin(k, 2)};
+    mts_tensor wv;
+    if (nhwc && kin[0] && kin[0]->rank == 4 && kin[1] && kin[1]->rank == 4) {
+        /* the context passes [N,H,W,C] views of every 4-D input; the geometry wants NCHW dims
+         * (the weights' bytes are NCHW-ordered as always) */
+        xv = *kin[0];
+        xv.dims[1] = kin[0]->dims[3], xv.dims[2] = kin[0]->dims[1], xv.dims[3] = kin[0]->dims[2];
+        kin[0] = &xv;
+        wv = *kin[1];
+        wv.dims[1] = kin[1]->dims[3], wv.dims[2] = kin[1]->dims[1], wv.dims[3] = kin[1]->dims[2];
+        kin[1] = &wv;
+    }
+    mts_kctx kk = *k;
+    kk.in = kin;
+    kk.n_in = k->n_in > 3 ? 3 : k->n_in;
+    if (!kin[0] || kin[0]->dtype != MTS_DTYPE_FLOAT || mts_conv_geometry(&kk, false, &g) != MTS_OK ||
+        !mts_fast_conv_small_ok(&g)) {
+        if (nhwc) return mts_err_set(k->err, MTS_EINVAL, "channels-last small conv with an unsupported geometry");
+        return ref_run(k, "Conv");
+    }
+    sconv_job j;
+    memset(&j, 0, sizeof j);
+    j.g = g;
+    j.x = kin[0]->data;
+    j.w = kin[1]->data;
+    j.b = kin[2] ? kin[2]->data : NULL;
+    j.y = k->out[0].data;
+    j.PH = g.in[1] + g.pb[1] + g.pe[1];
+    j.PW = g.in[2] + g.pb[2] + g.pe[2];
+    j.nhwc = nhwc;
+    int threads = g.N * g.M * g.out[1] * g.out[2] * g.C * g.k[1] * g.k[2] >= FAST_SCONV_MT ? k->threads : 1;
+    if (threads > g.N * g.out[1]) threads = (int)(g.N * g.out[1]);
+    if (threads < 1) threads = 1;
+    j.pad = malloc(sizeof(float) * (size_t)(g.C * j.PH * j.PW + 16) * (size_t)threads);
+    if (!j.pad) return mts_err_set(k->err, MTS_ENOMEM, "out of memory");
+    mts_parallel(threads, sconv_part, &j);
+    free(j.pad);
+    return MTS_OK;
+}
+
+static int fast_conv_small_infer(mts_kctx *k)
+{
+    return ref_infer(k, "Conv");
+}
+
+const mts_op mts_fast_reduce = {"Reduce", fast_reduce_infer, fast_reduce_run};
+const mts_op mts_fast_layernorm = {"LayerNormalization", fast_layernorm_infer, fast_layernorm_run};
+const mts_op mts_fast_softmax = {"Softmax", fast_softmax_infer, fast_softmax_run};
+const mts_op mts_fast_chain = {"MtsEltwiseChain", fast_chain_infer, fast_chain_run};
+const mts_op mts_fast_bmm = {"MtsStridedMatMul", fast_bmm_infer, fast_bmm_run};
+const mts_op mts_fast_conv1px = {"Conv", fast_conv1px_infer, fast_conv1px_run};
+const mts_op mts_fast_conv_small = {"Conv", fast_conv_small_infer, fast_conv_small_run};
+const mts_op mts_fast_cpool = {"MtsChannelPool", fast_cpool_infer, fast_cpool_run};

@@ -1,0 +1,543 @@
+/*
+ * The fast float kernels of the default backend (src/engine/kernels/fast.c) against the
+ * reference kernels, called directly on random data of awkward shapes (lengths that are not
+ * multiples of the vector width, unit dims, one-element rows), at 1 and 2 threads:
+ * Reduce{Mean,Max,Sum} over every contiguous axis range (with NaN and inf in the data for
+ * ReduceMax), LayerNormalization over trailing axes, Softmax over the last axis with and
+ * without a folded input scale, elementwise chains with numpy broadcasting of every
+ * operand, the batched MatMul on strided views (operands and result transposed), and the
+ * channel mean/max pooling of spatial attention (with and without a channel scale, NaN in
+ * the data), the one-pixel 1x1 Conv (matrix-vector products; cases it must hand back to
+ * the reference kernel: padding, groups), and the direct one-output-channel Conv (kernel sizes
+ * 1-7, asymmetric pads, NCHW and channels-last sources). The graph-level fusions that produce these steps are covered by
+ * test_engine_backends.c.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "engine/kernels/kernel.h"
+#include "test_util.h"
+
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#define MAX_THREADS 1
+#else
+#define MAX_THREADS 2
+#endif
+
+static unsigned seed = 12345;
+
+static float frand(float lo, float hi)
+{
+    seed = seed * 1103515245u + 12345u;
+    return lo + (hi - lo) * (float)((seed >> 8) & 0xffff) / 65536.0f;
+}
+
+static int irand(int n)
+{
+    seed = seed * 1103515245u + 12345u;
+    return (int)((seed >> 8) % (unsigned)n);
+}
+
+static mts_tensor tens(int rank, const int64_t *dims)
+{
+    mts_tensor t = {MTS_DTYPE_FLOAT, rank, {0}, NULL};
+    int64_t n = 1;
+    for (int i = 0; i < rank; i++) t.dims[i] = dims[i], n *= dims[i];
+    t.data = calloc((size_t)(n ? n : 1), sizeof(float));
+    return t;
+}
+
+static void fill(mts_tensor *t, float lo, float hi)
+{
+    int64_t n = mts_tensor_numel(t);
+    for (int64_t i = 0; i < n; i++) ((float *)t->data)[i] = frand(lo, hi);
+}
+
+/* Compares element by element: NaN must match NaN, the rest within rel (relative to max|ref|). */
+static void expect_close(const mts_tensor *got, const mts_tensor *ref, double rel, const char *what)
+{
+    int64_t n = mts_tensor_numel(ref);
+    assert_int_equal(mts_tensor_numel(got), n);
+    double scale = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double r = ((const float *)ref->data)[i];
+        if (isfinite(r) && fabs(r) > scale) scale = fabs(r);
+    }
+    for (int64_t i = 0; i < n; i++) {
+        float g = ((const float *)got->data)[i], r = ((const float *)ref->data)[i];
+        if (isnan(r) || isnan(g)) {
+            if (!(isnan(r) && isnan(g))) fail_msg("%s: element %lld: got %g, reference %g", what, (long long)i, g, r);
+            continue;
+        }
+        if (isinf(r) || isinf(g)) {
+            if (g != r) fail_msg("%s: element %lld: got %g, reference %g", what, (long long)i, g, r);
+            continue;
+        }
+        if (fabs((double)g - r) > rel * (scale > 1e-30 ? scale : 1.0))
+            fail_msg("%s: element %lld: got %.8g, reference %.8g", what, (long long)i, g, r);
+    }
+}
+
+typedef struct nodebuf {
+    mts_node n;
+    mts_attr a[6];
+    int in[8], out[3];
+} nodebuf;
+
+static void mknode(nodebuf *b, const char *op, int n_in, int n_out, int opset)
+{
+    memset(b, 0, sizeof *b);
+    b->n.name = "t";
+    b->n.op_type = op;
+    b->n.domain = "";
+    b->n.opset = opset;
+    b->n.n_in = n_in;
+    b->n.n_out = n_out;
+    for (int i = 0; i < 8; i++) b->in[i] = i;
+    for (int i = 0; i < 3; i++) b->out[i] = 8 + i;
+    b->n.in = b->in;
+    b->n.out = b->out;
+    b->n.attrs = b->a;
+}
+
+static mts_attr *attr(nodebuf *b, const char *name, mts_attr_type t)
+{
+    mts_attr *a = &b->a[b->n.n_attr++];
+    memset(a, 0, sizeof *a);
+    a->name = name;
+    a->type = t;
+    return a;
+}
+
+/* Runs op on the inputs into a fresh output of the inferred shape. */
+static mts_tensor run_op(const mts_op *op, const mts_node *n, const mts_tensor **in, int n_in, int threads)
+{
+    mts_err err = {0};
+    mts_tensor out = {0};
+    mts_kctx k = {n, in, n_in, &out, 1, &err, threads};
+    if (op->infer(&k)) fail_msg("%s infer: %s", n->op_type, err.msg);
+    mts_tensor o = tens(out.rank, out.dims);
+    k.out = &o;
+    if (op->run(&k)) fail_msg("%s run: %s", n->op_type, err.msg);
+    return o;
+}
+
+static void test_reduce(void **state)
+{
+    (void)state;
+    static const char *const ops[] = {"ReduceMean", "ReduceMax", "ReduceSum"};
+    for (int iter = 0; iter < 120; iter++) {
+        int rank = 1 + irand(4);
+        int64_t dims[4];
+        int64_t total = 1;
+        for (int i = 0; i < rank; i++) {
+            static const int64_t pick[] = {1, 2, 3, 7, 16, 17, 33, 64};
+            dims[i] = pick[irand(8)];
+            total *= dims[i];
+        }
+        if (iter % 10 == 0 && rank == 4) dims[1] = 300, dims[2] = 130; /* large: threaded paths */
+        int a0 = irand(rank), a1 = a0 + irand(rank - a0);
+        mts_tensor x = tens(rank, dims);
+        fill(&x, -3, 3);
+        const char *opn = ops[iter % 3];
+        if (!strcmp(opn, "ReduceMax") && iter % 2) {
+            int64_t n = mts_tensor_numel(&x);
+            ((float *)x.data)[irand((int)n)] = INFINITY;
+            if (iter % 4 == 1) ((float *)x.data)[irand((int)n)] = NAN;
+        }
+        nodebuf nb;
+        mknode(&nb, opn, 1, 1, 13);
+        mts_attr *ax = attr(&nb, "axes", MTS_ATTR_INTS);
+        int64_t axes[4];
+        ax->n = a1 - a0 + 1;
+        for (int i = a0; i <= a1; i++) axes[i - a0] = (i == a0 && iter % 5 == 0) ? i - rank : i; /* some negative */
+        ax->ints = axes;
+        attr(&nb, "keepdims", MTS_ATTR_INT)->i = iter % 2;
+        const mts_tensor *in[1] = {&x};
+        mts_tensor ref = run_op(mts_op_lookup(opn), &nb.n, in, 1, 1);
+        for (int t = 1; t <= MAX_THREADS; t++) {
+            mts_tensor got = run_op(&mts_fast_reduce, &nb.n, in, 1, t);
+            char what[128];
+            snprintf(what, sizeof what, "%s rank %d axes %d..%d threads %d", opn, rank, a0, a1, t);
+            expect_close(&got, &ref, 1e-5, what);
+            free(got.data);
+        }
+        free(ref.data);
+        free(x.data);
+        (void)total;
+    }
+}
+
+static void test_layernorm(void **state)
+{
+    (void)state;
+    static const int64_t ms[] = {1, 7, 16, 33, 128, 300};
+    for (int iter = 0; iter < 24; iter++) {
+        int64_t m = ms[iter % 6], rows = 1 + irand(40);
+        bool split = iter % 4 == 3 && m % 2 == 0 && m > 2; /* normalized over two axes */
+        int64_t d3[3] = {rows, split ? 2 : 1, split ? m / 2 : m};
+        mts_tensor x = tens(3, d3);
+        fill(&x, -5, 5);
+        int64_t pd[2] = {d3[1], d3[2]};
+        mts_tensor sc = tens(split ? 2 : 1, split ? pd : &m), bi = tens(split ? 2 : 1, split ? pd : &m);
+        fill(&sc, 0.5f, 1.5f);
+        fill(&bi, -1, 1);
+        nodebuf nb;
+        mknode(&nb, "LayerNormalization", 3, 1, 17);
+        attr(&nb, "axis", MTS_ATTR_INT)->i = split ? 1 : -1;
+        attr(&nb, "epsilon", MTS_ATTR_FLOAT)->f = 1e-5f;
+        const mts_tensor *in[3] = {&x, &sc, iter % 5 == 0 ? NULL : &bi};
+        int nin = iter % 5 == 0 ? 2 : 3;
+        mts_tensor ref = run_op(mts_op_lookup("LayerNormalization"), &nb.n, in, nin, 1);
+        mts_tensor got = run_op(&mts_fast_layernorm, &nb.n, in, nin, 1);
+        expect_close(&got, &ref, 2e-6, "LayerNormalization");
+        free(got.data);
+        free(ref.data);
+        free(x.data);
+        free(sc.data);
+        free(bi.data);
+    }
+}
+
+static void test_softmax(void **state)
+{
+    (void)state;
+    static const int64_t ns[] = {1, 5, 16, 17, 64, 100};
+    static const float scales[] = {1.0f, 0.125f, -2.0f};
+    for (int iter = 0; iter < 36; iter++) {
+        int64_t d[3] = {1 + irand(3), 1 + irand(9), ns[iter % 6]};
+        mts_tensor x = tens(3, d);
+        fill(&x, -20, 20);
+        float s = scales[(iter / 6) % 3];
+        if (iter % 7 == 6) ((float *)x.data)[0] = -INFINITY;
+        /* The reference on x * s. */
+        mts_tensor xs = tens(3, d);
+        for (int64_t i = 0; i < mts_tensor_numel(&x); i++) ((float *)xs.data)[i] = ((float *)x.data)[i] * s;
+        nodebuf nb;
+        mknode(&nb, "Softmax", 1, 1, iter % 2 ? 13 : 11);
+        attr(&nb, "axis", MTS_ATTR_INT)->i = iter % 2 ? -1 : 2;
+        const mts_tensor *rin[1] = {&xs}, *in[1] = {&x};
+        mts_tensor ref = run_op(mts_op_lookup("Softmax"), &nb.n, rin, 1, 1);
+        if (s != 1.0f) attr(&nb, "mts_scale", MTS_ATTR_FLOAT)->f = s;
+        mts_tensor got = run_op(&mts_fast_softmax, &nb.n, in, 1, 1);
+        expect_close(&got, &ref, 1e-6, "Softmax");
+        free(got.data);
+        free(ref.data);
+        free(x.data);
+        free(xs.data);
+    }
+}
+
+/* A random output shape and, per operand, that shape with random dims set to 1 or dropped. */
+static void test_chain(void **state)
+{
+    (void)state;
+    static const char *const names[] = {"Add", "Sub", "Sub", "Mul", "Div", "Div", "Relu", "Sigmoid"};
+    static const int codes[] = {MTS_CHAIN_ADD, MTS_CHAIN_SUB, MTS_CHAIN_RSUB, MTS_CHAIN_MUL,
+                                MTS_CHAIN_DIV, MTS_CHAIN_RDIV, MTS_CHAIN_RELU, MTS_CHAIN_SIGMOID};
+    for (int iter = 0; iter < 150; iter++) {
+        int rank = 1 + irand(4);
+        int64_t dims[4];
+        for (int i = 0; i < rank; i++) {
+            static const int64_t pick[] = {1, 2, 3, 5, 16, 19, 32};
+            dims[i] = pick[irand(7)];
+        }
+        if (iter % 15 == 0) dims[0] = 1000; /* large: threaded path, blocks cut inside rows */
+        int n_ops = 1 + irand(5);
+        int64_t ops[6];
+        mts_tensor ins[8];
+        int n_in = 0;
+        ins[n_in++] = tens(rank, dims);
+        fill(&ins[0], -2, 2);
+        for (int s = 0; s < n_ops; s++) {
+            int c = irand(8);
+            ops[s] = codes[c];
+            if (c >= 6) continue;
+            int64_t od[4];
+            int orank = rank - (irand(3) == 0 ? irand(rank + 1) : 0);
+            for (int i = 0; i < orank; i++) od[i] = irand(3) == 0 ? 1 : dims[rank - orank + i];
+            ins[n_in] = tens(orank, od);
+            /* divisors away from zero */
+            fill(&ins[n_in], codes[c] >= MTS_CHAIN_DIV ? 0.5f : -2, 2);
+            n_in++;
+        }
+        /* Divisions by the chain value: keep it away from zero by starting from a positive x. */
+        bool rdiv = false;
+        for (int s = 0; s < n_ops; s++) rdiv |= ops[s] == MTS_CHAIN_RDIV;
+        if (rdiv) {
+            fill(&ins[0], 0.5f, 2);
+            for (int s = 0, q = 1; s < n_ops; s++) {
+                if (ops[s] == MTS_CHAIN_RELU || ops[s] == MTS_CHAIN_SIGMOID) continue;
+                fill(&ins[q++], 0.5f, 2);
+                if (ops[s] == MTS_CHAIN_SUB || ops[s] == MTS_CHAIN_RSUB) ops[s] = MTS_CHAIN_ADD;
+            }
+        }
+        /* The reference: one op at a time. */
+        mts_tensor acc = ins[0];
+        bool own = false;
+        for (int s = 0, q = 1; s < n_ops; s++) {
+            int c = 0;
+            while (codes[c] != ops[s]) c++;
+            nodebuf nb;
+            mts_tensor r;
+            if (ops[s] == MTS_CHAIN_RELU || ops[s] == MTS_CHAIN_SIGMOID) {
+                mknode(&nb, names[c], 1, 1, 14);
+                const mts_tensor *in[1] = {&acc};
+                r = run_op(mts_op_lookup(names[c]), &nb.n, in, 1, 1);
+            } else {
+                mknode(&nb, names[c], 2, 1, 14);
+                bool rev = ops[s] == MTS_CHAIN_RSUB || ops[s] == MTS_CHAIN_RDIV;
+                const mts_tensor *in[2] = {rev ? &ins[q] : &acc, rev ? &acc : &ins[q]};
+                r = run_op(mts_op_lookup(names[c]), &nb.n, in, 2, 1);
+                q++;
+            }
+            if (own) free(acc.data);
+            acc = r;
+            own = true;
+        }
+        nodebuf nb;
+        mknode(&nb, "MtsEltwiseChain", n_in, 1, 1);
+        mts_attr *a = attr(&nb, "ops", MTS_ATTR_INTS);
+        a->n = n_ops;
+        a->ints = ops;
+        const mts_tensor *in[8];
+        for (int q = 0; q < n_in; q++) in[q] = &ins[q];
+        for (int t = 1; t <= MAX_THREADS; t++) {
+            mts_tensor got = run_op(&mts_fast_chain, &nb.n, in, n_in, t);
+            assert_int_equal(got.rank, acc.rank);
+            for (int i = 0; i < acc.rank; i++) assert_int_equal(got.dims[i], acc.dims[i]);
+            char what[64];
+            snprintf(what, sizeof what, "chain of %d ops, iteration %d, threads %d", n_ops, iter, t);
+            expect_close(&got, &acc, 1e-5, what);
+            free(got.data);
+        }
+        if (own) free(acc.data);
+        for (int q = 0; q < n_in; q++) free(ins[q].data);
+    }
+}
+
+/* Y = A x B with A, B given as permuted views of contiguous buffers and Y written permuted. */
+static void test_strided_matmul(void **state)
+{
+    (void)state;
+    static const int64_t sizes[] = {1, 3, 16, 17, 64, 65};
+    static const int64_t perms[4][4] = {{0, 1, 2, 3}, {0, 2, 1, 3}, {0, 2, 3, 1}, {1, 0, 2, 3}};
+    for (int iter = 0; iter < 60; iter++) {
+        int64_t B0 = 1 + irand(3), B1 = 1 + irand(3), M = sizes[irand(6)], N = sizes[irand(6)], K = sizes[irand(6)];
+        if (iter % 10 == 0) B0 = 8, M = N = K = 64; /* attention-sized, threaded */
+        int64_t ad[4] = {B0, B1, M, K}, bd[4] = {B0, B1, K, N}, yd[4] = {B0, B1, M, N};
+        mts_tensor a = tens(4, ad), b = tens(4, bd);
+        fill(&a, -1, 1);
+        fill(&b, -1, 1);
+        const mts_tensor *in[2] = {&a, &b};
+        nodebuf nb;
+        mknode(&nb, "MatMul", 2, 1, 13);
+        mts_tensor ref = run_op(mts_op_lookup("MatMul"), &nb.n, in, 2, 1);
+        /* Storage: each tensor stored as its transpose by a random permutation p (stored dims
+         * sd[j] = d[p[j]]), so logical axis p[j] has the stored stride of j. */
+        const int64_t *pa = perms[irand(4)], *pb = perms[irand(4)], *py = perms[irand(2)];
+        mts_tensor *srcs[2] = {&a, &b};
+        const int64_t *ps[2] = {pa, pb};
+        mts_tensor stored[2];
+        int64_t lstr[3][4];
+        for (int q = 0; q < 2; q++) {
+            int64_t sd[4], ss[4], s = 1;
+            for (int j = 0; j < 4; j++) sd[j] = srcs[q]->dims[ps[q][j]];
+            for (int j = 3; j >= 0; j--) ss[j] = s, s *= sd[j];
+            stored[q] = tens(4, sd);
+            for (int j = 0; j < 4; j++) lstr[q][ps[q][j]] = ss[j];
+            const float *src = srcs[q]->data;
+            float *dst = stored[q].data;
+            int64_t d[4];
+            for (d[0] = 0; d[0] < srcs[q]->dims[0]; d[0]++)
+                for (d[1] = 0; d[1] < srcs[q]->dims[1]; d[1]++)
+                    for (d[2] = 0; d[2] < srcs[q]->dims[2]; d[2]++)
+                        for (d[3] = 0; d[3] < srcs[q]->dims[3]; d[3]++) {
+                            int64_t li = ((d[0] * srcs[q]->dims[1] + d[1]) * srcs[q]->dims[2] + d[2]) * srcs[q]->dims[3] + d[3];
+                            dst[d[0] * lstr[q][0] + d[1] * lstr[q][1] + d[2] * lstr[q][2] + d[3] * lstr[q][3]] = src[li];
+                        }
+        }
+        int64_t ysd[4], yss[4], s = 1;
+        for (int j = 0; j < 4; j++) ysd[j] = yd[py[j]];
+        for (int j = 3; j >= 0; j--) yss[j] = s, s *= ysd[j];
+        for (int j = 0; j < 4; j++) lstr[2][py[j]] = yss[j];
+        int64_t dims[5] = {B0, B1, M, N, K};
+        nodebuf fb;
+        mknode(&fb, "MtsStridedMatMul", 2, 1, 1);
+        mts_attr *at;
+        at = attr(&fb, "dims", MTS_ATTR_INTS), at->n = 5, at->ints = dims;
+        at = attr(&fb, "a_strides", MTS_ATTR_INTS), at->n = 4, at->ints = lstr[0];
+        at = attr(&fb, "b_strides", MTS_ATTR_INTS), at->n = 4, at->ints = lstr[1];
+        at = attr(&fb, "y_strides", MTS_ATTR_INTS), at->n = 4, at->ints = lstr[2];
+        at = attr(&fb, "y_dims", MTS_ATTR_INTS), at->n = 4, at->ints = ysd;
+        const mts_tensor *fin[2] = {&stored[0], &stored[1]};
+        for (int t = 1; t <= MAX_THREADS; t++) {
+            mts_tensor got = run_op(&mts_fast_bmm, &fb.n, fin, 2, t);
+            /* back to logical order */
+            mts_tensor lg = tens(4, yd);
+            int64_t d[4];
+            for (d[0] = 0; d[0] < B0; d[0]++)
+                for (d[1] = 0; d[1] < B1; d[1]++)
+                    for (d[2] = 0; d[2] < M; d[2]++)
+                        for (d[3] = 0; d[3] < N; d[3]++)
+                            ((float *)lg.data)[((d[0] * B1 + d[1]) * M + d[2]) * N + d[3]] =
+                                ((float *)got.data)[d[0] * lstr[2][0] + d[1] * lstr[2][1] + d[2] * lstr[2][2] + d[3] * lstr[2][3]];
+            char what[96];
+            snprintf(what, sizeof what, "strided MatMul %lldx%lldx%lld batch %lldx%lld threads %d", (long long)M,
+                     (long long)N, (long long)K, (long long)B0, (long long)B1, t);
+            expect_close(&lg, &ref, 1e-5, what);
+            free(lg.data);
+            free(got.data);
+        }
+        free(ref.data);
+        free(a.data);
+        free(b.data);
+        free(stored[0].data);
+        free(stored[1].data);
+    }
+}
+
+/* MtsChannelPool against ReduceMean/ReduceMax over the last axis of x * scale. */
+static void test_channel_pool(void **state)
+{
+    (void)state;
+    static const int64_t cs[] = {1, 2, 15, 16, 17, 32, 70};
+    for (int iter = 0; iter < 28; iter++) {
+        int64_t N = 1 + irand(3), H = 1 + irand(9), W = 1 + irand(40), C = cs[iter % 7];
+        if (iter == 27) H = 64, W = 64; /* threaded */
+        int64_t xd[4] = {N, H, W, C}, sd[4] = {iter % 3 == 0 ? 1 : N, 1, 1, C}, od[4] = {N, H, W, 2};
+        mts_tensor x = tens(4, xd), sc = tens(4, sd);
+        fill(&x, -3, 3);
+        fill(&sc, 0, 1);
+        if (iter % 4 == 1) ((float *)x.data)[irand((int)mts_tensor_numel(&x))] = NAN;
+        bool scaled = iter % 2 == 0;
+        /* reference: m = x * sc (broadcast), then the reductions over the last axis */
+        mts_tensor m = tens(4, xd);
+        for (int64_t i = 0; i < mts_tensor_numel(&x); i++) {
+            int64_t n = i / (H * W * C), c = i % C;
+            float f = scaled ? ((float *)sc.data)[(sd[0] == 1 ? 0 : n) * C + c] : 1.0f;
+            ((float *)m.data)[i] = ((float *)x.data)[i] * f;
+        }
+        nodebuf nb;
+        mknode(&nb, "ReduceMean", 1, 1, 13);
+        mts_attr *ax = attr(&nb, "axes", MTS_ATTR_INTS);
+        int64_t last = 3;
+        ax->n = 1, ax->ints = &last;
+        const mts_tensor *min[1] = {&m};
+        mts_tensor mean = run_op(mts_op_lookup("ReduceMean"), &nb.n, min, 1, 1);
+        nb.n.op_type = "ReduceMax";
+        mts_tensor mx = run_op(mts_op_lookup("ReduceMax"), &nb.n, min, 1, 1);
+        mts_tensor ref = tens(4, od);
+        for (int64_t p = 0; p < N * H * W; p++) {
+            ((float *)ref.data)[2 * p] = ((float *)mean.data)[p];
+            ((float *)ref.data)[2 * p + 1] = ((float *)mx.data)[p];
+        }
+        nodebuf pb;
+        mknode(&pb, "MtsChannelPool", scaled ? 2 : 1, 1, 1);
+        const mts_tensor *in[2] = {&x, &sc};
+        for (int t = 1; t <= MAX_THREADS; t++) {
+            mts_err err = {0};
+            mts_tensor got = tens(4, od);
+            mts_kctx k = {&pb.n, in, scaled ? 2 : 1, &got, 1, &err, t};
+            if (mts_fast_cpool.run(&k)) fail_msg("channel pool: %s", err.msg);
+            char what[64];
+            snprintf(what, sizeof what, "channel pool C %lld scaled %d threads %d", (long long)C, scaled, t);
+            expect_close(&got, &ref, 1e-5, what);
+            free(got.data);
+        }
+        free(x.data), free(sc.data), free(m.data), free(mean.data), free(mx.data), free(ref.data);
+    }
+}
+
+static void test_conv1px(void **state)
+{
+    (void)state;
+    static const int64_t cs[] = {1, 3, 16, 17, 100, 576};
+    for (int iter = 0; iter < 24; iter++) {
+        int64_t N = 1 + irand(3), C = cs[iter % 6], M = cs[(iter / 6 + iter) % 6];
+        int64_t xd[4] = {N, C, 1, 1}, wd[4] = {M, C, 1, 1};
+        bool padded = iter % 8 == 7, grouped = iter % 8 == 5 && C % 2 == 0 && M % 2 == 0;
+        if (grouped) wd[1] = C / 2;
+        mts_tensor x = tens(4, xd), w = tens(4, wd), b = tens(1, &M);
+        fill(&x, -1, 1), fill(&w, -1, 1), fill(&b, -1, 1);
+        nodebuf nb;
+        mknode(&nb, "Conv", 3, 1, 13);
+        int64_t pads[4] = {1, 1, 1, 1};
+        if (padded) {
+            mts_attr *a = attr(&nb, "pads", MTS_ATTR_INTS);
+            a->n = 4, a->ints = pads;
+        }
+        if (grouped) attr(&nb, "group", MTS_ATTR_INT)->i = 2;
+        const mts_tensor *in[3] = {&x, &w, &b};
+        int nin = iter % 3 ? 3 : 2;
+        mts_tensor ref = run_op(mts_op_lookup("Conv"), &nb.n, in, nin, 1);
+        mts_tensor got = run_op(&mts_fast_conv1px, &nb.n, in, nin, 1);
+        expect_close(&got, &ref, 1e-5, "one-pixel conv");
+        free(got.data), free(ref.data), free(x.data), free(w.data), free(b.data);
+    }
+}
+
+static void test_conv_small(void **state)
+{
+    (void)state;
+    for (int iter = 0; iter < 40; iter++) {
+        int64_t N = 1 + irand(2), C = 1 + irand(4), H = 1 + irand(40), W = 1 + irand(50), K = 1 + 2 * irand(4);
+        if (iter == 39) N = 2, H = 200, W = 180; /* threaded */
+        int64_t xd[4] = {N, C, H, W}, wd[4] = {1, C, K, K};
+        mts_tensor x = tens(4, xd), w = tens(4, wd), b = tens(1, (const int64_t[]){1});
+        fill(&x, -1, 1), fill(&w, -1, 1), fill(&b, -1, 1);
+        int64_t pads[4] = {irand((int)K), irand((int)K), irand((int)K), irand((int)K)};
+        nodebuf nb;
+        mknode(&nb, "Conv", 3, 1, 13);
+        mts_attr *a = attr(&nb, "pads", MTS_ATTR_INTS);
+        a->n = 4, a->ints = pads;
+        const mts_tensor *in[3] = {&x, &w, &b};
+        int nin = iter % 2 ? 3 : 2;
+        mts_tensor ref = run_op(mts_op_lookup("Conv"), &nb.n, in, nin, 1);
+        for (int t = 1; t <= MAX_THREADS; t++) {
+            mts_tensor got = run_op(&mts_fast_conv_small, &nb.n, in, nin, t);
+            expect_close(&got, &ref, 1e-5, "small conv (NCHW)");
+            free(got.data);
+        }
+        /* channels-last source: x stored NHWC, passed (as the context does) as [N,H,W,C] views
+         * of x and of the weights */
+        int64_t vd[4] = {N, H, W, C}, wvd[4] = {1, K, K, C};
+        mts_tensor xn = tens(4, vd), wv = w;
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t c = 0; c < C; c++)
+                for (int64_t i = 0; i < H * W; i++)
+                    ((float *)xn.data)[(n * H * W + i) * C + c] = ((float *)x.data)[(n * C + c) * H * W + i];
+        memcpy(wv.dims, wvd, sizeof wvd);
+        attr(&nb, "mts_nhwc_src", MTS_ATTR_INT)->i = 1;
+        const mts_tensor *vin[3] = {&xn, &wv, &b};
+        for (int t = 1; t <= MAX_THREADS; t++) {
+            mts_err err = {0};
+            int64_t od[4] = {N, 1, ref.dims[2], ref.dims[3]};
+            mts_tensor got = tens(4, od);
+            mts_kctx k = {&nb.n, vin, nin, &got, 1, &err, t};
+            if (mts_fast_conv_small.run(&k)) fail_msg("small conv (NHWC): %s", err.msg);
+            expect_close(&got, &ref, 1e-5, "small conv (NHWC)");
+            free(got.data);
+        }
+        free(ref.data), free(x.data), free(xn.data), free(w.data), free(b.data);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_reduce),
+        cmocka_unit_test(test_layernorm),
+        cmocka_unit_test(test_softmax),
+        cmocka_unit_test(test_chain),
+        cmocka_unit_test(test_strided_matmul),
+        cmocka_unit_test(test_channel_pool),
+        cmocka_unit_test(test_conv1px),
+        cmocka_unit_test(test_conv_small),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
