@@ -2,7 +2,9 @@
  * Execution contexts: one caller's run state for a shared, immutable model.
  *
  * A context binds to the plan of the current input signature: it allocates the plan's buffer
- * slots (reused across runs while the signature stays the same), points constant values at the
+ * slots (reused across runs while the signature stays the same; when the signature changes, as
+ * dynamic batching changes the batch size, the new slots take the old buffers that are large
+ * enough, best fit, so alternating batch sizes costs no allocation and no page faults), points constant values at the
  * plan's or model's data and graph inputs at the caller's buffers (no copy), then runs the
  * plan's steps. Dynamic nodes infer their shapes with real values and get per-value buffers
  * that grow as needed. Nothing here takes a lock except the plan lookup.
@@ -22,6 +24,7 @@ struct mts_ctx {
     const mts__plan *plan;
     mts_tensor *vals;
     void **slots;
+    int64_t *slot_cap;  /* bytes allocated for each slot (>= the plan's need) */
     int n_slots;
     void **dyn;        /* per value: buffer of a dynamic value */
     int64_t *dyn_cap;
@@ -62,8 +65,7 @@ void mts_ctx_set_threads(mts_ctx *c, int threads)
 int64_t mts_ctx_bytes(const mts_ctx *c)
 {
     int64_t b = 0;
-    if (c->plan)
-        for (int i = 0; i < c->plan->n_slots; i++) b += c->plan->slot_bytes[i];
+    for (int i = 0; i < c->n_slots; i++) b += c->slot_cap[i];
     for (int v = 0; v < c->m->n_values; v++) b += c->dyn_cap[v];
     return b + c->scratch_cap;
 }
@@ -72,7 +74,9 @@ static void unbind(mts_ctx *c)
 {
     for (int i = 0; i < c->n_slots; i++) free(c->slots[i]);
     free(c->slots);
+    free(c->slot_cap);
     c->slots = NULL;
+    c->slot_cap = NULL;
     c->n_slots = 0;
     c->plan = NULL;
 }
@@ -111,17 +115,54 @@ static void *alloc_buf(int64_t bytes)
 
 static int bind(mts_ctx *c, const mts__plan *p, mts_err *err)
 {
-    unbind(c);
-    c->slots = calloc((size_t)p->n_slots + 1, sizeof(void *));
-    if (!c->slots) return mts_err_set(err, MTS_ENOMEM, "out of memory");
-    for (int i = 0; i < p->n_slots; i++) {
-        c->slots[i] = alloc_buf(p->slot_bytes[i]);
-        if (!c->slots[i]) {
-            c->n_slots = i;
-            unbind(c);
-            return mts_err_set(err, MTS_ENOMEM, "out of memory for activations (%lld bytes)", (long long)p->slot_bytes[i]);
+    /* The previous plan's buffers become spares; each new slot, largest first, takes the smallest
+     * spare that holds it; what no slot takes is freed. */
+    void **old = c->slots;
+    int64_t *old_cap = c->slot_cap;
+    int n_old = c->n_slots;
+    c->slots = NULL;
+    c->slot_cap = NULL;
+    c->n_slots = 0;
+    c->plan = NULL;
+    void **slots = calloc((size_t)p->n_slots + 1, sizeof(void *));
+    int64_t *cap = calloc((size_t)p->n_slots + 1, sizeof(int64_t));
+    int *order = malloc(sizeof(int) * ((size_t)p->n_slots + 1));
+    int rc = slots && cap && order ? MTS_OK : mts_err_set(err, MTS_ENOMEM, "out of memory");
+    for (int i = 0; !rc && i < p->n_slots; i++) { /* slots by decreasing size (insertion sort) */
+        int j = i;
+        while (j > 0 && p->slot_bytes[order[j - 1]] < p->slot_bytes[i]) {
+            order[j] = order[j - 1];
+            j--;
+        }
+        order[j] = i;
+    }
+    for (int k = 0; !rc && k < p->n_slots; k++) {
+        int i = order[k], best = -1;
+        int64_t need = p->slot_bytes[i] > 0 ? p->slot_bytes[i] : 1;
+        for (int o = 0; o < n_old; o++)
+            if (old[o] && old_cap[o] >= need && (best < 0 || old_cap[o] < old_cap[best])) best = o;
+        if (best >= 0) {
+            slots[i] = old[best];
+            cap[i] = old_cap[best];
+            old[best] = NULL;
+        } else if ((slots[i] = alloc_buf(need))) {
+            cap[i] = (need + 63) / 64 * 64;
+        } else {
+            rc = mts_err_set(err, MTS_ENOMEM, "out of memory for activations (%lld bytes)", (long long)need);
         }
     }
+    for (int o = 0; o < n_old; o++) free(old[o]);
+    free(old);
+    free(old_cap);
+    free(order);
+    if (rc) {
+        for (int i = 0; slots && i < p->n_slots; i++) free(slots[i]);
+        free(slots);
+        free(cap);
+        return rc;
+    }
+    c->slots = slots;
+    c->slot_cap = cap;
     c->n_slots = p->n_slots;
     c->prep_plan = NULL;
     if (p->max_io > c->max_io) {
