@@ -21,15 +21,26 @@ const char *const mts__grpc_service_names[] = {
 
 /* ---- health ---- */
 
-static void health_check(mts__grpc_call *c, const uint8_t *data, size_t len)
+/* Unpacks a HealthCheckRequest (failing the call with INVALID_ARGUMENT when it is not one) and
+ * tells whether it names the server ("") or a served service. Free with ..._free_unpacked. */
+static Grpc__Health__V1__HealthCheckRequest *health_request(mts__grpc_call *c, const uint8_t *data, size_t len,
+                                                            bool *known)
 {
     Grpc__Health__V1__HealthCheckRequest *m = grpc__health__v1__health_check_request__unpack(NULL, len, data);
     if (!m) {
         mts__grpc_fail(c, MTS_GRPC_INVALID_ARGUMENT, "the request is not a valid grpc.health.v1.HealthCheckRequest");
-        return;
+        return NULL;
     }
-    bool known = !m->service[0];
-    for (int i = 0; !known && mts__grpc_service_names[i]; i++) known = !strcmp(m->service, mts__grpc_service_names[i]);
+    *known = !m->service[0];
+    for (int i = 0; !*known && mts__grpc_service_names[i]; i++) *known = !strcmp(m->service, mts__grpc_service_names[i]);
+    return m;
+}
+
+static void health_check(mts__grpc_call *c, const uint8_t *data, size_t len)
+{
+    bool known;
+    Grpc__Health__V1__HealthCheckRequest *m = health_request(c, data, len, &known);
+    if (!m) return;
     if (!known) {
         mts__grpc_fail(c, MTS_GRPC_NOT_FOUND, "unknown service '%s'", m->service);
     } else {
@@ -62,13 +73,9 @@ static void health_watch(mts__grpc_call *c, const uint8_t *data, size_t len)
 {
     if (c->state) return; /* one request per stream; later messages are ignored */
     c->state = (void *)1;
-    Grpc__Health__V1__HealthCheckRequest *m = grpc__health__v1__health_check_request__unpack(NULL, len, data);
-    if (!m) {
-        mts__grpc_fail(c, MTS_GRPC_INVALID_ARGUMENT, "the request is not a valid grpc.health.v1.HealthCheckRequest");
-        return;
-    }
-    bool known = !m->service[0];
-    for (int i = 0; !known && mts__grpc_service_names[i]; i++) known = !strcmp(m->service, mts__grpc_service_names[i]);
+    bool known;
+    Grpc__Health__V1__HealthCheckRequest *m = health_request(c, data, len, &known);
+    if (!m) return;
     grpc__health__v1__health_check_request__free_unpacked(m, NULL);
     if (!known) {
         watch_send(c, GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVICE_UNKNOWN);

@@ -564,6 +564,46 @@ static char *read_pem(const char *path)
     return buf;
 }
 
+/* Plaintext, or TLS from the PEM files of o (mutual when tls_client_ca is set); NULL with err set
+ * when a file cannot be read or gRPC rejects the pair. */
+static grpc_server_credentials *server_credentials(const mts_grpc_opts *o, mts_err *err)
+{
+    if (!o->tls_cert) return grpc_insecure_server_credentials_create();
+    char *pem[3] = {0};
+    const char *paths[3] = {o->tls_cert, o->tls_key, o->tls_client_ca}, *what[3] = {"certificate", "key", "client CA"};
+    int bad = -1;
+    for (int i = 0; i < 3 && bad < 0; i++)
+        if (paths[i] && !(pem[i] = read_pem(paths[i]))) bad = i;
+    grpc_server_credentials *creds = NULL;
+    if (bad < 0) {
+        grpc_ssl_pem_key_cert_pair pair = {pem[1], pem[0]};
+        creds = grpc_ssl_server_credentials_create_ex(
+            pem[2], &pair, 1,
+            pem[2] ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
+            NULL);
+    }
+    for (int i = 0; i < 3; i++) free(pem[i]);
+    if (!creds && bad >= 0)
+        mts_err_set(err, MTS_EIO, "TLS %s %s: cannot read it (or it is not PEM text)", what[bad], paths[bad]);
+    else if (!creds)
+        mts_err_set(err, MTS_EINVAL, "TLS: gRPC rejected the certificate/key pair");
+    return creds;
+}
+
+/* Undoes a start that failed before the server started: no call exists yet. */
+static void discard_unstarted(mts_grpc *g)
+{
+    grpc_server_destroy(g->server);
+    grpc_completion_queue_shutdown(g->cq);
+    while (grpc_completion_queue_next(g->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type != GRPC_QUEUE_SHUTDOWN) {
+    }
+    grpc_completion_queue_destroy(g->cq);
+    pthread_mutex_destroy(&g->lock);
+    pthread_cond_destroy(&g->cv);
+    free(g);
+    grpc_shutdown();
+}
+
 int mts_grpc_start(mts_server *srv, const mts_grpc_opts *o, mts_grpc **out, mts_err *err)
 {
     mts_grpc *g = calloc(1, sizeof *g);
@@ -593,51 +633,16 @@ int mts_grpc_start(mts_server *srv, const mts_grpc_opts *o, mts_grpc **out, mts_
     grpc_server_register_completion_queue(g->server, g->cq, NULL);
     char addr[300];
     snprintf(addr, sizeof addr, "%s:%d", o->host ? o->host : "127.0.0.1", o->port);
-    grpc_server_credentials *creds = NULL;
-    if (o->tls_cert) {
-        char *pem[3] = {0};
-        const char *paths[3] = {o->tls_cert, o->tls_key, o->tls_client_ca}, *what[3] = {"certificate", "key", "client CA"};
-        int bad = -1;
-        for (int i = 0; i < 3 && bad < 0; i++)
-            if (paths[i] && !(pem[i] = read_pem(paths[i]))) bad = i;
-        if (bad < 0) {
-            grpc_ssl_pem_key_cert_pair pair = {pem[1], pem[0]};
-            creds = grpc_ssl_server_credentials_create_ex(
-                pem[2], &pair, 1,
-                pem[2] ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
-                NULL);
-        }
-        for (int i = 0; i < 3; i++) free(pem[i]);
-        if (!creds) {
-            if (bad >= 0) mts_err_set(err, MTS_EIO, "TLS %s %s: cannot read it (or it is not PEM text)", what[bad], paths[bad]);
-            else mts_err_set(err, MTS_EINVAL, "TLS: gRPC rejected the certificate/key pair");
-            grpc_server_destroy(g->server);
-            grpc_completion_queue_shutdown(g->cq);
-            while (grpc_completion_queue_next(g->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type != GRPC_QUEUE_SHUTDOWN) {
-            }
-            grpc_completion_queue_destroy(g->cq);
-            pthread_mutex_destroy(&g->lock);
-            pthread_cond_destroy(&g->cv);
-            free(g);
-            grpc_shutdown();
-            return err->code;
-        }
-    } else {
-        creds = grpc_insecure_server_credentials_create();
+    grpc_server_credentials *creds = server_credentials(o, err);
+    if (!creds) {
+        discard_unstarted(g);
+        return err->code;
     }
     g->port = grpc_server_add_http2_port(g->server, addr, creds);
     grpc_server_credentials_release(creds);
     if (g->port <= 0) {
         mts_err_set(err, MTS_EIO, "cannot listen for gRPC on %s (address in use or not local?)", addr);
-        grpc_server_destroy(g->server);
-        grpc_completion_queue_shutdown(g->cq);
-        while (grpc_completion_queue_next(g->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type != GRPC_QUEUE_SHUTDOWN) {
-        }
-        grpc_completion_queue_destroy(g->cq);
-        pthread_mutex_destroy(&g->lock);
-        pthread_cond_destroy(&g->cv);
-        free(g);
-        grpc_shutdown();
+        discard_unstarted(g);
         return MTS_EIO;
     }
     grpc_server_start(g->server);
