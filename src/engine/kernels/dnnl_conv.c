@@ -745,6 +745,18 @@ static int work_threads(const mts_dconv *c, int threads)
     return clamp_threads(t < 1 ? 1 : t < threads ? (int)t : threads);
 }
 
+/* The largest oneDNN scratch any phase convolution of c needs at `threads` (preparing them). */
+static int phase_scratch(const mts_dconv *c, int threads, size_t *most, mts_err *err)
+{
+    for (int i = 0; i < c->n_phase; i++) {
+        size_t b = 0;
+        int rc = mts_dconv_prepare(c->phase[i], threads, &b, err);
+        if (rc) return rc;
+        if (b > *most) *most = b;
+    }
+    return MTS_OK;
+}
+
 int mts_dconv_prepare(const mts_dconv *cc, int threads, size_t *scratch, mts_err *err)
 {
     mts_dconv *c = (mts_dconv *)cc; /* variants are created once, under g_lock, and published atomically */
@@ -757,11 +769,7 @@ int mts_dconv_prepare(const mts_dconv *cc, int threads, size_t *scratch, mts_err
     }
     if (c->n_phase) {
         size_t most = 0;
-        for (int i = 0; i < c->n_phase; i++) {
-            size_t b = 0;
-            if ((rc = mts_dconv_prepare(c->phase[i], threads, &b, err))) return rc;
-            if (b > most) most = b;
-        }
+        if ((rc = phase_scratch(c, threads, &most, err))) return rc;
         *scratch = (most + 63) / 64 * 64 + (size_t)c->n_phase * c->phase_tmp;
         return MTS_OK;
     }
@@ -843,11 +851,7 @@ int mts_dconv_run(const mts_dconv *c, int threads, void *stream, const float *sr
     }
     if (c->n_phase) {
         size_t most = 0;
-        for (int i = 0; i < c->n_phase; i++) {
-            size_t b = 0;
-            if ((rc = mts_dconv_prepare(c->phase[i], threads, &b, err))) return rc;
-            if (b > most) most = b;
-        }
+        if ((rc = phase_scratch(c, threads, &most, err))) return rc;
         float *tmp = (float *)((char *)scratch + (most + 63) / 64 * 64);
         for (int i = 0; i < c->n_phase; i++)
             if ((rc = mts_dconv_run(c->phase[i], threads, stream, src, tmp + (size_t)i * (c->phase_tmp / sizeof(float)),
