@@ -58,7 +58,6 @@ typedef struct png_ctx {
     char msg[256];
     const uint8_t *mem; /* memory source */
     size_t len, pos;
-    int64_t max_pixels; /* 0: only the per-side limit */
 } png_ctx;
 
 static void png_err_fn(png_structp p, png_const_charp msg)
@@ -108,11 +107,6 @@ static int png_decode(FILE *f, png_ctx *ctx, const char *what, mts_image *out, b
     png_uint_32 w = png_get_image_width(p, info), h = png_get_image_height(p, info);
     out->width = (int)w;
     out->height = (int)h;
-    if (ctx->max_pixels > 0 && (int64_t)w * h > ctx->max_pixels) {
-        png_destroy_read_struct(&p, &info, NULL);
-        return mts_err_set(err, MTS_ELIMIT, "%s: a %ux%u PNG has more than the %lld pixels allowed", what, (unsigned)w,
-                           (unsigned)h, (long long)ctx->max_pixels);
-    }
     if (probe_only) {
         png_destroy_read_struct(&p, &info, NULL);
         return MTS_OK;
@@ -192,33 +186,34 @@ int mts_png_decode_mem(const void *data, size_t len, mts_image *out, mts_err *er
 
 /* ---- JPEG decoding ---- */
 
-typedef struct jpeg_dec_err {
+/* libjpeg errors (both directions) longjmp back with libjpeg's message. */
+typedef struct jpeg_err_ctx {
     struct jpeg_error_mgr pub;
     jmp_buf jb;
     char msg[JMSG_LENGTH_MAX];
-} jpeg_dec_err;
+} jpeg_err_ctx;
 
-static void jpeg_dec_exit(j_common_ptr ci)
+static void jpeg_err_exit(j_common_ptr cinfo)
 {
-    jpeg_dec_err *e = (jpeg_dec_err *)ci->err;
-    e->pub.format_message(ci, e->msg);
+    jpeg_err_ctx *e = (jpeg_err_ctx *)cinfo->err;
+    e->pub.format_message(cinfo, e->msg);
     longjmp(e->jb, 1);
 }
 
 /* Warnings (a truncated file, corrupt data that libjpeg would paper over) are errors here. */
 static void jpeg_dec_message(j_common_ptr ci, int level)
 {
-    if (level < 0) jpeg_dec_exit(ci);
+    if (level < 0) jpeg_err_exit(ci);
 }
 
 static int jpeg_decode_mem(const void *data, size_t len, int64_t max_pixels, mts_image *out, mts_err *err)
 {
     struct jpeg_decompress_struct ci;
-    jpeg_dec_err je;
+    jpeg_err_ctx je;
     uint8_t *volatile pixels = NULL;
     memset(out, 0, sizeof *out);
     ci.err = jpeg_std_error(&je.pub);
-    je.pub.error_exit = jpeg_dec_exit;
+    je.pub.error_exit = jpeg_err_exit;
     je.pub.emit_message = jpeg_dec_message;
     je.msg[0] = 0;
     if (setjmp(je.jb)) {
@@ -267,14 +262,14 @@ int mts_image_decode_mem(const void *data, size_t len, int64_t max_pixels, mts_i
     const uint8_t *b = data;
     memset(out, 0, sizeof *out);
     if (len >= 8 && !png_sig_cmp(b, 0, 8)) {
-        if (len >= 24 && !memcmp(b + 12, "IHDR", 4)) { /* the size, before libpng sees it */
+        if (len >= 24 && !memcmp(b + 12, "IHDR", 4)) { /* the size, before libpng allocates anything */
             uint32_t w = (uint32_t)b[16] << 24 | (uint32_t)b[17] << 16 | (uint32_t)b[18] << 8 | b[19];
             uint32_t h = (uint32_t)b[20] << 24 | (uint32_t)b[21] << 16 | (uint32_t)b[22] << 8 | b[23];
             if (w > MTS_IMAGE_MAX_SIDE || h > MTS_IMAGE_MAX_SIDE || (max_pixels > 0 && (int64_t)w * h > max_pixels))
                 return mts_err_set(err, MTS_ELIMIT, "a %ux%u PNG is over the limits (side %d, %lld pixels)", w, h,
                                    MTS_IMAGE_MAX_SIDE, (long long)max_pixels);
         }
-        png_ctx ctx = {.mem = data, .len = len, .max_pixels = max_pixels};
+        png_ctx ctx = {.mem = data, .len = len}; /* IHDR must come first, so the check above saw it */
         return png_decode(NULL, &ctx, "PNG image", out, false, err);
     }
     if (len >= 3 && b[0] == 0xFF && b[1] == 0xD8 && b[2] == 0xFF) return jpeg_decode_mem(data, len, max_pixels, out, err);
@@ -336,19 +331,6 @@ int mts_png_encode_gray(const uint8_t *const *rows, int width, int height, int l
 }
 
 /* ---- JPEG encoding ---- */
-
-typedef struct jpeg_err_ctx {
-    struct jpeg_error_mgr pub;
-    jmp_buf jb;
-    char msg[JMSG_LENGTH_MAX];
-} jpeg_err_ctx;
-
-static void jpeg_err_exit(j_common_ptr cinfo)
-{
-    jpeg_err_ctx *e = (jpeg_err_ctx *)cinfo->err;
-    e->pub.format_message(cinfo, e->msg);
-    longjmp(e->jb, 1);
-}
 
 typedef struct jpeg_buf_dest {
     struct jpeg_destination_mgr pub;
