@@ -41,7 +41,7 @@ typedef struct seg_call {
     float *input;
     int in_w, in_h;
     char in_name[128], out_name[128];
-    double t_start, decode_ms, t_infer_done;
+    double decode_ms;
     char *answer; /* response body, malloc'd */
     size_t answer_len;
 } seg_call;
@@ -400,7 +400,6 @@ void mts_segment_http_handle(mts_server *srv, mts_http_conn *c, mts_http_req *hr
     }
     sc->srv = srv;
     sc->conn = c;
-    sc->t_start = mts_now_ms();
     snprintf(sc->model, sizeof sc->model, "%s", model);
     sc->threshold = (float)t;
     sc->batch = batch;
