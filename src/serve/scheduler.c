@@ -435,9 +435,12 @@ void *mts__worker_main(void *arg)
         int64_t limit = v ? v->max_batch : 1;
         bool capped = false;
         if (v && v->batchable && limit > 1 && v->act_samples > 0) {
-            int64_t per = v->act_bytes / v->act_samples;
-            int64_t reuse = v->n_ctx_free > 0 ? mts_ctx_bytes(v->ctx_free[v->n_ctx_free - 1]) : 0;
-            int64_t fit = per > 0 ? (d->budget - d->used + reuse) / per : limit;
+            int64_t per = v->act_bytes / v->act_samples, room = d->budget - d->used;
+            /* only a tight device needs the bytes the reused context already holds (a walk
+             * over its buffers, under the lock) */
+            if (per > 0 && room < per * limit && v->n_ctx_free > 0)
+                room += mts_ctx_bytes(v->ctx_free[v->n_ctx_free - 1]);
+            int64_t fit = per > 0 ? room / per : limit;
             if (fit < limit) {
                 limit = fit < 1 ? 1 : fit;
                 capped = true;
