@@ -17,6 +17,9 @@
 
 #include "engine/kernels/dnnl_ops.h"
 #include "engine/model.h"
+#include "engine/team.h"
+
+#define TEAM_ARMS 8 /* plans (input signatures) whose team-size estimates a context keeps */
 
 struct mts_ctx {
     mts_model *m;
@@ -37,7 +40,25 @@ struct mts_ctx {
     int64_t scratch_cap;
     const mts__plan *prep_plan; /* plan and thread count the scratch was sized for */
     int prep_threads;
+    int run_threads;    /* threads of the run in progress: `threads`, or 1 (see team.h) */
+    mts_team_arm arms[TEAM_ARMS];
+    int next_arm;
+    int64_t runs, one_thread_runs;
 };
+
+/* MTS_TEAM_ADAPT=0 turns the adaptive team size off (every run uses the whole team). */
+static int team_adapt_flag = -1;
+static pthread_once_t team_adapt_once = PTHREAD_ONCE_INIT;
+static void team_adapt_init(void)
+{
+    const char *e = getenv("MTS_TEAM_ADAPT");
+    team_adapt_flag = !(e && strcmp(e, "0") == 0);
+}
+static int team_adapt(void)
+{
+    pthread_once(&team_adapt_once, team_adapt_init);
+    return team_adapt_flag;
+}
 
 int mts_ctx_create(mts_model *m, int threads, mts_ctx **out, mts_err *err)
 {
@@ -60,6 +81,13 @@ int mts_ctx_create(mts_model *m, int threads, mts_ctx **out, mts_err *err)
 void mts_ctx_set_threads(mts_ctx *c, int threads)
 {
     c->threads = threads > 0 ? threads : 1;
+    memset(c->arms, 0, sizeof c->arms); /* the estimates were for the old team */
+}
+
+void mts_ctx_team_stats(const mts_ctx *c, int64_t *runs, int64_t *one_thread_runs)
+{
+    *runs = c->runs;
+    *one_thread_runs = c->one_thread_runs;
 }
 
 int64_t mts_ctx_bytes(const mts_ctx *c)
@@ -237,7 +265,7 @@ static int run_split(mts_ctx *c, const mts__step *st, mts_kctx *k)
     j->st = st;
     j->k = k;
     j->extent = k->out[0].dims[st->split_axis];
-    int t = c->threads < SPLIT_MAX_THREADS ? c->threads : SPLIT_MAX_THREADS;
+    int t = c->run_threads < SPLIT_MAX_THREADS ? c->run_threads : SPLIT_MAX_THREADS;
     if (t > j->extent) t = (int)j->extent;
     mts_parallel(t, split_part, j);
     int rc = MTS_OK;
@@ -254,10 +282,14 @@ static int prepare_dnnl(mts_ctx *c, const mts__plan *p, mts_err *err)
     int64_t need = 64;
     for (int s = 0; s < p->n_steps; s++) {
         if (p->steps[s].kind != MTS__S_DCONV) continue;
-        size_t b = 0;
-        int rc = mts_dconv_prepare(p->steps[s].dconv, c->threads, &b, err);
-        if (rc) return rc;
-        if ((int64_t)b > need) need = (int64_t)b;
+        /* the whole team's primitives, and the one-thread ones an adaptive context also runs */
+        int counts[2] = {c->threads, 1}, n_counts = c->threads > 1 && team_adapt() ? 2 : 1;
+        for (int i = 0; i < n_counts; i++) {
+            size_t b = 0;
+            int rc = mts_dconv_prepare(p->steps[s].dconv, counts[i], &b, err);
+            if (rc) return rc;
+            if ((int64_t)b > need) need = (int64_t)b;
+        }
     }
     if (need > c->scratch_cap) {
         free(c->scratch);
@@ -285,6 +317,20 @@ static int mts__profile_enabled(void)
     return profile_flag;
 }
 
+/* The team-size estimates of plan p (a free or the oldest slot when p has none yet). */
+static mts_team_arm *team_arm(mts_ctx *c, const mts__plan *p)
+{
+    for (int i = 0; i < TEAM_ARMS; i++)
+        if (c->arms[i].key == p) return &c->arms[i];
+    mts_team_arm *a = &c->arms[c->next_arm];
+    c->next_arm = (c->next_arm + 1) % TEAM_ARMS;
+    memset(a, 0, sizeof *a);
+    a->key = p;
+    return a;
+}
+
+static int run_steps(mts_ctx *c, const mts__plan *p, const mts_tensor **outputs, mts_err *err);
+
 int mts_ctx_run(mts_ctx *c, const mts_tensor *inputs, int n_inputs, const mts_tensor **outputs, mts_err *err)
 {
     mts_model *m = c->m;
@@ -296,10 +342,25 @@ int mts_ctx_run(mts_ctx *c, const mts_tensor *inputs, int n_inputs, const mts_te
     if ((rc = mts__plan_get(m, inputs, n_inputs, &p, err))) return rc;
     if (p != c->plan && (rc = bind(c, p, err))) return rc;
     for (int i = 0; i < n_inputs; i++) c->vals[m->inputs[i]] = inputs[i];
-    if (p->scratch_bytes) {
-        if ((p != c->prep_plan || c->threads != c->prep_threads) && (rc = prepare_dnnl(c, p, err))) return rc;
-        mts_dnnl_set_threads(c->threads);
-    }
+    if (p->scratch_bytes && (p != c->prep_plan || c->threads != c->prep_threads) && (rc = prepare_dnnl(c, p, err)))
+        return rc;
+    mts_team_arm *arm = c->threads > 1 && team_adapt() ? team_arm(c, p) : NULL;
+    int mode = arm ? mts_team_pick(arm) : MTS_TEAM_FULL;
+    c->run_threads = mode == MTS_TEAM_ONE ? 1 : c->threads;
+    if (p->scratch_bytes) mts_dnnl_set_threads(c->run_threads);
+    double t0 = arm ? now_ms() : 0;
+    rc = run_steps(c, p, outputs, err);
+    if (arm && !rc) mts_team_record(arm, mode, now_ms() - t0);
+    c->runs++;
+    c->one_thread_runs += c->run_threads == 1 && c->threads > 1;
+    return rc;
+}
+
+/* Runs plan p's steps on c->run_threads threads (inputs bound, oneDNN scratch prepared). */
+static int run_steps(mts_ctx *c, const mts__plan *p, const mts_tensor **outputs, mts_err *err)
+{
+    mts_model *m = c->m;
+    int rc;
     int profile = mts__profile_enabled();
     double t_step = profile ? now_ms() : 0;
     for (int s = 0; s < p->n_steps; s++) {
@@ -315,7 +376,7 @@ int mts_ctx_run(mts_ctx *c, const mts_tensor *inputs, int n_inputs, const mts_te
         if (st->kind == MTS__S_DCONV) {
             const float *resid[8];
             for (int j = 1; j < st->n_in && j <= 8; j++) resid[j - 1] = c->vals[st->in[j]].data;
-            if ((rc = mts_dconv_run(st->dconv, c->threads, c->stream, c->vals[st->in[0]].data, c->vals[st->out[0]].data, resid,
+            if ((rc = mts_dconv_run(st->dconv, c->run_threads, c->stream, c->vals[st->in[0]].data, c->vals[st->out[0]].data, resid,
                                     c->scratch, err)))
                 goto node_fail;
             continue;
@@ -331,7 +392,7 @@ int mts_ctx_run(mts_ctx *c, const mts_tensor *inputs, int n_inputs, const mts_te
             }
             c->kin[j] = t;
         }
-        mts_kctx k = {n, c->kin, st->n_in, c->kout, st->n_out, err, c->threads};
+        mts_kctx k = {n, c->kin, st->n_in, c->kout, st->n_out, err, c->run_threads};
         if (st->dynamic) {
             memset(c->kout, 0, sizeof *c->kout * (size_t)st->n_out);
             if ((rc = st->op->infer(&k))) goto node_fail;
@@ -370,7 +431,7 @@ int mts_ctx_run(mts_ctx *c, const mts_tensor *inputs, int n_inputs, const mts_te
                 }
             }
         }
-        if (st->split_axis >= 0 && c->threads > 1 && !st->dynamic) rc = run_split(c, st, &k);
+        if (st->split_axis >= 0 && c->run_threads > 1 && !st->dynamic) rc = run_split(c, st, &k);
         else rc = st->op->run(&k);
         if (rc) goto node_fail;
         continue;

@@ -71,6 +71,10 @@ int mts_ctx_create(mts_model *m, int threads, mts_ctx **out, mts_err *err);
 void mts_ctx_free(mts_ctx *c);
 /* Changes the intra-op thread count for the next runs (>= 1). */
 void mts_ctx_set_threads(mts_ctx *c, int threads);
+/* Runs so far and how many of them used one thread instead of the context's team (a context
+ * of T > 1 threads runs on one thread while that is faster: engine/team.h; MTS_TEAM_ADAPT=0
+ * turns this off). */
+void mts_ctx_team_stats(const mts_ctx *c, int64_t *runs, int64_t *one_thread_runs);
 /* Bytes of activation buffers the context holds now. */
 int64_t mts_ctx_bytes(const mts_ctx *c);
 /* inputs[i] corresponds to mts_model_input(m, i) (same order, all required). Validates dtypes

@@ -239,7 +239,7 @@ static void test_chain(void **state)
     static const char *const names[] = {"Add", "Sub", "Sub", "Mul", "Div", "Div", "Relu", "Sigmoid"};
     static const int codes[] = {MTS_CHAIN_ADD, MTS_CHAIN_SUB, MTS_CHAIN_RSUB, MTS_CHAIN_MUL,
                                 MTS_CHAIN_DIV, MTS_CHAIN_RDIV, MTS_CHAIN_RELU, MTS_CHAIN_SIGMOID};
-    for (int iter = 0; iter < 150; iter++) {
+    for (int iter = 0; iter < 400; iter++) {
         int rank = 1 + irand(4);
         int64_t dims[4];
         for (int i = 0; i < rank; i++) {
@@ -317,6 +317,47 @@ static void test_chain(void **state)
         }
         if (own) free(acc.data);
         for (int q = 0; q < n_in; q++) free(ins[q].data);
+    }
+}
+
+/* Squeeze-and-excitation on channels-last data: x [N,H,W,C] * s [N,1,1,C] (+ a [C] bias, then
+ * Relu), the shape the chain runs several short rows at a time (tiled operand, redone per sample),
+ * against the reference Mul / Add / Relu. */
+static void test_chain_channel_scale(void **state)
+{
+    (void)state;
+    static const int64_t shapes[][4] = {{1, 56, 56, 16}, {2, 9, 7, 24}, {3, 5, 3, 72}, {2, 3, 3, 128}, {1, 1, 1, 5},
+                                        {4, 7, 1, 3}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        const int64_t *d = shapes[i];
+        int64_t sd[4] = {d[0], 1, 1, d[3]}, bd[1] = {d[3]};
+        mts_tensor x = tens(4, d), sc = tens(4, sd), b = tens(1, bd);
+        fill(&x, -2, 2), fill(&sc, -1, 1), fill(&b, -1, 1);
+        nodebuf nm, na, nr;
+        mknode(&nm, "Mul", 2, 1, 14), mknode(&na, "Add", 2, 1, 14), mknode(&nr, "Relu", 1, 1, 14);
+        const mts_tensor *in_m[2] = {&x, &sc};
+        mts_tensor r1 = run_op(mts_op_lookup("Mul"), &nm.n, in_m, 2, 1);
+        const mts_tensor *in_a[2] = {&r1, &b};
+        mts_tensor r2 = run_op(mts_op_lookup("Add"), &na.n, in_a, 2, 1);
+        const mts_tensor *in_r[1] = {&r2};
+        mts_tensor ref = run_op(mts_op_lookup("Relu"), &nr.n, in_r, 1, 1);
+        nodebuf nb;
+        mknode(&nb, "MtsEltwiseChain", 3, 1, 1);
+        mts_attr *a = attr(&nb, "ops", MTS_ATTR_INTS);
+        int64_t ops[3] = {MTS_CHAIN_MUL, MTS_CHAIN_ADD, MTS_CHAIN_RELU};
+        a->n = 3;
+        a->ints = ops;
+        const mts_tensor *in[3] = {&x, &sc, &b};
+        for (int t = 1; t <= MAX_THREADS; t++) {
+            mts_tensor got = run_op(&mts_fast_chain, &nb.n, in, 3, t);
+            char what[96];
+            snprintf(what, sizeof what, "channel scale [%lld,%lld,%lld,%lld], threads %d", (long long)d[0],
+                     (long long)d[1], (long long)d[2], (long long)d[3], t);
+            expect_close(&got, &ref, 1e-6, what);
+            free(got.data);
+        }
+        free(r1.data), free(r2.data), free(ref.data);
+        free(x.data), free(sc.data), free(b.data);
     }
 }
 
@@ -487,6 +528,8 @@ static void test_conv_small(void **state)
     for (int iter = 0; iter < 40; iter++) {
         int64_t N = 1 + irand(2), C = 1 + irand(4), H = 1 + irand(40), W = 1 + irand(50), K = 1 + 2 * irand(4);
         if (iter == 39) N = 2, H = 200, W = 180; /* threaded */
+        if (H < K) H = K; /* the padded input must hold the kernel (pads may be 0) */
+        if (W < K) W = K;
         int64_t xd[4] = {N, C, H, W}, wd[4] = {1, C, K, K};
         mts_tensor x = tens(4, xd), w = tens(4, wd), b = tens(1, (const int64_t[]){1});
         fill(&x, -1, 1), fill(&w, -1, 1), fill(&b, -1, 1);
@@ -534,6 +577,7 @@ int main(void)
         cmocka_unit_test(test_layernorm),
         cmocka_unit_test(test_softmax),
         cmocka_unit_test(test_chain),
+        cmocka_unit_test(test_chain_channel_scale),
         cmocka_unit_test(test_strided_matmul),
         cmocka_unit_test(test_channel_pool),
         cmocka_unit_test(test_conv1px),

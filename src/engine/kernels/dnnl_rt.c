@@ -16,7 +16,7 @@ static bool g_ok;
 static void load(void)
 {
     /* Before libgomp is loaded: it reads these once. A value already in the environment wins. */
-    setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
+    if (!getenv("OMP_WAIT_POLICY")) setenv("GOMP_SPINCOUNT", MTS_OMP_SPINCOUNT, 0);
     void *h = dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL);
     if (!h) return;
 #define MTS_DNNL_X(f) \

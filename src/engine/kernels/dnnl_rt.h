@@ -1,15 +1,21 @@
 /*
  * Run-time binding of oneDNN. libdnnl (Debian's build) runs on libgomp, and libgomp reads its
  * settings (OMP_WAIT_POLICY, GOMP_SPINCOUNT) once, when it is loaded. Linked normally it would
- * be loaded before main and its worker threads would spin after every parallel region, fighting
- * other contexts' threads and the reference kernels' threads on this 2-core machine. So the
+ * be loaded before main and its worker threads would spin for up to ~3 ms after every parallel
+ * region (libgomp's default), fighting other contexts' threads on this 2-core machine. So the
  * engine loads libdnnl (and with it libgomp) with dlopen on first use, after setting
- * OMP_WAIT_POLICY=PASSIVE unless the environment already says otherwise. Calls go through the
- * mts_dnnl function table; the build still requires libdnnl-dev (headers and library).
- * The setenv happens once, on the first plan build of the default backend; a program that
- * reads the environment from other threads at that moment should set OMP_WAIT_POLICY itself
- * before starting them (a value already present is kept).
+ * GOMP_SPINCOUNT=MTS_OMP_SPINCOUNT unless the environment already sets OMP_WAIT_POLICY or
+ * GOMP_SPINCOUNT: a team thread polls for about 20 us after a region, which catches the next
+ * step of the same run (waking a sleeping thread costs 10-50 us here, more than many steps of a
+ * small network take), then sleeps; libgomp shortens the poll further when it manages more
+ * threads than there are CPUs. Contexts that lose more than they gain from their team under
+ * load run on one thread instead (engine/team.h). Calls go through the mts_dnnl function table;
+ * the build still requires libdnnl-dev (headers and library). The setenv happens once, on the
+ * first plan build of the default backend; a program that reads the environment from other
+ * threads at that moment should set these itself before starting them.
  */
+#define MTS_OMP_SPINCOUNT "2000"
+
 #ifndef MTS_ENGINE_DNNL_RT_H
 #define MTS_ENGINE_DNNL_RT_H
 

@@ -525,17 +525,71 @@ FAST_CLONES static void chain_block(const chain_job *j, const float *const *src,
     memcpy(y, buf, sizeof(float) * (size_t)n);
 }
 
+/* Short rows (channels-last data times a per-channel operand: rows of C elements) are processed
+ * several at a time: an operand that repeats one row across rows is tiled into a block-sized
+ * copy (redone only when its row moves, e.g. to the next sample), an operand that walks the rows
+ * contiguously is read in place. Returns false when some operand walks the rows another way. */
+static bool chain_tiled(const chain_job *j, int64_t lo, int64_t hi)
+{
+    int r = j->rank;
+    int64_t L = j->dims[r - 1];
+    if (r < 2 || L * 4 > CHAIN_BLOCK) return false;
+    for (int q = 0; q < j->n_in; q++) {
+        int64_t si = j->str[q][r - 1], so = j->str[q][r - 2];
+        if (!((si == 1 && (so == L || so == 0)) || (si == 0 && so == 0))) return false;
+    }
+    int64_t R = j->dims[r - 2], m = CHAIN_BLOCK / L;
+    float tile[CHAIN_MAX_IN][CHAIN_BLOCK] __attribute__((aligned(64)));
+    const float *tiled_from[CHAIN_MAX_IN] = {0};
+    const float *src[CHAIN_MAX_IN];
+    bool vec[CHAIN_MAX_IN];
+    for (int64_t idx = lo; idx < hi;) {
+        /* idx is at a row start (lo and hi are multiples of L); rows up to the end of dim r-2 */
+        int64_t row = idx / L, in_row = row % R, outer = row / R;
+        int64_t n_rows = R - in_row;
+        if (n_rows > m) n_rows = m;
+        if (n_rows > (hi - idx) / L) n_rows = (hi - idx) / L;
+        for (int q = 0; q < j->n_in; q++) {
+            int64_t off = 0, rest = outer;
+            for (int d = r - 3; d >= 0; d--) {
+                off += (rest % j->dims[d]) * j->str[q][d];
+                rest /= j->dims[d];
+            }
+            const float *base = j->in[q] + off;
+            if (j->str[q][r - 1] == 0) {
+                src[q] = base, vec[q] = false;
+            } else if (j->str[q][r - 2] == L) {
+                src[q] = base + in_row * L, vec[q] = true;
+            } else {
+                if (tiled_from[q] != base) {
+                    for (int64_t t = 0; t < m; t++) memcpy(tile[q] + t * L, base, sizeof(float) * (size_t)L);
+                    tiled_from[q] = base;
+                }
+                src[q] = tile[q], vec[q] = true;
+            }
+        }
+        chain_block(j, src, vec, n_rows * L, j->y + idx);
+        idx += n_rows * L;
+    }
+    return true;
+}
+
 static void chain_part(void *arg, int ithr, int nthr)
 {
     const chain_job *j = arg;
     int64_t lo = j->total * ithr / nthr, hi = j->total * (ithr + 1) / nthr;
     int r = j->rank;
     int64_t L = j->dims[r - 1];
+    if (lo >= hi) return;
+    if (r >= 2) {
+        /* whole rows per thread for the tiled path */
+        int64_t rows = j->total / L, rlo = rows * ithr / nthr * L, rhi = rows * (ithr + 1) / nthr * L;
+        if (chain_tiled(j, rlo, rhi)) return;
+    }
     const float *src[CHAIN_MAX_IN];
     bool vec[CHAIN_MAX_IN];
     int64_t idx_[MTS_MAX_RANK] = {0}, off[CHAIN_MAX_IN] = {0};
     for (int q = 0; q < j->n_in; q++) vec[q] = j->str[q][r - 1] != 0;
-    if (lo >= hi) return;
     /* Coordinates of the first row, then an odometer over the outer dims. */
     int64_t row = lo / L, col = lo % L, rr = row;
     for (int d = r - 2; d >= 0; d--) {
