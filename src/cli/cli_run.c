@@ -134,9 +134,16 @@ int mts_cli_run(int argc, char **argv)
         }
         fill_random(&in[i], &seed);
     }
+    /* Ready to run: the plan for this signature built (weights packed, primitives created). */
+    double t_plan = mts_cli_now_ms(), flops = 0;
+    int64_t act_bytes = 0;
+    if ((rc = mts_model_analyze(m, in, info.n_inputs, &flops, &act_bytes, &err))) goto fail;
+    double plan_ms = mts_cli_now_ms() - t_plan;
     if ((rc = mts_ctx_create(m, threads, &ctx, &err))) goto fail;
+    double t_first = mts_cli_now_ms();
     for (int w = 0; w < warmup; w++)
         if ((rc = mts_ctx_run(ctx, in, info.n_inputs, outs, &err))) goto fail;
+    double first_ms = warmup > 0 ? mts_cli_now_ms() - t_first : 0;
     for (int it = 0; it < iters; it++) {
         double t0 = mts_cli_now_ms();
         if ((rc = mts_ctx_run(ctx, in, info.n_inputs, outs, &err))) goto fail;
@@ -156,19 +163,26 @@ int mts_cli_run(int argc, char **argv)
     double median = lat[iters / 2], p90 = lat[(int)((iters - 1) * 0.9)];
     double tput = (double)batch * 1000.0 / median;
     char shp[128];
+    int64_t runs = 0, one_runs = 0;
+    mts_ctx_team_stats(ctx, &runs, &one_runs);
     if (json) {
         printf("{\"model\": \"%s\", \"batch\": %lld, \"threads\": %d, \"iters\": %d, \"load_ms\": %.3f, "
+               "\"plan_ms\": %.3f, \"first_run_ms\": %.3f, \"one_thread_runs\": %lld, "
                "\"median_ms\": %.4f, \"p90_ms\": %.4f, \"min_ms\": %.4f, \"throughput_per_s\": %.3f, \"outputs\": [",
-               path, (long long)batch, threads, iters, load_ms, median, p90, lat[0], tput);
+               path, (long long)batch, threads, iters, load_ms, plan_ms, first_ms, (long long)one_runs, median, p90,
+               lat[0], tput);
         for (int o = 0; o < info.n_outputs; o++)
             printf("%s{\"name\": \"%s\", \"dtype\": \"%s\", \"shape\": %s}", o ? ", " : "", mts_model_output(m, o)->name,
                    mts_dtype_name(outs[o]->dtype), mts_shape_str(outs[o], shp, sizeof shp));
         printf("]}\n");
     } else {
-        printf("model       %s (loaded in %.1f ms)\n", path, load_ms);
+        printf("model       %s (loaded in %.1f ms, plan for this signature %.1f ms)\n", path, load_ms, plan_ms);
         printf("config      batch %lld, %d thread%s, %d iterations after %d warm-up\n", (long long)batch, threads,
                threads > 1 ? "s" : "", iters, warmup);
         printf("latency     median %.3f ms, p90 %.3f ms, min %.3f ms\n", median, p90, lat[0]);
+        if (threads > 1)
+            printf("team        %lld of %lld runs on %d threads, %lld on one (adaptive; MTS_TEAM_ADAPT=0 keeps the team)\n",
+                   (long long)(runs - one_runs), (long long)runs, threads, (long long)one_runs);
         printf("throughput  %.2f samples/s\n", tput);
         for (int o = 0; o < info.n_outputs; o++)
             printf("output      %s %s %s\n", mts_model_output(m, o)->name, mts_dtype_name(outs[o]->dtype),

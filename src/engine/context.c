@@ -38,8 +38,8 @@ struct mts_ctx {
     void *stream;       /* oneDNN stream (created on first use) */
     void *scratch;      /* oneDNN scratch memory */
     int64_t scratch_cap;
-    const mts__plan *prep_plan; /* plan and thread count the scratch was sized for */
-    int prep_threads;
+    const mts__plan *prep_plan; /* plan the scratch was sized for, */
+    unsigned prep_mask;         /* ... at one thread (bit 0) and at `threads` (bit 1) */
     int run_threads;    /* threads of the run in progress: `threads`, or 1 (see team.h) */
     mts_team_arm arms[TEAM_ARMS];
     int next_arm;
@@ -82,6 +82,7 @@ void mts_ctx_set_threads(mts_ctx *c, int threads)
 {
     c->threads = threads > 0 ? threads : 1;
     memset(c->arms, 0, sizeof c->arms); /* the estimates were for the old team */
+    c->prep_mask &= 1u;                 /* the team's primitives are for the old count */
 }
 
 void mts_ctx_team_stats(const mts_ctx *c, int64_t *runs, int64_t *one_thread_runs)
@@ -275,21 +276,18 @@ static int run_split(mts_ctx *c, const mts__step *st, mts_kctx *k)
     return rc;
 }
 
-/* Sizes the scratch memory for the plan's oneDNN steps at this context's thread count (creating
- * their primitives for that count on first use) and makes the stream. */
-static int prepare_dnnl(mts_ctx *c, const mts__plan *p, mts_err *err)
+/* Sizes the scratch memory for the plan's oneDNN steps at `threads` (creating their primitives
+ * for that count on first use; an adaptive context prepares its one-thread primitives only when
+ * it first tries one thread) and makes the stream. */
+static int prepare_dnnl(mts_ctx *c, const mts__plan *p, int threads, mts_err *err)
 {
     int64_t need = 64;
     for (int s = 0; s < p->n_steps; s++) {
         if (p->steps[s].kind != MTS__S_DCONV) continue;
-        /* the whole team's primitives, and the one-thread ones an adaptive context also runs */
-        int counts[2] = {c->threads, 1}, n_counts = c->threads > 1 && team_adapt() ? 2 : 1;
-        for (int i = 0; i < n_counts; i++) {
-            size_t b = 0;
-            int rc = mts_dconv_prepare(p->steps[s].dconv, counts[i], &b, err);
-            if (rc) return rc;
-            if ((int64_t)b > need) need = (int64_t)b;
-        }
+        size_t b = 0;
+        int rc = mts_dconv_prepare(p->steps[s].dconv, threads, &b, err);
+        if (rc) return rc;
+        if ((int64_t)b > need) need = (int64_t)b;
     }
     if (need > c->scratch_cap) {
         free(c->scratch);
@@ -299,8 +297,8 @@ static int prepare_dnnl(mts_ctx *c, const mts__plan *p, mts_err *err)
     }
     if (!c->stream && !(c->stream = mts_dnnl_stream_create()))
         return mts_err_set(err, MTS_EUNAVAILABLE, "cannot create a oneDNN stream");
-    c->prep_plan = p;
-    c->prep_threads = c->threads;
+    if (p != c->prep_plan) c->prep_plan = p, c->prep_mask = 0;
+    c->prep_mask |= threads == 1 ? 1u : 2u;
     return MTS_OK;
 }
 
@@ -342,12 +340,14 @@ int mts_ctx_run(mts_ctx *c, const mts_tensor *inputs, int n_inputs, const mts_te
     if ((rc = mts__plan_get(m, inputs, n_inputs, &p, err))) return rc;
     if (p != c->plan && (rc = bind(c, p, err))) return rc;
     for (int i = 0; i < n_inputs; i++) c->vals[m->inputs[i]] = inputs[i];
-    if (p->scratch_bytes && (p != c->prep_plan || c->threads != c->prep_threads) && (rc = prepare_dnnl(c, p, err)))
-        return rc;
     mts_team_arm *arm = c->threads > 1 && team_adapt() ? team_arm(c, p) : NULL;
     int mode = arm ? mts_team_pick(arm) : MTS_TEAM_FULL;
     c->run_threads = mode == MTS_TEAM_ONE ? 1 : c->threads;
-    if (p->scratch_bytes) mts_dnnl_set_threads(c->run_threads);
+    if (p->scratch_bytes) {
+        unsigned bit = c->run_threads == 1 ? 1u : 2u;
+        if ((p != c->prep_plan || !(c->prep_mask & bit)) && (rc = prepare_dnnl(c, p, c->run_threads, err))) return rc;
+        mts_dnnl_set_threads(c->run_threads);
+    }
     double t0 = arm ? now_ms() : 0;
     rc = run_steps(c, p, outputs, err);
     if (arm && !rc) mts_team_record(arm, mode, now_ms() - t0);
