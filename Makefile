@@ -21,7 +21,7 @@ TESTDATA := /usr/share/libonnx-testdata/data
 export MTSERVE := $(CURDIR)/$(BUILD)/mtserve
 
 .PHONY: all deps build build-asan build-tsan models avatar run test test-unit test-conformance bench \
-        bench-engine bench-serving bench-capacity bench-churn bench-grpc clean
+        bench-engine bench-ceiling bench-serving bench-capacity bench-churn bench-grpc clean
 
 all: build
 
@@ -74,6 +74,9 @@ bench-serving: build models
 
 bench-capacity: build models
 	@bash scripts/bench-capacity.sh
+
+bench-ceiling: build models
+	@bash scripts/bench-ceiling.sh
 
 bench-churn: build
 	@bash scripts/bench-churn.sh

@@ -32,8 +32,11 @@
 #include <float.h>
 #include <math.h>
 #include <stdio.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine/kernels/dnnl_ops.h"
 #include "engine/model.h"
@@ -45,6 +48,8 @@ typedef struct cinfo {
     float *bfold;   /* BN-folded bias (plan pool) */
     int resid[MTS_DPOST_MAX];
     int n_resid;
+    int create_rc;  /* mts_dconv_create's result (create_all) */
+    mts_err create_err;
 } cinfo;
 
 typedef struct opt {
@@ -291,6 +296,41 @@ static bool matmul_bias(const opt *o, const mts__step *st, int x, int64_t N, con
 
 /* Pass 2a: is step s a convolution or pooling oneDNN may run? Fills c->spec's geometry and
  * weights. */
+/* Creating the oneDNN steps of a plan (packing weights, compiling kernels) on several threads:
+ * each creation is independent; w32's 60 take ~90 ms on one thread. */
+#define CREATE_THREADS 4
+typedef struct create_job {
+    mts__plan *p;
+    cinfo *ci;
+    int n;
+    atomic_int next;
+} create_job;
+
+static void *create_main(void *arg)
+{
+    create_job *j = arg;
+    for (int i; (i = atomic_fetch_add(&j->next, 1)) < j->n;) {
+        cinfo *c = &j->ci[i];
+        c->create_err.msg[0] = 0;
+        c->create_rc = mts_dconv_create(&c->spec, &j->p->steps[c->step].dconv, &c->create_err);
+    }
+    return NULL;
+}
+
+static void create_all(mts__plan *p, cinfo *ci, int n)
+{
+    create_job j = {p, ci, n, 0};
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int nt = cpus < 1 ? 1 : cpus > CREATE_THREADS ? CREATE_THREADS : (int)cpus;
+    if (nt > n / 4) nt = n / 4 > 1 ? n / 4 : 1; /* a few steps: not worth a thread */
+    pthread_t th[CREATE_THREADS];
+    int started = 0;
+    for (int t = 1; t < nt; t++)
+        if (pthread_create(&th[started], NULL, create_main, &j) == 0) started++;
+    create_main(&j);
+    for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
+}
+
 static bool conv_eligible(opt *o, int s, const uint8_t *no_dnnl, cinfo *c)
 {
     mts__plan *p = o->p;
@@ -1323,9 +1363,9 @@ int mts__optimize(mts_model *m, mts__plan *p, mts_err *err)
                 p->nhwc[v] = !o.gbad[r] && o.gconv[r];
             }
 
-        /* Primitives. */
-        int failed = -1;
-        for (int i = 0; i < nci && failed < 0; i++) {
+        /* Primitives: layouts first (in order), then the creations, which are independent and
+         * mostly oneDNN's JIT compilation, on up to CREATE_THREADS threads. */
+        for (int i = 0; i < nci; i++) {
             cinfo *c = &ci[i];
             mts__step *st = &p->steps[c->step];
             const mts_tensor *x = &p->vals[st->in[0]], *y = &p->vals[st->out[0]];
@@ -1338,13 +1378,18 @@ int mts__optimize(mts_model *m, mts__plan *p, mts_err *err)
                     const mts_tensor *t = &p->vals[rv];
                     c->spec.post[j].nhwc = !mm && t->rank == 4 && (p->nhwc[rv] || is_neutral(t));
                 }
-            mts_err e = {0};
-            if (mts_dconv_create(&c->spec, &st->dconv, &e) != MTS_OK) {
-                if (getenv("MTS_PLAN_VERBOSE"))
+        }
+        create_all(p, ci, nci);
+        int failed = -1;
+        for (int i = 0; i < nci; i++) {
+            cinfo *c = &ci[i];
+            mts__step *st = &p->steps[c->step];
+            if (c->create_rc != MTS_OK) {
+                if (failed < 0 && getenv("MTS_PLAN_VERBOSE"))
                     fprintf(stderr, "oneDNN declines node '%s' (src %s, dst %s): %s\n", m->nodes[st->node].name,
-                            c->spec.src_nhwc ? "nhwc" : "nchw", c->spec.dst_nhwc ? "nhwc" : "nchw", e.msg);
-                failed = st->node;
-                break;
+                            c->spec.src_nhwc ? "nhwc" : "nchw", c->spec.dst_nhwc ? "nhwc" : "nchw", c->create_err.msg);
+                if (failed < 0) failed = st->node;
+                continue;
             }
             st->kind = MTS__S_DCONV;
             free(c->wtmp);

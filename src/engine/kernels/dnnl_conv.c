@@ -255,7 +255,21 @@ struct mts_dconv {
     size_t phase_tmp;                  /* bytes of one phase's output */
 };
 
-static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER; /* variant creation and the weight cache */
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER; /* the weight caches */
+
+/* Variant creation for one thread count of a convolution already in use (mts_dconv_prepare): one
+ * of a few striped locks, by address, so that contexts preparing different steps (or a plan's
+ * steps created in parallel) do not wait for each other's JIT compilation. */
+#define VAR_LOCKS 16
+static pthread_mutex_t g_var_lock[VAR_LOCKS] = {
+    PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER,
+    PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER,
+    PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER,
+    PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER};
+static pthread_mutex_t *var_lock(const void *c)
+{
+    return &g_var_lock[((uintptr_t)c >> 6) % VAR_LOCKS];
+}
 
 static void variant_free(variant *v)
 {
@@ -268,7 +282,8 @@ static void variant_free(variant *v)
 }
 
 /* Packed weights of layout wmd: the creation-time copy, a cached one, or a new reorder of either
- * the user's weights (w != NULL) or the base copy. Caller holds g_lock. */
+ * the user's weights (w != NULL) or the base copy. Caller holds g_lock (the cache is the
+ * model's, shared by all its convolutions). */
 static int packed_weights(mts_dconv *c, const dnnl_memory_desc_t *wmd, const float *w, wcache **out, mts_err *err)
 {
     const mts_dconv_spec *s = &c->spec;
@@ -315,7 +330,8 @@ static int packed_weights(mts_dconv *c, const dnnl_memory_desc_t *wmd, const flo
     return MTS_OK;
 }
 
-/* Creates the variant for `threads` (caller holds g_lock). w: the user's weights at creation. */
+/* Creates the variant for `threads` (the caller excludes other creations for the same c: it is
+ * either creating c or holds var_lock(c)). w: the user's weights at creation. */
 static int variant_create(mts_dconv *c, int threads, const float *w, variant **out, mts_err *err)
 {
     int rc = MTS_OK;
@@ -345,7 +361,10 @@ static int variant_create(mts_dconv *c, int threads, const float *w, variant **o
     if (!mts_dprim_is_pool(c->spec.kind)) {
         const dnnl_memory_desc_t *wmd = mts_dnnl.dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
         wcache *wc = NULL;
-        if ((rc = packed_weights(c, wmd, w, &wc, err))) goto done;
+        pthread_mutex_lock(&g_lock);
+        rc = packed_weights(c, wmd, w, &wc, err);
+        pthread_mutex_unlock(&g_lock);
+        if (rc) goto done;
         if (!c->base) c->base = wc;
         DN(mts_dnnl.dnnl_memory_create(&v->wmem, &wc->md, eng(), wc->data), "weights memory");
     }
@@ -685,7 +704,6 @@ int mts_dconv_create(const mts_dconv_spec *s, mts_dconv **out, mts_err *err)
     DN(mts_dnnl.dnnl_primitive_attr_set_post_ops(c->attr, po), "set post-ops");
     {
         variant *v = NULL;
-        pthread_mutex_lock(&g_lock);
         /* A first layer (few input channels) reads NCHW directly when oneDNN has a fast kernel
          * for it, saving the conversion of the input. */
         bool direct = s->kind == MTS_DPRIM_CONV && !s->src_nhwc && g->nsp < 3 && g->C <= 8 && g->group == 1;
@@ -698,7 +716,6 @@ int mts_dconv_create(const mts_dconv_spec *s, mts_dconv **out, mts_err *err)
             }
         }
         rc = direct ? MTS_OK : variant_create(c, 1, s->w, &v, err);
-        pthread_mutex_unlock(&g_lock);
         if (rc) goto done;
         atomic_store(&c->var[1], v);
     }
@@ -761,7 +778,7 @@ static int phase_scratch(const mts_dconv *c, int threads, size_t *most, mts_err 
 
 int mts_dconv_prepare(const mts_dconv *cc, int threads, size_t *scratch, mts_err *err)
 {
-    mts_dconv *c = (mts_dconv *)cc; /* variants are created once, under g_lock, and published atomically */
+    mts_dconv *c = (mts_dconv *)cc; /* variants are created once, under var_lock(c), and published atomically */
     int rc = MTS_OK;
     if (c->inner) {
         size_t b = 0;
@@ -778,10 +795,10 @@ int mts_dconv_prepare(const mts_dconv *cc, int threads, size_t *scratch, mts_err
     int t = work_threads(c, threads);
     variant *v = atomic_load(&c->var[t]);
     if (!v) {
-        pthread_mutex_lock(&g_lock);
+        pthread_mutex_lock(var_lock(c));
         v = atomic_load(&c->var[t]);
         if (!v && (rc = variant_create(c, t, NULL, &v, err)) == MTS_OK) atomic_store(&c->var[t], v);
-        pthread_mutex_unlock(&g_lock);
+        pthread_mutex_unlock(var_lock(c));
         if (rc) return rc;
     }
     *scratch = v->total_scratch;
