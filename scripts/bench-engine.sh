@@ -11,7 +11,8 @@
 # iterations and BENCH_SECONDS s are reached (heavy configs: 2 iterations).
 #
 # Env knobs: BENCH_MODELS="a b" (model names in models/out), BENCH_BATCHES="1 8",
-# BENCH_THREADS="1 2", BENCH_QUICK=1 (one iteration each, no timing run: smoke test),
+# BENCH_THREADS="1 2", BENCH_ROUNDS=N (mtserve and ORT alternate N times per config; the table
+# shows the medians: the shared machine's speed drifts by +-30 % within minutes), BENCH_QUICK=1 (one iteration each, no timing run: smoke test),
 # BENCH_DIMS="S=64" (values for symbolic dims other than the batch), MTSERVE (binary path).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -26,6 +27,7 @@ QUICK=${BENCH_QUICK:-0}
 DIMS=${BENCH_DIMS:-S=64}
 SECS=${BENCH_SECONDS:-2}
 HEAVY_MS=${BENCH_HEAVY_MS:-4000}
+ROUNDS=${BENCH_ROUNDS:-1}
 
 log() { echo "bench: $*" >&2; }
 
@@ -33,6 +35,8 @@ log() { echo "bench: $*" >&2; }
 jget() { printf '%s' "$2" | tr -d '\n' | grep -o "\"$1\": *[-0-9.eE+]*" | head -n1 | sed 's/.*: *//'; }
 # calc EXPR: floating-point arithmetic through awk
 calc() { awk "BEGIN { printf \"%s\", $1 }" </dev/null; }
+# median V...: the median of the values (empty if none)
+median() { [ $# -gt 0 ] && printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 
 if [ ! -x "$MTSERVE" ]; then
   log "$MTSERVE not found; run 'make build' first"; exit 2
@@ -77,7 +81,7 @@ for model in $MODELS; do
   [ ${#dimargs[@]} -gt 0 ] && info=$("$MTSERVE" inspect --json "$path" "${dimargs[@]}" 2>/dev/null)
   gflop=$(jget gflop_per_sample "$info")
   gflop=${gflop:-0}
-  m_load=""; o_load=""
+  m_load=""; o_load=""; m_plan=""
 
   for batch in $BATCHES; do
     for threads in $THREADS; do
@@ -104,18 +108,25 @@ for model in $MODELS; do
         fi
       fi
 
-      m_json=$("$MTSERVE" run "$path" "${common[@]}" --iters "$m_iters" --warmup "$m_warm" --json 2>/dev/null)
-      m_tp=$(jget throughput_per_s "$m_json")
-      ml=$(jget load_ms "$m_json")
-      if [ -n "$ml" ] && { [ -z "$m_load" ] || [ "$(calc "($ml < $m_load) ? 1 : 0")" = 1 ]; }; then m_load=$ml; fi
-
-      o_tp=""; o_n=""
+      m_all=(); o_all=(); o_n=""
+      for round in $(seq 1 "$ROUNDS"); do
+        m_json=$("$MTSERVE" run "$path" "${common[@]}" --iters "$m_iters" --warmup "$m_warm" --json 2>/dev/null)
+        v=$(jget throughput_per_s "$m_json"); [ -n "$v" ] && m_all+=("$v")
+        ml=$(jget load_ms "$m_json")
+        if [ -n "$ml" ] && { [ -z "$m_load" ] || [ "$(calc "($ml < $m_load) ? 1 : 0")" = 1 ]; }; then m_load=$ml; fi
+        mp=$(jget plan_ms "$m_json")
+        if [ "$batch" = 1 ] && [ -n "$mp" ] && { [ -z "$m_plan" ] || [ "$(calc "($mp < $m_plan) ? 1 : 0")" = 1 ]; }; then m_plan=$mp; fi
+        if [ "$HAVE_ORT" = 1 ]; then
+          o_json=$(node "$ORT_BENCH" "$path" "${common[@]}" --iters "$o_iters" --min-seconds "$o_secs" 2>/dev/null)
+          v=$(jget throughput_per_s "$o_json"); [ -n "$v" ] && o_all+=("$v")
+          o_n=$(jget iters "$o_json")
+          ol=$(jget load_ms "$o_json")
+          if [ -n "$ol" ] && { [ -z "$o_load" ] || [ "$(calc "($ol < $o_load) ? 1 : 0")" = 1 ]; }; then o_load=$ol; fi
+        fi
+      done
+      m_tp=$(median "${m_all[@]}"); o_tp=""
       if [ "$HAVE_ORT" = 1 ]; then
-        o_json=$(node "$ORT_BENCH" "$path" "${common[@]}" --iters "$o_iters" --min-seconds "$o_secs" 2>/dev/null)
-        o_tp=$(jget throughput_per_s "$o_json")
-        o_n=$(jget iters "$o_json")
-        ol=$(jget load_ms "$o_json")
-        if [ -n "$ol" ] && { [ -z "$o_load" ] || [ "$(calc "($ol < $o_load) ? 1 : 0")" = 1 ]; }; then o_load=$ol; fi
+        o_tp=$(median "${o_all[@]}")
         [ -z "$o_tp" ] && { log "$model batch $batch threads $threads: ORT run failed"; failures=$((failures + 1)); }
       fi
       [ -z "$m_tp" ] && { log "$model batch $batch threads $threads: mtserve run failed"; failures=$((failures + 1)); }
@@ -133,7 +144,8 @@ for model in $MODELS; do
     done
   done
   gcell=$gflop; [ "$(calc "($gflop > 0) ? 1 : 0")" = 1 ] || gcell="n/a"
-  load_rows+=("| $model | $gcell | ${m_load:-?} | ${o_load:-n/a} |")
+  ready="?"; [ -n "$m_load" ] && [ -n "$m_plan" ] && ready=$(calc "sprintf(\"%.1f\", $m_load + $m_plan)")
+  load_rows+=("| $model | $gcell | ${m_load:-?} | ${m_plan:-?} | $ready | ${o_load:-n/a} |")
 done
 
 elapsed=$((SECONDS - t_start))
@@ -147,14 +159,18 @@ elapsed=$((SECONDS - t_start))
     echo "- ONNX Runtime: $(cd tools/ort && node -e "console.log(require('onnxruntime-node').env.versions.node)" 2>/dev/null) (onnxruntime-node, CPU EP, graph optimization 'all', sequential)"
   fi
   [ "$QUICK" = 1 ] && echo "- BENCH_QUICK=1: one iteration per config; the numbers are not meaningful"
+  [ "$ROUNDS" -gt 1 ] && echo "- each config: $ROUNDS rounds of mtserve then ORT; the table gives the median round of each"
   echo "- samples/s = batch / median latency; ratio = mtserve / ORT; GFLOP/s = mtserve samples/s x GFLOP per sample (mtserve inspect)"
   echo
   echo "| model | batch | threads | mtserve samples/s | ORT samples/s | mtserve/ORT | mtserve GFLOP/s |"
   echo "|---|---:|---:|---:|---:|---:|---:|"
   printf '%s\n' "${rows[@]}"
   echo
-  echo "| model | GFLOP/sample | mtserve load ms | ORT load ms |"
-  echo "|---|---:|---:|---:|"
+  echo "Load: mtserve parse + map (load ms), then the batch-1 plan built: weights packed, primitives"
+  echo "created (plan ms); ready = load + plan, best of the runs. ORT: session creation."
+  echo
+  echo "| model | GFLOP/sample | mtserve load ms | mtserve plan ms | mtserve ready ms | ORT load ms |"
+  echo "|---|---:|---:|---:|---:|---:|"
   printf '%s\n' "${load_rows[@]}"
   echo
   echo "Total benchmark time: ${elapsed} s."
