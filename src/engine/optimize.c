@@ -491,8 +491,8 @@ static bool rank4_ok(const opt *o, int v)
     return t->rank == 4 && (is_cand(o, v) || (is_neutral(t) && o->p->state[v] != MTS__V_DYNAMIC));
 }
 
-/* A Conv step the direct small-channel kernel (fast.c) runs: its source may be stored either
- * way, its one-channel output is the same bytes in both. */
+/* A Conv step the direct small-channel kernel (fast.c) runs (1-4 output channels): its source
+ * and its output may each be stored either way. */
 static bool small_conv_step(const opt *o, const mts__step *st)
 {
     const mts__plan *p = o->p;
@@ -1109,13 +1109,20 @@ static int fast_substitute(opt *o, mts__step *st, mts_err *err)
     if (small_conv_step(o, st)) {
         st->op = &mts_fast_conv_small;
         if (st->nhwc) {
-            mts_attr a = {0};
-            a.name = "mts_nhwc_src";
-            a.type = MTS_ATTR_INT;
-            a.i = 1;
-            mts_node *n = node_with_attr(p, st, NULL, a);
-            if (!n) return mts_err_set(err, MTS_ENOMEM, "out of memory");
-            st->nd = n;
+            /* the context passes channels-last views of the step's 4-D tensors; which of them
+             * are stored channels-last (the source and output may differ) */
+            const mts_tensor *x = &p->vals[st->in[0]], *y = &p->vals[st->out[0]];
+            const char *names[3] = {"mts_nhwc_views", "mts_nhwc_src", "mts_nhwc_dst"};
+            int64_t vals[3] = {1, p->nhwc[st->in[0]] || is_neutral(x), p->nhwc[st->out[0]] || is_neutral(y)};
+            for (int i = 0; i < 3; i++) {
+                mts_attr a = {0};
+                a.name = names[i];
+                a.type = MTS_ATTR_INT;
+                a.i = vals[i];
+                mts_node *n = node_with_attr(p, st, NULL, a);
+                if (!n) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+                st->nd = n;
+            }
         }
         return MTS_OK;
     }

@@ -522,16 +522,32 @@ static void test_conv1px(void **state)
     }
 }
 
+/* Stores the NCHW tensor t channels-last (same dims array order N,C,H,W given; bytes NHWC). */
+static mts_tensor to_nhwc(const mts_tensor *t)
+{
+    int64_t N = t->dims[0], C = t->dims[1], HW = t->dims[2] * t->dims[3];
+    int64_t vd[4] = {N, t->dims[2], t->dims[3], C};
+    mts_tensor r = tens(4, vd);
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t c = 0; c < C; c++)
+            for (int64_t i = 0; i < HW; i++)
+                ((float *)r.data)[(n * HW + i) * C + c] = ((const float *)t->data)[(n * C + c) * HW + i];
+    return r;
+}
+
 static void test_conv_small(void **state)
 {
     (void)state;
-    for (int iter = 0; iter < 40; iter++) {
-        int64_t N = 1 + irand(2), C = 1 + irand(4), H = 1 + irand(40), W = 1 + irand(50), K = 1 + 2 * irand(4);
-        if (iter == 39) N = 2, H = 200, W = 180; /* threaded */
+    for (int iter = 0; iter < 60; iter++) {
+        int64_t M = 1 + irand(4);
+        int64_t N = 1 + irand(2), C = M == 1 ? 1 + irand(4) : 1 + irand(24), H = 1 + irand(40), W = 1 + irand(50),
+                K = 1 + 2 * irand(4);
+        if (iter == 39) N = 2, H = 200, W = 180, M = 1, C = 2; /* threaded, by images */
+        if (iter == 59) N = 1, H = 120, W = 97, M = 3, C = 16, K = 3; /* a UNet head, threaded by rows */
         if (H < K) H = K; /* the padded input must hold the kernel (pads may be 0) */
         if (W < K) W = K;
-        int64_t xd[4] = {N, C, H, W}, wd[4] = {1, C, K, K};
-        mts_tensor x = tens(4, xd), w = tens(4, wd), b = tens(1, (const int64_t[]){1});
+        int64_t xd[4] = {N, C, H, W}, wd[4] = {M, C, K, K}, bd[1] = {M};
+        mts_tensor x = tens(4, xd), w = tens(4, wd), b = tens(1, bd);
         fill(&x, -1, 1), fill(&w, -1, 1), fill(&b, -1, 1);
         int64_t pads[4] = {irand((int)K), irand((int)K), irand((int)K), irand((int)K)};
         nodebuf nb;
@@ -541,32 +557,40 @@ static void test_conv_small(void **state)
         const mts_tensor *in[3] = {&x, &w, &b};
         int nin = iter % 2 ? 3 : 2;
         mts_tensor ref = run_op(mts_op_lookup("Conv"), &nb.n, in, nin, 1);
+        char what[96];
+        snprintf(what, sizeof what, "small conv %lld->%lld k%lld (NCHW)", (long long)C, (long long)M, (long long)K);
         for (int t = 1; t <= MAX_THREADS; t++) {
             mts_tensor got = run_op(&mts_fast_conv_small, &nb.n, in, nin, t);
-            expect_close(&got, &ref, 1e-5, "small conv (NCHW)");
+            expect_close(&got, &ref, 1e-5, what);
             free(got.data);
         }
-        /* channels-last source: x stored NHWC, passed (as the context does) as [N,H,W,C] views
-         * of x and of the weights */
-        int64_t vd[4] = {N, H, W, C}, wvd[4] = {1, K, K, C};
-        mts_tensor xn = tens(4, vd), wv = w;
-        for (int64_t n = 0; n < N; n++)
-            for (int64_t c = 0; c < C; c++)
-                for (int64_t i = 0; i < H * W; i++)
-                    ((float *)xn.data)[(n * H * W + i) * C + c] = ((float *)x.data)[(n * C + c) * H * W + i];
+        /* As the context passes them in a channels-last step: [N,H,W,C] views of the 4-D inputs
+         * (x and the weights); the source stored NHWC or NCHW, the output NCHW or NHWC. */
+        mts_tensor xn = to_nhwc(&x), refn = to_nhwc(&ref), wv = w, xv = x;
+        int64_t wvd[4] = {M, K, K, C}, xvd[4] = {N, H, W, C};
         memcpy(wv.dims, wvd, sizeof wvd);
-        attr(&nb, "mts_nhwc_src", MTS_ATTR_INT)->i = 1;
-        const mts_tensor *vin[3] = {&xn, &wv, &b};
-        for (int t = 1; t <= MAX_THREADS; t++) {
-            mts_err err = {0};
-            int64_t od[4] = {N, 1, ref.dims[2], ref.dims[3]};
-            mts_tensor got = tens(4, od);
-            mts_kctx k = {&nb.n, vin, nin, &got, 1, &err, t};
-            if (mts_fast_conv_small.run(&k)) fail_msg("small conv (NHWC): %s", err.msg);
-            expect_close(&got, &ref, 1e-5, "small conv (NHWC)");
-            free(got.data);
+        memcpy(xv.dims, xvd, sizeof xvd);
+        attr(&nb, "mts_nhwc_views", MTS_ATTR_INT)->i = 1;
+        mts_attr *asrc = attr(&nb, "mts_nhwc_src", MTS_ATTR_INT);
+        mts_attr *adst = attr(&nb, "mts_nhwc_dst", MTS_ATTR_INT);
+        for (int mode = 0; mode < 4; mode++) {
+            bool src_nhwc = mode & 1, dst_nhwc = mode & 2;
+            asrc->i = src_nhwc, adst->i = dst_nhwc;
+            const mts_tensor *vin[3] = {src_nhwc ? &xn : &xv, &wv, &b};
+            for (int t = 1; t <= MAX_THREADS; t++) {
+                mts_err err = {0};
+                int64_t od[4] = {N, ref.dims[2], ref.dims[3], M};
+                mts_tensor got = tens(4, od);
+                mts_kctx k = {&nb.n, vin, nin, &got, 1, &err, t};
+                if (mts_fast_conv_small.run(&k)) fail_msg("%s: %s", what, err.msg);
+                snprintf(what, sizeof what, "small conv %lld->%lld k%lld (src %s, dst %s)", (long long)C, (long long)M,
+                         (long long)K, src_nhwc ? "NHWC" : "NCHW", dst_nhwc ? "NHWC" : "NCHW");
+                if (!dst_nhwc) memcpy(got.dims, ref.dims, sizeof ref.dims);
+                expect_close(&got, dst_nhwc ? &refn : &ref, 1e-5, what);
+                free(got.data);
+            }
         }
-        free(ref.data), free(x.data), free(xn.data), free(w.data), free(b.data);
+        free(ref.data), free(refn.data), free(x.data), free(xn.data), free(w.data), free(b.data);
     }
 }
 

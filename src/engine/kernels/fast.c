@@ -17,9 +17,11 @@
  *     [N,H,W,C] tensor, optionally times a per-channel scale [N,1,1,C] (the channel attention,
  *     so its product is never stored for the pooling), the channel mean and max written as the
  *     two channels of one [N,H,W,2] output (the Concat that followed);
- *   - Conv with one output channel and at most four input channels (CBAM's 7x7 spatial
- *     attention conv, 2 -> 1): direct, 16 output pixels per vector, on zero-padded copies of
- *     the input planes (oneDNN's blocked kernels waste most lanes on such shapes);
+ *   - Conv with 1-4 output channels (stride 1; at most 4 input channels with one output,
+ *     64 with more: CBAM's 7x7 2->1 spatial attention, the lip-sync UNets' 3-channel heads):
+ *     direct, all output channels of 16 pixels per pass over bands of zero-padded input rows
+ *     (oneDNN's blocked kernels compute 16 output channels at a time, so 1-4 waste most lanes);
+ *     source and output each channels-last or not;
  *   - Conv on one input pixel with a 1x1 kernel (squeeze-and-excitation and attention MLPs):
  *     a matrix-vector product per sample on the weights as stored, where the reference
  *     GEMM would pack the weights on every call;
@@ -48,6 +50,12 @@
 
 /* Multiply-adds from which the small-channel conv splits over the context's threads. */
 #define FAST_SCONV_MT (1 << 21)
+/* The small-channel conv: at most this many output channels (oneDNN's kernels compute 16 output
+ * channels at a time, so 1-4 leave 75-94 % of each vector idle) and, with more than one output,
+ * input channels; output rows per band of padded input it builds. */
+#define FAST_SCONV_MAX_M 4
+#define FAST_SCONV_MAX_C 64
+#define FAST_SCONV_BAND 8
 
 typedef float v16f __attribute__((vector_size(64)));
 typedef int32_t v16i __attribute__((vector_size(64)));
@@ -957,87 +965,131 @@ static int fast_conv1px_infer(mts_kctx *k)
 
 bool mts_fast_conv_small_ok(const mts_conv_geom *g)
 {
-    return g->nsp == 2 && g->group == 1 && g->M == 1 && g->C >= 1 && g->C <= 4 && g->s[1] == 1 &&
-           g->s[2] == 1 && g->d[1] == 1 && g->d[2] == 1 && g->k[1] <= 15 && g->k[2] <= 15 && g->pb[1] >= 0 &&
-           g->pb[2] >= 0 && g->pe[1] >= 0 && g->pe[2] >= 0;
+    return g->nsp == 2 && g->group == 1 && g->M >= 1 && g->M <= FAST_SCONV_MAX_M && g->C >= 1 &&
+           g->C <= (g->M == 1 ? 4 : FAST_SCONV_MAX_C) && g->s[1] == 1 && g->s[2] == 1 && g->d[1] == 1 && g->d[2] == 1 &&
+           g->k[1] <= 15 && g->k[2] <= 15 && g->pb[1] >= 0 && g->pb[2] >= 0 && g->pe[1] >= 0 && g->pe[2] >= 0;
 }
 
-/* out[y, x..x+n) for one output channel: bias + sum over c, ky, kx of w * padded plane rows. */
-FAST_CLONES static void sconv_row(const float *pad, int64_t PW, int64_t PHW, int64_t C, int64_t KH, int64_t KW,
-                                  const float *w, float b, int64_t y, int64_t OW, float *out)
+/* out[m][x..x+16) for all M output channels at once (each input vector loaded once, used M
+ * times): bias + sum over c, ky, kx of w[m] * padded plane rows. wv: the weights broadcast,
+ * [c][ky][kx][m] (an FMA reads one straight from memory). M is a constant after inlining. */
+static inline __attribute__((always_inline)) void sconv_row_m(const float *pad, int64_t PW, int64_t PHW, int64_t C,
+                                                              int64_t KH, int64_t KW, const int M, const float *w,
+                                                              const v16f *wv, const float *b, int64_t y, int64_t OW,
+                                                              float *const *out)
 {
-    int64_t x = 0;
+    int64_t CKK = C * KH * KW, x = 0;
     for (; x + 16 <= OW; x += 16) {
-        v16f acc = splat16(b);
+        v16f acc[FAST_SCONV_MAX_M];
+        for (int m = 0; m < M; m++) acc[m] = splat16(b ? b[m] : 0.0f);
+        const v16f *wp = wv;
         for (int64_t c = 0; c < C; c++)
             for (int64_t ky = 0; ky < KH; ky++) {
                 const float *row = pad + c * PHW + (y + ky) * PW + x;
-                const float *wr = w + (c * KH + ky) * KW;
-                for (int64_t kx = 0; kx < KW; kx++) acc += splat16(wr[kx]) * ld16(row + kx);
+                for (int64_t kx = 0; kx < KW; kx++, wp += M) {
+                    v16f v = ld16(row + kx);
+                    for (int m = 0; m < M; m++) acc[m] += wp[m] * v;
+                }
             }
-        st16(out + x, acc);
+        for (int m = 0; m < M; m++) st16(out[m] + x, acc[m]);
     }
-    for (; x < OW; x++) {
-        float acc = b;
-        for (int64_t c = 0; c < C; c++)
-            for (int64_t ky = 0; ky < KH; ky++)
-                for (int64_t kx = 0; kx < KW; kx++)
-                    acc += w[(c * KH + ky) * KW + kx] * pad[c * PHW + (y + ky) * PW + x + kx];
-        out[x] = acc;
+    for (; x < OW; x++)
+        for (int m = 0; m < M; m++) {
+            float a = b ? b[m] : 0.0f;
+            for (int64_t c = 0; c < C; c++)
+                for (int64_t ky = 0; ky < KH; ky++)
+                    for (int64_t kx = 0; kx < KW; kx++)
+                        a += w[m * CKK + (c * KH + ky) * KW + kx] * pad[c * PHW + (y + ky) * PW + x + kx];
+            out[m][x] = a;
+        }
+}
+
+FAST_CLONES static void sconv_row(const float *pad, int64_t PW, int64_t PHW, int64_t C, int64_t KH, int64_t KW,
+                                  int64_t M, const float *w, const v16f *wv, const float *b, int64_t y, int64_t OW,
+                                  float *const *out)
+{
+    switch (M) {
+    case 1: sconv_row_m(pad, PW, PHW, C, KH, KW, 1, w, wv, b, y, OW, out); break;
+    case 2: sconv_row_m(pad, PW, PHW, C, KH, KW, 2, w, wv, b, y, OW, out); break;
+    case 3: sconv_row_m(pad, PW, PHW, C, KH, KW, 3, w, wv, b, y, OW, out); break;
+    default: sconv_row_m(pad, PW, PHW, C, KH, KW, 4, w, wv, b, y, OW, out); break;
     }
 }
 
 typedef struct sconv_job {
     mts_conv_geom g;
     const float *x, *w, *b;
-    float *y, *pad; /* pad: per thread C planes of PH x PW (+16 floats of slack) */
-    int64_t PH, PW;
-    int nhwc;       /* source is [N,H,W,C] */
+    const v16f *wv;     /* the weights broadcast, [c][ky][kx][m] */
+    float *y, *pad; /* pad: per thread C planes of (BAND + KH - 1) x PW (+16 floats of slack) */
+    int64_t PW, band_floats;
+    int nhwc, nhwc_dst; /* source is [N,H,W,C]; output is [N,OH,OW,M] */
 } sconv_job;
+
+/* Padded rows [r0, r1) of image n, as C planes of rows of PW (row r0 first). */
+static void sconv_pad_rows(const sconv_job *j, int64_t n, int64_t r0, int64_t r1, float *pad)
+{
+    const mts_conv_geom *g = &j->g;
+    int64_t C = g->C, H = g->in[1], W = g->in[2], PW = j->PW, rows = r1 - r0, pl = g->pb[2];
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t sy = r - g->pb[1];
+        for (int64_t c = 0; c < C; c++) {
+            float *d = pad + (c * rows + (r - r0)) * PW;
+            if (sy < 0 || sy >= H) {
+                memset(d, 0, sizeof(float) * (size_t)PW);
+                continue;
+            }
+            memset(d, 0, sizeof(float) * (size_t)pl);
+            memset(d + pl + W, 0, sizeof(float) * (size_t)(PW - pl - W));
+            if (!j->nhwc) memcpy(d + pl, j->x + ((n * C + c) * H + sy) * W, sizeof(float) * (size_t)W);
+        }
+        if (!j->nhwc || sy < 0 || sy >= H) continue;
+        /* channels-last source: one pass over the row's pixels, C planes written side by side */
+        const float *src = j->x + ((n * H + sy) * W) * C;
+        float *d0 = pad + (r - r0) * PW + pl;
+        int64_t cs = rows * PW;
+        for (int64_t x = 0; x < W; x++, src += C)
+            for (int64_t c = 0; c < C; c++) d0[c * cs + x] = src[c];
+    }
+}
 
 static void sconv_part(void *arg, int ithr, int nthr)
 {
     const sconv_job *j = arg;
     const mts_conv_geom *g = &j->g;
-    int64_t C = g->C, M = g->M, H = g->in[1], W = g->in[2], OH = g->out[1], OW = g->out[2];
-    int64_t PHW = j->PH * j->PW;
-    float *pad = j->pad + (size_t)ithr * (size_t)(C * PHW + 16);
+    int64_t C = g->C, M = g->M, OH = g->out[1], OW = g->out[2], KH = g->k[1], KW = g->k[2];
+    float *pad = j->pad + (size_t)ithr * (size_t)(j->band_floats + 16);
+    float *row = pad + j->band_floats - (size_t)(M * OW); /* NHWC output: M rows, then interleaved */
     /* by images when there are enough, else by output rows of each image */
     bool by_img = g->N >= nthr;
     for (int64_t n = by_img ? ithr : 0; n < g->N; n += by_img ? nthr : 1) {
         int64_t y0 = by_img ? 0 : OH * ithr / nthr, y1 = by_img ? OH : OH * (ithr + 1) / nthr;
-        if (y0 >= y1) continue;
-        /* the padded rows this part reads: [y0, y1 + KH - 1) */
-        int64_t r0 = y0, r1 = y1 + g->k[1] - 1;
-        for (int64_t c = 0; c < C; c++)
-            for (int64_t r = r0; r < r1; r++) {
-                float *d = pad + c * PHW + r * j->PW;
-                int64_t sy = r - g->pb[1];
-                for (int64_t q = 0; q < j->PW; q++) {
-                    int64_t sx = q - g->pb[2];
-                    float v = 0.0f;
-                    if (sy >= 0 && sy < H && sx >= 0 && sx < W)
-                        v = j->nhwc ? j->x[((n * H + sy) * W + sx) * C + c] : j->x[((n * C + c) * H + sy) * W + sx];
-                    d[q] = v;
-                }
+        for (int64_t b0 = y0; b0 < y1; b0 += FAST_SCONV_BAND) {
+            int64_t b1 = b0 + FAST_SCONV_BAND < y1 ? b0 + FAST_SCONV_BAND : y1, rows = b1 - b0 + KH - 1;
+            sconv_pad_rows(j, n, b0, b1 + KH - 1, pad); /* padded rows b0 .. b1 + KH - 2 */
+            for (int64_t y = b0; y < b1; y++) {
+                float *out[FAST_SCONV_MAX_M];
+                for (int64_t m = 0; m < M; m++) out[m] = j->nhwc_dst ? row + m * OW : j->y + ((n * M + m) * OH + y) * OW;
+                sconv_row(pad, j->PW, rows * j->PW, C, KH, KW, M, j->w, j->wv, j->b, y - b0, OW, out);
+                if (j->nhwc_dst)
+                    for (int64_t x = 0; x < OW; x++)
+                        for (int64_t q = 0; q < M; q++) j->y[((n * OH + y) * OW + x) * M + q] = row[q * OW + x];
             }
-        for (int64_t m = 0; m < M; m++)
-            for (int64_t y = y0; y < y1; y++)
-                sconv_row(pad, j->PW, PHW, C, g->k[1], g->k[2], j->w + m * C * g->k[1] * g->k[2], j->b ? j->b[m] : 0.0f,
-                          y, OW, j->y + ((n * M + m) * OH + y) * OW);
+        }
     }
 }
 
-/* in[0] may be a channels-last view ([N,H,W,C], attribute mts_nhwc_src = 1); the output has one
- * channel, the same bytes in both layouts. */
+/* The 4-D inputs may be channels-last views ([N,H,W,C], attribute mts_nhwc_views = 1, the
+ * default being mts_nhwc_src); the source is stored channels-last when mts_nhwc_src = 1, the
+ * output when mts_nhwc_dst = 1 (with one output channel both layouts are the same bytes). */
 static int fast_conv_small_run(mts_kctx *k)
 {
     mts_conv_geom g;
     bool nhwc = mts_attr_int(k->node, "mts_nhwc_src", 0) != 0;
+    bool views = mts_attr_int(k->node, "mts_nhwc_views", nhwc) != 0;
     mts_tensor xv;
     const mts_tensor *kin[3] = {mts_kin(k, 0), mts_kin(k, 1), mts_kin(k, 2)};
     mts_tensor wv;
-    if (nhwc && kin[0] && kin[0]->rank == 4 && kin[1] && kin[1]->rank == 4) {
+    if (views && kin[0] && kin[0]->rank == 4 && kin[1] && kin[1]->rank == 4) {
         /* the context passes [N,H,W,C] views of every 4-D input; the geometry wants NCHW dims
          * (the weights' bytes are NCHW-ordered as always) */
         xv = *kin[0];
@@ -1052,7 +1104,7 @@ static int fast_conv_small_run(mts_kctx *k)
     kk.n_in = k->n_in > 3 ? 3 : k->n_in;
     if (!kin[0] || kin[0]->dtype != MTS_DTYPE_FLOAT || mts_conv_geometry(&kk, false, &g) != MTS_OK ||
         !mts_fast_conv_small_ok(&g)) {
-        if (nhwc) return mts_err_set(k->err, MTS_EINVAL, "channels-last small conv with an unsupported geometry");
+        if (views) return mts_err_set(k->err, MTS_EINVAL, "channels-last small conv with an unsupported geometry");
         return ref_run(k, "Conv");
     }
     sconv_job j;
@@ -1062,16 +1114,28 @@ static int fast_conv_small_run(mts_kctx *k)
     j.w = kin[1]->data;
     j.b = kin[2] ? kin[2]->data : NULL;
     j.y = k->out[0].data;
-    j.PH = g.in[1] + g.pb[1] + g.pe[1];
     j.PW = g.in[2] + g.pb[2] + g.pe[2];
     j.nhwc = nhwc;
+    j.nhwc_dst = g.M > 1 && mts_attr_int(k->node, "mts_nhwc_dst", 0) != 0;
+    /* the band's padded planes, plus M output rows when the output is interleaved */
+    j.band_floats = g.C * (FAST_SCONV_BAND + g.k[1] - 1) * j.PW + (j.nhwc_dst ? g.M * g.out[2] : 0);
     int threads = g.N * g.M * g.out[1] * g.out[2] * g.C * g.k[1] * g.k[2] >= FAST_SCONV_MT ? k->threads : 1;
     if (threads > g.N * g.out[1]) threads = (int)(g.N * g.out[1]);
     if (threads < 1) threads = 1;
-    j.pad = malloc(sizeof(float) * (size_t)(g.C * j.PH * j.PW + 16) * (size_t)threads);
-    if (!j.pad) return mts_err_set(k->err, MTS_ENOMEM, "out of memory");
+    int64_t KK = g.k[1] * g.k[2], n_wv = g.M * g.C * KK;
+    v16f *wb = aligned_alloc(64, sizeof(v16f) * (size_t)n_wv);
+    j.pad = malloc(sizeof(float) * (size_t)(j.band_floats + 16) * (size_t)threads);
+    if (!j.pad || !wb) {
+        free(j.pad), free(wb);
+        return mts_err_set(k->err, MTS_ENOMEM, "out of memory");
+    }
+    for (int64_t c = 0; c < g.C; c++)
+        for (int64_t t = 0; t < KK; t++)
+            for (int64_t m = 0; m < g.M; m++) wb[(c * KK + t) * g.M + m] = splat16(j.w[(m * g.C + c) * KK + t]);
+    j.wv = wb;
     mts_parallel(threads, sconv_part, &j);
     free(j.pad);
+    free(wb);
     return MTS_OK;
 }
 
