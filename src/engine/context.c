@@ -18,6 +18,7 @@
 #include "engine/kernels/dnnl_ops.h"
 #include "engine/model.h"
 #include "engine/team.h"
+#include "util/par_items.h"
 
 #define TEAM_ARMS 8 /* plans (input signatures) whose team-size estimates a context keeps */
 
@@ -279,8 +280,33 @@ static int run_split(mts_ctx *c, const mts__step *st, mts_kctx *k)
 /* Sizes the scratch memory for the plan's oneDNN steps at `threads` (creating their primitives
  * for that count on first use; an adaptive context prepares its one-thread primitives only when
  * it first tries one thread) and makes the stream. */
+typedef struct prep_job {
+    const mts__plan *p;
+    int threads;
+    const int *steps;
+} prep_job;
+
+/* A failure here is met again, and reported, by prepare_dnnl's own loop. */
+static void prep_one(void *arg, int i)
+{
+    const prep_job *j = arg;
+    size_t b = 0;
+    mts_err e = {0};
+    (void)mts_dconv_prepare(j->p->steps[j->steps[i]].dconv, j->threads, &b, &e);
+}
+
 static int prepare_dnnl(mts_ctx *c, const mts__plan *p, int threads, mts_err *err)
 {
+    /* Primitives this thread count still lacks are compiled on a few threads first (a plan's
+     * first 2-thread run: about 60 for w32), then the loop below only reads sizes. */
+    int n_missing = 0, *missing = malloc(sizeof(int) * (size_t)(p->n_steps + 1));
+    for (int s = 0; missing && s < p->n_steps; s++)
+        if (p->steps[s].kind == MTS__S_DCONV && !mts_dconv_ready(p->steps[s].dconv, threads)) missing[n_missing++] = s;
+    if (n_missing >= 8) {
+        prep_job j = {p, threads, missing};
+        mts_par_items(n_missing, 4, 4, prep_one, &j);
+    }
+    free(missing);
     int64_t need = 64;
     for (int s = 0; s < p->n_steps; s++) {
         if (p->steps[s].kind != MTS__S_DCONV) continue;

@@ -32,14 +32,12 @@
 #include <float.h>
 #include <math.h>
 #include <stdio.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "engine/kernels/dnnl_ops.h"
 #include "engine/model.h"
+#include "util/par_items.h"
 
 typedef struct cinfo {
     int step;
@@ -302,33 +300,20 @@ static bool matmul_bias(const opt *o, const mts__step *st, int x, int64_t N, con
 typedef struct create_job {
     mts__plan *p;
     cinfo *ci;
-    int n;
-    atomic_int next;
 } create_job;
 
-static void *create_main(void *arg)
+static void create_one(void *arg, int i)
 {
     create_job *j = arg;
-    for (int i; (i = atomic_fetch_add(&j->next, 1)) < j->n;) {
-        cinfo *c = &j->ci[i];
-        c->create_err.msg[0] = 0;
-        c->create_rc = mts_dconv_create(&c->spec, &j->p->steps[c->step].dconv, &c->create_err);
-    }
-    return NULL;
+    cinfo *c = &j->ci[i];
+    c->create_err.msg[0] = 0;
+    c->create_rc = mts_dconv_create(&c->spec, &j->p->steps[c->step].dconv, &c->create_err);
 }
 
 static void create_all(mts__plan *p, cinfo *ci, int n)
 {
-    create_job j = {p, ci, n, 0};
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    int nt = cpus < 1 ? 1 : cpus > CREATE_THREADS ? CREATE_THREADS : (int)cpus;
-    if (nt > n / 4) nt = n / 4 > 1 ? n / 4 : 1; /* a few steps: not worth a thread */
-    pthread_t th[CREATE_THREADS];
-    int started = 0;
-    for (int t = 1; t < nt; t++)
-        if (pthread_create(&th[started], NULL, create_main, &j) == 0) started++;
-    create_main(&j);
-    for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
+    create_job j = {p, ci};
+    mts_par_items(n, CREATE_THREADS, 4, create_one, &j); /* a few steps: not worth a thread */
 }
 
 static bool conv_eligible(opt *o, int s, const uint8_t *no_dnnl, cinfo *c)

@@ -805,6 +805,15 @@ int mts_dconv_prepare(const mts_dconv *cc, int threads, size_t *scratch, mts_err
     return MTS_OK;
 }
 
+bool mts_dconv_ready(const mts_dconv *c, int threads)
+{
+    if (c->inner) return mts_dconv_ready(c->inner, threads);
+    for (int i = 0; i < c->n_phase; i++)
+        if (!mts_dconv_ready(c->phase[i], threads)) return false;
+    if (c->n_phase) return true;
+    return atomic_load(&((mts_dconv *)c)->var[work_threads(c, threads)]) != NULL;
+}
+
 const char *mts_dconv_impl(const mts_dconv *c)
 {
     return c->impl;

@@ -84,6 +84,8 @@ void mts_dconv_free(mts_dconv *c);
  * the scratch bytes one execution with it needs (scratchpad plus layout-conversion buffers). */
 #define MTS_DNNL_MAX_THREADS 64
 int mts_dconv_prepare(const mts_dconv *c, int threads, size_t *scratch, mts_err *err);
+/* Whether c's primitives for `threads` exist already (mts_dconv_prepare would create none). */
+bool mts_dconv_ready(const mts_dconv *c, int threads);
 /* oneDNN's implementation name ("brg:avx512_core", ...), for `mtserve inspect` and tests. */
 const char *mts_dconv_impl(const mts_dconv *c);
 /* Runs on the calling thread's OpenMP team. resid: the MTS_DPOST_ADD tensors in post-op order. */
