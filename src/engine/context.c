@@ -277,36 +277,36 @@ static int run_split(mts_ctx *c, const mts__step *st, mts_kctx *k)
     return rc;
 }
 
-/* Sizes the scratch memory for the plan's oneDNN steps at `threads` (creating their primitives
- * for that count on first use; an adaptive context prepares its one-thread primitives only when
- * it first tries one thread) and makes the stream. */
+/* Creates step i's primitives for j->threads when it is a oneDNN step (nothing when it has
+ * them). A failure here is met again, and reported, by prepare_dnnl's own loop. */
 typedef struct prep_job {
     const mts__plan *p;
     int threads;
-    const int *steps;
 } prep_job;
 
-/* A failure here is met again, and reported, by prepare_dnnl's own loop. */
 static void prep_one(void *arg, int i)
 {
     const prep_job *j = arg;
+    const mts__step *st = &j->p->steps[i];
     size_t b = 0;
     mts_err e = {0};
-    (void)mts_dconv_prepare(j->p->steps[j->steps[i]].dconv, j->threads, &b, &e);
+    if (st->kind == MTS__S_DCONV) (void)mts_dconv_prepare(st->dconv, j->threads, &b, &e);
 }
 
+/* Sizes the scratch memory for the plan's oneDNN steps at `threads` (creating their primitives
+ * for that count on first use; an adaptive context prepares its one-thread primitives only when
+ * it first tries one thread) and makes the stream. */
 static int prepare_dnnl(mts_ctx *c, const mts__plan *p, int threads, mts_err *err)
 {
     /* Primitives this thread count still lacks are compiled on a few threads first (a plan's
      * first 2-thread run: about 60 for w32), then the loop below only reads sizes. */
-    int n_missing = 0, *missing = malloc(sizeof(int) * (size_t)(p->n_steps + 1));
-    for (int s = 0; missing && s < p->n_steps; s++)
-        if (p->steps[s].kind == MTS__S_DCONV && !mts_dconv_ready(p->steps[s].dconv, threads)) missing[n_missing++] = s;
+    int n_missing = 0;
+    for (int s = 0; s < p->n_steps; s++)
+        n_missing += p->steps[s].kind == MTS__S_DCONV && !mts_dconv_ready(p->steps[s].dconv, threads);
     if (n_missing >= 8) {
-        prep_job j = {p, threads, missing};
-        mts_par_items(n_missing, 4, 4, prep_one, &j);
+        prep_job j = {p, threads};
+        mts_par_items(p->n_steps, 4, 4, prep_one, &j);
     }
-    free(missing);
     int64_t need = 64;
     for (int s = 0; s < p->n_steps; s++) {
         if (p->steps[s].kind != MTS__S_DCONV) continue;
@@ -378,7 +378,7 @@ int mts_ctx_run(mts_ctx *c, const mts_tensor *inputs, int n_inputs, const mts_te
     rc = run_steps(c, p, outputs, err);
     if (arm && !rc) mts_team_record(arm, mode, now_ms() - t0);
     c->runs++;
-    c->one_thread_runs += c->run_threads == 1 && c->threads > 1;
+    c->one_thread_runs += mode == MTS_TEAM_ONE;
     return rc;
 }
 

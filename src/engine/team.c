@@ -45,8 +45,6 @@ int mts_team_pick(mts_team_arm *a)
 void mts_team_record(mts_team_arm *a, int mode, double ms)
 {
     mode = mode == MTS_TEAM_ONE;
-    a->runs++;
-    if (mode == MTS_TEAM_ONE) a->one_runs++;
     int exploring = a->burst > 0 && mode == a->burst_mode;
     if (exploring) a->burst--;
     int counted = a->prev == mode + 1;

@@ -18,8 +18,6 @@
 #ifndef MTS_ENGINE_TEAM_H
 #define MTS_ENGINE_TEAM_H
 
-#include <stdint.h>
-
 enum { MTS_TEAM_FULL = 0, MTS_TEAM_ONE = 1 };
 
 typedef struct {
@@ -30,8 +28,6 @@ typedef struct {
     int since;         /* runs in the better mode since the last exploration */
     int burst;         /* runs left in the exploration under way */
     int burst_mode;
-    int64_t runs;
-    int64_t one_runs;  /* how many ran on one thread (statistics, tests) */
 } mts_team_arm;
 
 /* The mode the next run should use. */
