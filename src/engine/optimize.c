@@ -292,8 +292,6 @@ static bool matmul_bias(const opt *o, const mts__step *st, int x, int64_t N, con
     return true;
 }
 
-/* Pass 2a: is step s a convolution or pooling oneDNN may run? Fills c->spec's geometry and
- * weights. */
 /* Creating the oneDNN steps of a plan (packing weights, compiling kernels) on several threads:
  * each creation is independent; w32's 60 take ~90 ms on one thread. */
 #define CREATE_THREADS 4
@@ -316,6 +314,8 @@ static void create_all(mts__plan *p, cinfo *ci, int n)
     mts_par_items(n, CREATE_THREADS, 4, create_one, &j); /* a few steps: not worth a thread */
 }
 
+/* Pass 2a: is step s a convolution or pooling oneDNN may run? Fills c->spec's geometry and
+ * weights. */
 static bool conv_eligible(opt *o, int s, const uint8_t *no_dnnl, cinfo *c)
 {
     mts__plan *p = o->p;
@@ -1377,10 +1377,12 @@ int mts__optimize(mts_model *m, mts__plan *p, mts_err *err)
             cinfo *c = &ci[i];
             mts__step *st = &p->steps[c->step];
             if (c->create_rc != MTS_OK) {
-                if (failed < 0 && getenv("MTS_PLAN_VERBOSE"))
-                    fprintf(stderr, "oneDNN declines node '%s' (src %s, dst %s): %s\n", m->nodes[st->node].name,
-                            c->spec.src_nhwc ? "nhwc" : "nchw", c->spec.dst_nhwc ? "nhwc" : "nchw", c->create_err.msg);
-                if (failed < 0) failed = st->node;
+                if (failed < 0) { /* the first, as when they were created in order */
+                    if (getenv("MTS_PLAN_VERBOSE"))
+                        fprintf(stderr, "oneDNN declines node '%s' (src %s, dst %s): %s\n", m->nodes[st->node].name,
+                                c->spec.src_nhwc ? "nhwc" : "nchw", c->spec.dst_nhwc ? "nhwc" : "nchw", c->create_err.msg);
+                    failed = st->node;
+                }
                 continue;
             }
             st->kind = MTS__S_DCONV;
