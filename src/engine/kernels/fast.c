@@ -18,7 +18,8 @@
  *     so its product is never stored for the pooling), the channel mean and max written as the
  *     two channels of one [N,H,W,2] output (the Concat that followed);
  *   - Conv with 1-4 output channels (stride 1; at most 4 input channels with one output,
- *     64 with more: CBAM's 7x7 2->1 spatial attention, the lip-sync UNets' 3-channel heads):
+ *     64 with more and a kernel of 3x3 or more: CBAM's 7x7 2->1 spatial attention, the
+ *     lip-sync UNets' 3-channel heads):
  *     direct, all output channels of 16 pixels per pass over bands of zero-padded input rows
  *     (oneDNN's blocked kernels compute 16 output channels at a time, so 1-4 waste most lanes);
  *     source and output each channels-last or not;
