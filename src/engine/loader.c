@@ -281,14 +281,27 @@ mts__copy *mts__add_copy(mts_model *m, const void *src, size_t len)
     return c;
 }
 
+/* Marks every value a step of plan p reads at run time. Steps read only their inputs: fused
+ * steps list the inputs of the nodes they absorbed, and oneDNN steps read packed copies kept in
+ * the model's weight cache, never the originals. */
+static void mark_reads(const mts__plan *p, uint8_t *used)
+{
+    for (int s = 0; s < p->n_steps; s++)
+        for (int j = 0; j < p->steps[s].n_in; j++)
+            if (p->steps[s].in[j] >= 0) used[p->steps[s].in[j]] = 1;
+}
+
 void mts__release_weights(mts_model *m, const mts__plan *p, const int *values, int n)
 {
     if (n <= 0) return;
     uint8_t *used = calloc((size_t)m->n_values + 1, 1);
     if (!used) return;
-    for (int s = 0; s < p->n_steps; s++)
-        for (int j = 0; j < p->steps[s].n_in; j++)
-            if (p->steps[s].in[j] >= 0) used[p->steps[s].in[j]] = 1;
+    /* Every plan of the model counts, not just the new one: a plan for another batch size may
+     * run the same node with a kernel that reads the unpacked weights (a direct 1x1 conv at
+     * batch 1 beside a oneDNN conv at batch 8), and other workers run those plans while this one
+     * is built. p is not on m->plans yet. */
+    mark_reads(p, used);
+    for (const mts__plan *q = m->plans; q; q = q->next) mark_reads(q, used);
     for (int i = 0; i < m->n_outputs; i++) used[m->outputs[i]] = 1;
     long page = sysconf(_SC_PAGESIZE);
     for (int i = 0; i < n; i++) {
