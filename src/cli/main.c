@@ -7,6 +7,7 @@
 
 #include "cli/cli.h"
 #include "cli/cli_grpc.h"
+#include "util/crash.h"
 
 static void usage(FILE *f)
 {
@@ -31,6 +32,7 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    mts_crash_install();
     const char *cmd = argv[1];
     if (!strcmp(cmd, "inspect")) return mts_cli_inspect(argc - 1, argv + 1);
     if (!strcmp(cmd, "run")) return mts_cli_run(argc - 1, argv + 1);

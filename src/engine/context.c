@@ -61,12 +61,25 @@ static int team_adapt(void)
     return team_adapt_flag;
 }
 
+/* ThreadSanitizer cannot see into OpenMP teams (libgomp is not instrumented), so the TSan build
+ * runs every context on one thread: the kernels are the production ones, and what TSan checks
+ * is the sharing between contexts (the server's workers on one model). */
+static int ctx_threads(int threads)
+{
+#if defined(__SANITIZE_THREAD__)
+    (void)threads;
+    return 1;
+#else
+    return threads > 0 ? threads : 1;
+#endif
+}
+
 int mts_ctx_create(mts_model *m, int threads, mts_ctx **out, mts_err *err)
 {
     mts_ctx *c = calloc(1, sizeof *c);
     if (!c) return mts_err_set(err, MTS_ENOMEM, "out of memory");
     c->m = m;
-    c->threads = threads > 0 ? threads : 1;
+    c->threads = ctx_threads(threads);
     size_t nv = (size_t)m->n_values + 1;
     c->vals = calloc(nv, sizeof *c->vals);
     c->dyn = calloc(nv, sizeof *c->dyn);
@@ -81,7 +94,7 @@ int mts_ctx_create(mts_model *m, int threads, mts_ctx **out, mts_err *err)
 
 void mts_ctx_set_threads(mts_ctx *c, int threads)
 {
-    c->threads = threads > 0 ? threads : 1;
+    c->threads = ctx_threads(threads);
     memset(c->arms, 0, sizeof c->arms); /* the estimates were for the old team */
     c->prep_mask &= 1u;                 /* the team's primitives are for the old count */
 }
@@ -378,7 +391,7 @@ int mts_ctx_run(mts_ctx *c, const mts_tensor *inputs, int n_inputs, const mts_te
     rc = run_steps(c, p, outputs, err);
     if (arm && !rc) mts_team_record(arm, mode, now_ms() - t0);
     c->runs++;
-    c->one_thread_runs += mode == MTS_TEAM_ONE;
+    c->one_thread_runs += c->run_threads == 1;
     return rc;
 }
 

@@ -26,8 +26,8 @@ typedef struct mts_ctx mts_ctx;
 typedef struct mts_load_opts {
     /* Largest single tensor a plan may allocate (bytes); 0 = default (8 GiB). */
     int64_t max_tensor_bytes;
-    /* Kernels: NULL or "" = $MTS_BACKEND when set, else the build default ("default"; the TSan
-     * build defaults to "reference"); "default" = oneDNN with graph optimizations, the reference
+    /* Kernels: NULL or "" = $MTS_BACKEND when set, else "default" (in every build, the
+     * sanitizer builds included); "default" = oneDNN with graph optimizations, the reference
      * kernels for everything else; "reference" = the plain-C reference kernels only, no fusion. */
     const char *backend;
 } mts_load_opts;
@@ -71,9 +71,9 @@ int mts_ctx_create(mts_model *m, int threads, mts_ctx **out, mts_err *err);
 void mts_ctx_free(mts_ctx *c);
 /* Changes the intra-op thread count for the next runs (>= 1). */
 void mts_ctx_set_threads(mts_ctx *c, int threads);
-/* Runs so far and how many of them used one thread instead of the context's team (a context
- * of T > 1 threads runs on one thread while that is faster: engine/team.h; MTS_TEAM_ADAPT=0
- * turns this off). */
+/* Runs so far and how many of them ran on one thread: all of a one-thread context's, and those
+ * of a context of T > 1 threads that ran on one thread instead of its team while that was faster
+ * (engine/team.h; MTS_TEAM_ADAPT=0 turns this off). */
 void mts_ctx_team_stats(const mts_ctx *c, int64_t *runs, int64_t *one_thread_runs);
 /* Bytes of activation buffers the context holds now. */
 int64_t mts_ctx_bytes(const mts_ctx *c);

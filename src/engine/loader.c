@@ -144,6 +144,45 @@ static mts_model *model_new(void)
     return m;
 }
 
+/* Under AddressSanitizer the engine's memory comes from malloc, so that ASan sees every byte a
+ * kernel reads: model files are read into the heap instead of mapped (an in-place weight read
+ * after its model is freed is then a reported use after free, not a silent read of a live
+ * mapping), and weight copies are heap blocks too (below). */
+#if defined(__SANITIZE_ADDRESS__)
+#define ENGINE_MALLOC_ONLY 1
+#else
+#define ENGINE_MALLOC_ONLY 0
+#endif
+
+void *mts__map_file(int fd, size_t len)
+{
+    if (!ENGINE_MALLOC_ONLY) {
+        void *addr = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
+        return addr == MAP_FAILED ? NULL : addr;
+    }
+    /* Page-aligned like a mapping, so the same initializers are used in place or copied. */
+    uint8_t *buf = aligned_alloc(4096, (len + 4095) / 4096 * 4096 + (len ? 0 : 4096));
+    if (!buf) return NULL;
+    for (size_t off = 0; off < len;) {
+        ssize_t n = pread(fd, buf + off, len - off, (off_t)off);
+        if (n <= 0) {
+            if (n < 0 && errno == EINTR) continue;
+            if (n == 0) errno = EIO; /* the file shrank while being read */
+            free(buf);
+            return NULL;
+        }
+        off += (size_t)n;
+    }
+    return buf;
+}
+
+void mts__unmap_file(void *addr, size_t len)
+{
+    if (!addr) return;
+    if (ENGINE_MALLOC_ONLY) free(addr);
+    else munmap(addr, len);
+}
+
 int mts_model_load(const char *path, const mts_load_opts *opts, mts_model **out, mts_err *err)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -157,12 +196,13 @@ int mts_model_load(const char *path, const mts_load_opts *opts, mts_model **out,
         close(fd);
         return mts_err_set(err, MTS_EFORMAT, "%s: empty file", path);
     }
-    void *addr = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    void *addr = mts__map_file(fd, (size_t)st.st_size);
+    int map_errno = errno;
     close(fd);
-    if (addr == MAP_FAILED) return mts_err_set(err, MTS_EIO, "cannot map %s: %s", path, strerror(errno));
+    if (!addr) return mts_err_set(err, MTS_EIO, "cannot map %s: %s", path, strerror(map_errno));
     mts_model *m = model_new();
     if (!m) {
-        munmap(addr, (size_t)st.st_size);
+        mts__unmap_file(addr, (size_t)st.st_size);
         return mts_err_set(err, MTS_ENOMEM, "out of memory");
     }
     m->maps = calloc(1, sizeof *m->maps);
@@ -170,7 +210,7 @@ int mts_model_load(const char *path, const mts_load_opts *opts, mts_model **out,
     char *dircopy = strdup(path);
     if (!m->maps || !m->path || !dircopy) {
         free(dircopy);
-        munmap(addr, (size_t)st.st_size);
+        mts__unmap_file(addr, (size_t)st.st_size);
         mts_model_free(m);
         return mts_err_set(err, MTS_ENOMEM, "out of memory");
     }
@@ -214,9 +254,12 @@ int mts_model_load_buffer(const void *data, size_t len, const char *name, const 
  * the system at once (a malloc'd block would stay in the heap). */
 #define COPY_MMAP_MIN ((size_t)16 << 10)
 
+/* Under AddressSanitizer every copy comes from malloc (ENGINE_MALLOC_ONLY), so a read of a
+ * dropped copy is reported as a use after free: ASan cannot see into an anonymous mapping, and
+ * a read of one that is unmapped is a bare SIGSEGV. */
 static void *copy_alloc(size_t len)
 {
-    if (len < COPY_MMAP_MIN) return malloc(len ? len : 1);
+    if (len < COPY_MMAP_MIN || ENGINE_MALLOC_ONLY) return malloc(len ? len : 1);
     void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     return p == MAP_FAILED ? NULL : p;
 }
@@ -224,7 +267,7 @@ static void *copy_alloc(size_t len)
 static void copy_free(void *p, size_t len)
 {
     if (!p) return;
-    if (len < COPY_MMAP_MIN) free(p);
+    if (len < COPY_MMAP_MIN || ENGINE_MALLOC_ONLY) free(p);
     else munmap(p, len);
 }
 
@@ -236,7 +279,7 @@ void mts_model_free(mts_model *m)
     for (int i = 0; i < m->n_copies; i++) copy_free(m->copies[i].data, m->copies[i].len);
     free(m->copies);
     for (int i = 0; i < m->n_maps; i++) {
-        if (m->maps[i].addr) munmap(m->maps[i].addr, m->maps[i].len);
+        mts__unmap_file(m->maps[i].addr, m->maps[i].len);
         free(m->maps[i].location);
     }
     free(m->maps);
@@ -321,7 +364,7 @@ void mts__release_weights(mts_model *m, const mts__plan *p, const int *values, i
     /* The file mapping was touched by parsing and copying; drop it from this process's resident
      * set. Pages still read by kernels (in-place initializers, biases) fault back in from the
      * page cache on their next use; the released weights never do. */
-    for (int i = 0; i < m->n_maps; i++) {
+    for (int i = 0; i < m->n_maps && !ENGINE_MALLOC_ONLY; i++) {
         uintptr_t a = ((uintptr_t)m->maps[i].addr + (uintptr_t)page - 1) / (uintptr_t)page * (uintptr_t)page;
         uintptr_t e = ((uintptr_t)m->maps[i].addr + m->maps[i].len) / (uintptr_t)page * (uintptr_t)page;
         if (page > 0 && e > a) madvise((void *)a, e - a, MADV_DONTNEED);
@@ -349,13 +392,7 @@ const char *mts_model_backend(const mts_model *m)
 int mts__resolve_backend(const mts_load_opts *opts, mts_err *err)
 {
     const char *b = opts && opts->backend && *opts->backend ? opts->backend : getenv("MTS_BACKEND");
-    if (!b || !*b) {
-#ifdef MTS_DEFAULT_BACKEND_REFERENCE
-        return MTS_BACKEND_REFERENCE;
-#else
-        return MTS_BACKEND_DEFAULT;
-#endif
-    }
+    if (!b || !*b) return MTS_BACKEND_DEFAULT;
     if (!strcmp(b, "reference") || !strcmp(b, "ref")) return MTS_BACKEND_REFERENCE;
     if (!strcmp(b, "default") || !strcmp(b, "onednn") || !strcmp(b, "dnnl")) return MTS_BACKEND_DEFAULT;
     return mts_err_set(err, MTS_EINVAL, "unknown backend '%s' (expected default or reference)", b);

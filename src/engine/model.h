@@ -109,6 +109,10 @@ int mts__plan_get(mts_model *m, const mts_tensor *inputs, int n, const mts__plan
 void mts__plan_free_all(mts_model *m);
 /* Graph optimizer and layout pass (optimize.c): rewrites p->steps for the oneDNN backend. */
 int mts__optimize(mts_model *m, mts__plan *p, mts_err *err);
+/* Maps a model or external-data file read-only (read into the heap in the ASan build, so that
+ * ASan sees the weights); NULL with errno set on failure. mts__unmap_file releases it. */
+void *mts__map_file(int fd, size_t len);
+void mts__unmap_file(void *addr, size_t len);
 /* Records a copy of len bytes at src (onnx_pb.c, loading). NULL when out of memory. */
 mts__copy *mts__add_copy(mts_model *m, const void *src, size_t len);
 /* Weights packed for oneDNN are not read again by the plan that packed them: drops the copies of

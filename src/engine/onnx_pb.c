@@ -213,16 +213,17 @@ static int map_external(const mts__pb_src *s, const char *location, const uint8_
     }
     void *addr = NULL;
     if (st.st_size > 0) {
-        addr = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (addr == MAP_FAILED) {
+        addr = mts__map_file(fd, (size_t)st.st_size);
+        if (!addr) {
+            int e = errno;
             close(fd);
-            return mts_err_set(err, MTS_EIO, "%s: cannot map %s: %s", s->file, path, strerror(errno));
+            return mts_err_set(err, MTS_EIO, "%s: cannot map %s: %s", s->file, path, strerror(e));
         }
     }
     close(fd);
     mts__mapping *maps = realloc(m->maps, sizeof *maps * (size_t)(m->n_maps + 1));
     if (!maps) {
-        if (addr) munmap(addr, (size_t)st.st_size);
+        mts__unmap_file(addr, (size_t)st.st_size);
         return mts_err_set(err, MTS_ENOMEM, "out of memory");
     }
     m->maps = maps;

@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "serve/internal.h"
+#include "util/crash.h"
 #include "util/log.h"
 
 void mts_request_release(mts_request *req)
@@ -516,7 +517,9 @@ void *mts__worker_main(void *arg)
         double in_ms = 0, infer_ms = 0, out_ms = 0;
         if (!rc) {
             mts_ctx_set_threads(ctx, threads);
+            mts_crash_set_model(e->cfg->name);
             rc = run_batch(w, v, ctx, reqs, br, n, samples, &in_ms, &infer_ms, &out_ms, msg, sizeof msg);
+            mts_crash_set_model(NULL);
         }
         int64_t ctx_after = ctx ? mts_ctx_bytes(ctx) : 0;
         int64_t t_end = mts__now_ns();

@@ -137,7 +137,11 @@ static void test_context_modes_agree(void **state)
     int64_t runs = 0, one = 0;
     mts_ctx_team_stats(c2, &runs, &one);
     assert_int_equal(runs, 60);
+#if defined(__SANITIZE_THREAD__)
+    assert_int_equal(one, 60); /* the TSan build runs every context on one thread (context.c) */
+#else
     assert_true(one >= 2 && one < 60); /* the start measures both modes */
+#endif
     mts_ctx_free(c1);
     mts_ctx_free(c2);
     test_free_inputs(m, in);

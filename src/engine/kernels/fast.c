@@ -43,7 +43,12 @@
 
 #include "engine/kernels/kernel.h"
 
-#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+/* The ASan build keeps the clones: it must run the code the release build runs. The TSan build
+ * compiles the portable ("default") variant only: an ifunc resolver runs while the program is
+ * relocated, before the TSan runtime is up, and its instrumented entry crashes there. That
+ * variant is the same source; what TSan checks (data shared between threads) does not depend
+ * on the vector width. */
+#if defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
 #define FAST_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define FAST_CLONES

@@ -8,12 +8,11 @@
  * -O2 (an AVX2/FMA micro-kernel is picked at run time on x86-64 CPUs that have it);
  * convolutions with one input channel per group (depthwise) run as a direct loop. ConvTranspose
  * runs as GEMM + col2im. Large convolutions are split over k->threads threads (the OpenMP team
- * of kernels/dnnl_rt.c; pthreads in sanitizer builds). Resize and
+ * of kernels/dnnl_rt.c). Resize and
  * Upsample interpolate separably, one axis at a time (nearest, linear, cubic).
  */
 #include <float.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -218,7 +217,7 @@ static inline void vfill(float *y, float v, int64_t n)
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* Parallel loop: units 0..n_units-1 spread over up to `threads` pthreads (interleaved). Each   */
+/* Parallel loop: units 0..n_units-1 spread over up to `threads` threads (interleaved). Each    */
 /* worker gets its own scratch buffer of `scratch` floats.                                     */
 
 typedef int (*unit_fn)(void *ctx, int64_t unit, float *scratch);
@@ -232,15 +231,14 @@ typedef struct par_worker {
     int rc;
 } par_worker;
 
-static void *par_main(void *arg)
+static void par_main(par_worker *w)
 {
-    par_worker *w = arg;
     float *s = NULL;
     if (w->scratch) {
         s = malloc(w->scratch * sizeof(float));
         if (!s) {
             w->rc = MTS_ENOMEM;
-            return NULL;
+            return;
         }
     }
     for (int64_t u = w->tid; u < w->n_units; u += w->nt) {
@@ -251,43 +249,23 @@ static void *par_main(void *arg)
         }
     }
     free(s);
-    return NULL;
 }
 
-#ifndef MTS_DEFAULT_BACKEND_REFERENCE
 static void par_part(void *arg, int ithr, int nthr)
 {
     (void)nthr;
     par_main(&((par_worker *)arg)[ithr]);
 }
-#endif
 
+/* Runs the units on the OpenMP team oneDNN uses (passive waiting; no thread creation per call). */
 static int par_run(int threads, int64_t n_units, size_t scratch, unit_fn fn, void *ctx)
 {
     if (n_units <= 0) return MTS_OK;
     int nt = threads < 1 ? 1 : threads > PAR_MAX ? PAR_MAX : threads;
     if (nt > n_units) nt = (int)n_units;
     par_worker w[PAR_MAX];
-    pthread_t th[PAR_MAX];
-    bool started[PAR_MAX];
-    for (int i = 0; i < nt; i++) {
-        w[i] = (par_worker){fn, ctx, n_units, i, nt, scratch, 0};
-        started[i] = false;
-    }
-#ifndef MTS_DEFAULT_BACKEND_REFERENCE
-    /* The OpenMP team oneDNN uses (passive waiting; no thread creation per call). */
-    (void)th;
+    for (int i = 0; i < nt; i++) w[i] = (par_worker){fn, ctx, n_units, i, nt, scratch, 0};
     mts_parallel(nt, par_part, w);
-    for (int i = 0; i < nt; i++)
-        if (w[i].rc) return w[i].rc;
-    return MTS_OK;
-#endif
-    for (int i = 1; i < nt; i++) started[i] = pthread_create(&th[i], NULL, par_main, &w[i]) == 0;
-    par_main(&w[0]);
-    for (int i = 1; i < nt; i++) {
-        if (started[i]) pthread_join(th[i], NULL);
-        else par_main(&w[i]);
-    }
     for (int i = 0; i < nt; i++)
         if (w[i].rc) return w[i].rc;
     return MTS_OK;

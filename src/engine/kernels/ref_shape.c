@@ -7,10 +7,10 @@
  * mts_dtype_size(), mostly through one strided-copy routine (Transpose, Slice, Expand, Tile).
  * The float GEMM behind MatMul and Gemm packs cache-sized panels of A and B and runs a
  * register-tiled micro-kernel (AVX-512 or AVX2/FMA variants picked at run time on x86-64, a
- * portable one otherwise); large products are split over up to k->threads pthreads.
+ * portable one otherwise); large products are split over up to k->threads threads (the OpenMP
+ * team of kernels/dnnl_rt.c).
  */
 #include <math.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -460,20 +460,12 @@ typedef struct sgemm_worker {
     int rc;
 } sgemm_worker;
 
-static void *sgemm_thread(void *arg)
-{
-    sgemm_worker *w = arg;
-    w->rc = sgemm_range(w->g, w->w0, w->w1);
-    return NULL;
-}
-
-#ifndef MTS_DEFAULT_BACKEND_REFERENCE
 static void sgemm_part(void *arg, int ithr, int nthr)
 {
     (void)nthr;
-    sgemm_thread(&((sgemm_worker *)arg)[ithr]);
+    sgemm_worker *w = &((sgemm_worker *)arg)[ithr];
+    w->rc = sgemm_range(w->g, w->w0, w->w1);
 }
-#endif
 
 #define GEMM_MAX_THREADS 64
 #define GEMM_FLOPS_PER_THREAD 1.6e7 /* below this much work another thread does not pay */
@@ -514,31 +506,15 @@ static int sgemm_run(sgemm_job *g, int threads)
     if (nth > nwork) nth = nwork;
     if (nth <= 1) return sgemm_range(g, 0, nwork);
 
-    pthread_t tid[GEMM_MAX_THREADS];
     sgemm_worker wk[GEMM_MAX_THREADS];
-    int started[GEMM_MAX_THREADS];
     for (int64_t t = 0; t < nth; t++) {
         wk[t].g = g;
         wk[t].w0 = nwork * t / nth;
         wk[t].w1 = nwork * (t + 1) / nth;
         wk[t].rc = MTS_OK;
-        started[t] = 0;
     }
-#ifndef MTS_DEFAULT_BACKEND_REFERENCE
     /* The OpenMP team oneDNN uses (passive waiting; no thread creation per call). */
     mts_parallel((int)nth, sgemm_part, wk);
-    for (int64_t t = 0; t < nth; t++)
-        if (wk[t].rc) return wk[t].rc;
-    return MTS_OK;
-#endif
-    for (int64_t t = 1; t < nth; t++) started[t] = pthread_create(&tid[t], NULL, sgemm_thread, &wk[t]) == 0;
-    sgemm_thread(&wk[0]);
-    for (int64_t t = 1; t < nth; t++) {
-        if (started[t])
-            pthread_join(tid[t], NULL);
-        else
-            sgemm_thread(&wk[t]); /* could not start a thread: do its share here */
-    }
     for (int64_t t = 0; t < nth; t++)
         if (wk[t].rc) return wk[t].rc;
     return MTS_OK;
