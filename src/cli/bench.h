@@ -68,6 +68,9 @@ typedef struct mts_bench_result {
     char msg[200];       /* error text (server's "error" field or the transport's reason) */
     char code[24];       /* error key when the transport has its own names (gRPC: NOT_FOUND, ...);
                             empty: the HTTP status or the transport error name is used */
+    bool no_server;      /* no server took part: the connection was refused or lost before any
+                            response (HTTP connect/io errors; gRPC UNAVAILABLE on a channel that is
+                            not connected). Many in a row stop the run: the server is gone. */
 } mts_bench_result;
 
 typedef struct mts_bench_transport {

@@ -391,6 +391,10 @@ static void grpc_infer(void *conn, const void *prepared, double timeout_ms, mts_
     grpc_status_code st = conn_unary(k, k->c->reg_infer, p->body, timeout_ms, &recv, res->msg, sizeof res->msg);
     res->status = http_status_of(st);
     snprintf(res->code, sizeof res->code, "%s", mts_cli_grpc_code_name((int)st));
+    /* The server's own UNAVAILABLE comes over a connected channel; a refused or lost connection
+     * leaves the channel connecting or failed. */
+    res->no_server = st == GRPC_STATUS_UNAVAILABLE &&
+                     grpc_channel_check_connectivity_state(k->c->ch, 0) != GRPC_CHANNEL_READY;
     if (st == GRPC_STATUS_OK) {
         int bad = 1;
         grpc_byte_buffer_reader r;

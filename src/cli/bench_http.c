@@ -725,6 +725,7 @@ static void http_infer(void *conn, const void *prepared, double timeout_ms, mts_
     if (rc) {
         res->status = 0;
         res->transport_error = rc;
+        res->no_server = rc == MTS_BENCH_ECONNECT || rc == MTS_BENCH_EIO;
         return;
     }
     res->status = r.status;

@@ -152,11 +152,23 @@ typedef struct run {
     /* results */
     agg a;
     uint64_t done_all, errors_all; /* including warm-up, for the progress line */
+    uint64_t no_server_streak;     /* requests in a row that reached no server (any thread) */
+    double last_answer;            /* ms: the last response from the server (t0 before any) */
     double prog_t; /* progress line: time and count at the last print */
     uint64_t prog_done;
 } run;
 
 static atomic_int g_stop;
+
+/* A dead server: after this many requests in a row (over all clients) reached no server, and at
+ * least this long without any response, the run stops with an error instead of counting refused
+ * connections as requests. Meanwhile a client whose request found no server waits a little before
+ * the next, so a dead port is not hammered. */
+#define LOST_STREAK 32
+#define LOST_MS 1000.0
+#define LOST_PAUSE_MS 20.0
+static atomic_int g_server_lost;
+static char g_lost_msg[400]; /* written once, by the thread that sets g_server_lost */
 
 static void on_sigint(int sig)
 {
@@ -729,7 +741,9 @@ static void note_lag(run *r, double lag, bool measured)
     pthread_mutex_unlock(&r->lock);
 }
 
-static void record(run *r, const job *j, const mts_bench_result *res, double latency_ms, int cold)
+/* Counts one response. Returns true when the request reached no server and the last
+ * LOST_STREAK did not either: the client should pause before its next request. */
+static bool record(run *r, const job *j, const mts_bench_result *res, double latency_ms, int cold)
 {
     bool ok = res->status >= 200 && res->status < 300;
     char key[24];
@@ -742,6 +756,21 @@ static void record(run *r, const job *j, const mts_bench_result *res, double lat
     pthread_mutex_lock(&r->lock);
     r->done_all++;
     if (!ok) r->errors_all++;
+    double t = now_ms();
+    bool pause = res->no_server && r->no_server_streak + 1 >= LOST_STREAK;
+    if (!res->no_server) {
+        r->no_server_streak = 0;
+        r->last_answer = t;
+    } else if (++r->no_server_streak >= LOST_STREAK && t - (r->last_answer > 0 ? r->last_answer : r->t0) >= LOST_MS &&
+               !atomic_load(&g_server_lost)) {
+        snprintf(g_lost_msg, sizeof g_lost_msg,
+                 "the server stopped answering: %llu requests in a row over %.1f s reached no server (last: %s); "
+                 "stopping",
+                 (unsigned long long)r->no_server_streak, (t - (r->last_answer > 0 ? r->last_answer : r->t0)) / 1e3,
+                 res->msg[0] ? res->msg : mts_bench_error_name(res->transport_error));
+        atomic_store(&g_server_lost, 1);
+        atomic_store(&g_stop, 1);
+    }
     if (j->measured) {
         agg *a = &r->a;
         model_agg *m = &a->per_model[j->model];
@@ -780,6 +809,7 @@ static void record(run *r, const job *j, const mts_bench_result *res, double lat
         }
     }
     pthread_mutex_unlock(&r->lock);
+    return pause;
 }
 
 static void *worker_main(void *arg)
@@ -811,7 +841,7 @@ static void *worker_main(void *arg)
         double start = r->mode == MODE_CLOSED ? now_ms() : j.intended + probe_ms;
         mts_bench_result res;
         r->tp->infer(conn, m->prepared, r->o->timeout_ms, &res);
-        record(r, &j, &res, now_ms() - start, cold);
+        if (record(r, &j, &res, now_ms() - start, cold)) sleep_until(now_ms() + LOST_PAUSE_MS);
     }
     r->tp->close(conn);
     return NULL;
@@ -1235,6 +1265,7 @@ int mts_cli_bench(int argc, char **argv)
     sa.sa_handler = on_sigint;
     sigaction(SIGINT, &sa, NULL);
     atomic_store(&g_stop, 0);
+    atomic_store(&g_server_lost, 0);
 
     if (o.all_models && (http_ctl ? fetch_index(&http_target, &o, err, sizeof err)
                                   : fetch_index_grpc(target.hostport, &o, err, sizeof err))) {
@@ -1450,6 +1481,8 @@ int mts_cli_bench(int argc, char **argv)
     mts_jw_int(&w, meta_failed);
     mts_jw_key(&w, "interrupted");
     mts_jw_bool(&w, atomic_load(&g_stop) != 0);
+    mts_jw_key(&w, "server_lost");
+    mts_jw_bool(&w, atomic_load(&g_server_lost) != 0);
     mts_jw_end_object(&w);
     if (o.json) {
         size_t len = 0;
@@ -1462,6 +1495,10 @@ int mts_cli_bench(int argc, char **argv)
     }
     mts_jw_free(&w);
     rc = 0;
+    if (atomic_load(&g_server_lost)) {
+        fprintf(stderr, "mtserve bench: %s: %s\n", shown, g_lost_msg);
+        rc = 1;
+    }
 out:
     for (int i = 0; models && i < o.n_models; i++)
         if (models[i].prepared) tp->free_prepared(models[i].prepared);

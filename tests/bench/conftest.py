@@ -27,11 +27,12 @@ GRPC_RE = re.compile(r"mtserve: serving gRPC on ([0-9.]+:\d+) \(")
 
 @pytest.fixture
 def servers(tmp_path):
-    """Starts servers on demand: `start(models, max_models=None)` returns (HTTP URL, gRPC host:port)
-    once both front ends print their serving lines; every server gets SIGTERM at teardown."""
+    """Starts servers on demand: `start(models, max_models=None, process=False)` returns (HTTP URL,
+    gRPC host:port), and the Popen with process=True, once both front ends print their serving
+    lines; every server still running gets SIGTERM at teardown."""
     procs = []
 
-    def start(models, max_models=None):
+    def start(models, max_models=None, process=False):
         if not MTSERVE.exists():
             pytest.fail(f"{MTSERVE} is missing: run `make build` first")
         if not TINY.exists():
@@ -56,7 +57,7 @@ def servers(tmp_path):
             text = out.read_text(errors="replace")
             h, g = SERVING_RE.search(text), GRPC_RE.search(text)
             if h and g:
-                return h.group(2), g.group(1)
+                return (h.group(2), g.group(1), p) if process else (h.group(2), g.group(1))
             if p.poll() is not None:
                 break
             time.sleep(0.02)

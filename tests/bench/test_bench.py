@@ -4,11 +4,18 @@ Checks that the JSON summary is self-consistent in every load shape: request cou
 ok + errors = sum of per-model rows = sum of errors by code), exact counts where the schedule
 fixes them (--requests, open loop rate x duration, conversational users' frames), no errors
 against a healthy server, errors counted by HTTP status for an unknown model and by transport
-failure for a closed port, ordered percentiles, warm/cold tagging under model churn, and the
---find-capacity search. Run with /usr/bin/python3 -m pytest tests/bench.
+failure for a closed port, ordered percentiles, warm/cold tagging under model churn, the
+--find-capacity search, and a server that dies mid-run stopping the run with an error (HTTP and
+gRPC) instead of counting refused connections as requests. Run with /usr/bin/python3 -m pytest tests/bench.
 """
+import json
+import os
+import signal
 import socket
 import subprocess
+import time
+
+import pytest
 
 from conftest import MTSERVE, TINY
 
@@ -161,3 +168,28 @@ def test_cold_probe_under_churn(serve, bench):
     assert j["server"]["loads"] == c["cold_requests"]
     assert j["server"]["resident_models"] <= 2
     assert sum(m["cold"] for m in j["per_model"]) == c["cold_requests"]
+
+
+@pytest.mark.parametrize("transport", ["http", "grpc"])
+def test_dead_server_stops_the_run(servers, transport):
+    """The server is killed 1.5 s into a 30 s closed-loop run at concurrency 8: bench must stop
+    within a few seconds with exit status 1, say why, and report server_lost; the requests it
+    counts as failed stay in the hundreds, not the ~100k a second a refused port allows."""
+    url, target, proc = servers({"tiny": TINY}, process=True)
+    where = ["--url", url] if transport == "http" else ["--grpc", target]
+    cmd = [str(MTSERVE), "bench", *where, "--model", "tiny", "--concurrency", "8", "--duration", "30", "--json",
+           "--quiet", "--no-server-stats"]
+    t0 = time.monotonic()
+    b = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.5)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    out, err = b.communicate(timeout=30)
+    took = time.monotonic() - t0
+    assert b.returncode == 1, (b.returncode, err[-2000:])
+    assert "stopped answering" in err, err[-2000:]
+    assert took < 10, took
+    j = json.loads(out)
+    assert j["server_lost"] is True and j["ok"] > 0
+    assert j["requests"] == j["ok"] + j["errors"]
+    assert j["errors"] < 5000, j["errors_by_code"]
