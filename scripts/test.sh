@@ -51,6 +51,9 @@ stage "gRPC tests (grpcio clients against a real server)" $PY -m pytest -q -p no
 stage "lip-sync composite (gRPC + HTTP) against the TSan-built server" env MTSERVE=$PWD/build-tsan/mtserve TSAN_OPTIONS="$TSAN_OPTIONS:exitcode=66:suppressions=$PWD/tests/tsan/grpc.supp" $PY -m pytest -q -p no:cacheprovider tests/grpc/test_composite.py
 stage "server black-box tests (HTTP) against the ASan+UBSan-built server (LeakSanitizer at exit)" env MTSERVE=$PWD/build-asan/mtserve $PY -m pytest -q -p no:cacheprovider tests/server --deselect tests/server/test_leaks.py::test_load_infer_unload_cycles_do_not_leak
 stage "gRPC tests against the ASan+UBSan-built server" env MTSERVE=$PWD/build-asan/mtserve $PY -m pytest -q -p no:cacheprovider tests/grpc
+stage "concurrent dynamic batching on a served model (release server: the crash regression)" $PY -m pytest -q -p no:cacheprovider tests/stress/test_concurrent_batching.py
+stage "concurrent batching + stress: 8 models, HTTP + gRPC, evictions, reloads (ASan+UBSan server)" env MTSERVE=$PWD/build-asan/mtserve $PY -m pytest -q -p no:cacheprovider tests/stress
+stage "concurrent dynamic batching on a served model (TSan server)" env MTSERVE=$PWD/build-tsan/mtserve TSAN_OPTIONS="$TSAN_OPTIONS:exitcode=66:suppressions=$PWD/tests/tsan/grpc.supp" $PY -m pytest -q -p no:cacheprovider tests/stress/test_concurrent_batching.py
 stage "load generator tests (mtserve bench against a real server)" $PY -m pytest -q -p no:cacheprovider tests/bench
 stage "reference models vs ONNX Runtime (default backend)" env MTS_BACKEND=default $PY tests/models/compare_ort.py --models-dir models/out
 stage "reference models vs ONNX Runtime (reference backend)" env MTS_BACKEND=reference $PY tests/models/compare_ort.py --models-dir models/out
