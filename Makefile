@@ -11,6 +11,7 @@
 #   make bench    engine benchmark (mtserve vs ONNX Runtime) and serving benchmark (HTTP vs bare engine)
 #   make bench-capacity  conversational users sustained on lipsync_unet_w8 vs the engine bound (~3-6 min)
 #   make bench-churn     1,000 small models, max_models 100, Zipf(1.0): hit rate, loads/s, latency (~2 min)
+#   make bench-isolation light tenant's latency beside a heavy tenant (HTTP and gRPC; ~7 min)
 #   make bench-grpc      tiny model over gRPC (1/16/64 streams) and gRPC serving efficiency on
 #                        lipsync_unet_w8 vs the bare engine, 3 runs each (~3-4 min)
 JOBS ?= 2
@@ -21,7 +22,7 @@ TESTDATA := /usr/share/libonnx-testdata/data
 export MTSERVE := $(CURDIR)/$(BUILD)/mtserve
 
 .PHONY: all deps build build-asan build-tsan models avatar run test test-unit test-conformance bench \
-        bench-engine bench-ceiling bench-serving bench-capacity bench-churn bench-grpc clean
+        bench-engine bench-ceiling bench-serving bench-capacity bench-churn bench-grpc bench-isolation clean
 
 all: build
 
@@ -83,6 +84,9 @@ bench-churn: build
 
 bench-grpc: build models
 	@bash scripts/bench-grpc.sh
+
+bench-isolation: build models
+	@$(PY) scripts/bench-isolation.py
 
 clean:
 	rm -rf $(BUILD) build-asan build-tsan $(BUILD).configure.log build-asan.configure.log build-tsan.configure.log

@@ -674,6 +674,9 @@ static int model_key(pctx *x, const char *key, const char *full, const ynode *k,
         if (rc == 1) m->max_queue_delay_us = llround(ms * 1000.0), st->ms_node = k;
     } else if (strcmp(key, "queue_size") == 0) rc = get_int32(x, v, full, 1, 1000000, &m->queue_size);
     else if (strcmp(key, "instances") == 0) rc = get_int32(x, v, full, 1, 1024, &m->instances);
+    else if (strcmp(key, "weight") == 0) {
+        rc = get_num(x, v, full, false, 1000, &m->weight);
+    } else if (strcmp(key, "priority") == 0) rc = get_int32(x, v, full, 1, 9, &m->priority);
     else if (strcmp(key, "background_cache_frames") == 0)
         rc = get_int32(x, v, full, 0, 1000000, &m->background_cache_frames);
     else warn_unknown(x, k, full);
@@ -1205,6 +1208,8 @@ int mts_config_finalize(mts_config *c, mts_err *err)
         if (m->max_batch < 1) m->max_batch = 8;
         if (m->max_queue_delay_us < 0) m->max_queue_delay_us = 2000;
         if (m->instances < 1) m->instances = c->workers_per_device;
+        if (!(m->weight > 0)) m->weight = 1.0;
+        if (m->priority < 1) m->priority = MTS_DEFAULT_PRIORITY;
         if (m->preferred_device < -1 || m->preferred_device >= c->device_count)
             return mts_err_set(err, MTS_EINVAL,
                                "%s: model '%s': preferred_gpu %d is out of range: gpus.count is %d (use -1 or 0 to %d)",

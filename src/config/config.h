@@ -15,6 +15,8 @@
 typedef enum mts_eviction_policy { MTS_EVICT_LRU = 0, MTS_EVICT_LFU } mts_eviction_policy;
 typedef enum mts_placement { MTS_PLACE_ROUND_ROBIN = 0, MTS_PLACE_LEAST_LOADED } mts_placement;
 
+#define MTS_DEFAULT_PRIORITY 5
+
 typedef struct mts_model_config {
     char *name;
     char *model_path;          /* .onnx file */
@@ -25,6 +27,9 @@ typedef struct mts_model_config {
     bool pin;                  /* never evicted */
     int preferred_device;      /* -1 = placement strategy decides (documents: preferred_gpu) */
     int instances;             /* max concurrent batches of this model; default: device workers */
+    double weight;             /* share of a device's compute time under contention; default 1 */
+    int priority;              /* 1 (first) .. 9 (last): ready models of a better level run
+                                * first; default MTS_DEFAULT_PRIORITY */
     int version;               /* the version served (Triton layout <name>/<N>/model.onnx); default 1 */
     /* lip-sync assets (compositing issue) */
     char *background_dir;

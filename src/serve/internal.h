@@ -85,6 +85,11 @@ typedef struct mts__entry {
     int qlen, running;
     bool in_ready;
     struct mts__entry *ready_next;
+    /* fair sharing of the device (scheduler.c): virtual time = CPU ns charged / weight, and the
+     * CPU cost of one sample (ns x threads, moving average; 0 until a batch has run) */
+    double vtime, cost_per_sample;
+    bool idle; /* had no queued or running work before its last request: joins at the device's
+                * virtual time when next ready */
     mts__waiter *load_waiters, *unload_waiters;
     int versions;
     /* meta of the last loaded version, kept for metadata of unloaded models */
@@ -112,13 +117,16 @@ typedef struct mts__device {
     int models;
     mts__entry *ready_head, *ready_tail;
     pthread_cond_t cv;
-    uint64_t *w_batches;
+    uint64_t *w_batches;  /* per worker, the short-work lane last (index `workers`) */
     int64_t *w_busy_ns;
+    double vclock;        /* virtual time of the last batch started (fair sharing) */
+    double lane_credit_ns;/* the short-work lane's time budget (scheduler.c) */
+    int64_t lane_refill_ns;
 } mts__device;
 
 typedef struct mts__worker {
     struct mts_server *s;
-    int device, index; /* index within the device */
+    int device, index; /* index within the device; index == workers: the short-work lane */
     void *scratch[MTS_REQ_MAX_TENSORS]; /* batch gather buffers, one per input */
     size_t scratch_cap[MTS_REQ_MAX_TENSORS];
 } mts__worker;

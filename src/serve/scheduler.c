@@ -6,12 +6,17 @@
  * it; requests simply wait in the queue while the load runs, so a storm of requests to a cold
  * model causes one load.
  *
- * Each device keeps a FIFO of models that are ready and have queued work. A worker takes the
- * model at the head, forms a batch from its queue (requests whose inputs match the first one in
- * every dimension but the leading batch dimension, up to max_batch samples; cancelled and
- * expired requests are dropped here, before they cost compute), puts the model back at the tail
- * if work remains — so one model's flood cannot starve the others — and runs the batch outside
- * the lock with an execution context taken from the model version's pool.
+ * Each device keeps the set of models that are ready and have queued work. A worker takes the
+ * model of the best priority level with the least virtual time (device time charged / weight:
+ * fair sharing by compute time, not turns), forms a batch from its queue (requests whose inputs
+ * match the first one in every dimension but the leading batch dimension, up to max_batch
+ * samples; cancelled and expired requests are dropped here, before they cost compute), puts the
+ * model back if work remains — so one model's flood cannot starve the others — and runs the
+ * batch outside the lock with an execution context taken from the model version's pool. A
+ * model's queue is in priority order: a request may lower its level below its model's.
+ *
+ * Each device also has a short-work lane, an extra worker for batches measured to be short
+ * (see LANE_MAX_NS), so light tenants do not wait behind heavy batches.
  *
  * Memory-aware batching (the ML service design's "dynamic batch sizing based on available
  * memory"): once a model has run, the scheduler knows what a context's activations cost per
@@ -57,29 +62,116 @@ void mts__fail_list(mts_request *list, int status, const char *msg)
     }
 }
 
+/* The short-work lane: a batch whose estimated engine time is at most LANE_MAX_NS may run on the
+ * device's extra worker, which takes nothing else, runs one thread and is not counted against
+ * the device's cores: a light model's requests do not wait behind a heavy model's batches that
+ * fill the regular workers (the OS shares the cores; the light batch takes microseconds). The
+ * lane may use LANE_SHARE of the wall time, in bursts of up to LANE_BURST_NS, so a light model
+ * that floods is served by the regular workers under fair sharing instead of taking a third
+ * core's worth of time from the others. */
+#define LANE_MAX_NS 2e6
+#define LANE_SHARE 0.10
+#define LANE_BURST_NS 50e6
+/* Moving-average weight of a batch's measured cost per sample. */
+#define COST_ALPHA 0.2
+
+static int64_t thread_cpu_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static double entry_weight(const mts__entry *e)
+{
+    return e->cfg->weight > 0 ? e->cfg->weight : 1.0;
+}
+
+static int entry_priority(const mts__entry *e)
+{
+    return e->cfg->priority > 0 ? e->cfg->priority : MTS_DEFAULT_PRIORITY;
+}
+
+/* The level a ready model competes at: its first queued request's (requests are queued in level
+ * order, and a request's level is never better than its model's). */
+static int ready_priority(const mts__entry *e)
+{
+    return e->qh && e->qh->priority > 0 ? e->qh->priority : entry_priority(e);
+}
+
 void mts__ready_push(mts_server *s, mts__entry *e)
 {
     if (e->in_ready || !e->cur || e->qlen == 0) return;
     int limit = e->cfg->instances > 0 ? e->cfg->instances : s->devs[e->cur->device].workers;
     if (e->running >= limit) return;
     mts__device *d = &s->devs[e->cur->device];
+    /* A model that was idle starts at the device's virtual time: no credit for the time it
+     * did not use. (One that only waited for its own batches to finish keeps its place.) */
+    if (e->idle && e->vtime < d->vclock) e->vtime = d->vclock;
+    e->idle = false;
     e->in_ready = true;
     e->ready_next = NULL;
     if (d->ready_tail) d->ready_tail->ready_next = e;
     else d->ready_head = e;
     d->ready_tail = e;
-    pthread_cond_signal(&d->cv);
+    pthread_cond_broadcast(&d->cv); /* the short-work lane may not take it: wake every worker */
 }
 
-static mts__entry *ready_pop(mts__device *d)
+/* Engine time a batch of the model's next requests is expected to cost (core-ns); 0 when the
+ * model has not run yet. */
+static double batch_estimate(const mts__entry *e)
 {
-    mts__entry *e = d->ready_head;
-    if (!e) return NULL;
-    d->ready_head = e->ready_next;
-    if (!d->ready_head) d->ready_tail = NULL;
-    e->in_ready = false;
-    e->ready_next = NULL;
-    return e;
+    int64_t n = e->qlen;
+    if (e->cur && e->cur->max_batch > 0 && n > e->cur->max_batch) n = e->cur->max_batch;
+    return e->cost_per_sample * (double)(n > 0 ? n : 1);
+}
+
+/* The short-work lane runs a batch beside the regular workers' only when the device has room
+ * for its activations as well (a context of its own when the model has none free), so it never
+ * takes the memory that memory-aware batching keeps for them. */
+static bool lane_fits(const mts__device *d, const mts__entry *e)
+{
+    const mts__version *v = e->cur;
+    if (!v || v->act_samples <= 0) return false;
+    int64_t n = e->qlen < v->max_batch ? e->qlen : v->max_batch;
+    int64_t need = v->act_bytes / v->act_samples * (n > 0 ? n : 1);
+    return need <= d->budget - d->used;
+}
+
+/* Fair sharing: the ready model of the best priority with the least virtual time (compute
+ * charged divided by weight), so each model gets device time in proportion to its weight
+ * whatever its batches cost, not turns. The short-work lane takes only models whose next batch
+ * is measured to be short, while it has time budget. */
+static mts__entry *ready_pick(mts__device *d, bool lane)
+{
+    mts__entry *best = NULL, *best_prev = NULL, *prev = NULL;
+    for (mts__entry *e = d->ready_head; e; prev = e, e = e->ready_next) {
+        if (lane) {
+            double est = batch_estimate(e);
+            if (!(e->cost_per_sample > 0) || est > LANE_MAX_NS || est > d->lane_credit_ns || !lane_fits(d, e))
+                continue;
+        }
+        if (!best || ready_priority(e) < ready_priority(best) ||
+            (ready_priority(e) == ready_priority(best) && e->vtime < best->vtime)) {
+            best = e;
+            best_prev = prev;
+        }
+    }
+    if (!best) return NULL;
+    if (best_prev) best_prev->ready_next = best->ready_next;
+    else d->ready_head = best->ready_next;
+    if (d->ready_tail == best) d->ready_tail = best_prev;
+    best->in_ready = false;
+    best->ready_next = NULL;
+    if (best->vtime > d->vclock) d->vclock = best->vtime;
+    return best;
+}
+
+static void lane_refill(mts__device *d, int64_t now)
+{
+    if (d->lane_refill_ns) d->lane_credit_ns += (double)(now - d->lane_refill_ns) * LANE_SHARE;
+    if (d->lane_credit_ns > LANE_BURST_NS) d->lane_credit_ns = LANE_BURST_NS;
+    d->lane_refill_ns = now;
 }
 
 static void queue_remove(mts_server *s, mts__entry *e, mts_request *prev, mts_request *r)
@@ -146,9 +238,20 @@ int mts_server_submit(mts_server *s, mts_request *req, int *retry_after_s, mts_e
     int64_t timeout_us = req->timeout_us > 0 ? req->timeout_us : s->cfg->default_timeout_ms * 1000;
     req->deadline_ns = timeout_us > 0 ? now + timeout_us * 1000 : 0;
     if (req->deadline_ns) s->deadline_reqs++;
-    if (e->qt) e->qt->next = req;
-    else e->qh = req;
-    e->qt = req;
+    if (e->qlen == 0 && e->running == 0) e->idle = true; /* work again after none */
+    int level = entry_priority(e);
+    if (req->priority < level) req->priority = level;
+    if (!e->qt || e->qt->priority <= req->priority) { /* the usual case: append */
+        if (e->qt) e->qt->next = req;
+        else e->qh = req;
+        e->qt = req;
+    } else { /* before the first request of a later level (one whose priority was lowered) */
+        mts_request *prev = NULL, *r = e->qh;
+        while (r && r->priority <= req->priority) prev = r, r = r->next;
+        req->next = r;
+        if (prev) prev->next = req;
+        else e->qh = req;
+    }
     e->qlen++;
     s->total_queued++;
     s->submitted++;
@@ -407,6 +510,9 @@ void *mts__worker_main(void *arg)
     mts__worker *w = arg;
     mts_server *s = w->s;
     mts__device *d = &s->devs[w->device];
+    bool lane = w->index == d->workers; /* the short-work lane */
+    const char *lane_env = getenv("MTS_SHORT_LANE");
+    if (lane && lane_env && !strcmp(lane_env, "0")) return NULL; /* off: for comparisons */
     mts_request *reqs[MTS__MAX_BATCH_REQS];
     batch_req *br = calloc(MTS__MAX_BATCH_REQS, sizeof *br);
     char msg[512];
@@ -418,7 +524,8 @@ void *mts__worker_main(void *arg)
             s->last_sweep_ns = now;
             sweep(s, &cancelled, &expired);
         }
-        mts__entry *e = ready_pop(d);
+        if (lane) lane_refill(d, now);
+        mts__entry *e = ready_pick(d, lane);
         if (!e && !cancelled && !expired) {
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
@@ -471,8 +578,8 @@ void *mts__worker_main(void *arg)
                     e->fail.count++;
                     s->failed++;
                     r->reject_msg = strdup(msg);
-                } else if (n == 0 || (v->batchable && compatible(v, reqs[0], &br[0], r, &br[n]) &&
-                                      samples + r->samples <= limit)) {
+                } else if (n == 0 || (v->batchable && r->priority <= reqs[0]->priority &&
+                                      compatible(v, reqs[0], &br[0], r, &br[n]) && samples + r->samples <= limit)) {
                     queue_remove(s, e, prev, r);
                     reqs[n++] = r;
                     samples += r->samples;
@@ -499,16 +606,22 @@ void *mts__worker_main(void *arg)
         if (capped && samples >= limit && e->qh) e->mem_capped++; /* work was left for a later batch */
         e->running++;
         v->refs++;
+        /* Charged now with the estimate (so the next pick already sees it), corrected with the
+         * measured time when the batch ends. */
+        double charged = e->cost_per_sample * (double)samples;
+        e->vtime += charged / entry_weight(e);
         mts__ready_push(s, e);
         int threads = d->ready_head ? (d->cores / (d->workers > 0 ? d->workers : 1)) : d->cores - d->busy_cores;
-        if (threads < 1) threads = 1;
-        d->busy_cores += threads;
-        d->busy_workers++;
+        if (threads < 1 || lane) threads = 1;
+        if (!lane) {
+            d->busy_cores += threads;
+            d->busy_workers++;
+        }
         mts_ctx *ctx = v->n_ctx_free > 0 ? v->ctx_free[--v->n_ctx_free] : NULL;
         pthread_mutex_unlock(&s->lock);
 
         finish_dropped(cancelled, expired, invalid);
-        int64_t t_start = mts__now_ns();
+        int64_t t_start = mts__now_ns(), cpu_start = thread_cpu_ns();
         int rc = MTS_OK;
         mts_err err = {0};
         msg[0] = '\0';
@@ -522,13 +635,25 @@ void *mts__worker_main(void *arg)
             mts_crash_set_model(NULL);
         }
         int64_t ctx_after = ctx ? mts_ctx_bytes(ctx) : 0;
-        int64_t t_end = mts__now_ns();
+        int64_t t_end = mts__now_ns(), cpu_end = thread_cpu_ns();
 
         pthread_mutex_lock(&s->lock);
-        d->busy_cores -= threads;
-        d->busy_workers--;
+        if (!lane) {
+            d->busy_cores -= threads;
+            d->busy_workers--;
+        }
         d->w_batches[w->index]++;
         d->w_busy_ns[w->index] += t_end - t_start;
+        /* CPU time, not wall time: a batch that waited for a core (the OS shares them with the
+         * short-work lane, the front ends and other processes) did not cost more. A team's other
+         * threads are taken to have worked as long as the calling one. */
+        double cost = (double)(cpu_end - cpu_start) * threads;
+        e->vtime += (cost - charged) / entry_weight(e);
+        if (lane) d->lane_credit_ns -= cost;
+        if (!rc && samples > 0) {
+            double per = cost / (double)samples;
+            e->cost_per_sample = e->cost_per_sample > 0 ? e->cost_per_sample + COST_ALPHA * (per - e->cost_per_sample) : per;
+        }
         if (ctx) {
             if (v->n_ctx_free == v->cap_ctx_free) {
                 int cap = v->cap_ctx_free ? v->cap_ctx_free * 2 : 4;

@@ -104,9 +104,9 @@ int mts_server_create(const mts_config *cfg, mts_server **out, mts_err *err)
         dev->cores = cfg->threads_per_device > 0 ? cfg->threads_per_device : 1;
         dev->budget = (int64_t)(cfg->memory_gb_per_device * 1e9);
         pthread_cond_init(&dev->cv, NULL);
-        dev->w_batches = calloc((size_t)dev->workers, sizeof(uint64_t));
-        dev->w_busy_ns = calloc((size_t)dev->workers, sizeof(int64_t));
-        total_workers += dev->workers;
+        dev->w_batches = calloc((size_t)dev->workers + 1, sizeof(uint64_t));
+        dev->w_busy_ns = calloc((size_t)dev->workers + 1, sizeof(int64_t));
+        total_workers += dev->workers + 1; /* + the short-work lane (scheduler.c) */
     }
     s->worker_threads = calloc((size_t)total_workers, sizeof(pthread_t));
     s->workers = calloc((size_t)total_workers, sizeof *s->workers);
@@ -115,7 +115,7 @@ int mts_server_create(const mts_config *cfg, mts_server **out, mts_err *err)
         return mts_err_set(err, MTS_ENOMEM, "out of memory");
     }
     for (int d = 0, k = 0; d < s->n_devs; d++)
-        for (int w = 0; w < s->devs[d].workers; w++, k++) {
+        for (int w = 0; w <= s->devs[d].workers; w++, k++) {
             s->workers[k].s = s;
             s->workers[k].device = d;
             s->workers[k].index = w;

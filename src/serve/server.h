@@ -38,6 +38,9 @@ struct mts_request {
     int n_requested;                           /* 0 = all outputs */
     const char *requested[MTS_REQ_MAX_TENSORS];
     int64_t timeout_us;                        /* 0 = server default; enforced before execution */
+    int priority;                              /* 0 = the model's level; 1 (first) .. 9 (last): a
+                                                * request may lower its priority below its model's,
+                                                * never raise it (the server keeps the lower) */
     mts_request_done done;
     void *user;
     /* Set by the server before done(status 0): outputs in model order (or requested order). */

@@ -202,6 +202,14 @@ static void hist_out(out_buf *b, const char *name, const char *model, const mts_
          (unsigned long long)h->n);
 }
 
+/* A worker's metric label: its index, or "short" for the device's short-work lane. */
+static const char *worker_label(const mts_server *s, int d, int w, char *buf, size_t len)
+{
+    if (w == s->devs[d].workers) snprintf(buf, len, "short");
+    else snprintf(buf, len, "%d", w);
+    return buf;
+}
+
 char *mts_server_metrics(mts_server *s, size_t *len)
 {
     out_buf b = {malloc(65536), 0, 65536, false};
@@ -306,17 +314,18 @@ char *mts_server_metrics(mts_server *s, size_t *len)
     outf(&b, "# HELP mts_device_memory_budget_bytes Memory budget per device.\n# TYPE mts_device_memory_budget_bytes gauge\n");
     for (int d = 0; d < s->n_devs; d++)
         outf(&b, "mts_device_memory_budget_bytes{device=\"cpu:%d\"} %lld\n", d, (long long)s->devs[d].budget);
+    char wl[16];
     outf(&b, "# HELP mts_worker_busy_seconds_total Time each worker spent running batches.\n"
              "# TYPE mts_worker_busy_seconds_total counter\n");
     for (int d = 0; d < s->n_devs; d++)
-        for (int w = 0; w < s->devs[d].workers; w++)
-            outf(&b, "mts_worker_busy_seconds_total{device=\"cpu:%d\",worker=\"%d\"} %.6f\n", d, w,
-                 (double)s->devs[d].w_busy_ns[w] / 1e9);
+        for (int w = 0; w <= s->devs[d].workers; w++)
+            outf(&b, "mts_worker_busy_seconds_total{device=\"cpu:%d\",worker=\"%s\"} %.6f\n", d,
+                 worker_label(s, d, w, wl, sizeof wl), (double)s->devs[d].w_busy_ns[w] / 1e9);
     outf(&b, "# HELP mts_worker_batches_total Batches each worker ran.\n# TYPE mts_worker_batches_total counter\n");
     for (int d = 0; d < s->n_devs; d++)
-        for (int w = 0; w < s->devs[d].workers; w++)
-            outf(&b, "mts_worker_batches_total{device=\"cpu:%d\",worker=\"%d\"} %llu\n", d, w,
-                 (unsigned long long)s->devs[d].w_batches[w]);
+        for (int w = 0; w <= s->devs[d].workers; w++)
+            outf(&b, "mts_worker_batches_total{device=\"cpu:%d\",worker=\"%s\"} %llu\n", d,
+                 worker_label(s, d, w, wl, sizeof wl), (unsigned long long)s->devs[d].w_batches[w]);
     outf(&b, "# HELP mts_resident_models Models resident (loading, ready or draining).\n# TYPE mts_resident_models gauge\n"
              "mts_resident_models %d\n",
          s->resident);

@@ -292,6 +292,8 @@ static void test_values_and_forms(void **state)
                     "    max_queue_delay_ms: 2.5\n"
                     "    preferred_gpu: 1\n"
                     "    instances: 3\n"
+                    "    weight: 2.5\n"
+                    "    priority: 2\n"
                     "    queue_size: 9\n"
                     "    background_cache_frames: 0\n";
     assert_int_equal(parse(y, "cfg/x.yaml", &c, &w, &err), MTS_OK);
@@ -322,6 +324,8 @@ static void test_values_and_forms(void **state)
     assert_int_equal(c.models[2].background_cache_frames, 0);
     assert_int_equal(c.models[0].background_cache_frames, 7);
     assert_int_equal(c.models[0].instances, 2);
+    assert_true(c.models[2].weight == 2.5 && c.models[2].priority == 2);
+    assert_true(c.models[0].weight == 1.0 && c.models[0].priority == MTS_DEFAULT_PRIORITY);
     mts_config_free(&c);
 
     /* Port forms; server.host wins over the host in server.port. */
@@ -367,6 +371,10 @@ static void test_errors(void **state)
     expect_error("server:\n  queue_size: -5\n", MTS_EINVAL,
                  "t.yaml:2: key 'server.queue_size': expected a positive integer, got '-5'", NULL);
     expect_error("capacity:\n  max_models: 0\n", MTS_EINVAL, "t.yaml:2: key 'capacity.max_models'", "got '0'");
+    expect_error("models:\n  a:\n    model_path: a.onnx\n    weight: 0\n", MTS_EINVAL, "t.yaml:4: key 'models.a.weight'",
+                 "positive number");
+    expect_error("models:\n  a:\n    model_path: a.onnx\n    priority: 10\n", MTS_EINVAL,
+                 "t.yaml:4: key 'models.a.priority'", "10");
     expect_error("gpus:\n\n  count: 99999999999999999999999\n", MTS_EINVAL, "t.yaml:3: key 'gpus.count'",
                  "positive integer");
     expect_error("gpus:\n  count: 5000\n", MTS_EINVAL, "t.yaml:2: key 'gpus.count'", "no larger than 1024");

@@ -6,6 +6,7 @@
  * caps, memory budgets with
  * LFU, placement over two devices, idle unloading, statistics and metrics. Runs plain, under ASan+UBSan and under TSan in `make test`.
  */
+#include <math.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -534,6 +535,153 @@ static void test_devices_and_idle_timeout(void **state)
     mts_config_free(&cfg);
 }
 
+
+/* Fair sharing by compute time: m00 sends requests of 4 samples (max_batch 4: one request a
+ * batch), m01 single samples with max_batch 1, so one turn of m00 costs several turns of m01.
+ * Both are backlogged; when m00's last request completes, each model's share of the device time
+ * its batches took so far (the sum of its requests' compute_ms: one request a batch) must match
+ * its weight (equal weights: 50 % +- 10 %; m01 at weight 3: 60-85 %, 0.71-0.75 typically).
+ * Taking turns gave m01 36 %. */
+static double done_compute_ms(call **c, int n, int *done)
+{
+    double ms = 0;
+    *done = 0;
+    for (int i = 0; i < n; i++) {
+        pthread_mutex_lock(&c[i]->mu);
+        if (c[i]->done && c[i]->status == 0) {
+            ms += c[i]->req.compute_ms;
+            (*done)++;
+        }
+        pthread_mutex_unlock(&c[i]->mu);
+    }
+    return ms;
+}
+
+static void fair_share_run(double w1, double want)
+{
+    mts_config cfg;
+    make_config(&cfg, 2, 4, model_path);
+    cfg.models[0].max_batch = 4;
+    cfg.models[1].max_batch = 1;
+    cfg.models[1].weight = w1;
+    cfg.models[0].queue_size = cfg.models[1].queue_size = 4000;
+    cfg.max_queue_total = 8000;
+    mts_server *s;
+    mts_err err = {0};
+    assert_int_equal(mts_server_create(&cfg, &s, &err), 0);
+    /* warm both models (load, plans, cost estimates) */
+    for (int r = 0; r < 3; r++) {
+        call *w0 = call_new("m00", 4), *w1c = call_new("m01", 1);
+        assert_int_equal(submit(s, w0), 0);
+        assert_int_equal(submit(s, w1c), 0);
+        assert_int_equal(call_wait(w0), 0);
+        assert_int_equal(call_wait(w1c), 0);
+        call_free(w0);
+        call_free(w1c);
+    }
+    enum { N0 = 150, N1 = 3000 };
+    call **c0 = calloc(N0, sizeof *c0), **c1 = calloc(N1, sizeof *c1);
+    for (int i = 0; i < N1; i++) {
+        c1[i] = call_new("m01", 1);
+        if (i < N0) c0[i] = call_new("m00", 4);
+    }
+    for (int i = 0; i < N1; i++) {
+        if (i < N0) assert_int_equal(submit(s, c0[i]), 0);
+        assert_int_equal(submit(s, c1[i]), 0);
+    }
+    for (int i = 0; i < N0; i++) assert_int_equal(call_wait(c0[i]), 0);
+    int d0, d1;
+    double t1 = done_compute_ms(c1, N1, &d1), t0 = done_compute_ms(c0, N0, &d0);
+    printf("fair share (m01 weight %.0f): m00 %.1f ms of batches (%d requests of 4 samples), m01 %.1f ms (%d of %d "
+           "single-sample requests done): m01 share %.3f, want %.2f\n",
+           w1, t0, d0, t1, d1, N1, t1 / (t0 + t1), want);
+    assert_true(d1 < N1); /* m01 was still backlogged */
+    /* equal weights: the issue's target, 50 % +- 10 %; 3 : 1 well above that, near 75 % (the
+     * charge is CPU time, this measures wall time: preemption makes it noisier) */
+    if (w1 == 1.0) assert_true(fabs(t1 / (t0 + t1) - want) <= 0.10);
+    else assert_true(t1 / (t0 + t1) >= 0.6 && t1 / (t0 + t1) <= 0.85);
+    for (int i = 0; i < N1; i++) {
+        call_wait(c1[i]);
+        call_free(c1[i]);
+        if (i < N0) call_free(c0[i]);
+    }
+    free(c0);
+    free(c1);
+    mts_server_shutdown(s, 5);
+    mts_server_free(s);
+    mts_config_free(&cfg);
+}
+
+static void test_fair_share_by_compute_time(void **state)
+{
+    (void)state;
+    fair_share_run(1.0, 0.5);
+    fair_share_run(3.0, 0.75);
+}
+
+
+static int count_done(call **c, int n)
+{
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        pthread_mutex_lock(&c[i]->mu);
+        k += c[i]->done;
+        pthread_mutex_unlock(&c[i]->mu);
+    }
+    return k;
+}
+
+/* Priorities: with one worker (and the short-work lane off, so order is the worker's), m00 at
+ * level 1 overtakes m01's backlog at the default level 5: its request completes while nearly all
+ * of m01's 200 are still queued. A second m00 request that lowers its own priority to 9 (the
+ * KServe 'priority' parameter) runs only after all of them. */
+static void test_priorities(void **state)
+{
+    (void)state;
+    setenv("MTS_SHORT_LANE", "0", 1);
+    mts_config cfg;
+    make_config(&cfg, 2, 4, model_path);
+    cfg.workers_per_device = 1;
+    cfg.models[0].priority = 1;
+    cfg.models[1].max_batch = 1;
+    cfg.models[0].queue_size = cfg.models[1].queue_size = 1000;
+    mts_server *s;
+    mts_err err = {0};
+    assert_int_equal(mts_server_create(&cfg, &s, &err), 0);
+    for (int m = 0; m < 2; m++) { /* loaded and warm */
+        call *w = call_new(m ? "m01" : "m00", 1);
+        assert_int_equal(submit(s, w), 0);
+        assert_int_equal(call_wait(w), 0);
+        call_free(w);
+    }
+    enum { N = 200 };
+    call *c1[N];
+    for (int i = 0; i < N; i++) {
+        c1[i] = call_new("m01", 1);
+        assert_int_equal(submit(s, c1[i]), 0);
+    }
+    call *first = call_new("m00", 1), *last = call_new("m00", 1);
+    last->req.priority = 9;
+    int before = count_done(c1, N); /* run while the backlog was being queued */
+    assert_int_equal(submit(s, first), 0);
+    assert_int_equal(submit(s, last), 0);
+    assert_int_equal(call_wait(first), 0);
+    int at_first = count_done(c1, N);
+    assert_int_equal(call_wait(last), 0);
+    int at_last = count_done(c1, N);
+    printf("priorities: m00 (level 1) done after %d of m01's %d (level 5) (%d before it was queued); m00 at "
+           "request priority 9 after %d\n", at_first, N, before, at_last);
+    assert_true(at_first - before <= 10); /* the batch running, a few finishing meanwhile: not 200 */
+    assert_int_equal(at_last, N);
+    for (int i = 0; i < N; i++) call_free(c1[i]);
+    call_free(first);
+    call_free(last);
+    mts_server_shutdown(s, 5);
+    mts_server_free(s);
+    mts_config_free(&cfg);
+    unsetenv("MTS_SHORT_LANE");
+}
+
 int main(void)
 {
     mts_log_set_level(MTS_LOG_WARN);
@@ -546,6 +694,8 @@ int main(void)
         cmocka_unit_test(test_memory_budget_and_lfu),
         cmocka_unit_test(test_memory_aware_batching),
         cmocka_unit_test(test_devices_and_idle_timeout),
+        cmocka_unit_test(test_fair_share_by_compute_time),
+        cmocka_unit_test(test_priorities),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

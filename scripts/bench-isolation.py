@@ -1,0 +1,149 @@
+#!/usr/bin/python3
+"""Tenant isolation benchmark (`make bench-isolation`): a light tenant's latency beside a heavy one.
+
+One server (1 device, 2 workers, 2 threads: the defaults on this 2-core machine) holds
+lipsync_unet_w8 (the heavy tenant, default config: max_batch 8) and tiny (the light tenant,
+default config). For each protocol (HTTP, gRPC) it measures, with `mtserve bench`:
+
+  1. the heavy tenant alone, closed loop at concurrency 4: its capacity (requests/s);
+  2. the light tenant alone, open loop at LIGHT_RATE requests/s;
+  3. the light tenant at LIGHT_RATE beside the heavy one at concurrency 4, at concurrency 32,
+     and as an open-loop flood at 5x the heavy capacity measured in 1.
+
+Each heavy load runs ROUNDS times alone and ROUNDS times with the light tenant beside it,
+interleaved (timings drift on this shared machine); a row prints medians: the light tenant's p50,
+p99, p99 of its time queued in the server, answered/sent, and the heavy tenant's throughput alone
+and beside the light one with their ratio (what the heavy tenant lost for the light one). The heavy model's batch
+engine time (the server's mean compute per request at the heavy load) is printed beside it: the
+target for the light p99 is 5 ms plus one engine step of the heavy model, and a batch is many
+steps. The CPU model is printed first (it changes between machines).
+
+Knobs (environment): DURATION (seconds per measured run, default 10), ROUNDS (default 3),
+LIGHT_RATE (default 200), MTSERVE (binary, default build/mtserve); MTS_SHORT_LANE=0 runs the
+server without its short-work lane (fair sharing alone), for comparison.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MTSERVE = os.environ.get("MTSERVE", str(ROOT / "build" / "mtserve"))
+DURATION = float(os.environ.get("DURATION", "10"))
+LIGHT_RATE = float(os.environ.get("LIGHT_RATE", "200"))
+ROUNDS = int(os.environ.get("ROUNDS", "3"))
+HEAVY, LIGHT = "lipsync_unet_w8", "tiny"
+
+
+def cpu_model():
+    for line in open("/proc/cpuinfo"):
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown CPU"
+
+
+def start_server(tmp):
+    repo = Path(tmp) / "repo"
+    for m in (HEAVY, LIGHT):
+        (repo / m).mkdir(parents=True)
+        (repo / m / "model.onnx").symlink_to(ROOT / "models" / "out" / f"{m}.onnx")
+        (repo / m / "config.yaml").write_text("preload: true\n")
+    out = open(Path(tmp) / "serve.out", "w+")
+    err = open(Path(tmp) / "serve.err", "w")
+    p = subprocess.Popen([MTSERVE, "serve", "--model-repository", str(repo), "--http-port", "0", "--grpc-port", "0",
+                          "--log-level", "warn"], stdout=out, stderr=err)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        text = (Path(tmp) / "serve.out").read_text()
+        h = re.search(r"on (http://[0-9.]+:\d+) \(KServe v2\)", text)
+        g = re.search(r"serving gRPC on ([0-9.]+:\d+)", text)
+        if h and g:
+            return p, h.group(1), g.group(1)
+        if p.poll() is not None:
+            break
+        time.sleep(0.05)
+    sys.exit("bench-isolation: the server did not start:\n" + (Path(tmp) / "serve.err").read_text())
+
+
+def bench_cmd(proto, url, grpc, model, *args):
+    where = ["--url", url] if proto == "http" else ["--grpc", grpc]
+    return [MTSERVE, "bench", *where, "--model", model, "--json", "--quiet", "--no-server-stats",
+            *[str(a) for a in args]]
+
+
+def run(cmds):
+    """Runs the bench commands at the same time; returns their JSON summaries."""
+    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for c in cmds]
+    res = []
+    for c, p in zip(cmds, procs):
+        out, err = p.communicate()
+        if p.returncode != 0:
+            sys.exit(f"bench-isolation: {' '.join(c)} failed ({p.returncode}): {err[-1000:]}")
+        res.append(json.loads(out))
+    return res
+
+
+def light_args():
+    return ("--rate", LIGHT_RATE, "--duration", DURATION)
+
+
+def median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+
+
+def main():
+    print(f"bench-isolation: {cpu_model()}, {os.cpu_count()} cores, {DURATION:.0f} s per run, {ROUNDS} rounds, "
+          f"light rate {LIGHT_RATE:.0f}/s, short-work lane {'off' if os.environ.get('MTS_SHORT_LANE') == '0' else 'on'}",
+          flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        server, url, grpc = start_server(tmp)
+        try:
+            for proto in ("http", "grpc"):
+                # warm both tenants' plans for the batch sizes they will see
+                run([bench_cmd(proto, url, grpc, HEAVY, "--concurrency", 8, "--duration", 3),
+                     bench_cmd(proto, url, grpc, LIGHT, "--concurrency", 4, "--duration", 3)])
+                (cap_run,) = run([bench_cmd(proto, url, grpc, HEAVY, "--concurrency", 4, "--duration", DURATION)])
+                cap = cap_run["throughput_rps"]
+                print(f"\n{proto}: heavy tenant {HEAVY} (closed loop, concurrency 4): {cap:.2f} req/s; light tenant "
+                      f"{LIGHT} at {LIGHT_RATE:.0f}/s (open loop). Medians of {ROUNDS} rounds; each round runs the heavy "
+                      f"load alone and with the light tenant beside it, back to back.\n")
+                print("| heavy load | light p50 | light p99 | light p99 queued in server | light answered | "
+                      "heavy alone | heavy with light | ratio | heavy compute/request |")
+                print("|---|---|---|---|---|---|---|---|---|")
+                (light,) = run([bench_cmd(proto, url, grpc, LIGHT, *light_args())])
+                lat, q = light["latency_ms"], light["server_queue_ms"]
+                print(f"| none | {lat['p50']:.2f} ms | {lat['p99']:.2f} ms | {q['p99']:.2f} ms | "
+                      f"{light['ok']}/{light['requests']} | - | - | - | - |", flush=True)
+                shapes = (("closed loop, concurrency 4", ("--concurrency", 4)),
+                          ("closed loop, concurrency 32", ("--concurrency", 32)),
+                          (f"open loop, 5x capacity ({5 * cap:.0f}/s)", ("--rate", f"{5 * cap:.2f}",
+                                                                       "--max-connections", 256)))
+                for label, hargs in shapes:
+                    alone, beside, p50, p99, q99, ok, sent, comp = [], [], [], [], [], 0, 0, []
+                    for _ in range(ROUNDS):
+                        (h,) = run([bench_cmd(proto, url, grpc, HEAVY, *hargs, "--duration", DURATION)])
+                        alone.append(h["throughput_rps"])
+                        h, l = run([bench_cmd(proto, url, grpc, HEAVY, *hargs, "--duration", DURATION),
+                                    bench_cmd(proto, url, grpc, LIGHT, *light_args())])
+                        beside.append(h["throughput_rps"])
+                        comp.append(h["server_compute_ms"]["mean"])
+                        p50.append(l["latency_ms"]["p50"])
+                        p99.append(l["latency_ms"]["p99"])
+                        q99.append(l["server_queue_ms"]["p99"])
+                        ok += l["ok"]
+                        sent += l["requests"]
+                    a, b = median(alone), median(beside)
+                    print(f"| {label} | {median(p50):.2f} ms | {median(p99):.2f} ms | {median(q99):.2f} ms | {ok}/{sent} | "
+                          f"{a:.2f} req/s | {b:.2f} req/s | {b / a if a else 0:.3f} | {median(comp):.1f} ms |", flush=True)
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+
+
+if __name__ == "__main__":
+    main()
