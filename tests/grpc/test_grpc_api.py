@@ -160,6 +160,14 @@ def test_model_infer_errors(start_server, pb):
     req = tiny_request(pb, x)
     req.parameters["timeout"].string_param = "soon"
     expect(req, grpc.StatusCode.INVALID_ARGUMENT, "timeout")
+    for bad in (10, -1):
+        req = tiny_request(pb, x)
+        req.parameters["priority"].int64_param = bad
+        expect(req, grpc.StatusCode.INVALID_ARGUMENT, "priority", "0 (the model's level) to 9")
+    # a request may lower its priority (Triton's clients send uint64_param)
+    req = tiny_request(pb, x)
+    req.parameters["priority"].uint64_param = 9
+    assert s.ModelInfer(req).outputs[0].name == "y"
     # not a ModelInferRequest at all
     garbage = srv.channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
     c, msg = code_of(lambda: garbage(b"\xff\xff\xff\xff"))

@@ -480,9 +480,13 @@ def test_request_errors(start_server):
 
     # bad parameters
     for params, word in (({"timeout": -5}, "timeout"), ({"timeout": "soon"}, "timeout"),
-                         ({"binary_data_output": "yes"}, "binary_data_output")):
+                         ({"binary_data_output": "yes"}, "binary_data_output"), ({"priority": 10}, "priority"),
+                         ({"priority": -1}, "priority"), ({"priority": "high"}, "priority")):
         r = srv.infer("tiny", dict(good, parameters=params))
         assert r.status_code == 400 and word in error_of(r), (params, r.text)
+    # a request may lower its priority below its model's
+    r = srv.infer("tiny", dict(good, parameters={"priority": 9}))
+    assert r.status_code == 200, r.text
 
     # wrong method: 405; unknown route: 404
     for method, path in (("GET", "/v2/models/tiny/infer"), ("POST", "/v2/health/live"),
@@ -501,7 +505,7 @@ def test_request_errors(start_server):
 
     # the failures did not disturb the model
     assert srv.infer("tiny", good).status_code == 200
-    assert srv.model_stats("tiny")["UsageCount"] == 3
+    assert srv.model_stats("tiny")["UsageCount"] == 4  # incl. the request at priority 9
 
 
 def test_oversize_body_413(start_server):
