@@ -16,14 +16,18 @@ p99, p99 of its time queued in the server, answered/sent, and the heavy tenant's
 and beside the light one with their ratio (what the heavy tenant lost for the light one). The heavy model's batch
 engine time (the server's mean compute per request at the heavy load) is printed beside it: the
 target for the light p99 is 5 ms plus one engine step of the heavy model, and a batch is many
-steps. The CPU model is printed first (it changes between machines).
+steps. Then two heavy tenants of equal weight (lipsync_unet_w8 and seg_unet, whose batches cost
+different times) run side by side: each one's share of the engine time, target 50 % +- 10 %.
+The CPU model is printed first (it changes between machines).
 
 Knobs (environment): DURATION (seconds per measured run, default 10), ROUNDS (default 3),
-LIGHT_RATE (default 200), MTSERVE (binary, default build/mtserve); MTS_SHORT_LANE=0 runs the
+LIGHT_RATE (default 200), PARTS (default "light,two-heavy": which of the two parts to run),
+MTSERVE (binary, default build/mtserve); MTS_SHORT_LANE=0 runs the
 server without its short-work lane (fair sharing alone), for comparison.
 """
 import json
 import os
+import urllib.request
 import re
 import subprocess
 import sys
@@ -36,7 +40,8 @@ MTSERVE = os.environ.get("MTSERVE", str(ROOT / "build" / "mtserve"))
 DURATION = float(os.environ.get("DURATION", "10"))
 LIGHT_RATE = float(os.environ.get("LIGHT_RATE", "200"))
 ROUNDS = int(os.environ.get("ROUNDS", "3"))
-HEAVY, LIGHT = "lipsync_unet_w8", "tiny"
+PARTS = os.environ.get("PARTS", "light,two-heavy").split(",")
+HEAVY, LIGHT, HEAVY2 = "lipsync_unet_w8", "tiny", "seg_unet"
 
 
 def cpu_model():
@@ -48,7 +53,7 @@ def cpu_model():
 
 def start_server(tmp):
     repo = Path(tmp) / "repo"
-    for m in (HEAVY, LIGHT):
+    for m in (HEAVY, LIGHT, HEAVY2):
         (repo / m).mkdir(parents=True)
         (repo / m / "model.onnx").symlink_to(ROOT / "models" / "out" / f"{m}.onnx")
         (repo / m / "config.yaml").write_text("preload: true\n")
@@ -91,6 +96,28 @@ def light_args():
     return ("--rate", LIGHT_RATE, "--duration", DURATION)
 
 
+def engine_ms(url, model):
+    with urllib.request.urlopen(f"{url}/v2/models/{model}/stats", timeout=30) as r:
+        return json.load(r)["model_stats"][0]["TotalInferenceMs"]
+
+
+def two_heavy(url, grpc):
+    """Two heavy tenants of equal weight, both closed loop at concurrency 8 over HTTP: each one's
+    share of the engine time (TotalInferenceMs) over the run; the target is 50 % +- 10 %."""
+    shares = []
+    for _ in range(ROUNDS):
+        before = [engine_ms(url, m) for m in (HEAVY, HEAVY2)]
+        a, b = run([bench_cmd("http", url, grpc, HEAVY, "--concurrency", 8, "--duration", DURATION),
+                    bench_cmd("http", url, grpc, HEAVY2, "--concurrency", 8, "--duration", DURATION)])
+        after = [engine_ms(url, m) for m in (HEAVY, HEAVY2)]
+        d = [y - x for x, y in zip(before, after)]
+        shares.append((d[0] / sum(d), a["throughput_rps"], b["throughput_rps"]))
+    s = median([x[0] for x in shares])
+    print(f"\ntwo heavy tenants, equal weight, closed loop at concurrency 8 each (HTTP): {HEAVY} "
+          f"{100 * s:.1f} % of the engine time, {HEAVY2} {100 * (1 - s):.1f} % (median of {ROUNDS}; rounds: "
+          + ", ".join(f"{100 * x[0]:.1f} %" for x in shares) + ")", flush=True)
+
+
 def median(xs):
     xs = sorted(xs)
     return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
@@ -103,7 +130,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         server, url, grpc = start_server(tmp)
         try:
-            for proto in ("http", "grpc"):
+            for proto in ("http", "grpc") if "light" in PARTS else ():
                 # warm both tenants' plans for the batch sizes they will see
                 run([bench_cmd(proto, url, grpc, HEAVY, "--concurrency", 8, "--duration", 3),
                      bench_cmd(proto, url, grpc, LIGHT, "--concurrency", 4, "--duration", 3)])
@@ -140,6 +167,9 @@ def main():
                     a, b = median(alone), median(beside)
                     print(f"| {label} | {median(p50):.2f} ms | {median(p99):.2f} ms | {median(q99):.2f} ms | {ok}/{sent} | "
                           f"{a:.2f} req/s | {b:.2f} req/s | {b / a if a else 0:.3f} | {median(comp):.1f} ms |", flush=True)
+            if "two-heavy" in PARTS:
+                run([bench_cmd("http", url, grpc, h, "--concurrency", 4, "--duration", 3) for h in (HEAVY, HEAVY2)])
+                two_heavy(url, grpc)
         finally:
             server.terminate()
             server.wait(timeout=30)

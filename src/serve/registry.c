@@ -370,7 +370,7 @@ void mts__after_idle(mts_server *s, mts__entry *e, mts__version **to_free, mts__
             pv = &v->next;
         }
     }
-    if (e->state == MTS_MODEL_DRAINING && e->qlen == 0 && e->running == 0) {
+    if (e->state == MTS_MODEL_DRAINING && e->qlen == 0 && e->running == 0 && (!e->cur || e->cur->refs == 0)) {
         mts__version *v = e->cur;
         int64_t bytes = v ? version_bytes(v) : 0;
         if (v) {

@@ -679,8 +679,7 @@ void *mts__worker_main(void *arg)
                 d->used -= ctx_after;
             }
         }
-        v->refs--;
-        e->running--;
+        e->running--; /* the version's reference is kept until the replies are sent (below) */
         int64_t now_ms = mts__wall_ms();
         e->last_used_ns = t_end;
         e->last_used_ms = now_ms;
@@ -736,6 +735,19 @@ void *mts__worker_main(void *arg)
         mts__notify(notify, 0, "unloaded");
         mts__version_free_list(&to_free);
         pthread_mutex_lock(&s->lock);
+        /* The replies were encoded from the version's output names: only now may it go (an
+         * eviction, a force_reload or an unload frees a version once its references are 0). */
+        v->refs--;
+        to_free = NULL;
+        notify = NULL;
+        mts__after_idle(s, e, &to_free, &notify);
+        if (to_free || notify) {
+            pthread_cond_broadcast(&s->idle_cv);
+            pthread_mutex_unlock(&s->lock);
+            mts__notify(notify, 0, "unloaded");
+            mts__version_free_list(&to_free);
+            pthread_mutex_lock(&s->lock);
+        }
     }
     pthread_mutex_unlock(&s->lock);
     for (int i = 0; i < MTS_REQ_MAX_TENSORS; i++) free(w->scratch[i]);
