@@ -1,5 +1,5 @@
 /*
- * KServe v2 REST routes (see ../../shared/docs/kserve-v2.md for the protocol digest).
+ * KServe v2 REST routes (the Open Inference Protocol as Triton and KServe clients speak it).
  *
  *   GET  /v2/health/live | /v2/health/ready          GET /v2            GET /metrics
  *   GET  /v2/models/{m}[/versions/{v}][/ready|/config|/stats]          GET /v2/models/stats

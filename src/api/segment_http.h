@@ -1,5 +1,5 @@
 /*
- * REST segmentation endpoints (the ML service analysis in ../shared/seeds/004: a backend uploads
+ * REST segmentation endpoints (as the ML service analysis has them: a backend uploads
  * images as multipart/form-data with model and threshold fields):
  *
  *   POST /api/v1/segment         one image: form fields `file` (or `image`), `model`, `threshold`

@@ -92,7 +92,7 @@ int mts_config_parse_yaml(const char *text, size_t len, const char *name, mts_co
 /* Adds every <dir>/<name>/model.onnx (optionally with <dir>/<name>/config.yaml holding the
  * per-model keys) as a model; models already configured by name are kept. */
 int mts_config_scan_repository(mts_config *c, const char *dir, mts_config_warn_fn warn, void *user, mts_err *err);
-/* The ML service design's environment variables (../shared/seeds/004), applied over the file:
+/* The ML service design's environment variables, applied over the file:
  *   ML_INFERENCE_WORKERS=N          workers per device (1..256)
  *   ML_MEMORY_LIMIT_GB=G            total memory budget (capacity.max_memory_gb; per-device
  *                                   budgets above G / devices are lowered to it)

@@ -1,5 +1,5 @@
-"""No leaks across load / infer / unload cycles (a standing complaint about Triton and TF Serving,
-see ../shared/docs/anchors.md): a real server cycles models through eviction (max_models 1, three
+"""No leaks across load / infer / unload cycles (a standing complaint about Triton and TF Serving):
+a real server cycles models through eviction (max_models 1, three
 models used in turn) and through explicit load/unload calls, hundreds of times, and its resident
 memory, open file descriptors and memory mappings must come back to what they were after the
 warm-up. Measured from /proc/PID of the server process.
