@@ -18,12 +18,16 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import requests
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: shared helpers
+from yamlcfg import to_yaml  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 MTSERVE = Path(os.environ.get("MTSERVE", ROOT / "build" / "mtserve"))
@@ -48,26 +52,6 @@ def _ensure_models():
         subprocess.run([PY, str(ROOT / "tests/models/make_test_models.py"), str(TEST_MODELS)], check=True,
                        stdout=subprocess.DEVNULL)
         assert SMALL_CNN.exists(), "make_test_models.py did not write small_cnn.onnx"
-
-
-def _yaml_scalar(v):
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return str(v)
-    return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def to_yaml(d, indent=0):
-    """Writes a nested dict of scalars as block YAML (enough for the server's config files)."""
-    out = []
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.append(" " * indent + f"{k}:")
-            out.append(to_yaml(v, indent + 2))
-        else:
-            out.append(" " * indent + f"{k}: {_yaml_scalar(v)}")
-    return "\n".join(x for x in out if x)
 
 
 class Server:

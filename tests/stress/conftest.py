@@ -35,6 +35,9 @@ import numpy as np
 import pytest
 import requests
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: shared helpers
+from yamlcfg import to_yaml  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
 MTSERVE = Path(os.environ.get("MTSERVE", ROOT / "build" / "mtserve"))
 MODELS = ROOT / "models" / "out"
@@ -93,26 +96,6 @@ def bad_log_lines(text):
         if any(p in line for p in BAD_LOG_PATTERNS):
             return "\n".join(lines[i:i + 30])
     return ""
-
-
-def _yaml_scalar(v):
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return str(v)
-    return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def to_yaml(d, indent=0):
-    """A nested dict of scalars as block YAML (enough for the server's config files)."""
-    out = []
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.append(" " * indent + f"{k}:")
-            out.append(to_yaml(v, indent + 2))
-        else:
-            out.append(" " * indent + f"{k}: {_yaml_scalar(v)}")
-    return "\n".join(x for x in out if x)
 
 
 def parse_metrics(text):
