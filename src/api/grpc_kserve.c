@@ -208,20 +208,16 @@ static int parse_infer(mts__grpc_call *c, kinfer *k, char *msg, size_t len)
     for (size_t p = 0; p < m->n_parameters; p++) {
         const Inference__ModelInferRequest__ParametersEntry *e = m->parameters[p];
         if (!strcmp(e->key, "priority")) {
-            /* Triton's clients send uint64_param; int64_param is taken too */
+            /* Triton's clients send uint64_param; int64_param is taken too (anything else, or a
+             * uint64 beyond int64's range, becomes -1: refused with the range) */
             int64_t pr = -1;
             if (e->value && e->value->parameter_choice_case == INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_INT64_PARAM)
                 pr = e->value->int64_param;
             else if (e->value &&
                      e->value->parameter_choice_case == INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_UINT64_PARAM &&
-                     e->value->uint64_param <= 9)
+                     e->value->uint64_param <= INT64_MAX)
                 pr = (int64_t)e->value->uint64_param;
-            if (pr < 0 || pr > 9) {
-                snprintf(msg, len, "parameter 'priority' must be an integer from 0 (the model's level) to 9 (last); "
-                         "a request can lower its priority, not raise it");
-                return MTS_EINVAL;
-            }
-            k->req.priority = (int)pr;
+            if (mts_request_set_priority(&k->req, pr, msg, len)) return MTS_EINVAL;
             continue;
         }
         if (strcmp(e->key, "timeout")) continue;

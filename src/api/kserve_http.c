@@ -348,13 +348,9 @@ static int parse_infer(infer_call *ic, const mts_http_req *hr, char *msg, size_t
     }
     const mts_json *priority = mts_json_get(params, "priority");
     if (priority) {
-        int64_t pr;
-        if (mts_json_int(priority, &pr) || pr < 0 || pr > 9) {
-            snprintf(msg, len, "parameter 'priority' must be an integer from 0 (the model's level) to 9 (last); "
-                     "a request can lower its priority, not raise it");
-            return MTS_EINVAL;
-        }
-        ic->req.priority = (int)pr;
+        int64_t pr = -1;
+        if (mts_json_int(priority, &pr)) pr = -1; /* not an integer: refused with the range */
+        if (mts_request_set_priority(&ic->req, pr, msg, len)) return MTS_EINVAL;
     }
     const mts_json *inputs = mts_json_get(root, "inputs");
     if (mts_json_type(inputs) != MTS_JSON_ARRAY || mts_json_len(inputs) == 0) {

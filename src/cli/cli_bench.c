@@ -756,17 +756,16 @@ static bool record(run *r, const job *j, const mts_bench_result *res, double lat
     pthread_mutex_lock(&r->lock);
     r->done_all++;
     if (!ok) r->errors_all++;
-    double t = now_ms();
+    double t = now_ms(), silent_ms = t - (r->last_answer > 0 ? r->last_answer : r->t0);
     bool pause = res->no_server && r->no_server_streak + 1 >= LOST_STREAK;
     if (!res->no_server) {
         r->no_server_streak = 0;
         r->last_answer = t;
-    } else if (++r->no_server_streak >= LOST_STREAK && t - (r->last_answer > 0 ? r->last_answer : r->t0) >= LOST_MS &&
-               !atomic_load(&g_server_lost)) {
+    } else if (++r->no_server_streak >= LOST_STREAK && silent_ms >= LOST_MS && !atomic_load(&g_server_lost)) {
         snprintf(g_lost_msg, sizeof g_lost_msg,
                  "the server stopped answering: %llu requests in a row over %.1f s reached no server (last: %s); "
                  "stopping",
-                 (unsigned long long)r->no_server_streak, (t - (r->last_answer > 0 ? r->last_answer : r->t0)) / 1e3,
+                 (unsigned long long)r->no_server_streak, silent_ms / 1e3,
                  res->msg[0] ? res->msg : mts_bench_error_name(res->transport_error));
         atomic_store(&g_server_lost, 1);
         atomic_store(&g_stop, 1);

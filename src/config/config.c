@@ -674,9 +674,8 @@ static int model_key(pctx *x, const char *key, const char *full, const ynode *k,
         if (rc == 1) m->max_queue_delay_us = llround(ms * 1000.0), st->ms_node = k;
     } else if (strcmp(key, "queue_size") == 0) rc = get_int32(x, v, full, 1, 1000000, &m->queue_size);
     else if (strcmp(key, "instances") == 0) rc = get_int32(x, v, full, 1, 1024, &m->instances);
-    else if (strcmp(key, "weight") == 0) {
-        rc = get_num(x, v, full, false, 1000, &m->weight);
-    } else if (strcmp(key, "priority") == 0) rc = get_int32(x, v, full, 1, 9, &m->priority);
+    else if (strcmp(key, "weight") == 0) rc = get_num(x, v, full, false, 1000, &m->weight);
+    else if (strcmp(key, "priority") == 0) rc = get_int32(x, v, full, 1, MTS_PRIORITY_LEVELS, &m->priority);
     else if (strcmp(key, "background_cache_frames") == 0)
         rc = get_int32(x, v, full, 0, 1000000, &m->background_cache_frames);
     else warn_unknown(x, k, full);

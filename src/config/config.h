@@ -15,6 +15,8 @@
 typedef enum mts_eviction_policy { MTS_EVICT_LRU = 0, MTS_EVICT_LFU } mts_eviction_policy;
 typedef enum mts_placement { MTS_PLACE_ROUND_ROBIN = 0, MTS_PLACE_LEAST_LOADED } mts_placement;
 
+/* Priority levels: 1 runs first, MTS_PRIORITY_LEVELS last. */
+#define MTS_PRIORITY_LEVELS 9
 #define MTS_DEFAULT_PRIORITY 5
 
 typedef struct mts_model_config {

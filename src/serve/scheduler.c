@@ -52,6 +52,17 @@ void mts_request_cancel(mts_request *req)
     atomic_store(&req->cancelled, 1);
 }
 
+int mts_request_set_priority(mts_request *req, int64_t priority, char *msg, size_t len)
+{
+    if (priority < 0 || priority > MTS_PRIORITY_LEVELS) {
+        snprintf(msg, len, "parameter 'priority' must be an integer from 0 (the model's level) to %d (last); a "
+                 "request can lower its priority, not raise it", MTS_PRIORITY_LEVELS);
+        return MTS_EINVAL;
+    }
+    req->priority = (int)priority;
+    return MTS_OK;
+}
+
 void mts__fail_list(mts_request *list, int status, const char *msg)
 {
     while (list) {
@@ -715,8 +726,6 @@ void *mts__worker_main(void *arg)
         }
         mts__ready_push(s, e);
         mts__version *to_free = NULL;
-        mts__waiter *notify = NULL;
-        mts__after_idle(s, e, &to_free, &notify);
         if (ctx_after > ctx_before) mts__enforce_budget(s, v->device, e, &to_free);
         pthread_cond_broadcast(&s->idle_cv);
         pthread_mutex_unlock(&s->lock);
@@ -732,17 +741,17 @@ void *mts__worker_main(void *arg)
                 reqs[k]->done(reqs[k], MTS_OK, NULL);
             }
         }
-        mts__notify(notify, 0, "unloaded");
         mts__version_free_list(&to_free);
         pthread_mutex_lock(&s->lock);
         /* The replies were encoded from the version's output names: only now may it go (an
-         * eviction, a force_reload or an unload frees a version once its references are 0). */
+         * eviction, a force_reload or an unload frees a version once its references are 0), and
+         * only now does an unload of the model complete. */
         v->refs--;
         to_free = NULL;
-        notify = NULL;
+        mts__waiter *notify = NULL;
         mts__after_idle(s, e, &to_free, &notify);
+        pthread_cond_broadcast(&s->idle_cv);
         if (to_free || notify) {
-            pthread_cond_broadcast(&s->idle_cv);
             pthread_mutex_unlock(&s->lock);
             mts__notify(notify, 0, "unloaded");
             mts__version_free_list(&to_free);

@@ -64,6 +64,9 @@ void mts_request_release(mts_request *req);
 /* Marks a queued request cancelled (client went away); it is dropped before it costs compute
  * and completed with MTS_ECANCELLED. Safe from any thread. */
 void mts_request_cancel(mts_request *req);
+/* Sets a request's priority from the KServe 'priority' parameter (both front ends): 0 (the
+ * model's level) to MTS_PRIORITY_LEVELS. MTS_EINVAL with the reason in msg when out of range. */
+int mts_request_set_priority(mts_request *req, int64_t priority, char *msg, size_t len);
 
 /* Takes a finalized config (ownership stays with the caller, which must outlive the server).
  * Starts loader, worker and janitor threads and preloads models marked preload/pin. */
