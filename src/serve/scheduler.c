@@ -454,7 +454,8 @@ static int run_batch(mts__worker *w, mts__version *v, mts_ctx *ctx, mts_request 
                 return MTS_ENOMEM;
             }
             memcpy(t.data, (const char *)outs[o]->data + per_sample * offset_samples, (size_t)bytes);
-            r->output_names[r->n_outputs] = v->out[o].name;
+            snprintf(r->output_name_buf[r->n_outputs], sizeof r->output_name_buf[0], "%s", v->out[o].name);
+            r->output_names[r->n_outputs] = r->output_name_buf[r->n_outputs];
             r->outputs[r->n_outputs++] = t;
         }
         offset_samples += r->samples;
@@ -690,7 +691,8 @@ void *mts__worker_main(void *arg)
                 d->used -= ctx_after;
             }
         }
-        e->running--; /* the version's reference is kept until the replies are sent (below) */
+        v->refs--;
+        e->running--;
         int64_t now_ms = mts__wall_ms();
         e->last_used_ns = t_end;
         e->last_used_ms = now_ms;
@@ -726,6 +728,8 @@ void *mts__worker_main(void *arg)
         }
         mts__ready_push(s, e);
         mts__version *to_free = NULL;
+        mts__waiter *notify = NULL;
+        mts__after_idle(s, e, &to_free, &notify);
         if (ctx_after > ctx_before) mts__enforce_budget(s, v->device, e, &to_free);
         pthread_cond_broadcast(&s->idle_cv);
         pthread_mutex_unlock(&s->lock);
@@ -741,22 +745,9 @@ void *mts__worker_main(void *arg)
                 reqs[k]->done(reqs[k], MTS_OK, NULL);
             }
         }
+        mts__notify(notify, 0, "unloaded");
         mts__version_free_list(&to_free);
         pthread_mutex_lock(&s->lock);
-        /* The replies were encoded from the version's output names: only now may it go (an
-         * eviction, a force_reload or an unload frees a version once its references are 0), and
-         * only now does an unload of the model complete. */
-        v->refs--;
-        to_free = NULL;
-        mts__waiter *notify = NULL;
-        mts__after_idle(s, e, &to_free, &notify);
-        pthread_cond_broadcast(&s->idle_cv);
-        if (to_free || notify) {
-            pthread_mutex_unlock(&s->lock);
-            mts__notify(notify, 0, "unloaded");
-            mts__version_free_list(&to_free);
-            pthread_mutex_lock(&s->lock);
-        }
     }
     pthread_mutex_unlock(&s->lock);
     for (int i = 0; i < MTS_REQ_MAX_TENSORS; i++) free(w->scratch[i]);

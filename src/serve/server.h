@@ -27,6 +27,8 @@ typedef struct mts_server mts_server;
 typedef struct mts_request mts_request;
 /* Called exactly once per submitted request (unless submit itself failed). status 0: outputs
  * are set; otherwise err_msg says why. Runs on a worker or loader thread. */
+#define MTS_TENSOR_NAME_MAX 128 /* longest input/output name kept, with its NUL */
+
 typedef void (*mts_request_done)(mts_request *req, int status, const char *err_msg);
 
 struct mts_request {
@@ -45,7 +47,10 @@ struct mts_request {
     void *user;
     /* Set by the server before done(status 0): outputs in model order (or requested order). */
     int n_outputs;
-    const char *output_names[MTS_REQ_MAX_TENSORS];
+    const char *output_names[MTS_REQ_MAX_TENSORS]; /* point into output_name_buf */
+    char output_name_buf[MTS_REQ_MAX_TENSORS][MTS_TENSOR_NAME_MAX]; /* the request's own copies:
+                                                * replies may be encoded on another thread after
+                                                * the model version is gone */
     mts_tensor outputs[MTS_REQ_MAX_TENSORS];   /* data malloc'd; freed by mts_request_release */
     double queue_ms, compute_ms;               /* time queued (incl. load wait) and in the engine */
     int device;                                /* device that ran it */
@@ -106,7 +111,7 @@ typedef struct mts_duration_stat {
 #define MTS_MAX_BATCH_STATS 64
 
 typedef struct mts_tensor_meta {
-    char name[128];
+    char name[MTS_TENSOR_NAME_MAX];
     mts_dtype dtype;
     int rank;
     int64_t dims[MTS_MAX_RANK]; /* -1: variable */
