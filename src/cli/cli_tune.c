@@ -1,5 +1,5 @@
 /*
- * `mtserve tune MODEL`: the worker-pool tuning study of the design documents, automated. For
+ * `mtserve tune MODEL`: the worker-pool tuning study (workers vs intra-op threads vs batch size), automated. For
  * every combination of workers W (parallel execution contexts) and intra-op threads T with
  * W × T ≤ cores, and batch sizes B, it runs W threads each doing batches of B for a fixed time
  * and reports aggregate throughput and per-batch latency (p50, p99). It then recommends the

@@ -1,5 +1,5 @@
 /*
- * Configuration loading: the YAML file of the design documents (sections server, gpus,
+ * Configuration loading: the lip-sync deployment's YAML format (sections server, gpus,
  * capacity, onnx, models, plus mtserve's own keys) and Triton-style model repository folders,
  * turned into a validated mts_config.
  *

@@ -1,5 +1,5 @@
 /*
- * Server configuration: the YAML file of the original design documents (sections server, gpus,
+ * Server configuration: the lip-sync deployment's YAML format (sections server, gpus,
  * capacity, onnx, models) or a Triton-style model repository folder, turned into validated
  * structs. Errors name the file, the line and the key; keys that do not apply to mtserve are
  * warned about once (through the log callback) and otherwise ignored.

@@ -58,7 +58,7 @@ typedef struct mts__version {
     int64_t act_bytes, act_samples;
     int n_in, n_out;
     mts_tensor_meta in[MTS_REQ_MAX_TENSORS], out[MTS_REQ_MAX_TENSORS];
-    /* Lip-sync compositing (issue 6): the background frame cache opened with this version when
+    /* Lip-sync compositing: the background frame cache opened with this version when
      * the model has background_dir, else NULL; bg_error says why opening failed (the model still
      * serves; composites fail with it). base_bytes includes the cache's capacity bytes. */
     mts_bgcache *bg;
@@ -158,7 +158,7 @@ struct mts_server {
     int64_t last_sweep_ns;
     int64_t start_ns;
     uint64_t submitted, completed, failed, rejected_full, timed_out, cancelled;
-    /* Lip-sync compositing (issue 6): media threads, created on first use (under lock),
+    /* Lip-sync compositing: media threads, created on first use (under lock),
      * drained by mts_server_shutdown after the workers have stopped. */
     mts_workq *media_q;
     bool media_closed;

@@ -217,7 +217,7 @@ static void load_one(mts_server *s, mts__entry *e)
     const mts_model_config *cfg = e->cfg;
     struct stat st;
     int64_t need = stat(cfg->model_path, &st) == 0 ? (int64_t)st.st_size : 0;
-    /* Lip-sync assets (issue 6): open the background cache with the version and reserve its
+    /* Lip-sync assets: open the background cache with the version and reserve its
      * capacity (background_cache_frames decoded frames) in the device budget. Asset problems do
      * not fail the load: the model serves InferBatch and composites report bg_error. */
     mts_bgcache *bg = NULL;
@@ -264,7 +264,7 @@ static void load_one(mts_server *s, mts__entry *e)
             mts_model_get_info(m, &info);
             v->base_bytes = info.resident_bytes + info.mapped_bytes;
             fill_meta(v, cfg);
-            v->bg = bg; /* issue 6: the cache's capacity counts in the version's bytes */
+            v->bg = bg; /* the cache's capacity counts in the version's bytes */
             bg = NULL;
             if (v->bg) v->base_bytes += mts_bgcache_capacity_bytes(v->bg);
             snprintf(v->bg_error, sizeof v->bg_error, "%s", bg_error);
@@ -466,7 +466,7 @@ void *mts__janitor_main(void *arg)
     return NULL;
 }
 
-/* ---- Lip-sync compositing hooks (issue 6) ---- */
+/* ---- Lip-sync compositing hooks ---- */
 
 int mts_server_bgcache_acquire(mts_server *s, const char *model, mts_bgcache **out, mts_err *err)
 {

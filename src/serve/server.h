@@ -142,7 +142,7 @@ typedef struct mts_model_status {
     int model_version;         /* the repository version served (mts_server_model_version) */
     int n_inputs, n_outputs;   /* metadata (known once loaded at least once) */
     mts_tensor_meta inputs[MTS_REQ_MAX_TENSORS], outputs[MTS_REQ_MAX_TENSORS];
-    /* Lip-sync background cache (issue 6) of the resident version: has_bgcache when it opened;
+    /* Lip-sync background cache of the resident version: has_bgcache when it opened;
      * bg_error when the model has background_dir but its assets did not open. */
     bool has_bgcache;
     mts_bgcache_stats bgcache;
@@ -179,7 +179,7 @@ typedef struct mts_server_totals {
 } mts_server_totals;
 void mts_server_totals_get(mts_server *s, mts_server_totals *out);
 
-/* ---- Lip-sync compositing hooks (issue 6, src/media) ---- */
+/* ---- Lip-sync compositing hooks (src/media) ---- */
 
 /* The background cache of the model's resident version, with a reference the caller drops with
  * mts_bgcache_unref. MTS_ENOTFOUND unknown model; MTS_EUNAVAILABLE not resident (load it

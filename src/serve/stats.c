@@ -62,7 +62,7 @@ static void snapshot(mts_server *s, const mts__entry *e, mts_model_status *o)
     o->n_outputs = e->n_out;
     memcpy(o->inputs, e->in, sizeof o->inputs);
     memcpy(o->outputs, e->out, sizeof o->outputs);
-    if (e->cur && e->cur->bg) { /* issue 6: background cache (its own lock nests inside) */
+    if (e->cur && e->cur->bg) { /* background cache (its own lock nests inside) */
         o->has_bgcache = true;
         mts_bgcache_stats_get(e->cur->bg, &o->bgcache);
     }
@@ -274,7 +274,7 @@ char *mts_server_metrics(mts_server *s, size_t *len)
         outf(&b, "mts_model_memory_bytes{model=\"%s\"} %lld\n", e->cfg->name,
              (long long)(e->cur ? e->cur->base_bytes + e->cur->ctx_bytes : 0));
     }
-    /* Issue 6: background frame caches of lip-sync models (resident versions with assets). */
+    /* Background frame caches of lip-sync models (resident versions with assets). */
     static const char *bg_names[][2] = {
         {"mts_bgcache_requests_total", "Background frame lookups by composites."},
         {"mts_bgcache_hits_total", "Lookups that found the frame decoded."},

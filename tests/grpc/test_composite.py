@@ -1,4 +1,4 @@
-"""Black-box tests of lip-sync compositing (issue 6, docs/media.md) against a real server:
+"""Black-box tests of lip-sync compositing (docs/media.md) against a real server:
 InferBatchComposite over gRPC and POST /api/v1/lipsync/{model}/composite over HTTP.
 
 Assets are small synthetic avatars written by models/gen/avatar.py (make_assets) into the test's

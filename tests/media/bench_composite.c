@@ -1,5 +1,5 @@
 /*
- * Compositing micro-benchmark (issue 6 figures for docs/benchmarks.md), single-threaded:
+ * Compositing micro-benchmark (figures for docs/benchmarks.md), single-threaded:
  *   1. PNG decode time of a background frame (cache miss cost), and the time to encode a
  *      decoded background as the JPEG that composites splice into (once per cached frame, on
  *      the prefetch thread in the server);

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""End-to-end frames/s of InferBatchComposite vs InferBatch (issue 6 figure for docs/benchmarks.md).
+"""End-to-end frames/s of InferBatchComposite vs InferBatch (figure for docs/benchmarks.md).
 
 Starts `mtserve serve` ($MTSERVE, default build/mtserve) on a one-model repository: MODEL
 (default lipsync_unet_w8) with the demo avatar (models/out/avatar: make avatar). Then, for each

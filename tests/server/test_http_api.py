@@ -640,7 +640,7 @@ def test_20_models_through_max_models_5(start_server):
 
 
 def test_storm_on_cold_model_loads_once(start_server):
-    # models given by the design documents' `models:` section of a --config file
+    # models given by the `models:` section of a --config file
     srv = start_server(config={"server": {"queue_size": 64},
                                "models": {"cnn": {"model_path": str(SMALL_CNN), "max_batch": 8},
                                           "tiny": {"model_path": str(TINY), "preload": False}}})

@@ -1,4 +1,4 @@
-"""Black-box tests of the REST segmentation endpoints (seeds/004: /api/v1/segment and
+"""Black-box tests of the REST segmentation endpoints (/api/v1/segment and
 /api/v1/batch-segment, multipart/form-data uploads with model and threshold fields) against a
 real `mtserve serve`, with Python requests building the forms.
 

@@ -1,5 +1,5 @@
 /*
- * Unit tests of the configuration loader: the config.yaml examples of the design documents
+ * Unit tests of the configuration loader: the config.yaml examples the supported deployments publish
  * (verbatim apart from model paths) and their smaller snippets, defaults and derived values
  * after finalize, port forms, relative path resolution, anchors, the model repository scan
  * (with per-folder config.yaml), one test per error class checking the file:line and key in the
@@ -59,9 +59,9 @@ static void expect_error(const char *text, int code, const char *n1, const char 
     mts_config_free(&c); /* already freed by the failed parse; must be harmless */
 }
 
-/* ---- the design documents' configurations ---- */
+/* ---- published deployment configurations ---- */
 
-/* 000: PARALLEL_WORKERS.md, verbatim. */
+/* The lip-sync server's parallel-workers configuration, verbatim. */
 static const char *seed000 =
     "server:\n"
     "  port: \":50051\"\n"
@@ -76,7 +76,7 @@ static const char *seed000 =
     "  idle_timeout_minutes: 30\n"
     "  background_cache_frames: 50  # LRU cache size per model\n";
 
-/* 001: MIGRATION guide, verbatim except the model paths. */
+/* The lip-sync server's migration example, verbatim except the model paths. */
 static const char *seed001 =
     "server:\n"
     "  port: \":50051\"\n"
@@ -108,7 +108,7 @@ static const char *seed001 =
     "\n"
     "# Add more models as needed\n";
 
-/* 002: multi-GPU inference server README, verbatim (its model path is relative already). */
+/* The multi-GPU inference server's example, verbatim (its model path is relative already). */
 static const char *seed002 =
     "server:\n"
     "  port: \":50051\"\n"
@@ -512,8 +512,8 @@ static void set_env(const char *a, const char *av, const char *b, const char *bv
     fake_env[1][0] = b, fake_env[1][1] = bv;
 }
 
-/* seeds/004: ML_INFERENCE_WORKERS, ML_MEMORY_LIMIT_GB, ML_CONCURRENT_MODELS,
- * ML_ENABLE_PARALLEL_INFERENCE over the file's values; bad values name the variable. */
+/* The ML service's environment variables: ML_INFERENCE_WORKERS, ML_MEMORY_LIMIT_GB,
+ * ML_CONCURRENT_MODELS, ML_ENABLE_PARALLEL_INFERENCE over the file's values; bad values name the variable. */
 static void test_ml_service_env(void **state)
 {
     (void)state;
