@@ -12,6 +12,8 @@
 #   make bench-capacity  conversational users sustained on lipsync_unet_w8 vs the engine bound (~3-6 min)
 #   make bench-churn     1,000 small models, max_models 100, Zipf(1.0): hit rate, loads/s, latency (~2 min)
 #   make bench-isolation light tenant's latency beside a heavy tenant (HTTP and gRPC; ~7 min)
+#   make bench-ab A=OLD_BINARY [B=build/mtserve]  engine A/B timing of two binaries, alternating
+#                        (e.g. before/after a refactor; AB_* knobs in scripts/bench-ab.sh)
 #   make bench-grpc      tiny model over gRPC (1/16/64 streams) and gRPC serving efficiency on
 #                        lipsync_unet_w8 vs the bare engine, 3 runs each (~3-4 min)
 JOBS ?= 2
@@ -22,7 +24,7 @@ TESTDATA := /usr/share/libonnx-testdata/data
 export MTSERVE := $(CURDIR)/$(BUILD)/mtserve
 
 .PHONY: all deps build build-asan build-tsan models avatar run test test-unit test-conformance bench \
-        bench-engine bench-ceiling bench-serving bench-capacity bench-churn bench-grpc bench-isolation clean
+        bench-engine bench-ceiling bench-serving bench-capacity bench-churn bench-grpc bench-isolation bench-ab clean
 
 all: build
 
@@ -87,6 +89,11 @@ bench-grpc: build models
 
 bench-isolation: build models
 	@$(PY) scripts/bench-isolation.py
+
+B ?= $(BUILD)/mtserve
+bench-ab: build models
+	@test -n "$(A)" || (echo "usage: make bench-ab A=OLD_BINARY [B=NEW_BINARY]"; exit 1)
+	@bash scripts/bench-ab.sh $(A) $(B)
 
 clean:
 	rm -rf $(BUILD) build-asan build-tsan $(BUILD).configure.log build-asan.configure.log build-tsan.configure.log
