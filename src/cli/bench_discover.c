@@ -12,6 +12,23 @@
 
 /* ---- models ---------------------------------------------------------------------------- */
 
+int mts_bench_split_models(const char *arg, bench_opts *o)
+{
+    char *copy = strdup(arg);
+    if (!copy) return -1;
+    for (char *save = NULL, *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        char **nm = realloc(o->models, (size_t)(o->n_models + 1) * sizeof *nm);
+        if (!nm) {
+            free(copy);
+            return -1;
+        }
+        o->models = nm;
+        o->models[o->n_models++] = strdup(t);
+    }
+    free(copy);
+    return 0;
+}
+
 size_t mts_bench_dtype_size(const char *dt)
 {
     if (!strcmp(dt, "FP32") || !strcmp(dt, "INT32") || !strcmp(dt, "UINT32")) return 4;
@@ -35,7 +52,7 @@ static void fill_random(void *data, size_t nbytes, const char *dt, uint64_t *rng
 }
 
 /* Fills m->inputs from specs (first -1 dim = batch, others 1). */
-int mts_bench_inputs_from_specs(model_info *m, const input_spec *specs, int n, int64_t batch, uint64_t *rng,
+int mts_bench_inputs_from_specs(bench_model *m, const input_spec *specs, int n, int64_t batch, uint64_t *rng,
                                 void **owned, int *n_owned)
 {
     m->n_inputs = n;

@@ -58,12 +58,12 @@ typedef struct bench_opts {
     int per_model_rows;
 } bench_opts;
 
-typedef struct model_info {
+typedef struct bench_model {
     char name[256];
     int n_inputs;
     mts_bench_input inputs[MTS_BENCH_MAX_INPUTS];
     void *prepared;
-} model_info;
+} bench_model;
 
 typedef struct model_agg {
     uint64_t requests, ok, errors, cold;
@@ -85,7 +85,7 @@ typedef struct bench_run {
     const bench_opts *o;
     const mts_bench_transport *tp;
     const mts_bench_target *target;
-    const model_info *models;
+    const bench_model *models;
     int n_models;
     const mts_bench_popularity *pop;
     int mode;
@@ -125,7 +125,7 @@ extern atomic_int mts_bench_stop;
 extern atomic_int mts_bench_server_lost;
 extern char mts_bench_lost_msg[400];
 
-static inline double now_ms(void)
+static inline double mts_bench_now_ms(void)
 {
     return mts_cli_now_ms();
 }
@@ -133,18 +133,15 @@ static inline double now_ms(void)
 /* Sleeps until monotonic time t (ms), waking early when the run is stopped. */
 void mts_bench_sleep_until(double t);
 
-/* ---- options (cli_bench.c) ------------------------------------------------------------- */
-
-/* Appends the comma-separated names in arg to o->models. */
-int mts_bench_split_models(const char *arg, bench_opts *o);
-
 /* ---- models, inputs and server statistics (bench_discover.c) --------------------------- */
 
+/* Appends the comma-separated names in arg to o->models (--model and the repository index). */
+int mts_bench_split_models(const char *arg, bench_opts *o);
 /* Bytes per element of a KServe datatype; 0 for types bench cannot generate. */
 size_t mts_bench_dtype_size(const char *dt);
 /* Fills m->inputs from specs (first -1 dim = batch, others 1) with generated data; each buffer
  * is also appended to owned[*n_owned] for the caller to free. */
-int mts_bench_inputs_from_specs(model_info *m, const input_spec *specs, int n, int64_t batch, uint64_t *rng,
+int mts_bench_inputs_from_specs(bench_model *m, const input_spec *specs, int n, int64_t batch, uint64_t *rng,
                                 void **owned, int *n_owned);
 /* Model metadata into input specs: over HTTP (t) or gRPC (target "host:port"). 0, or -1 with a
  * message. */
@@ -172,8 +169,8 @@ void mts_bench_json_codes(mts_jw *w, const mts_bench_codes *c);
 /* The frame counters of a users run (keys of the enclosing object). */
 void mts_bench_json_frames(mts_jw *w, const bench_run *r, int users);
 /* The measurements of one run (keys of the enclosing object). */
-void mts_bench_json_run(mts_jw *w, const bench_run *r, const model_info *models);
-void mts_bench_text_run(const bench_run *r, const model_info *models);
+void mts_bench_json_run(mts_jw *w, const bench_run *r, const bench_model *models);
+void mts_bench_text_run(const bench_run *r, const bench_model *models);
 /* The "server" object: what changed in the server's statistics between b and e. */
 void mts_bench_json_server(mts_jw *w, const server_stats *b, const server_stats *e, double secs);
 

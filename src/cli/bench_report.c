@@ -78,7 +78,7 @@ void mts_bench_json_frames(mts_jw *w, const bench_run *r, int users)
     mts_jw_double(w, a->frames ? (double)a->on_time / (double)a->frames : 0);
 }
 
-void mts_bench_json_run(mts_jw *w, const bench_run *r, const model_info *models)
+void mts_bench_json_run(mts_jw *w, const bench_run *r, const bench_model *models)
 {
     const bench_opts *o = r->o;
     const bench_agg *a = &r->a;
@@ -179,7 +179,7 @@ static int cmp_rows(const void *x, const void *y, void *ctx)
     return a - b;
 }
 
-void mts_bench_text_run(const bench_run *r, const model_info *models)
+void mts_bench_text_run(const bench_run *r, const bench_model *models)
 {
     const bench_opts *o = r->o;
     const bench_agg *a = &r->a;

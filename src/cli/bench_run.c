@@ -46,7 +46,7 @@ char mts_bench_lost_msg[400]; /* written once, by the thread that sets mts_bench
 void mts_bench_sleep_until(double t)
 {
     for (;;) {
-        double d = t - now_ms();
+        double d = t - mts_bench_now_ms();
         if (d <= 0 || atomic_load(&mts_bench_stop)) return;
         if (d > 100) d = 100;
         struct timespec ts = {(time_t)(d / 1e3), (long)(fmod(d, 1e3) * 1e6)};
@@ -68,7 +68,7 @@ static bool next_job(bench_run *r, job *j, uint64_t *rng)
     pthread_mutex_lock(&r->lock);
     j->frame = false;
     if (r->mode == MODE_CLOSED) {
-        double t = now_ms();
+        double t = mts_bench_now_ms();
         j->intended = t;
         j->measured = t >= r->t_measure;
         if (t < r->t_end && !(j->measured && r->o->requests > 0 && r->claimed >= (uint64_t)r->o->requests)) {
@@ -155,7 +155,7 @@ static bool record(bench_run *r, const job *j, const mts_bench_result *res, doub
     pthread_mutex_lock(&r->lock);
     r->done_all++;
     if (!ok) r->errors_all++;
-    double t = now_ms(), silent_ms = t - (r->last_answer > 0 ? r->last_answer : r->t0);
+    double t = mts_bench_now_ms(), silent_ms = t - (r->last_answer > 0 ? r->last_answer : r->t0);
     bool pause = res->no_server && r->no_server_streak + 1 >= LOST_STREAK;
     if (!res->no_server) {
         r->no_server_streak = 0;
@@ -174,7 +174,7 @@ static bool record(bench_run *r, const job *j, const mts_bench_result *res, doub
         model_agg *m = &a->per_model[j->model];
         a->requests++;
         m->requests++;
-        double done = now_ms();
+        double done = mts_bench_now_ms();
         if (done > a->last_done) a->last_done = done;
         if (ok) {
             a->ok++;
@@ -224,22 +224,23 @@ static void *worker_main(void *arg)
         if (r->mode != MODE_CLOSED) {
             mts_bench_sleep_until(j.intended);
             if (atomic_load(&mts_bench_stop)) break;
-            double lag = now_ms() - j.intended;
+            double lag = mts_bench_now_ms() - j.intended;
             if (lag > LAG_MS) note_lag(r, lag, j.measured);
         }
-        const model_info *m = &r->models[j.model];
+        const bench_model *m = &r->models[j.model];
         int cold = -1; /* not probed */
         double probe_ms = 0;
         if (r->o->cold_probe && r->tp->model_ready) {
-            double p0 = now_ms();
+            double p0 = mts_bench_now_ms();
             int ready = r->tp->model_ready(conn, m->name, r->o->timeout_ms);
-            probe_ms = now_ms() - p0;
+            probe_ms = mts_bench_now_ms() - p0;
             cold = ready == 1 ? 0 : ready == 0 ? 1 : -2;
         }
-        double start = r->mode == MODE_CLOSED ? now_ms() : j.intended + probe_ms;
+        double start = r->mode == MODE_CLOSED ? mts_bench_now_ms() : j.intended + probe_ms;
         mts_bench_result res;
         r->tp->infer(conn, m->prepared, r->o->timeout_ms, &res);
-        if (record(r, &j, &res, now_ms() - start, cold)) mts_bench_sleep_until(now_ms() + LOST_PAUSE_MS);
+        if (record(r, &j, &res, mts_bench_now_ms() - start, cold))
+            mts_bench_sleep_until(mts_bench_now_ms() + LOST_PAUSE_MS);
     }
     r->tp->close(conn);
     return NULL;
@@ -247,7 +248,7 @@ static void *worker_main(void *arg)
 
 static void print_progress(bench_run *r, bool final)
 {
-    double t = now_ms();
+    double t = mts_bench_now_ms();
     pthread_mutex_lock(&r->lock);
     uint64_t done = r->done_all, errs = r->errors_all;
     double p99 = mts_bench_hist_quantile(&r->a.lat, 0.99) / 1e3;
@@ -292,7 +293,7 @@ int mts_bench_run_load(bench_run *r, int mode, int n_users, int initial_threads)
     double duration = o->duration_s;
     if (mode == MODE_USERS && duration < 0) duration = o->speak_s + o->listen_s + o->wait_s;
     if (duration < 0 && o->requests <= 0) duration = 10;
-    r->t0 = now_ms() + 20; /* a moment for the threads to start */
+    r->t0 = mts_bench_now_ms() + 20; /* a moment for the threads to start */
     r->t_measure = r->t0 + o->warmup_s * 1e3;
     r->t_end = duration > 0 ? r->t_measure + duration * 1e3 : INFINITY;
     r->next_time = r->t0;
@@ -338,12 +339,12 @@ int mts_bench_run_load(bench_run *r, int mode, int n_users, int initial_threads)
         } else {
             break;
         }
-        if (!o->quiet && now_ms() >= next_progress) {
+        if (!o->quiet && mts_bench_now_ms() >= next_progress) {
             print_progress(r, false);
             next_progress += 1000;
         }
     }
-    if (!o->quiet && (now_ms() - r->prog_t > 300 || !r->prog_t)) print_progress(r, true);
+    if (!o->quiet && (mts_bench_now_ms() - r->prog_t > 300 || !r->prog_t)) print_progress(r, true);
     return 0;
 }
 

@@ -108,23 +108,6 @@ static int parse_spec(const char *s, input_spec *sp)
     return sp->rank > 0 ? 0 : -1;
 }
 
-int mts_bench_split_models(const char *arg, bench_opts *o)
-{
-    char *copy = strdup(arg);
-    if (!copy) return -1;
-    for (char *save = NULL, *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        char **nm = realloc(o->models, (size_t)(o->n_models + 1) * sizeof *nm);
-        if (!nm) {
-            free(copy);
-            return -1;
-        }
-        o->models = nm;
-        o->models[o->n_models++] = strdup(t);
-    }
-    free(copy);
-    return 0;
-}
-
 static bool num_arg(const char *s, double *out, double lo)
 {
     char *end;
@@ -375,20 +358,20 @@ int mts_cli_bench(int argc, char **argv)
         return 1;
     }
     int rc = 1;
-    model_info *models = calloc((size_t)o.n_models, sizeof *models);
+    bench_model *models = calloc((size_t)o.n_models, sizeof *models);
     void **owned = calloc((size_t)o.n_models * MTS_BENCH_MAX_INPUTS + 1, sizeof *owned);
     int n_owned = 0;
     mts_bench_popularity pop = {0};
     if (!models || !owned || mts_bench_popularity_init(&pop, o.n_models, o.zipf)) goto out;
     uint64_t data_rng = o.seed * 2654435761u + 3;
     /* shared data for --input specs: generated once, used by every model */
-    model_info shared = {0};
+    bench_model shared = {0};
     if (o.n_specs &&
         mts_bench_inputs_from_specs(&shared, o.specs, o.n_specs, o.batch, &data_rng, owned, &n_owned))
         goto out;
     int meta_failed = 0;
     for (int i = 0; i < o.n_models; i++) {
-        model_info *m = &models[i];
+        bench_model *m = &models[i];
         snprintf(m->name, sizeof m->name, "%s", o.models[i]);
         if (o.n_specs) {
             m->n_inputs = shared.n_inputs;
@@ -418,7 +401,7 @@ int mts_cli_bench(int argc, char **argv)
     if (mode == MODE_CLOSED && o.concurrency <= 0) o.concurrency = 1;
     server_stats before, after;
     if (o.server_stats) mts_bench_fetch_server_stats(&http_target, &before);
-    double wall0 = now_ms();
+    double wall0 = mts_bench_now_ms();
 
     mts_jw w;
     mts_jw_init(&w);
@@ -543,7 +526,7 @@ int mts_cli_bench(int argc, char **argv)
             else next = lo + (hi - lo) / 2;
             if ((hi >= 0 && hi - lo <= 1) || next == u || (pass && u >= o.max_users)) break;
             u = next;
-            mts_bench_sleep_until(now_ms() + 1000); /* let the server drain */
+            mts_bench_sleep_until(mts_bench_now_ms() + 1000); /* let the server drain */
         }
         mts_jw_end_array(&w);
         mts_jw_key(&w, "capacity");
@@ -563,7 +546,7 @@ int mts_cli_bench(int argc, char **argv)
             else printf(" (no level failed up to --max-users %d)\n", o.max_users);
         }
     }
-    double wall = (now_ms() - wall0) / 1e3;
+    double wall = (mts_bench_now_ms() - wall0) / 1e3;
     if (o.server_stats) {
         mts_bench_fetch_server_stats(&http_target, &after);
         mts_bench_json_server(&w, &before, &after, wall);
