@@ -10,7 +10,7 @@
  * the same functions (grpc_call_start_batch is thread-safe; per-call state is under c->lock).
  */
 #include "api/grpc_internal.h"
-#include "media/workq.h"
+#include "util/workq.h"
 
 #include <limits.h>
 #include <stdarg.h>

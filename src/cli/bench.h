@@ -1,7 +1,8 @@
 /*
  * Internals of `mtserve bench`, the load generator (cli_bench.c): the transport interface that
  * carries inference requests to a server, the blocking HTTP/1.1 keep-alive client behind the
- * first transport (bench_http.c), and latency histograms with counters (bench_stats.c).
+ * first transport (bench_http.c), and latency histograms with counters (bench_stats.c). What the
+ * parts of the load generator itself share is in bench_internal.h.
  *
  * Transports. A transport is a small table of functions. A client thread owns one connection
  * (connect ... close) and sends one request at a time on it (infer). Requests are prepared once

@@ -1,58 +1,18 @@
 /*
- * Tensors: element types (numbered as ONNX's TensorProto.DataType), shapes and a plain tensor
- * view. A tensor never owns its data: the model, the plan or an execution context does.
+ * What only the engine needs to know about tensors (the type itself is util/tensor.h): which
+ * element types it computes with, and typed element reads for the kernels that take small index
+ * tensors (shapes, axes, indices) whatever their integer type.
  */
 #ifndef MTS_ENGINE_TENSOR_H
 #define MTS_ENGINE_TENSOR_H
 
 #include <stdbool.h>
-#include <stddef.h>
 #include <stdint.h>
 
-typedef enum mts_dtype {
-    MTS_DTYPE_UNDEFINED = 0,
-    MTS_DTYPE_FLOAT = 1,
-    MTS_DTYPE_UINT8 = 2,
-    MTS_DTYPE_INT8 = 3,
-    MTS_DTYPE_UINT16 = 4,
-    MTS_DTYPE_INT16 = 5,
-    MTS_DTYPE_INT32 = 6,
-    MTS_DTYPE_INT64 = 7,
-    MTS_DTYPE_STRING = 8,
-    MTS_DTYPE_BOOL = 9,
-    MTS_DTYPE_FLOAT16 = 10,
-    MTS_DTYPE_DOUBLE = 11,
-    MTS_DTYPE_UINT32 = 12,
-    MTS_DTYPE_UINT64 = 13,
-    MTS_DTYPE_COMPLEX64 = 14,
-    MTS_DTYPE_COMPLEX128 = 15,
-    MTS_DTYPE_BFLOAT16 = 16,
-} mts_dtype;
+#include "util/tensor.h"
 
-#define MTS_MAX_RANK 8
-
-typedef struct mts_tensor {
-    mts_dtype dtype;
-    int rank;
-    int64_t dims[MTS_MAX_RANK];
-    void *data; /* NULL while the value is unknown (shape inference before run time) */
-} mts_tensor;
-
-/* Size in bytes of one element; 0 for types the engine cannot hold (string, undefined). */
-size_t mts_dtype_size(mts_dtype t);
-/* ONNX spelling of the type ("float", "int64", ...), or "type N" for unknown codes. */
-const char *mts_dtype_name(mts_dtype t);
 /* True for the types the engine computes with: float, uint8, int8, int32, int64, bool. */
 bool mts_dtype_supported(mts_dtype t);
-
-/* Number of elements (1 for a scalar). Returns -1 if a dimension is negative or the product
- * overflows int64 — callers must treat that as malformed input. */
-int64_t mts_tensor_numel(const mts_tensor *t);
-/* Bytes needed for the data, or -1 on overflow / unsupported dtype. */
-int64_t mts_tensor_nbytes(const mts_tensor *t);
-bool mts_shape_equal(const mts_tensor *a, const mts_tensor *b);
-/* Writes "[1,3,224,224]" into buf. */
-const char *mts_shape_str(const mts_tensor *t, char *buf, size_t len);
 
 /* Reads element i of an integer-typed tensor (int8/16/32/64, uint8/16/32/64, bool) as int64. */
 int64_t mts_tensor_get_int(const mts_tensor *t, int64_t i);

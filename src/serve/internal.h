@@ -25,7 +25,7 @@
 
 #include "engine/engine.h"
 #include "media/bgcache.h"
-#include "media/workq.h"
+#include "util/workq.h"
 #include "serve/server.h"
 
 #define MTS__HIST_BUCKETS 16

@@ -15,9 +15,9 @@
 #include <stdint.h>
 
 #include "config/config.h"
-#include "engine/tensor.h"
+#include "util/tensor.h"
 #include "media/bgcache.h"
-#include "media/workq.h"
+#include "util/workq.h"
 #include "util/status.h"
 
 typedef struct mts_server mts_server;

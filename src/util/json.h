@@ -60,7 +60,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/tensor.h"
+#include "util/tensor.h"
 #include "util/status.h"
 
 #define MTS_JSON_MAX_DEPTH 64

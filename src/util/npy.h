@@ -6,7 +6,7 @@
 #ifndef MTS_UTIL_NPY_H
 #define MTS_UTIL_NPY_H
 
-#include "engine/tensor.h"
+#include "util/tensor.h"
 #include "util/status.h"
 
 /* Reads path into t (data malloc'd; free with free(t->data)). */

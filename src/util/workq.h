@@ -1,12 +1,13 @@
 /*
- * A small FIFO work queue with its own threads, used for compositing and encoding so that this
- * work never runs on the engine's device workers (which would hold a worker, and its compute
- * threads, idle while a batch is encoded) and never on I/O threads (which must not block).
- * Threads may run at a lower scheduling priority (nice) so that, when cores are scarce, the
- * engine's compute threads win and compositing takes the idle time between batches.
+ * A small FIFO work queue with its own threads, for work that must run neither on the engine's
+ * device workers (which would hold a worker, and its compute threads, idle) nor on I/O threads
+ * (which must not block): the server's media queue composites and encodes lip-sync frames on
+ * one, the gRPC front end builds large replies on another. Threads may run at a lower
+ * scheduling priority (nice) so that, when cores are scarce, the engine's compute threads win
+ * and the queued work takes the idle time between batches.
  */
-#ifndef MTS_MEDIA_WORKQ_H
-#define MTS_MEDIA_WORKQ_H
+#ifndef MTS_UTIL_WORKQ_H
+#define MTS_UTIL_WORKQ_H
 
 #include "util/status.h"
 

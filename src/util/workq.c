@@ -1,9 +1,9 @@
 /*
- * The media work queue (workq.h): a mutex-protected singly linked FIFO and N threads that pop
+ * The work queue (workq.h): a mutex-protected singly linked FIFO and N threads that pop
  * and run jobs. destroy() lets the threads drain the queue before they exit, so every job
  * queued before shutdown runs (each one answers its client).
  */
-#include "media/workq.h"
+#include "util/workq.h"
 
 #include <pthread.h>
 #include <stdbool.h>

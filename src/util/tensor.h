@@ -1,0 +1,58 @@
+/*
+ * Tensors: element types (numbered as ONNX's TensorProto.DataType), shapes and a plain tensor
+ * view. A tensor never owns its data: the model, the plan, an execution context or a request
+ * does. Every layer uses this type (the JSON and .npy codecs, the server's requests, the
+ * engine), so it lives at the bottom, in util; what only the engine needs about it (the types
+ * it computes with, typed element reads for kernels) is in engine/tensor.h.
+ */
+#ifndef MTS_UTIL_TENSOR_H
+#define MTS_UTIL_TENSOR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum mts_dtype {
+    MTS_DTYPE_UNDEFINED = 0,
+    MTS_DTYPE_FLOAT = 1,
+    MTS_DTYPE_UINT8 = 2,
+    MTS_DTYPE_INT8 = 3,
+    MTS_DTYPE_UINT16 = 4,
+    MTS_DTYPE_INT16 = 5,
+    MTS_DTYPE_INT32 = 6,
+    MTS_DTYPE_INT64 = 7,
+    MTS_DTYPE_STRING = 8,
+    MTS_DTYPE_BOOL = 9,
+    MTS_DTYPE_FLOAT16 = 10,
+    MTS_DTYPE_DOUBLE = 11,
+    MTS_DTYPE_UINT32 = 12,
+    MTS_DTYPE_UINT64 = 13,
+    MTS_DTYPE_COMPLEX64 = 14,
+    MTS_DTYPE_COMPLEX128 = 15,
+    MTS_DTYPE_BFLOAT16 = 16,
+} mts_dtype;
+
+#define MTS_MAX_RANK 8
+
+typedef struct mts_tensor {
+    mts_dtype dtype;
+    int rank;
+    int64_t dims[MTS_MAX_RANK];
+    void *data; /* NULL while the value is unknown (shape inference before run time) */
+} mts_tensor;
+
+/* Size in bytes of one element; 0 for types the engine cannot hold (string, undefined). */
+size_t mts_dtype_size(mts_dtype t);
+/* ONNX spelling of the type ("float", "int64", ...), or "type N" for unknown codes. */
+const char *mts_dtype_name(mts_dtype t);
+
+/* Number of elements (1 for a scalar). Returns -1 if a dimension is negative or the product
+ * overflows int64 — callers must treat that as malformed input. */
+int64_t mts_tensor_numel(const mts_tensor *t);
+/* Bytes needed for the data, or -1 on overflow / unsupported dtype. */
+int64_t mts_tensor_nbytes(const mts_tensor *t);
+bool mts_shape_equal(const mts_tensor *a, const mts_tensor *b);
+/* Writes "[1,3,224,224]" into buf. */
+const char *mts_shape_str(const mts_tensor *t, char *buf, size_t len);
+
+#endif
