@@ -38,24 +38,10 @@ static void respond_json(mts_http_conn *c, int status, const char *extra, mts_jw
     free(text);
 }
 
-static void respond_error(mts_http_conn *c, int status, const char *msg, int retry_after)
-{
-    mts_jw w;
-    mts_jw_init(&w);
-    mts_jw_begin_object(&w);
-    mts_jw_key(&w, "error");
-    mts_jw_string(&w, msg);
-    mts_jw_end_object(&w);
-    char extra[64] = "";
-    if (retry_after > 0) snprintf(extra, sizeof extra, "Retry-After: %d\r\n", retry_after);
-    respond_json(c, mts_proto_http_status(status), extra[0] ? extra : NULL, &w);
-    mts_jw_free(&w);
-}
-
 static void respond_unknown_model(mts_http_conn *c, const char *model)
 {
     char m[300];
-    respond_error(c, MTS_ENOTFOUND, mts_proto_unknown_model(m, sizeof m, model), 0);
+    mts_route_error_text(c, MTS_ENOTFOUND, mts_proto_unknown_model(m, sizeof m, model), 0);
 }
 
 /* Parses an optional JSON object body (repository requests); answers 400 itself and returns
@@ -69,7 +55,7 @@ static mts_json_doc *parse_small_body(mts_http_conn *c, const mts_http_req *hr, 
     if (mts_json_parse(hr->body, hr->body_len, &doc, &err)) {
         char m[600];
         snprintf(m, sizeof m, "invalid JSON: %s", err.msg);
-        respond_error(c, MTS_EINVAL, m, 0);
+        mts_route_error_text(c, MTS_EINVAL, m, 0);
         return NULL;
     }
     return doc;
@@ -439,7 +425,7 @@ static void handle_infer(mts_server *srv, mts_http_conn *c, mts_http_req *hr, co
     }
     infer_call *ic = calloc(1, sizeof *ic);
     if (!ic) {
-        respond_error(c, MTS_ENOMEM, "out of memory", 0);
+        mts_route_error_text(c, MTS_ENOMEM, "out of memory", 0);
         return;
     }
     ic->conn = c;
@@ -450,7 +436,7 @@ static void handle_infer(mts_server *srv, mts_http_conn *c, mts_http_req *hr, co
     char msg[512];
     int rc = parse_infer(ic, hr, msg, sizeof msg);
     if (rc) {
-        respond_error(c, rc, msg, 0);
+        mts_route_error_text(c, rc, msg, 0);
         call_free(ic);
         return;
     }
@@ -460,7 +446,7 @@ static void handle_infer(mts_server *srv, mts_http_conn *c, mts_http_req *hr, co
     rc = mts_server_submit(srv, &ic->req, &retry, &err);
     if (rc) {
         hr->user = NULL;
-        respond_error(c, rc, err.msg, retry);
+        mts_route_error_text(c, rc, err.msg, retry);
         call_free(ic);
     }
 }
@@ -579,10 +565,10 @@ static void meta_loaded(void *user, int status, const char *msg)
 {
     meta_call *mc = user;
     if (mc->kind == 2) {
-        if (status) respond_error(mc->conn, status == MTS_ENOTFOUND ? MTS_ENOTFOUND : MTS_EINVAL, msg, 0);
+        if (status) mts_route_error_text(mc->conn, status == MTS_ENOTFOUND ? MTS_ENOTFOUND : MTS_EINVAL, msg, 0);
         else respond_empty(mc->conn, 200);
     } else if (status) {
-        respond_error(mc->conn, MTS_EUNAVAILABLE, msg, 0);
+        mts_route_error_text(mc->conn, MTS_EUNAVAILABLE, msg, 0);
     } else {
         send_metadata(mc->srv, mc->conn, mc->model, mc->kind);
     }
@@ -604,7 +590,7 @@ static void handle_meta(mts_server *srv, mts_http_conn *c, const char *model, in
     }
     meta_call *mc = calloc(1, sizeof *mc);
     if (!mc) {
-        respond_error(c, MTS_ENOMEM, "out of memory", 0);
+        mts_route_error_text(c, MTS_ENOMEM, "out of memory", 0);
         return;
     }
     mc->srv = srv;
@@ -614,7 +600,7 @@ static void handle_meta(mts_server *srv, mts_http_conn *c, const char *model, in
     mts_err err = {0};
     int rc = mts_server_load(srv, model, force, meta_loaded, mc, &err);
     if (rc) {
-        respond_error(c, rc, err.msg, 0);
+        mts_route_error_text(c, rc, err.msg, 0);
         free(mc);
     }
 }
@@ -796,7 +782,7 @@ static void handle_index(mts_server *srv, mts_http_conn *c, const mts_http_req *
         int b = bool_param(root, "ready", &ready_only);
         mts_json_free(doc);
         if (b < 0) {
-            respond_error(c, MTS_EINVAL, "'ready' must be a bool", 0);
+            mts_route_error_text(c, MTS_EINVAL, "'ready' must be a bool", 0);
             return;
         }
     }
@@ -828,7 +814,7 @@ static void handle_index(mts_server *srv, mts_http_conn *c, const mts_http_req *
 static void unload_done(void *user, int status, const char *msg)
 {
     mts_http_conn *c = user;
-    if (status) respond_error(c, status, msg, 0);
+    if (status) mts_route_error_text(c, status, msg, 0);
     else respond_empty(c, 200);
 }
 
@@ -875,7 +861,7 @@ static void route_load(mts_server *srv, mts_http_conn *c, mts_http_req *hr, cons
         int b = bool_param(params, "force_reload", &force);
         mts_json_free(doc);
         if (b < 0) {
-            respond_error(c, MTS_EINVAL, "parameter 'force_reload' must be a bool", 0);
+            mts_route_error_text(c, MTS_EINVAL, "parameter 'force_reload' must be a bool", 0);
             return;
         }
     }
@@ -888,7 +874,7 @@ static void route_unload(mts_server *srv, mts_http_conn *c, mts_http_req *hr, co
     mts_route_arg(a, 0, model, sizeof model);
     mts_err err = {0};
     int rc = mts_server_unload(srv, model, unload_done, c, &err);
-    if (rc) respond_error(c, rc, err.msg, 0);
+    if (rc) mts_route_error_text(c, rc, err.msg, 0);
 }
 
 /* The model a /v2/models/{m}[/versions/{v}] route names, into model. With a version, a known
@@ -901,7 +887,7 @@ static bool route_model(mts_server *srv, mts_http_conn *c, const mts_route_args 
     char want[24], m[400];
     snprintf(want, sizeof want, "%.*s", (int)(a->len[1] > 20 ? 20 : a->len[1]), a->arg[1]);
     if (mts_server_has_model(srv, model) && !mts_server_version_ok(srv, model, want, m, sizeof m)) {
-        respond_error(c, MTS_ENOTFOUND, m, 0);
+        mts_route_error_text(c, MTS_ENOTFOUND, m, 0);
         return false;
     }
     return true;
@@ -944,7 +930,7 @@ static void route_model_ready(mts_server *srv, mts_http_conn *c, mts_http_req *h
         char m[400];
         snprintf(m, sizeof m, "model '%s' is not ready (%s%s%s)", model, mts_model_state_name(st.state),
                  st.reason[0] ? ": " : "", st.reason);
-        respond_error(c, MTS_EINVAL, m, 0);
+        mts_route_error_text(c, MTS_EINVAL, m, 0);
     }
 }
 

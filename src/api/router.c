@@ -114,6 +114,13 @@ char *mts_route_arg(const mts_route_args *a, int i, char *out, size_t cap)
     return out;
 }
 
+void mts_route_error_text(mts_http_conn *c, int status, const char *msg, int retry_after_s)
+{
+    char extra[64] = "";
+    if (retry_after_s > 0) snprintf(extra, sizeof extra, "Retry-After: %d\r\n", retry_after_s);
+    json_error(c, mts_proto_http_status(status), extra[0] ? extra : NULL, msg);
+}
+
 void mts_route_error(mts_http_conn *c, int status, const char *fmt, ...)
 {
     char msg[1024];

@@ -62,7 +62,9 @@ void mts_router_dispatch(const mts_router *r, mts_server *srv, mts_http_conn *c,
 char *mts_route_arg(const mts_route_args *a, int i, char *out, size_t cap);
 
 /* Answers c at once with the HTTP status of `status` (MTS_E*, mapped by protocol.h) and body
- * {"error":"<message>"} (mts_http_respond_error). */
+ * {"error":"<message>"}; retry_after_s > 0 adds a Retry-After header. */
+void mts_route_error_text(mts_http_conn *c, int status, const char *msg, int retry_after_s);
+/* The same with a printf-style message and no Retry-After. */
 void mts_route_error(mts_http_conn *c, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* The same for handlers that answer later and free their call state in a done callback
