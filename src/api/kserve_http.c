@@ -31,7 +31,8 @@ static void respond_json(mts_http_conn *c, int status, const char *extra, mts_jw
     size_t len = 0;
     char *text = mts_jw_take(w, &len);
     if (!text) {
-        mts_http_respond(c, 500, "application/json", NULL, "{\"error\":\"response encoding failed\"}", 36);
+        mts_http_respond(c, mts_proto_http_status(MTS_ENOMEM), "application/json", NULL,
+                         "{\"error\":\"response encoding failed\"}", 36);
         return;
     }
     mts_http_respond(c, status, "application/json", extra, text, len);
@@ -118,7 +119,8 @@ static void respond_call(infer_call *ic, int http_status, const char *type, cons
     if (!json) {
         static const char oom[] = "{\"error\":\"out of memory encoding the response\"}";
         struct iovec one = {(void *)oom, sizeof oom - 1};
-        mts_http_respondv(ic->conn, 500, "application/json", NULL, &one, 1, response_sent, ic);
+        mts_http_respondv(ic->conn, mts_proto_http_status(MTS_ENOMEM), "application/json", NULL, &one, 1,
+                          response_sent, ic);
         return;
     }
     ic->response_json = json;

@@ -244,7 +244,8 @@ static void route_composite(mts_server *srv, mts_http_conn *c, mts_http_req *hr,
         mts_route_error(c, MTS_EINVAL, "batch_size '%s' is not a number of frames in 1..%d", v, MTS_LIPSYNC_MAX_BATCH);
         return;
     }
-    if (mts_http_query_param(hr->query, "start_frame_idx", v, sizeof v) && !parse_int(v, -2000000000, 2000000000, &start)) {
+    if (mts_http_query_param(hr->query, "start_frame_idx", v, sizeof v) &&
+        !parse_int(v, -2000000000, 2000000000, &start)) {
         mts_route_error(c, MTS_EINVAL, "start_frame_idx '%s' is not an integer", v);
         return;
     }

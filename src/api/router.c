@@ -28,7 +28,8 @@ static void json_error(mts_http_conn *c, int http_status, const char *extra, con
     char *text = mts_jw_take(&w, &len);
     mts_jw_free(&w);
     if (text) mts_http_respond(c, http_status, "application/json", extra, text, len);
-    else mts_http_respond(c, 500, "application/json", NULL, "{\"error\":\"response encoding failed\"}", 36);
+    else mts_http_respond(c, mts_proto_http_status(MTS_ENOMEM), "application/json", NULL,
+                         "{\"error\":\"response encoding failed\"}", 36);
     free(text);
 }
 

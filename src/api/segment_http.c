@@ -59,6 +59,13 @@ static void response_sent(void *arg)
 /* Answers an error (an MTS_E* status) and frees the call once it is written. */
 #define fail(sc, status, ...) mts_route_fail((sc)->conn, &(sc)->answer, response_sent, (sc), (status), __VA_ARGS__)
 
+/* Status of a failure reading the upload (the form, an image): over a limit is 413, out of
+ * memory 500, anything else a malformed upload (400). */
+static int upload_status(int rc)
+{
+    return rc == MTS_ELIMIT ? MTS_PROTO_ETOOLARGE : rc == MTS_ENOMEM ? MTS_ENOMEM : MTS_EINVAL;
+}
+
 /* ---- answer (media thread) ---- */
 
 /* The base64 text of p[0..n) as a JSON string literal (with its quotes). */
@@ -245,7 +252,8 @@ static void prepare(void *arg)
             (st->inputs[i].dims[1] == 3 || st->inputs[i].dims[1] < 0))
             in = i;
     if (in < 0 || st->n_inputs != 1 || st->n_outputs < 1) {
-        fail(sc, MTS_PROTO_EPRECONDITION, "model '%s' is not an image segmentation model: it needs one float32 input [N,3,H,W] and a "
+        fail(sc, MTS_PROTO_EPRECONDITION,
+             "model '%s' is not an image segmentation model: it needs one float32 input [N,3,H,W] and a "
              "score output (it has %d inputs, %d outputs)", sc->model, st->n_inputs, st->n_outputs);
         free(st);
         return;
@@ -258,8 +266,8 @@ static void prepare(void *arg)
     free(st);
     size_t per = (size_t)3 * sc->in_h * sc->in_w;
     if ((long long)per * sc->n * 4 > MAX_INPUT_BYTES) {
-        fail(sc, MTS_PROTO_ETOOLARGE, "%d images at the model's %dx%d input need more than %lld MiB", sc->n, sc->in_w, sc->in_h,
-             MAX_INPUT_BYTES >> 20);
+        fail(sc, MTS_PROTO_ETOOLARGE, "%d images at the model's %dx%d input need more than %lld MiB", sc->n, sc->in_w,
+             sc->in_h, MAX_INPUT_BYTES >> 20);
         return;
     }
     sc->input = malloc(per * (size_t)sc->n * sizeof(float));
@@ -272,8 +280,7 @@ static void prepare(void *arg)
         mts_err err = {0};
         int rc = mts_image_decode_mem(sc->img[i], sc->img_len[i], MTS_SEGMENT_MAX_PIXELS, &img, &err);
         if (rc) {
-            fail(sc, rc == MTS_ELIMIT ? MTS_PROTO_ETOOLARGE : rc == MTS_ENOMEM ? MTS_ENOMEM : MTS_EINVAL, "image %d ('%s'): %s", i, sc->img_name[i],
-                 err.msg);
+            fail(sc, upload_status(rc), "image %d ('%s'): %s", i, sc->img_name[i], err.msg);
             return;
         }
         sc->img_w[i] = img.width;
@@ -341,7 +348,7 @@ static void route_segment(mts_server *srv, mts_http_conn *c, mts_http_req *hr, c
     mts_multipart form;
     mts_err err = {0};
     if (mts_multipart_parse(mts_http_header(hr, "Content-Type"), hr->body, hr->body_len, &form, &err)) {
-        mts_route_error(c, err.code == MTS_ELIMIT ? MTS_PROTO_ETOOLARGE : MTS_EINVAL, "%s", err.msg);
+        mts_route_error(c, upload_status(err.code), "%s", err.msg);
         return;
     }
     char model[256], thr[64] = "0.5", resp[32] = "json";
