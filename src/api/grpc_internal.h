@@ -26,21 +26,8 @@
 #include <protobuf-c/protobuf-c.h>
 
 #include "api/grpc_server.h"
+#include "api/protocol.h"
 
-/* grpc_status_code values, spelled out so service files need not include gRPC headers. */
-enum {
-    MTS_GRPC_OK = 0,
-    MTS_GRPC_CANCELLED = 1,
-    MTS_GRPC_UNKNOWN = 2,
-    MTS_GRPC_INVALID_ARGUMENT = 3,
-    MTS_GRPC_DEADLINE_EXCEEDED = 4,
-    MTS_GRPC_NOT_FOUND = 5,
-    MTS_GRPC_FAILED_PRECONDITION = 9,
-    MTS_GRPC_RESOURCE_EXHAUSTED = 8,
-    MTS_GRPC_UNIMPLEMENTED = 12,
-    MTS_GRPC_INTERNAL = 13,
-    MTS_GRPC_UNAVAILABLE = 14,
-};
 
 typedef struct mts__grpc_call mts__grpc_call;
 
@@ -130,7 +117,6 @@ bool mts__grpc_shutting_down(const mts__grpc_call *c);
  * it was unregistered first (client gone). Returns false when shutdown already began. */
 bool mts__grpc_watch_add(mts__grpc_call *c, void (*on_shutdown)(mts__grpc_call *c));
 void mts__grpc_watch_remove(mts__grpc_call *c);
-const char *mts__grpc_status_text(int code);
 
 /* ---- services ---- */
 extern const mts__grpc_method mts__grpc_kserve_methods[];
@@ -156,8 +142,5 @@ void mts__grpc_arena_free(mts__grpc_arena *a);
 void *mts__grpc_dup(mts__grpc_arena *a, const void *p, size_t n);
 /* A new message in the arena initialised with its protobuf-c INIT macro. */
 #define MTS__GRPC_NEW(a, type, init) ((type *)mts__grpc_dup((a), &(type)init, sizeof(type)))
-
-/* Shared helpers (grpc_kserve.c). */
-const char *mts__grpc_unknown_model(char *buf, size_t len, const char *model);
 
 #endif

@@ -5,23 +5,16 @@
  * ModelStreamInfer (responses in request order, at most MTS__STREAM_WINDOW requests in flight
  * per stream: reading pauses beyond that, so a fast client is flow-controlled by HTTP/2),
  * statistics and the repository RPCs. Behaviour and messages mirror kserve_http.c; errors are
- * gRPC status codes (mts_grpc_code).
+ * gRPC status codes (mts_proto_grpc_code in protocol.c).
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "api/grpc_internal.h"
-#include "api/kserve_http.h"
 #include "inference_kserve.pb-c.h"
 
 #define MTS__STREAM_WINDOW 64
-
-const char *mts__grpc_unknown_model(char *buf, size_t len, const char *model)
-{
-    snprintf(buf, len, "unknown model '%s'", model);
-    return buf;
-}
 
 /* ---- inference request parsing ---- */
 
@@ -61,7 +54,6 @@ static int typed_contents(kinfer *k, int i, const Inference__InferTensorContents
                           const char *dt, char *msg, size_t len)
 {
     mts_tensor *t = &k->req.inputs[i];
-    int64_t numel = mts_tensor_numel(t);
     size_t have = 0;
     const char *field = "";
     const void *src = NULL;
@@ -74,12 +66,10 @@ static int typed_contents(kinfer *k, int i, const Inference__InferTensorContents
     case MTS_DTYPE_BOOL: have = ct->n_bool_contents; field = "bool_contents"; src = ct->bool_contents; break;
     default: snprintf(msg, len, "input '%s': datatype %s cannot be sent as typed contents", name, dt); return MTS_EINVAL;
     }
-    char shp[128];
-    if ((int64_t)have != numel) {
-        snprintf(msg, len, "input '%s': contents.%s has %zu values, shape %s of %s needs %lld", name, field, have,
-                 mts_shape_str(t, shp, sizeof shp), dt, (long long)numel);
-        return MTS_EINVAL;
-    }
+    char what[64];
+    snprintf(what, sizeof what, "contents.%s has", field);
+    int rc = mts_proto_input_count(name, t, dt, what, (int64_t)have, "values", msg, len);
+    if (rc) return rc;
     if (t->dtype == MTS_DTYPE_FLOAT || t->dtype == MTS_DTYPE_INT64 || t->dtype == MTS_DTYPE_INT32) {
         t->data = (void *)src; /* same layout: use in place */
         if (!t->data) t->data = k->owned[i] = malloc(1);
@@ -107,11 +97,8 @@ static int parse_infer(mts__grpc_call *c, kinfer *k, char *msg, size_t len)
         snprintf(msg, len, "model_name is required");
         return MTS_EINVAL;
     }
-    if (!mts_server_has_model(c->srv, m->model_name)) {
-        mts__grpc_unknown_model(msg, len, m->model_name);
-        return MTS_ENOTFOUND;
-    }
-    if (!mts_server_version_ok(c->srv, m->model_name, m->model_version, msg, len)) return MTS_ENOTFOUND;
+    int rc = mts_proto_find_model(c->srv, m->model_name, m->model_version, msg, len);
+    if (rc) return rc;
     k->req.model = m->model_name;
     if (m->n_inputs == 0) {
         snprintf(msg, len, "at least one input is required");
@@ -134,37 +121,9 @@ static int parse_infer(mts__grpc_call *c, kinfer *k, char *msg, size_t len)
             snprintf(msg, len, "inputs[%zu]: name is required", i);
             return MTS_EINVAL;
         }
-        for (int j = 0; j < k->req.n_inputs; j++)
-            if (!strcmp(k->req.input_names[j], name)) {
-                snprintf(msg, len, "input '%s' is given twice", name);
-                return MTS_EINVAL;
-            }
         mts_tensor *t = &k->req.inputs[i];
-        memset(t, 0, sizeof *t);
-        if (mts_kserve_parse_datatype(in->datatype, &t->dtype)) {
-            snprintf(msg, len, "input '%s': datatype '%s' is not supported (FP32, INT64, INT32, INT8, UINT8, BOOL are)",
-                     name, in->datatype);
-            return MTS_EINVAL;
-        }
-        if (in->n_shape > MTS_MAX_RANK) {
-            snprintf(msg, len, "input '%s': rank %zu is above the limit of %d", name, in->n_shape, MTS_MAX_RANK);
-            return MTS_EINVAL;
-        }
-        t->rank = (int)in->n_shape;
-        for (int d = 0; d < t->rank; d++) {
-            if (in->shape[d] < 0) {
-                snprintf(msg, len, "input '%s': shape[%d] is %lld; dimensions must be non-negative", name, d,
-                         (long long)in->shape[d]);
-                return MTS_EINVAL;
-            }
-            t->dims[d] = in->shape[d];
-        }
-        char shp[128];
-        int64_t nbytes = mts_tensor_nbytes(t);
-        if (mts_tensor_numel(t) < 0 || nbytes < 0) {
-            snprintf(msg, len, "input '%s': shape %s is too large", name, mts_shape_str(t, shp, sizeof shp));
-            return MTS_EINVAL;
-        }
+        rc = mts_proto_input_decl(&k->req, name, in->datatype, in->shape, in->n_shape, t, msg, len);
+        if (rc) return rc;
         if (raw) {
             if (in->contents) {
                 snprintf(msg, len, "input '%s' has contents although raw_input_contents is used; send one or the other",
@@ -172,14 +131,13 @@ static int parse_infer(mts__grpc_call *c, kinfer *k, char *msg, size_t len)
                 return MTS_EINVAL;
             }
             const ProtobufCBinaryData *b = &m->raw_input_contents[i];
-            if ((int64_t)b->len != nbytes) {
-                snprintf(msg, len, "input '%s': raw_input_contents[%zu] has %zu bytes, shape %s of %s needs %lld", name, i,
-                         b->len, mts_shape_str(t, shp, sizeof shp), in->datatype, (long long)nbytes);
-                return MTS_EINVAL;
-            }
+            char what[64];
+            snprintf(what, sizeof what, "raw_input_contents[%zu] has", i);
+            rc = mts_proto_input_count(name, t, in->datatype, what, (int64_t)b->len, "bytes", msg, len);
+            if (rc) return rc;
             t->data = b->data ? (void *)b->data : (k->owned[i] = malloc(1));
         } else if (in->contents) {
-            int rc = typed_contents(k, (int)i, in->contents, name, in->datatype, msg, len);
+            rc = typed_contents(k, (int)i, in->contents, name, in->datatype, msg, len);
             if (rc) return rc;
         } else {
             snprintf(msg, len, "input '%s' has neither contents nor a raw_input_contents entry", name);
@@ -412,7 +370,7 @@ static void stream_complete(mts__grpc_call *c, kinfer *k, int status, const char
     k->status = status;
     if (status) {
         char buf[600];
-        snprintf(buf, sizeof buf, "%s: %s", mts__grpc_status_text(mts_grpc_code(status)),
+        snprintf(buf, sizeof buf, "%s: %s", mts_proto_grpc_code_name(mts_proto_grpc_code(status)),
                  err && err[0] ? err : mts_status_text(status));
         k->error = strdup(buf);
     }
@@ -570,7 +528,7 @@ static void model_ready(mts__grpc_call *c, const uint8_t *data, size_t len)
     mts_model_status st;
     char buf[300];
     if (mts_server_model_status_by_name(c->srv, name, &st)) {
-        mts__grpc_fail(c, MTS_GRPC_NOT_FOUND, "%s", mts__grpc_unknown_model(buf, sizeof buf, name));
+        mts__grpc_fail_status(c, MTS_ENOTFOUND, mts_proto_unknown_model(buf, sizeof buf, name));
     } else {
         Inference__ModelReadyResponse r = INFERENCE__MODEL_READY_RESPONSE__INIT;
         r.ready = st.state == MTS_MODEL_READY;
@@ -599,7 +557,7 @@ static void send_metadata(mts__grpc_call *c, const char *model, int kind)
     mts_model_status st;
     char buf[300];
     if (mts_server_model_status_by_name(c->srv, model, &st)) {
-        mts__grpc_fail(c, MTS_GRPC_NOT_FOUND, "%s", mts__grpc_unknown_model(buf, sizeof buf, model));
+        mts__grpc_fail_status(c, MTS_ENOTFOUND, mts_proto_unknown_model(buf, sizeof buf, model));
         return;
     }
     mts__grpc_arena a = {0};
@@ -721,7 +679,7 @@ static void meta_or_load(mts__grpc_call *c, const char *model, int kind, bool fo
     mts_model_status st;
     char buf[300];
     if (mts_server_model_status_by_name(c->srv, model, &st)) {
-        mts__grpc_fail(c, MTS_GRPC_NOT_FOUND, "%s", mts__grpc_unknown_model(buf, sizeof buf, model));
+        mts__grpc_fail_status(c, MTS_ENOTFOUND, mts_proto_unknown_model(buf, sizeof buf, model));
         return;
     }
     if (kind != META_LOAD && st.n_inputs > 0) {
@@ -829,7 +787,7 @@ static void model_statistics(mts__grpc_call *c, const uint8_t *data, size_t len)
     if (name[0]) {
         char buf[300];
         if (mts_server_model_status_by_name(c->srv, name, st)) {
-            mts__grpc_fail(c, MTS_GRPC_NOT_FOUND, "%s", mts__grpc_unknown_model(buf, sizeof buf, name));
+            mts__grpc_fail_status(c, MTS_ENOTFOUND, mts_proto_unknown_model(buf, sizeof buf, name));
             goto out;
         }
         r.model_stats = mts__grpc_alloc(&a, sizeof *r.model_stats);
@@ -919,7 +877,7 @@ static void repository_unload(mts__grpc_call *c, const uint8_t *data, size_t len
     }
     char buf[300];
     if (!mts_server_has_model(c->srv, m->model_name)) {
-        mts__grpc_fail(c, MTS_GRPC_NOT_FOUND, "%s", mts__grpc_unknown_model(buf, sizeof buf, m->model_name));
+        mts__grpc_fail_status(c, MTS_ENOTFOUND, mts_proto_unknown_model(buf, sizeof buf, m->model_name));
     } else {
         mts__grpc_call_ref(c);
         mts_err err = {0};

@@ -25,11 +25,6 @@
 #include "media/compose.h"
 #include "util/clock.h"
 
-/* The documents' InferBatchRequest.batch_size range ("1-25 frames"). */
-
-static const int64_t default_visual[] = {6, 320, 320};
-static const int64_t default_audio[] = {32, 16, 16};
-
 typedef struct lip_call {
     mts_request req; /* first: the completion callback casts back */
     mts__grpc_call *call;
@@ -39,8 +34,8 @@ typedef struct lip_call {
     const char *model_id;
     const ProtobufCBinaryData *visual, *audio;
     int batch_size;
-    char names[2][128];
-    char out_name[128];
+    char names[2][MTS_TENSOR_NAME_MAX];
+    char out_name[MTS_TENSOR_NAME_MAX];
     /* compositing */
     mts_bgcache *bg;
     mts_composite_opts opts;
@@ -98,70 +93,41 @@ static void infer_done(mts_request *req, int status, const char *err)
     mts__grpc_call_unref(c);
 }
 
-/* With the model's signature known: picks the inputs, checks sizes, submits. Takes over l. */
+/* With the model's signature known: binds the inputs, checks sizes, submits. Takes over l. */
 static void infer_submit(lip_call *l)
 {
     mts__grpc_call *c = l->call;
     mts_model_status *st = malloc(sizeof *st);
-    char buf[300];
+    char buf[600];
+    mts_lipsync_binding b;
+    int rc;
     if (!st || mts_server_model_status_by_name(c->srv, l->model_id, st)) {
-        mts__grpc_fail(c, MTS_GRPC_NOT_FOUND, "%s", mts__grpc_unknown_model(buf, sizeof buf, l->model_id));
+        mts__grpc_fail_status(c, MTS_ENOTFOUND, mts_proto_unknown_model(buf, sizeof buf, l->model_id));
         goto fail;
     }
-    if (st->n_inputs < 2 || st->n_outputs < 1) {
-        mts__grpc_fail(c, MTS_GRPC_FAILED_PRECONDITION,
-                       "model '%s' has %d inputs and %d outputs; InferBatch needs a lip-sync model with inputs visual "
-                       "[N,6,320,320] and audio [N,32,16,16] and a mouth-region output",
-                       l->model_id, st->n_inputs, st->n_outputs);
+    if ((rc = mts_lipsync_bind(st, "InferBatch", &b, buf, sizeof buf))) {
+        mts__grpc_fail_status(c, rc, buf);
         goto fail;
     }
-    int vi = 0, ai = 1;
-    for (int i = 0; i < st->n_inputs; i++) {
-        if (!strcmp(st->inputs[i].name, "visual")) vi = i;
-        if (!strcmp(st->inputs[i].name, "audio")) ai = i;
-    }
-    if (vi == ai) vi = 0, ai = 1;
-    if (st->inputs[vi].dtype != MTS_DTYPE_FLOAT || st->inputs[ai].dtype != MTS_DTYPE_FLOAT) {
-        mts__grpc_fail(c, MTS_GRPC_FAILED_PRECONDITION, "model '%s': inputs '%s' and '%s' must be float32",
-                       l->model_id, st->inputs[vi].name, st->inputs[ai].name);
-        goto fail;
-    }
-    const struct {
-        int idx;
-        const int64_t *def;
-        const ProtobufCBinaryData *bytes;
-        const char *field;
-    } in[2] = {{vi, default_visual, l->visual, "visual_frames"}, {ai, default_audio, l->audio, "audio_features"}};
+    const ProtobufCBinaryData *bytes[2] = {l->visual, l->audio};
+    static const char *const field[2] = {"visual_frames", "audio_features"};
     for (int k = 0; k < 2; k++) {
-        int64_t dims[3];
-        int64_t per = mts_lipsync_frame_elems(&st->inputs[in[k].idx], in[k].def, dims);
-        uint64_t want = (uint64_t)l->batch_size * (uint64_t)per * 4;
-        if (in[k].bytes->len != want) {
+        uint64_t want = (uint64_t)l->batch_size * mts_lipsync_frame_bytes(&b, k);
+        if (bytes[k]->len != want) {
             mts__grpc_fail(c, MTS_GRPC_INVALID_ARGUMENT,
-                           "%s has %zu bytes; batch_size %d x %lldx%lldx%lld float32 needs %llu", in[k].field,
-                           in[k].bytes->len, l->batch_size, (long long)dims[0], (long long)dims[1], (long long)dims[2],
-                           (unsigned long long)want);
+                           "%s has %zu bytes; batch_size %d x %lldx%lldx%lld float32 needs %llu", field[k],
+                           bytes[k]->len, l->batch_size, (long long)b.dims[k][0], (long long)b.dims[k][1],
+                           (long long)b.dims[k][2], (unsigned long long)want);
             goto fail;
         }
-        mts_tensor *t = &l->req.inputs[k];
-        t->dtype = MTS_DTYPE_FLOAT;
-        t->rank = 4;
-        t->dims[0] = l->batch_size;
-        for (int d = 0; d < 3; d++) t->dims[d + 1] = dims[d];
-        t->data = in[k].bytes->data;
-        snprintf(l->names[k], sizeof l->names[k], "%s", st->inputs[in[k].idx].name);
-        l->req.input_names[k] = l->names[k];
     }
-    l->req.n_inputs = 2;
-    snprintf(l->out_name, sizeof l->out_name, "%s", st->outputs[0].name);
-    l->req.requested[0] = l->out_name;
-    l->req.n_requested = 1;
+    mts_lipsync_set_inputs(&b, st, &l->req, l->batch_size, l->visual->data, l->audio->data, l->names, l->out_name);
     l->req.model = l->model_id;
     l->req.done = l->cmsg ? composite_done : infer_done;
     if (l->cmsg && !composite_prepare(l)) goto fail;
     int64_t timeout = mts__grpc_timeout_us(c);
     if (timeout < 0) {
-        mts__grpc_fail(c, MTS_GRPC_DEADLINE_EXCEEDED, "the deadline passed before the request was queued");
+        mts__grpc_fail_status(c, MTS_ETIMEDOUT, "the deadline passed before the request was queued");
         goto fail;
     }
     l->req.timeout_us = timeout;
@@ -172,7 +138,7 @@ static void infer_submit(lip_call *l)
     pthread_mutex_unlock(&c->lock);
     int retry = 0;
     mts_err err = {0};
-    int rc = mts_server_submit(c->srv, &l->req, &retry, &err);
+    rc = mts_server_submit(c->srv, &l->req, &retry, &err);
     if (!rc) return; /* infer_done owns l and the call reference now */
     pthread_mutex_lock(&c->lock);
     c->state = NULL;
@@ -217,6 +183,25 @@ static void lip_start(lip_call *l)
     }
 }
 
+/* A new call for the request both RPCs share the fields of, after the checks they share;
+ * NULL after failing the call. */
+static lip_call *lip_new(mts__grpc_call *c, const char *model_id, int batch_size, const ProtobufCBinaryData *visual,
+                         const ProtobufCBinaryData *audio)
+{
+    char buf[400];
+    int rc = mts_lipsync_check_request(c->srv, model_id, batch_size, buf, sizeof buf);
+    lip_call *l = rc ? NULL : calloc(1, sizeof *l);
+    if (rc) mts__grpc_fail_status(c, rc, buf);
+    else if (!l) mts__grpc_fail_status(c, MTS_ENOMEM, "out of memory");
+    if (!l) return NULL;
+    l->call = c;
+    l->model_id = model_id;
+    l->visual = visual;
+    l->audio = audio;
+    l->batch_size = batch_size;
+    return l;
+}
+
 static void infer_batch(mts__grpc_call *c, const uint8_t *data, size_t len)
 {
     Inference__InferBatchRequest *m = inference__infer_batch_request__unpack(NULL, len, data);
@@ -224,35 +209,12 @@ static void infer_batch(mts__grpc_call *c, const uint8_t *data, size_t len)
         mts__grpc_fail(c, MTS_GRPC_INVALID_ARGUMENT, "the request is not a valid inference.InferBatchRequest");
         return;
     }
-    char buf[300];
-    if (!m->model_id[0]) {
-        mts__grpc_fail(c, MTS_GRPC_INVALID_ARGUMENT, "model_id is required");
-        inference__infer_batch_request__free_unpacked(m, NULL);
-        return;
-    }
-    if (!mts_server_has_model(c->srv, m->model_id)) {
-        mts__grpc_fail(c, MTS_GRPC_NOT_FOUND, "%s", mts__grpc_unknown_model(buf, sizeof buf, m->model_id));
-        inference__infer_batch_request__free_unpacked(m, NULL);
-        return;
-    }
-    if (m->batch_size < 1 || m->batch_size > MTS_LIPSYNC_MAX_BATCH) {
-        mts__grpc_fail(c, MTS_GRPC_INVALID_ARGUMENT, "batch_size is %d; expected 1..%d frames", m->batch_size,
-                       MTS_LIPSYNC_MAX_BATCH);
-        inference__infer_batch_request__free_unpacked(m, NULL);
-        return;
-    }
-    lip_call *l = calloc(1, sizeof *l);
+    lip_call *l = lip_new(c, m->model_id, m->batch_size, &m->visual_frames, &m->audio_features);
     if (!l) {
-        mts__grpc_fail(c, MTS_GRPC_RESOURCE_EXHAUSTED, "out of memory");
         inference__infer_batch_request__free_unpacked(m, NULL);
         return;
     }
-    l->call = c;
     l->msg = m;
-    l->model_id = m->model_id;
-    l->visual = &m->visual_frames;
-    l->audio = &m->audio_features;
-    l->batch_size = m->batch_size;
     mts__grpc_call_ref(c);
     lip_start(l);
 }
@@ -266,15 +228,6 @@ static void infer_cancel(mts__grpc_call *c)
 
 /* ---- InferBatchComposite ---- */
 
-/* Status of a compositing failure: asset problems are the server's configuration, not the
- * client's request. */
-static int composite_code(int status)
-{
-    return status == MTS_ENOMEM ? MTS_GRPC_RESOURCE_EXHAUSTED
-           : status == MTS_EUNAVAILABLE ? MTS_GRPC_UNAVAILABLE
-                                        : MTS_GRPC_FAILED_PRECONDITION;
-}
-
 /* Before submitting: the background cache of the resident version (fails the call when the
  * assets are unusable) and the prefetch. Returns false after failing the call. */
 static bool composite_prepare(lip_call *l)
@@ -283,7 +236,7 @@ static bool composite_prepare(lip_call *l)
     int rc = mts_server_bgcache_acquire(l->call->srv, l->model_id, &l->bg, &err);
     if (rc == MTS_EUNAVAILABLE) return true; /* not resident: acquired after the inference */
     if (rc) {
-        mts__grpc_fail(l->call, MTS_GRPC_FAILED_PRECONDITION, "%s", err.msg);
+        mts__grpc_fail_status(l->call, mts_lipsync_asset_status(rc), err.msg);
         return false;
     }
     mts_lipsync_prefetch(l->call->srv, l->bg, &l->opts, l->batch_size);
@@ -306,8 +259,9 @@ static void composite_run(void *arg)
     if (!rc)
         rc = mts_composite_batch(l->bg, t->data, l->batch_size, (int)t->dims[3], (int)t->dims[2], &l->opts, &out, &err);
     if (rc) {
-        if (rc == MTS_ECANCELLED) mts__grpc_fail(c, MTS_GRPC_CANCELLED, "cancelled");
-        else mts__grpc_fail(c, composite_code(rc), "model '%s': compositing failed: %s", l->model_id, err.msg);
+        if (rc == MTS_ECANCELLED) mts__grpc_fail_status(c, MTS_ECANCELLED, "cancelled");
+        else mts__grpc_fail(c, mts_proto_grpc_code(mts_lipsync_asset_status(rc)), "model '%s': compositing failed: %s",
+                            l->model_id, err.msg);
     } else {
         mts__grpc_arena a = {0};
         Inference__CompositeBatchResponse r = INFERENCE__COMPOSITE_BATCH_RESPONSE__INIT;
@@ -349,14 +303,10 @@ static void composite_done(mts_request *req, int status, const char *err)
     pthread_mutex_lock(&c->lock);
     c->state = NULL;
     pthread_mutex_unlock(&c->lock);
-    const mts_tensor *t = &req->outputs[0];
-    if (status) {
-        mts__grpc_fail_status(c, status, err);
-    } else if (req->n_outputs < 1 || t->dtype != MTS_DTYPE_FLOAT || t->rank != 4 || t->dims[0] != l->batch_size ||
-               t->dims[1] != 3 || t->dims[2] < 1 || t->dims[3] < 1) {
-        mts__grpc_fail(c, MTS_GRPC_FAILED_PRECONDITION,
-                       "model '%s' must produce float32 mouth regions [%d,3,H,W] as its first output to composite",
-                       l->model_id, l->batch_size);
+    char buf[300];
+    int rc = status ? status : mts_lipsync_check_regions(req, l->batch_size, l->model_id, buf, sizeof buf);
+    if (rc) {
+        mts__grpc_fail_status(c, rc, status ? err : buf);
     } else {
         l->t_done = mts_now_ms();
         mts_workq *q = mts_server_media_queue(c->srv);
@@ -374,42 +324,22 @@ static void infer_batch_composite(mts__grpc_call *c, const uint8_t *data, size_t
         mts__grpc_fail(c, MTS_GRPC_INVALID_ARGUMENT, "the request is not a valid inference.CompositeBatchRequest");
         return;
     }
-    char buf[300];
-    int fmt = mts_frame_format_parse(m->format), wrap = mts_wrap_mode_parse(m->wrap);
-    if (!m->model_id[0]) {
-        mts__grpc_fail(c, MTS_GRPC_INVALID_ARGUMENT, "model_id is required");
-    } else if (!mts_server_has_model(c->srv, m->model_id)) {
-        mts__grpc_fail(c, MTS_GRPC_NOT_FOUND, "%s", mts__grpc_unknown_model(buf, sizeof buf, m->model_id));
-    } else if (m->batch_size < 1 || m->batch_size > MTS_LIPSYNC_MAX_BATCH) {
-        mts__grpc_fail(c, MTS_GRPC_INVALID_ARGUMENT, "batch_size is %d; expected 1..%d frames", m->batch_size,
-                       MTS_LIPSYNC_MAX_BATCH);
-    } else if (fmt < 0) {
-        mts__grpc_fail(c, MTS_GRPC_INVALID_ARGUMENT, "format '%.40s' is not one of jpeg, png, rgb", m->format);
-    } else if (wrap < 0) {
-        mts__grpc_fail(c, MTS_GRPC_INVALID_ARGUMENT, "wrap '%.40s' is not one of loop, pingpong", m->wrap);
-    } else if (m->jpeg_quality < 0 || m->jpeg_quality > 100) {
+    lip_call *l = lip_new(c, m->model_id, m->batch_size, &m->visual_frames, &m->audio_features);
+    char buf[200];
+    int rc = l ? mts_lipsync_composite_opts(m->format, m->wrap, m->jpeg_quality ? m->jpeg_quality : 85,
+                                            m->start_frame_idx, &l->opts, buf, sizeof buf)
+               : MTS_OK;
+    if (l && rc) {
+        mts__grpc_fail_status(c, rc, buf);
+    } else if (l && (m->jpeg_quality < 0 || m->jpeg_quality > 100)) {
         mts__grpc_fail(c, MTS_GRPC_INVALID_ARGUMENT, "jpeg_quality is %d; expected 1..100 (0 = 85)", m->jpeg_quality);
-    } else {
-        lip_call *l = calloc(1, sizeof *l);
-        if (!l) {
-            mts__grpc_fail(c, MTS_GRPC_RESOURCE_EXHAUSTED, "out of memory");
-        } else {
-            l->call = c;
-            l->cmsg = m;
-            l->model_id = m->model_id;
-            l->visual = &m->visual_frames;
-            l->audio = &m->audio_features;
-            l->batch_size = m->batch_size;
-            l->opts.format = (mts_frame_format)fmt;
-            l->opts.quality = m->jpeg_quality ? m->jpeg_quality : 85;
-            l->opts.png_level = 1;
-            l->opts.wrap = (mts_wrap_mode)wrap;
-            l->opts.start_frame_idx = m->start_frame_idx;
-            mts__grpc_call_ref(c);
-            lip_start(l);
-            return;
-        }
+    } else if (l) {
+        l->cmsg = m;
+        mts__grpc_call_ref(c);
+        lip_start(l);
+        return;
     }
+    free(l);
     inference__composite_batch_request__free_unpacked(m, NULL);
 }
 
@@ -510,7 +440,7 @@ static bool collect_models(mts__grpc_call *c, mts__grpc_arena *a, const char *on
         char buf[300];
         if (mts_server_model_status_by_name(c->srv, only, st)) {
             free(st);
-            mts__grpc_fail(c, MTS_GRPC_NOT_FOUND, "%s", mts__grpc_unknown_model(buf, sizeof buf, only));
+            mts__grpc_fail_status(c, MTS_ENOTFOUND, mts_proto_unknown_model(buf, sizeof buf, only));
             return false;
         }
         models[k++] = model_info(a, c->srv, st);
@@ -650,7 +580,7 @@ static void load_model(mts__grpc_call *c, const uint8_t *data, size_t len)
         mts__grpc_fail(c, MTS_GRPC_INVALID_ARGUMENT, "model_id is required");
         free(lc);
     } else if (mts_server_model_status_by_name(c->srv, m->model_id, st)) {
-        mts__grpc_fail(c, MTS_GRPC_NOT_FOUND, "%s", mts__grpc_unknown_model(buf, sizeof buf, m->model_id));
+        mts__grpc_fail_status(c, MTS_ENOTFOUND, mts_proto_unknown_model(buf, sizeof buf, m->model_id));
         free(lc);
     } else {
         lc->call = c;
@@ -705,7 +635,7 @@ static void unload_model(mts__grpc_call *c, const uint8_t *data, size_t len)
     if (!m->model_id[0]) {
         mts__grpc_fail(c, MTS_GRPC_INVALID_ARGUMENT, "model_id is required");
     } else if (!mts_server_has_model(c->srv, m->model_id)) {
-        mts__grpc_fail(c, MTS_GRPC_NOT_FOUND, "%s", mts__grpc_unknown_model(buf, sizeof buf, m->model_id));
+        mts__grpc_fail_status(c, MTS_ENOTFOUND, mts_proto_unknown_model(buf, sizeof buf, m->model_id));
     } else if (!(uc = calloc(1, sizeof *uc))) {
         mts__grpc_fail(c, MTS_GRPC_RESOURCE_EXHAUSTED, "out of memory");
     } else {

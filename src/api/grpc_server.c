@@ -96,30 +96,6 @@ void mts__grpc_watch_remove(mts__grpc_call *c)
     }
 }
 
-int mts_grpc_code(int status)
-{
-    switch (status) {
-    case MTS_OK: return MTS_GRPC_OK;
-    case MTS_ENOTFOUND: return MTS_GRPC_NOT_FOUND;
-    case MTS_EINVAL: case MTS_ESHAPE: case MTS_EFORMAT: return MTS_GRPC_INVALID_ARGUMENT;
-    case MTS_EFULL: case MTS_ELIMIT: case MTS_ENOMEM: return MTS_GRPC_RESOURCE_EXHAUSTED;
-    case MTS_ETIMEDOUT: return MTS_GRPC_DEADLINE_EXCEEDED;
-    case MTS_EUNAVAILABLE: return MTS_GRPC_UNAVAILABLE;
-    case MTS_ECANCELLED: return MTS_GRPC_CANCELLED;
-    case MTS_EUNSUPPORTED: return MTS_GRPC_UNIMPLEMENTED;
-    default: return MTS_GRPC_INTERNAL;
-    }
-}
-
-const char *mts__grpc_status_text(int code)
-{
-    static const char *names[] = {"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED",
-                                  "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
-                                  "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL",
-                                  "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"};
-    return code >= 0 && code <= 16 ? names[code] : "?";
-}
-
 /* ---- arena ---- */
 
 void *mts__grpc_alloc(mts__grpc_arena *a, size_t n)
@@ -246,7 +222,7 @@ static void finish_locked(mts__grpc_call *c, grpc_byte_buffer *reply, int code, 
     if (reply) grpc_byte_buffer_destroy(reply);
     if (code && code != MTS_GRPC_CANCELLED)
         mts_log(MTS_LOG_DEBUG, "grpc: %.*s -> %s: %s", (int)GRPC_SLICE_LENGTH(c->details.method),
-                  (const char *)GRPC_SLICE_START_PTR(c->details.method), mts__grpc_status_text(code), msg ? msg : "");
+                  (const char *)GRPC_SLICE_START_PTR(c->details.method), mts_proto_grpc_code_name(code), msg ? msg : "");
     mts__grpc_call_unref(c); /* the alive reference */
 }
 
@@ -273,7 +249,7 @@ void mts__grpc_fail(mts__grpc_call *c, int code, const char *fmt, ...)
 
 void mts__grpc_fail_status(mts__grpc_call *c, int status, const char *msg)
 {
-    mts__grpc_fail(c, mts_grpc_code(status), "%s", msg && msg[0] ? msg : mts_status_text(status));
+    mts__grpc_fail(c, mts_proto_grpc_code(status), "%s", msg && msg[0] ? msg : mts_status_text(status));
 }
 
 /* ---- streaming sends ---- */

@@ -32,7 +32,4 @@ void mts_grpc_stop_accepting(mts_grpc *g);
 /* Call after mts_server_shutdown: cancels what is still open, joins threads, frees. */
 void mts_grpc_stop(mts_grpc *g);
 
-/* gRPC status code (grpc_status_code values) for an mtserve status. */
-int mts_grpc_code(int status);
-
 #endif

@@ -1,13 +1,13 @@
 /*
  * KServe v2 REST routes (the Open Inference Protocol as Triton and KServe clients speak it).
  *
- *   GET  /v2/health/live | /v2/health/ready          GET /v2            GET /metrics
+ *   GET  /v2/health/live | /v2/health/ready          GET /v2
  *   GET  /v2/models/{m}[/versions/{v}][/ready|/config|/stats]          GET /v2/models/stats
  *   POST /v2/models/{m}[/versions/{v}]/infer
  *   POST /v2/repository/index | /v2/repository/models/{m}/load | .../unload
- *   POST /api/v1/lipsync/{m}/composite   (lip-sync compositing: api/lipsync_http.c)
- *   POST /api/v1/segment, /api/v1/batch-segment (image segmentation uploads: api/segment_http.c)
  *
+ * The routes are the table mts_kserve_routes (router.h); the REST front end (rest.c) serves it
+ * beside the other REST modules' tables and answers unknown paths and methods.
  * Inference requests are parsed on the I/O thread into an mts_request whose input tensors point
  * into the request body (binary extension) or into buffers flattened from JSON data; the reply
  * is encoded on the worker thread that completes the request. Every malformed request gets a
@@ -20,57 +20,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "api/http.h"
-#include "api/lipsync_http.h"
-#include "api/segment_http.h"
+#include "api/protocol.h"
 #include "util/json.h"
 #include "util/log.h"
-
-struct mts_kserve_http {
-    mts_server *srv;
-    mts_http_server *http;
-};
-
-static const struct {
-    const char *name;
-    mts_dtype dtype;
-} datatypes[] = {
-    {"FP32", MTS_DTYPE_FLOAT}, {"INT64", MTS_DTYPE_INT64}, {"INT32", MTS_DTYPE_INT32},
-    {"INT8", MTS_DTYPE_INT8},  {"UINT8", MTS_DTYPE_UINT8}, {"BOOL", MTS_DTYPE_BOOL},
-};
-
-const char *mts_kserve_datatype(mts_dtype t)
-{
-    for (size_t i = 0; i < sizeof datatypes / sizeof datatypes[0]; i++)
-        if (datatypes[i].dtype == t) return datatypes[i].name;
-    return NULL;
-}
-
-int mts_kserve_parse_datatype(const char *name, mts_dtype *out)
-{
-    for (size_t i = 0; i < sizeof datatypes / sizeof datatypes[0]; i++)
-        if (!strcmp(datatypes[i].name, name)) {
-            *out = datatypes[i].dtype;
-            return MTS_OK;
-        }
-    return MTS_EUNSUPPORTED;
-}
-
-int mts_kserve_http_status(int status)
-{
-    switch (status) {
-    case MTS_OK: return 200;
-    case MTS_ENOTFOUND: return 404;
-    case MTS_EINVAL: case MTS_ESHAPE: case MTS_EFORMAT: return 400;
-    case MTS_EFULL: return 429;
-    case MTS_EUNAVAILABLE: return 503;
-    case MTS_ETIMEDOUT: return 504;
-    case MTS_EUNSUPPORTED: return 501;
-    case MTS_ECANCELLED: return 499;
-    case MTS_ELIMIT: return 507;
-    default: return 500;
-    }
-}
 
 /* ---- responses ---- */
 
@@ -79,32 +31,18 @@ static void respond_json(mts_http_conn *c, int status, const char *extra, mts_jw
     size_t len = 0;
     char *text = mts_jw_take(w, &len);
     if (!text) {
-        mts_http_respond(c, 500, "application/json", NULL, "{\"error\":\"response encoding failed\"}", 36);
+        mts_http_respond(c, mts_proto_http_status(MTS_ENOMEM), "application/json", NULL,
+                         "{\"error\":\"response encoding failed\"}", 36);
         return;
     }
     mts_http_respond(c, status, "application/json", extra, text, len);
     free(text);
 }
 
-static void respond_error(mts_http_conn *c, int status, const char *msg, int retry_after)
-{
-    mts_jw w;
-    mts_jw_init(&w);
-    mts_jw_begin_object(&w);
-    mts_jw_key(&w, "error");
-    mts_jw_string(&w, msg);
-    mts_jw_end_object(&w);
-    char extra[64] = "";
-    if (retry_after > 0) snprintf(extra, sizeof extra, "Retry-After: %d\r\n", retry_after);
-    respond_json(c, mts_kserve_http_status(status), extra[0] ? extra : NULL, &w);
-    mts_jw_free(&w);
-}
-
 static void respond_unknown_model(mts_http_conn *c, const char *model)
 {
     char m[300];
-    snprintf(m, sizeof m, "unknown model '%s'", model);
-    respond_error(c, MTS_ENOTFOUND, m, 0);
+    mts_route_error_text(c, MTS_ENOTFOUND, mts_proto_unknown_model(m, sizeof m, model), 0);
 }
 
 /* Parses an optional JSON object body (repository requests); answers 400 itself and returns
@@ -118,7 +56,7 @@ static mts_json_doc *parse_small_body(mts_http_conn *c, const mts_http_req *hr, 
     if (mts_json_parse(hr->body, hr->body_len, &doc, &err)) {
         char m[600];
         snprintf(m, sizeof m, "invalid JSON: %s", err.msg);
-        respond_error(c, MTS_EINVAL, m, 0);
+        mts_route_error_text(c, MTS_EINVAL, m, 0);
         return NULL;
     }
     return doc;
@@ -181,7 +119,8 @@ static void respond_call(infer_call *ic, int http_status, const char *type, cons
     if (!json) {
         static const char oom[] = "{\"error\":\"out of memory encoding the response\"}";
         struct iovec one = {(void *)oom, sizeof oom - 1};
-        mts_http_respondv(ic->conn, 500, "application/json", NULL, &one, 1, response_sent, ic);
+        mts_http_respondv(ic->conn, mts_proto_http_status(MTS_ENOMEM), "application/json", NULL, &one, 1,
+                          response_sent, ic);
         return;
     }
     ic->response_json = json;
@@ -206,7 +145,7 @@ static void infer_done(mts_request *req, int status, const char *msg)
         mts_jw_end_object(&e);
         char extra[64] = "";
         if (status == MTS_EFULL) snprintf(extra, sizeof extra, "Retry-After: 1\r\n");
-        respond_call(ic, mts_kserve_http_status(status), "application/json", extra[0] ? extra : NULL, &e, false);
+        respond_call(ic, mts_proto_http_status(status), "application/json", extra[0] ? extra : NULL, &e, false);
         return;
     }
     mts_jw w;
@@ -369,21 +308,10 @@ static int parse_infer(infer_call *ic, const mts_http_req *hr, char *msg, size_t
             snprintf(msg, len, "inputs[%zu]: 'name' (a string) is required", i);
             return MTS_EINVAL;
         }
-        for (int k = 0; k < ic->req.n_inputs; k++)
-            if (!strcmp(ic->req.input_names[k], name)) {
-                snprintf(msg, len, "input '%s' is given twice", name);
-                return MTS_EINVAL;
-            }
         const char *dt = mts_json_str(mts_json_get(in, "datatype"), NULL);
         mts_tensor *t = &ic->req.inputs[i];
-        memset(t, 0, sizeof *t);
         if (!dt) {
             snprintf(msg, len, "input '%s': 'datatype' (a string such as \"FP32\") is required", name);
-            return MTS_EINVAL;
-        }
-        if (mts_kserve_parse_datatype(dt, &t->dtype)) {
-            snprintf(msg, len, "input '%s': datatype '%s' is not supported (FP32, INT64, INT32, INT8, UINT8, BOOL are)",
-                     name, dt);
             return MTS_EINVAL;
         }
         const mts_json *shape = mts_json_get(in, "shape");
@@ -391,25 +319,13 @@ static int parse_infer(infer_call *ic, const mts_http_req *hr, char *msg, size_t
             snprintf(msg, len, "input '%s': 'shape' (an array of dimensions) is required", name);
             return MTS_EINVAL;
         }
-        if (mts_json_len(shape) > MTS_MAX_RANK) {
-            snprintf(msg, len, "input '%s': rank %zu is above the limit of %d", name, mts_json_len(shape), MTS_MAX_RANK);
-            return MTS_EINVAL;
-        }
-        t->rank = (int)mts_json_len(shape);
-        for (int d = 0; d < t->rank; d++) {
-            int64_t v;
-            if (mts_json_int(mts_json_at(shape, (size_t)d), &v) || v < 0) {
-                snprintf(msg, len, "input '%s': shape[%d] must be a non-negative integer", name, d);
-                return MTS_EINVAL;
-            }
-            t->dims[d] = v;
-        }
+        int64_t dims[MTS_MAX_RANK];
+        size_t rank = mts_json_len(shape);
+        for (size_t d = 0; d < rank && d < MTS_MAX_RANK; d++)
+            if (mts_json_int(mts_json_at(shape, d), &dims[d])) dims[d] = MTS_PROTO_DIM_INVALID;
+        int rc = mts_proto_input_decl(&ic->req, name, dt, dims, rank, t, msg, len);
+        if (rc) return rc;
         int64_t numel = mts_tensor_numel(t), nbytes = mts_tensor_nbytes(t);
-        char shp[128];
-        if (numel < 0 || nbytes < 0) {
-            snprintf(msg, len, "input '%s': shape %s is too large", name, mts_shape_str(t, shp, sizeof shp));
-            return MTS_EINVAL;
-        }
         const mts_json *ip = mts_json_get(in, "parameters");
         const mts_json *bds = mts_json_get(ip, "binary_data_size");
         const mts_json *data = mts_json_get(in, "data");
@@ -428,11 +344,8 @@ static int parse_infer(infer_call *ic, const mts_http_req *hr, char *msg, size_t
                                    "Inference-Header-Content-Length header", name);
                 return MTS_EINVAL;
             }
-            if (size != nbytes) {
-                snprintf(msg, len, "input '%s': binary_data_size is %lld bytes, but shape %s of %s needs %lld", name,
-                         (long long)size, mts_shape_str(t, shp, sizeof shp), dt, (long long)nbytes);
-                return MTS_EINVAL;
-            }
+            rc = mts_proto_input_count(name, t, dt, "binary_data_size is", size, "bytes", msg, len);
+            if (rc) return rc;
             if ((uint64_t)size > body_len - bin_off) {
                 snprintf(msg, len, "input '%s': the binary section is truncated (needs %lld bytes at offset %zu, "
                                    "the body has %zu)", name, (long long)size, bin_off, body_len);
@@ -452,12 +365,8 @@ static int parse_infer(infer_call *ic, const mts_http_req *hr, char *msg, size_t
             t->data = (void *)p;
             bin_off += (size_t)size;
         } else if (data) {
-            int64_t have = mts_json_numel(data);
-            if (have != numel) {
-                snprintf(msg, len, "input '%s': data has %lld elements, shape %s needs %lld", name, (long long)have,
-                         mts_shape_str(t, shp, sizeof shp), (long long)numel);
-                return MTS_EINVAL;
-            }
+            rc = mts_proto_input_count(name, t, NULL, "data has", mts_json_numel(data), "elements", msg, len);
+            if (rc) return rc;
             ic->owned[i] = malloc(nbytes ? (size_t)nbytes : 1);
             if (!ic->owned[i]) {
                 snprintf(msg, len, "out of memory");
@@ -510,45 +419,38 @@ static int parse_infer(infer_call *ic, const mts_http_req *hr, char *msg, size_t
     return MTS_OK;
 }
 
-static void handle_infer(mts_kserve_http *h, mts_http_conn *c, mts_http_req *hr, const char *model)
+static void handle_infer(mts_server *srv, mts_http_conn *c, mts_http_req *hr, const char *model)
 {
-    if (!mts_server_has_model(h->srv, model)) {
+    if (!mts_server_has_model(srv, model)) {
         respond_unknown_model(c, model);
         return;
     }
     infer_call *ic = calloc(1, sizeof *ic);
     if (!ic) {
-        respond_error(c, MTS_ENOMEM, "out of memory", 0);
+        mts_route_error_text(c, MTS_ENOMEM, "out of memory", 0);
         return;
     }
     ic->conn = c;
-    ic->version = mts_server_model_version(h->srv, model);
+    ic->version = mts_server_model_version(srv, model);
     snprintf(ic->model, sizeof ic->model, "%s", model);
     ic->req.model = ic->model;
     ic->req.done = infer_done;
     char msg[512];
     int rc = parse_infer(ic, hr, msg, sizeof msg);
     if (rc) {
-        respond_error(c, rc, msg, 0);
+        mts_route_error_text(c, rc, msg, 0);
         call_free(ic);
         return;
     }
     hr->user = ic;
     int retry = 0;
     mts_err err = {0};
-    rc = mts_server_submit(h->srv, &ic->req, &retry, &err);
+    rc = mts_server_submit(srv, &ic->req, &retry, &err);
     if (rc) {
         hr->user = NULL;
-        respond_error(c, rc, err.msg, retry);
+        mts_route_error_text(c, rc, err.msg, retry);
         call_free(ic);
     }
-}
-
-static void on_cancel(void *user, mts_http_conn *c, mts_http_req *hr)
-{
-    (void)user;
-    (void)c;
-    if (hr->user) mts_request_cancel(&((infer_call *)hr->user)->req);
 }
 
 /* ---- metadata, config, statistics ---- */
@@ -577,20 +479,20 @@ static void write_tensor_meta(mts_jw *w, const mts_tensor_meta *m, bool config_s
 }
 
 typedef struct meta_call {
-    mts_kserve_http *h;
+    mts_server *srv;
     mts_http_conn *conn;
     char model[256];
     int kind; /* 0 metadata, 1 config, 2 load */
 } meta_call;
 
-static void send_metadata(mts_kserve_http *h, mts_http_conn *c, const char *model, int kind)
+static void send_metadata(mts_server *srv, mts_http_conn *c, const char *model, int kind)
 {
     mts_model_status st;
-    if (mts_server_model_status_by_name(h->srv, model, &st)) {
+    if (mts_server_model_status_by_name(srv, model, &st)) {
         respond_unknown_model(c, model);
         return;
     }
-    const mts_config *cfg = mts_server_config(h->srv);
+    const mts_config *cfg = mts_server_config(srv);
     const mts_model_config *mc = mts_config_find_model(cfg, model);
     mts_jw w;
     mts_jw_init(&w);
@@ -665,42 +567,42 @@ static void meta_loaded(void *user, int status, const char *msg)
 {
     meta_call *mc = user;
     if (mc->kind == 2) {
-        if (status) respond_error(mc->conn, status == MTS_ENOTFOUND ? MTS_ENOTFOUND : MTS_EINVAL, msg, 0);
+        if (status) mts_route_error_text(mc->conn, status == MTS_ENOTFOUND ? MTS_ENOTFOUND : MTS_EINVAL, msg, 0);
         else respond_empty(mc->conn, 200);
     } else if (status) {
-        respond_error(mc->conn, MTS_EUNAVAILABLE, msg, 0);
+        mts_route_error_text(mc->conn, MTS_EUNAVAILABLE, msg, 0);
     } else {
-        send_metadata(mc->h, mc->conn, mc->model, mc->kind);
+        send_metadata(mc->srv, mc->conn, mc->model, mc->kind);
     }
     free(mc);
 }
 
 /* Metadata needs the model's signature, known once it has been loaded; an unloaded model is
  * loaded first (asynchronously), as its first request would. */
-static void handle_meta(mts_kserve_http *h, mts_http_conn *c, const char *model, int kind, bool force)
+static void handle_meta(mts_server *srv, mts_http_conn *c, const char *model, int kind, bool force)
 {
     mts_model_status st;
-    if (mts_server_model_status_by_name(h->srv, model, &st)) {
+    if (mts_server_model_status_by_name(srv, model, &st)) {
         respond_unknown_model(c, model);
         return;
     }
     if (kind != 2 && st.n_inputs > 0) {
-        send_metadata(h, c, model, kind);
+        send_metadata(srv, c, model, kind);
         return;
     }
     meta_call *mc = calloc(1, sizeof *mc);
     if (!mc) {
-        respond_error(c, MTS_ENOMEM, "out of memory", 0);
+        mts_route_error_text(c, MTS_ENOMEM, "out of memory", 0);
         return;
     }
-    mc->h = h;
+    mc->srv = srv;
     mc->conn = c;
     mc->kind = kind;
     snprintf(mc->model, sizeof mc->model, "%s", model);
     mts_err err = {0};
-    int rc = mts_server_load(h->srv, model, force, meta_loaded, mc, &err);
+    int rc = mts_server_load(srv, model, force, meta_loaded, mc, &err);
     if (rc) {
-        respond_error(c, rc, err.msg, 0);
+        mts_route_error_text(c, rc, err.msg, 0);
         free(mc);
     }
 }
@@ -793,7 +695,7 @@ static void write_model_stats(mts_jw *w, const mts_model_status *st)
     mts_jw_end_object(w);
 }
 
-static void handle_stats(mts_kserve_http *h, mts_http_conn *c, const char *model)
+static void handle_stats(mts_server *srv, mts_http_conn *c, const char *model)
 {
     mts_jw w;
     mts_jw_init(&w);
@@ -802,23 +704,23 @@ static void handle_stats(mts_kserve_http *h, mts_http_conn *c, const char *model
     mts_jw_begin_array(&w);
     mts_model_status st;
     if (model) {
-        if (mts_server_model_status_by_name(h->srv, model, &st)) {
+        if (mts_server_model_status_by_name(srv, model, &st)) {
             mts_jw_free(&w);
             respond_unknown_model(c, model);
             return;
         }
         write_model_stats(&w, &st);
     } else {
-        for (int i = 0; i < mts_server_model_count(h->srv); i++)
-            if (!mts_server_model_status(h->srv, i, &st)) write_model_stats(&w, &st);
+        for (int i = 0; i < mts_server_model_count(srv); i++)
+            if (!mts_server_model_status(srv, i, &st)) write_model_stats(&w, &st);
     }
     mts_jw_end_array(&w);
     if (!model) {
         mts_jw_key(&w, "devices");
         mts_jw_begin_array(&w);
-        for (int d = 0; d < mts_server_device_count(h->srv); d++) {
+        for (int d = 0; d < mts_server_device_count(srv); d++) {
             mts_device_status ds;
-            mts_server_device_status(h->srv, d, &ds);
+            mts_server_device_status(srv, d, &ds);
             mts_jw_begin_object(&w);
             mts_jw_key(&w, "id");
             mts_jw_int(&w, d);
@@ -842,7 +744,7 @@ static void handle_stats(mts_kserve_http *h, mts_http_conn *c, const char *model
         }
         mts_jw_end_array(&w);
         mts_server_totals tot;
-        mts_server_totals_get(h->srv, &tot);
+        mts_server_totals_get(srv, &tot);
         mts_jw_key(&w, "server");
         mts_jw_begin_object(&w);
         mts_jw_key(&w, "submitted");
@@ -872,7 +774,7 @@ static void handle_stats(mts_kserve_http *h, mts_http_conn *c, const char *model
     mts_jw_free(&w);
 }
 
-static void handle_index(mts_kserve_http *h, mts_http_conn *c, const mts_http_req *hr)
+static void handle_index(mts_server *srv, mts_http_conn *c, const mts_http_req *hr)
 {
     bool ready_only = false, empty;
     mts_json_doc *doc = parse_small_body(c, hr, &empty);
@@ -882,7 +784,7 @@ static void handle_index(mts_kserve_http *h, mts_http_conn *c, const mts_http_re
         int b = bool_param(root, "ready", &ready_only);
         mts_json_free(doc);
         if (b < 0) {
-            respond_error(c, MTS_EINVAL, "'ready' must be a bool", 0);
+            mts_route_error_text(c, MTS_EINVAL, "'ready' must be a bool", 0);
             return;
         }
     }
@@ -890,8 +792,8 @@ static void handle_index(mts_kserve_http *h, mts_http_conn *c, const mts_http_re
     mts_jw_init(&w);
     mts_jw_begin_array(&w);
     mts_model_status st;
-    for (int i = 0; i < mts_server_model_count(h->srv); i++) {
-        if (mts_server_model_status(h->srv, i, &st)) continue;
+    for (int i = 0; i < mts_server_model_count(srv); i++) {
+        if (mts_server_model_status(srv, i, &st)) continue;
         if (ready_only && st.state != MTS_MODEL_READY) continue;
         mts_jw_begin_object(&w);
         mts_jw_key(&w, "name");
@@ -914,216 +816,146 @@ static void handle_index(mts_kserve_http *h, mts_http_conn *c, const mts_http_re
 static void unload_done(void *user, int status, const char *msg)
 {
     mts_http_conn *c = user;
-    if (status) respond_error(c, status, msg, 0);
+    if (status) mts_route_error_text(c, status, msg, 0);
     else respond_empty(c, 200);
 }
 
-/* ---- routing ---- */
+/* ---- routes ---- */
 
-static bool is_digits(const char *s, size_t n)
+static void route_live(mts_server *srv, mts_http_conn *c, mts_http_req *hr, const mts_route_args *a)
 {
-    if (n == 0) return false;
-    for (size_t i = 0; i < n; i++)
-        if (s[i] < '0' || s[i] > '9') return false;
+    respond_empty(c, 200);
+}
+
+static void route_ready(mts_server *srv, mts_http_conn *c, mts_http_req *hr, const mts_route_args *a)
+{
+    mts_server_totals t;
+    mts_server_totals_get(srv, &t);
+    respond_empty(c, mts_proto_http_status(t.shutting_down ? MTS_EUNAVAILABLE : MTS_OK));
+}
+
+static void route_server_metadata(mts_server *srv, mts_http_conn *c, mts_http_req *hr, const mts_route_args *a)
+{
+    const char *body = "{\"name\":\"mtserve\",\"version\":\"0.1.0\",\"extensions\":[\"binary_tensor_data\","
+                       "\"model_repository\",\"statistics\",\"model_configuration\"]}";
+    mts_http_respond(c, 200, "application/json", NULL, body, strlen(body));
+}
+
+static void route_all_stats(mts_server *srv, mts_http_conn *c, mts_http_req *hr, const mts_route_args *a)
+{
+    handle_stats(srv, c, NULL);
+}
+
+static void route_index(mts_server *srv, mts_http_conn *c, mts_http_req *hr, const mts_route_args *a)
+{
+    handle_index(srv, c, hr);
+}
+
+static void route_load(mts_server *srv, mts_http_conn *c, mts_http_req *hr, const mts_route_args *a)
+{
+    char model[MTS_ROUTE_ARG_MAX + 1];
+    mts_route_arg(a, 0, model, sizeof model);
+    bool force = false, empty;
+    mts_json_doc *doc = parse_small_body(c, hr, &empty);
+    if (!doc && !empty) return;
+    if (doc) {
+        const mts_json *params = mts_json_get(mts_json_root(doc), "parameters");
+        int b = bool_param(params, "force_reload", &force);
+        mts_json_free(doc);
+        if (b < 0) {
+            mts_route_error_text(c, MTS_EINVAL, "parameter 'force_reload' must be a bool", 0);
+            return;
+        }
+    }
+    handle_meta(srv, c, model, 2, force);
+}
+
+static void route_unload(mts_server *srv, mts_http_conn *c, mts_http_req *hr, const mts_route_args *a)
+{
+    char model[MTS_ROUTE_ARG_MAX + 1];
+    mts_route_arg(a, 0, model, sizeof model);
+    mts_err err = {0};
+    int rc = mts_server_unload(srv, model, unload_done, c, &err);
+    if (rc) mts_route_error_text(c, rc, err.msg, 0);
+}
+
+/* The model a /v2/models/{m}[/versions/{v}] route names, into model. With a version, a known
+ * model that does not serve it is answered 404 here (false); an unknown model is left to the
+ * handler, which answers "unknown model" as for a route without a version. */
+static bool route_model(mts_server *srv, mts_http_conn *c, const mts_route_args *a, char *model, size_t cap)
+{
+    mts_route_arg(a, 0, model, cap);
+    if (a->n < 2) return true;
+    char want[24], m[400];
+    snprintf(want, sizeof want, "%.*s", (int)(a->len[1] > 20 ? 20 : a->len[1]), a->arg[1]);
+    if (mts_server_has_model(srv, model) && !mts_server_version_ok(srv, model, want, m, sizeof m)) {
+        mts_route_error_text(c, MTS_ENOTFOUND, m, 0);
+        return false;
+    }
     return true;
 }
 
-static void handler(void *user, mts_http_conn *c, mts_http_req *hr)
+static void route_model_metadata(mts_server *srv, mts_http_conn *c, mts_http_req *hr, const mts_route_args *a)
 {
-    mts_kserve_http *h = user;
-    const char *p = hr->path;
-    bool get = !strcmp(hr->method, "GET") || !strcmp(hr->method, "HEAD");
-    bool post = !strcmp(hr->method, "POST");
-    if (!strcmp(p, "/v2/health/live")) {
-        if (!get) goto bad_method;
-        respond_empty(c, 200);
-        return;
-    }
-    if (!strcmp(p, "/v2/health/ready")) {
-        if (!get) goto bad_method;
-        mts_server_totals t;
-        mts_server_totals_get(h->srv, &t);
-        respond_empty(c, t.shutting_down ? 503 : 200);
-        return;
-    }
-    if (!strcmp(p, "/v2") || !strcmp(p, "/v2/")) {
-        if (!get) goto bad_method;
-        const char *body = "{\"name\":\"mtserve\",\"version\":\"0.1.0\",\"extensions\":[\"binary_tensor_data\","
-                           "\"model_repository\",\"statistics\",\"model_configuration\"]}";
-        mts_http_respond(c, 200, "application/json", NULL, body, strlen(body));
-        return;
-    }
-    if (!strcmp(p, "/metrics")) {
-        if (!get) goto bad_method;
-        size_t len = 0;
-        char *text = mts_server_metrics(h->srv, &len);
-        if (!text) {
-            respond_error(c, MTS_ENOMEM, "out of memory", 0);
-            return;
-        }
-        mts_http_respond(c, 200, "text/plain; version=0.0.4", NULL, text, len);
-        free(text);
-        return;
-    }
-    if (mts_segment_http_route(p)) {
-        /* Segmentation uploads (seeds/004, api/segment_http.c); cancellable like the above. */
-        mts_segment_http_handle(h->srv, c, hr);
-        return;
-    }
-    if (!strncmp(p, MTS_LIPSYNC_HTTP_PREFIX, strlen(MTS_LIPSYNC_HTTP_PREFIX))) {
-        /* Lip-sync compositing (issue 6, api/lipsync_http.c). Its call struct starts with an
-         * mts_request, so on_cancel below cancels it through hr->user like an infer_call. */
-        mts_lipsync_http_handle(h->srv, c, hr);
-        return;
-    }
-    if (!strcmp(p, "/v2/models/stats")) {
-        if (!get) goto bad_method;
-        handle_stats(h, c, NULL);
-        return;
-    }
-    if (!strcmp(p, "/v2/repository/index")) {
-        if (!post) goto bad_method;
-        handle_index(h, c, hr);
-        return;
-    }
-    if (!strncmp(p, "/v2/repository/models/", 22)) {
-        const char *name = p + 22, *slash = strchr(name, '/');
-        if (!slash || slash == name) goto not_found;
-        char model[256];
-        snprintf(model, sizeof model, "%.*s", (int)(slash - name), name);
-        if (!post) goto bad_method;
-        if (!strcmp(slash, "/load")) {
-            bool force = false, empty;
-            mts_json_doc *doc = parse_small_body(c, hr, &empty);
-            if (!doc && !empty) return;
-            if (doc) {
-                const mts_json *params = mts_json_get(mts_json_root(doc), "parameters");
-                int b = bool_param(params, "force_reload", &force);
-                mts_json_free(doc);
-                if (b < 0) {
-                    respond_error(c, MTS_EINVAL, "parameter 'force_reload' must be a bool", 0);
-                    return;
-                }
-            }
-            handle_meta(h, c, model, 2, force);
-            return;
-        }
-        if (!strcmp(slash, "/unload")) {
-            mts_err err = {0};
-            int rc = mts_server_unload(h->srv, model, unload_done, c, &err);
-            if (rc) respond_error(c, rc, err.msg, 0);
-            return;
-        }
-        goto not_found;
-    }
-    if (!strncmp(p, "/v2/models/", 11)) {
-        const char *name = p + 11;
-        size_t nlen = strcspn(name, "/");
-        if (nlen == 0 || nlen >= 256) goto not_found;
-        char model[256];
-        snprintf(model, sizeof model, "%.*s", (int)nlen, name);
-        const char *rest = name + nlen;
-        if (!strncmp(rest, "/versions/", 10)) {
-            size_t vlen = strcspn(rest + 10, "/");
-            if (!is_digits(rest + 10, vlen)) goto not_found;
-            char want[24], m[400];
-            snprintf(want, sizeof want, "%.*s", (int)(vlen > 20 ? 20 : vlen), rest + 10);
-            if (mts_server_has_model(h->srv, model) && !mts_server_version_ok(h->srv, model, want, m, sizeof m)) {
-                respond_error(c, MTS_ENOTFOUND, m, 0);
-                return;
-            }
-            rest += 10 + vlen;
-        }
-        if (!*rest) {
-            if (!get) goto bad_method;
-            handle_meta(h, c, model, 0, false);
-        } else if (!strcmp(rest, "/ready")) {
-            if (!get) goto bad_method;
-            mts_model_status st;
-            if (mts_server_model_status_by_name(h->srv, model, &st)) goto unknown_model;
-            if (st.state == MTS_MODEL_READY) respond_empty(c, 200);
-            else {
-                char m[400];
-                snprintf(m, sizeof m, "model '%s' is not ready (%s%s%s)", model, mts_model_state_name(st.state),
-                         st.reason[0] ? ": " : "", st.reason);
-                respond_error(c, MTS_EINVAL, m, 0);
-            }
-        } else if (!strcmp(rest, "/config")) {
-            if (!get) goto bad_method;
-            handle_meta(h, c, model, 1, false);
-        } else if (!strcmp(rest, "/stats")) {
-            if (!get) goto bad_method;
-            handle_stats(h, c, model);
-        } else if (!strcmp(rest, "/infer")) {
-            if (!post) goto bad_method;
-            handle_infer(h, c, hr, model);
-        } else {
-            goto not_found;
-        }
-        return;
-    unknown_model: {
+    char model[MTS_ROUTE_ARG_MAX + 1];
+    if (route_model(srv, c, a, model, sizeof model)) handle_meta(srv, c, model, 0, false);
+}
+
+static void route_model_config(mts_server *srv, mts_http_conn *c, mts_http_req *hr, const mts_route_args *a)
+{
+    char model[MTS_ROUTE_ARG_MAX + 1];
+    if (route_model(srv, c, a, model, sizeof model)) handle_meta(srv, c, model, 1, false);
+}
+
+static void route_model_stats(mts_server *srv, mts_http_conn *c, mts_http_req *hr, const mts_route_args *a)
+{
+    char model[MTS_ROUTE_ARG_MAX + 1];
+    if (route_model(srv, c, a, model, sizeof model)) handle_stats(srv, c, model);
+}
+
+static void route_model_infer(mts_server *srv, mts_http_conn *c, mts_http_req *hr, const mts_route_args *a)
+{
+    char model[MTS_ROUTE_ARG_MAX + 1];
+    if (route_model(srv, c, a, model, sizeof model)) handle_infer(srv, c, hr, model);
+}
+
+static void route_model_ready(mts_server *srv, mts_http_conn *c, mts_http_req *hr, const mts_route_args *a)
+{
+    char model[MTS_ROUTE_ARG_MAX + 1];
+    if (!route_model(srv, c, a, model, sizeof model)) return;
+    mts_model_status st;
+    if (mts_server_model_status_by_name(srv, model, &st)) {
         respond_unknown_model(c, model);
-        return;
+    } else if (st.state == MTS_MODEL_READY) {
+        respond_empty(c, 200);
+    } else {
+        char m[400];
+        snprintf(m, sizeof m, "model '%s' is not ready (%s%s%s)", model, mts_model_state_name(st.state),
+                 st.reason[0] ? ": " : "", st.reason);
+        mts_route_error_text(c, MTS_EINVAL, m, 0);
     }
-    }
-not_found: {
-    char m[300];
-    snprintf(m, sizeof m, "no route for %s %.200s", hr->method, p);
-    respond_error(c, MTS_ENOTFOUND, m, 0);
-    return;
-}
-bad_method: {
-    char m[300];
-    snprintf(m, sizeof m, "method %s is not allowed on %.200s", hr->method, p);
-    mts_jw w;
-    mts_jw_init(&w);
-    mts_jw_begin_object(&w);
-    mts_jw_key(&w, "error");
-    mts_jw_string(&w, m);
-    mts_jw_end_object(&w);
-    respond_json(c, 405, NULL, &w);
-    mts_jw_free(&w);
-}
 }
 
-int mts_kserve_http_start(mts_server *srv, const mts_kserve_http_opts *o, mts_kserve_http **out, mts_err *err)
-{
-    mts_kserve_http *h = calloc(1, sizeof *h);
-    if (!h) return mts_err_set(err, MTS_ENOMEM, "out of memory");
-    h->srv = srv;
-    mts_http_opts ho = {0};
-    ho.host = o->host ? o->host : "127.0.0.1";
-    ho.port = o->port;
-    ho.io_threads = o->io_threads > 0 ? o->io_threads : 1;
-    ho.max_body = o->max_body;
-    ho.max_header = 64 * 1024;
-    ho.idle_timeout_ms = 60000;
-    ho.max_connections = 4096;
-    ho.handler = handler;
-    ho.on_cancel = on_cancel;
-    ho.user = h;
-    int rc = mts_http_start(&ho, &h->http, err);
-    if (rc) {
-        free(h);
-        return rc;
-    }
-    *out = h;
-    return MTS_OK;
-}
-
-int mts_kserve_http_port(const mts_kserve_http *h)
-{
-    return mts_http_port(h->http);
-}
-
-void mts_kserve_http_stop_accepting(mts_kserve_http *h)
-{
-    mts_http_stop_accepting(h->http);
-}
-
-void mts_kserve_http_stop(mts_kserve_http *h)
-{
-    if (!h) return;
-    mts_http_stop(h->http);
-    free(h);
-}
+#define MODEL "/v2/models/{}"
+#define MODEL_V "/v2/models/{}/versions/{#}"
+const mts_route mts_kserve_routes[] = {
+    {"POST", MODEL "/infer", route_model_infer, NULL},
+    {"GET", "/v2/health/live", route_live, NULL},
+    {"GET", "/v2/health/ready", route_ready, NULL},
+    {"GET", "/v2", route_server_metadata, NULL},
+    {"GET", "/v2/", route_server_metadata, NULL},
+    {"GET", "/v2/models/stats", route_all_stats, NULL},
+    {"POST", "/v2/repository/index", route_index, NULL},
+    {"POST", "/v2/repository/models/{}/load", route_load, NULL},
+    {"POST", "/v2/repository/models/{}/unload", route_unload, NULL},
+    {"GET", MODEL, route_model_metadata, NULL},
+    {"GET", MODEL "/ready", route_model_ready, NULL},
+    {"GET", MODEL "/config", route_model_config, NULL},
+    {"GET", MODEL "/stats", route_model_stats, NULL},
+    {"POST", MODEL_V "/infer", route_model_infer, NULL},
+    {"GET", MODEL_V, route_model_metadata, NULL},
+    {"GET", MODEL_V "/ready", route_model_ready, NULL},
+    {"GET", MODEL_V "/config", route_model_config, NULL},
+    {"GET", MODEL_V "/stats", route_model_stats, NULL},
+    {NULL, NULL, NULL, NULL},
+};

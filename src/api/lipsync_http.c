@@ -4,9 +4,10 @@
  * parameters come from the query string. The request is parsed on the I/O thread, inference runs
  * on a device worker, compositing and encoding on a media thread, and the response (a JSON header
  * plus the encoded frames, sent without copying) is released on the I/O thread once written,
- * which serializes freeing with on_cancel. Errors are {"error": "..."} with the KServe status
- * mapping (400 bad request, 404 unknown model, 412 unusable background assets, 429 queue full,
- * 503 unavailable).
+ * which serializes freeing with on_cancel. Errors are {"error": "..."} with the statuses of
+ * protocol.h (400 bad request, 404 unknown model, 412 not a lip-sync model or unusable
+ * background assets, 429 queue full, 503 unavailable). The request checks, the binding of the
+ * frames to the model's inputs and the output check are lipsync_common.c's, shared with gRPC.
  */
 #include "api/lipsync_http.h"
 
@@ -18,14 +19,15 @@
 #include <string.h>
 #include <time.h>
 
-#include "api/kserve_http.h"
 #include "api/lipsync_common.h"
+#include "api/protocol.h"
+#include "api/router.h"
 #include "media/compose.h"
 #include "util/json.h"
 #include "util/clock.h"
 
 typedef struct comp_call {
-    mts_request req; /* first: kserve_http's on_cancel cancels it through req->user */
+    mts_request req; /* first: the front end's on_cancel cancels it through hr->user */
     mts_server *srv;
     mts_http_conn *conn;
     char model[256];
@@ -33,7 +35,7 @@ typedef struct comp_call {
     const char *body;
     size_t body_len;
     void *aligned; /* copy of the body when it is not 4-byte aligned */
-    char names[2][128], out_name[128];
+    char names[2][MTS_TENSOR_NAME_MAX], out_name[MTS_TENSOR_NAME_MAX];
     mts_bgcache *bg;
     mts_composite_opts opts;
     mts_composite_out out;
@@ -58,21 +60,8 @@ static void response_sent(void *arg)
     call_free(arg);
 }
 
-static void fail(comp_call *cc, int http_status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void fail(comp_call *cc, int http_status, const char *fmt, ...)
-{
-    char msg[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    mts_http_respond_error_async(cc->conn, http_status, msg, &cc->head, response_sent, cc);
-}
-
-static int asset_http_status(int rc)
-{
-    return rc == MTS_ENOMEM ? 500 : rc == MTS_EUNAVAILABLE ? 503 : 412;
-}
+/* Answers an error (an MTS_E* status) and frees the call once it is written. */
+#define fail(cc, status, ...) mts_route_fail((cc)->conn, &(cc)->head, response_sent, (cc), (status), __VA_ARGS__)
 
 /* ---- compositing (media thread) ---- */
 
@@ -85,18 +74,18 @@ static void composite_run(void *arg)
     int rc = MTS_OK;
     if (!cc->bg) rc = mts_server_bgcache_acquire(cc->srv, cc->model, &cc->bg, &err);
     if (rc) {
-        fail(cc, asset_http_status(rc), "%s", err.msg);
+        fail(cc, mts_lipsync_asset_status(rc), "%s", err.msg);
         return;
     }
     if (atomic_load(&req->cancelled)) {
-        fail(cc, 499, "cancelled");
+        fail(cc, MTS_ECANCELLED, "cancelled");
         return;
     }
     const mts_tensor *t = &req->outputs[0];
     rc = mts_composite_batch(cc->bg, t->data, cc->batch_size, (int)t->dims[3], (int)t->dims[2], &cc->opts, &cc->out,
                              &err);
     if (rc) {
-        fail(cc, asset_http_status(rc), "model '%s': compositing failed: %s", cc->model, err.msg);
+        fail(cc, mts_lipsync_asset_status(rc), "model '%s': compositing failed: %s", cc->model, err.msg);
         return;
     }
     cc->have_out = true;
@@ -146,7 +135,7 @@ static void composite_run(void *arg)
     cc->head = mts_jw_take(&w, &hlen);
     mts_jw_free(&w);
     if (!cc->head) {
-        fail(cc, 500, "out of memory encoding the response");
+        fail(cc, MTS_ENOMEM, "out of memory encoding the response");
         return;
     }
     char extra[96];
@@ -158,15 +147,14 @@ static void composite_run(void *arg)
 static void infer_done(mts_request *req, int status, const char *msg)
 {
     comp_call *cc = (comp_call *)req;
-    const mts_tensor *t = &req->outputs[0];
     if (status) {
-        fail(cc, mts_kserve_http_status(status), "%s", msg ? msg : mts_status_text(status));
+        fail(cc, status, "%s", msg ? msg : mts_status_text(status));
         return;
     }
-    if (req->n_outputs < 1 || t->dtype != MTS_DTYPE_FLOAT || t->rank != 4 || t->dims[0] != cc->batch_size ||
-        t->dims[1] != 3 || t->dims[2] < 1 || t->dims[3] < 1) {
-        fail(cc, 412, "model '%s' must produce float32 mouth regions [%d,3,H,W] as its first output to composite",
-             cc->model, cc->batch_size);
+    char m[300];
+    int rc = mts_lipsync_check_regions(req, cc->batch_size, cc->model, m, sizeof m);
+    if (rc) {
+        fail(cc, rc, "%s", m);
         return;
     }
     cc->t_done = mts_now_ms();
@@ -179,32 +167,25 @@ static void infer_done(mts_request *req, int status, const char *msg)
 /* With the model loaded: sizes, inputs, background cache, prefetch, submit. Any thread. */
 static void submit(comp_call *cc)
 {
-    static const int64_t def_visual[3] = {6, 320, 320}, def_audio[3] = {32, 16, 16};
     mts_model_status *st = malloc(sizeof *st);
+    char m[600];
     if (!st || mts_server_model_status_by_name(cc->srv, cc->model, st)) {
         free(st);
-        fail(cc, 404, "unknown model '%s'", cc->model);
+        fail(cc, MTS_ENOTFOUND, "%s", mts_proto_unknown_model(m, sizeof m, cc->model));
         return;
     }
-    if (st->n_inputs < 2 || st->n_outputs < 1) {
-        fail(cc, 412, "model '%s' has %d inputs and %d outputs; compositing needs a lip-sync model (visual, audio -> "
-             "mouth regions)", cc->model, st->n_inputs, st->n_outputs);
+    mts_lipsync_binding b;
+    int rc = mts_lipsync_bind(st, "compositing", &b, m, sizeof m);
+    if (rc) {
         free(st);
+        fail(cc, rc, "%s", m);
         return;
     }
-    int vi = 0, ai = 1;
-    for (int i = 0; i < st->n_inputs; i++) {
-        if (!strcmp(st->inputs[i].name, "visual")) vi = i;
-        if (!strcmp(st->inputs[i].name, "audio")) ai = i;
-    }
-    if (vi == ai) vi = 0, ai = 1;
-    int64_t dv[3], da[3];
-    int64_t pv = mts_lipsync_frame_elems(&st->inputs[vi], def_visual, dv);
-    int64_t pa = mts_lipsync_frame_elems(&st->inputs[ai], def_audio, da);
-    uint64_t per = (uint64_t)(pv + pa) * 4;
+    uint64_t per = mts_lipsync_frame_bytes(&b, 0) + mts_lipsync_frame_bytes(&b, 1);
     if (cc->batch_size == 0 && cc->body_len % per == 0) cc->batch_size = (int)(cc->body_len / per);
     if (cc->batch_size < 1 || cc->batch_size > MTS_LIPSYNC_MAX_BATCH || cc->body_len != per * (uint64_t)cc->batch_size) {
-        fail(cc, 400,
+        const int64_t *dv = b.dims[0], *da = b.dims[1];
+        fail(cc, MTS_EINVAL,
              "the body has %zu bytes; batch_size (1..%d) x (visual %lldx%lldx%lld + audio %lldx%lldx%lld) float32 "
              "needs a multiple of %llu bytes%s",
              cc->body_len, MTS_LIPSYNC_MAX_BATCH, (long long)dv[0], (long long)dv[1], (long long)dv[2], (long long)da[0],
@@ -213,44 +194,28 @@ static void submit(comp_call *cc)
         free(st);
         return;
     }
-    const int64_t *dims[2] = {dv, da};
-    const int idx[2] = {vi, ai};
-    const char *p = cc->body;
-    for (int k = 0; k < 2; k++) {
-        mts_tensor *t = &cc->req.inputs[k];
-        t->dtype = MTS_DTYPE_FLOAT;
-        t->rank = 4;
-        t->dims[0] = cc->batch_size;
-        for (int d = 0; d < 3; d++) t->dims[d + 1] = dims[k][d];
-        t->data = (void *)p;
-        p += (size_t)cc->batch_size * (size_t)(k ? pa : pv) * 4;
-        snprintf(cc->names[k], sizeof cc->names[k], "%s", st->inputs[idx[k]].name);
-        cc->req.input_names[k] = cc->names[k];
-    }
-    cc->req.n_inputs = 2;
-    snprintf(cc->out_name, sizeof cc->out_name, "%s", st->outputs[0].name);
-    cc->req.requested[0] = cc->out_name;
-    cc->req.n_requested = 1;
+    mts_lipsync_set_inputs(&b, st, &cc->req, cc->batch_size, cc->body,
+                           cc->body + (size_t)cc->batch_size * mts_lipsync_frame_bytes(&b, 0), cc->names, cc->out_name);
     cc->req.model = cc->model;
     cc->req.done = infer_done;
     free(st);
     mts_err err = {0};
-    int rc = mts_server_bgcache_acquire(cc->srv, cc->model, &cc->bg, &err);
+    rc = mts_server_bgcache_acquire(cc->srv, cc->model, &cc->bg, &err);
     if (rc && rc != MTS_EUNAVAILABLE) {
-        fail(cc, rc == MTS_EUNSUPPORTED ? 412 : asset_http_status(rc), "%s", err.msg);
+        fail(cc, mts_lipsync_asset_status(rc), "%s", err.msg);
         return;
     }
     /* decode this batch's (and the next batch's) background frames during inference */
     mts_lipsync_prefetch(cc->srv, cc->bg, &cc->opts, cc->batch_size);
     int retry = 0;
     rc = mts_server_submit(cc->srv, &cc->req, &retry, &err);
-    if (rc) fail(cc, mts_kserve_http_status(rc), "%s", err.msg);
+    if (rc) fail(cc, rc, "%s", err.msg);
 }
 
 static void loaded(void *user, int status, const char *msg)
 {
     comp_call *cc = user;
-    if (status) fail(cc, mts_kserve_http_status(status), "%s", msg);
+    if (status) fail(cc, status, "%s", msg);
     else submit(cc);
 }
 
@@ -265,68 +230,54 @@ static bool parse_int(const char *s, long long lo, long long hi, long long *out)
     return true;
 }
 
-void mts_lipsync_http_handle(mts_server *srv, mts_http_conn *c, mts_http_req *hr)
+static void route_composite(mts_server *srv, mts_http_conn *c, mts_http_req *hr, const mts_route_args *a)
 {
-    const char *name = hr->path + strlen(MTS_LIPSYNC_HTTP_PREFIX);
-    size_t nlen = strcspn(name, "/");
-    if (nlen == 0 || nlen >= 256 || strcmp(name + nlen, "/composite")) {
-        mts_http_respond_error(c, 404, "no route for %s %.200s (try POST /api/v1/lipsync/{model}/composite)",
-                               hr->method, hr->path);
-        return;
-    }
-    if (strcmp(hr->method, "POST")) {
-        mts_http_respond_error(c, 405, "method %s is not allowed on %.200s", hr->method, hr->path);
-        return;
-    }
-    char model[256];
-    snprintf(model, sizeof model, "%.*s", (int)nlen, name);
-    if (!mts_server_has_model(srv, model)) {
-        mts_http_respond_error(c, 404, "unknown model '%s'", model);
+    char model[MTS_ROUTE_ARG_MAX + 1], m[300];
+    mts_route_arg(a, 0, model, sizeof model);
+    if (mts_proto_find_model(srv, model, NULL, m, sizeof m)) {
+        mts_route_error(c, MTS_ENOTFOUND, "%s", m);
         return;
     }
     char v[64];
     long long bs = 0, start = 0, quality = 85;
-    int fmt = MTS_FRAME_JPEG, wrap = MTS_WRAP_LOOP;
     if (mts_http_query_param(hr->query, "batch_size", v, sizeof v) && !parse_int(v, 1, MTS_LIPSYNC_MAX_BATCH, &bs)) {
-        mts_http_respond_error(c, 400, "batch_size '%s' is not a number of frames in 1..%d", v, MTS_LIPSYNC_MAX_BATCH);
+        mts_route_error(c, MTS_EINVAL, "batch_size '%s' is not a number of frames in 1..%d", v, MTS_LIPSYNC_MAX_BATCH);
         return;
     }
-    if (mts_http_query_param(hr->query, "start_frame_idx", v, sizeof v) && !parse_int(v, -2000000000, 2000000000, &start)) {
-        mts_http_respond_error(c, 400, "start_frame_idx '%s' is not an integer", v);
+    if (mts_http_query_param(hr->query, "start_frame_idx", v, sizeof v) &&
+        !parse_int(v, -2000000000, 2000000000, &start)) {
+        mts_route_error(c, MTS_EINVAL, "start_frame_idx '%s' is not an integer", v);
         return;
     }
     if (mts_http_query_param(hr->query, "quality", v, sizeof v) && !parse_int(v, 1, 100, &quality)) {
-        mts_http_respond_error(c, 400, "quality '%s' is not in 1..100", v);
+        mts_route_error(c, MTS_EINVAL, "quality '%s' is not in 1..100", v);
         return;
     }
-    if (mts_http_query_param(hr->query, "format", v, sizeof v) && (fmt = mts_frame_format_parse(v)) < 0) {
-        mts_http_respond_error(c, 400, "format '%s' is not one of jpeg, png, rgb", v);
-        return;
-    }
-    if (mts_http_query_param(hr->query, "wrap", v, sizeof v) && (wrap = mts_wrap_mode_parse(v)) < 0) {
-        mts_http_respond_error(c, 400, "wrap '%s' is not one of loop, pingpong", v);
+    char format[64], wrap[64];
+    mts_composite_opts opts = {0};
+    int rc = mts_lipsync_composite_opts(mts_http_query_param(hr->query, "format", format, sizeof format) ? format : NULL,
+                                        mts_http_query_param(hr->query, "wrap", wrap, sizeof wrap) ? wrap : NULL,
+                                        (int)quality, start, &opts, m, sizeof m);
+    if (rc) {
+        mts_route_error(c, rc, "%s", m);
         return;
     }
     comp_call *cc = calloc(1, sizeof *cc);
     if (!cc) {
-        mts_http_respond_error(c, 500, "out of memory");
+        mts_route_error(c, MTS_ENOMEM, "out of memory");
         return;
     }
     cc->srv = srv;
     cc->conn = c;
     snprintf(cc->model, sizeof cc->model, "%s", model);
     cc->batch_size = (int)bs;
-    cc->opts.format = (mts_frame_format)fmt;
-    cc->opts.quality = (int)quality;
-    cc->opts.png_level = 1;
-    cc->opts.wrap = (mts_wrap_mode)wrap;
-    cc->opts.start_frame_idx = start;
+    cc->opts = opts;
     cc->body = hr->body;
     cc->body_len = hr->body_len;
     if ((uintptr_t)cc->body % 4) { /* the engine reads floats in place */
         if (!(cc->aligned = malloc(cc->body_len ? cc->body_len : 1))) {
             free(cc);
-            mts_http_respond_error(c, 500, "out of memory");
+            mts_route_error(c, MTS_ENOMEM, "out of memory");
             return;
         }
         memcpy(cc->aligned, hr->body, hr->body_len);
@@ -341,6 +292,16 @@ void mts_lipsync_http_handle(mts_server *srv, mts_http_conn *c, mts_http_req *hr
         return;
     }
     mts_err err = {0};
-    int rc = mts_server_load(srv, model, false, loaded, cc, &err);
-    if (rc) fail(cc, mts_kserve_http_status(rc), "%s", err.msg);
+    rc = mts_server_load(srv, model, false, loaded, cc, &err);
+    if (rc) fail(cc, rc, "%s", err.msg);
 }
+
+const mts_route mts_lipsync_routes[] = {
+    {"POST", MTS_LIPSYNC_HTTP_PREFIX "{}/composite", route_composite, NULL},
+    {NULL, NULL, NULL, NULL},
+};
+
+const mts_route_hint mts_lipsync_hints[] = {
+    {MTS_LIPSYNC_HTTP_PREFIX, "try POST /api/v1/lipsync/{model}/composite"},
+    {NULL, NULL},
+};

@@ -7,19 +7,19 @@
  *   200:  a JSON header of Inference-Header-Content-Length bytes, then every frame back to back
  *         (the header lists each frame's frame_idx, offset into the binary part and size).
  *
- * kserve_http.c routes the path here (its one hook) and its on_cancel treats req->user as a
+ * The REST front end (rest.c) serves the route table below; its on_cancel treats hr->user as a
  * pointer to an mts_request: the call struct here starts with one.
  */
 #ifndef MTS_API_LIPSYNC_HTTP_H
 #define MTS_API_LIPSYNC_HTTP_H
 
-#include "api/http.h"
-#include "serve/server.h"
+#include "api/router.h"
 
 #define MTS_LIPSYNC_HTTP_PREFIX "/api/v1/lipsync/"
 
-/* Handles every request under MTS_LIPSYNC_HTTP_PREFIX (404 for unknown sub-paths, 405 for
- * methods other than POST). Runs on the I/O thread; never blocks. */
-void mts_lipsync_http_handle(mts_server *srv, mts_http_conn *c, mts_http_req *hr);
+/* The route (POST only; other methods get 405), ending with an all-NULL entry, and the 404 hint
+ * for other paths under MTS_LIPSYNC_HTTP_PREFIX. */
+extern const mts_route mts_lipsync_routes[];
+extern const mts_route_hint mts_lipsync_hints[];
 
 #endif

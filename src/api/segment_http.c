@@ -17,7 +17,7 @@
 #include <strings.h>
 #include <time.h>
 
-#include "api/kserve_http.h"
+#include "api/protocol.h"
 #include "media/segment.h"
 #include "util/json.h"
 #include "util/multipart.h"
@@ -27,7 +27,7 @@
 #define MAX_INPUT_BYTES (1024LL * 1024 * 1024) /* one batch's float input */
 
 typedef struct seg_call {
-    mts_request req; /* first: kserve_http's on_cancel cancels it through hr->user */
+    mts_request req; /* first: the front end's on_cancel cancels it through hr->user */
     mts_server *srv;
     mts_http_conn *conn;
     char model[256];
@@ -40,16 +40,11 @@ typedef struct seg_call {
     int img_w[MTS_SEGMENT_MAX_IMAGES], img_h[MTS_SEGMENT_MAX_IMAGES];
     float *input;
     int in_w, in_h;
-    char in_name[128], out_name[128];
+    char in_name[MTS_TENSOR_NAME_MAX], out_name[MTS_TENSOR_NAME_MAX];
     double decode_ms;
     char *answer; /* response body, malloc'd */
     size_t answer_len;
 } seg_call;
-
-int mts_segment_http_route(const char *path)
-{
-    return !strcmp(path, "/api/v1/segment") || !strcmp(path, "/api/v1/batch-segment");
-}
 
 /* On the I/O thread, after the response went out (or the connection died). */
 static void response_sent(void *arg)
@@ -61,15 +56,14 @@ static void response_sent(void *arg)
     free(sc);
 }
 
-static void fail(seg_call *sc, int http_status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void fail(seg_call *sc, int http_status, const char *fmt, ...)
+/* Answers an error (an MTS_E* status) and frees the call once it is written. */
+#define fail(sc, status, ...) mts_route_fail((sc)->conn, &(sc)->answer, response_sent, (sc), (status), __VA_ARGS__)
+
+/* Status of a failure reading the upload (the form, an image): over a limit is 413, out of
+ * memory 500, anything else a malformed upload (400). */
+static int upload_status(int rc)
 {
-    char msg[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    mts_http_respond_error_async(sc->conn, http_status, msg, &sc->answer, response_sent, sc);
+    return rc == MTS_ELIMIT ? MTS_PROTO_ETOOLARGE : rc == MTS_ENOMEM ? MTS_ENOMEM : MTS_EINVAL;
 }
 
 /* ---- answer (media thread) ---- */
@@ -123,7 +117,7 @@ static void finish(void *arg)
     int oh = (int)t->dims[t->rank - 2], ow = (int)t->dims[t->rank - 1];
     if (t->dtype != MTS_DTYPE_FLOAT || (t->rank != 4 && t->rank != 3) || t->dims[0] != sc->n || channels < 1 || oh < 1 ||
         ow < 1) {
-        fail(sc, 412, "model '%s' must produce float32 scores [N,C,H,W] or [N,H,W] as its first output to segment",
+        fail(sc, MTS_PROTO_EPRECONDITION, "model '%s' must produce float32 scores [N,C,H,W] or [N,H,W] as its first output to segment",
              sc->model);
         return;
     }
@@ -208,7 +202,7 @@ static void finish(void *arg)
     }
     if (rc) {
         mts_jw_free(&w);
-        fail(sc, 500, "model '%s': building the masks failed: %s", sc->model, err.msg);
+        fail(sc, MTS_EIO, "model '%s': building the masks failed: %s", sc->model, err.msg);
         return;
     }
     if (sc->batch) mts_jw_end_array(&w);
@@ -217,7 +211,7 @@ static void finish(void *arg)
     sc->answer = mts_jw_take(&w, &sc->answer_len);
     mts_jw_free(&w);
     if (!sc->answer) {
-        fail(sc, 500, "out of memory encoding the response");
+        fail(sc, MTS_ENOMEM, "out of memory encoding the response");
         return;
     }
     struct iovec iov = {sc->answer, sc->answer_len};
@@ -228,11 +222,11 @@ static void infer_done(mts_request *req, int status, const char *msg)
 {
     seg_call *sc = (seg_call *)req;
     if (status) {
-        fail(sc, mts_kserve_http_status(status), "%s", msg ? msg : mts_status_text(status));
+        fail(sc, status, "%s", msg ? msg : mts_status_text(status));
         return;
     }
     if (req->n_outputs < 1) {
-        fail(sc, 412, "model '%s' produced no output", sc->model);
+        fail(sc, MTS_PROTO_EPRECONDITION, "model '%s' produced no output", sc->model);
         return;
     }
     mts_workq *q = mts_server_media_queue(sc->srv);
@@ -248,7 +242,8 @@ static void prepare(void *arg)
     mts_model_status *st = malloc(sizeof *st);
     if (!st || mts_server_model_status_by_name(sc->srv, sc->model, st)) {
         free(st);
-        fail(sc, 404, "unknown model '%s'", sc->model);
+        char m[300];
+        fail(sc, MTS_ENOTFOUND, "%s", mts_proto_unknown_model(m, sizeof m, sc->model));
         return;
     }
     int in = -1;
@@ -257,7 +252,8 @@ static void prepare(void *arg)
             (st->inputs[i].dims[1] == 3 || st->inputs[i].dims[1] < 0))
             in = i;
     if (in < 0 || st->n_inputs != 1 || st->n_outputs < 1) {
-        fail(sc, 412, "model '%s' is not an image segmentation model: it needs one float32 input [N,3,H,W] and a "
+        fail(sc, MTS_PROTO_EPRECONDITION,
+             "model '%s' is not an image segmentation model: it needs one float32 input [N,3,H,W] and a "
              "score output (it has %d inputs, %d outputs)", sc->model, st->n_inputs, st->n_outputs);
         free(st);
         return;
@@ -270,13 +266,13 @@ static void prepare(void *arg)
     free(st);
     size_t per = (size_t)3 * sc->in_h * sc->in_w;
     if ((long long)per * sc->n * 4 > MAX_INPUT_BYTES) {
-        fail(sc, 413, "%d images at the model's %dx%d input need more than %lld MiB", sc->n, sc->in_w, sc->in_h,
-             MAX_INPUT_BYTES >> 20);
+        fail(sc, MTS_PROTO_ETOOLARGE, "%d images at the model's %dx%d input need more than %lld MiB", sc->n, sc->in_w,
+             sc->in_h, MAX_INPUT_BYTES >> 20);
         return;
     }
     sc->input = malloc(per * (size_t)sc->n * sizeof(float));
     if (!sc->input) {
-        fail(sc, 500, "out of memory for the input batch");
+        fail(sc, MTS_ENOMEM, "out of memory for the input batch");
         return;
     }
     for (int i = 0; i < sc->n; i++) {
@@ -284,8 +280,7 @@ static void prepare(void *arg)
         mts_err err = {0};
         int rc = mts_image_decode_mem(sc->img[i], sc->img_len[i], MTS_SEGMENT_MAX_PIXELS, &img, &err);
         if (rc) {
-            fail(sc, rc == MTS_ELIMIT ? 413 : rc == MTS_ENOMEM ? 500 : 400, "image %d ('%s'): %s", i, sc->img_name[i],
-                 err.msg);
+            fail(sc, upload_status(rc), "image %d ('%s'): %s", i, sc->img_name[i], err.msg);
             return;
         }
         sc->img_w[i] = img.width;
@@ -308,7 +303,7 @@ static void prepare(void *arg)
     mts_err err = {0};
     int retry = 0;
     int rc = mts_server_submit(sc->srv, &sc->req, &retry, &err);
-    if (rc) fail(sc, mts_kserve_http_status(rc), "%s", err.msg);
+    if (rc) fail(sc, rc, "%s", err.msg);
 }
 
 static void to_media(seg_call *sc)
@@ -320,7 +315,7 @@ static void to_media(seg_call *sc)
 static void loaded(void *user, int status, const char *msg)
 {
     seg_call *sc = user;
-    if (status) fail(sc, mts_kserve_http_status(status), "%s", msg);
+    if (status) fail(sc, status, "%s", msg);
     else to_media(sc);
 }
 
@@ -347,18 +342,13 @@ static bool is_image_part(const mts_multipart_part *p)
     return p->filename[0] != 0;
 }
 
-void mts_segment_http_handle(mts_server *srv, mts_http_conn *c, mts_http_req *hr)
+static void route_segment(mts_server *srv, mts_http_conn *c, mts_http_req *hr, const mts_route_args *a)
 {
-    if (strcmp(hr->method, "POST")) {
-        mts_http_respond_error(c, 405, "method %s is not allowed on %.200s (POST a multipart/form-data upload)",
-                               hr->method, hr->path);
-        return;
-    }
     bool batch = !strcmp(hr->path, "/api/v1/batch-segment");
     mts_multipart form;
     mts_err err = {0};
     if (mts_multipart_parse(mts_http_header(hr, "Content-Type"), hr->body, hr->body_len, &form, &err)) {
-        mts_http_respond_error(c, err.code == MTS_ELIMIT ? 413 : 400, "%s", err.msg);
+        mts_route_error(c, upload_status(err.code), "%s", err.msg);
         return;
     }
     char model[256], thr[64] = "0.5", resp[32] = "json";
@@ -384,18 +374,19 @@ void mts_segment_http_handle(mts_server *srv, mts_http_conn *c, mts_http_req *hr
     if (!problem && n > MTS_SEGMENT_MAX_IMAGES) problem = toomany;
     if (problem) {
         mts_multipart_free(&form);
-        mts_http_respond_error(c, 400, "%s", problem);
+        mts_route_error(c, MTS_EINVAL, "%s", problem);
         return;
     }
-    if (!mts_server_has_model(srv, model)) {
+    char m[300];
+    if (mts_proto_find_model(srv, model, NULL, m, sizeof m)) {
         mts_multipart_free(&form);
-        mts_http_respond_error(c, 404, "unknown model '%s'", model);
+        mts_route_error(c, MTS_ENOTFOUND, "%s", m);
         return;
     }
     seg_call *sc = calloc(1, sizeof *sc);
     if (!sc) {
         mts_multipart_free(&form);
-        mts_http_respond_error(c, 500, "out of memory");
+        mts_route_error(c, MTS_ENOMEM, "out of memory");
         return;
     }
     sc->srv = srv;
@@ -422,5 +413,12 @@ void mts_segment_http_handle(mts_server *srv, mts_http_conn *c, mts_http_req *hr
         return;
     }
     int rc = mts_server_load(srv, model, false, loaded, sc, &err);
-    if (rc) fail(sc, mts_kserve_http_status(rc), "%s", err.msg);
+    if (rc) fail(sc, rc, "%s", err.msg);
 }
+
+#define UPLOAD "POST a multipart/form-data upload"
+const mts_route mts_segment_routes[] = {
+    {"POST", "/api/v1/segment", route_segment, UPLOAD},
+    {"POST", "/api/v1/batch-segment", route_segment, UPLOAD},
+    {NULL, NULL, NULL, NULL},
+};

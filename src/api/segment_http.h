@@ -13,24 +13,21 @@
  * 0/255, or class indices for multi-class models); for /api/v1/segment with `response=png`
  * (query or form field) the body is the mask PNG itself. docs/server.md has the exact schema.
  * Decoding, resizing and encoding run on the media threads, inference on the device workers,
- * nothing heavy on the HTTP I/O threads. Errors are {"error": "..."}: 400 malformed form or
- * image, 404 unknown model, 412 a model that is not a segmentation model, 413 an image over
- * the pixel limit, 429 queue full, 503 unavailable.
+ * nothing heavy on the HTTP I/O threads. Errors are {"error": "..."} with the statuses of
+ * protocol.h: 400 malformed form or image, 404 unknown model, 412 a model that is not a
+ * segmentation model, 413 an image over the pixel limit, 429 queue full, 503 unavailable; other
+ * methods than POST get 405.
  */
 #ifndef MTS_API_SEGMENT_HTTP_H
 #define MTS_API_SEGMENT_HTTP_H
 
-#include "api/http.h"
-#include "serve/server.h"
+#include "api/router.h"
 
-#define MTS_SEGMENT_HTTP_PREFIX "/api/v1/"
 #define MTS_SEGMENT_MAX_IMAGES 64
 #define MTS_SEGMENT_MAX_PIXELS (40LL * 1000 * 1000) /* per image */
 
-/* True when path is one of the two endpoints. */
-int mts_segment_http_route(const char *path);
-/* Handles a request whose path passed mts_segment_http_route. Its call struct starts with an
- * mts_request, so the front end's on_cancel can cancel it through hr->user. */
-void mts_segment_http_handle(mts_server *srv, mts_http_conn *c, mts_http_req *hr);
+/* The two routes, ending with an all-NULL entry. A call struct starts with an mts_request, so
+ * the front end's on_cancel can cancel it through hr->user. */
+extern const mts_route mts_segment_routes[];
 
 #endif

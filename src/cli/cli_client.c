@@ -14,7 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "api/kserve_http.h"
+#include "api/protocol.h"
 #include "cli/cli_grpc.h"
 #include "inference_kserve.pb-c.h"
 #include "lipsync.pb-c.h"

@@ -12,15 +12,12 @@
 #include <grpc/grpc_security.h>
 #include <grpc/support/time.h>
 
+#include "api/protocol.h"
 #include "cli/cli_grpc.h"
 
 const char *mts_cli_grpc_code_name(int code)
 {
-    static const char *names[] = {"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED",
-                                  "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
-                                  "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL",
-                                  "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"};
-    return code >= 0 && code <= 16 ? names[code] : "?";
+    return mts_proto_grpc_code_name(code); /* the server's table (api/protocol.c) */
 }
 
 void mts_cli_grpc_unary_ops(grpc_op ops[6], grpc_byte_buffer *send, grpc_byte_buffer **recv,

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "api/grpc_server.h"
-#include "api/kserve_http.h"
+#include "api/rest.h"
 #include "cli/cli.h"
 #include "config/config.h"
 #include "serve/server.h"
@@ -124,16 +124,16 @@ int mts_cli_serve(int argc, char **argv)
         mts_config_free(&cfg);
         return 1;
     }
-    mts_kserve_http_opts ho = {cfg.host, cfg.http_port, 2, (size_t)cfg.max_message_size_mb << 20};
-    mts_kserve_http *http = NULL;
-    if ((rc = mts_kserve_http_start(srv, &ho, &http, &err))) {
+    mts_rest_opts ho = {cfg.host, cfg.http_port, 2, (size_t)cfg.max_message_size_mb << 20};
+    mts_rest *http = NULL;
+    if ((rc = mts_rest_start(srv, &ho, &http, &err))) {
         fprintf(stderr, "mtserve: cannot start HTTP on %s:%d: %s\n", cfg.host, cfg.http_port, err.msg);
         mts_server_shutdown(srv, 0);
         mts_server_free(srv);
         mts_config_free(&cfg);
         return 1;
     }
-    int bound = mts_kserve_http_port(http);
+    int bound = mts_rest_port(http);
     MTS_INFO("event=listening protocol=http url=http://%s:%d models=%d", cfg.host, bound, cfg.n_models);
     printf("mtserve: serving %d model%s on http://%s:%d (KServe v2)\n", cfg.n_models, cfg.n_models == 1 ? "" : "s",
            cfg.host, bound);
@@ -143,9 +143,9 @@ int mts_cli_serve(int argc, char **argv)
     mts_grpc *grpc = NULL;
     if ((rc = mts_grpc_start(srv, &go, &grpc, &err))) {
         fprintf(stderr, "mtserve: cannot start gRPC on %s:%d: %s\n", cfg.host, cfg.grpc_port, err.msg);
-        mts_kserve_http_stop_accepting(http);
+        mts_rest_stop_accepting(http);
         mts_server_shutdown(srv, 0);
-        mts_kserve_http_stop(http);
+        mts_rest_stop(http);
         mts_server_free(srv);
         mts_config_free(&cfg);
         return 1;
@@ -157,10 +157,10 @@ int mts_cli_serve(int argc, char **argv)
     int sig = 0;
     sigwait(&set, &sig);
     MTS_INFO("event=signal signal=%s", sig == SIGTERM ? "SIGTERM" : "SIGINT");
-    mts_kserve_http_stop_accepting(http);
+    mts_rest_stop_accepting(http);
     mts_grpc_stop_accepting(grpc);
     mts_server_shutdown(srv, cfg.shutdown_grace_s);
-    mts_kserve_http_stop(http);
+    mts_rest_stop(http);
     mts_grpc_stop(grpc);
     mts_server_free(srv);
     mts_config_free(&cfg);

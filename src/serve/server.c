@@ -141,6 +141,22 @@ int mts_server_create(const mts_config *cfg, mts_server **out, mts_err *err)
     return MTS_OK;
 }
 
+/* Takes every queued request of every model out of its queue (s->lock held): one list. */
+static mts_request *drain_all(mts_server *s)
+{
+    mts_request *left = NULL;
+    for (int i = 0; i < s->n_entries; i++) {
+        mts_request *l = mts__drain_queue(s, &s->entries[i]);
+        while (l) {
+            mts_request *n = l->next;
+            l->next = left;
+            left = l;
+            l = n;
+        }
+    }
+    return left;
+}
+
 void mts_server_shutdown(mts_server *s, int grace_s)
 {
     pthread_mutex_lock(&s->lock);
@@ -166,16 +182,7 @@ void mts_server_shutdown(mts_server *s, int grace_s)
         pthread_cond_timedwait(&s->idle_cv, &s->lock, &ts);
     }
     s->stop_workers = true;
-    mts_request *left = NULL;
-    for (int i = 0; i < s->n_entries; i++) {
-        mts_request *l = mts__drain_queue(s, &s->entries[i]);
-        while (l) {
-            mts_request *n = l->next;
-            l->next = left;
-            left = l;
-            l = n;
-        }
-    }
+    mts_request *left = drain_all(s);
     for (int d = 0; d < s->n_devs; d++) pthread_cond_broadcast(&s->devs[d].cv);
     pthread_mutex_unlock(&s->lock);
     mts__fail_list(left, MTS_EUNAVAILABLE, "server shut down before the request could run");
@@ -200,16 +207,7 @@ void mts_server_shutdown(mts_server *s, int grace_s)
     s->janitor_started = false;
     /* Requests that arrived for models whose load was still queued. */
     pthread_mutex_lock(&s->lock);
-    left = NULL;
-    for (int i = 0; i < s->n_entries; i++) {
-        mts_request *l = mts__drain_queue(s, &s->entries[i]);
-        while (l) {
-            mts_request *n = l->next;
-            l->next = left;
-            left = l;
-            l = n;
-        }
-    }
+    left = drain_all(s);
     mts__waiter *waiters = NULL;
     for (int i = 0; i < s->n_entries; i++) {
         mts__entry *e = &s->entries[i];

@@ -1,0 +1,97 @@
+/*
+ * The REST front end (rest.h): starts the HTTP server with the route tables of the REST modules
+ * and the front end's own /metrics route, dispatches every request through the router, and
+ * cancels the request of a client that went away.
+ */
+#include "api/rest.h"
+
+#include <stdlib.h>
+
+#include "api/http.h"
+#include "api/kserve_http.h"
+#include "api/lipsync_http.h"
+#include "api/protocol.h"
+#include "api/router.h"
+#include "api/segment_http.h"
+
+struct mts_rest {
+    mts_server *srv;
+    mts_http_server *http;
+};
+
+static void route_metrics(mts_server *srv, mts_http_conn *c, mts_http_req *hr, const mts_route_args *a)
+{
+    size_t len = 0;
+    char *text = mts_server_metrics(srv, &len);
+    if (!text) {
+        mts_route_error(c, MTS_ENOMEM, "out of memory");
+        return;
+    }
+    mts_http_respond(c, 200, "text/plain; version=0.0.4", NULL, text, len);
+    free(text);
+}
+
+static const mts_route metrics_routes[] = {
+    {"GET", "/metrics", route_metrics, NULL},
+    {NULL, NULL, NULL, NULL},
+};
+
+/* Inference first: the table is walked in order, and /v2 requests are the common case. */
+static const mts_route *const route_tables[] = {
+    mts_kserve_routes, mts_segment_routes, mts_lipsync_routes, metrics_routes, NULL,
+};
+static const mts_route_hint *const route_hints[] = {mts_lipsync_hints, NULL};
+static const mts_router router = {route_tables, route_hints};
+
+static void handler(void *user, mts_http_conn *c, mts_http_req *hr)
+{
+    mts_rest *r = user;
+    mts_router_dispatch(&router, r->srv, c, hr);
+}
+
+static void on_cancel(void *user, mts_http_conn *c, mts_http_req *hr)
+{
+    if (hr->user) mts_request_cancel((mts_request *)hr->user);
+}
+
+int mts_rest_start(mts_server *srv, const mts_rest_opts *o, mts_rest **out, mts_err *err)
+{
+    mts_rest *r = calloc(1, sizeof *r);
+    if (!r) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+    r->srv = srv;
+    mts_http_opts ho = {0};
+    ho.host = o->host ? o->host : "127.0.0.1";
+    ho.port = o->port;
+    ho.io_threads = o->io_threads > 0 ? o->io_threads : 1;
+    ho.max_body = o->max_body;
+    ho.max_header = 64 * 1024;
+    ho.idle_timeout_ms = 60000;
+    ho.max_connections = 4096;
+    ho.handler = handler;
+    ho.on_cancel = on_cancel;
+    ho.user = r;
+    int rc = mts_http_start(&ho, &r->http, err);
+    if (rc) {
+        free(r);
+        return rc;
+    }
+    *out = r;
+    return MTS_OK;
+}
+
+int mts_rest_port(const mts_rest *r)
+{
+    return mts_http_port(r->http);
+}
+
+void mts_rest_stop_accepting(mts_rest *r)
+{
+    mts_http_stop_accepting(r->http);
+}
+
+void mts_rest_stop(mts_rest *r)
+{
+    if (!r) return;
+    mts_http_stop(r->http);
+    free(r);
+}

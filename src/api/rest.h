@@ -1,0 +1,30 @@
+/*
+ * The REST front end: one mts_http server whose requests go through the route table (router.h)
+ * assembled from the REST modules: KServe v2 (kserve_http.h), segmentation uploads
+ * (segment_http.h), lip-sync compositing (lipsync_http.h) and the Prometheus /metrics route
+ * (here). A module is added by listing its route table (and 404 hints) in rest.c. When a client
+ * goes away before its answer, the front end cancels the request a route keeps in hr->user
+ * (a call struct that starts with its mts_request).
+ */
+#ifndef MTS_API_REST_H
+#define MTS_API_REST_H
+
+#include <stddef.h>
+
+#include "serve/server.h"
+
+typedef struct mts_rest mts_rest;
+
+typedef struct mts_rest_opts {
+    const char *host;
+    int port;              /* 0: ephemeral (tests) */
+    int io_threads;        /* default 1 */
+    size_t max_body;       /* bytes; from server.max_message_size_mb */
+} mts_rest_opts;
+
+int mts_rest_start(mts_server *srv, const mts_rest_opts *opts, mts_rest **out, mts_err *err);
+int mts_rest_port(const mts_rest *r);
+void mts_rest_stop_accepting(mts_rest *r);
+void mts_rest_stop(mts_rest *r);
+
+#endif
