@@ -4,7 +4,8 @@
  * ONNX, truncated, a cycle, an unknown op, an unsupported type — ends here as an error naming the
  * file and the node or tensor, and everything allocated so far is released through
  * mts_model_free. The file mapping stays alive for the model's lifetime because initializers
- * point into it.
+ * point into it; the mappings and initializer copies are managed by weights.c, and the
+ * backends' per-model caches are freed through the backend table.
  */
 #include <errno.h>
 #include <fcntl.h>

@@ -1,6 +1,7 @@
 /*
- * Internal layout of a loaded model and of a plan, shared by the loader (loader.c, onnx_pb.c),
- * the planner (plan.c) and the executor (context.c). Nothing outside engine/ includes this.
+ * Internal layout of a loaded model and of a plan, shared by the loader (loader.c, onnx_pb.c,
+ * weights.c), the planner (plan.c, optimize.c), the backends (kernels/dnnl_backend.c,
+ * kernels/fast_backend.c) and the executor (context.c). Nothing outside engine/ includes this.
  */
 #ifndef MTS_ENGINE_MODEL_H
 #define MTS_ENGINE_MODEL_H
