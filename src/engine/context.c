@@ -15,7 +15,6 @@
 #include <time.h>
 #include <string.h>
 
-#include "engine/kernels/dnnl_ops.h"
 #include "engine/model.h"
 #include "engine/team.h"
 #include "util/par_items.h"
@@ -36,8 +35,8 @@ struct mts_ctx {
     mts_tensor *kout;
     mts_tensor *kview;  /* channels-last views of a step's inputs */
     int max_io;
-    void *stream;       /* oneDNN stream (created on first use) */
-    void *scratch;      /* oneDNN scratch memory */
+    void *bstate[MTS_MAX_BACKENDS]; /* per backend: its per-context state (a oneDNN stream) */
+    void *scratch;      /* scratch memory of backend steps */
     int64_t scratch_cap;
     const mts__plan *prep_plan; /* plan the scratch was sized for, */
     unsigned prep_mask;         /* ... at one thread (bit 0) and at `threads` (bit 1) */
@@ -137,7 +136,8 @@ void mts_ctx_free(mts_ctx *c)
     free(c->kout);
     free(c->kview);
     free(c->scratch);
-    mts_dnnl_stream_free(c->stream);
+    for (int b = 0; mts_backends[b]; b++)
+        if (c->bstate[b] && mts_backends[b]->ctx_free) mts_backends[b]->ctx_free(c->bstate[b]);
     free(c);
 }
 
@@ -290,43 +290,16 @@ static int run_split(mts_ctx *c, const mts__step *st, mts_kctx *k)
     return rc;
 }
 
-/* Creates step i's primitives for j->threads when it is a oneDNN step (nothing when it has
- * them). A failure here is met again, and reported, by prepare_dnnl's own loop. */
-typedef struct prep_job {
-    const mts__plan *p;
-    int threads;
-} prep_job;
-
-static void prep_one(void *arg, int i)
+/* Prepares the backends plan p uses for `threads` (a backend creates what it lacks for that
+ * count on first use; an adaptive context prepares its one-thread state only when it first
+ * tries one thread) and sizes the scratch memory for their steps. */
+static int prepare_backends(mts_ctx *c, const mts__plan *p, int threads, mts_err *err)
 {
-    const prep_job *j = arg;
-    const mts__step *st = &j->p->steps[i];
-    size_t b = 0;
-    mts_err e = {0};
-    if (st->kind == MTS__S_DCONV) (void)mts_dconv_prepare(st->dconv, j->threads, &b, &e);
-}
-
-/* Sizes the scratch memory for the plan's oneDNN steps at `threads` (creating their primitives
- * for that count on first use; an adaptive context prepares its one-thread primitives only when
- * it first tries one thread) and makes the stream. */
-static int prepare_dnnl(mts_ctx *c, const mts__plan *p, int threads, mts_err *err)
-{
-    /* Primitives this thread count still lacks are compiled on a few threads first (a plan's
-     * first 2-thread run: about 60 for w32), then the loop below only reads sizes. */
-    int n_missing = 0;
-    for (int s = 0; s < p->n_steps; s++)
-        n_missing += p->steps[s].kind == MTS__S_DCONV && !mts_dconv_ready(p->steps[s].dconv, threads);
-    if (n_missing >= 8) {
-        prep_job j = {p, threads};
-        mts_par_items(p->n_steps, 4, 4, prep_one, &j);
-    }
     int64_t need = 64;
-    for (int s = 0; s < p->n_steps; s++) {
-        if (p->steps[s].kind != MTS__S_DCONV) continue;
-        size_t b = 0;
-        int rc = mts_dconv_prepare(p->steps[s].dconv, threads, &b, err);
+    for (int b = 0; mts_backends[b]; b++) {
+        if (!(p->backends & (1u << b)) || !mts_backends[b]->prepare) continue;
+        int rc = mts_backends[b]->prepare(p, b, threads, &c->bstate[b], &need, err);
         if (rc) return rc;
-        if ((int64_t)b > need) need = (int64_t)b;
     }
     if (need > c->scratch_cap) {
         free(c->scratch);
@@ -334,8 +307,6 @@ static int prepare_dnnl(mts_ctx *c, const mts__plan *p, int threads, mts_err *er
         c->scratch_cap = c->scratch ? need : 0;
         if (!c->scratch) return mts_err_set(err, MTS_ENOMEM, "out of memory for scratch (%lld bytes)", (long long)need);
     }
-    if (!c->stream && !(c->stream = mts_dnnl_stream_create()))
-        return mts_err_set(err, MTS_EUNAVAILABLE, "cannot create a oneDNN stream");
     if (p != c->prep_plan) c->prep_plan = p, c->prep_mask = 0;
     c->prep_mask |= threads == 1 ? 1u : 2u;
     return MTS_OK;
@@ -384,8 +355,10 @@ int mts_ctx_run(mts_ctx *c, const mts_tensor *inputs, int n_inputs, const mts_te
     c->run_threads = mode == MTS_TEAM_ONE ? 1 : c->threads;
     if (p->scratch_bytes) {
         unsigned bit = c->run_threads == 1 ? 1u : 2u;
-        if ((p != c->prep_plan || !(c->prep_mask & bit)) && (rc = prepare_dnnl(c, p, c->run_threads, err))) return rc;
-        mts_dnnl_set_threads(c->run_threads);
+        if ((p != c->prep_plan || !(c->prep_mask & bit)) && (rc = prepare_backends(c, p, c->run_threads, err)))
+            return rc;
+        for (int b = 0; mts_backends[b]; b++)
+            if ((p->backends & (1u << b)) && mts_backends[b]->set_threads) mts_backends[b]->set_threads(c->run_threads);
     }
     double t0 = arm ? now_ms() : 0;
     rc = run_steps(c, p, outputs, err);
@@ -395,7 +368,7 @@ int mts_ctx_run(mts_ctx *c, const mts_tensor *inputs, int n_inputs, const mts_te
     return rc;
 }
 
-/* Runs plan p's steps on c->run_threads threads (inputs bound, oneDNN scratch prepared). */
+/* Runs plan p's steps on c->run_threads threads (inputs bound, backends prepared). */
 static int run_steps(mts_ctx *c, const mts__plan *p, const mts_tensor **outputs, mts_err *err)
 {
     mts_model *m = c->m;
@@ -412,12 +385,9 @@ static int run_steps(mts_ctx *c, const mts__plan *p, const mts_tensor **outputs,
         }
         int ni = st->node;
         const mts_node *n = st->nd;
-        if (st->kind == MTS__S_DCONV) {
-            const float *resid[8];
-            for (int j = 1; j < st->n_in && j <= 8; j++) resid[j - 1] = c->vals[st->in[j]].data;
-            if ((rc = mts_dconv_run(st->dconv, c->run_threads, c->stream, c->vals[st->in[0]].data, c->vals[st->out[0]].data, resid,
-                                    c->scratch, err)))
-                goto node_fail;
+        if (st->kind == MTS__S_BACKEND) {
+            const mts_backend *be = mts_backends[st->backend];
+            if ((rc = be->run(st, c->bstate[st->backend], c->vals, c->scratch, c->run_threads, err))) goto node_fail;
             continue;
         }
         for (int j = 0; j < st->n_in; j++) {

@@ -1,6 +1,7 @@
 /*
- * Internal layout of a loaded model and of a plan, shared by the loader (loader.c, onnx_pb.c),
- * the planner (plan.c) and the executor (context.c). Nothing outside engine/ includes this.
+ * Internal layout of a loaded model and of a plan, shared by the loader (loader.c, onnx_pb.c,
+ * weights.c), the planner (plan.c, optimize.c), the backends (kernels/dnnl_backend.c,
+ * kernels/fast_backend.c) and the executor (context.c). Nothing outside engine/ includes this.
  */
 #ifndef MTS_ENGINE_MODEL_H
 #define MTS_ENGINE_MODEL_H
@@ -34,12 +35,14 @@ enum mts__vstate {
     MTS__V_INPUT,      /* graph input: caller's data */
 };
 
-/* One executable step of a plan: a kernel call for a node, or a fused oneDNN convolution that
- * stands for a Conv and the nodes folded into it (BatchNormalization, activations, a residual
- * Add). in/out are value indices (-1: omitted input); they differ from the node's after fusion. */
+/* One executable step of a plan: a kernel call for a node, or a step a backend claimed, which
+ * may stand for a group of nodes (a oneDNN convolution with the BatchNormalization, activations
+ * and residual Add folded into it). in/out are value indices (-1: omitted input); they differ
+ * from the node's after fusion. */
 enum mts__step_kind {
     MTS__S_KERNEL = 0, /* op->run with the node's attributes */
-    MTS__S_DCONV,      /* mts_dconv_run: in[0] source, in[1..n_in-1] residuals, out[0] destination */
+    MTS__S_BACKEND,    /* mts_backends[backend]->run with impl (for oneDNN: in[0] source,
+                        * in[1..n_in-1] residuals, out[0] destination) */
 };
 
 typedef struct mts__step {
@@ -49,12 +52,13 @@ typedef struct mts__step {
     uint8_t kind;             /* enum mts__step_kind */
     uint8_t dynamic;          /* infer runs at run time */
     uint8_t nhwc;             /* 4-D tensors are passed as [N,H,W,C] views (channels-last data) */
+    uint8_t backend;          /* MTS__S_BACKEND: index in mts_backends[] */
     int n_in, n_out;
     int *in, *out;
     const mts_tensor **cin;   /* per input: plan-time replacement (permuted constants), or NULL */
     int split_axis;           /* >= 0: an elementwise-like kernel that may run on slices of this
                                * (view) axis in parallel; -1 otherwise */
-    struct mts_dconv *dconv;
+    void *impl;               /* MTS__S_BACKEND: the backend's compiled step (step_free frees it) */
 } mts__step;
 
 typedef struct mts__plan {
@@ -70,7 +74,8 @@ typedef struct mts__plan {
     int n_slots;
     int64_t *slot_bytes;
     int max_io;            /* most inputs or outputs of any step */
-    int64_t scratch_bytes; /* per-context scratch for oneDNN steps */
+    int64_t scratch_bytes; /* per-context scratch for backend steps (> 0 when there are any) */
+    unsigned backends;     /* bit b: a step runs on mts_backends[b] */
     int n_fused;           /* nodes folded into other steps */
     double flops;
     int64_t activation_bytes;
@@ -101,27 +106,16 @@ struct mts_model {
     int n_copies, cap_copies;
     int64_t copy_bytes;    /* bytes of copies held now */
     int backend;           /* mts_backend_kind */
-    void *dnnl_cache;      /* packed weights shared by all plans (under plan_lock) */
+    void *bstate[MTS_MAX_BACKENDS]; /* per backend of mts_backends[]: its per-model state (the
+                                     * oneDNN packed-weight cache), shared by all plans (under
+                                     * plan_lock); freed by the backend's model_free */
 };
 
 /* Finds or builds the plan for a signature (thread-safe). */
 int mts__plan_get(mts_model *m, const mts_tensor *inputs, int n, const mts__plan **out, mts_err *err);
 void mts__plan_free_all(mts_model *m);
-/* Graph optimizer and layout pass (optimize.c): rewrites p->steps for the oneDNN backend. */
+/* Graph optimizer and layout pass (optimize.c): rewrites p->steps for the enabled backends. */
 int mts__optimize(mts_model *m, mts__plan *p, mts_err *err);
-/* Maps a model or external-data file read-only (read into the heap in the ASan build, so that
- * ASan sees the weights); NULL with errno set on failure. mts__unmap_file releases it. */
-void *mts__map_file(int fd, size_t len);
-void mts__unmap_file(void *addr, size_t len);
-/* Records a copy of len bytes at src (onnx_pb.c, loading). NULL when out of memory. */
-mts__copy *mts__add_copy(mts_model *m, const void *src, size_t len);
-/* Weights packed for oneDNN are not read again by the plan that packed them: drops the copies of
- * the given initializers unless a step of plan p still reads them, and lets the kernel reclaim
- * the file mapping's pages (MADV_DONTNEED; the file stays mapped and pages still in use fault
- * back in from the page cache). mts__restore_weights remakes
- * dropped copies before another plan is built. Both run under the plan lock. */
-void mts__release_weights(mts_model *m, const mts__plan *p, const int *values, int n);
-int mts__restore_weights(mts_model *m, mts_err *err);
 /* Resolves the backend for a model from the load options, $MTS_BACKEND and the build default. */
 int mts__resolve_backend(const mts_load_opts *opts, mts_err *err);
 int mts__check_inputs(const mts_model *m, const mts_tensor *in, int n, mts_err *err);

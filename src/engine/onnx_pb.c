@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "engine/model.h"
+#include "engine/weights.h"
 
 typedef struct pb {
     const uint8_t *p, *end;

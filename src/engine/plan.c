@@ -20,8 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/kernels/dnnl_ops.h"
 #include "engine/model.h"
+#include "engine/weights.h"
 
 #define MTS__FOLD_MAX_BYTES ((int64_t)256 << 20)
 #define MTS__MAX_PLANS 256
@@ -92,7 +92,11 @@ static double node_flops(const mts_node *n, const mts_tensor *const *in, const m
 
 static void plan_free(mts__plan *p)
 {
-    for (int s = 0; p->steps && s < p->n_steps; s++) mts_dconv_free(p->steps[s].dconv);
+    for (int s = 0; p->steps && s < p->n_steps; s++) {
+        const mts__step *st = &p->steps[s];
+        if (st->kind == MTS__S_BACKEND && st->impl && mts_backends[st->backend]->step_free)
+            mts_backends[st->backend]->step_free(st->impl);
+    }
     mts_pool_free(&p->pool);
     free(p);
 }
@@ -116,7 +120,14 @@ static void add_step(mts_model *m, mts__plan *p, int i, bool dynamic)
     st->split_axis = -1;
 }
 
-/* MTS_PLAN_VERBOSE=1: one line per step on stderr (kind, layout, oneDNN implementation). */
+/* The implementation behind a backend step ("" for kernel steps). */
+static const char *describe_step(const mts__step *st)
+{
+    if (st->kind != MTS__S_BACKEND || !mts_backends[st->backend]->describe) return "";
+    return mts_backends[st->backend]->describe(st);
+}
+
+/* MTS_PLAN_VERBOSE=1: one line per step on stderr (kind, layout, backend implementation). */
 static void dump_plan(const mts_model *m, const mts__plan *p)
 {
     fprintf(stderr, "plan for %s: %d steps (%d nodes fused), scratch %lld bytes\n", m->path, p->n_steps, p->n_fused,
@@ -134,7 +145,7 @@ static void dump_plan(const mts_model *m, const mts__plan *p)
         else if (st->dynamic)
             snprintf(note, sizeof note, " dynamic");
         fprintf(stderr, "  %3d %-18s %-24s -> %-24s %s%s%s\n", s, m->nodes[st->node].op_type, m->nodes[st->node].name,
-                y >= 0 ? m->values[y].name : "-", st->kind == MTS__S_DCONV ? mts_dconv_impl(st->dconv) : "",
+                y >= 0 ? m->values[y].name : "-", describe_step(st),
                 st->nhwc || (y >= 0 && p->nhwc[y]) ? " nhwc" : "", note);
     }
 }

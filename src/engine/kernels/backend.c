@@ -1,6 +1,8 @@
 /*
- * The reference backend: joins the op tables of the kernel files into one lookup by op_type.
- * Linear search over about 70 names happens once per node at plan time, never per run.
+ * The backend table, and the reference backend: the op tables of the reference kernel files
+ * joined into one lookup by op_type. Linear search over about 70 names happens once per node at
+ * load time, never per run. The reference backend claims nothing; plans of a model loaded with
+ * MTS_BACKEND=reference run its kernels node by node, as the oracle.
  */
 #include <string.h>
 
@@ -20,13 +22,15 @@ static const mts_op *ref_lookup(const char *op_type)
     return NULL;
 }
 
-const mts_backend *mts_backend_reference(void)
-{
-    static const mts_backend ref = {"reference", ref_lookup};
-    return &ref;
-}
+const mts_backend mts_backend_reference = {.name = "reference", .lookup = ref_lookup};
+
+const mts_backend *const mts_backends[] = {&mts_backend_dnnl, &mts_backend_fast, &mts_backend_reference, NULL};
 
 const mts_op *mts_op_lookup(const char *op_type)
 {
-    return mts_backend_reference()->lookup(op_type);
+    for (int b = 0; mts_backends[b]; b++) {
+        const mts_op *op = mts_backends[b]->lookup ? mts_backends[b]->lookup(op_type) : NULL;
+        if (op) return op;
+    }
+    return NULL;
 }

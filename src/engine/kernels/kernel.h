@@ -2,9 +2,18 @@
  * The kernel interface and the backend table.
  *
  * Every ONNX op is implemented as a struct mts_op: an `infer` function that computes output
- * types and shapes, and a `run` function that computes output data. A backend (the plain-C
- * reference backend today; oneDNN/XNNPACK later) is a table of such ops looked up by op_type,
- * so a faster backend can replace kernels op by op and fall back to the reference for the rest.
+ * types and shapes, and a `run` function that computes output data.
+ *
+ * A backend is one entry of the table mts_backends[] (kernels/backend.c), in priority order:
+ * oneDNN (kernels/dnnl_backend.c), the fast direct kernels (kernels/fast_backend.c) and the
+ * plain-C reference kernels (kernels/backend.c), which every other backend falls back to. Each
+ * entry is a set of hooks, any of them NULL when the backend has nothing to do there: the plan
+ * optimizer offers it the plan's steps to claim (single nodes or fused groups, which become
+ * steps it runs itself), asks it how its steps take the channels-last layout, lets it fuse and
+ * substitute kernels; the executor prepares it per context and thread count and runs its steps;
+ * the model and the context hand it back its caches and per-context state to free. The engine
+ * core iterates the table and names no backend, so a further backend (bf16 or int8 kernels, a
+ * GPU) is one more entry in mts_backends[] and one more file under kernels/.
  *
  * Calling convention, for both functions:
  *   - k->in[i] is the i-th input, or NULL for an omitted optional input (and i >= k->n_in is
@@ -44,15 +53,74 @@ typedef struct mts_op {
     mts_run_fn run;
 } mts_op;
 
+struct mts__opt;
+struct mts__plan;
+struct mts__step;
+
+#define MTS_MAX_BACKENDS 8
+/* A hook's result asking the optimizer to start over (commit declined a step it had claimed). */
+#define MTS__RETRY 1
+
 typedef struct mts_backend {
     const char *name;
-    /* Returns the op or NULL when this backend has no kernel for it. */
+    /* Whether the backend takes part in plans of a model loaded with selection `kind` (enum
+     * mts_backend_kind); NULL: always. */
+    bool (*enabled)(int kind);
+    /* The backend's kernel for op_type, or NULL (also when the hook is NULL). */
     const mts_op *(*lookup)(const char *op_type);
+
+    /* Optimization (optimize.c), once per plan; each stage calls every enabled backend in table
+     * order. `self` is the backend's index in mts_backends[] (steps it claims carry it), and
+     * o->bopt[self] is its own state for this optimization.
+     *   claim: after Identity removal, claims nodes or fused groups (rewriting the steps' inputs
+     *     and outputs and marking the absorbed steps removed) or declines them; *mstate is the
+     *     backend's per-model state (its weight cache).
+     *   layout_anchor: whether step s reads and writes either layout and wants its group stored
+     *     channels-last (a convolution); its extra inputs (residuals) join its output's group.
+     *   commit: after the layout choice, builds the claimed steps (kind MTS__S_BACKEND); returns
+     *     MTS__RETRY after declining one (it remembers which), and the optimizer starts over.
+     *   fuse: fusions into the backend's kernels once the claims are settled.
+     *   substitute: offered every remaining kernel step after its layout rewrite; may swap in
+     *     a faster kernel.
+     *   finish: after compaction: raises p->scratch_bytes for its steps, releases the weights
+     *     it packed (weights.h).
+     *   opt_free: frees o->bopt[self]. */
+    int (*claim)(struct mts__opt *o, int self, void **mstate, mts_err *err);
+    bool (*layout_anchor)(const struct mts__opt *o, int self, int s);
+    int (*commit)(struct mts__opt *o, int self, mts_err *err);
+    int (*fuse)(struct mts__opt *o, int self, mts_err *err);
+    int (*substitute)(struct mts__opt *o, int self, struct mts__step *st, mts_err *err);
+    int (*finish)(struct mts__opt *o, int self, mts_err *err);
+    void (*opt_free)(struct mts__opt *o, int self);
+
+    /* Execution (context.c) of the steps the backend claimed.
+     *   prepare: per context and thread count, before the first run with them: makes its steps
+     *     of plan p ready for `threads` intra-op threads (oneDNN primitives), creates its
+     *     per-context state *cstate (a oneDNN stream) and raises *scratch to the bytes one of its
+     *     steps needs.
+     *   set_threads: before each run of a plan with its steps.
+     *   run: one step; vals are the context's values, scratch the context's scratch memory.
+     *   describe: the implementation behind a step, for MTS_PLAN_VERBOSE and `mtserve inspect`.
+     *   step_free / ctx_free / model_free: a step's compiled form, a context's state, a model's
+     *     state (caches); model_bytes: the bytes of a model's state (resident memory). */
+    int (*prepare)(const struct mts__plan *p, int self, int threads, void **cstate, int64_t *scratch, mts_err *err);
+    void (*set_threads)(int threads);
+    int (*run)(const struct mts__step *st, void *cstate, const mts_tensor *vals, void *scratch, int threads,
+               mts_err *err);
+    const char *(*describe)(const struct mts__step *st);
+    void (*step_free)(void *impl);
+    void (*ctx_free)(void *cstate);
+    void (*model_free)(void *mstate);
+    int64_t (*model_bytes)(const void *mstate);
 } mts_backend;
 
-/* The reference backend: every supported op. */
-const mts_backend *mts_backend_reference(void);
-/* Looks op_type up in the default backend chain. NULL: unsupported op. */
+/* The backend table, NULL-terminated, in priority order (at most MTS_MAX_BACKENDS entries). */
+extern const mts_backend *const mts_backends[];
+extern const mts_backend mts_backend_dnnl;      /* kernels/dnnl_backend.c */
+extern const mts_backend mts_backend_fast;      /* kernels/fast_backend.c */
+extern const mts_backend mts_backend_reference; /* kernels/backend.c */
+/* Looks op_type up in the table: the first backend with a kernel for it (the reference kernels
+ * today). NULL: unsupported op. */
 const mts_op *mts_op_lookup(const char *op_type);
 
 /* Optional-input accessor: NULL when absent. */
@@ -87,6 +155,8 @@ typedef enum mts_backend_kind { MTS_BACKEND_DEFAULT = 0, MTS_BACKEND_REFERENCE =
 extern const mts_op mts_nhwc_upsample_nearest; /* [N,H,W,C] nearest upsampling by integer factors */
 extern const mts_op mts_nhwc_concat;           /* concatenation of [N,H,W,Ci] along C */
 
+/* Whether the fast kernels take part (MTS_NO_FAST=1 turns them off for comparisons). */
+bool mts_fast_enabled(void);
 /* Fast float kernels (kernels/fast.c); each falls back to the reference kernel for cases it does
  * not handle. mts_fast_reduce serves ReduceMean, ReduceMax and ReduceSum (by the node's op_type). */
 extern const mts_op mts_fast_reduce;

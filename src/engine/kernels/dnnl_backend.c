@@ -1,0 +1,624 @@
+/*
+ * The oneDNN backend's entry in the backend table: which steps it claims, and how it runs them.
+ *
+ * Claim (once per plan, after Identity removal): every Conv/ConvTranspose that oneDNN can run
+ * becomes one step, and so do MaxPool / AveragePool / GlobalAveragePool / GlobalMaxPool (no
+ * fusion) and MatMul / Gemm with constant 2-D weights (a following Add of a constant row becomes
+ * the bias): a following BatchNormalization is folded into the weights and bias, then a chain of
+ * single-reader followers becomes oneDNN post-ops: Relu, LeakyRelu, Clip, Sigmoid, Tanh,
+ * HardSwish, HardSigmoid, GELU written out as Div/Erf/Add/Mul/Mul, and a residual Add of a
+ * same-shape tensor computed earlier. A convolution may also absorb the nearest integer
+ * upsampling (Resize) before it, as one small convolution per output phase (dnnl_conv.c).
+ * Convolutions and pools anchor the optimizer's channels-last groups (layout_anchor).
+ * Commit (after the layout choice): the primitives are created with the chosen layouts, on a
+ * few threads; a step oneDNN cannot run well is declined (it then runs the reference kernel,
+ * with no fusion) and the optimizer starts over. Finish: the scratch size at one thread, and the
+ * unpacked weights are released (weights.c), since the packed ones live in the model's cache.
+ *
+ * Execution: per context, a oneDNN stream and primitives for the context's thread count
+ * (prepare); each step runs its primitive with the context's scratch memory.
+ */
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/kernels/dnnl_ops.h"
+#include "engine/rewrite.h"
+#include "engine/weights.h"
+#include "util/par_items.h"
+
+_Static_assert(MTS_DPOST_MAX <= MTS__STEP_EXTRA_IN, "a claimed step's residual inputs must fit");
+
+typedef struct cinfo {
+    int step;
+    mts_dconv_spec spec;
+    float *wtmp;    /* BN-folded weights (malloc'd; freed once packed) */
+    float *bfold;   /* BN-folded bias (plan pool) */
+    int resid[MTS_DPOST_MAX];
+    int n_resid;
+    int create_rc;  /* mts_dconv_create's result (create_all) */
+    mts_dconv *dc;  /* ... and the primitive it made */
+    mts_err create_err;
+} cinfo;
+
+static float clip_bound(const mts__plan *p, const mts__step *st, int idx, const char *attr, float dflt, bool *ok)
+{
+    if (st->nd->opset < 11) return mts_attr_float(st->nd, attr, dflt);
+    if (idx >= st->n_in || st->in[idx] < 0) return dflt;
+    int v = st->in[idx];
+    if (!const_value(p, v) || p->vals[v].dtype != MTS_DTYPE_FLOAT || mts_tensor_numel(&p->vals[v]) != 1) {
+        *ok = false;
+        return dflt;
+    }
+    return ((const float *)p->vals[v].data)[0];
+}
+
+/* A post-op for step st reading x, or false. */
+static bool as_postop(const mts__opt *o, const mts__step *st, int x, mts_dpost *po, int *resid)
+{
+    const mts__plan *p = o->p;
+    if (st->dynamic || st->kind != MTS__S_KERNEL || st->n_out != 1 || st->out[0] < 0) return false;
+    if (p->vals[st->out[0]].dtype != MTS_DTYPE_FLOAT) return false;
+    memset(po, 0, sizeof *po);
+    *resid = -1;
+    if (is_op(st, "Add")) {
+        if (st->n_in != 2) return false;
+        int r = st->in[0] == x ? st->in[1] : st->in[0];
+        if (r == x || !live_value(p, r) || !mts_shape_equal(&p->vals[r], &p->vals[x]) ||
+            p->vals[r].dtype != MTS_DTYPE_FLOAT)
+            return false;
+        po->kind = MTS_DPOST_ADD;
+        *resid = r;
+        return true;
+    }
+    if (st->in[0] != x) return false;
+    if (is_op(st, "Relu")) {
+        po->kind = MTS_DPOST_RELU;
+    } else if (is_op(st, "LeakyRelu")) {
+        po->kind = MTS_DPOST_RELU;
+        po->alpha = mts_attr_float(st->nd, "alpha", 0.01f);
+    } else if (is_op(st, "Sigmoid")) {
+        po->kind = MTS_DPOST_SIGMOID;
+    } else if (is_op(st, "Tanh")) {
+        po->kind = MTS_DPOST_TANH;
+    } else if (is_op(st, "HardSwish")) {
+        po->kind = MTS_DPOST_HARDSWISH;
+    } else if (is_op(st, "HardSigmoid")) {
+        po->kind = MTS_DPOST_HARDSIGMOID;
+        po->alpha = mts_attr_float(st->nd, "alpha", 0.2f);
+        po->beta = mts_attr_float(st->nd, "beta", 0.5f);
+    } else if (is_op(st, "Clip")) {
+        bool ok = true;
+        po->kind = MTS_DPOST_CLIP;
+        po->alpha = clip_bound(p, st, 1, "min", -FLT_MAX, &ok);
+        po->beta = clip_bound(p, st, 2, "max", FLT_MAX, &ok);
+        if (!ok || !(po->alpha <= po->beta)) return false;
+    } else {
+        return false;
+    }
+    return true;
+}
+
+/* GELU written out, as exported from PyTorch: y = (x * (erf(x / sqrt2) + 1)) * 0.5, x read twice.
+ * On a match, marks the five nodes removed and returns the last one's output; else -1. */
+static int gelu_pattern(mts__opt *o, int x)
+{
+    mts__plan *p = o->p;
+    if (x < 0 || o->nuse[x] != 2 || o->is_out[x]) return -1;
+    int rd[2], n = 0;
+    for (int s = 0; s < p->n_steps && n < 2; s++) {
+        if (o->removed[s]) continue;
+        for (int j = 0; j < p->steps[s].n_in; j++)
+            if (p->steps[s].in[j] == x) {
+                rd[n++] = s;
+                break;
+            }
+    }
+    if (n != 2) return -1;
+    for (int first = 0; first < 2; first++) {
+        int d = rd[first], mul = rd[1 - first];
+        if (fabsf(mts__scaled_by(p, &p->steps[d], x) - 0.70710678f) > 1e-5f) continue;
+        int e = sole_reader(o, p->steps[d].out[0]);
+        if (e < 0 || !is_op(&p->steps[e], "Erf") || p->steps[e].dynamic) continue;
+        int a = sole_reader(o, p->steps[e].out[0]);
+        if (a < 0 || !is_op(&p->steps[a], "Add") || p->steps[a].n_in != 2) continue;
+        int ea = p->steps[e].out[0], one = p->steps[a].in[0] == ea ? p->steps[a].in[1] : p->steps[a].in[0];
+        float f;
+        if (!mts__const_scalar(p, one, &f) || f != 1.0f) continue;
+        const mts__step *m1 = &p->steps[mul];
+        int aa = p->steps[a].out[0];
+        if (!is_op(m1, "Mul") || m1->n_in != 2 || m1->dynamic ||
+            !((m1->in[0] == x && m1->in[1] == aa) || (m1->in[1] == x && m1->in[0] == aa)) ||
+            sole_reader(o, aa) != mul)
+            continue;
+        int m2 = sole_reader(o, m1->out[0]);
+        if (m2 < 0 || mts__scaled_by(p, &p->steps[m2], m1->out[0]) != 0.5f) continue;
+        int steps[5] = {d, e, a, mul, m2};
+        for (int i = 0; i < 5; i++) {
+            o->removed[steps[i]] = 1;
+            if (i < 4) p->state[p->steps[steps[i]].out[0]] = MTS__V_UNUSED;
+        }
+        p->state[x] = MTS__V_UNUSED;
+        return p->steps[m2].out[0];
+    }
+    return -1;
+}
+
+/* MatMul followed by Add of a constant [N] (or [1.., N]) row: that row is the bias. */
+static bool matmul_bias(const mts__opt *o, const mts__step *st, int x, int64_t N, const float **bias)
+{
+    const mts__plan *p = o->p;
+    if (st->dynamic || st->kind != MTS__S_KERNEL || !is_op(st, "Add") || st->n_in != 2 || st->n_out != 1) return false;
+    int r = st->in[0] == x ? st->in[1] : st->in[0];
+    if (r == x || !const_value(p, r)) return false;
+    const mts_tensor *t = &p->vals[r];
+    if (t->dtype != MTS_DTYPE_FLOAT || mts_tensor_numel(t) != N || t->rank < 1 || t->dims[t->rank - 1] != N ||
+        t->rank > p->vals[x].rank || !mts_shape_equal(&p->vals[st->out[0]], &p->vals[x]))
+        return false;
+    *bias = t->data;
+    return true;
+}
+
+/* Creating the oneDNN steps of a plan (packing weights, compiling kernels) on several threads:
+ * each creation is independent; w32's 60 take ~90 ms on one thread. */
+#define CREATE_THREADS 4
+typedef struct create_job {
+    cinfo *ci;
+} create_job;
+
+static void create_one(void *arg, int i)
+{
+    create_job *j = arg;
+    cinfo *c = &j->ci[i];
+    c->create_err.msg[0] = 0;
+    c->dc = NULL;
+    c->create_rc = mts_dconv_create(&c->spec, &c->dc, &c->create_err);
+}
+
+static void create_all(cinfo *ci, int n)
+{
+    create_job j = {ci};
+    mts_par_items(n, CREATE_THREADS, 4, create_one, &j); /* a few steps: not worth a thread */
+}
+
+/* Is step s a convolution or pooling oneDNN may run? Fills c->spec's geometry and
+ * weights. */
+static bool conv_eligible(mts__opt *o, int s, const uint8_t *no_dnnl, void **cache, cinfo *c)
+{
+    mts__plan *p = o->p;
+    mts__step *st = &p->steps[s];
+    if (st->dynamic || st->kind != MTS__S_KERNEL || no_dnnl[st->node] || st->n_in < 1 || !live_value(p, st->in[0]))
+        return false;
+    const mts_tensor *x = &p->vals[st->in[0]];
+    bool mm = is_op(st, "MatMul"), gemm = is_op(st, "Gemm");
+    if (x->dtype != MTS_DTYPE_FLOAT || x->rank < (mm || gemm ? 2 : 3) || x->rank > 5 || mts_tensor_numel(x) == 0)
+        return false;
+    memset(c, 0, sizeof *c);
+    c->step = s;
+    c->spec.key = st->node;
+    c->spec.cache = cache;
+    mts_err e = {0};
+    mts_tensor kout[2];
+    bool maxp = is_op(st, "MaxPool"), avgp = is_op(st, "AveragePool");
+    if (maxp || avgp) {
+        if (st->n_out < 1 || st->out[0] < 0) return false;
+        if (st->n_out > 1 && st->out[1] >= 0 && (o->nuse[st->out[1]] > 0 || o->is_out[st->out[1]])) return false;
+        const mts_tensor *kin[1] = {x};
+        mts_kctx k = {st->nd, kin, 1, kout, 1, &e, 1};
+        if (mts_pool_geometry(&k, maxp, &c->spec.g) != MTS_OK) return false;
+        c->spec.kind = maxp ? MTS_DPRIM_POOL_MAX
+                            : mts_attr_int(st->nd, "count_include_pad", 0) ? MTS_DPRIM_POOL_AVG_INCLUDE
+                                                                          : MTS_DPRIM_POOL_AVG_EXCLUDE;
+        return true;
+    }
+    bool gavg = is_op(st, "GlobalAveragePool"), gmax = is_op(st, "GlobalMaxPool");
+    if (gavg || gmax) {
+        if (st->n_out != 1 || st->out[0] < 0) return false;
+        mts_conv_geom *g = &c->spec.g;
+        g->nsp = x->rank - 2;
+        g->N = x->dims[0], g->C = g->M = x->dims[1], g->group = 1;
+        for (int i = 0; i < 3; i++) {
+            int j = i - (3 - g->nsp);
+            g->in[i] = g->k[i] = j >= 0 ? x->dims[2 + j] : 1;
+            g->s[i] = g->d[i] = g->out[i] = 1;
+        }
+        c->spec.kind = gmax ? MTS_DPRIM_POOL_MAX : MTS_DPRIM_POOL_AVG_EXCLUDE;
+        return true;
+    }
+    if (mm || gemm) {
+        /* Constant 2-D weights; A's leading dims flatten into rows. */
+        if (st->n_out != 1 || st->n_in < 2 || !const_value(p, st->in[1]) || x->rank < 2) return false;
+        const mts_tensor *w = &p->vals[st->in[1]];
+        if (w->dtype != MTS_DTYPE_FLOAT || w->rank != 2) return false;
+        bool tb = gemm && mts_attr_int(st->nd, "transB", 0);
+        int64_t K = x->dims[x->rank - 1], N = tb ? w->dims[0] : w->dims[1];
+        if ((tb ? w->dims[1] : w->dims[0]) != K || K < 1 || N < 1) return false;
+        const float *bias = NULL;
+        if (gemm) {
+            if (x->rank != 2 || mts_attr_int(st->nd, "transA", 0) || mts_attr_float(st->nd, "alpha", 1.0f) != 1.0f)
+                return false;
+            if (st->n_in > 2 && st->in[2] >= 0) {
+                const mts_tensor *cb = &p->vals[st->in[2]];
+                if (!const_value(p, st->in[2]) || cb->dtype != MTS_DTYPE_FLOAT || mts_tensor_numel(cb) != N ||
+                    cb->dims[cb->rank - 1] != N || mts_attr_float(st->nd, "beta", 1.0f) != 1.0f)
+                    return false;
+                bias = cb->data;
+            }
+        } else if (st->n_in != 2) {
+            return false;
+        }
+        int64_t rows = mts_tensor_numel(x) / K;
+        if ((double)rows * (double)K * (double)N < 16384) return false; /* tiny: reference GEMM */
+        mts_conv_geom *g = &c->spec.g;
+        g->nsp = 0, g->N = rows, g->C = K, g->M = N, g->group = 1;
+        c->spec.kind = MTS_DPRIM_MATMUL;
+        c->spec.transpose = tb;
+        c->spec.w = w->data;
+        c->spec.b = bias;
+        return true;
+    }
+    bool tr = is_op(st, "ConvTranspose");
+    if (!tr && !is_op(st, "Conv")) return false;
+    if (st->n_in < 2 || st->n_out != 1 || !const_value(p, st->in[1])) return false;
+    if (st->n_in > 2 && st->in[2] >= 0 && !const_value(p, st->in[2])) return false;
+    const mts_tensor *kin[3] = {x, &p->vals[st->in[1]], st->n_in > 2 && st->in[2] >= 0 ? &p->vals[st->in[2]] : NULL};
+    mts_kctx k = {st->nd, kin, st->n_in > 3 ? 3 : st->n_in, kout, 1, &e, 1};
+    if (mts_conv_geometry(&k, tr, &c->spec.g) != MTS_OK) return false;
+    /* Tiny convolutions on one pixel (attention MLPs): the reference kernel is as fast and a
+     * oneDNN primitive would cost JIT code and per-call setup. */
+    const mts_conv_geom *g = &c->spec.g;
+    double macs = (double)g->N * (double)g->M * (double)(g->C / g->group) * (double)(g->k[0] * g->k[1] * g->k[2]) *
+                  (double)(g->out[0] * g->out[1] * g->out[2]);
+    if (g->out[0] * g->out[1] * g->out[2] == 1 && macs < 65536) return false;
+    /* One output channel from a few (CBAM's spatial-attention conv): the direct kernel in
+     * fast.c uses every vector lane, oneDNN's blocked kernels waste most of them. */
+    if (!tr && mts_fast_conv_small_ok(g) && mts_fast_enabled()) return false;
+    c->spec.kind = tr ? MTS_DPRIM_DECONV : MTS_DPRIM_CONV;
+    c->spec.transpose = tr;
+    c->spec.w = kin[1]->data;
+    c->spec.b = kin[2] ? kin[2]->data : NULL;
+    return true;
+}
+
+/* Folds a BatchNormalization reading the conv's output into its weights. */
+static int fold_bn(mts__opt *o, cinfo *c, int *cur, mts_err *err)
+{
+    mts__plan *p = o->p;
+    int r = sole_reader(o, *cur);
+    if (r < 0 || c->spec.transpose || c->spec.g.group < 1) return MTS_OK;
+    const mts__step *bn = &p->steps[r];
+    if (!is_op(bn, "BatchNormalization") || bn->dynamic || bn->n_in < 5 || bn->in[0] != *cur) return MTS_OK;
+    if (mts_attr_int(bn->nd, "training_mode", 0) != 0 || mts_attr_int(bn->nd, "spatial", 1) == 0) return MTS_OK;
+    for (int j = 1; j < bn->n_out; j++)
+        if (bn->out[j] >= 0 && (o->nuse[bn->out[j]] > 0 || o->is_out[bn->out[j]])) return MTS_OK;
+    int64_t M = c->spec.g.M;
+    const float *prm[4];
+    for (int j = 1; j <= 4; j++) {
+        int v = bn->in[j];
+        if (!const_value(p, v) || p->vals[v].dtype != MTS_DTYPE_FLOAT || mts_tensor_numel(&p->vals[v]) != M)
+            return MTS_OK;
+        prm[j - 1] = p->vals[v].data;
+    }
+    float eps = mts_attr_float(bn->nd, "epsilon", 1e-5f);
+    int64_t per = 1; /* weights per output channel */
+    const mts_tensor *w = &p->vals[p->steps[c->step].in[1]];
+    per = mts_tensor_numel(w) / M;
+    float *wt = malloc(sizeof(float) * (size_t)(per * M));
+    float *bt = mts_pool_alloc(&p->pool, sizeof(float) * (size_t)M);
+    if (!wt || !bt) {
+        free(wt);
+        return mts_err_set(err, MTS_ENOMEM, "out of memory folding BatchNormalization");
+    }
+    for (int64_t mo = 0; mo < M; mo++) {
+        float sc = prm[0][mo] / sqrtf(prm[3][mo] + eps);
+        for (int64_t i = 0; i < per; i++) wt[mo * per + i] = c->spec.w[mo * per + i] * sc;
+        float b0 = c->spec.b ? c->spec.b[mo] : 0.0f;
+        bt[mo] = (b0 - prm[2][mo]) * sc + prm[1][mo];
+    }
+    c->wtmp = wt;
+    c->bfold = bt;
+    c->spec.w = wt;
+    c->spec.b = bt;
+    o->removed[r] = 1;
+    p->state[*cur] = MTS__V_UNUSED;
+    *cur = bn->out[0];
+    return MTS_OK;
+}
+
+/* The backend's state for one optimization: the steps it claimed in this attempt, and the
+ * nodes it declined in earlier attempts. */
+typedef struct dnnl_opt {
+    cinfo *ci;
+    int nci;
+    int *cstep;       /* per step: index into ci, -1 */
+    uint8_t *no_dnnl; /* per node: declined */
+} dnnl_opt;
+
+static void dnnl_opt_free(mts__opt *o, int self)
+{
+    dnnl_opt *d = o->bopt[self];
+    if (!d) return;
+    for (int i = 0; d->ci && i < d->nci; i++) free(d->ci[i].wtmp);
+    free(d->ci);
+    free(d->cstep);
+    free(d->no_dnnl);
+    free(d);
+    o->bopt[self] = NULL;
+}
+
+static bool dnnl_enabled(int kind)
+{
+    return kind == MTS_BACKEND_DEFAULT;
+}
+
+/* Claims convolutions, pools and constant-weight MatMul/Gemm with their fusions. */
+static int dnnl_claim(mts__opt *o, int self, void **mstate, mts_err *err)
+{
+    mts_model *m = o->m;
+    mts__plan *p = o->p;
+    int ns = o->ns, rc;
+    dnnl_opt *d = o->bopt[self];
+    if (!d) {
+        d = o->bopt[self] = calloc(1, sizeof *d);
+        if (d) {
+            d->ci = calloc((size_t)ns + 1, sizeof *d->ci);
+            d->cstep = malloc(sizeof(int) * ((size_t)ns + 1));
+            d->no_dnnl = calloc((size_t)m->n_nodes + 1, 1);
+        }
+        if (!d || !d->ci || !d->cstep || !d->no_dnnl) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+    }
+    /* A new attempt: nothing claimed yet. */
+    for (int i = 0; i < d->nci; i++) free(d->ci[i].wtmp);
+    d->nci = 0;
+    for (int s = 0; s < ns; s++) d->cstep[s] = -1;
+    cinfo *ci = d->ci;
+    int64_t up_extra = 0; /* phase weight bytes added by upsampling folds in this attempt */
+    for (int s = 0; s < ns; s++) {
+        if (o->removed[s]) continue;
+        cinfo *c = &ci[d->nci];
+        if (!conv_eligible(o, s, d->no_dnnl, mstate, c)) continue;
+        d->nci++;
+        d->cstep[s] = d->nci - 1;
+        int cur = p->steps[s].out[0];
+        if (c->spec.kind == MTS_DPRIM_CONV && (rc = fold_bn(o, c, &cur, err))) return rc;
+        for (; !mts_dprim_is_pool(c->spec.kind);) {
+            int r = sole_reader(o, cur), resid;
+            mts_dpost po;
+            if (r >= 0 && c->spec.kind == MTS_DPRIM_MATMUL && !c->spec.b && c->spec.n_post == 0 &&
+                matmul_bias(o, &p->steps[r], cur, c->spec.g.M, &c->spec.b)) {
+                o->removed[r] = 1; /* MatMul + Add(constant row) -> bias */
+                p->state[cur] = MTS__V_UNUSED;
+                cur = p->steps[r].out[0];
+                continue;
+            }
+            if (c->spec.n_post < MTS_DPOST_MAX - 1) {
+                int gy = gelu_pattern(o, cur);
+                if (gy >= 0) {
+                    c->spec.post[c->spec.n_post++] = (mts_dpost){MTS_DPOST_GELU, 0, 0, false};
+                    cur = gy;
+                    continue;
+                }
+            }
+            if (r < 0 || c->spec.n_post >= MTS_DPOST_MAX - 1 || !as_postop(o, &p->steps[r], cur, &po, &resid))
+                break;
+            if (resid >= 0) {
+                /* The residual must exist before the conv runs. */
+                if (p->state[resid] != MTS__V_INPUT && (o->prod[resid] < 0 || o->prod[resid] >= s)) break;
+                c->resid[c->n_resid++] = resid;
+            }
+            c->spec.post[c->spec.n_post++] = po;
+            o->removed[r] = 1;
+            p->state[cur] = MTS__V_UNUSED;
+            cur = p->steps[r].out[0];
+        }
+        mts__step *st = &p->steps[s];
+        /* A nearest integer upsampling (Resize) read only by this conv: the conv reads the
+         * Resize's input, one small convolution per output phase (dnnl_conv.c). */
+        if (c->spec.kind == MTS_DPRIM_CONV && mts_fast_enabled()) {
+            int u = st->in[0], r = o->prod[u];
+            if (r >= 0 && !o->removed[r] && is_op(&p->steps[r], "Resize") && p->steps[r].kind == MTS__S_KERNEL &&
+                !p->steps[r].dynamic && sole_reader(o, u) == s && p->state[u] == MTS__V_STATIC &&
+                mts__nearest_upsample(p, &p->steps[r]) && live_value(p, p->steps[r].in[0]) &&
+                p->vals[p->steps[r].in[0]].dtype == MTS_DTYPE_FLOAT) {
+                const mts_tensor *tx = &p->vals[p->steps[r].in[0]], *tu = &p->vals[u];
+                c->spec.up[0] = tu->dims[2] / tx->dims[2];
+                c->spec.up[1] = tu->dims[3] / tx->dims[3];
+                /* The phase weights take more room than the kernel they replace (16 taps
+                 * for 9 at s = 2): only while a layer adds at most 3 % of the model's
+                 * parameter bytes (or 256 KB) and all of them at most 5 % (or 512 KB), so
+                 * resident memory stays within the 1.2x target (the widest decoder layers
+                 * of big models stay plain). */
+                int64_t extra = mts_dconv_up_ok(&c->spec) ? mts_dconv_up_extra_bytes(&c->spec) : -1;
+                double pb = (double)m->param_bytes;
+                if (extra >= 0 && (double)extra <= fmax(0.03 * pb, 256e3) &&
+                    (double)(up_extra + extra) <= fmax(0.05 * pb, 512e3)) {
+                    up_extra += extra;
+                    st->in[0] = p->steps[r].in[0];
+                    o->removed[r] = 1;
+                    p->state[u] = MTS__V_UNUSED;
+                } else {
+                    c->spec.up[0] = c->spec.up[1] = 0;
+                }
+            }
+        }
+        st->out[0] = cur;
+        st->n_out = 1;
+        st->n_in = 1 + c->n_resid;
+        for (int j = 0; j < c->n_resid; j++) st->in[1 + j] = c->resid[j];
+        o->prod[cur] = s;
+    }
+    return MTS_OK;
+}
+
+/* Convolutions and pools (not MatMul/Gemm, whose operands keep the plain layout). */
+static bool dnnl_layout_anchor(const mts__opt *o, int self, int s)
+{
+    const dnnl_opt *d = o->bopt[self];
+    return d && d->cstep[s] >= 0 && d->ci[d->cstep[s]].spec.kind != MTS_DPRIM_MATMUL;
+}
+
+/* Primitives: layouts first (in order), then the creations, which are independent and mostly
+ * oneDNN's JIT compilation, on up to CREATE_THREADS threads. */
+static int dnnl_commit(mts__opt *o, int self, mts_err *err)
+{
+    (void)err;
+    mts__plan *p = o->p;
+    dnnl_opt *d = o->bopt[self];
+    if (!d) return MTS_OK;
+    for (int i = 0; i < d->nci; i++) {
+        cinfo *c = &d->ci[i];
+        mts__step *st = &p->steps[c->step];
+        const mts_tensor *x = &p->vals[st->in[0]], *y = &p->vals[st->out[0]];
+        bool mm = c->spec.kind == MTS_DPRIM_MATMUL;
+        c->spec.src_nhwc = !mm && x->rank == 4 && (p->nhwc[st->in[0]] || is_neutral(x));
+        c->spec.dst_nhwc = !mm && y->rank == 4 && (p->nhwc[st->out[0]] || is_neutral(y));
+        for (int j = 0, r = 0; j < c->spec.n_post; j++)
+            if (c->spec.post[j].kind == MTS_DPOST_ADD) {
+                int rv = c->resid[r++];
+                const mts_tensor *t = &p->vals[rv];
+                c->spec.post[j].nhwc = !mm && t->rank == 4 && (p->nhwc[rv] || is_neutral(t));
+            }
+    }
+    create_all(d->ci, d->nci);
+    int failed = -1;
+    for (int i = 0; i < d->nci; i++) {
+        cinfo *c = &d->ci[i];
+        mts__step *st = &p->steps[c->step];
+        if (c->create_rc != MTS_OK) {
+            if (failed < 0) { /* the first, as when they were created in order */
+                if (getenv("MTS_PLAN_VERBOSE"))
+                    fprintf(stderr, "oneDNN declines node '%s' (src %s, dst %s): %s\n", o->m->nodes[st->node].name,
+                            c->spec.src_nhwc ? "nhwc" : "nchw", c->spec.dst_nhwc ? "nhwc" : "nchw", c->create_err.msg);
+                failed = st->node;
+            }
+            continue;
+        }
+        free(c->wtmp);
+        c->wtmp = NULL;
+    }
+    if (failed >= 0) {
+        for (int i = 0; i < d->nci; i++) {
+            mts_dconv_free(d->ci[i].dc);
+            d->ci[i].dc = NULL;
+        }
+        d->no_dnnl[failed] = 1;
+        return MTS__RETRY;
+    }
+    for (int i = 0; i < d->nci; i++) {
+        mts__step *st = &p->steps[d->ci[i].step];
+        st->kind = MTS__S_BACKEND;
+        st->backend = (uint8_t)self;
+        st->impl = d->ci[i].dc;
+        d->ci[i].dc = NULL;
+    }
+    return MTS_OK;
+}
+
+/* Scratch bytes at one thread; weights now live packed in the model's cache: drop the unpacked
+ * originals. */
+static int dnnl_finish(mts__opt *o, int self, mts_err *err)
+{
+    mts_model *m = o->m;
+    mts__plan *p = o->p;
+    int rc, mine = 0;
+    for (int s = 0; s < p->n_steps; s++) {
+        const mts__step *st = &p->steps[s];
+        if (st->kind != MTS__S_BACKEND || st->backend != self) continue;
+        size_t sb = 0;
+        if ((rc = mts_dconv_prepare(st->impl, 1, &sb, err))) return rc;
+        if ((int64_t)sb > p->scratch_bytes) p->scratch_bytes = (int64_t)sb;
+        mine++;
+    }
+    int *cand = malloc(sizeof(int) * ((size_t)p->n_steps + 1)), nc = 0;
+    for (int s = 0; cand && s < p->n_steps; s++) {
+        const mts__step *st = &p->steps[s];
+        const mts_node *nd = &m->nodes[st->node];
+        if (st->kind == MTS__S_BACKEND && st->backend == self && nd->n_in >= 2 && nd->in[1] >= 0 &&
+            (is_op(st, "Conv") || is_op(st, "ConvTranspose") || is_op(st, "MatMul") || is_op(st, "Gemm")))
+            cand[nc++] = nd->in[1];
+    }
+    if (cand) mts__release_weights(m, p, cand, nc);
+    free(cand);
+    if (mine && p->scratch_bytes == 0) p->scratch_bytes = 64; /* a stream is still needed */
+    return MTS_OK;
+}
+
+/* Creates a step's primitives for j->threads when it is one of this backend's (nothing when it
+ * has them). A failure here is met again, and reported, by dnnl_prepare's own loop. */
+typedef struct prep_job {
+    const mts__plan *p;
+    int self, threads;
+} prep_job;
+
+static void prep_one(void *arg, int i)
+{
+    const prep_job *j = arg;
+    const mts__step *st = &j->p->steps[i];
+    size_t b = 0;
+    mts_err e = {0};
+    if (st->kind == MTS__S_BACKEND && st->backend == j->self) (void)mts_dconv_prepare(st->impl, j->threads, &b, &e);
+}
+
+/* Sizes the scratch memory for the plan's oneDNN steps at `threads` (creating their primitives
+ * for that count on first use; an adaptive context prepares its one-thread primitives only when
+ * it first tries one thread) and makes the context's stream. */
+static int dnnl_prepare(const mts__plan *p, int self, int threads, void **cstate, int64_t *scratch, mts_err *err)
+{
+    /* Primitives this thread count still lacks are compiled on a few threads first (a plan's
+     * first 2-thread run: about 60 for w32), then the loop below only reads sizes. */
+    int n_missing = 0;
+    for (int s = 0; s < p->n_steps; s++)
+        n_missing += p->steps[s].kind == MTS__S_BACKEND && p->steps[s].backend == self &&
+                     !mts_dconv_ready(p->steps[s].impl, threads);
+    if (n_missing >= 8) {
+        prep_job j = {p, self, threads};
+        mts_par_items(p->n_steps, 4, 4, prep_one, &j);
+    }
+    for (int s = 0; s < p->n_steps; s++) {
+        if (p->steps[s].kind != MTS__S_BACKEND || p->steps[s].backend != self) continue;
+        size_t b = 0;
+        int rc = mts_dconv_prepare(p->steps[s].impl, threads, &b, err);
+        if (rc) return rc;
+        if ((int64_t)b > *scratch) *scratch = (int64_t)b;
+    }
+    if (!*cstate && !(*cstate = mts_dnnl_stream_create()))
+        return mts_err_set(err, MTS_EUNAVAILABLE, "cannot create a oneDNN stream");
+    return MTS_OK;
+}
+
+static int dnnl_run(const mts__step *st, void *stream, const mts_tensor *vals, void *scratch, int threads, mts_err *err)
+{
+    const float *resid[8];
+    for (int j = 1; j < st->n_in && j <= 8; j++) resid[j - 1] = vals[st->in[j]].data;
+    return mts_dconv_run(st->impl, threads, stream, vals[st->in[0]].data, vals[st->out[0]].data, resid, scratch, err);
+}
+
+static const char *dnnl_describe(const mts__step *st)
+{
+    return mts_dconv_impl(st->impl);
+}
+
+static void dnnl_step_free(void *impl)
+{
+    mts_dconv_free(impl);
+}
+
+const mts_backend mts_backend_dnnl = {
+    .name = "onednn",
+    .enabled = dnnl_enabled,
+    .claim = dnnl_claim,
+    .layout_anchor = dnnl_layout_anchor,
+    .commit = dnnl_commit,
+    .finish = dnnl_finish,
+    .opt_free = dnnl_opt_free,
+    .prepare = dnnl_prepare,
+    .set_threads = mts_dnnl_set_threads,
+    .run = dnnl_run,
+    .describe = dnnl_describe,
+    .step_free = dnnl_step_free,
+    .ctx_free = mts_dnnl_stream_free,
+    .model_free = mts_dnnl_cache_free,
+    .model_bytes = mts_dnnl_cache_bytes,
+};
