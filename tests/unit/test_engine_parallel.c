@@ -1,7 +1,7 @@
 /*
  * Two execution contexts of one intra-op thread each, running the same model at the same time
  * on two threads: their outputs must equal a lone context's bit for bit, and the aggregate
- * throughput is printed against one context alone (the issue's target is >= 1.8x on the 2-core
+ * throughput is printed against one context alone (the target is >= 1.8x on the 2-core
  * machine for conv-heavy models; the figure depends on what else the machine runs, so it is
  * reported, not asserted). Uses models/out/lipsync_unet_w8.onnx when generated (override with
  * MTS_PARALLEL_MODEL), else the small test CNN. Also: a context switching batch sizes reuses its

