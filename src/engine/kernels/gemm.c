@@ -6,8 +6,9 @@
  * blocks of A. Each A block is packed (times alpha) into MR-row panels and each B panel into
  * NR-column panels, zero-padded, so that the micro-kernel reads both contiguously and computes
  * one MR x NR tile of C in registers. A B panel is packed sliver by sliver during the first row
- * block, right before the micro-kernel reads it, and reused by the later row blocks. Packing
- * reads A and B through element strides, which is how transposed operands are handled.
+ * block, right before the micro-kernel reads it, and reused by the later row blocks; with a
+ * single row block every sliver goes to the same small buffer, which stays in L1. Packing reads
+ * A and B through element strides, which is how transposed operands are handled.
  *
  * Micro-kernels, picked at run time from the CPU's features: 6 x 32 for AVX-512F, 6 x 16 with
  * AVX2/FMA intrinsics, and a portable 6 x 8 on 4-float vectors (SSE2 on x86-64, NEON on arm64).
@@ -223,6 +224,24 @@ static void pack_b(const float *B, int64_t rs, int64_t cs, int64_t kc, int w, in
 /* ------------------------------------------------------------------------------------------ */
 /* Blocked product                                                                              */
 
+/* Stores of one row of a finished tile, in blocks of 16 with a scalar tail: gcc -O2 vectorizes
+ * only loops whose trip count it knows. */
+static inline void row_add(float *restrict c, const float *restrict a, int w)
+{
+    int j = 0;
+    for (; j + 16 <= w; j += 16)
+        for (int t = 0; t < 16; t++) c[j + t] += a[j + t];
+    for (; j < w; j++) c[j] += a[j];
+}
+
+static inline void row_set_bias(float *restrict c, const float *restrict a, float b0, int w)
+{
+    int j = 0;
+    for (; j + 16 <= w; j += 16)
+        for (int t = 0; t < 16; t++) c[j + t] = a[j + t] + b0;
+    for (; j < w; j++) c[j] = a[j] + b0;
+}
+
 /* Floats of the A and B packing buffers for blocks of at most m x n (inner dimension K). */
 static size_t ws_a(const gemm_kernel *uk, int64_t m, int64_t K)
 {
@@ -253,6 +272,9 @@ static void gemm_block(const mts_sgemm *g, const gemm_kernel *uk, int64_t bi, in
             }
         return;
     }
+    /* One row block: each B sliver is used once, so it is packed into the same L1-sized buffer
+     * right before use instead of into a panel. */
+    bool one_pass = m1 - m0 <= GEMM_MC;
     for (int64_t jc = n0; jc < n1; jc += GEMM_NC) {
         int64_t nc = imin(n1 - jc, GEMM_NC);
         for (int64_t pc = 0; pc < g->K; pc += GEMM_KC) {
@@ -264,7 +286,7 @@ static void gemm_block(const mts_sgemm *g, const gemm_kernel *uk, int64_t bi, in
                 pack_a(A + ic * g->a_rs + pc * g->a_cs, g->a_rs, g->a_cs, mc, kc, g->alpha, mr, ap);
                 for (int64_t jr = 0; jr < nc; jr += nr) {
                     int w = (int)imin(nc - jr, nr);
-                    float *bpan = bp + jr * kc;
+                    float *bpan = one_pass ? bp : bp + jr * kc;
                     if (ic == m0) pack_b(bsrc + jr * g->b_cs, g->b_rs, g->b_cs, kc, w, nr, bpan);
                     for (int64_t ir = 0; ir < mc; ir += mr) {
                         int h = (int)imin(mc - ir, mr);
@@ -274,14 +296,9 @@ static void gemm_block(const mts_sgemm *g, const gemm_kernel *uk, int64_t bi, in
                         float *c = C + row * g->ldc + jc + jr;
                         for (int i = 0; i < h; i++, c += g->ldc) {
                             const float *a = acc + i * nr;
-                            if (!first) {
-                                for (int j = 0; j < w; j++) c[j] += a[j];
-                            } else if (g->bias) {
-                                float b0 = g->bias[row + i];
-                                for (int j = 0; j < w; j++) c[j] = a[j] + b0;
-                            } else {
-                                for (int j = 0; j < w; j++) c[j] = a[j];
-                            }
+                            if (!first) row_add(c, a, w);
+                            else if (g->bias) row_set_bias(c, a, g->bias[row + i], w);
+                            else memcpy(c, a, sizeof(float) * (size_t)w);
                         }
                     }
                 }
@@ -290,10 +307,19 @@ static void gemm_block(const mts_sgemm *g, const gemm_kernel *uk, int64_t bi, in
     }
 }
 
+/* The packed B panels start on a cache line, so that the micro-kernel's vector loads of B
+ * never straddle two lines. */
+#define GEMM_ALIGN 64
+
+static float *align_up(float *p)
+{
+    return (float *)(((uintptr_t)p + GEMM_ALIGN - 1) & ~(uintptr_t)(GEMM_ALIGN - 1));
+}
+
 size_t mts_sgemm_ws_floats(int64_t M, int64_t N, int64_t K)
 {
     gemm_kernel uk = gemm_pick_kernel();
-    return ws_a(&uk, M, K) + ws_b(&uk, N, K);
+    return ws_a(&uk, M, K) + ws_b(&uk, N, K) + GEMM_ALIGN / sizeof(float);
 }
 
 void mts_sgemm_serial(const mts_sgemm *g, float *ws)
@@ -301,8 +327,8 @@ void mts_sgemm_serial(const mts_sgemm *g, float *ws)
     if (g->M <= 0 || g->N <= 0) return;
     gemm_kernel uk = gemm_pick_kernel();
     int64_t nbatch = g->nbatch > 0 ? g->nbatch : 1;
-    float *bp = ws + ws_a(&uk, g->M, g->K);
-    for (int64_t bi = 0; bi < nbatch; bi++) gemm_block(g, &uk, bi, 0, g->M, 0, g->N, ws, bp);
+    float *bp = align_up(ws), *ap = bp + ws_b(&uk, g->N, g->K);
+    for (int64_t bi = 0; bi < nbatch; bi++) gemm_block(g, &uk, bi, 0, g->M, 0, g->N, ap, bp);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -321,7 +347,8 @@ static int gemm_range(const gemm_plan *pl, int64_t w0, int64_t w1)
     if (w0 >= w1) return MTS_OK;
     const mts_sgemm *g = pl->g;
     size_t asz = ws_a(&pl->uk, pl->mchunk, g->K), bsz = ws_b(&pl->uk, pl->nchunk, g->K);
-    float *ap = malloc(sizeof(float) * asz), *bp = malloc(sizeof(float) * bsz);
+    float *ap = malloc(sizeof(float) * asz);
+    float *bp = aligned_alloc(GEMM_ALIGN, sizeof(float) * (size_t)round_up((int64_t)bsz, GEMM_ALIGN / sizeof(float)));
     if (!ap || !bp) {
         free(ap);
         free(bp);
