@@ -49,6 +49,17 @@ typedef void (*gemm_ukernel)(int64_t kc, const float *restrict a, const float *r
 #if defined(__GNUC__)
 /* Portable 6x8 kernel: 12 accumulators of 4 floats. */
 typedef float mts_v4f __attribute__((vector_size(16)));
+#define V4_ROW(i)                                                                                \
+    do {                                                                                         \
+        mts_v4f ai = {a[i], a[i], a[i], a[i]};                                                   \
+        c##i##0 += ai * b0;                                                                      \
+        c##i##1 += ai * b1;                                                                      \
+    } while (0)
+#define V4_STORE(i)                                                                              \
+    do {                                                                                         \
+        memcpy(out + 8 * (i), &c##i##0, 16);                                                     \
+        memcpy(out + 8 * (i) + 4, &c##i##1, 16);                                                 \
+    } while (0)
 static void ukernel_6x8(int64_t kc, const float *restrict a, const float *restrict b, float *restrict out)
 {
     mts_v4f c00 = {0}, c01 = {0}, c10 = {0}, c11 = {0}, c20 = {0}, c21 = {0};
@@ -57,38 +68,22 @@ static void ukernel_6x8(int64_t kc, const float *restrict a, const float *restri
         mts_v4f b0, b1;
         memcpy(&b0, b, sizeof b0);
         memcpy(&b1, b + 4, sizeof b1);
-        mts_v4f a0 = {a[0], a[0], a[0], a[0]};
-        c00 += a0 * b0;
-        c01 += a0 * b1;
-        mts_v4f a1 = {a[1], a[1], a[1], a[1]};
-        c10 += a1 * b0;
-        c11 += a1 * b1;
-        mts_v4f a2 = {a[2], a[2], a[2], a[2]};
-        c20 += a2 * b0;
-        c21 += a2 * b1;
-        mts_v4f a3 = {a[3], a[3], a[3], a[3]};
-        c30 += a3 * b0;
-        c31 += a3 * b1;
-        mts_v4f a4 = {a[4], a[4], a[4], a[4]};
-        c40 += a4 * b0;
-        c41 += a4 * b1;
-        mts_v4f a5 = {a[5], a[5], a[5], a[5]};
-        c50 += a5 * b0;
-        c51 += a5 * b1;
+        V4_ROW(0);
+        V4_ROW(1);
+        V4_ROW(2);
+        V4_ROW(3);
+        V4_ROW(4);
+        V4_ROW(5);
     }
-    memcpy(out + 0, &c00, 16);
-    memcpy(out + 4, &c01, 16);
-    memcpy(out + 8, &c10, 16);
-    memcpy(out + 12, &c11, 16);
-    memcpy(out + 16, &c20, 16);
-    memcpy(out + 20, &c21, 16);
-    memcpy(out + 24, &c30, 16);
-    memcpy(out + 28, &c31, 16);
-    memcpy(out + 32, &c40, 16);
-    memcpy(out + 36, &c41, 16);
-    memcpy(out + 40, &c50, 16);
-    memcpy(out + 44, &c51, 16);
+    V4_STORE(0);
+    V4_STORE(1);
+    V4_STORE(2);
+    V4_STORE(3);
+    V4_STORE(4);
+    V4_STORE(5);
 }
+#undef V4_ROW
+#undef V4_STORE
 #else
 static void ukernel_6x8(int64_t kc, const float *restrict a, const float *restrict b, float *restrict out)
 {
