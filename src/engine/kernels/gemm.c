@@ -5,10 +5,11 @@
  * Blocking: NC-wide column panels of B, KC-deep slices of the inner dimension and MC-tall row
  * blocks of A. Each A block is packed (times alpha) into MR-row panels and each B panel into
  * NR-column panels, zero-padded, so that the micro-kernel reads both contiguously and computes
- * one MR x NR tile of C in registers. A B panel is packed sliver by sliver during the first row
- * block, right before the micro-kernel reads it, and reused by the later row blocks; with a
- * single row block every sliver goes to the same small buffer, which stays in L1. Packing reads
- * A and B through element strides, which is how transposed operands are handled.
+ * one MR x NR tile of C in registers. B is packed one NR-wide sliver at a time right before the
+ * micro-kernel reads it: into one small buffer that stays in L1 (repacked for each row block)
+ * when B's rows are contiguous or there is one row block, otherwise into a panel that the
+ * later row blocks reuse. Packing reads A and B through element strides, which is how
+ * transposed operands are handled.
  *
  * Micro-kernels, picked at run time from the CPU's features: 6 x 32 for AVX-512F, 6 x 16 with
  * AVX2/FMA intrinsics, and a portable 6 x 8 on 4-float vectors (SSE2 on x86-64, NEON on arm64).
@@ -267,9 +268,12 @@ static void gemm_block(const mts_sgemm *g, const gemm_kernel *uk, int64_t bi, in
             }
         return;
     }
-    /* One row block: each B sliver is used once, so it is packed into the same L1-sized buffer
-     * right before use instead of into a panel. */
-    bool one_pass = m1 - m0 <= GEMM_MC;
+    /* Each B sliver is packed into the same L1-sized buffer right before use, and packed again
+     * for every row block, when there is one row block or when B's rows are contiguous (the
+     * copy then reads whole cache lines, which costs about what reading a packed panel back
+     * from L2 does, without the panel's evictions). A strided B (transposed view) is gathered
+     * once into a panel that the later row blocks reuse. */
+    bool one_pass = m1 - m0 <= GEMM_MC || g->b_cs == 1;
     for (int64_t jc = n0; jc < n1; jc += GEMM_NC) {
         int64_t nc = imin(n1 - jc, GEMM_NC);
         for (int64_t pc = 0; pc < g->K; pc += GEMM_KC) {
@@ -282,7 +286,7 @@ static void gemm_block(const mts_sgemm *g, const gemm_kernel *uk, int64_t bi, in
                 for (int64_t jr = 0; jr < nc; jr += nr) {
                     int w = (int)imin(nc - jr, nr);
                     float *bpan = one_pass ? bp : bp + jr * kc;
-                    if (ic == m0) pack_b(bsrc + jr * g->b_cs, g->b_rs, g->b_cs, kc, w, nr, bpan);
+                    if (one_pass || ic == m0) pack_b(bsrc + jr * g->b_cs, g->b_rs, g->b_cs, kc, w, nr, bpan);
                     for (int64_t ir = 0; ir < mc; ir += mr) {
                         int h = (int)imin(mc - ir, mr);
                         float acc[GEMM_MR_MAX * GEMM_NR_MAX];
