@@ -4,12 +4,11 @@
  *
  * Spatial ops accept 1 to 3 spatial dimensions; their geometry is padded to 3-D with unit
  * dimensions so one loop nest serves all ranks. Conv runs as im2col (skipped for 1x1 stride-1
- * kernels) followed by a cache-blocked float GEMM whose portable micro-kernel gcc vectorizes at
- * -O2 (an AVX2/FMA micro-kernel is picked at run time on x86-64 CPUs that have it);
- * convolutions with one input channel per group (depthwise) run as a direct loop. ConvTranspose
- * runs as GEMM + col2im. Large convolutions are split over k->threads threads (the OpenMP team
- * of kernels/dnnl_rt.c). Resize and
- * Upsample interpolate separably, one axis at a time (nearest, linear, cubic).
+ * kernels) followed by the engine's GEMM (gemm.h) on each chunk of output pixels; convolutions
+ * with one input channel per group (depthwise) run as a direct loop. ConvTranspose runs as
+ * GEMM + col2im. Large convolutions are split over k->threads threads (the OpenMP team of
+ * kernels/dnnl_rt.c), each running the GEMM serially on its own chunks. Resize and Upsample
+ * interpolate separably, one axis at a time (nearest, linear, cubic).
  */
 #include <float.h>
 #include <math.h>
@@ -18,11 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/kernels/gemm.h"
 #include "engine/kernels/kernel.h"
-
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-#endif
 
 #define NSP 3                 /* spatial dims after normalization */
 #define ATTR_MAX ((int64_t)1 << 30)
@@ -279,151 +275,6 @@ static int pick_threads(const mts_kctx *k, double flops)
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* Float GEMM: packed MR x NR register tiles, KC-deep and MC-tall blocks. The portable micro-  */
-/* kernel (4 x 8) suits SSE2; on x86-64 CPUs with AVX2 and FMA a 6 x 16 variant compiled for    */
-/* those extensions is picked at run time (about 2.4x faster).                                 */
-
-#define GEMM_MR_MAX 6
-#define GEMM_NR_MAX 16
-#define GEMM_KC 256
-#define GEMM_MC 128
-#define GEMM_WS ((size_t)(GEMM_MC + GEMM_MR_MAX) * GEMM_KC)
-
-typedef void (*ukernel_fn)(int64_t kc, const float *restrict ap, const float *restrict bp, float *restrict out);
-typedef struct gemm_kernel {
-    int mr, nr;
-    ukernel_fn fn;
-} gemm_kernel;
-
-/* out[MR][NR] = sum_p ap[p][MR] (x) bp[p][NR]; constant trip counts let gcc keep the tile in
- * vector registers. */
-#define UKERNEL_BODY(MR, NR)                                                                     \
-    float c[MR][NR];                                                                             \
-    memset(c, 0, sizeof c);                                                                      \
-    for (int64_t p = 0; p < kc; p++) {                                                           \
-        const float *a = ap + p * (MR);                                                          \
-        const float *b = bp + p * (NR);                                                          \
-        _Pragma("GCC unroll 8") for (int i = 0; i < (MR); i++)                                   \
-            _Pragma("GCC unroll 16") for (int j = 0; j < (NR); j++) c[i][j] += a[i] * b[j];      \
-    }                                                                                            \
-    memcpy(out, c, sizeof c);
-
-static void ukernel_4x8(int64_t kc, const float *restrict ap, const float *restrict bp, float *restrict out)
-{
-    UKERNEL_BODY(4, 8)
-}
-
-static const gemm_kernel gemm_portable = {4, 8, ukernel_4x8};
-
-#if defined(__x86_64__) && defined(__GNUC__)
-/* 12 accumulators of 8 floats: intrinsics, since gcc's vectorizer does not keep this tile in
- * registers under a function-level target attribute. */
-#define FMA_ROW(i)                                                                               \
-    do {                                                                                         \
-        __m256 av = _mm256_broadcast_ss(a + (i));                                                \
-        c##i##0 = _mm256_fmadd_ps(av, b0, c##i##0);                                              \
-        c##i##1 = _mm256_fmadd_ps(av, b1, c##i##1);                                              \
-    } while (0)
-#define STORE_ROW(i)                                                                             \
-    do {                                                                                         \
-        _mm256_storeu_ps(out + (i) * 16, c##i##0);                                               \
-        _mm256_storeu_ps(out + (i) * 16 + 8, c##i##1);                                           \
-    } while (0)
-
-__attribute__((target("avx2,fma"))) static void ukernel_6x16(int64_t kc, const float *restrict ap,
-                                                             const float *restrict bp, float *restrict out)
-{
-    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
-    __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
-    for (int64_t p = 0; p < kc; p++) {
-        const float *a = ap + p * 6;
-        __m256 b0 = _mm256_loadu_ps(bp + p * 16), b1 = _mm256_loadu_ps(bp + p * 16 + 8);
-        FMA_ROW(0);
-        FMA_ROW(1);
-        FMA_ROW(2);
-        FMA_ROW(3);
-        FMA_ROW(4);
-        FMA_ROW(5);
-    }
-    STORE_ROW(0);
-    STORE_ROW(1);
-    STORE_ROW(2);
-    STORE_ROW(3);
-    STORE_ROW(4);
-    STORE_ROW(5);
-}
-#undef FMA_ROW
-#undef STORE_ROW
-
-static const gemm_kernel gemm_avx2 = {6, 16, ukernel_6x16};
-#endif
-
-static const gemm_kernel *gemm_pick(void)
-{
-#if defined(__x86_64__) && defined(__GNUC__)
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return &gemm_avx2;
-#endif
-    return &gemm_portable;
-}
-
-/* C[m*ldc + n] = bias[m] (0 without bias) + sum_k A[m*ars + k*acs] * B[k*ldb + n] for m < M,
- * n < N. ws holds GEMM_WS floats. */
-static void sgemm(const gemm_kernel *gk, int64_t M, int64_t N, int64_t K, const float *A, int64_t ars, int64_t acs,
-                  const float *B, int64_t ldb, float *C, int64_t ldc, const float *bias, float *ws)
-{
-    float bp[GEMM_KC * GEMM_NR_MAX];
-    float acc[GEMM_MR_MAX * GEMM_NR_MAX];
-    const int MR = gk->mr, NR = gk->nr;
-    if (K <= 0) {
-        for (int64_t m = 0; m < M; m++) vfill(C + m * ldc, bias ? bias[m] : 0.0f, N);
-        return;
-    }
-    for (int64_t k0 = 0; k0 < K; k0 += GEMM_KC) {
-        int64_t kc = imin(GEMM_KC, K - k0);
-        for (int64_t m0 = 0; m0 < M; m0 += GEMM_MC) {
-            int64_t mc = imin(GEMM_MC, M - m0);
-            for (int64_t mi = 0; mi < mc; mi += MR) {
-                float *dst = ws + mi * kc;
-                for (int i = 0; i < MR; i++) {
-                    if (mi + i < mc) {
-                        const float *src = A + (m0 + mi + i) * ars + k0 * acs;
-                        for (int64_t p = 0; p < kc; p++) dst[p * MR + i] = src[p * acs];
-                    } else {
-                        for (int64_t p = 0; p < kc; p++) dst[p * MR + i] = 0.0f;
-                    }
-                }
-            }
-            for (int64_t n0 = 0; n0 < N; n0 += NR) {
-                int64_t nr = imin(NR, N - n0);
-                for (int64_t p = 0; p < kc; p++) {
-                    const float *src = B + (k0 + p) * ldb + n0;
-                    float *d = bp + p * NR;
-                    if (nr == NR) {
-                        memcpy(d, src, (size_t)NR * sizeof(float));
-                    } else {
-                        for (int j = 0; j < NR; j++) d[j] = j < nr ? src[j] : 0.0f;
-                    }
-                }
-                for (int64_t mi = 0; mi < mc; mi += MR) {
-                    gk->fn(kc, ws + mi * kc, bp, acc);
-                    int64_t mr = imin(MR, mc - mi);
-                    for (int64_t i = 0; i < mr; i++) {
-                        float *c = C + (m0 + mi + i) * ldc + n0;
-                        const float *a = acc + i * NR;
-                        if (k0 == 0) {
-                            float b0 = bias ? bias[m0 + mi + i] : 0.0f;
-                            for (int64_t j = 0; j < nr; j++) c[j] = a[j] + b0;
-                        } else {
-                            for (int64_t j = 0; j < nr; j++) c[j] += a[j];
-                        }
-                    }
-                }
-            }
-        }
-    }
-}
-
-/* ------------------------------------------------------------------------------------------ */
 /* Conv                                                                                        */
 
 typedef struct conv_desc {
@@ -434,7 +285,7 @@ typedef struct conv_desc {
     bool direct1x1;
     int64_t nc, nchunks; /* output pixels per work unit */
     int64_t mbs, nmb;    /* output channels (of a group) per work unit */
-    const gemm_kernel *gk;
+    size_t ws;           /* GEMM workspace (floats) at the start of each unit's scratch */
 } conv_desc;
 
 static int conv_setup(mts_kctx *k, conv_desc *d)
@@ -564,13 +415,16 @@ static int conv_gemm_unit(void *ctx, int64_t u, float *scratch)
     const float *wg = d->w + (g * d->Mg + m0) * d->K;
     float *yg = d->y + (n * d->M + g * d->Mg + m0) * d->P;
     const float *bg = d->b ? d->b + g * d->Mg + m0 : NULL;
-    float *ws = scratch, *col = scratch + GEMM_WS;
-    if (d->direct1x1) {
-        sgemm(d->gk, m1 - m0, p1 - p0, d->K, wg, d->K, 1, xg + p0, d->P, yg + p0, d->P, bg, ws);
-    } else {
+    float *col = scratch + d->ws;
+    /* Y_g[m0:m1, p0:p1] = bias + W_g[m0:m1, :] * (X_g or its im2col columns)[:, p0:p1] */
+    mts_sgemm gm = {.M = m1 - m0, .N = p1 - p0, .K = d->K, .A = wg, .a_rs = d->K, .a_cs = 1,
+                    .B = xg + p0, .b_rs = d->P, .b_cs = 1, .C = yg + p0, .ldc = d->P, .alpha = 1.0f, .bias = bg};
+    if (!d->direct1x1) {
         im2col(xg, d->Cg, &d->g, p0, p1, col);
-        sgemm(d->gk, m1 - m0, p1 - p0, d->K, wg, d->K, 1, col, p1 - p0, yg + p0, d->P, bg, ws);
+        gm.B = col;
+        gm.b_rs = p1 - p0;
     }
+    mts_sgemm_serial(&gm, scratch);
     return MTS_OK;
 }
 
@@ -623,7 +477,6 @@ static int conv_run(mts_kctx *k)
     if (d.Cg == 1) return par_run(nt, d.N * d.M, 0, conv_direct_unit, &d);
 
     const geom *g = &d.g;
-    d.gk = gemm_pick();
     d.direct1x1 = d.ksz == 1;
     for (int i = 0; i < NSP; i++)
         if (g->s[i] != 1 || g->pb[i] || g->pe[i]) d.direct1x1 = false;
@@ -643,10 +496,12 @@ static int conv_run(mts_kctx *k)
     int64_t units = ng * d.nchunks;
     if (nt > 1 && units < want && d.Mg >= 32) {
         int64_t nmb = imin(cdiv(want, units), d.Mg / 16);
-        d.mbs = cdiv(cdiv(d.Mg, nmb), d.gk->mr) * d.gk->mr;
+        int64_t mr = mts_sgemm_mr();
+        d.mbs = cdiv(cdiv(d.Mg, nmb), mr) * mr;
         d.nmb = cdiv(d.Mg, d.mbs);
     }
-    size_t scratch = GEMM_WS + (d.direct1x1 ? 0 : (size_t)(d.K * nc));
+    d.ws = mts_sgemm_ws_floats(d.mbs, nc, d.K);
+    size_t scratch = d.ws + (d.direct1x1 ? 0 : (size_t)(d.K * nc));
     return par_run(nt, ng * d.nchunks * d.nmb, scratch, conv_gemm_unit, &d);
 }
 
@@ -661,7 +516,7 @@ typedef struct convt_desc {
     /* per-chunk state for the parallel phases */
     int64_t n, gi, p0, p1, rows_per_unit;
     float *col;
-    const gemm_kernel *gk;
+    size_t ws; /* GEMM workspace (floats) per unit */
 } convt_desc;
 
 static int convt_setup(mts_kctx *k, convt_desc *d)
@@ -809,7 +664,10 @@ static int convt_gemm_unit(void *ctx, int64_t u, float *scratch)
     int64_t r0 = u * d->rows_per_unit, r1 = imin(r0 + d->rows_per_unit, d->K2), nc = d->p1 - d->p0;
     const float *xg = d->x + (d->n * d->C + d->gi * d->Cg) * d->IP + d->p0;
     const float *wg = d->w + d->gi * d->Cg * d->K2;
-    sgemm(d->gk, r1 - r0, nc, d->Cg, wg + r0, 1, d->K2, xg, d->IP, d->col + r0 * nc, nc, NULL, scratch);
+    /* W_g is [Cg, K2]; its rows r0..r1 of the transposed view are columns of the storage */
+    mts_sgemm gm = {.M = r1 - r0, .N = nc, .K = d->Cg, .A = wg + r0, .a_rs = 1, .a_cs = d->K2, .B = xg,
+                    .b_rs = d->IP, .b_cs = 1, .C = d->col + r0 * nc, .ldc = nc, .alpha = 1.0f};
+    mts_sgemm_serial(&gm, scratch);
     return MTS_OK;
 }
 
@@ -864,14 +722,15 @@ static int convt_run(mts_kctx *k)
     d.col = malloc((size_t)(d.K2 * nc) * sizeof(float));
     if (!d.col) return mts_err_set(k->err, MTS_ENOMEM, "ConvTranspose: no memory for a %lld x %lld column buffer",
                                    (long long)d.K2, (long long)nc);
-    d.gk = gemm_pick();
-    d.rows_per_unit = imax(d.gk->mr, cdiv(cdiv(d.K2, nt), d.gk->mr) * d.gk->mr);
+    int64_t mr = mts_sgemm_mr();
+    d.rows_per_unit = imax(mr, cdiv(cdiv(d.K2, nt), mr) * mr);
+    d.ws = mts_sgemm_ws_floats(d.rows_per_unit, nc, d.Cg);
     int64_t gemm_units = cdiv(d.K2, d.rows_per_unit);
     for (d.n = 0; d.n < d.N && !rc; d.n++)
         for (d.gi = 0; d.gi < d.group && !rc; d.gi++)
             for (d.p0 = 0; d.p0 < d.IP && !rc; d.p0 += nc) {
                 d.p1 = imin(d.p0 + nc, d.IP);
-                rc = par_run(nt, gemm_units, GEMM_WS, convt_gemm_unit, &d);
+                rc = par_run(nt, gemm_units, d.ws, convt_gemm_unit, &d);
                 if (!rc) rc = par_run(nt, d.Mg, 0, convt_col2im_unit, &d);
             }
     free(d.col);

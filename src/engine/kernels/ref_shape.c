@@ -5,15 +5,14 @@
  *
  * Data movement is dtype independent: it works on bytes with the element size from
  * mts_dtype_size(), mostly through one strided-copy routine (Transpose, Slice, Expand, Tile).
- * The float GEMM behind MatMul and Gemm packs cache-sized panels of A and B and runs a
- * register-tiled micro-kernel (AVX-512 or AVX2/FMA variants picked at run time on x86-64, a
- * portable one otherwise); large products are split over up to k->threads threads (the OpenMP
- * team of kernels/dnnl_rt.c).
+ * MatMul and Gemm on floats compute their operand views (batch offsets, transposes as strides)
+ * and run the engine's GEMM (gemm.h), which splits large products over up to k->threads threads.
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/kernels/gemm.h"
 #include "engine/kernels/kernel.h"
 
 /* ------------------------------------------------------------------------------------------ */
@@ -207,320 +206,6 @@ static void copy_all(mts_kctx *k, const mts_tensor *in, mts_tensor *out)
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* Float GEMM core: C = alpha * A * B (+ C when accumulating), batched, optionally threaded.     */
-/* ------------------------------------------------------------------------------------------ */
-
-#define GEMM_MR_MAX 6
-#define GEMM_NR_MAX 32
-#define GEMM_KC 256
-#define GEMM_MC 120 /* a multiple of every micro-kernel's MR */
-#define GEMM_NC 2048
-
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-#define MTS_GEMM_X86 1
-#endif
-
-/* Micro-kernels: out[MR][NR] = sum over p of a[p][0..MR) (outer product) b[p][0..NR), reading the
- * packed panels written by pack_a / pack_b. */
-typedef void (*gemm_ukernel)(int64_t kc, const float *restrict a, const float *restrict b, float *restrict out);
-
-#if defined(__GNUC__)
-/* Portable 6x8 kernel on 4-float vectors (SSE2 on x86-64, NEON on arm64). */
-typedef float mts_v4f __attribute__((vector_size(16)));
-static void ukernel_6x8(int64_t kc, const float *restrict a, const float *restrict b, float *restrict out)
-{
-    mts_v4f c00 = {0}, c01 = {0}, c10 = {0}, c11 = {0}, c20 = {0}, c21 = {0};
-    mts_v4f c30 = {0}, c31 = {0}, c40 = {0}, c41 = {0}, c50 = {0}, c51 = {0};
-    for (int64_t p = 0; p < kc; p++, a += 6, b += 8) {
-        mts_v4f b0, b1;
-        memcpy(&b0, b, sizeof b0);
-        memcpy(&b1, b + 4, sizeof b1);
-        mts_v4f a0 = {a[0], a[0], a[0], a[0]};
-        c00 += a0 * b0;
-        c01 += a0 * b1;
-        mts_v4f a1 = {a[1], a[1], a[1], a[1]};
-        c10 += a1 * b0;
-        c11 += a1 * b1;
-        mts_v4f a2 = {a[2], a[2], a[2], a[2]};
-        c20 += a2 * b0;
-        c21 += a2 * b1;
-        mts_v4f a3 = {a[3], a[3], a[3], a[3]};
-        c30 += a3 * b0;
-        c31 += a3 * b1;
-        mts_v4f a4 = {a[4], a[4], a[4], a[4]};
-        c40 += a4 * b0;
-        c41 += a4 * b1;
-        mts_v4f a5 = {a[5], a[5], a[5], a[5]};
-        c50 += a5 * b0;
-        c51 += a5 * b1;
-    }
-    memcpy(out + 0, &c00, 16);
-    memcpy(out + 4, &c01, 16);
-    memcpy(out + 8, &c10, 16);
-    memcpy(out + 12, &c11, 16);
-    memcpy(out + 16, &c20, 16);
-    memcpy(out + 20, &c21, 16);
-    memcpy(out + 24, &c30, 16);
-    memcpy(out + 28, &c31, 16);
-    memcpy(out + 32, &c40, 16);
-    memcpy(out + 36, &c41, 16);
-    memcpy(out + 40, &c50, 16);
-    memcpy(out + 44, &c51, 16);
-}
-#else
-static void ukernel_6x8(int64_t kc, const float *restrict a, const float *restrict b, float *restrict out)
-{
-    float c[6][8];
-    memset(c, 0, sizeof c);
-    for (int64_t p = 0; p < kc; p++, a += 6, b += 8)
-        for (int i = 0; i < 6; i++)
-            for (int j = 0; j < 8; j++) c[i][j] += a[i] * b[j];
-    memcpy(out, c, sizeof c);
-}
-#endif
-
-#ifdef MTS_GEMM_X86
-/* Plain loops that gcc fully unrolls and auto-vectorizes for the target ISA, keeping the MR x NR
- * tile in registers (8 ymm for AVX2, 12 zmm for AVX-512) and emitting vfmadd. */
-#define MTS_DEFINE_UKERNEL(NAME, TARGET, MR, NR)                                                          \
-    __attribute__((target(TARGET))) static void NAME(int64_t kc, const float *restrict a,                 \
-                                                     const float *restrict b, float *restrict out)        \
-    {                                                                                                     \
-        float c[MR][NR];                                                                                  \
-        memset(c, 0, sizeof c);                                                                           \
-        for (int64_t p = 0; p < kc; p++, a += MR, b += NR) {                                              \
-            _Pragma("GCC unroll 8") for (int i = 0; i < MR; i++) {                                        \
-                const float ai = a[i];                                                                    \
-                _Pragma("GCC unroll 32") for (int j = 0; j < NR; j++) c[i][j] =                           \
-                    __builtin_fmaf(ai, b[j], c[i][j]);                                                    \
-            }                                                                                             \
-        }                                                                                                 \
-        memcpy(out, c, sizeof c);                                                                         \
-    }
-MTS_DEFINE_UKERNEL(ukernel_4x16_avx2, "avx2,fma", 4, 16)
-MTS_DEFINE_UKERNEL(ukernel_6x32_avx512, "avx512f,fma", 6, 32)
-#endif
-
-typedef struct gemm_kernel {
-    gemm_ukernel fn;
-    int mr, nr;
-} gemm_kernel;
-
-/* The fastest micro-kernel this CPU runs. */
-static gemm_kernel gemm_pick_kernel(void)
-{
-#ifdef MTS_GEMM_X86
-    if (__builtin_cpu_supports("avx512f")) return (gemm_kernel){ukernel_6x32_avx512, 6, 32};
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        return (gemm_kernel){ukernel_4x16_avx2, 4, 16};
-#endif
-    return (gemm_kernel){ukernel_6x8, 6, 8};
-}
-
-typedef struct sgemm_job {
-    int64_t M, N, K, nbatch;
-    const float *A, *B;
-    float *C;
-    const int64_t *a_off, *b_off; /* element offset of each batch entry in A / B; NULL: 0 */
-    int64_t c_bs;                 /* element stride between the batch entries of C */
-    int64_t a_rs, a_cs;           /* A(i,p) = A[i*a_rs + p*a_cs] */
-    int64_t b_rs, b_cs;           /* B(p,j) = B[p*b_rs + j*b_cs] */
-    int64_t ldc;
-    float alpha;
-    int accumulate;               /* 1: C += alpha*A*B; 0: C = alpha*A*B */
-    gemm_kernel uk;               /* micro-kernel and its MR x NR tile */
-    int64_t ms, ns;               /* each product is cut into ms x ns work blocks ... */
-    int64_t mchunk, nchunk;       /* ... of mchunk x nchunk */
-} sgemm_job;
-
-/* Packs rows [0, mc) x columns [0, kc) of A (A(i,p) = A[i*rs + p*cs]) times alpha into panels
- * of mr rows: ap[panel][p][0..mr), zero-padded. Loops run along whichever stride is 1. */
-static void pack_a(const float *A, int64_t rs, int64_t cs, int64_t mc, int64_t kc, float alpha, int mr, float *ap)
-{
-    for (int64_t ir = 0; ir < mc; ir += mr) {
-        int h = (int)(mc - ir < mr ? mc - ir : mr);
-        float *dst = ap + ir * kc;
-        const float *src = A + ir * rs;
-        if (cs == 1) {
-            for (int i = 0; i < h; i++)
-                for (int64_t p = 0; p < kc; p++) dst[p * mr + i] = alpha * src[i * rs + p];
-            for (int i = h; i < mr; i++)
-                for (int64_t p = 0; p < kc; p++) dst[p * mr + i] = 0.0f;
-        } else {
-            for (int64_t p = 0; p < kc; p++, dst += mr) {
-                int i = 0;
-                for (; i < h; i++) dst[i] = alpha * src[i * rs + p * cs];
-                for (; i < mr; i++) dst[i] = 0.0f;
-            }
-        }
-    }
-}
-
-/* Packs rows [0, kc) x columns [0, nc) of B (B(p,j) = B[p*rs + j*cs]) into panels of nr
- * columns: bp[panel][p][0..nr), zero-padded. */
-static void pack_b(const float *B, int64_t rs, int64_t cs, int64_t kc, int64_t nc, int nr, float *bp)
-{
-    for (int64_t jr = 0; jr < nc; jr += nr) {
-        int w = (int)(nc - jr < nr ? nc - jr : nr);
-        float *dst = bp + jr * kc;
-        const float *src = B + jr * cs;
-        if (cs == 1) {
-            for (int64_t p = 0; p < kc; p++, dst += nr) {
-                memcpy(dst, src + p * rs, sizeof(float) * (size_t)w);
-                for (int j = w; j < nr; j++) dst[j] = 0.0f;
-            }
-        } else {
-            for (int j = 0; j < w; j++)
-                for (int64_t p = 0; p < kc; p++) dst[p * nr + j] = src[j * cs + p * rs];
-            for (int j = w; j < nr; j++)
-                for (int64_t p = 0; p < kc; p++) dst[p * nr + j] = 0.0f;
-        }
-    }
-}
-
-static void sgemm_block(const sgemm_job *g, int64_t bi, int64_t m0, int64_t m1, int64_t n0, int64_t n1, float *ap,
-                        float *bp)
-{
-    const float *A = g->A + (g->a_off ? g->a_off[bi] : 0);
-    const float *B = g->B + (g->b_off ? g->b_off[bi] : 0);
-    float *C = g->C + bi * g->c_bs;
-    const int mr = g->uk.mr, nr = g->uk.nr;
-    if (g->K == 0) {
-        if (!g->accumulate)
-            for (int64_t i = m0; i < m1; i++) memset(C + i * g->ldc + n0, 0, sizeof(float) * (size_t)(n1 - n0));
-        return;
-    }
-    for (int64_t jc = n0; jc < n1; jc += GEMM_NC) {
-        int64_t nc = n1 - jc < GEMM_NC ? n1 - jc : GEMM_NC;
-        for (int64_t pc = 0; pc < g->K; pc += GEMM_KC) {
-            int64_t kc = g->K - pc < GEMM_KC ? g->K - pc : GEMM_KC;
-            int first = pc == 0 && !g->accumulate;
-            pack_b(B + pc * g->b_rs + jc * g->b_cs, g->b_rs, g->b_cs, kc, nc, nr, bp);
-            for (int64_t ic = m0; ic < m1; ic += GEMM_MC) {
-                int64_t mc = m1 - ic < GEMM_MC ? m1 - ic : GEMM_MC;
-                pack_a(A + ic * g->a_rs + pc * g->a_cs, g->a_rs, g->a_cs, mc, kc, g->alpha, mr, ap);
-                for (int64_t jr = 0; jr < nc; jr += nr) {
-                    int w = (int)(nc - jr < nr ? nc - jr : nr);
-                    const float *bpan = bp + jr * kc;
-                    for (int64_t ir = 0; ir < mc; ir += mr) {
-                        int h = (int)(mc - ir < mr ? mc - ir : mr);
-                        float acc[GEMM_MR_MAX * GEMM_NR_MAX];
-                        g->uk.fn(kc, ap + ir * kc, bpan, acc);
-                        float *c = C + (ic + ir) * g->ldc + jc + jr;
-                        for (int i = 0; i < h; i++, c += g->ldc) {
-                            const float *a = acc + i * nr;
-                            if (first)
-                                for (int j = 0; j < w; j++) c[j] = a[j];
-                            else
-                                for (int j = 0; j < w; j++) c[j] += a[j];
-                        }
-                    }
-                }
-            }
-        }
-    }
-}
-
-static int64_t round_up(int64_t v, int64_t m)
-{
-    return (v + m - 1) / m * m;
-}
-
-/* Runs work items [w0, w1) of g with private packing buffers. */
-static int sgemm_range(const sgemm_job *g, int64_t w0, int64_t w1)
-{
-    if (w0 >= w1) return MTS_OK;
-    int64_t kc = g->K < GEMM_KC ? g->K : GEMM_KC;
-    int64_t mc = g->mchunk < GEMM_MC ? g->mchunk : GEMM_MC;
-    int64_t nc = g->nchunk < GEMM_NC ? g->nchunk : GEMM_NC;
-    if (kc < 1) kc = 1;
-    size_t asz = (size_t)(kc * round_up(mc, g->uk.mr)), bsz = (size_t)(kc * round_up(nc, g->uk.nr));
-    float *ap = malloc(sizeof(float) * asz), *bp = malloc(sizeof(float) * bsz);
-    if (!ap || !bp) {
-        free(ap);
-        free(bp);
-        return MTS_ENOMEM;
-    }
-    int64_t per = g->ms * g->ns;
-    for (int64_t w = w0; w < w1; w++) {
-        int64_t bi = w / per, r = w % per;
-        int64_t m0 = (r / g->ns) * g->mchunk, n0 = (r % g->ns) * g->nchunk;
-        int64_t m1 = m0 + g->mchunk < g->M ? m0 + g->mchunk : g->M;
-        int64_t n1 = n0 + g->nchunk < g->N ? n0 + g->nchunk : g->N;
-        if (m0 < m1 && n0 < n1) sgemm_block(g, bi, m0, m1, n0, n1, ap, bp);
-    }
-    free(ap);
-    free(bp);
-    return MTS_OK;
-}
-
-typedef struct sgemm_worker {
-    const sgemm_job *g;
-    int64_t w0, w1;
-    int rc;
-} sgemm_worker;
-
-static void sgemm_part(void *arg, int ithr, int nthr)
-{
-    (void)nthr;
-    sgemm_worker *w = &((sgemm_worker *)arg)[ithr];
-    w->rc = sgemm_range(w->g, w->w0, w->w1);
-}
-
-#define GEMM_MAX_THREADS 64
-#define GEMM_FLOPS_PER_THREAD 1.6e7 /* below this much work another thread does not pay */
-
-static int sgemm_run(sgemm_job *g, int threads)
-{
-    if (g->M <= 0 || g->N <= 0 || g->nbatch <= 0) return MTS_OK;
-    g->uk = gemm_pick_kernel();
-    const int64_t mr = g->uk.mr, nr = g->uk.nr;
-    double flops = 2.0 * (double)g->M * (double)g->N * (double)(g->K > 0 ? g->K : 1) * (double)g->nbatch;
-    int64_t nth = threads < 1 ? 1 : threads;
-    if (nth > GEMM_MAX_THREADS) nth = GEMM_MAX_THREADS;
-    if ((double)nth * GEMM_FLOPS_PER_THREAD > flops) nth = (int64_t)(flops / GEMM_FLOPS_PER_THREAD);
-    if (nth < 1) nth = 1;
-
-    g->ms = g->ns = 1;
-    if (nth > 1 && g->nbatch % nth != 0) {
-        int64_t want = g->nbatch < nth ? nth : 4 * nth;
-        int64_t per = (want + g->nbatch - 1) / g->nbatch;
-        int64_t mmax = g->M / (2 * mr), nmax = g->N / (2 * nr);
-        if (mmax < 1) mmax = 1;
-        if (nmax < 1) nmax = 1;
-        if (g->N >= g->M) {
-            g->ns = per < nmax ? per : nmax;
-            int64_t rest = (per + g->ns - 1) / g->ns;
-            g->ms = rest < mmax ? rest : mmax;
-        } else {
-            g->ms = per < mmax ? per : mmax;
-            int64_t rest = (per + g->ms - 1) / g->ms;
-            g->ns = rest < nmax ? rest : nmax;
-        }
-    }
-    g->mchunk = round_up((g->M + g->ms - 1) / g->ms, mr);
-    g->ms = (g->M + g->mchunk - 1) / g->mchunk;
-    g->nchunk = round_up((g->N + g->ns - 1) / g->ns, nr);
-    g->ns = (g->N + g->nchunk - 1) / g->nchunk;
-    int64_t nwork = g->nbatch * g->ms * g->ns;
-    if (nth > nwork) nth = nwork;
-    if (nth <= 1) return sgemm_range(g, 0, nwork);
-
-    sgemm_worker wk[GEMM_MAX_THREADS];
-    for (int64_t t = 0; t < nth; t++) {
-        wk[t].g = g;
-        wk[t].w0 = nwork * t / nth;
-        wk[t].w1 = nwork * (t + 1) / nth;
-        wk[t].rc = MTS_OK;
-    }
-    /* The OpenMP team oneDNN uses (passive waiting; no thread creation per call). */
-    mts_parallel((int)nth, sgemm_part, wk);
-    for (int64_t t = 0; t < nth; t++)
-        if (wk[t].rc) return wk[t].rc;
-    return MTS_OK;
-}
-
-/* ------------------------------------------------------------------------------------------ */
 /* MatMul                                                                                      */
 /* ------------------------------------------------------------------------------------------ */
 
@@ -673,25 +358,10 @@ static int matmul_run(mts_kctx *k)
         return rc;
     }
     if (a->dtype == MTS_DTYPE_FLOAT) {
-        sgemm_job g = {0};
-        g.M = M;
-        g.N = s.N;
-        g.K = s.K;
-        g.nbatch = nbatch;
-        g.A = a->data;
-        g.B = b->data;
-        g.C = y->data;
-        g.a_off = ao;
-        g.b_off = bo;
-        g.c_bs = s.M * s.N;
-        g.a_rs = s.K;
-        g.a_cs = 1;
-        g.b_rs = s.N;
-        g.b_cs = 1;
-        g.ldc = s.N;
-        g.alpha = 1.0f;
-        g.accumulate = 0;
-        rc = sgemm_run(&g, k->threads);
+        mts_sgemm g = {.M = M, .N = s.N, .K = s.K, .A = a->data, .a_rs = s.K, .a_cs = 1, .B = b->data,
+                       .b_rs = s.N, .b_cs = 1, .C = y->data, .ldc = s.N, .alpha = 1.0f,
+                       .nbatch = nbatch, .a_off = ao, .b_off = bo, .c_bs = s.M * s.N};
+        rc = mts_sgemm_run(&g, k->threads);
     } else {
         mm_shape f = s;
         f.M = M;
@@ -763,7 +433,7 @@ static int gemm_run(mts_kctx *k)
     float alpha = mts_attr_float(k->node, "alpha", 1.0f), beta = mts_attr_float(k->node, "beta", 1.0f);
     int ta = mts_attr_int(k->node, "transA", 0) != 0, tb = mts_attr_int(k->node, "transB", 0) != 0;
     if (M == 0 || N == 0) return MTS_OK;
-    int acc = 0;
+    bool acc = false;
     if (c && beta != 0.0f) {
         const float *cd = c->data;
         int64_t sm = 0, sn = 0;
@@ -771,25 +441,13 @@ static int gemm_run(mts_kctx *k)
         if (c->rank == 2 && c->dims[0] != 1) sm = c->dims[1];
         for (int64_t i = 0; i < M; i++)
             for (int64_t j = 0; j < N; j++) y[i * N + j] = beta * cd[i * sm + j * sn];
-        acc = 1;
+        acc = true;
     }
-    sgemm_job g = {0};
-    g.M = M;
-    g.N = N;
-    g.K = K;
-    g.nbatch = 1;
-    g.A = a->data;
-    g.B = b->data;
-    g.C = y;
-    g.c_bs = M * N;
-    g.a_rs = ta ? 1 : K;
-    g.a_cs = ta ? M : 1;
-    g.b_rs = tb ? 1 : N;
-    g.b_cs = tb ? K : 1;
-    g.ldc = N;
-    g.alpha = alpha;
-    g.accumulate = acc;
-    return sgemm_run(&g, k->threads);
+    /* transA / transB: the same storage read through swapped strides */
+    mts_sgemm g = {.M = M, .N = N, .K = K, .A = a->data, .a_rs = ta ? 1 : K, .a_cs = ta ? M : 1,
+                   .B = b->data, .b_rs = tb ? 1 : N, .b_cs = tb ? K : 1, .C = y, .ldc = N,
+                   .alpha = alpha, .accumulate = acc};
+    return mts_sgemm_run(&g, k->threads);
 }
 
 /* ------------------------------------------------------------------------------------------ */
