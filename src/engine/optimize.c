@@ -399,28 +399,30 @@ static int fuse_steps(mts__opt *o, mts_err *err)
 static int compact_steps(mts__opt *o, mts_err *err)
 {
     mts__plan *p = o->p;
-    int rc, w = 0;
+    int rc = MTS_OK, w = 0;
     for (int s = 0; s < o->ns; s++) {
         mts__step *st = &p->steps[s];
         if (o->removed[s]) {
             p->n_fused++;
             continue;
         }
-        if (st->kind == MTS__S_KERNEL && !st->dynamic) {
+        if (rc == MTS_OK && st->kind == MTS__S_KERNEL && !st->dynamic) {
             bool nhwc = false;
             for (int j = 0; j < st->n_in + st->n_out; j++) {
                 int v = j < st->n_in ? st->in[j] : st->out[j - st->n_in];
                 if (v >= 0 && is_cand(o, v) && p->nhwc[v]) nhwc = true;
             }
-            if (nhwc && (rc = rewrite_nhwc_step(p, st, err))) return rc;
-            st->split_axis = split_axis(p, st);
+            if (nhwc) rc = rewrite_nhwc_step(p, st, err);
+            if (rc == MTS_OK) st->split_axis = split_axis(p, st);
             FOR_BACKENDS(o, b)
-                if (mts_backends[b]->substitute && (rc = mts_backends[b]->substitute(o, b, st, err))) return rc;
+                if (rc == MTS_OK && mts_backends[b]->substitute) rc = mts_backends[b]->substitute(o, b, st, err);
         }
+        /* After a failure the rest is still moved down unprocessed, so that every step the plan
+         * owns stands once in steps[0, n_steps) and freeing the plan frees each once. */
         p->steps[w++] = *st;
     }
     p->n_steps = w;
-    return MTS_OK;
+    return rc;
 }
 
 /* Pass 7: small constants read by kernel steps get plan copies, so no step reads the file
