@@ -1012,7 +1012,14 @@ static void conn_pump(mts_http_conn *c)
             linger_read(c);
             return;
         }
-        if (c->state == RS_CLOSING || c->out_bytes > OUT_HIGH_WATER) break;
+        if (c->state == RS_CLOSING) break;
+        if (c->out_bytes > OUT_HIGH_WATER) {
+            /* Pipelined answers backed up: write them, and go on parsing if the socket took
+             * them (no EPOLLOUT will come then); otherwise EPOLLOUT resumes this pump. */
+            conn_flush(c);
+            if (c->fd < 0 || c->out_bytes > OUT_HIGH_WATER) break;
+            continue;
+        }
         int r = parse(c);
         if (r == P_READY) {
             dispatch(c);

@@ -814,6 +814,34 @@ def test_model_that_fails_to_load(start_server, tmp_path):
     assert srv.get("/v2/health/ready").status_code == 200
 
 
+def test_pipelined_burst_all_answered(start_server):
+    """3,000 pipelined requests in one write get 3,000 answers, in order. Their answers pass the
+    output high-water mark many times over; parsing must resume each time the socket takes the
+    backlog, with or without an EPOLLOUT to wake it."""
+    srv = start_server({"tiny": TINY})
+    n = 3000
+    reqs = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n" * (n - 1) + \
+        b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    sock = socket.create_connection(("127.0.0.1", srv.port), timeout=20)
+    # the client reads while it writes (the server stops reading while its answers back up)
+    sender = threading.Thread(target=sock.sendall, args=(reqs,))
+    sender.start()
+    buf = bytearray()
+    t0 = time.monotonic()
+    while True:
+        chunk = sock.recv(1 << 16)
+        if not chunk:
+            break
+        buf += chunk
+    sender.join()
+    sock.close()
+    got = bytes(buf).count(b"HTTP/1.1 200 OK")
+    assert got == n, f"{got} of {n} pipelined requests answered in {time.monotonic() - t0:.1f} s"
+    assert time.monotonic() - t0 < 15
+    # the server still serves others
+    assert requests.get(srv.url + "/v2/health/live", timeout=5).status_code == 200
+
+
 def test_http_protocol_details(start_server):
     """HEAD, keep-alive, pipelining, Expect: 100-continue, HTTP/1.0, chunked bodies, huge headers."""
     srv = start_server({"tiny": TINY})
