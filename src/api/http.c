@@ -49,6 +49,7 @@
 #define RBUF_KEEP (64 * 1024)       /* an idle connection keeps at most this much buffer */
 #define CHUNK_LINE_MAX 1024         /* chunk-size line incl. extensions */
 #define LINGER_MS 2000              /* reading and discarding after an error response */
+#define STOP_LINGER_MS 1000         /* at stop: longest wait for clients to close after their answers */
 #define ACCEPT_BATCH 64
 #define MAX_EVENTS 256
 #define IOV_BATCH 64
@@ -109,6 +110,7 @@ struct io_thread {
     int epfd, evfd, lfd;
     bool listener_registered;
     int64_t accept_resume_ms;   /* accept paused (EMFILE) until then; 0 = not paused */
+    int64_t stop_deadline_ms;   /* stopping: connections still open then are closed at once */
     int64_t now_ms, next_scan_ms;
     mts_http_conn *conns;       /* open connections */
     mts_http_conn *graveyard;   /* freed at the end of the loop iteration (events may still name them) */
@@ -1005,7 +1007,6 @@ static void dispatch(mts_http_conn *c)
  * socket has nothing more, or output backs up; then writes. Caller holds the connection. */
 static void conn_pump(mts_http_conn *c)
 {
-    const mts_http_server *srv = c->io->srv;
     for (;;) {
         if (c->fd < 0 || c->pending) break;
         if (c->state == RS_LINGER) {
@@ -1033,10 +1034,6 @@ static void conn_pump(mts_http_conn *c)
                 conn_abort(c); /* the client left in the middle of a request */
                 return;
             }
-            c->state = RS_CLOSING;
-            break;
-        }
-        if (idle && atomic_load_explicit(&srv->draining, memory_order_relaxed)) {
             c->state = RS_CLOSING;
             break;
         }
@@ -1242,9 +1239,15 @@ static void drain_queue(io_thread *io)
     }
 }
 
+static bool on_accept(io_thread *io);
+
+/* Stops listening. Connections the kernel has already completed (clients that may have sent a
+ * request) are accepted first, to be answered: closing the socket would reset them. */
 static void close_listener(io_thread *io)
 {
     if (io->lfd < 0) return;
+    while (io->accept_resume_ms == 0 && on_accept(io)) {
+    }
     close(io->lfd);
     io->lfd = -1;
     io->listener_registered = false;
@@ -1255,7 +1258,8 @@ static void close_listener(io_thread *io)
     pthread_mutex_unlock(&s->mu);
 }
 
-static void on_accept(io_thread *io)
+/* Accepts up to ACCEPT_BATCH connections; true when more may be waiting. */
+static bool on_accept(io_thread *io)
 {
     mts_http_server *s = io->srv;
     for (int k = 0; k < ACCEPT_BATCH && io->lfd >= 0; k++) {
@@ -1268,7 +1272,7 @@ static void on_accept(io_thread *io)
                 io->listener_registered = false;
                 io->accept_resume_ms = io->now_ms + 100;
             }
-            return;
+            return false;
         }
         if (atomic_fetch_add_explicit(&s->nconns, 1, memory_order_relaxed) >= s->o.max_connections) {
             atomic_fetch_sub_explicit(&s->nconns, 1, memory_order_relaxed);
@@ -1300,6 +1304,7 @@ static void on_accept(io_thread *io)
         io->conns = c;
         io->nconns++;
     }
+    return io->lfd >= 0;
 }
 
 static void scan_timeouts(io_thread *io)
@@ -1360,6 +1365,11 @@ static void *io_main(void *arg)
             if (d < 0) d = 0;
             if (timeout < 0 || d < timeout) timeout = (int)d;
         }
+        if (io->stop_done) { /* look at the stop deadline often */
+            int64_t d = io->stop_deadline_ms - io->now_ms;
+            d = d < 0 ? 0 : d > 20 ? 20 : d;
+            if (timeout < 0 || d < timeout) timeout = (int)d;
+        }
         int n = epoll_wait(io->epfd, evs, MAX_EVENTS, timeout);
         io->now_ms = mono_ms();
         for (int i = 0; i < n; i++) {
@@ -1378,30 +1388,44 @@ static void *io_main(void *arg)
 
         if (!io->drain_done && atomic_load(&s->draining)) {
             io->drain_done = true;
-            close_listener(io);
             io->accept_resume_ms = 0;
-            for (mts_http_conn *c = io->conns, *next; c; c = next) {
-                next = c->next;
-                if (!c->pending && c->state == RS_HEAD && avail_bytes(c) == 0 && !c->out_head) {
-                    HOLD(c);
-                    conn_abort(c);
-                    RELEASE(c);
-                }
-            }
+            close_listener(io);
+            /* Open connections stay: a request still arriving on one is answered (by a 503 with
+             * Connection: close once the server stops taking work) instead of being cut off
+             * in flight, which closing idle keep-alive connections here would risk. Every
+             * answer from now on closes its connection; the rest close at stop. */
         }
         if (!io->stop_done && atomic_load(&s->stopping)) {
+            /* The server behind has stopped: what clients sent by now is read and answered
+             * (a 503 for new work), then each connection closes gracefully; the thread exits
+             * when the answers are out and the clients have closed, or at STOP_LINGER_MS. */
             io->stop_done = true;
-            close_listener(io);
             io->accept_resume_ms = 0;
+            close_listener(io);
+            io->stop_deadline_ms = io->now_ms + STOP_LINGER_MS;
+            for (mts_http_conn *c = io->conns, *next; c; c = next) {
+                next = c->next; /* conn_run may take c off the list, never another connection */
+                HOLD(c);
+                if (!c->pending && c->state != RS_LINGER) {
+                    c->drained = false;
+                    conn_run(c);
+                    if (c->fd >= 0 && !c->pending && !c->out_head && c->state == RS_HEAD && avail_bytes(c) == 0)
+                        begin_close(c); /* idle: close without a reset */
+                }
+                RELEASE(c);
+            }
+        }
+        free_graveyard(io);
+        if (io->stop_done && io->npending == 0 && (!io->conns || io->now_ms >= io->stop_deadline_ms)) {
             while (io->conns) {
                 mts_http_conn *c = io->conns;
                 HOLD(c);
                 conn_abort(c);
                 RELEASE(c);
             }
+            free_graveyard(io);
+            break;
         }
-        free_graveyard(io);
-        if (io->stop_done && io->npending == 0) break;
         if (io->accept_resume_ms && io->now_ms >= io->accept_resume_ms && io->lfd >= 0) {
             io->accept_resume_ms = 0;
             struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &io->l_tag};
@@ -1606,6 +1630,7 @@ void mts_http_stop(mts_http_server *s)
 {
     if (!s) return;
     MTS_ASSERT(!(tls_io && tls_io->srv == s));
+    atomic_store(&s->draining, 1); /* answers carry Connection: close from here on */
     atomic_store(&s->stopping, 1);
     wake_all(s);
     for (int i = 0; i < s->nthreads; i++) pthread_join(s->threads[i].tid, NULL);

@@ -754,6 +754,86 @@ def test_sigterm_with_queued_requests(start_server, grace):
     assert "event=shutdown" in srv.log()
 
 
+def read_http_response(sock):
+    """Reads one HTTP/1.1 response with a Content-Length body from a raw socket. Returns (status,
+    close) or raises EOFError when the connection ends before the whole response arrived."""
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise EOFError(f"connection closed after {len(buf)} bytes of a response")
+        buf += chunk
+    head, rest = buf.split(b"\r\n\r\n", 1)
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    fields = {k.strip().lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines[1:])}
+    need = int(fields.get("content-length", "0")) - len(rest)
+    while need > 0:
+        chunk = sock.recv(min(need, 65536))
+        if not chunk:
+            raise EOFError("connection closed in a response body")
+        need -= len(chunk)
+    return status, fields.get("connection", "").lower() == "close"
+
+
+def test_sigterm_under_overload_answers_what_was_sent(start_server):
+    """SIGTERM while 24 keep-alive clients overload a one-instance model: every request a client
+    had sent gets an HTTP answer (200, 429 for the full queue, 503 for the shutdown), none is
+    reset or closed unanswered; clients that connect after the listener closed are refused, which
+    is not a loss."""
+    srv = start_server({"seg": (SEG, {"queue_size": 4, **SLOW})}, grace=2)
+    assert srv.post("/v2/repository/models/seg/load").status_code == 200
+    body, headers = seg_body(3)
+    req = (f"POST /v2/models/seg/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+           + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n").encode() + body
+    stop = threading.Event()
+    lock = threading.Lock()
+    tally = {"answered": 0, "codes": {}, "lost": [], "refused": 0}
+
+    def client():
+        while not stop.is_set():
+            try:
+                sock = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
+            except OSError:  # refused: the server no longer listens
+                with lock:
+                    tally["refused"] += 1
+                return
+            try:
+                while True:
+                    sock.sendall(req)
+                    try:
+                        code, close = read_http_response(sock)
+                    except (EOFError, OSError) as e:
+                        with lock:
+                            tally["lost"].append(repr(e))
+                        return
+                    with lock:
+                        tally["answered"] += 1
+                        tally["codes"][code] = tally["codes"].get(code, 0) + 1
+                    if close:
+                        break
+            except OSError as e:  # sending failed: the server closed a connection it kept alive
+                with lock:
+                    tally["lost"].append("send: " + repr(e))
+                return
+            finally:
+                sock.close()
+
+    threads = [threading.Thread(target=client) for _ in range(24)]
+    for t in threads:
+        t.start()
+    time.sleep(1.5)
+    before = tally["answered"]
+    srv.signal(signal.SIGTERM)
+    for t in threads:
+        t.join(30)
+    stop.set()
+    assert srv.wait_exit() == 0, srv.log()[-3000:]
+    assert before > 20 and tally["codes"].get(429, 0) > before // 2, tally  # it was overloaded
+    assert tally["lost"] == [], tally
+    assert set(tally["codes"]) <= {200, 429, 503}, tally
+
+
 def test_client_disconnect_keeps_serving(start_server):
     srv = start_server({"seg": (SEG, SLOW), "tiny": TINY})
     assert srv.post("/v2/repository/models/seg/load").status_code == 200
