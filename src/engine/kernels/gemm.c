@@ -158,13 +158,41 @@ typedef struct gemm_kernel {
     int mr, nr;
 } gemm_kernel;
 
-/* The fastest micro-kernel this CPU runs. */
+/* Whether this CPU and build run micro-kernel k. */
+static bool gemm_kernel_ok(mts_sgemm_kernel k)
+{
+    switch (k) {
+    case MTS_SGEMM_AUTO:
+    case MTS_SGEMM_PORTABLE: return true;
+#ifdef MTS_GEMM_X86
+    case MTS_SGEMM_AVX2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case MTS_SGEMM_AVX512: return __builtin_cpu_supports("avx512f");
+#endif
+    default: return false;
+    }
+}
+
+/* The micro-kernel tests forced (mts_sgemm_force_kernel); MTS_SGEMM_AUTO otherwise. */
+static mts_sgemm_kernel gemm_forced = MTS_SGEMM_AUTO;
+
+bool mts_sgemm_force_kernel(mts_sgemm_kernel k)
+{
+    if (!gemm_kernel_ok(k)) return false;
+    gemm_forced = k;
+    return true;
+}
+
+/* The forced micro-kernel, or else the fastest one this CPU runs. */
 static gemm_kernel gemm_pick_kernel(void)
 {
+    mts_sgemm_kernel k = gemm_forced;
 #ifdef MTS_GEMM_X86
-    if (__builtin_cpu_supports("avx512f")) return (gemm_kernel){ukernel_6x32_avx512, 6, 32};
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        return (gemm_kernel){ukernel_6x16_avx2, 6, 16};
+    if (k == MTS_SGEMM_AUTO)
+        k = gemm_kernel_ok(MTS_SGEMM_AVX512) ? MTS_SGEMM_AVX512
+            : gemm_kernel_ok(MTS_SGEMM_AVX2) ? MTS_SGEMM_AVX2
+                                             : MTS_SGEMM_PORTABLE;
+    if (k == MTS_SGEMM_AVX512) return (gemm_kernel){ukernel_6x32_avx512, 6, 32};
+    if (k == MTS_SGEMM_AVX2) return (gemm_kernel){ukernel_6x16_avx2, 6, 16};
 #endif
     return (gemm_kernel){ukernel_6x8, 6, 8};
 }
@@ -258,7 +286,7 @@ static void gemm_block(const mts_sgemm *g, const gemm_kernel *uk, int64_t bi, in
 {
     const float *A = g->A + (g->a_off ? g->a_off[bi] : 0);
     const float *B = g->B + (g->b_off ? g->b_off[bi] : 0);
-    float *C = g->C + bi * g->c_bs;
+    float *C = g->C + (g->c_off ? g->c_off[bi] : bi * g->c_bs);
     const int mr = uk->mr, nr = uk->nr;
     if (g->K <= 0) {
         if (!g->accumulate)
