@@ -36,7 +36,11 @@
 #define GEMM_MC 120 /* a multiple of every micro-kernel's MR */
 #define GEMM_NC 2048
 #define GEMM_MAX_THREADS 64
-#define GEMM_FLOPS_PER_THREAD 1.6e7 /* below this much work another thread does not pay */
+/* Below this much work per thread another thread does not pay: when one product is cut into
+ * blocks (each thread packs its own copies of the shared operand), and when whole products of a
+ * batch go to the threads (attention heads: nothing is packed twice). */
+#define GEMM_FLOPS_PER_THREAD 1.6e7
+#define GEMM_BATCH_FLOPS_PER_THREAD 1e6
 
 static inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
@@ -415,7 +419,8 @@ int mts_sgemm_run(const mts_sgemm *g, int threads)
     double flops = 2.0 * (double)g->M * (double)g->N * (double)(g->K > 0 ? g->K : 1) * (double)nbatch;
     int64_t nth = threads < 1 ? 1 : threads;
     if (nth > GEMM_MAX_THREADS) nth = GEMM_MAX_THREADS;
-    if ((double)nth * GEMM_FLOPS_PER_THREAD > flops) nth = (int64_t)(flops / GEMM_FLOPS_PER_THREAD);
+    double per_thread = nbatch >= nth ? GEMM_BATCH_FLOPS_PER_THREAD : GEMM_FLOPS_PER_THREAD;
+    if ((double)nth * per_thread > flops) nth = (int64_t)(flops / per_thread);
     if (nth < 1) nth = 1;
 
     /* A batch that does not divide evenly over the threads: cut each product into about
