@@ -28,8 +28,8 @@
  *     GEMM would pack the weights on every call;
  *   - a batched MatMul on strided views ("MtsStridedMatMul", attention): A, B and Y are read and
  *     written through explicit element strides over two batch dims, so the Reshape/Transpose
- *     steps around attention MatMuls become strides instead of copies. B is packed per batch
- *     entry into a contiguous panel; a 4-row x 64-column register block accumulates.
+ *     steps around attention MatMuls become strides instead of copies; the products run in the
+ *     engine's GEMM (gemm.c), which reads its operands through strides.
  * The vector code uses GCC vector extensions (16 floats), so it compiles to whatever vector
  * instructions the target has; target_clones builds AVX-512 and AVX2 variants chosen at load.
  * Large kernels split their work over the context's threads with mts_parallel.
@@ -41,6 +41,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/kernels/gemm.h"
 #include "engine/kernels/kernel.h"
 
 /* The ASan build keeps the clones: it must run the code the release build runs. The TSan build
@@ -718,98 +719,8 @@ static int fast_chain_infer(mts_kctx *k)
 /* Batched MatMul on strided views                                                            */
 /* ------------------------------------------------------------------------------------------ */
 
-typedef struct bmm_job {
-    const float *A, *B;
-    float *Y;
-    int64_t B0, B1, M, N, K, Np;
-    const int64_t *as, *bs, *ys; /* strides: batch 0, batch 1, row, column */
-    float *pack;                 /* per thread: K x Np */
-} bmm_job;
-
-FAST_CLONES static void bmm_one(const bmm_job *j, const float *A, const float *B, float *Y, float *bp)
-{
-    int64_t M = j->M, N = j->N, K = j->K, Np = j->Np;
-    int64_t ars = j->as[2], acs = j->as[3], brs = j->bs[2], bcs = j->bs[3], yrs = j->ys[2];
-    for (int64_t k = 0; k < K; k++) {
-        float *d = bp + k * Np;
-        const float *b = B + k * brs;
-        if (bcs == 1) memcpy(d, b, sizeof(float) * (size_t)N);
-        else
-            for (int64_t c = 0; c < N; c++) d[c] = b[c * bcs];
-        for (int64_t c = N; c < Np; c++) d[c] = 0;
-    }
-    for (int64_t j0 = 0; j0 < Np; j0 += 64) {
-        int nv = (int)((Np - j0) / 16 < 4 ? (Np - j0) / 16 : 4);
-        int64_t i = 0;
-        for (; i + 4 <= M; i += 4) {
-            v16f acc[4][4];
-            for (int r = 0; r < 4; r++)
-                for (int v = 0; v < 4; v++) acc[r][v] = splat16(0);
-            const float *a0 = A + i * ars, *a1 = a0 + ars, *a2 = a1 + ars, *a3 = a2 + ars;
-            if (nv == 4) {
-                for (int64_t k = 0; k < K; k++) {
-                    const float *b = bp + k * Np + j0;
-                    v16f b0 = ld16(b), b1 = ld16(b + 16), b2 = ld16(b + 32), b3 = ld16(b + 48);
-                    v16f x0 = splat16(a0[k * acs]), x1 = splat16(a1[k * acs]), x2 = splat16(a2[k * acs]),
-                         x3 = splat16(a3[k * acs]);
-                    acc[0][0] += x0 * b0, acc[0][1] += x0 * b1, acc[0][2] += x0 * b2, acc[0][3] += x0 * b3;
-                    acc[1][0] += x1 * b0, acc[1][1] += x1 * b1, acc[1][2] += x1 * b2, acc[1][3] += x1 * b3;
-                    acc[2][0] += x2 * b0, acc[2][1] += x2 * b1, acc[2][2] += x2 * b2, acc[2][3] += x2 * b3;
-                    acc[3][0] += x3 * b0, acc[3][1] += x3 * b1, acc[3][2] += x3 * b2, acc[3][3] += x3 * b3;
-                }
-            } else {
-                for (int64_t k = 0; k < K; k++) {
-                    const float *b = bp + k * Np + j0;
-                    v16f x[4] = {splat16(a0[k * acs]), splat16(a1[k * acs]), splat16(a2[k * acs]),
-                                 splat16(a3[k * acs])};
-                    for (int v = 0; v < nv; v++) {
-                        v16f bv = ld16(b + 16 * v);
-                        for (int r = 0; r < 4; r++) acc[r][v] += x[r] * bv;
-                    }
-                }
-            }
-            for (int r = 0; r < 4; r++) {
-                float *y = Y + (i + r) * yrs + j0;
-                for (int v = 0; v < nv; v++) {
-                    int64_t c = j0 + 16 * v;
-                    if (c + 16 <= N) {
-                        st16(y + 16 * v, acc[r][v]);
-                    } else {
-                        for (int64_t q = c; q < N; q++) y[q - j0] = acc[r][v][q - c];
-                    }
-                }
-            }
-        }
-        for (; i < M; i++) {
-            v16f acc[4] = {splat16(0), splat16(0), splat16(0), splat16(0)};
-            const float *a = A + i * ars;
-            for (int64_t k = 0; k < K; k++) {
-                v16f x = splat16(a[k * acs]);
-                for (int v = 0; v < nv; v++) acc[v] += x * ld16(bp + k * Np + j0 + 16 * v);
-            }
-            float *y = Y + i * yrs + j0;
-            for (int v = 0; v < nv; v++) {
-                int64_t c = j0 + 16 * v;
-                if (c + 16 <= N) st16(y + 16 * v, acc[v]);
-                else
-                    for (int64_t q = c; q < N; q++) y[q - j0] = acc[v][q - c];
-            }
-        }
-    }
-}
-
-static void bmm_part(void *arg, int ithr, int nthr)
-{
-    const bmm_job *j = arg;
-    int64_t nb = j->B0 * j->B1, lo = nb * ithr / nthr, hi = nb * (ithr + 1) / nthr;
-    float *bp = j->pack + (size_t)ithr * (size_t)(j->K * j->Np);
-    for (int64_t b = lo; b < hi; b++) {
-        int64_t b0 = b / j->B1, b1 = b % j->B1;
-        bmm_one(j, j->A + b0 * j->as[0] + b1 * j->as[1], j->B + b0 * j->bs[0] + b1 * j->bs[1],
-                j->Y + b0 * j->ys[0] + b1 * j->ys[1], bp);
-    }
-}
-
+/* The product runs in the engine's GEMM (gemm.c), which reads A and B through their row and
+ * column strides; the two batch dimensions become one batch with per-entry offsets. */
 static int fast_bmm_run(mts_kctx *k)
 {
     int n[5];
@@ -820,24 +731,24 @@ static int fast_bmm_run(mts_kctx *k)
     if (!dims || !as || !bs || !ys || n[0] != 5 || n[1] != 4 || n[2] != 4 || n[3] != 4 || k->n_in != 2 ||
         ys[3] != 1)
         return mts_err_set(k->err, MTS_EINVAL, "malformed strided MatMul");
-    bmm_job j = {k->in[0]->data, k->in[1]->data, k->out[0].data, dims[0], dims[1], dims[2], dims[3], dims[4],
-                 (dims[3] + 15) / 16 * 16, as, bs, ys, NULL};
-    if (j.B0 * j.B1 * j.M * j.N == 0) return MTS_OK;
-    int64_t nb = j.B0 * j.B1;
-    int threads = k->threads < nb ? k->threads : (int)nb;
-    if (j.B0 * j.B1 * j.M * j.N * j.K < (1 << 16)) threads = 1;
-    if (threads < 1) threads = 1;
-    j.pack = malloc(sizeof(float) * (size_t)(j.K * j.Np > 0 ? j.K * j.Np : 1) * (size_t)threads);
-    if (!j.pack) return mts_err_set(k->err, MTS_ENOMEM, "out of memory");
-    if (j.K == 0) {
-        for (int64_t b = 0; b < nb; b++)
-            for (int64_t i = 0; i < j.M; i++)
-                memset(j.Y + (b / j.B1) * ys[0] + (b % j.B1) * ys[1] + i * ys[2], 0, sizeof(float) * (size_t)j.N);
-    } else {
-        mts_parallel(threads, bmm_part, &j);
+    int64_t B1 = dims[1], nb = dims[0] * dims[1];
+    if (nb * dims[2] * dims[3] == 0) return MTS_OK;
+    int64_t *off = malloc(sizeof(int64_t) * 3 * (size_t)nb);
+    if (!off) return mts_err_set(k->err, MTS_ENOMEM, "out of memory");
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t b0 = b / B1, b1 = b % B1;
+        off[b] = b0 * as[0] + b1 * as[1];
+        off[nb + b] = b0 * bs[0] + b1 * bs[1];
+        off[2 * nb + b] = b0 * ys[0] + b1 * ys[1];
     }
-    free(j.pack);
-    return MTS_OK;
+    mts_sgemm g = {.M = dims[2], .N = dims[3], .K = dims[4],
+                   .A = k->in[0]->data, .a_rs = as[2], .a_cs = as[3],
+                   .B = k->in[1]->data, .b_rs = bs[2], .b_cs = bs[3],
+                   .C = k->out[0].data, .ldc = ys[2], .alpha = 1.0f,
+                   .nbatch = nb, .a_off = off, .b_off = off + nb, .c_off = off + 2 * nb};
+    int rc = mts_sgemm_run(&g, k->threads);
+    free(off);
+    return rc ? mts_err_set(k->err, rc, "out of memory") : MTS_OK;
 }
 
 static int fast_bmm_infer(mts_kctx *k)

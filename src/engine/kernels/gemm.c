@@ -36,7 +36,11 @@
 #define GEMM_MC 120 /* a multiple of every micro-kernel's MR */
 #define GEMM_NC 2048
 #define GEMM_MAX_THREADS 64
-#define GEMM_FLOPS_PER_THREAD 1.6e7 /* below this much work another thread does not pay */
+/* Below this much work per thread another thread does not pay: when one product is cut into
+ * blocks (each thread packs its own copies of the shared operand), and when whole products of a
+ * batch go to the threads (attention heads: nothing is packed twice). */
+#define GEMM_FLOPS_PER_THREAD 1.6e7
+#define GEMM_BATCH_FLOPS_PER_THREAD 1e6
 
 static inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
@@ -158,13 +162,41 @@ typedef struct gemm_kernel {
     int mr, nr;
 } gemm_kernel;
 
-/* The fastest micro-kernel this CPU runs. */
+/* Whether this CPU and build run micro-kernel k. */
+static bool gemm_kernel_ok(mts_sgemm_kernel k)
+{
+    switch (k) {
+    case MTS_SGEMM_AUTO:
+    case MTS_SGEMM_PORTABLE: return true;
+#ifdef MTS_GEMM_X86
+    case MTS_SGEMM_AVX2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case MTS_SGEMM_AVX512: return __builtin_cpu_supports("avx512f");
+#endif
+    default: return false;
+    }
+}
+
+/* The micro-kernel tests forced (mts_sgemm_force_kernel); MTS_SGEMM_AUTO otherwise. */
+static mts_sgemm_kernel gemm_forced = MTS_SGEMM_AUTO;
+
+bool mts_sgemm_force_kernel(mts_sgemm_kernel k)
+{
+    if (!gemm_kernel_ok(k)) return false;
+    gemm_forced = k;
+    return true;
+}
+
+/* The forced micro-kernel, or else the fastest one this CPU runs. */
 static gemm_kernel gemm_pick_kernel(void)
 {
+    mts_sgemm_kernel k = gemm_forced;
 #ifdef MTS_GEMM_X86
-    if (__builtin_cpu_supports("avx512f")) return (gemm_kernel){ukernel_6x32_avx512, 6, 32};
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        return (gemm_kernel){ukernel_6x16_avx2, 6, 16};
+    if (k == MTS_SGEMM_AUTO)
+        k = gemm_kernel_ok(MTS_SGEMM_AVX512) ? MTS_SGEMM_AVX512
+            : gemm_kernel_ok(MTS_SGEMM_AVX2) ? MTS_SGEMM_AVX2
+                                             : MTS_SGEMM_PORTABLE;
+    if (k == MTS_SGEMM_AVX512) return (gemm_kernel){ukernel_6x32_avx512, 6, 32};
+    if (k == MTS_SGEMM_AVX2) return (gemm_kernel){ukernel_6x16_avx2, 6, 16};
 #endif
     return (gemm_kernel){ukernel_6x8, 6, 8};
 }
@@ -258,7 +290,7 @@ static void gemm_block(const mts_sgemm *g, const gemm_kernel *uk, int64_t bi, in
 {
     const float *A = g->A + (g->a_off ? g->a_off[bi] : 0);
     const float *B = g->B + (g->b_off ? g->b_off[bi] : 0);
-    float *C = g->C + bi * g->c_bs;
+    float *C = g->C + (g->c_off ? g->c_off[bi] : bi * g->c_bs);
     const int mr = uk->mr, nr = uk->nr;
     if (g->K <= 0) {
         if (!g->accumulate)
@@ -387,7 +419,8 @@ int mts_sgemm_run(const mts_sgemm *g, int threads)
     double flops = 2.0 * (double)g->M * (double)g->N * (double)(g->K > 0 ? g->K : 1) * (double)nbatch;
     int64_t nth = threads < 1 ? 1 : threads;
     if (nth > GEMM_MAX_THREADS) nth = GEMM_MAX_THREADS;
-    if ((double)nth * GEMM_FLOPS_PER_THREAD > flops) nth = (int64_t)(flops / GEMM_FLOPS_PER_THREAD);
+    double per_thread = nbatch >= nth ? GEMM_BATCH_FLOPS_PER_THREAD : GEMM_FLOPS_PER_THREAD;
+    if ((double)nth * per_thread > flops) nth = (int64_t)(flops / per_thread);
     if (nth < 1) nth = 1;
 
     /* A batch that does not divide evenly over the threads: cut each product into about

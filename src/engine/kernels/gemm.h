@@ -27,15 +27,27 @@ typedef struct mts_sgemm {
     const float *bias;      /* NULL, or M values: C(i,j) = bias[i] + alpha*(A*B)(i,j) */
     bool accumulate;        /* C += alpha*A*B (bias ignored) */
     /* Batch: nbatch products (0 counts as 1); product b reads A + a_off[b], B + b_off[b] (NULL:
-     * offset 0) and writes C + b*c_bs. */
+     * offset 0) and writes C + c_off[b] (NULL: C + b*c_bs). */
     int64_t nbatch;
-    const int64_t *a_off, *b_off;
+    const int64_t *a_off, *b_off, *c_off;
     int64_t c_bs;
 } mts_sgemm;
 
 /* Rows of the register tile the selected micro-kernel computes: callers that cut M into pieces
  * of their own use multiples of it so that no piece wastes a partial tile. */
 int mts_sgemm_mr(void);
+
+/* Micro-kernels. MTS_SGEMM_AUTO (the default) picks the fastest one the CPU runs. */
+typedef enum mts_sgemm_kernel {
+    MTS_SGEMM_AUTO,
+    MTS_SGEMM_PORTABLE, /* 6 x 8 on 4-float vectors */
+    MTS_SGEMM_AVX2,     /* 6 x 16, AVX2 + FMA */
+    MTS_SGEMM_AVX512,   /* 6 x 32, AVX-512F */
+} mts_sgemm_kernel;
+
+/* For tests: makes later GEMMs use micro-kernel k. Returns false (and changes nothing) when this
+ * CPU or build cannot run it. Not synchronized: call it while no GEMM runs. */
+bool mts_sgemm_force_kernel(mts_sgemm_kernel k);
 
 /* Floats of workspace mts_sgemm_serial needs for a product of M x N with inner dimension K. */
 size_t mts_sgemm_ws_floats(int64_t M, int64_t N, int64_t K);
