@@ -1365,7 +1365,7 @@ static void *io_main(void *arg)
             if (d < 0) d = 0;
             if (timeout < 0 || d < timeout) timeout = (int)d;
         }
-        if (io->stop_done) { /* look at the stop deadline often */
+        if (io->stop_done && io->now_ms < io->stop_deadline_ms) { /* wake for the stop deadline */
             int64_t d = io->stop_deadline_ms - io->now_ms;
             d = d < 0 ? 0 : d > 20 ? 20 : d;
             if (timeout < 0 || d < timeout) timeout = (int)d;
@@ -1416,16 +1416,16 @@ static void *io_main(void *arg)
             }
         }
         free_graveyard(io);
-        if (io->stop_done && io->npending == 0 && (!io->conns || io->now_ms >= io->stop_deadline_ms)) {
-            while (io->conns) {
+        if (io->stop_done && io->conns && io->now_ms >= io->stop_deadline_ms) {
+            while (io->conns) { /* cancels what is still in flight; its answer ends npending */
                 mts_http_conn *c = io->conns;
                 HOLD(c);
                 conn_abort(c);
                 RELEASE(c);
             }
             free_graveyard(io);
-            break;
         }
+        if (io->stop_done && io->npending == 0 && !io->conns) break;
         if (io->accept_resume_ms && io->now_ms >= io->accept_resume_ms && io->lfd >= 0) {
             io->accept_resume_ms = 0;
             struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &io->l_tag};
