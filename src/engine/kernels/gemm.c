@@ -40,7 +40,7 @@
  * blocks (each thread packs its own copies of the shared operand), and when whole products of a
  * batch go to the threads (attention heads: nothing is packed twice). */
 #define GEMM_FLOPS_PER_THREAD 1.6e7
-#define GEMM_BATCH_FLOPS_PER_THREAD 1e6
+#define GEMM_BATCH_FLOPS_PER_THREAD 6.5e4
 
 static inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
