@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The convolution ceiling and the width-32 lipsync-UNet against it (issue 3's "w32 at >= 85 % of
+# The convolution ceiling and the width-32 lipsync-UNet against it (the target "w32 at >= 85 % of
 # the measured convolution ceiling", `make bench-ceiling`). Builds four chains of eight 3x3 convs
 # (tools/ceiling/conv_ceiling.py make), then for ROUNDS rounds runs, one after the other, every
 # chain with mtserve and with ONNX Runtime and the model (MODEL, default lipsync_unet_w32) at each

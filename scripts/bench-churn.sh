@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Model churn benchmark (issue 7, `make bench-churn`): 1,000 configured small models (generated
+# Model churn benchmark (`make bench-churn`): 1,000 configured small models (generated
 # by models/gen/churn.py: five architectures x seeds, a few KB to 1.3 MB each, same signature),
 # capacity.max_models 100, Zipf(1.0) traffic from `mtserve bench` in open loop. Every request is
 # tagged warm or cold by asking the server whether its model is resident just before sending it

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# gRPC benchmarks (issue 5), measured with `mtserve bench --grpc` and printed as Markdown:
+# gRPC benchmarks, measured with `mtserve bench --grpc` and printed as Markdown:
 #  1. the tiny model (x[N,16] -> y[N,16], max_batch 64) over KServe gRPC ModelInfer with
 #     raw_input_contents: requests/s and p99 with 1, 16 and 64 concurrent streams (closed loop);
 #  2. serving efficiency on lipsync_unet_w8: throughput at saturation through gRPC ModelInfer

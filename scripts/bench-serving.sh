@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Serving benchmarks (issue: server core and KServe v2 HTTP), printed as Markdown:
+# Serving benchmarks (server core and KServe v2 HTTP), printed as Markdown:
 #  1. serving efficiency: lipsync_unet_w8 through HTTP with binary tensors at saturation vs the bare
 #     engine (`mtserve run`) with the same threads, measured back to back;
 #  2. a tiny model (16 floats in, 16 out) under wrk with keep-alive: requests/s and latency.

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Synthetic lip-sync avatar assets for mtserve's compositing (issue 6), and a small client that
+"""Synthetic lip-sync avatar assets for mtserve's compositing, and a small client that
 writes composited frames to disk.
 
 usage:

@@ -7,7 +7,7 @@
  * frame. ListModels / LoadModel / UnloadModel / GetModelStats / Health report the registry,
  * devices and totals.
  *
- * InferBatchComposite (issue 6, docs/media.md) runs the same inference, then composites each
+ * InferBatchComposite (docs/media.md) runs the same inference, then composites each
  * mouth region onto the model's background frame start_frame_idx + i and encodes it. While the
  * batch is queued and running, the request's background frames are decoded ahead on the media
  * threads (mts_bgcache_preload); when inference completes, the worker only hands the batch to a
@@ -373,7 +373,7 @@ static Inference__ModelInfo *model_info(mts__grpc_arena *a, const mts_server *sr
     s->evictions = st->evictions;
     s->load_failures = st->load_failures;
     s->last_load_ms = st->last_load_ms;
-    if (st->has_bgcache || st->bg_error[0]) { /* issue 6 */
+    if (st->has_bgcache || st->bg_error[0]) {
         Inference__BackgroundCacheStats *b =
             MTS__GRPC_NEW(a, Inference__BackgroundCacheStats, INFERENCE__BACKGROUND_CACHE_STATS__INIT);
         const mts_bgcache_stats *bs = &st->bgcache;

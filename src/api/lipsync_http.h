@@ -1,5 +1,5 @@
 /*
- * The lip-sync compositing endpoint of the HTTP front end (issue 6, docs/media.md):
+ * The lip-sync compositing endpoint of the HTTP front end (docs/media.md):
  *
  *   POST /api/v1/lipsync/{model}/composite?batch_size=N&start_frame_idx=K&format=jpeg&quality=85
  *        &wrap=loop

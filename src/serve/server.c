@@ -188,7 +188,7 @@ void mts_server_shutdown(mts_server *s, int grace_s)
     mts__fail_list(left, MTS_EUNAVAILABLE, "server shut down before the request could run");
     for (int i = 0; i < s->n_workers; i++) pthread_join(s->worker_threads[i], NULL);
     s->n_workers = 0;
-    /* Issue 6: composites handed to the media threads by the workers finish (and answer their
+    /* Lip-sync composites handed to the media threads by the workers finish (and answer their
      * clients) before the front ends stop; later callers composite inline. */
     pthread_mutex_lock(&s->lock);
     mts_workq *mq = s->media_q;

@@ -1,5 +1,5 @@
 /*
- * Unit tests of src/media (lip-sync compositing, issue 6): quantization and bilinear resize
+ * Unit tests of src/media (lip-sync compositing): quantization and bilinear resize
  * against a reference computed here in double precision, pixel-exact compositing of a known
  * pattern through the whole batch path (cache -> resize -> paste -> raw RGB / PNG round trip),
  * JPEG output structure, JPEG splicing (byte-identical to encoding the whole frame, for frame
