@@ -1,5 +1,5 @@
 /*
- * The lip-sync inference.InferenceService of the design documents (proto/lipsync.proto) over
+ * The lip-sync inference.InferenceService (proto/lipsync.proto) over
  * the server core. InferBatch maps the documents' raw float32 byte arrays onto a model with two
  * inputs, visual [N,6,320,320] and audio [N,32,16,16] (taken by name when the model calls them
  * "visual" and "audio", else its first two inputs in order), checks every byte count against

@@ -671,7 +671,7 @@ static void write_model_stats(mts_jw *w, const mts_model_status *st)
         mts_jw_end_object(w);
     }
     mts_jw_end_array(w);
-    /* The design documents' registry statistics. */
+    /* The registry statistics of the lip-sync deployment's API. */
     mts_jw_key(w, "UsageCount");
     mts_jw_uint(w, st->usage_count);
     mts_jw_key(w, "LastUsed");

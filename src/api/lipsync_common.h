@@ -1,7 +1,7 @@
 /*
  * Pieces shared by the two lip-sync front ends (gRPC inference.InferenceService in
  * grpc_lipsync.c and POST /api/v1/lipsync/{model}/composite in lipsync_http.c): the batch limit
- * of the design documents, the request checks, the binding of the raw visual and audio frames
+ * of the lip-sync API, the request checks, the binding of the raw visual and audio frames
  * to the model's inputs, the compositing options and the check of the model's mouth-region
  * output, the status of an asset failure, and the background prefetch that overlaps frame
  * decoding with inference. Checks return MTS_E* statuses (protocol.h maps them per wire).
