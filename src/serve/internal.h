@@ -29,6 +29,9 @@
 #include "serve/server.h"
 
 #define MTS__HIST_BUCKETS 16
+/* Longest a load blocked by busy, loading or pinned models waits for room (its requests stay
+ * queued, each also bounded by its own timeout) before its requests are failed. */
+#define MTS__ROOM_WAIT_NS (10 * 1000000000LL)
 extern const double mts__time_buckets[MTS__HIST_BUCKETS];
 #define MTS__BATCH_BUCKETS 8
 extern const double mts__batch_buckets[MTS__BATCH_BUCKETS];
@@ -81,6 +84,11 @@ typedef struct mts__entry {
     char reason[256];
     int64_t retry_at_ns;
     int fails;
+    /* Load blocked by capacity held by pinned, loading or busy models (not a failure): its
+     * requests stay queued and the load is retried when a model goes idle, until
+     * MTS__ROOM_WAIT_NS after the first blocked attempt. 0 = not waiting. */
+    int64_t room_wait_since_ns;
+    bool room_retry; /* a retry of such a load is queued or running */
     mts_request *qh, *qt;
     int qlen, running;
     bool in_ready;
@@ -154,6 +162,7 @@ struct mts_server {
     int total_queued;
     int resident;
     int rr_next;
+    int room_waiters; /* entries with room_wait_since_ns set */
     int deadline_reqs;
     int64_t last_sweep_ns;
     int64_t start_ns;

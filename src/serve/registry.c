@@ -82,6 +82,20 @@ void mts__request_load(mts_server *s, mts__entry *e)
     pthread_cond_signal(&s->load_cv);
 }
 
+/* Queues a retry of every load waiting for room (lock held): a model went idle or unloaded,
+ * or a reservation was released. */
+static void retry_room_waiters(mts_server *s)
+{
+    if (s->stopping) return;
+    for (int i = 0; i < s->n_entries; i++) {
+        mts__entry *w = &s->entries[i];
+        if (w->room_wait_since_ns && !w->room_retry && w->state == MTS_MODEL_LOADING) {
+            w->room_retry = true;
+            mts__request_load(s, w);
+        }
+    }
+}
+
 /* Detaches e's current version after eviction or unload (lock held); returns it for freeing. */
 static mts__version *detach(mts_server *s, mts__entry *e)
 {
@@ -241,6 +255,9 @@ static void load_one(mts_server *s, mts__entry *e)
     bool reload = e->reload_pending;
     int dev = choose_device(s, e);
     int rc = make_room(s, e, dev, need, &to_free, msg, sizeof msg);
+    /* no room now, but the model fits the device: the models in the way are busy, loading or
+     * pinned, which is not a failure of this model */
+    bool blocked = rc == MTS_ELIMIT && need <= s->devs[dev].budget && !reload;
     bool reserved = rc == MTS_OK;
     if (reserved) s->devs[dev].used += need; /* released when the load ends */
     pthread_mutex_unlock(&s->lock);
@@ -278,11 +295,36 @@ static void load_one(mts_server *s, mts__entry *e)
     if (reserved) s->devs[dev].used -= need;
     notify = e->load_waiters;
     e->load_waiters = NULL;
-    mts__hist_add(&e->h_load, mts__time_buckets, MTS__HIST_BUCKETS, ms / 1e3);
-    if (rc) {
+    e->room_retry = false;
+    bool wait = false;
+    if (blocked) {
+        int64_t now = mts__now_ns();
+        if (!e->room_wait_since_ns) {
+            e->room_wait_since_ns = now;
+            s->room_waiters++;
+            MTS_INFO("model=%s event=load_waiting queued=%d reason=\"%s\"", cfg->name, e->qlen, msg);
+        }
+        wait = (e->qlen > 0 || notify) && now - e->room_wait_since_ns < MTS__ROOM_WAIT_NS && !s->stopping;
+    }
+    if (!wait && e->room_wait_since_ns) {
+        e->room_wait_since_ns = 0;
+        s->room_waiters--;
+    }
+    if (!rc || !blocked) mts__hist_add(&e->h_load, mts__time_buckets, MTS__HIST_BUCKETS, ms / 1e3);
+    if (wait) {
+        /* requests and load callers stay; retried when a model goes idle (mts__after_idle) and
+         * by the janitor each second */
+        e->load_waiters = notify;
+        notify = NULL;
+        s->resident--; /* state stays LOADING, with no job until the retry */
+        snprintf(e->reason, sizeof e->reason, "waiting for room: %s", msg);
+    } else if (rc) {
         e->load_failures++;
-        e->fails++;
-        int64_t backoff_ms = 1000LL << (e->fails < 7 ? e->fails - 1 : 6); /* 1 s, 2 s, ... 64 s */
+        int64_t backoff_ms = 0;
+        if (!blocked) { /* a real failure backs off: 1 s, 2 s, ... 64 s */
+            e->fails++;
+            backoff_ms = 1000LL << (e->fails < 7 ? e->fails - 1 : 6);
+        }
         e->retry_at_ns = mts__now_ns() + backoff_ms * 1000000;
         snprintf(e->reason, sizeof e->reason, "%s", msg);
         if (reload && e->cur) {
@@ -330,6 +372,7 @@ static void load_one(mts_server *s, mts__entry *e)
     }
     char reason[300];
     snprintf(reason, sizeof reason, "model '%s' failed to load: %s", cfg->name, e->reason);
+    if (rc && reserved && s->room_waiters > 0) retry_room_waiters(s); /* its reservation is free again */
     pthread_mutex_unlock(&s->lock);
     mts__fail_list(failed, MTS_EUNAVAILABLE, reason);
     mts__notify(notify, rc, rc ? reason : "loaded");
@@ -388,6 +431,7 @@ void mts__after_idle(mts_server *s, mts__entry *e, mts__version **to_free, mts__
         }
         e->unload_waiters = NULL;
     }
+    if (s->room_waiters > 0 && e->qlen == 0 && e->running == 0) retry_room_waiters(s);
 }
 
 int mts_server_load(mts_server *s, const char *model, bool force_reload, mts_server_cb cb, void *user, mts_err *err)
@@ -448,7 +492,9 @@ void *mts__janitor_main(void *arg)
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_sec += 1;
         pthread_cond_timedwait(&s->janitor_cv, &s->lock, &ts);
-        if (s->stop_all || s->cfg->idle_timeout_minutes <= 0) continue;
+        if (s->stop_all) continue;
+        if (s->room_waiters > 0) retry_room_waiters(s); /* also ends waits past MTS__ROOM_WAIT_NS */
+        if (s->cfg->idle_timeout_minutes <= 0) continue;
         int64_t limit = (int64_t)(s->cfg->idle_timeout_minutes * 60e9);
         int64_t now = mts__now_ns();
         mts__version *to_free = NULL;

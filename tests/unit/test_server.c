@@ -686,6 +686,48 @@ static void test_priorities(void **state)
     unsetenv("MTS_SHORT_LANE");
 }
 
+/* A load blocked by a busy model waits for it instead of failing: with room for one model,
+ * m01's request arrives while m00 works through a backlog; it is answered once m00 has gone
+ * idle and been evicted, with no load failure and no back-off. (Failing at once put m01 into a
+ * 1 s back-off and answered 503.) */
+static void test_load_waits_for_busy_model(void **state)
+{
+    (void)state;
+    mts_config cfg;
+    make_config(&cfg, 2, 1, model_path);
+    cfg.models[0].max_batch = 1;
+    cfg.models[0].queue_size = 1000;
+    cfg.max_queue_total = 2000;
+    mts_server *s;
+    mts_err err = {0};
+    assert_int_equal(mts_server_create(&cfg, &s, &err), 0);
+    assert_int_equal(infer_once(s, "m00"), 0);
+    enum { N = 200 };
+    call *c0[N];
+    for (int i = 0; i < N; i++) {
+        c0[i] = call_new("m00", 1);
+        assert_int_equal(submit(s, c0[i]), 0);
+    }
+    call *c1 = call_new("m01", 1);
+    assert_int_equal(submit(s, c1), 0);
+    int rc1 = call_wait(c1);
+    int done0 = count_done(c0, N);
+    printf("load behind a busy model: m01 status %d (%s) after %d of m00's %d requests\n", rc1, c1->msg, done0, N);
+    assert_int_equal(rc1, 0);
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(call_wait(c0[i]), 0);
+        call_free(c0[i]);
+    }
+    mts_model_status st;
+    mts_server_model_status_by_name(s, "m01", &st);
+    assert_int_equal(st.load_failures, 0);
+    assert_int_equal(st.state, MTS_MODEL_READY);
+    call_free(c1);
+    mts_server_shutdown(s, 5);
+    mts_server_free(s);
+    mts_config_free(&cfg);
+}
+
 int main(void)
 {
     mts_log_set_level(MTS_LOG_WARN);
@@ -700,6 +742,7 @@ int main(void)
         cmocka_unit_test(test_devices_and_idle_timeout),
         cmocka_unit_test(test_fair_share_by_compute_time),
         cmocka_unit_test(test_priorities),
+        cmocka_unit_test(test_load_waits_for_busy_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
