@@ -1258,6 +1258,23 @@ static void close_listener(io_thread *io)
     pthread_mutex_unlock(&s->mu);
 }
 
+/* The server is full: closes this thread's keep-alive connection idle the longest (nothing
+ * buffered, nothing in flight, nothing to write) to make room for a new client. The count of
+ * connections drops by one; true when one was closed. */
+static bool close_oldest_idle(io_thread *io)
+{
+    mts_http_conn *old = NULL;
+    for (mts_http_conn *c = io->conns; c; c = c->next)
+        if (!c->pending && c->state == RS_HEAD && avail_bytes(c) == 0 && !c->out_head &&
+            (!old || c->last_ms < old->last_ms))
+            old = c;
+    if (!old) return false;
+    HOLD(old);
+    conn_abort(old); /* decrements nconns */
+    RELEASE(old);
+    return true;
+}
+
 /* Accepts up to ACCEPT_BATCH connections; true when more may be waiting. */
 static bool on_accept(io_thread *io)
 {
@@ -1274,7 +1291,8 @@ static bool on_accept(io_thread *io)
             }
             return false;
         }
-        if (atomic_fetch_add_explicit(&s->nconns, 1, memory_order_relaxed) >= s->o.max_connections) {
+        if (atomic_fetch_add_explicit(&s->nconns, 1, memory_order_relaxed) >= s->o.max_connections &&
+            !close_oldest_idle(io)) {
             atomic_fetch_sub_explicit(&s->nconns, 1, memory_order_relaxed);
             send_now(fd, 503, "too many connections");
             close(fd);
@@ -1323,7 +1341,7 @@ static void scan_timeouts(io_thread *io)
             } else if (c->state == RS_HEAD && avail_bytes(c) == 0) {
                 if (now - c->last_ms >= idle) conn_abort(c); /* idle keep-alive connection */
             } else if (c->state == RS_HEAD) {
-                if (c->head_start_ms && now - c->head_start_ms >= idle) {
+                if (c->head_start_ms && now - c->head_start_ms >= io->srv->o.header_timeout_ms) {
                     send_now(c->fd, 408, "request header not completed in time");
                     conn_abort(c);
                 }
@@ -1505,6 +1523,9 @@ int mts_http_start(const mts_http_opts *o, mts_http_server **out, mts_err *err)
     if (s->o.max_header > ((size_t)1 << 30)) s->o.max_header = (size_t)1 << 30; /* offsets are 32-bit */
     if (!s->o.idle_timeout_ms) s->o.idle_timeout_ms = 60000;
     if (s->o.max_connections <= 0) s->o.max_connections = 10000;
+    if (s->o.header_timeout_ms <= 0) s->o.header_timeout_ms = 10000;
+    if (s->o.idle_timeout_ms > 0 && s->o.header_timeout_ms > s->o.idle_timeout_ms)
+        s->o.header_timeout_ms = s->o.idle_timeout_ms;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     s->threads = calloc((size_t)s->o.io_threads, sizeof *s->threads);

@@ -17,8 +17,10 @@
  * Transfer-Encoding -> 400. After any of these the connection is closed (framing is lost). A bare
  * LF is accepted as a line end (RFC 9112 section 2.2 allows it); a bare CR is rejected (400).
  * A connection idle for idle_timeout_ms is closed; a request head that is not complete
- * idle_timeout_ms after its first byte (slowloris) and a body that stalls for idle_timeout_ms get
- * 408 and are closed. Buffers grow only as bytes actually arrive.
+ * header_timeout_ms after its first byte (slowloris) and a body that stalls for idle_timeout_ms
+ * get 408 and are closed. Buffers grow only as bytes actually arrive. When max_connections are
+ * open, a new client is admitted by closing the accepting thread's oldest idle keep-alive
+ * connection; only when there is none does it get 503.
  */
 #ifndef MTS_API_HTTP_H
 #define MTS_API_HTTP_H
@@ -78,7 +80,8 @@ typedef struct mts_http_opts {
     size_t max_body;          /* bytes; 0 = 64 MiB */
     size_t max_header;        /* bytes of request line + header fields; 0 = 16 KiB (min 64) */
     int idle_timeout_ms;      /* 0 = 60000; < 0 = no timeouts (no slowloris protection either) */
-    int max_connections;      /* over all I/O threads; 0 = 10000; beyond it: 503 and close */
+    int max_connections;      /* over all I/O threads; 0 = 10000; beyond it: an idle one goes, or 503 */
+    int header_timeout_ms;    /* a request head's first byte to its end; 0 = 10000 (capped at idle) */
     mts_http_handler handler; /* required */
     mts_http_cancel_fn on_cancel; /* optional */
     void *user;               /* first argument of handler and on_cancel */

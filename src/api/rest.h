@@ -20,6 +20,9 @@ typedef struct mts_rest_opts {
     int port;              /* 0: ephemeral (tests) */
     int io_threads;        /* default 1 */
     size_t max_body;       /* bytes; from server.max_message_size_mb */
+    int max_connections;   /* 0: 4096 */
+    int idle_timeout_ms;   /* keep-alive idle close; 0: 60000 */
+    int header_timeout_ms; /* request head deadline (slowloris); 0: 10000 */
 } mts_rest_opts;
 
 int mts_rest_start(mts_server *srv, const mts_rest_opts *opts, mts_rest **out, mts_err *err);

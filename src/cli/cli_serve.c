@@ -37,7 +37,9 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: mtserve serve [--config FILE.yaml] [--model-repository DIR] [--host ADDR] [--http-port PORT]\n"
                "                     [--grpc-port PORT] [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]]\n"
-               "                     [--grace S] [--log-level debug|info|warn|error]\n"
+               "                     [--grace S] [--max-connections N] [--keepalive-timeout S]\n"
+               "                     [--header-timeout S] [--http-thread-count N]\n"
+               "                     [--log-level debug|info|warn|error]\n"
                "  Serves every model of the configuration and/or of DIR (one folder per model holding model.onnx\n"
                "  and an optional config.yaml) over KServe v2 HTTP. Stops gracefully on SIGTERM/SIGINT.\n");
 }
@@ -46,6 +48,11 @@ int mts_cli_serve(int argc, char **argv)
 {
     const char *config_path = NULL, *repo = NULL, *host = NULL;
     int port = -1, grpc_port = -1, grace = -1;
+    /* --max-connections, --keepalive-timeout, --header-timeout, --http-thread-count */
+    int conn_opts[4] = {-1, -1, -1, -1};
+    static const char *const conn_flags[4] = {"--max-connections", "--keepalive-timeout", "--header-timeout",
+                                              "--http-thread-count"};
+    static const int conn_max[4] = {1000000, 86400, 3600, 64};
     const char *tls[3] = {NULL, NULL, NULL}; /* cert, key, client CA */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -56,7 +63,19 @@ int mts_cli_serve(int argc, char **argv)
         else if (!strcmp(a, "--http-port") && has) port = atoi(argv[++i]);
         else if (!strcmp(a, "--grpc-port") && has) grpc_port = atoi(argv[++i]);
         else if (!strcmp(a, "--grace") && has) grace = atoi(argv[++i]);
-        else if (!strcmp(a, "--tls-cert") && has) tls[0] = argv[++i];
+        else if ((!strcmp(a, conn_flags[0]) || !strcmp(a, conn_flags[1]) || !strcmp(a, conn_flags[2]) ||
+                  !strcmp(a, conn_flags[3])) && has) {
+            int k = 0;
+            while (strcmp(a, conn_flags[k])) k++;
+            char *end;
+            long v = strtol(argv[++i], &end, 10);
+            if (*argv[i] == '\0' || *end || v < 1 || v > conn_max[k]) {
+                fprintf(stderr, "mtserve serve: %s wants a whole number from 1 to %d, not '%s'\n", a, conn_max[k],
+                        argv[i]);
+                return 2;
+            }
+            conn_opts[k] = (int)v;
+        } else if (!strcmp(a, "--tls-cert") && has) tls[0] = argv[++i];
         else if (!strcmp(a, "--tls-key") && has) tls[1] = argv[++i];
         else if (!strcmp(a, "--tls-client-ca") && has) tls[2] = argv[++i];
         else if (!strcmp(a, "--log-level") && has) {
@@ -95,6 +114,10 @@ int mts_cli_serve(int argc, char **argv)
         if (port >= 0) cfg.http_port = port;
         if (grpc_port >= 0) cfg.grpc_port = grpc_port;
         if (grace >= 0) cfg.shutdown_grace_s = grace;
+        if (conn_opts[0] > 0) cfg.max_connections = conn_opts[0];
+        if (conn_opts[1] > 0) cfg.keepalive_timeout_s = conn_opts[1];
+        if (conn_opts[2] > 0) cfg.header_timeout_s = conn_opts[2];
+        if (conn_opts[3] > 0) cfg.http_threads = conn_opts[3];
         char **tls_dst[3] = {&cfg.tls_cert_path, &cfg.tls_key_path, &cfg.tls_client_ca_path};
         for (int i = 0; i < 3; i++)
             if (tls[i]) {
@@ -124,7 +147,8 @@ int mts_cli_serve(int argc, char **argv)
         mts_config_free(&cfg);
         return 1;
     }
-    mts_rest_opts ho = {cfg.host, cfg.http_port, 2, (size_t)cfg.max_message_size_mb << 20};
+    mts_rest_opts ho = {cfg.host, cfg.http_port, cfg.http_threads, (size_t)cfg.max_message_size_mb << 20, cfg.max_connections,
+                        cfg.keepalive_timeout_s * 1000, cfg.header_timeout_s * 1000};
     mts_rest *http = NULL;
     if ((rc = mts_rest_start(srv, &ho, &http, &err))) {
         fprintf(stderr, "mtserve: cannot start HTTP on %s:%d: %s\n", cfg.host, cfg.http_port, err.msg);

@@ -588,6 +588,10 @@ static int server_key(pctx *x, const char *key, const char *full, const ynode *k
         rc = get_int(x, v, full, 0, 86400000, &i64);
         if (rc == 1) c->default_timeout_ms = i64;
     } else if (strcmp(key, "shutdown_grace_s") == 0) rc = get_int32(x, v, full, 0, 3600, &c->shutdown_grace_s);
+    else if (strcmp(key, "max_connections") == 0) rc = get_int32(x, v, full, 1, 1000000, &c->max_connections);
+    else if (strcmp(key, "http_threads") == 0) rc = get_int32(x, v, full, 1, 64, &c->http_threads);
+    else if (strcmp(key, "keepalive_timeout_s") == 0) rc = get_int32(x, v, full, 1, 86400, &c->keepalive_timeout_s);
+    else if (strcmp(key, "header_timeout_s") == 0) rc = get_int32(x, v, full, 1, 3600, &c->header_timeout_s);
     else if (strcmp(key, "tls_cert_path") == 0) rc = get_path(x, v, full, &c->tls_cert_path);
     else if (strcmp(key, "tls_key_path") == 0) rc = get_path(x, v, full, &c->tls_key_path);
     else if (strcmp(key, "tls_client_ca_path") == 0) rc = get_path(x, v, full, &c->tls_client_ca_path);
@@ -795,6 +799,10 @@ void mts_config_defaults(mts_config *c)
     c->queue_size = 100;
     c->max_message_size_mb = 50;
     c->shutdown_grace_s = 30;
+    c->max_connections = 4096;
+    c->http_threads = 2;
+    c->keepalive_timeout_s = 60;
+    c->header_timeout_s = 10;
     c->device_count = 1;
     c->placement = MTS_PLACE_ROUND_ROBIN;
     c->max_models = 100;

@@ -52,6 +52,10 @@ typedef struct mts_config {
     int max_message_size_mb;   /* request body / message limit; default 50 */
     int64_t default_timeout_ms;/* 0 = none */
     int shutdown_grace_s;      /* SIGTERM: time to finish queued work; default 30 */
+    int max_connections;       /* server.max_connections: open HTTP connections; default 4096 */
+    int http_threads;          /* server.http_threads: HTTP I/O threads; default 2 */
+    int keepalive_timeout_s;   /* server.keepalive_timeout_s: idle HTTP connection closes; default 60 */
+    int header_timeout_s;      /* server.header_timeout_s: a request head must arrive within; default 10 */
     char *tls_cert_path;       /* server.tls_cert_path: PEM certificate chain; gRPC serves TLS when set */
     char *tls_key_path;        /* server.tls_key_path: its PEM private key */
     char *tls_client_ca_path;  /* server.tls_client_ca_path: when set, clients must present a cert it signed */

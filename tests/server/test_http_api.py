@@ -894,6 +894,65 @@ def test_model_that_fails_to_load(start_server, tmp_path):
     assert srv.get("/v2/health/ready").status_code == 200
 
 
+def test_full_server_admits_a_new_client_by_closing_the_oldest_idle(start_server):
+    """server.max_connections 4: with four idle keep-alive connections open, a fifth client is
+    served (not refused with 503): the oldest idle keep-alive connection is closed to admit it."""
+    srv = start_server({"tiny": TINY}, config={"server": {"max_connections": 4, "http_threads": 1}})
+    srv.http.close()  # the fixture's own keep-alive session would count as a connection
+    idle = []
+    for _ in range(4):
+        sk = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+        sk.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert read_http_response(sk) == (200, False)
+        idle.append(sk)
+        time.sleep(0.05)  # distinct idle ages
+    r = requests.get(srv.url + "/v2/health/ready", headers={"Connection": "close"}, timeout=10)
+    assert r.status_code == 200, r.text
+    # the connection idle the longest was closed to make room (one I/O thread here: each thread
+    # closes the oldest of its own connections); the other three still serve
+    idle[0].settimeout(5)
+    assert idle[0].recv(100) == b""
+    for sk in idle[1:]:
+        sk.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert read_http_response(sk)[0] == 200
+    for sk in idle:
+        sk.close()
+
+
+def test_slowloris_dies_at_the_header_deadline(start_server):
+    """server.header_timeout_s 1: a client trickling a request head one byte per 100 ms gets 408
+    about 1 s after its first byte, although each byte keeps it from looking idle; a normal client
+    is served meanwhile."""
+    srv = start_server({"tiny": TINY}, config={"server": {"header_timeout_s": 1}})
+    sk = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+    head = b"GET /v2 HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 200
+    t0 = time.monotonic()
+    got = b""
+    sk.settimeout(0.1)
+    for b in head:
+        try:
+            sk.sendall(bytes([b]))
+        except OSError:
+            break
+        try:
+            chunk = sk.recv(4096)
+            if not chunk:
+                break
+            got += chunk
+            if b"\r\n\r\n" in got:
+                break
+        except socket.timeout:
+            pass
+        assert requests.get(srv.url + "/v2/health/live", timeout=5).status_code == 200
+        if time.monotonic() - t0 > 5:
+            break
+    dt = time.monotonic() - t0
+    sk.close()
+    assert got.startswith(b"HTTP/1.1 408"), got
+    assert 0.9 <= dt <= 3.0, dt
+    assert requests.get(srv.url + "/v2/health/live", timeout=5).status_code == 200
+
+
 def test_pipelined_burst_all_answered(start_server):
     """3,000 pipelined requests in one write get 3,000 answers, in order. Their answers pass the
     output high-water mark many times over; parsing must resume each time the socket takes the
