@@ -1258,16 +1258,20 @@ static void close_listener(io_thread *io)
     pthread_mutex_unlock(&s->mu);
 }
 
-/* The server is full: closes this thread's keep-alive connection idle the longest (nothing
- * buffered, nothing in flight, nothing to write) to make room for a new client. The count of
- * connections drops by one; true when one was closed. */
+/* A keep-alive connection between requests: nothing buffered, nothing in flight, nothing to
+ * write. Closing it loses nothing the client has been answered for. */
+static bool conn_idle(const mts_http_conn *c)
+{
+    return c->fd >= 0 && !c->pending && c->state == RS_HEAD && avail_bytes(c) == 0 && !c->out_head;
+}
+
+/* The server is full: closes this thread's keep-alive connection idle the longest to make room
+ * for a new client. The count of connections drops by one; true when one was closed. */
 static bool close_oldest_idle(io_thread *io)
 {
     mts_http_conn *old = NULL;
     for (mts_http_conn *c = io->conns; c; c = c->next)
-        if (!c->pending && c->state == RS_HEAD && avail_bytes(c) == 0 && !c->out_head &&
-            (!old || c->last_ms < old->last_ms))
-            old = c;
+        if (conn_idle(c) && (!old || c->last_ms < old->last_ms)) old = c;
     if (!old) return false;
     HOLD(old);
     conn_abort(old); /* decrements nconns */
@@ -1427,8 +1431,7 @@ static void *io_main(void *arg)
                 if (!c->pending && c->state != RS_LINGER) {
                     c->drained = false;
                     conn_run(c);
-                    if (c->fd >= 0 && !c->pending && !c->out_head && c->state == RS_HEAD && avail_bytes(c) == 0)
-                        begin_close(c); /* idle: close without a reset */
+                    if (conn_idle(c)) begin_close(c); /* close without a reset */
                 }
                 RELEASE(c);
             }

@@ -65,9 +65,9 @@ int mts_rest_start(mts_server *srv, const mts_rest_opts *o, mts_rest **out, mts_
     ho.io_threads = o->io_threads > 0 ? o->io_threads : 1;
     ho.max_body = o->max_body;
     ho.max_header = 64 * 1024;
-    ho.idle_timeout_ms = o->idle_timeout_ms > 0 ? o->idle_timeout_ms : 60000;
+    ho.idle_timeout_ms = o->idle_timeout_ms > 0 ? o->idle_timeout_ms : 0; /* 0: http.c's default */
     ho.max_connections = o->max_connections > 0 ? o->max_connections : 4096;
-    ho.header_timeout_ms = o->header_timeout_ms > 0 ? o->header_timeout_ms : 10000;
+    ho.header_timeout_ms = o->header_timeout_ms;
     ho.handler = handler;
     ho.on_cancel = on_cancel;
     ho.user = r;

@@ -129,7 +129,7 @@ void mts_route_error(mts_http_conn *c, int status, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    json_error(c, mts_proto_http_status(status), NULL, msg);
+    mts_route_error_text(c, status, msg, 0);
 }
 
 void mts_route_fail(mts_http_conn *c, char **body, void (*done)(void *arg), void *arg, int status, const char *fmt, ...)
