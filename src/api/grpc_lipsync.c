@@ -287,6 +287,7 @@ static void composite_run(void *arg)
         r.queue_time_ms = (float)req->queue_ms;
         r.executed_batch_size = req->batch_size;
         r.media_queue_time_ms = (float)(t_start - l->t_done);
+        r.num_frames = mts_bgcache_num_frames(l->bg);
         mts__grpc_reply(c, &r.base);
         mts__grpc_arena_free(&a);
         mts_composite_out_free(&out);

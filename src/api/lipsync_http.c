@@ -117,6 +117,8 @@ static void composite_run(void *arg)
     }
     mts_jw_key(&w, "executed_batch_size");
     mts_jw_int(&w, req->batch_size);
+    mts_jw_key(&w, "num_frames");
+    mts_jw_int(&w, mts_bgcache_num_frames(cc->bg));
     mts_jw_key(&w, "frames");
     mts_jw_begin_array(&w);
     for (int i = 0; i < cc->out.n; i++) {

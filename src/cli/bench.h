@@ -49,6 +49,11 @@ typedef struct mts_bench_call {
     int n_inputs;
     const mts_bench_input *inputs;
     int64_t timeout_us; /* server-side deadline ("timeout" parameter); 0: none */
+    /* Lip-sync transports only: inputs[0] is the visual, inputs[1] the audio tensor, both with
+     * `frames` in their first dimension. */
+    int frames;
+    bool composite;     /* InferBatchComposite (finished frames) instead of InferBatch (raw) */
+    const char *format; /* composite: "jpeg", "png" or "rgb" */
 } mts_bench_call;
 
 /* Transport-level failures (result.status == 0). */
@@ -66,6 +71,12 @@ typedef struct mts_bench_result {
     int transport_error; /* MTS_BENCH_E* when status is 0 */
     double queue_ms;     /* server-reported time queued incl. load waits; < 0 if not reported */
     double compute_ms;   /* server-reported engine time; < 0 if not reported */
+    /* Lip-sync replies: compositing, encoding and background-frame times (< 0 if not reported),
+     * frames and payload bytes received, the avatar's frame count (0 if not reported). */
+    double composite_ms, encode_ms, background_ms;
+    int frames;
+    uint64_t bytes;
+    int num_frames;
     char msg[200];       /* error text (server's "error" field or the transport's reason) */
     char code[24];       /* error key when the transport has its own names (gRPC: NOT_FOUND, ...);
                             empty: the HTTP status or the transport error name is used */
@@ -83,8 +94,9 @@ typedef struct mts_bench_transport {
     /* A connection handle (never NULL unless out of memory). It connects eagerly but a failure
      * is only reported by the next infer, which also reconnects after errors. */
     void *(*connect)(const mts_bench_target *t);
-    /* Sends one prepared request and waits up to timeout_ms for its response. */
-    void (*infer)(void *conn, const void *prepared, double timeout_ms, mts_bench_result *res);
+    /* Sends one prepared request and waits up to timeout_ms for its response. start_frame is
+     * the first background frame of a lip-sync composite (ignored by the other transports). */
+    void (*infer)(void *conn, const void *prepared, int64_t start_frame, double timeout_ms, mts_bench_result *res);
     /* Optional (may be NULL): 1 when the model is resident and ready, 0 when not, -1 on error. */
     int (*model_ready)(void *conn, const char *model, double timeout_ms);
     void (*close)(void *conn);
@@ -92,6 +104,12 @@ typedef struct mts_bench_transport {
 
 extern const mts_bench_transport mts_bench_http_transport;
 extern const mts_bench_transport mts_bench_grpc_transport;
+/* The lip-sync service: gRPC inference.InferenceService InferBatch / InferBatchComposite
+ * (bench_grpc.c), and HTTP POST /api/v1/lipsync/{model}/composite (bench_http.c). */
+extern const mts_bench_transport mts_bench_lipsync_grpc_transport;
+extern const mts_bench_transport mts_bench_lipsync_http_transport;
+/* Resets a result before a request: no status, every server time unreported. */
+void mts_bench_result_init(mts_bench_result *res);
 
 /* ---- gRPC (bench_grpc.c) --------------------------------------------------------------- */
 

@@ -1,7 +1,8 @@
 /*
  * The gRPC side of `mtserve bench`: the KServe v2 GRPCInferenceService transport (ModelInfer with
- * raw_input_contents), on gRPC core's C API and protobuf-c, plus the control calls bench needs
- * when it has no HTTP address (ModelMetadata, RepositoryIndex).
+ * raw_input_contents) and the lip-sync service transport (inference.InferenceService InferBatch
+ * and InferBatchComposite), on gRPC core's C API and protobuf-c, plus the control calls bench
+ * needs when it has no HTTP address (ModelMetadata, RepositoryIndex).
  *
  * Channels. A client thread ("connection" in bench's terms) owns a completion queue and has one
  * call in flight at a time on a channel. Channels come from a pool of --grpc-channels K
@@ -15,9 +16,11 @@
  * streams and, at 64 streams, 10-30 % more than a single channel (docs/benchmarks.md).
  *
  * Requests. A request is packed once into a grpc_slice shared read-only by all threads; each
- * send wraps it in a byte buffer (a reference, no copy). Replies are not unpacked: a small wire
- * scanner reads only the response's `parameters` map (queue_ms, compute_ms) and checks the
- * framing, so the client spends no time copying output tensors. A non-OK status is reported by
+ * send wraps it in a byte buffer (a reference, no copy; a lip-sync composite adds its
+ * start_frame_idx as a second, small slice). Replies are not unpacked: a small wire scanner reads
+ * only the response's `parameters` map (queue_ms, compute_ms), or a lip-sync reply's times, frame
+ * sizes and the avatar's frame count, and checks the framing, so the client spends no time
+ * copying output tensors or frames. A non-OK status is reported by
  * its code name (NOT_FOUND, RESOURCE_EXHAUSTED, ...) and mapped to the HTTP status the KServe
  * HTTP front end would have used, so success and failure are judged as for HTTP.
  */
@@ -34,17 +37,20 @@
 #include "cli/bench.h"
 #include "cli/cli_grpc.h"
 #include "inference_kserve.pb-c.h"
+#include "lipsync.pb-c.h"
 
 #define M_INFER "/inference.GRPCInferenceService/ModelInfer"
 #define M_READY "/inference.GRPCInferenceService/ModelReady"
 #define M_METADATA "/inference.GRPCInferenceService/ModelMetadata"
 #define M_INDEX "/inference.GRPCInferenceService/RepositoryIndex"
+#define M_LIP_INFER "/inference.InferenceService/InferBatch"
+#define M_LIP_COMPOSITE "/inference.InferenceService/InferBatchComposite"
 
 /* ---- channels -------------------------------------------------------------------------- */
 
 typedef struct chan {
     grpc_channel *ch;
-    void *reg_infer, *reg_ready;
+    void *reg_infer, *reg_ready, *reg_lip_infer, *reg_lip_composite;
 } chan;
 
 static struct {
@@ -68,6 +74,8 @@ static int chan_open(chan *c, const char *target)
     if (!c->ch) return -1;
     c->reg_infer = grpc_channel_register_call(c->ch, M_INFER, NULL, NULL);
     c->reg_ready = grpc_channel_register_call(c->ch, M_READY, NULL, NULL);
+    c->reg_lip_infer = grpc_channel_register_call(c->ch, M_LIP_INFER, NULL, NULL);
+    c->reg_lip_composite = grpc_channel_register_call(c->ch, M_LIP_COMPOSITE, NULL, NULL);
     grpc_channel_check_connectivity_state(c->ch, 1); /* start connecting now */
     return 0;
 }
@@ -215,9 +223,10 @@ static void grpc_close(void *conn)
     free(k);
 }
 
-/* One unary call on the connection's channel: sends body, waits for status and reply. The reply
- * (NULL when none) is returned in *recv for the caller to destroy. */
-static grpc_status_code conn_unary(grpc_conn *k, void *reg, grpc_slice body, double timeout_ms,
+/* One unary call on the connection's channel: sends the message made of n_body slices (taken by
+ * reference), waits for status and reply. The reply (NULL when none) is returned in *recv for the
+ * caller to destroy. */
+static grpc_status_code conn_unary(grpc_conn *k, void *reg, grpc_slice *body, size_t n_body, double timeout_ms,
                                    grpc_byte_buffer **recv, char *msg, size_t msglen)
 {
     *recv = NULL;
@@ -229,7 +238,7 @@ static grpc_status_code conn_unary(grpc_conn *k, void *reg, grpc_slice body, dou
         snprintf(msg, msglen, "cannot create a call");
         return GRPC_STATUS_INTERNAL;
     }
-    grpc_byte_buffer *send = grpc_raw_byte_buffer_create(&body, 1);
+    grpc_byte_buffer *send = grpc_raw_byte_buffer_create(body, n_body);
     grpc_metadata_array md_initial, md_trailing;
     grpc_metadata_array_init(&md_initial);
     grpc_metadata_array_init(&md_trailing);
@@ -381,14 +390,12 @@ static int http_status_of(grpc_status_code c)
     }
 }
 
-static void grpc_infer(void *conn, const void *prepared, double timeout_ms, mts_bench_result *res)
+/* Judges a finished call: status and code, whether a server took part, and the reply read by
+ * scan (0 when well formed; `what` names the message expected otherwise). */
+static void finish_call(grpc_conn *k, grpc_status_code st, grpc_byte_buffer *recv,
+                        int (*scan)(const uint8_t *, size_t, mts_bench_result *), const char *what,
+                        mts_bench_result *res)
 {
-    grpc_conn *k = conn;
-    const grpc_prepared *p = prepared;
-    memset(res, 0, sizeof *res);
-    res->queue_ms = res->compute_ms = -1;
-    grpc_byte_buffer *recv = NULL;
-    grpc_status_code st = conn_unary(k, k->c->reg_infer, p->body, timeout_ms, &recv, res->msg, sizeof res->msg);
     res->status = http_status_of(st);
     snprintf(res->code, sizeof res->code, "%s", mts_cli_grpc_code_name((int)st));
     /* The server's own UNAVAILABLE comes over a connected channel; a refused or lost connection
@@ -401,17 +408,30 @@ static void grpc_infer(void *conn, const void *prepared, double timeout_ms, mts_
         if (recv && grpc_byte_buffer_reader_init(&r, recv)) {
             grpc_slice all = grpc_byte_buffer_reader_readall(&r);
             grpc_byte_buffer_reader_destroy(&r);
-            bad = scan_reply(GRPC_SLICE_START_PTR(all), GRPC_SLICE_LENGTH(all), res);
+            bad = scan(GRPC_SLICE_START_PTR(all), GRPC_SLICE_LENGTH(all), res);
             grpc_slice_unref(all);
         }
         if (bad) {
             res->status = 0;
             res->transport_error = MTS_BENCH_EPROTO;
             res->code[0] = 0;
-            snprintf(res->msg, sizeof res->msg, "the reply is not a valid ModelInferResponse");
+            snprintf(res->msg, sizeof res->msg, "the reply is not a valid %s", what);
         }
     }
     if (recv) grpc_byte_buffer_destroy(recv);
+}
+
+static void grpc_infer(void *conn, const void *prepared, int64_t start_frame, double timeout_ms,
+                       mts_bench_result *res)
+{
+    (void)start_frame;
+    grpc_conn *k = conn;
+    const grpc_prepared *p = prepared;
+    mts_bench_result_init(res);
+    grpc_byte_buffer *recv = NULL;
+    grpc_slice body = p->body;
+    grpc_status_code st = conn_unary(k, k->c->reg_infer, &body, 1, timeout_ms, &recv, res->msg, sizeof res->msg);
+    finish_call(k, st, recv, scan_reply, "ModelInferResponse", res);
 }
 
 static int grpc_model_ready(void *conn, const char *model, double timeout_ms)
@@ -424,7 +444,7 @@ static int grpc_model_ready(void *conn, const char *model, double timeout_ms)
     inference__model_ready_request__pack(&req, GRPC_SLICE_START_PTR(body));
     grpc_byte_buffer *recv = NULL;
     char msg[200];
-    grpc_status_code st = conn_unary(k, k->c->reg_ready, body, timeout_ms, &recv, msg, sizeof msg);
+    grpc_status_code st = conn_unary(k, k->c->reg_ready, &body, 1, timeout_ms, &recv, msg, sizeof msg);
     grpc_slice_unref(body);
     int ready = -1;
     if (st == GRPC_STATUS_OK && recv) {
@@ -452,6 +472,180 @@ const mts_bench_transport mts_bench_grpc_transport = {
     .connect = grpc_connect,
     .infer = grpc_infer,
     .model_ready = grpc_model_ready,
+    .close = grpc_close,
+};
+
+/* ---- the lip-sync service ------------------------------------------------------------- */
+
+/* A lip-sync request is packed once without start_frame_idx; each send appends that field in a
+ * small second slice (protobuf fields may come in any order), so users walking their own avatar
+ * frames share one packed body. */
+typedef struct lip_prepared {
+    grpc_slice body;
+    bool composite;
+} lip_prepared;
+
+static int lip_prepare(const mts_bench_target *t, const mts_bench_call *call, void **out, char *err, size_t errlen)
+{
+    (void)t;
+    if (call->n_inputs < 2 || call->frames < 1) {
+        snprintf(err, errlen, "'%s': a lip-sync request needs visual and audio inputs and at least one frame",
+                 call->model);
+        return -1;
+    }
+    lip_prepared *p = calloc(1, sizeof *p);
+    if (!p) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    ProtobufCBinaryData visual = {call->inputs[0].nbytes, (uint8_t *)call->inputs[0].data};
+    ProtobufCBinaryData audio = {call->inputs[1].nbytes, (uint8_t *)call->inputs[1].data};
+    p->composite = call->composite;
+    size_t n;
+    if (call->composite) {
+        Inference__CompositeBatchRequest req = INFERENCE__COMPOSITE_BATCH_REQUEST__INIT;
+        req.model_id = (char *)call->model;
+        req.visual_frames = visual;
+        req.audio_features = audio;
+        req.batch_size = call->frames;
+        req.format = (char *)(call->format ? call->format : "jpeg");
+        n = inference__composite_batch_request__get_packed_size(&req);
+        p->body = grpc_slice_malloc(n);
+        inference__composite_batch_request__pack(&req, GRPC_SLICE_START_PTR(p->body));
+    } else {
+        Inference__InferBatchRequest req = INFERENCE__INFER_BATCH_REQUEST__INIT;
+        req.model_id = (char *)call->model;
+        req.visual_frames = visual;
+        req.audio_features = audio;
+        req.batch_size = call->frames;
+        n = inference__infer_batch_request__get_packed_size(&req);
+        p->body = grpc_slice_malloc(n);
+        inference__infer_batch_request__pack(&req, GRPC_SLICE_START_PTR(p->body));
+    }
+    *out = p;
+    return 0;
+}
+
+static void lip_free_prepared(void *prepared)
+{
+    lip_prepared *p = prepared;
+    if (!p) return;
+    grpc_slice_unref(p->body);
+    free(p);
+}
+
+static float f32_of(uint64_t v)
+{
+    uint32_t u = (uint32_t)v;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* Counts the repeated frame messages of a reply (field 1), whose payload is field 1 of each. */
+static int lip_frame(const uint8_t *s, size_t sl, mts_bench_result *res)
+{
+    const uint8_t *q = s, *qe = s + sl;
+    while (q < qe) {
+        uint32_t f;
+        int wt;
+        uint64_t v;
+        const uint8_t *d = NULL;
+        size_t dl = 0;
+        if (!rd_field(&q, qe, &f, &wt, &v, &d, &dl)) return -1;
+        if (f == 1 && wt == 2) res->bytes += dl;
+    }
+    res->frames++;
+    return 0;
+}
+
+/* InferBatchResponse: outputs = 1 (RawMouthRegion{data = 1}), inference_time_ms = 2,
+ * queue_time_ms = 7. */
+static int scan_lip_infer(const uint8_t *p, size_t n, mts_bench_result *res)
+{
+    const uint8_t *e = p + n;
+    while (p < e) {
+        uint32_t f;
+        int wt;
+        uint64_t v = 0;
+        const uint8_t *s = NULL;
+        size_t sl = 0;
+        if (!rd_field(&p, e, &f, &wt, &v, &s, &sl)) return -1;
+        if (f == 1 && wt == 2) {
+            if (lip_frame(s, sl, res)) return -1;
+        } else if (wt == 5) {
+            if (f == 2) res->compute_ms = f32_of(v);
+            else if (f == 7) res->queue_ms = f32_of(v);
+        }
+    }
+    return 0;
+}
+
+/* CompositeBatchResponse: frames = 1 (CompositedFrame{data = 1}), inference_time_ms = 2,
+ * composite_time_ms = 4, encode_time_ms = 7, background_time_ms = 8, queue_time_ms = 9,
+ * num_frames = 12. */
+static int scan_lip_composite(const uint8_t *p, size_t n, mts_bench_result *res)
+{
+    const uint8_t *e = p + n;
+    while (p < e) {
+        uint32_t f;
+        int wt;
+        uint64_t v = 0;
+        const uint8_t *s = NULL;
+        size_t sl = 0;
+        if (!rd_field(&p, e, &f, &wt, &v, &s, &sl)) return -1;
+        if (f == 1 && wt == 2) {
+            if (lip_frame(s, sl, res)) return -1;
+        } else if (wt == 5) {
+            double x = f32_of(v);
+            if (f == 2) res->compute_ms = x;
+            else if (f == 4) res->composite_ms = x;
+            else if (f == 7) res->encode_ms = x;
+            else if (f == 8) res->background_ms = x;
+            else if (f == 9) res->queue_ms = x;
+        } else if (f == 12 && wt == 0) {
+            res->num_frames = (int)(int32_t)v;
+        }
+    }
+    return 0;
+}
+
+static void lip_infer(void *conn, const void *prepared, int64_t start_frame, double timeout_ms,
+                      mts_bench_result *res)
+{
+    grpc_conn *k = conn;
+    const lip_prepared *p = prepared;
+    mts_bench_result_init(res);
+    grpc_slice parts[2] = {p->body, grpc_empty_slice()};
+    size_t n = 1;
+    uint8_t tail[12];
+    if (p->composite && start_frame > 0) {
+        /* start_frame_idx = 5, varint (an int32 field: callers keep it below 2^31) */
+        size_t len = 0;
+        uint64_t v = (uint64_t)start_frame;
+        tail[len++] = 5 << 3;
+        do {
+            uint8_t b = v & 0x7f;
+            v >>= 7;
+            tail[len++] = b | (v ? 0x80 : 0);
+        } while (v);
+        parts[1] = grpc_slice_from_copied_buffer((const char *)tail, len);
+        n = 2;
+    }
+    grpc_byte_buffer *recv = NULL;
+    grpc_status_code st = conn_unary(k, p->composite ? k->c->reg_lip_composite : k->c->reg_lip_infer, parts, n,
+                                     timeout_ms, &recv, res->msg, sizeof res->msg);
+    grpc_slice_unref(parts[1]);
+    finish_call(k, st, recv, p->composite ? scan_lip_composite : scan_lip_infer,
+                p->composite ? "CompositeBatchResponse" : "InferBatchResponse", res);
+}
+
+const mts_bench_transport mts_bench_lipsync_grpc_transport = {
+    .name = "grpc-lipsync",
+    .prepare = lip_prepare,
+    .free_prepared = lip_free_prepared,
+    .connect = grpc_connect,
+    .infer = lip_infer,
     .close = grpc_close,
 };
 

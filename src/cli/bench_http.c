@@ -11,10 +11,13 @@
  * connection that turns out to have been closed by the server (no byte of response) is retried
  * once on a fresh one, as browsers do.
  *
- * Transport. A request is encoded once (the request head, the JSON inference header with
- * parameters.binary_data_size per input and binary_data_output, then the raw tensors) and sent
- * with sendmsg() from shared buffers. The response's JSON header is parsed for the error text
- * and for the server's queue_ms / compute_ms parameters.
+ * Transports. KServe: a request is encoded once (the request head, the JSON inference header
+ * with parameters.binary_data_size per input and binary_data_output, then the raw tensors) and
+ * sent with sendmsg() from shared buffers. The response's JSON header is parsed for the error
+ * text and for the server's queue_ms / compute_ms parameters. Lip-sync composite: POST
+ * /api/v1/lipsync/{model}/composite with the visual and audio tensors back to back as the body
+ * (shared buffers) and a request head made per send (start_frame_idx is in the query string);
+ * the response's JSON header gives the server's times, the frames and the avatar's frame count.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -47,6 +50,12 @@ const char *mts_bench_error_name(int e)
     case MTS_BENCH_EPROTO: return "protocol";
     default: return "error";
     }
+}
+
+void mts_bench_result_init(mts_bench_result *res)
+{
+    memset(res, 0, sizeof *res);
+    res->queue_ms = res->compute_ms = res->composite_ms = res->encode_ms = res->background_ms = -1;
 }
 
 int mts_bench_parse_url(const char *url, mts_bench_target *t, char *err, size_t errlen)
@@ -594,6 +603,7 @@ typedef struct http_prepared {
     int n;
     const void *data[MTS_BENCH_MAX_INPUTS];
     size_t len[MTS_BENCH_MAX_INPUTS];
+    int frames; /* lip-sync frames carried (raw frames over KServe infer), else 0 */
 } http_prepared;
 
 static int http_prepare(const mts_bench_target *t, const mts_bench_call *call, void **out, char *err, size_t errlen)
@@ -667,6 +677,7 @@ static int http_prepare(const mts_bench_target *t, const mts_bench_call *call, v
     p->head_len = (size_t)ll + jlen;
     free(json);
     p->n = call->n_inputs;
+    p->frames = call->frames;
     for (int i = 0; i < call->n_inputs; i++) {
         p->data[i] = call->inputs[i].data;
         p->len[i] = call->inputs[i].nbytes;
@@ -714,11 +725,12 @@ static void parse_reply(const mts_bench_http_resp *r, mts_bench_result *res)
     mts_json_free(doc);
 }
 
-static void http_infer(void *conn, const void *prepared, double timeout_ms, mts_bench_result *res)
+static void http_infer(void *conn, const void *prepared, int64_t start_frame, double timeout_ms,
+                       mts_bench_result *res)
 {
+    (void)start_frame;
     const http_prepared *p = prepared;
-    memset(res, 0, sizeof *res);
-    res->queue_ms = res->compute_ms = -1;
+    mts_bench_result_init(res);
     mts_bench_http_resp r;
     int rc = mts_bench_http_exchange(conn, p->head, p->head_len, p->data, p->len, p->n, timeout_ms, &r, res->msg,
                                      sizeof res->msg);
@@ -730,6 +742,11 @@ static void http_infer(void *conn, const void *prepared, double timeout_ms, mts_
     }
     res->status = r.status;
     parse_reply(&r, res);
+    if (p->frames > 0 && r.status >= 200 && r.status < 300) {
+        res->frames = p->frames;
+        if (r.infer_header_len >= 0 && (size_t)r.infer_header_len <= r.body_len)
+            res->bytes = r.body_len - (size_t)r.infer_header_len;
+    }
 }
 
 static int http_model_ready(void *conn, const char *model, double timeout_ms)
@@ -758,5 +775,128 @@ const mts_bench_transport mts_bench_http_transport = {
     .connect = http_connect,
     .infer = http_infer,
     .model_ready = http_model_ready,
+    .close = http_close,
+};
+
+/* ---- lip-sync composite ---------------------------------------------------------------- */
+
+typedef struct lip_prepared {
+    char path[400]; /* /api/v1/lipsync/{model}/composite?batch_size=N&format=F */
+    char host[300];
+    const void *data[2];
+    size_t len[2];
+} lip_prepared;
+
+static int lip_prepare(const mts_bench_target *t, const mts_bench_call *call, void **out, char *err, size_t errlen)
+{
+    if (!call->composite) {
+        snprintf(err, errlen, "the HTTP lip-sync route composites; raw frames go over KServe infer");
+        return -1;
+    }
+    if (call->n_inputs < 2 || call->frames < 1) {
+        snprintf(err, errlen, "'%s': a lip-sync request needs visual and audio inputs and at least one frame",
+                 call->model);
+        return -1;
+    }
+    lip_prepared *p = calloc(1, sizeof *p);
+    if (!p) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    int n = snprintf(p->path, sizeof p->path, "/api/v1/lipsync/%s/composite?batch_size=%d&format=%s", call->model,
+                     call->frames, call->format ? call->format : "jpeg");
+    if (n < 0 || (size_t)n >= sizeof p->path) {
+        free(p);
+        snprintf(err, errlen, "model name too long");
+        return -1;
+    }
+    snprintf(p->host, sizeof p->host, "%s", t->hostport);
+    for (int i = 0; i < 2; i++) {
+        p->data[i] = call->inputs[i].data;
+        p->len[i] = call->inputs[i].nbytes;
+    }
+    *out = p;
+    return 0;
+}
+
+static void lip_free_prepared(void *prepared)
+{
+    free(prepared);
+}
+
+/* The composite reply's JSON header: times, frames (count and sizes) and num_frames. */
+static void parse_lip_reply(const mts_bench_http_resp *r, mts_bench_result *res)
+{
+    if (r->status >= 300) {
+        parse_reply(r, res);
+        return;
+    }
+    size_t jlen = r->infer_header_len >= 0 && (size_t)r->infer_header_len <= r->body_len ? (size_t)r->infer_header_len
+                                                                                          : 0;
+    mts_json_doc *doc = NULL;
+    mts_err e = {0};
+    if (!jlen || mts_json_parse(r->body, jlen, &doc, &e)) {
+        res->status = 0;
+        res->transport_error = MTS_BENCH_EPROTO;
+        snprintf(res->msg, sizeof res->msg, "the composite reply has no valid JSON header");
+        return;
+    }
+    const mts_json *root = mts_json_root(doc);
+    const struct {
+        const char *k;
+        double *dst;
+    } times[] = {{"queue_time_ms", &res->queue_ms},         {"inference_time_ms", &res->compute_ms},
+                 {"composite_time_ms", &res->composite_ms}, {"encode_time_ms", &res->encode_ms},
+                 {"background_time_ms", &res->background_ms}};
+    for (size_t i = 0; i < sizeof times / sizeof times[0]; i++) {
+        double x = mts_json_num(mts_json_get(root, times[i].k));
+        if (x == x) *times[i].dst = x;
+    }
+    int64_t nf = 0;
+    if (!mts_json_int(mts_json_get(root, "num_frames"), &nf) && nf > 0 && nf <= INT32_MAX) res->num_frames = (int)nf;
+    const mts_json *frames = mts_json_get(root, "frames");
+    size_t n = mts_json_len(frames);
+    for (size_t i = 0; i < n; i++) {
+        int64_t size = 0;
+        if (!mts_json_int(mts_json_get(mts_json_at(frames, i), "size"), &size) && size > 0) res->bytes += (uint64_t)size;
+    }
+    res->frames = (int)n;
+    if (res->bytes > r->body_len - jlen) {
+        res->status = 0;
+        res->transport_error = MTS_BENCH_EPROTO;
+        snprintf(res->msg, sizeof res->msg, "the composite reply lists %llu frame bytes but carries %zu",
+                 (unsigned long long)res->bytes, r->body_len - jlen);
+    }
+    mts_json_free(doc);
+}
+
+static void lip_infer(void *conn, const void *prepared, int64_t start_frame, double timeout_ms,
+                      mts_bench_result *res)
+{
+    const lip_prepared *p = prepared;
+    mts_bench_result_init(res);
+    char head[1024];
+    int hl = snprintf(head, sizeof head,
+                      "POST %s&start_frame_idx=%lld HTTP/1.1\r\nHost: %s\r\nContent-Type: application/octet-stream\r\n"
+                      "Content-Length: %zu\r\n\r\n",
+                      p->path, (long long)start_frame, p->host, p->len[0] + p->len[1]);
+    mts_bench_http_resp r;
+    int rc = mts_bench_http_exchange(conn, head, (size_t)hl, p->data, p->len, 2, timeout_ms, &r, res->msg,
+                                     sizeof res->msg);
+    if (rc) {
+        res->transport_error = rc;
+        res->no_server = rc == MTS_BENCH_ECONNECT || rc == MTS_BENCH_EIO;
+        return;
+    }
+    res->status = r.status;
+    parse_lip_reply(&r, res);
+}
+
+const mts_bench_transport mts_bench_lipsync_http_transport = {
+    .name = "http-lipsync",
+    .prepare = lip_prepare,
+    .free_prepared = lip_free_prepared,
+    .connect = http_connect,
+    .infer = lip_infer,
     .close = http_close,
 };

@@ -56,6 +56,12 @@ typedef struct bench_opts {
     uint64_t seed;
     bool json, quiet, server_stats;
     int per_model_rows;
+    /* --api lipsync: requests of frames_per_request frames to the lip-sync service; composite:
+     * InferBatchComposite (else InferBatch); format of the composited frames; avatar_frames: the
+     * background frame count users walk over (0: learned from the first composite reply). */
+    bool lipsync, composite, deadline_set, start_zero;
+    int frames_per_request, avatar_frames;
+    const char *format;
 } bench_opts;
 
 typedef struct bench_model {
@@ -63,6 +69,10 @@ typedef struct bench_model {
     int n_inputs;
     mts_bench_input inputs[MTS_BENCH_MAX_INPUTS];
     void *prepared;
+    /* Lip-sync users: the last request of a speaking phase when the phase's frame count is not a
+     * multiple of --frames-per-request (tail_frames frames; NULL when it is). */
+    void *prepared_tail;
+    int tail_frames;
 } bench_model;
 
 typedef struct model_agg {
@@ -77,6 +87,9 @@ typedef struct bench_agg {
     mts_bench_hist lat, lat_warm, lat_cold, server_queue, server_compute;
     uint64_t n_warm, n_cold, probe_failed;
     uint64_t frames, on_time, late, failed;
+    /* lip-sync replies: server times per request, frames and payload bytes received */
+    mts_bench_hist server_composite, server_encode, server_background;
+    uint64_t resp_frames, resp_bytes;
     double last_done;
     model_agg *per_model;
 } bench_agg;
@@ -97,6 +110,8 @@ typedef struct bench_run {
     double next_time;         /* open loop, poisson */
     uint64_t ticket;          /* open loop: requests scheduled so far */
     uint64_t sched_rng;
+    uint64_t frame_ticket;    /* lip-sync, closed and open loop: frames handed out (avatar walk) */
+    int avatar_frames;        /* lip-sync: the avatar's frame count, 0 while unknown */
     struct user *users;
     /* pool */
     pthread_t *threads;

@@ -99,6 +99,30 @@ void mts_bench_json_run(mts_jw *w, const bench_run *r, const bench_model *models
     mts_bench_json_latency(w, "latency_ms", &a->lat);
     if (a->server_queue.count) mts_bench_json_latency(w, "server_queue_ms", &a->server_queue);
     if (a->server_compute.count) mts_bench_json_latency(w, "server_compute_ms", &a->server_compute);
+    if (o->lipsync) {
+        mts_jw_key(w, "lipsync");
+        mts_jw_begin_object(w);
+        mts_jw_key(w, "rpc");
+        mts_jw_string(w, o->composite ? "composite" : "infer");
+        if (o->composite) {
+            mts_jw_key(w, "format");
+            mts_jw_string(w, o->format);
+            mts_jw_key(w, "avatar_frames");
+            mts_jw_int(w, r->avatar_frames);
+        }
+        mts_jw_key(w, "frames_per_request");
+        mts_jw_int(w, o->frames_per_request);
+        mts_jw_key(w, "frames_received");
+        mts_jw_uint(w, a->resp_frames);
+        mts_jw_key(w, "frames_per_s");
+        mts_jw_double(w, win > 0 ? (double)a->resp_frames / win : 0);
+        mts_jw_key(w, "bytes_per_frame");
+        mts_jw_double(w, a->resp_frames ? (double)a->resp_bytes / (double)a->resp_frames : 0);
+        if (a->server_composite.count) mts_bench_json_latency(w, "server_composite_ms", &a->server_composite);
+        if (a->server_encode.count) mts_bench_json_latency(w, "server_encode_ms", &a->server_encode);
+        if (a->server_background.count) mts_bench_json_latency(w, "server_background_ms", &a->server_background);
+        mts_jw_end_object(w);
+    }
     if (r->mode != MODE_CLOSED) {
         mts_jw_key(w, "pool");
         mts_jw_begin_object(w);
@@ -189,7 +213,16 @@ void mts_bench_text_run(const bench_run *r, const bench_model *models)
            win > 0 ? (double)a->ok / win : 0, win > 0 ? (double)a->ok * (double)o->batch / win : 0);
     print_latency("latency", &a->lat);
     if (a->server_queue.count) print_latency("server queue", &a->server_queue);
-    if (a->server_compute.count) print_latency("server comp.", &a->server_compute);
+    if (a->server_compute.count) print_latency(o->lipsync ? "server infer" : "server comp.", &a->server_compute);
+    if (o->lipsync) {
+        printf("lip-sync     %s%s, %d frames/request: %llu frames received (%.2f frames/s), %.1f KB per frame\n",
+               o->composite ? "composite " : "infer (raw)", o->composite ? o->format : "", o->frames_per_request, (unsigned long long)a->resp_frames,
+               win > 0 ? (double)a->resp_frames / win : 0,
+               a->resp_frames ? (double)a->resp_bytes / (double)a->resp_frames / 1e3 : 0);
+        if (a->server_composite.count) print_latency("  composite", &a->server_composite);
+        if (a->server_encode.count) print_latency("  encode", &a->server_encode);
+        if (a->server_background.count) print_latency("  background", &a->server_background);
+    }
     for (int i = 0; i < a->codes.n; i++)
         printf("error %-6s %llu  (%s)\n", a->codes.e[i].key, (unsigned long long)a->codes.e[i].count,
                a->codes.e[i].msg);

@@ -1,7 +1,9 @@
 /*
  * `mtserve bench`: one load run. Worker threads each own a connection and take jobs from a shared
  * schedule (closed loop: as soon as the last answer came; open loop: fixed or Poisson intended
- * send times; users: each user's next frame); in the open-loop shapes the pool of workers grows
+ * send times; users: each user's next frame, or with the lip-sync API its next request of up to
+ * --frames-per-request frames, each user walking its own background frames of the avatar); in
+ * the open-loop shapes the pool of workers grows
  * when a job finds no free connection at its intended time. Every response is recorded into the
  * run's counters and histograms, a live progress line goes to stderr, and a server that stops
  * answering ends the run.
@@ -23,12 +25,15 @@ typedef struct user {
     double cycle_start; /* ms: position 0 of the current (or next) cycle */
     int64_t k;          /* next frame within the speaking phase */
     int model;
+    int64_t walk;       /* lip-sync: frames sent so far (position in the avatar's frames) */
 } user;
 
 typedef struct job {
     double intended;
     int model;
     bool measured, frame;
+    int frames;          /* frames the request carries (1 outside the lip-sync API) */
+    int64_t start_frame; /* lip-sync: the first background frame */
 } job;
 
 atomic_int mts_bench_stop;
@@ -61,12 +66,41 @@ static int pick_model(bench_run *r, uint64_t *rng)
     return r->n_models == 1 ? 0 : mts_bench_popularity_pick(r->pop, mts_bench_rand01(rng));
 }
 
+/* Frame slots of a speaking phase: frame k is shown at k / fps while k / fps < speak_s. */
+static int64_t phase_frames(const bench_opts *o)
+{
+    return (int64_t)ceil(o->speak_s * o->fps - 1e-9);
+}
+
+/* The background frame for position pos of a walk that starts at base, wrapped over the
+ * avatar's frames when their count is known (the server wraps the same way otherwise). With
+ * r->lock held. */
+static int64_t avatar_frame(const bench_run *r, int64_t base, int64_t pos)
+{
+    int64_t f = base + pos;
+    return r->avatar_frames > 0 ? f % r->avatar_frames : f % (INT64_C(1) << 30);
+}
+
+/* Where user u's walk starts: frame 0 with --start-frame zero, else users spread evenly over
+ * the avatar (or 997 frames apart while its length is unknown). With r->lock held. */
+static int64_t user_base(const bench_run *r, int u)
+{
+    if (r->o->start_zero) return 0;
+    return r->avatar_frames > 0 ? (int64_t)u * r->avatar_frames / r->n_users : (int64_t)u * 997;
+}
+
 static bool next_job(bench_run *r, job *j, uint64_t *rng)
 {
     if (atomic_load(&mts_bench_stop)) return false;
     bool got = false;
     pthread_mutex_lock(&r->lock);
     j->frame = false;
+    j->frames = r->o->lipsync ? r->o->frames_per_request : 1;
+    j->start_frame = 0;
+    if (r->o->lipsync && r->mode != MODE_USERS) {
+        j->start_frame = avatar_frame(r, 0, (int64_t)r->frame_ticket);
+        r->frame_ticket += (uint64_t)j->frames;
+    }
     if (r->mode == MODE_CLOSED) {
         double t = mts_bench_now_ms();
         j->intended = t;
@@ -102,7 +136,13 @@ static bool next_job(bench_run *r, job *j, uint64_t *rng)
         j->frame = true;
         if (t < r->t_end - 1e-6) {
             j->model = u->model;
-            u->k++;
+            if (r->o->lipsync) {
+                int64_t left = phase_frames(r->o) - u->k;
+                if (left < j->frames) j->frames = (int)left;
+                j->start_frame = avatar_frame(r, user_base(r, best), u->walk);
+                u->walk += j->frames;
+            }
+            u->k += j->frames;
             if ((double)u->k * 1e3 / r->o->fps >= r->o->speak_s * 1e3 - 1e-9) {
                 u->k = 0;
                 u->cycle_start += (r->o->speak_s + r->o->listen_s + r->o->wait_s) * 1e3;
@@ -194,18 +234,25 @@ static bool record(bench_run *r, const job *j, const mts_bench_result *res, doub
             }
             if (res->queue_ms >= 0) mts_bench_hist_add(&a->server_queue, res->queue_ms * 1e3);
             if (res->compute_ms >= 0) mts_bench_hist_add(&a->server_compute, res->compute_ms * 1e3);
+            if (res->composite_ms >= 0) mts_bench_hist_add(&a->server_composite, res->composite_ms * 1e3);
+            if (res->encode_ms >= 0) mts_bench_hist_add(&a->server_encode, res->encode_ms * 1e3);
+            if (res->background_ms >= 0) mts_bench_hist_add(&a->server_background, res->background_ms * 1e3);
+            a->resp_frames += (uint64_t)res->frames;
+            a->resp_bytes += res->bytes;
         } else {
             a->errors++;
             m->errors++;
             mts_bench_codes_add(&a->codes, key, res->msg, 1);
         }
         if (j->frame) {
-            a->frames++;
-            if (!ok) a->failed++;
-            else if (latency_ms <= r->o->frame_deadline_ms) a->on_time++;
-            else a->late++;
+            uint64_t n = (uint64_t)j->frames;
+            a->frames += n;
+            if (!ok) a->failed += n;
+            else if (latency_ms <= r->o->frame_deadline_ms) a->on_time += n;
+            else a->late += n;
         }
     }
+    if (ok && res->num_frames > 0 && r->avatar_frames <= 0) r->avatar_frames = res->num_frames;
     pthread_mutex_unlock(&r->lock);
     return pause;
 }
@@ -238,7 +285,8 @@ static void *worker_main(void *arg)
         }
         double start = r->mode == MODE_CLOSED ? mts_bench_now_ms() : j.intended + probe_ms;
         mts_bench_result res;
-        r->tp->infer(conn, m->prepared, r->o->timeout_ms, &res);
+        const void *prepared = j.frames != r->o->frames_per_request && m->prepared_tail ? m->prepared_tail : m->prepared;
+        r->tp->infer(conn, prepared, j.start_frame, r->o->timeout_ms, &res);
         if (record(r, &j, &res, mts_bench_now_ms() - start, cold))
             mts_bench_sleep_until(mts_bench_now_ms() + LOST_PAUSE_MS);
     }
@@ -285,6 +333,9 @@ int mts_bench_run_load(bench_run *r, int mode, int n_users, int initial_threads)
     mts_bench_hist_init(&r->a.lat_cold);
     mts_bench_hist_init(&r->a.server_queue);
     mts_bench_hist_init(&r->a.server_compute);
+    mts_bench_hist_init(&r->a.server_composite);
+    mts_bench_hist_init(&r->a.server_encode);
+    mts_bench_hist_init(&r->a.server_background);
     r->a.per_model = calloc((size_t)r->n_models, sizeof *r->a.per_model);
     r->max_threads = mode == MODE_CLOSED ? initial_threads : o->max_connections;
     if (initial_threads > r->max_threads) initial_threads = r->max_threads;
@@ -298,14 +349,16 @@ int mts_bench_run_load(bench_run *r, int mode, int n_users, int initial_threads)
     r->t_end = duration > 0 ? r->t_measure + duration * 1e3 : INFINITY;
     r->next_time = r->t0;
     r->sched_rng = o->seed * 31 + 17;
+    r->avatar_frames = o->avatar_frames;
     if (mode == MODE_USERS) {
         r->users = calloc((size_t)n_users, sizeof *r->users);
         if (!r->users) return -1;
         double cycle = (o->speak_s + o->listen_s + o->wait_s) * 1e3, fi = 1e3 / o->fps;
+        int64_t step = o->lipsync ? o->frames_per_request : 1; /* requests start at multiples of it */
         for (int u = 0; u < n_users; u++) {
             uint64_t urng = o->seed * 1000003 + (uint64_t)u * 7 + 1;
             double pos = cycle * u / n_users; /* position in the cycle at t0 */
-            int64_t k = (int64_t)ceil(pos / fi - 1e-9);
+            int64_t k = (int64_t)ceil(pos / fi / (double)step - 1e-9) * step;
             double cs = r->t0 - pos;
             if ((double)k * fi >= o->speak_s * 1e3 - 1e-9) {
                 k = 0;

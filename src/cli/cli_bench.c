@@ -34,6 +34,15 @@
  * status code name. With --grpc alone, metadata and the repository index are read over gRPC and
  * server statistics are skipped; adding --url reads them over HTTP.
  *
+ * --api lipsync drives the lip-sync service as its avatar clients do: requests of
+ * --frames-per-request frames (InferBatchComposite, or InferBatch with --rpc infer) over gRPC, or
+ * POST /api/v1/lipsync/{model}/composite over HTTP; in the users mode a speaking user sends one
+ * request per N frames, walking its own background frames of the avatar (start_frame_idx,
+ * wrapped at the avatar's frame count), and a request is on time when its reply arrives before
+ * its first frame is due: N/fps after it was sent, as a player holding one request of frames
+ * would show it. The report adds frames and bytes per frame received and the server's
+ * inference, composite, encode and background times.
+ *
  * This file holds the entry point and option parsing; model discovery and input generation
  * are in bench_discover.c, the load loop in bench_run.c, the reports in bench_report.c.
  */
@@ -81,6 +90,18 @@ static void usage(FILE *f)
             "bounds: --duration S (default 10; users: one cycle), --requests N, --warmup S (default 0)\n"
             "models: --zipf S (popularity exponent, 0 = uniform), --batch B (default 1),\n"
             "        --input NAME:DATATYPE:D1,D2,... (repeatable; -1 = batch; skips metadata)\n"
+            "lip-sync service (--api lipsync; default --api kserve):\n"
+            "  --rpc composite|infer  InferBatchComposite (finished frames, default) or InferBatch (raw\n"
+            "                         mouth regions); over HTTP: POST /api/v1/lipsync/{model}/composite,\n"
+            "                         and infer is a KServe infer of the same frames\n"
+            "  --frames-per-request N frames per request (default 16, at most 25); users send one request\n"
+            "                         per N frames at --fps; a request is on time when its reply arrives\n"
+            "                         before its first frame is due: N/fps after it was sent (the player\n"
+            "                         holds one request of frames), or --frame-deadline-ms if given\n"
+            "  --format jpeg|png|rgb  composited frame format (default jpeg)\n"
+            "  --start-frame spread|zero  users walk the avatar from evenly spread frames (default) or\n"
+            "                         all from frame 0; --avatar-frames N wraps the walk (default: the\n"
+            "                         num_frames of the first composite reply)\n"
             "other:  --timeout-ms T (client, default 30000), --server-timeout-ms T (timeout parameter),\n"
             "        --cold-probe (split latency by model residency), --no-server-stats, --seed N,\n"
             "        --json, --quiet (no progress line), --per-model-rows N (20)\n");
@@ -141,6 +162,9 @@ static int parse_args(int argc, char **argv, bench_opts *o)
     o->seed = 1;
     o->server_stats = true;
     o->per_model_rows = 20;
+    o->frames_per_request = 16;
+    o->format = "jpeg";
+    o->composite = true;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -230,6 +254,43 @@ static int parse_args(int argc, char **argv, bench_opts *o)
             NUM(0.001, o->fps);
         } else if (!strcmp(a, "--frame-deadline-ms")) {
             NUM(0.001, o->frame_deadline_ms);
+            o->deadline_set = true;
+        } else if (!strcmp(a, "--api")) {
+            NEED();
+            if (strcmp(v, "kserve") && strcmp(v, "lipsync")) {
+                fprintf(stderr, "mtserve bench: --api '%s': expected kserve or lipsync\n", v);
+                return 2;
+            }
+            o->lipsync = !strcmp(v, "lipsync");
+        } else if (!strcmp(a, "--rpc")) {
+            NEED();
+            if (strcmp(v, "infer") && strcmp(v, "composite")) {
+                fprintf(stderr, "mtserve bench: --rpc '%s': expected infer or composite\n", v);
+                return 2;
+            }
+            o->composite = !strcmp(v, "composite");
+        } else if (!strcmp(a, "--frames-per-request")) {
+            NUM(1, o->frames_per_request);
+            if (o->frames_per_request > 25) {
+                fprintf(stderr, "mtserve bench: --frames-per-request: the lip-sync service takes 1..25 frames\n");
+                return 2;
+            }
+        } else if (!strcmp(a, "--format")) {
+            NEED();
+            if (strcmp(v, "jpeg") && strcmp(v, "png") && strcmp(v, "rgb")) {
+                fprintf(stderr, "mtserve bench: --format '%s': expected jpeg, png or rgb\n", v);
+                return 2;
+            }
+            o->format = v;
+        } else if (!strcmp(a, "--start-frame")) {
+            NEED();
+            if (!strcmp(v, "zero")) o->start_zero = true;
+            else if (strcmp(v, "spread")) {
+                fprintf(stderr, "mtserve bench: --start-frame '%s': expected spread or zero\n", v);
+                return 2;
+            }
+        } else if (!strcmp(a, "--avatar-frames")) {
+            NUM(1, o->avatar_frames);
         } else if (!strcmp(a, "--frame-timeout")) {
             o->frame_timeout = true;
         } else if (!strcmp(a, "--find-capacity")) {
@@ -276,9 +337,78 @@ static int parse_args(int argc, char **argv, bench_opts *o)
         fprintf(stderr, "mtserve bench: --on-time-target is a fraction in [0,1]\n");
         return 2;
     }
+    if (o->lipsync) {
+        if (o->frame_timeout) {
+            fprintf(stderr, "mtserve bench: --frame-timeout: the lip-sync service takes no request deadline\n");
+            return 2;
+        }
+        if (o->n_specs) {
+            fprintf(stderr, "mtserve bench: --input: lip-sync requests take the model's visual and audio inputs\n");
+            return 2;
+        }
+        if (!o->deadline_set) o->frame_deadline_ms = o->frames_per_request * 1e3 / o->fps;
+        o->batch = o->frames_per_request;
+    }
     if (o->max_connections < o->connections) o->max_connections = o->connections;
     if (o->seed == 0) o->seed = 1;
     return 0;
+}
+
+/* ---- the lip-sync service -------------------------------------------------------------- */
+
+/* Lip-sync requests carry the model's visual and audio inputs (by those names, else its first
+ * two) with the frames as their first dimension: specs keeps those two, visual first. */
+static int lipsync_specs(const char *model, input_spec *specs, int *n)
+{
+    int vi = -1, ai = -1;
+    for (int i = 0; i < *n; i++) {
+        if (!strcmp(specs[i].name, "visual")) vi = i;
+        if (!strcmp(specs[i].name, "audio")) ai = i;
+    }
+    if (vi < 0 || ai < 0) vi = 0, ai = 1;
+    if (*n < 2 || specs[vi].rank < 2 || specs[ai].rank < 2) {
+        fprintf(stderr, "mtserve bench: '%s' is not a lip-sync model (it needs visual and audio inputs)\n", model);
+        return -1;
+    }
+    input_spec two[2] = {specs[vi], specs[ai]};
+    for (int k = 0; k < 2; k++) {
+        two[k].dims[0] = -1; /* the frames */
+        for (int d = 1; d < two[k].rank; d++)
+            if (two[k].dims[d] < 0) {
+                fprintf(stderr, "mtserve bench: '%s': input '%s' has a variable dimension besides the frames\n",
+                        model, two[k].name);
+                return -1;
+            }
+    }
+    specs[0] = two[0];
+    specs[1] = two[1];
+    *n = 2;
+    return 0;
+}
+
+/* One composite (not measured) of each model before the run: loads them, and learns how many
+ * background frames the avatar has so users walk and wrap it as a real client would. A failure
+ * here (no background assets, not a lip-sync model) would fail every request: it ends the run. */
+static int probe_avatar(const mts_bench_transport *tp, const mts_bench_target *target, const bench_model *models,
+                        int n_models, bench_opts *o)
+{
+    void *conn = tp->connect(target);
+    if (!conn) return -1;
+    int rc = 0;
+    for (int i = 0; i < n_models && !rc; i++) {
+        mts_bench_result res;
+        tp->infer(conn, models[i].prepared, 0, o->timeout_ms, &res);
+        if (res.status < 200 || res.status >= 300) {
+            fprintf(stderr, "mtserve bench: the first composite of '%s' failed: %s%s%s\n", models[i].name,
+                    res.code[0] ? res.code : res.status ? "" : mts_bench_error_name(res.transport_error),
+                    res.code[0] || !res.status ? ": " : "", res.msg);
+            rc = -1;
+        } else if (res.num_frames > 0 && (o->avatar_frames == 0 || res.num_frames < o->avatar_frames)) {
+            o->avatar_frames = res.num_frames;
+        }
+    }
+    tp->close(conn);
+    return rc;
 }
 
 /* ---- entry point ----------------------------------------------------------------------- */
@@ -318,10 +448,12 @@ int mts_cli_bench(int argc, char **argv)
         free_model_names(&o);
         return 2;
     }
+    bool use_grpc = tp == &mts_bench_grpc_transport;
+    if (o.lipsync && use_grpc) tp = &mts_bench_lipsync_grpc_transport;
+    else if (o.lipsync && o.composite) tp = &mts_bench_lipsync_http_transport;
     /* target: where requests go; http_target: control calls (when http_ctl) */
     mts_bench_target target, http_target;
     char err[300];
-    bool use_grpc = tp == &mts_bench_grpc_transport;
     bool http_ctl = !use_grpc || o.url_set;
     if (mts_bench_parse_url(o.url, &http_target, err, sizeof err)) {
         fprintf(stderr, "mtserve bench: %s\n", err);
@@ -386,16 +518,42 @@ int mts_cli_bench(int argc, char **argv)
                 meta_failed++;
                 n = 0;
             }
+            if (o.lipsync && lipsync_specs(m->name, specs, &n)) goto out;
             if (mts_bench_inputs_from_specs(m, specs, n, o.batch, &data_rng, owned, &n_owned)) goto out;
         }
-        mts_bench_call call = {.model = m->name, .n_inputs = m->n_inputs, .inputs = m->inputs};
+        mts_bench_call call = {.model = m->name,
+                               .n_inputs = m->n_inputs,
+                               .inputs = m->inputs,
+                               .frames = o.lipsync ? o.frames_per_request : 0,
+                               .composite = o.composite,
+                               .format = o.format};
         if (o.server_timeout_ms > 0) call.timeout_us = (int64_t)(o.server_timeout_ms * 1e3);
         if ((o.users || o.find_capacity) && o.frame_timeout) call.timeout_us = (int64_t)(o.frame_deadline_ms * 1e3);
         if (tp->prepare(&target, &call, &m->prepared, err, sizeof err)) {
             fprintf(stderr, "mtserve bench: %s\n", err);
             goto out;
         }
+        int64_t per_phase = (int64_t)ceil(o.speak_s * o.fps - 1e-9);
+        if (o.lipsync && (o.users || o.find_capacity) && per_phase % o.frames_per_request) {
+            /* the last request of a speaking phase: the first frames of the same data */
+            mts_bench_input tail[2];
+            m->tail_frames = (int)(per_phase % o.frames_per_request);
+            for (int k = 0; k < 2; k++) {
+                tail[k] = m->inputs[k];
+                tail[k].dims[0] = m->tail_frames;
+                tail[k].nbytes = m->inputs[k].nbytes / (size_t)o.frames_per_request * (size_t)m->tail_frames;
+            }
+            call.inputs = tail;
+            call.frames = m->tail_frames;
+            if (tp->prepare(&target, &call, &m->prepared_tail, err, sizeof err)) {
+                fprintf(stderr, "mtserve bench: %s\n", err);
+                goto out;
+            }
+        }
     }
+    if (o.lipsync && o.composite && !o.avatar_frames && !o.start_zero &&
+        probe_avatar(tp, &target, models, o.n_models, &o))
+        goto out;
 
     int mode = o.rate > 0 ? MODE_OPEN : (o.users > 0 || o.find_capacity) ? MODE_USERS : MODE_CLOSED;
     if (mode == MODE_CLOSED && o.concurrency <= 0) o.concurrency = 1;
@@ -454,6 +612,9 @@ int mts_cli_bench(int argc, char **argv)
         printf("mtserve bench: %s over %s (%s), %d model%s%s, batch %lld", shape, tp->name, shown, o.n_models,
                o.n_models == 1 ? "" : "s", o.n_models > 1 ? (o.zipf > 0 ? " (zipf)" : " (uniform)") : "",
                (long long)o.batch);
+        if (o.lipsync)
+            printf(" (lip-sync %s, %d frames per request, deadline %.0f ms)", o.composite ? "composite" : "infer",
+                   o.frames_per_request, o.frame_deadline_ms);
         if (mode == MODE_CLOSED) printf(", concurrency %d", o.concurrency);
         if (mode == MODE_OPEN) printf(", %.1f req/s%s", o.rate, o.poisson ? " (poisson)" : "");
         printf("\n");
@@ -586,8 +747,10 @@ int mts_cli_bench(int argc, char **argv)
         rc = 1;
     }
 out:
-    for (int i = 0; models && i < o.n_models; i++)
+    for (int i = 0; models && i < o.n_models; i++) {
         if (models[i].prepared) tp->free_prepared(models[i].prepared);
+        if (models[i].prepared_tail) tp->free_prepared(models[i].prepared_tail);
+    }
     for (int i = 0; i < n_owned; i++) free(owned[i]);
     free(owned);
     free(models);

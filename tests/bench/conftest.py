@@ -1,7 +1,8 @@
 """Fixtures for the tests of `mtserve bench` (the load generator) against a real server.
 
 `servers(models, max_models=None)` (and `serve`, its HTTP-only form) starts `mtserve serve` on a temporary model repository (one
-folder per model name with a symlink to the .onnx file) on a free port, waits for its serving
+folder per model name with a symlink to the .onnx file, and a config.yaml when the model is given
+as a (path, config text) pair) on a free port, waits for its serving
 line and returns the base URL; the server gets SIGTERM at teardown. `bench(url, *args)` runs
 `mtserve bench ... --json --quiet` and returns the parsed summary. The binary is $MTSERVE when
 set (the Makefile exports it), else build/mtserve; models come from `make models`.
@@ -40,6 +41,9 @@ def servers(tmp_path):
         repo = tmp_path / f"repo{len(procs)}"
         for name, path in models.items():
             (repo / name).mkdir(parents=True)
+            if isinstance(path, tuple):  # (model path, config.yaml text)
+                path, cfg_text = path
+                (repo / name / "config.yaml").write_text(cfg_text)
             (repo / name / "model.onnx").symlink_to(path)
         args = [str(MTSERVE), "serve", "--http-port", "0", "--grpc-port", "0", "--log-level", "warn"]
         if max_models:
