@@ -9,7 +9,10 @@
 #   make avatar   generate the demo lip-sync avatar (100 frames 1280x720 + crop rectangles) into
 #                 models/out/avatar (used by make run for lipsync_unet_w8; docs/media.md)
 #   make bench    engine benchmark (mtserve vs ONNX Runtime) and serving benchmark (HTTP vs bare engine)
-#   make bench-capacity  conversational users sustained on lipsync_unet_w8 vs the engine bound (~3-6 min)
+#   make bench-capacity  conversational users of the lip-sync service (InferBatch raw and
+#                        InferBatchComposite JPEG, requests of 16 frames) on lipsync_unet_w8 and w16
+#                        vs the bare-engine bound (~8 min)
+#   make bench-capacity-kserve  the same users sending one frame per KServe infer (~3-6 min)
 #   make bench-churn     1,000 small models, max_models 100, Zipf(1.0): hit rate, loads/s, latency (~2 min)
 #   make bench-isolation light tenant's latency beside a heavy tenant (HTTP and gRPC; ~7 min)
 #   make bench-ab A=OLD_BINARY [B=build/mtserve]  engine A/B timing of two binaries, alternating
@@ -24,7 +27,7 @@ TESTDATA := /usr/share/libonnx-testdata/data
 export MTSERVE := $(CURDIR)/$(BUILD)/mtserve
 
 .PHONY: all deps build build-asan build-tsan models avatar run test test-unit test-conformance bench \
-        bench-engine bench-ceiling bench-serving bench-capacity bench-churn bench-grpc bench-isolation bench-ab clean
+        bench-engine bench-ceiling bench-serving bench-capacity bench-capacity-kserve bench-churn bench-grpc bench-isolation bench-ab clean
 
 all: build
 
@@ -76,6 +79,9 @@ bench-serving: build models
 	@bash scripts/bench-serving.sh
 
 bench-capacity: build models
+	@bash scripts/bench-lipsync-capacity.sh
+
+bench-capacity-kserve: build models
 	@bash scripts/bench-capacity.sh
 
 bench-ceiling: build models

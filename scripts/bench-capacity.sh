@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Conversational-user capacity (`make bench-capacity`): the largest number of
+# Conversational-user capacity over KServe infer, one frame per request (`make
+# bench-capacity-kserve`): the largest number of
 # conversational users (25 FPS while speaking; 4 s speak / 7 s listen / 4 s wait; each frame due
 # within 200 ms) that mtserve sustains on this machine with lipsync_unet_w8, found by
 # `mtserve bench --find-capacity` (doubling, then bisection; one 15 s cycle per level; a level
