@@ -39,6 +39,7 @@ typedef struct mts__grpc_method {
     void (*on_half_close)(mts__grpc_call *c); /* streaming: the client finished sending */
     void (*on_cancel)(mts__grpc_call *c);     /* optional: the client went away / deadline */
     void (*state_free)(void *state);          /* optional: frees c->state with the call */
+    int scope;                                /* enum mts_scope (auth.h): 0 = infer */
 } mts__grpc_method;
 
 /* One send queued on a stream. */

@@ -40,6 +40,7 @@ typedef struct request_slot {
 
 struct mts_grpc {
     mts_server *srv;
+    const mts_auth *auth; /* bearer tokens; NULL: every method open */
     grpc_server *server;
     grpc_completion_queue *cq;
     int port;
@@ -477,6 +478,24 @@ static void on_new_call(mts__grpc_tag *t, bool ok)
                        (int)GRPC_SLICE_LENGTH(c->details.method), (const char *)GRPC_SLICE_START_PTR(c->details.method));
         return;
     }
+    if (g->auth && c->method->scope != MTS_SCOPE_OPEN) {
+        const char *v = NULL;
+        size_t vlen = 0;
+        for (size_t i = 0; i < c->md.count; i++) {
+            grpc_slice k = c->md.metadata[i].key;
+            if (GRPC_SLICE_LENGTH(k) == 13 && !memcmp(GRPC_SLICE_START_PTR(k), "authorization", 13)) {
+                v = (const char *)GRPC_SLICE_START_PTR(c->md.metadata[i].value);
+                vlen = GRPC_SLICE_LENGTH(c->md.metadata[i].value);
+                break;
+            }
+        }
+        mts_err e = {0};
+        int rc = mts_auth_check(g->auth, v, vlen, c->method->scope, &e);
+        if (rc) {
+            mts__grpc_fail(c, mts_proto_grpc_code(rc), "%s", e.msg);
+            return;
+        }
+    }
     if (mts__grpc_timeout_us(c) < 0) {
         mts__grpc_fail(c, MTS_GRPC_DEADLINE_EXCEEDED, "the deadline passed before the call started");
         return;
@@ -586,6 +605,7 @@ int mts_grpc_start(mts_server *srv, const mts_grpc_opts *o, mts_grpc **out, mts_
     if (!g) return mts_err_set(err, MTS_ENOMEM, "out of memory");
     grpc_init();
     g->srv = srv;
+    g->auth = o->auth;
     pthread_mutex_init(&g->lock, NULL);
     pthread_cond_init(&g->cv, NULL);
     size_t max_msg = o->max_message ? o->max_message : (size_t)50 << 20;

@@ -10,6 +10,7 @@
 
 #include <stddef.h>
 
+#include "api/auth.h"
 #include "serve/server.h"
 
 typedef struct mts_grpc mts_grpc;
@@ -22,6 +23,8 @@ typedef struct mts_grpc_opts {
     /* TLS (all NULL: plaintext). cert + key: PEM files of the server's certificate chain and key;
      * client_ca: PEM roots that must have signed a client certificate (mutual TLS). */
     const char *tls_cert, *tls_key, *tls_client_ca;
+    const mts_auth *auth; /* bearer tokens (auth.h) checked on the `authorization` metadata; NULL:
+                           * every method open. Must outlive the server */
 } mts_grpc_opts;
 
 /* Binds, starts the polling threads and returns. On failure nothing is left running. */

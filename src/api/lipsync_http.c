@@ -299,8 +299,8 @@ static void route_composite(mts_server *srv, mts_http_conn *c, mts_http_req *hr,
 }
 
 const mts_route mts_lipsync_routes[] = {
-    {"POST", MTS_LIPSYNC_HTTP_PREFIX "{}/composite", route_composite, NULL},
-    {NULL, NULL, NULL, NULL},
+    {"POST", MTS_LIPSYNC_HTTP_PREFIX "{}/composite", route_composite, NULL, MTS_SCOPE_INFER},
+    {NULL, NULL, NULL, NULL, 0},
 };
 
 const mts_route_hint mts_lipsync_hints[] = {

@@ -47,6 +47,8 @@ int mts_proto_http_status(int status)
     case MTS_EUNSUPPORTED: return 501;
     case MTS_ECANCELLED: return 499;
     case MTS_ELIMIT: return 507;
+    case MTS_EUNAUTHENTICATED: return 401;
+    case MTS_EPERMISSION: return 403;
     default: return 500;
     }
 }
@@ -63,6 +65,8 @@ int mts_proto_grpc_code(int status)
     case MTS_EUNAVAILABLE: return MTS_GRPC_UNAVAILABLE;
     case MTS_ECANCELLED: return MTS_GRPC_CANCELLED;
     case MTS_EUNSUPPORTED: return MTS_GRPC_UNIMPLEMENTED;
+    case MTS_EUNAUTHENTICATED: return MTS_GRPC_UNAUTHENTICATED;
+    case MTS_EPERMISSION: return MTS_GRPC_PERMISSION_DENIED;
     default: return MTS_GRPC_INTERNAL;
     }
 }

@@ -17,6 +17,7 @@
 struct mts_rest {
     mts_server *srv;
     mts_http_server *http;
+    const mts_auth *auth;
 };
 
 static void route_metrics(mts_server *srv, mts_http_conn *c, mts_http_req *hr, const mts_route_args *a)
@@ -32,8 +33,8 @@ static void route_metrics(mts_server *srv, mts_http_conn *c, mts_http_req *hr, c
 }
 
 static const mts_route metrics_routes[] = {
-    {"GET", "/metrics", route_metrics, NULL},
-    {NULL, NULL, NULL, NULL},
+    {"GET", "/metrics", route_metrics, NULL, MTS_SCOPE_INFER},
+    {NULL, NULL, NULL, NULL, 0},
 };
 
 /* Inference first: the table is walked in order, and /v2 requests are the common case. */
@@ -46,7 +47,7 @@ static const mts_router router = {route_tables, route_hints};
 static void handler(void *user, mts_http_conn *c, mts_http_req *hr)
 {
     mts_rest *r = user;
-    mts_router_dispatch(&router, r->srv, c, hr);
+    mts_router_dispatch(&router, r->auth, r->srv, c, hr);
 }
 
 static void on_cancel(void *user, mts_http_conn *c, mts_http_req *hr)
@@ -59,6 +60,7 @@ int mts_rest_start(mts_server *srv, const mts_rest_opts *o, mts_rest **out, mts_
     mts_rest *r = calloc(1, sizeof *r);
     if (!r) return mts_err_set(err, MTS_ENOMEM, "out of memory");
     r->srv = srv;
+    r->auth = o->auth;
     mts_http_opts ho = {0};
     ho.host = o->host ? o->host : "127.0.0.1";
     ho.port = o->port;

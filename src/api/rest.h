@@ -11,6 +11,7 @@
 
 #include <stddef.h>
 
+#include "api/auth.h"
 #include "serve/server.h"
 
 typedef struct mts_rest mts_rest;
@@ -23,6 +24,7 @@ typedef struct mts_rest_opts {
     int max_connections;   /* 0: 4096 */
     int idle_timeout_ms;   /* keep-alive idle close; 0: 60000 */
     int header_timeout_ms; /* request head deadline (slowloris); 0: 10000 */
+    const mts_auth *auth;  /* bearer tokens (auth.h); NULL: every route open. Must outlive the server */
 } mts_rest_opts;
 
 int mts_rest_start(mts_server *srv, const mts_rest_opts *opts, mts_rest **out, mts_err *err);

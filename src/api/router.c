@@ -70,7 +70,8 @@ static const char *hint_for(const mts_router *r, const char *path)
     return NULL;
 }
 
-void mts_router_dispatch(const mts_router *r, mts_server *srv, mts_http_conn *c, mts_http_req *hr)
+void mts_router_dispatch(const mts_router *r, const mts_auth *auth, mts_server *srv, mts_http_conn *c,
+                         mts_http_req *hr)
 {
     mts_route_args a;
     char allow[96] = "";
@@ -81,6 +82,15 @@ void mts_router_dispatch(const mts_router *r, mts_server *srv, mts_http_conn *c,
         for (const mts_route *rt = *t; rt->pattern; rt++) {
             if (!match(rt->pattern, hr->path, &a)) continue;
             if (method_ok(rt->method, hr->method)) {
+                mts_err e = {0};
+                const char *v = auth ? mts_http_header(hr, "Authorization") : NULL;
+                int rc = mts_auth_check(auth, v, v ? strlen(v) : 0, rt->scope, &e);
+                if (rc) {
+                    json_error(c, mts_proto_http_status(rc),
+                               rc == MTS_EUNAUTHENTICATED ? "WWW-Authenticate: Bearer realm=\"mtserve\"\r\n" : NULL,
+                               e.msg);
+                    return;
+                }
                 rt->fn(srv, c, hr, &a);
                 return;
             }

@@ -19,6 +19,7 @@
 
 #include <stddef.h>
 
+#include "api/auth.h"
 #include "api/http.h"
 #include "serve/server.h"
 
@@ -42,6 +43,7 @@ typedef struct mts_route {
     const char *pattern; /* "/v2/models/{}/versions/{#}/infer" */
     mts_route_fn fn;
     const char *hint;    /* optional: added in parentheses to a 405 answer on this path */
+    int scope;           /* enum mts_scope (auth.h): what a token must grant; 0 = infer */
 } mts_route;
 
 /* A 404 hint: paths starting with prefix get "(hint)" added to their "no route" answer. */
@@ -55,8 +57,10 @@ typedef struct mts_router {
     const mts_route_hint *const *hints; /* NULL-terminated list of hint tables (NULL-prefix end), may be NULL */
 } mts_router;
 
-/* Routes hr to its handler, or answers 404 / 405 itself. */
-void mts_router_dispatch(const mts_router *r, mts_server *srv, mts_http_conn *c, mts_http_req *hr);
+/* Routes hr to its handler, or answers 404 / 405 itself; with auth (NULL: none), a request to a
+ * route whose scope its bearer token does not grant is answered 401 or 403 (auth.h). */
+void mts_router_dispatch(const mts_router *r, const mts_auth *auth, mts_server *srv, mts_http_conn *c,
+                         mts_http_req *hr);
 
 /* Copies capture i into out (cap bytes, at least MTS_ROUTE_ARG_MAX + 1 to hold any); returns out. */
 char *mts_route_arg(const mts_route_args *a, int i, char *out, size_t cap);

@@ -418,7 +418,7 @@ static void route_segment(mts_server *srv, mts_http_conn *c, mts_http_req *hr, c
 
 #define UPLOAD "POST a multipart/form-data upload"
 const mts_route mts_segment_routes[] = {
-    {"POST", "/api/v1/segment", route_segment, UPLOAD},
-    {"POST", "/api/v1/batch-segment", route_segment, UPLOAD},
-    {NULL, NULL, NULL, NULL},
+    {"POST", "/api/v1/segment", route_segment, UPLOAD, MTS_SCOPE_INFER},
+    {"POST", "/api/v1/batch-segment", route_segment, UPLOAD, MTS_SCOPE_INFER},
+    {NULL, NULL, NULL, NULL, 0},
 };

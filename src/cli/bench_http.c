@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "cli/bench.h"
+#include "cli/cli.h"
 #include "util/json.h"
 #include "util/clock.h"
 
@@ -569,10 +570,10 @@ int mts_bench_http_simple(const mts_bench_target *t, const char *method, const c
         return MTS_BENCH_EIO;
     }
     size_t blen = json_body ? strlen(json_body) : 0;
-    char head[1024];
+    char head[2048];
     int hl = snprintf(head, sizeof head,
-                      "%s %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
-                      method, path, t->hostport, blen);
+                      "%s %s HTTP/1.1\r\nHost: %s\r\n%sContent-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
+                      method, path, t->hostport, mts_cli_auth_header(), blen);
     if (hl < 0 || (size_t)hl >= sizeof head) {
         mts_bench_http_close(c);
         snprintf(err, errlen, "path too long");
@@ -654,11 +655,11 @@ static int http_prepare(const mts_bench_target *t, const mts_bench_call *call, v
         snprintf(err, errlen, "encoding the request for '%s' failed", call->model);
         return -1;
     }
-    char line[1024];
+    char line[2048];
     int ll = snprintf(line, sizeof line,
-                      "POST /v2/models/%s/infer HTTP/1.1\r\nHost: %s\r\nContent-Type: application/octet-stream\r\n"
+                      "POST /v2/models/%s/infer HTTP/1.1\r\nHost: %s\r\n%sContent-Type: application/octet-stream\r\n"
                       "Inference-Header-Content-Length: %zu\r\nContent-Length: %zu\r\n\r\n",
-                      call->model, t->hostport, jlen, jlen + data_total);
+                      call->model, t->hostport, mts_cli_auth_header(), jlen, jlen + data_total);
     if (ll < 0 || (size_t)ll >= sizeof line) {
         free(json);
         free(p);
@@ -752,9 +753,9 @@ static void http_infer(void *conn, const void *prepared, int64_t start_frame, do
 static int http_model_ready(void *conn, const char *model, double timeout_ms)
 {
     mts_bench_http_conn *c = conn;
-    char head[600];
-    int hl = snprintf(head, sizeof head, "GET /v2/models/%s/ready HTTP/1.1\r\nHost: %s\r\n\r\n", model,
-                      c->target.hostport);
+    char head[1400];
+    int hl = snprintf(head, sizeof head, "GET /v2/models/%s/ready HTTP/1.1\r\nHost: %s\r\n%s\r\n", model,
+                      c->target.hostport, mts_cli_auth_header());
     if (hl < 0 || (size_t)hl >= sizeof head) return -1;
     mts_bench_http_resp r;
     char err[200];
@@ -875,11 +876,11 @@ static void lip_infer(void *conn, const void *prepared, int64_t start_frame, dou
 {
     const lip_prepared *p = prepared;
     mts_bench_result_init(res);
-    char head[1024];
+    char head[2048];
     int hl = snprintf(head, sizeof head,
-                      "POST %s&start_frame_idx=%lld HTTP/1.1\r\nHost: %s\r\nContent-Type: application/octet-stream\r\n"
+                      "POST %s&start_frame_idx=%lld HTTP/1.1\r\nHost: %s\r\n%sContent-Type: application/octet-stream\r\n"
                       "Content-Length: %zu\r\n\r\n",
-                      p->path, (long long)start_frame, p->host, p->len[0] + p->len[1]);
+                      p->path, (long long)start_frame, p->host, mts_cli_auth_header(), p->len[0] + p->len[1]);
     mts_bench_http_resp r;
     int rc = mts_bench_http_exchange(conn, head, (size_t)hl, p->data, p->len, 2, timeout_ms, &r, res->msg,
                                      sizeof res->msg);

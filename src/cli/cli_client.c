@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "api/protocol.h"
+#include "cli/cli.h"
 #include "cli/cli_grpc.h"
 #include "inference_kserve.pb-c.h"
 #include "lipsync.pb-c.h"
@@ -75,10 +76,16 @@ static int http_call(const target *t, const char *method, const char *path, cons
         return -1;
     }
     freeaddrinfo(ai);
-    char head[1024];
+    char head[2048];
     int hn = snprintf(head, sizeof head,
-                      "%s %s HTTP/1.1\r\nHost: %s:%s\r\nConnection: close\r\nContent-Length: %zu\r\n%s\r\n", method,
-                      path, t->host, t->port, body_len + body2_len, extra_headers ? extra_headers : "");
+                      "%s %s HTTP/1.1\r\nHost: %s:%s\r\nConnection: close\r\nContent-Length: %zu\r\n%s%s\r\n", method,
+                      path, t->host, t->port, body_len + body2_len, mts_cli_auth_header(),
+                      extra_headers ? extra_headers : "");
+    if (hn < 0 || (size_t)hn >= sizeof head) {
+        close(fd);
+        fprintf(stderr, "mtserve: request head too long\n");
+        return -1;
+    }
     const void *parts[3] = {head, body, body2};
     size_t lens[3] = {(size_t)hn, body_len, body2_len};
     for (int p = 0; p < 3; p++)

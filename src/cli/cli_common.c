@@ -16,6 +16,24 @@ double mts_cli_now_ms(void)
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
+const char *mts_cli_token(void)
+{
+    const char *t = getenv("MTSERVE_TOKEN");
+    return t && *t && !strpbrk(t, "\r\n") ? t : NULL;
+}
+
+const char *mts_cli_auth_header(void)
+{
+    static char line[600];
+    static int done;
+    if (!done) { /* first call on the main thread, before any client thread starts */
+        const char *t = mts_cli_token();
+        if (t && strlen(t) < sizeof line - 32) snprintf(line, sizeof line, "Authorization: Bearer %s\r\n", t);
+        done = 1;
+    }
+    return line;
+}
+
 int mts_cli_load(const char *path, mts_model **m, double *load_ms)
 {
     mts_err err = {0};

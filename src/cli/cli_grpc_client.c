@@ -13,6 +13,7 @@
 #include <grpc/support/time.h>
 
 #include "api/protocol.h"
+#include "cli/cli.h"
 #include "cli/cli_grpc.h"
 
 const char *mts_cli_grpc_code_name(int code)
@@ -26,6 +27,22 @@ void mts_cli_grpc_unary_ops(grpc_op ops[6], grpc_byte_buffer *send, grpc_byte_bu
 {
     memset(ops, 0, 6 * sizeof *ops);
     ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    static grpc_metadata auth;
+    static char value[600];
+    static int have = -1;
+    if (have < 0) { /* set up on the first call (the main thread, before client threads start) */
+        const char *t = mts_cli_token();
+        have = t && strlen(t) < sizeof value - 8;
+        if (have) {
+            snprintf(value, sizeof value, "Bearer %s", t);
+            auth.key = grpc_slice_from_static_string("authorization");
+            auth.value = grpc_slice_from_static_string(value);
+        }
+    }
+    if (have) {
+        ops[0].data.send_initial_metadata.count = 1;
+        ops[0].data.send_initial_metadata.metadata = &auth;
+    }
     ops[1].op = GRPC_OP_SEND_MESSAGE;
     ops[1].data.send_message.send_message = send;
     ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "api/auth.h"
 #include "api/grpc_server.h"
 #include "api/rest.h"
 #include "cli/cli.h"
@@ -38,10 +39,12 @@ static void usage(FILE *f)
     fprintf(f, "usage: mtserve serve [--config FILE.yaml] [--model-repository DIR] [--host ADDR] [--http-port PORT]\n"
                "                     [--grpc-port PORT] [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]]\n"
                "                     [--grace S] [--max-connections N] [--keepalive-timeout S]\n"
-               "                     [--header-timeout S] [--http-thread-count N]\n"
+               "                     [--header-timeout S] [--http-thread-count N] [--auth-token-file FILE]\n"
                "                     [--log-level debug|info|warn|error]\n"
                "  Serves every model of the configuration and/or of DIR (one folder per model holding model.onnx\n"
-               "  and an optional config.yaml) over KServe v2 HTTP. Stops gracefully on SIGTERM/SIGINT.\n");
+               "  and an optional config.yaml) over KServe v2 HTTP. Stops gracefully on SIGTERM/SIGINT.\n"
+               "  --auth-token-file FILE: lines '<token> infer|admin|infer,admin'; requests then need\n"
+               "  'Authorization: Bearer <token>' (HTTP header or gRPC metadata); health stays open.\n");
 }
 
 int mts_cli_serve(int argc, char **argv)
@@ -54,6 +57,7 @@ int mts_cli_serve(int argc, char **argv)
                                               "--http-thread-count"};
     static const int conn_max[4] = {1000000, 86400, 3600, 64};
     const char *tls[3] = {NULL, NULL, NULL}; /* cert, key, client CA */
+    const char *auth_file = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool has = i + 1 < argc;
@@ -78,6 +82,7 @@ int mts_cli_serve(int argc, char **argv)
         } else if (!strcmp(a, "--tls-cert") && has) tls[0] = argv[++i];
         else if (!strcmp(a, "--tls-key") && has) tls[1] = argv[++i];
         else if (!strcmp(a, "--tls-client-ca") && has) tls[2] = argv[++i];
+        else if (!strcmp(a, "--auth-token-file") && has) auth_file = argv[++i];
         else if (!strcmp(a, "--log-level") && has) {
             const char *l = argv[++i];
             mts_log_set_level(!strcmp(l, "debug") ? MTS_LOG_DEBUG : !strcmp(l, "warn") ? MTS_LOG_WARN
@@ -124,6 +129,10 @@ int mts_cli_serve(int argc, char **argv)
                 free(*tls_dst[i]);
                 *tls_dst[i] = strdup(tls[i]);
             }
+        if (auth_file) {
+            free(cfg.auth_token_file);
+            cfg.auth_token_file = strdup(auth_file);
+        }
         rc = mts_config_apply_env(&cfg, env_get, note_cb, NULL, &err);
         if (!rc) rc = mts_config_finalize(&cfg, &err);
     }
@@ -133,6 +142,21 @@ int mts_cli_serve(int argc, char **argv)
         return 1;
     }
     if (cfg.n_models == 0) MTS_WARN("config: no models configured");
+    mts_auth *auth = NULL;
+    if (cfg.auth_token_file) {
+        if ((rc = mts_auth_load(cfg.auth_token_file, &auth, &err))) {
+            fprintf(stderr, "mtserve: %s\n", err.msg);
+            mts_auth_free(auth);
+            mts_config_free(&cfg);
+            return 1;
+        }
+        MTS_INFO("event=auth tokens=%d file=%s (health open; inference needs infer, load/unload admin)",
+                 mts_auth_count(auth), cfg.auth_token_file);
+    } else if (!mts_auth_host_is_loopback(cfg.host)) {
+        MTS_WARN("event=no_auth host=%s: listening beyond loopback without authentication: anyone who reaches "
+                 "the ports can run inference and load or unload models (set --auth-token-file)",
+                 cfg.host);
+    }
     /* Signals are taken by sigwait below; block them before any thread starts. */
     sigset_t set;
     sigemptyset(&set);
@@ -144,16 +168,24 @@ int mts_cli_serve(int argc, char **argv)
     mts_server *srv = NULL;
     if ((rc = mts_server_create(&cfg, &srv, &err))) {
         fprintf(stderr, "mtserve: %s\n", err.msg);
+        mts_auth_free(auth);
         mts_config_free(&cfg);
         return 1;
     }
-    mts_rest_opts ho = {cfg.host, cfg.http_port, cfg.http_threads, (size_t)cfg.max_message_size_mb << 20, cfg.max_connections,
-                        cfg.keepalive_timeout_s * 1000, cfg.header_timeout_s * 1000};
+    mts_rest_opts ho = {cfg.host,
+                        cfg.http_port,
+                        cfg.http_threads,
+                        (size_t)cfg.max_message_size_mb << 20,
+                        cfg.max_connections,
+                        cfg.keepalive_timeout_s * 1000,
+                        cfg.header_timeout_s * 1000,
+                        auth};
     mts_rest *http = NULL;
     if ((rc = mts_rest_start(srv, &ho, &http, &err))) {
         fprintf(stderr, "mtserve: cannot start HTTP on %s:%d: %s\n", cfg.host, cfg.http_port, err.msg);
         mts_server_shutdown(srv, 0);
         mts_server_free(srv);
+        mts_auth_free(auth);
         mts_config_free(&cfg);
         return 1;
     }
@@ -162,8 +194,14 @@ int mts_cli_serve(int argc, char **argv)
     printf("mtserve: serving %d model%s on http://%s:%d (KServe v2)\n", cfg.n_models, cfg.n_models == 1 ? "" : "s",
            cfg.host, bound);
     fflush(stdout);
-    mts_grpc_opts go = {cfg.host, cfg.grpc_port, 2, (size_t)cfg.max_message_size_mb << 20,
-                        cfg.tls_cert_path, cfg.tls_key_path, cfg.tls_client_ca_path};
+    mts_grpc_opts go = {cfg.host,
+                        cfg.grpc_port,
+                        2,
+                        (size_t)cfg.max_message_size_mb << 20,
+                        cfg.tls_cert_path,
+                        cfg.tls_key_path,
+                        cfg.tls_client_ca_path,
+                        auth};
     mts_grpc *grpc = NULL;
     if ((rc = mts_grpc_start(srv, &go, &grpc, &err))) {
         fprintf(stderr, "mtserve: cannot start gRPC on %s:%d: %s\n", cfg.host, cfg.grpc_port, err.msg);
@@ -171,6 +209,7 @@ int mts_cli_serve(int argc, char **argv)
         mts_server_shutdown(srv, 0);
         mts_rest_stop(http);
         mts_server_free(srv);
+        mts_auth_free(auth);
         mts_config_free(&cfg);
         return 1;
     }
@@ -187,6 +226,7 @@ int mts_cli_serve(int argc, char **argv)
     mts_rest_stop(http);
     mts_grpc_stop(grpc);
     mts_server_free(srv);
+    mts_auth_free(auth);
     mts_config_free(&cfg);
     return 0;
 }

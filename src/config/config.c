@@ -595,6 +595,7 @@ static int server_key(pctx *x, const char *key, const char *full, const ynode *k
     else if (strcmp(key, "tls_cert_path") == 0) rc = get_path(x, v, full, &c->tls_cert_path);
     else if (strcmp(key, "tls_key_path") == 0) rc = get_path(x, v, full, &c->tls_key_path);
     else if (strcmp(key, "tls_client_ca_path") == 0) rc = get_path(x, v, full, &c->tls_client_ca_path);
+    else if (strcmp(key, "auth_token_file") == 0) rc = get_path(x, v, full, &c->auth_token_file);
     else warn_unknown(x, k, full);
     return rc < 0 ? rc : MTS_OK;
 }
@@ -1258,5 +1259,6 @@ void mts_config_free(mts_config *c)
     free(c->tls_cert_path);
     free(c->tls_key_path);
     free(c->tls_client_ca_path);
+    free(c->auth_token_file);
     memset(c, 0, sizeof *c);
 }

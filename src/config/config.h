@@ -59,6 +59,7 @@ typedef struct mts_config {
     char *tls_cert_path;       /* server.tls_cert_path: PEM certificate chain; gRPC serves TLS when set */
     char *tls_key_path;        /* server.tls_key_path: its PEM private key */
     char *tls_client_ca_path;  /* server.tls_client_ca_path: when set, clients must present a cert it signed */
+    char *auth_token_file;     /* server.auth_token_file: bearer tokens and their scopes (api/auth.h) */
     /* devices (the documents' gpus section maps onto CPU devices) */
     int device_count;          /* gpus.count; default 1 */
     double memory_gb_per_device; /* gpus.memory_gb_per_gpu; default capacity.max_memory_gb / count */

@@ -24,7 +24,9 @@
     X(MTS_EFULL, -10, "queue full")                                          \
     X(MTS_ETIMEDOUT, -11, "deadline exceeded")                               \
     X(MTS_EUNAVAILABLE, -12, "unavailable")                                  \
-    X(MTS_ECANCELLED, -13, "cancelled")
+    X(MTS_ECANCELLED, -13, "cancelled")                                      \
+    X(MTS_EUNAUTHENTICATED, -14, "unauthenticated")                          \
+    X(MTS_EPERMISSION, -15, "permission denied")
 
 enum mts_status {
 #define MTS__STATUS_ENUM(name, value, text) name = value,
