@@ -82,7 +82,11 @@ const char *mts_proto_grpc_code_name(int code)
 
 const char *mts_proto_unknown_model(char *buf, size_t len, const char *model)
 {
-    snprintf(buf, len, "unknown model '%s'", model);
+    size_t n = strlen(model);
+    if (n > MTS_PROTO_NAME_SHOWN) /* a name is echoed back cut: a reply never carries a client's megabyte */
+        snprintf(buf, len, "unknown model '%.*s...' (%zu bytes)", MTS_PROTO_NAME_SHOWN, model, n);
+    else
+        snprintf(buf, len, "unknown model '%s'", model);
     return buf;
 }
 

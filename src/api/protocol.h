@@ -54,7 +54,9 @@ int mts_proto_grpc_code(int status);
 /* Name of a gRPC status code ("NOT_FOUND"); "?" when out of range. */
 const char *mts_proto_grpc_code_name(int code);
 
-/* "unknown model 'x'" into buf; returns buf. */
+/* "unknown model 'x'" into buf; returns buf. Names longer than MTS_PROTO_NAME_SHOWN bytes are cut
+ * ("unknown model 'xxx...' (N bytes)"). */
+#define MTS_PROTO_NAME_SHOWN 128
 const char *mts_proto_unknown_model(char *buf, size_t len, const char *model);
 /* MTS_OK when the server configures model and, when version is neither NULL nor "", serves that
  * version; else MTS_ENOTFOUND with the unknown-model or unknown-version message in msg. */

@@ -202,6 +202,55 @@ static int make_room(mts_server *s, mts__entry *e, int dev, int64_t need, mts__v
     return MTS_OK;
 }
 
+/* Replaces each occurrence of `from` in msg (NUL-terminated, cap bytes) by `to`, cutting at cap. */
+static void replace_all(char *msg, size_t cap, const char *from, const char *to)
+{
+    size_t fl = strlen(from), tl = strlen(to);
+    if (!fl) return;
+    char out[1024];
+    size_t o = 0;
+    for (const char *p = msg; *p && o + 1 < sizeof out;) {
+        if (!strncmp(p, from, fl)) {
+            size_t n = tl < sizeof out - 1 - o ? tl : sizeof out - 1 - o;
+            memcpy(out + o, to, n);
+            o += n;
+            p += fl;
+        } else {
+            out[o++] = *p++;
+        }
+    }
+    out[o] = '\0';
+    snprintf(msg, cap, "%s", out);
+}
+
+/* What clients see of a server-side message about a model's files: the model's folder named
+ * relative to the repository (or by its own name when it lives elsewhere), so replies do not
+ * reveal where the server keeps its files. The log keeps the full message. */
+static void client_paths(const mts_server *s, const mts_model_config *cfg, char *msg, size_t cap)
+{
+    const char *path = cfg->model_path;
+    const char *slash = path ? strrchr(path, '/') : NULL;
+    if (!slash || slash == path) return;
+    char dir[1024], shown[1024];
+    snprintf(dir, sizeof dir, "%.*s/", (int)(slash - path), path);
+    const char *root = s->cfg->model_repository;
+    size_t rl = root ? strlen(root) : 0;
+    while (rl > 1 && root[rl - 1] == '/') rl--;
+    if (rl && !strncmp(dir, root, rl) && dir[rl] == '/') {
+        snprintf(shown, sizeof shown, "%s", dir + rl + 1);
+    } else {
+        const char *b = slash;
+        while (b > path && b[-1] != '/') b--;
+        snprintf(shown, sizeof shown, "%.*s/", (int)(slash - b), b);
+    }
+    replace_all(msg, cap, dir, shown);
+    if (rl) {
+        char rootdir[1024];
+        snprintf(rootdir, sizeof rootdir, "%.*s/", (int)rl, root);
+        replace_all(msg, cap, rootdir, "");
+    }
+}
+
 static void fill_meta(mts__version *v, const mts_model_config *cfg)
 {
     mts_model_info info;
@@ -285,6 +334,7 @@ static void load_one(mts_server *s, mts__entry *e)
             bg = NULL;
             if (v->bg) v->base_bytes += mts_bgcache_capacity_bytes(v->bg);
             snprintf(v->bg_error, sizeof v->bg_error, "%s", bg_error);
+            client_paths(s, cfg, v->bg_error, sizeof v->bg_error);
         }
     }
     mts_bgcache_unref(bg); /* the load failed */
@@ -327,6 +377,7 @@ static void load_one(mts_server *s, mts__entry *e)
         }
         e->retry_at_ns = mts__now_ns() + backoff_ms * 1000000;
         snprintf(e->reason, sizeof e->reason, "%s", msg);
+        client_paths(s, cfg, e->reason, sizeof e->reason);
         if (reload && e->cur) {
             e->reload_pending = false; /* the old version keeps serving */
         } else {

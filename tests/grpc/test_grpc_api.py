@@ -556,3 +556,18 @@ def test_lipsync_management(start_server, pb):
                      (stub.GetModelStats, pb.ls.GetModelStatsRequest(model_id="nope"))):
         c, msg = code_of(lambda: rpc(req))
         assert c == grpc.StatusCode.NOT_FOUND and "unknown model 'nope'" in msg, (c, msg)
+
+
+def test_long_unknown_names_are_cut_in_replies(start_server, pb):
+    s = start_server()
+    ks = pb.ks_grpc.GRPCInferenceServiceStub(s.channel)
+    ls = pb.ls_grpc.InferenceServiceStub(s.channel)
+    name = "n" * (1 << 20)  # a megabyte of model name
+    for call in (lambda: ks.ModelInfer(tiny_request(pb, np.ones((1, 16), np.float32), model=name), timeout=30),
+                 lambda: ks.ModelMetadata(pb.ks.ModelMetadataRequest(name=name), timeout=30),
+                 lambda: ls.InferBatch(pb.ls.InferBatchRequest(model_id=name, batch_size=1), timeout=30)):
+        with pytest.raises(grpc.RpcError) as ei:
+            call()
+        assert ei.value.code() == grpc.StatusCode.NOT_FOUND
+        d = ei.value.details()
+        assert len(d) < 300 and f"({1 << 20} bytes)" in d, d[:300]

@@ -873,6 +873,9 @@ def test_model_that_fails_to_load(start_server, tmp_path):
     r = srv.infer("broken", good)
     assert r.status_code == 503, r.text
     assert "'broken' failed to load" in error_of(r)
+    # clients see the file relative to the repository; the log keeps the full path
+    assert "broken/model.onnx" in error_of(r) and str(tmp_path) not in r.text, r.text
+    assert str(tmp_path) in srv.log()
     # in back-off: refused at once, with Retry-After
     r = srv.infer("broken", good)
     assert r.status_code == 503 and "next retry" in error_of(r), r.text
