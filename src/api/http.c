@@ -23,6 +23,7 @@
  * client left long before (on_cancel tells the application once).
  */
 #include "api/http.h"
+#include "api/http_tls.h"
 
 #include <errno.h>
 #include <netdb.h>
@@ -75,6 +76,7 @@ typedef struct out_chunk {
 
 struct mts_http_conn {
     int fd;
+    mts_tls *ssl;               /* TLS session (server with a certificate), else NULL */
     io_thread *io;
     mts_http_conn *prev, *next; /* the I/O thread's list of open connections */
     int state;
@@ -126,6 +128,7 @@ struct io_thread {
 
 struct mts_http_server {
     mts_http_opts o;
+    mts_tls_ctx *ssl_ctx; /* TLS: every connection speaks it; NULL: plaintext */
     int port;
     int nthreads;
     io_thread *threads;
@@ -400,6 +403,8 @@ static void conn_abort(mts_http_conn *c)
 {
     if (c->fd < 0) return;
     io_thread *io = c->io;
+    mts_tls_free(c->ssl);
+    c->ssl = NULL;
     close(c->fd);
     c->fd = -1;
     list_remove(io, c);
@@ -522,11 +527,16 @@ static void complete_response(mts_http_conn *c, out_chunk *ch)
 /* Starts closing after the last response went out: half-close, then read and discard what the
  * client still sends (so its unread data does not turn our FIN into a RST that destroys the
  * response) until EOF or LINGER_MS. */
+static ssize_t conn_recv(mts_http_conn *c, void *buf, size_t n)
+{
+    return c->ssl ? mts_tls_read(c->ssl, buf, n) : read(c->fd, buf, n);
+}
+
 static void linger_read(mts_http_conn *c)
 {
     char tmp[16384];
     for (;;) {
-        ssize_t n = read(c->fd, tmp, sizeof tmp);
+        ssize_t n = conn_recv(c, tmp, sizeof tmp);
         if (n > 0) continue;
         if (n < 0 && errno == EINTR) continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
@@ -541,6 +551,7 @@ static void begin_close(mts_http_conn *c)
         conn_abort(c);
         return;
     }
+    if (c->ssl) mts_tls_close(c->ssl); /* close_notify before the FIN */
     shutdown(c->fd, SHUT_WR);
     c->state = RS_LINGER;
     c->linger_until_ms = c->io->now_ms + LINGER_MS;
@@ -555,7 +566,7 @@ static void conn_flush(mts_http_conn *c)
         for (out_chunk *ch = c->out_head; ch && n < IOV_BATCH; ch = ch->next)
             for (int i = ch->iov_idx; i < ch->niov && n < IOV_BATCH; i++) iov[n++] = ch->iov[i];
         struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)n};
-        ssize_t w = sendmsg(c->fd, &m, MSG_NOSIGNAL);
+        ssize_t w = c->ssl ? mts_tls_writev(c->ssl, iov, n) : sendmsg(c->fd, &m, MSG_NOSIGNAL);
         if (w < 0) {
             if (errno == EINTR) continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK) return;
@@ -606,13 +617,14 @@ static int conn_read(mts_http_conn *c)
     }
     size_t space = c->rcap - c->rlen;
     for (;;) {
-        ssize_t n = read(c->fd, c->rbuf + c->rlen, space);
+        ssize_t n = conn_recv(c, c->rbuf + c->rlen, space);
         if (n > 0) {
             c->rlen += (size_t)n;
             c->last_ms = c->io->now_ms;
             /* edge-triggered: a short read drained the socket; new data brings a new event.
-             * After RDHUP keep reading until EOF is seen. */
-            if ((size_t)n < space && !c->rdhup) c->drained = true;
+             * After RDHUP keep reading until EOF is seen. A TLS read returns one record at a
+             * time, so only EAGAIN says the socket is drained there. */
+            if ((size_t)n < space && !c->rdhup && !c->ssl) c->drained = true;
             return 1;
         }
         if (n == 0) {
@@ -1057,9 +1069,11 @@ static void conn_event(mts_http_conn *c, uint32_t ev)
     if (ev & (EPOLLERR | EPOLLHUP)) {
         conn_abort(c);
     } else {
-        if (ev & (EPOLLIN | EPOLLRDHUP)) c->drained = false;
+        /* TLS: a read may wait for the socket to be writable (handshake) and a write for it to be
+         * readable, so either event retries both */
+        if ((ev & (EPOLLIN | EPOLLRDHUP)) || (c->ssl && (ev & EPOLLOUT))) c->drained = false;
         if (ev & EPOLLRDHUP) c->rdhup = true; /* half-close or close: treated as going away */
-        if ((ev & EPOLLOUT) && c->out_head) conn_flush(c);
+        if (((ev & EPOLLOUT) || (c->ssl && (ev & EPOLLIN))) && c->out_head) conn_flush(c);
         conn_run(c);
     }
     RELEASE(c);
@@ -1298,7 +1312,7 @@ static bool on_accept(io_thread *io)
         if (atomic_fetch_add_explicit(&s->nconns, 1, memory_order_relaxed) >= s->o.max_connections &&
             !close_oldest_idle(io)) {
             atomic_fetch_sub_explicit(&s->nconns, 1, memory_order_relaxed);
-            send_now(fd, 503, "too many connections");
+            if (!s->ssl_ctx) send_now(fd, 503, "too many connections"); /* no TLS session to say it in */
             close(fd);
             continue;
         }
@@ -1310,6 +1324,12 @@ static bool on_accept(io_thread *io)
             close(fd);
             continue;
         }
+        if (s->ssl_ctx && !(c->ssl = mts_tls_new(s->ssl_ctx, fd))) {
+            atomic_fetch_sub_explicit(&s->nconns, 1, memory_order_relaxed);
+            close(fd);
+            free(c);
+            continue;
+        }
         c->fd = fd;
         c->io = io;
         c->last_ms = io->now_ms;
@@ -1317,6 +1337,7 @@ static bool on_accept(io_thread *io)
         struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET, .data.ptr = c};
         if (epoll_ctl(io->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
             atomic_fetch_sub_explicit(&s->nconns, 1, memory_order_relaxed);
+            mts_tls_free(c->ssl);
             close(fd);
             free(c);
             continue;
@@ -1346,12 +1367,12 @@ static void scan_timeouts(io_thread *io)
                 if (now - c->last_ms >= idle) conn_abort(c); /* idle keep-alive connection */
             } else if (c->state == RS_HEAD) {
                 if (c->head_start_ms && now - c->head_start_ms >= io->srv->o.header_timeout_ms) {
-                    send_now(c->fd, 408, "request header not completed in time");
+                    if (!c->ssl) send_now(c->fd, 408, "request header not completed in time");
                     conn_abort(c);
                 }
             } else if (c->state == RS_BODY_CL || c->state == RS_BODY_CHUNKED) {
                 if (now - c->last_ms >= idle) {
-                    send_now(c->fd, 408, "request body stalled");
+                    if (!c->ssl) send_now(c->fd, 408, "request body stalled");
                     conn_abort(c);
                 }
             }
@@ -1503,6 +1524,7 @@ static void free_server(mts_http_server *s)
     }
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
+    mts_tls_ctx_free(s->ssl_ctx);
     free(s->threads);
     free(s);
 }
@@ -1529,12 +1551,20 @@ int mts_http_start(const mts_http_opts *o, mts_http_server **out, mts_err *err)
     if (s->o.header_timeout_ms <= 0) s->o.header_timeout_ms = 10000;
     if (s->o.idle_timeout_ms > 0 && s->o.header_timeout_ms > s->o.idle_timeout_ms)
         s->o.header_timeout_ms = s->o.idle_timeout_ms;
+    if (o->tls_cert) {
+        int trc = mts_tls_ctx_create(o->tls_cert, o->tls_key, o->tls_client_ca, &s->ssl_ctx, err);
+        if (trc) {
+            free(s);
+            return trc;
+        }
+    }
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     s->threads = calloc((size_t)s->o.io_threads, sizeof *s->threads);
     if (!s->threads) {
         pthread_mutex_destroy(&s->mu);
         pthread_cond_destroy(&s->cv);
+        mts_tls_ctx_free(s->ssl_ctx);
         free(s);
         return mts_err_set(err, MTS_ENOMEM, "http: out of memory");
     }

@@ -82,6 +82,9 @@ typedef struct mts_http_opts {
     int idle_timeout_ms;      /* 0 = 60000; < 0 = no timeouts (no slowloris protection either) */
     int max_connections;      /* over all I/O threads; 0 = 10000; beyond it: an idle one goes, or 503 */
     int header_timeout_ms;    /* a request head's first byte to its end; 0 = 10000 (capped at idle) */
+    /* TLS (OpenSSL): with tls_cert (and tls_key) every connection speaks TLS 1.2+; tls_client_ca
+     * (optional) makes clients present a certificate it signed. NULL: plaintext. */
+    const char *tls_cert, *tls_key, *tls_client_ca;
     mts_http_handler handler; /* required */
     mts_http_cancel_fn on_cancel; /* optional */
     void *user;               /* first argument of handler and on_cancel */

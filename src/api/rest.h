@@ -25,6 +25,7 @@ typedef struct mts_rest_opts {
     int idle_timeout_ms;   /* keep-alive idle close; 0: 60000 */
     int header_timeout_ms; /* request head deadline (slowloris); 0: 10000 */
     const mts_auth *auth;  /* bearer tokens (auth.h); NULL: every route open. Must outlive the server */
+    const char *tls_cert, *tls_key, *tls_client_ca; /* PEM files: HTTPS (http.h); NULL: plaintext */
 } mts_rest_opts;
 
 int mts_rest_start(mts_server *srv, const mts_rest_opts *opts, mts_rest **out, mts_err *err);

@@ -179,7 +179,10 @@ int mts_cli_serve(int argc, char **argv)
                         cfg.max_connections,
                         cfg.keepalive_timeout_s * 1000,
                         cfg.header_timeout_s * 1000,
-                        auth};
+                        auth,
+                        cfg.tls_cert_path,
+                        cfg.tls_key_path,
+                        cfg.tls_client_ca_path};
     mts_rest *http = NULL;
     if ((rc = mts_rest_start(srv, &ho, &http, &err))) {
         fprintf(stderr, "mtserve: cannot start HTTP on %s:%d: %s\n", cfg.host, cfg.http_port, err.msg);
@@ -190,9 +193,11 @@ int mts_cli_serve(int argc, char **argv)
         return 1;
     }
     int bound = mts_rest_port(http);
-    MTS_INFO("event=listening protocol=http url=http://%s:%d models=%d", cfg.host, bound, cfg.n_models);
-    printf("mtserve: serving %d model%s on http://%s:%d (KServe v2)\n", cfg.n_models, cfg.n_models == 1 ? "" : "s",
-           cfg.host, bound);
+    const char *scheme = cfg.tls_cert_path ? "https" : "http";
+    MTS_INFO("event=listening protocol=http url=%s://%s:%d models=%d tls=%s", scheme, cfg.host, bound, cfg.n_models,
+             cfg.tls_cert_path ? (cfg.tls_client_ca_path ? "mutual" : "on") : "off");
+    printf("mtserve: serving %d model%s on %s://%s:%d (KServe v2)\n", cfg.n_models, cfg.n_models == 1 ? "" : "s",
+           scheme, cfg.host, bound);
     fflush(stdout);
     mts_grpc_opts go = {cfg.host,
                         cfg.grpc_port,

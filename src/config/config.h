@@ -56,7 +56,7 @@ typedef struct mts_config {
     int http_threads;          /* server.http_threads: HTTP I/O threads; default 2 */
     int keepalive_timeout_s;   /* server.keepalive_timeout_s: idle HTTP connection closes; default 60 */
     int header_timeout_s;      /* server.header_timeout_s: a request head must arrive within; default 10 */
-    char *tls_cert_path;       /* server.tls_cert_path: PEM certificate chain; gRPC serves TLS when set */
+    char *tls_cert_path;       /* server.tls_cert_path: PEM certificate chain; gRPC and HTTP serve TLS when set */
     char *tls_key_path;        /* server.tls_key_path: its PEM private key */
     char *tls_client_ca_path;  /* server.tls_client_ca_path: when set, clients must present a cert it signed */
     char *auth_token_file;     /* server.auth_token_file: bearer tokens and their scopes (api/auth.h) */

@@ -1,8 +1,12 @@
-"""gRPC over TLS (server.tls_cert_path / tls_key_path, and tls_client_ca_path for mutual TLS):
-certificates are made here with the openssl command line; a grpcio client with the CA as its
-root talks to the server, a plaintext client and (for mutual TLS) a client without a certificate
-are refused, and bad certificate files stop the start with a message naming the file.
+"""gRPC and HTTP over TLS (server.tls_cert_path / tls_key_path, and tls_client_ca_path for
+mutual TLS): certificates are made here with the openssl command line; a grpcio client and a
+`requests` HTTPS client with the CA as their root talk to the server (large bodies both ways,
+keep-alive, pipelined requests), plaintext clients and (for mutual TLS) clients without a
+certificate are refused, and bad certificate files stop the start with a message naming the file.
 """
+import re
+import socket
+import ssl
 import subprocess
 
 import grpc
@@ -74,3 +78,57 @@ def test_bad_tls_files_stop_the_start(tmp_path, pki):
         r = subprocess.run(_server_command() + ["--config", str(cfg), "--http-port", "0", "--grpc-port", "0"],
                            capture_output=True, text=True, timeout=30)
         assert r.returncode != 0 and want in r.stderr, r.stderr
+
+
+HTTPS_RE = re.compile(r"serving \d+ models? on https://([0-9.]+):(\d+)")
+
+
+def https_base(srv):
+    m = HTTPS_RE.search(srv.stdout_path.read_text())
+    assert m, srv.stdout_path.read_text()
+    return f"https://localhost:{m.group(2)}", int(m.group(2))
+
+
+def test_https_and_mutual_tls(start_server, pki):
+    import requests
+    srv = start_server(server={"tls_cert_path": str(pki / "server.pem"), "tls_key_path": str(pki / "server.key")})
+    base, port = https_base(srv)
+    ca = str(pki / "ca.pem")
+    with requests.Session() as sess:  # keep-alive: several requests on one TLS connection
+        assert sess.get(base + "/v2/health/ready", verify=ca, timeout=10).status_code == 200
+        x = np.random.default_rng(0).standard_normal((4096, 16)).astype(np.float32)  # 256 KiB each way
+        body = {"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]}
+        for _ in range(3):
+            r = sess.post(base + "/v2/models/tiny/infer", json=body, verify=ca, timeout=60)
+            assert r.status_code == 200, r.text
+            y = np.array(r.json()["outputs"][0]["data"], np.float32).reshape(4096, 16)
+            from conftest import tiny_reference
+            assert np.allclose(y, tiny_reference(x), rtol=1e-4, atol=1e-5)
+    # pipelined: 50 requests in one TLS write, 50 answers
+    ctx = ssl.create_default_context(cafile=ca)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+        with ctx.wrap_socket(raw, server_hostname="localhost") as tls:
+            tls.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n" * 50)
+            got = b""
+            while got.count(b"HTTP/1.1 200") < 50:
+                chunk = tls.recv(65536)
+                assert chunk, got[-200:]
+                got += chunk
+    # plaintext HTTP against the TLS port: no answer in clear
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+        raw.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+        try:
+            data = raw.recv(4096)
+        except (ConnectionResetError, socket.timeout):
+            data = b""
+        assert b"HTTP/1.1 200" not in data
+    assert srv.proc.poll() is None  # the server keeps serving
+
+    m = start_server(server={"tls_cert_path": str(pki / "server.pem"), "tls_key_path": str(pki / "server.key"),
+                             "tls_client_ca_path": str(pki / "ca.pem")})
+    base, _ = https_base(m)
+    with pytest.raises(requests.exceptions.RequestException):  # no client certificate
+        requests.get(base + "/v2/health/live", verify=ca, timeout=10)
+    r = requests.get(base + "/v2/health/live", verify=ca, timeout=10,
+                     cert=(str(pki / "client.pem"), str(pki / "client.key")))
+    assert r.status_code == 200

@@ -319,7 +319,9 @@ static void test_reload_and_failed_load(void **state)
     call *bad = call_new("m01", 1);
     assert_int_equal(submit(s, bad), 0);
     assert_int_equal(call_wait(bad), MTS_EUNAVAILABLE);
-    assert_non_null(strstr(bad->msg, "cannot open /nonexistent/model.onnx"));
+    /* the reply names the file by its folder, not by where the server keeps it */
+    assert_non_null(strstr(bad->msg, "cannot open nonexistent/model.onnx"));
+    assert_null(strstr(bad->msg, "/nonexistent"));
     call *again = call_new("m01", 1);
     assert_int_equal(submit(s, again), MTS_EUNAVAILABLE);
     assert_non_null(strstr(again->msg, "next retry in"));
