@@ -55,6 +55,9 @@
 #define MAX_EVENTS 256
 #define IOV_BATCH 64
 
+#define ADDR_BUCKETS 1024           /* per-client-address connection counts */
+#define ADDR_KEY 17                 /* address family + 16 address bytes (IPv4 in the first 4) */
+
 enum { P_MORE, P_READY, P_ERROR };
 enum { RS_HEAD, RS_BODY_CL, RS_BODY_CHUNKED, RS_READY, RS_PENDING, RS_CLOSING, RS_LINGER };
 enum { CH_SIZE, CH_DATA, CH_DATA_END, CH_TRAILER };
@@ -77,6 +80,8 @@ typedef struct out_chunk {
 struct mts_http_conn {
     int fd;
     mts_tls *ssl;               /* TLS session (server with a certificate), else NULL */
+    uint8_t addr[ADDR_KEY];     /* client address, when counted against max_per_client */
+    bool addr_counted;
     io_thread *io;
     mts_http_conn *prev, *next; /* the I/O thread's list of open connections */
     int state;
@@ -126,8 +131,19 @@ struct io_thread {
     bool qsignalled;
 };
 
+/* Open connections of one client address (max_per_client). */
+typedef struct addr_count {
+    struct addr_count *next;
+    uint8_t key[ADDR_KEY];
+    int n;
+} addr_count;
+
 struct mts_http_server {
     mts_http_opts o;
+    /* connections per client address, shared by the I/O threads (a client's connections land
+     * on any of them); only used with max_per_client */
+    pthread_mutex_t addr_mu;
+    addr_count *addr_tab[ADDR_BUCKETS];
     mts_tls_ctx *ssl_ctx; /* TLS: every connection speaks it; NULL: plaintext */
     int port;
     int nthreads;
@@ -386,6 +402,70 @@ static void free_graveyard(io_thread *io)
         if (--(c)->busy == 0) conn_maybe_free(c);      \
     } while (0)
 
+/* ---- connections per client address ---- */
+
+static void addr_key(const struct sockaddr_storage *ss, uint8_t key[ADDR_KEY])
+{
+    memset(key, 0, ADDR_KEY);
+    if (ss->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *a6 = (const struct sockaddr_in6 *)ss;
+        static const uint8_t v4mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+        if (!memcmp(a6->sin6_addr.s6_addr, v4mapped, 12)) { /* the same client as its IPv4 form */
+            key[0] = AF_INET;
+            memcpy(key + 1, a6->sin6_addr.s6_addr + 12, 4);
+        } else {
+            key[0] = AF_INET6;
+            memcpy(key + 1, a6->sin6_addr.s6_addr, 16);
+        }
+    } else if (ss->ss_family == AF_INET) {
+        key[0] = AF_INET;
+        memcpy(key + 1, &((const struct sockaddr_in *)ss)->sin_addr, 4);
+    } else {
+        key[0] = (uint8_t)ss->ss_family; /* unix sockets and the like: one shared count */
+    }
+}
+
+static unsigned addr_hash(const uint8_t key[ADDR_KEY])
+{
+    uint32_t h = 2166136261u;
+    for (int i = 0; i < ADDR_KEY; i++) h = (h ^ key[i]) * 16777619u;
+    return h % ADDR_BUCKETS;
+}
+
+/* Counts a new connection of `key`; false when the address already holds max_per_client. */
+static bool addr_acquire(mts_http_server *s, const uint8_t key[ADDR_KEY])
+{
+    bool ok = true;
+    pthread_mutex_lock(&s->addr_mu);
+    addr_count **slot = &s->addr_tab[addr_hash(key)], *e = *slot;
+    while (e && memcmp(e->key, key, ADDR_KEY)) e = e->next;
+    if (!e) {
+        e = calloc(1, sizeof *e);
+        if (e) {
+            memcpy(e->key, key, ADDR_KEY);
+            e->next = *slot;
+            *slot = e;
+        }
+    }
+    if (!e || e->n >= s->o.max_per_client) ok = false;
+    else e->n++;
+    pthread_mutex_unlock(&s->addr_mu);
+    return ok;
+}
+
+static void addr_release(mts_http_server *s, const uint8_t key[ADDR_KEY])
+{
+    pthread_mutex_lock(&s->addr_mu);
+    addr_count **slot = &s->addr_tab[addr_hash(key)];
+    while (*slot && memcmp((*slot)->key, key, ADDR_KEY)) slot = &(*slot)->next;
+    if (*slot && --(*slot)->n <= 0) {
+        addr_count *e = *slot;
+        *slot = e->next;
+        free(e);
+    }
+    pthread_mutex_unlock(&s->addr_mu);
+}
+
 static void list_remove(io_thread *io, mts_http_conn *c)
 {
     if (c->prev) c->prev->next = c->next;
@@ -409,6 +489,8 @@ static void conn_abort(mts_http_conn *c)
     c->fd = -1;
     list_remove(io, c);
     atomic_fetch_sub_explicit(&io->srv->nconns, 1, memory_order_relaxed);
+    if (c->addr_counted) addr_release(io->srv, c->addr);
+    c->addr_counted = false;
     while (c->out_head) {
         out_chunk *ch = c->out_head;
         c->out_head = ch->next;
@@ -1298,7 +1380,9 @@ static bool on_accept(io_thread *io)
 {
     mts_http_server *s = io->srv;
     for (int k = 0; k < ACCEPT_BATCH && io->lfd >= 0; k++) {
-        int fd = accept4(io->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        struct sockaddr_storage peer;
+        socklen_t plen = sizeof peer;
+        int fd = accept4(io->lfd, (struct sockaddr *)&peer, &plen, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO) continue;
             if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
@@ -1330,6 +1414,18 @@ static bool on_accept(io_thread *io)
             free(c);
             continue;
         }
+        if (s->o.max_per_client > 0) {
+            addr_key(&peer, c->addr);
+            if (!addr_acquire(s, c->addr)) {
+                atomic_fetch_sub_explicit(&s->nconns, 1, memory_order_relaxed);
+                if (!s->ssl_ctx) send_now(fd, 503, "too many connections from this address");
+                mts_tls_free(c->ssl);
+                close(fd);
+                free(c);
+                continue;
+            }
+            c->addr_counted = true;
+        }
         c->fd = fd;
         c->io = io;
         c->last_ms = io->now_ms;
@@ -1337,6 +1433,7 @@ static bool on_accept(io_thread *io)
         struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET, .data.ptr = c};
         if (epoll_ctl(io->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
             atomic_fetch_sub_explicit(&s->nconns, 1, memory_order_relaxed);
+            if (c->addr_counted) addr_release(s, c->addr);
             mts_tls_free(c->ssl);
             close(fd);
             free(c);
@@ -1524,6 +1621,13 @@ static void free_server(mts_http_server *s)
     }
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
+    for (int b = 0; b < ADDR_BUCKETS; b++)
+        while (s->addr_tab[b]) {
+            addr_count *e = s->addr_tab[b];
+            s->addr_tab[b] = e->next;
+            free(e);
+        }
+    pthread_mutex_destroy(&s->addr_mu);
     mts_tls_ctx_free(s->ssl_ctx);
     free(s->threads);
     free(s);
@@ -1560,10 +1664,12 @@ int mts_http_start(const mts_http_opts *o, mts_http_server **out, mts_err *err)
     }
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
+    pthread_mutex_init(&s->addr_mu, NULL);
     s->threads = calloc((size_t)s->o.io_threads, sizeof *s->threads);
     if (!s->threads) {
         pthread_mutex_destroy(&s->mu);
         pthread_cond_destroy(&s->cv);
+        pthread_mutex_destroy(&s->addr_mu);
         mts_tls_ctx_free(s->ssl_ctx);
         free(s);
         return mts_err_set(err, MTS_ENOMEM, "http: out of memory");

@@ -81,6 +81,8 @@ typedef struct mts_http_opts {
     size_t max_header;        /* bytes of request line + header fields; 0 = 16 KiB (min 64) */
     int idle_timeout_ms;      /* 0 = 60000; < 0 = no timeouts (no slowloris protection either) */
     int max_connections;      /* over all I/O threads; 0 = 10000; beyond it: an idle one goes, or 503 */
+    int max_per_client;       /* open connections of one client address (IPv4, IPv6); 0 = no limit;
+                               * beyond it the new connection gets 503 and is closed */
     int header_timeout_ms;    /* a request head's first byte to its end; 0 = 10000 (capped at idle) */
     /* TLS (OpenSSL): with tls_cert (and tls_key) every connection speaks TLS 1.2+; tls_client_ca
      * (optional) makes clients present a certificate it signed. NULL: plaintext. */

@@ -70,6 +70,7 @@ int mts_rest_start(mts_server *srv, const mts_rest_opts *o, mts_rest **out, mts_
     ho.idle_timeout_ms = o->idle_timeout_ms > 0 ? o->idle_timeout_ms : 0; /* 0: http.c's default */
     ho.max_connections = o->max_connections > 0 ? o->max_connections : 4096;
     ho.header_timeout_ms = o->header_timeout_ms;
+    ho.max_per_client = o->max_per_client;
     ho.tls_cert = o->tls_cert;
     ho.tls_key = o->tls_key;
     ho.tls_client_ca = o->tls_client_ca;

@@ -22,6 +22,7 @@ typedef struct mts_rest_opts {
     int io_threads;        /* default 1 */
     size_t max_body;       /* bytes; from server.max_message_size_mb */
     int max_connections;   /* 0: 4096 */
+    int max_per_client;    /* connections of one client address; 0: no limit */
     int idle_timeout_ms;   /* keep-alive idle close; 0: 60000 */
     int header_timeout_ms; /* request head deadline (slowloris); 0: 10000 */
     const mts_auth *auth;  /* bearer tokens (auth.h); NULL: every route open. Must outlive the server */

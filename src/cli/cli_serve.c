@@ -39,7 +39,8 @@ static void usage(FILE *f)
     fprintf(f, "usage: mtserve serve [--config FILE.yaml] [--model-repository DIR] [--host ADDR] [--http-port PORT]\n"
                "                     [--grpc-port PORT] [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]]\n"
                "                     [--grace S] [--max-connections N] [--keepalive-timeout S]\n"
-               "                     [--header-timeout S] [--http-thread-count N] [--auth-token-file FILE]\n"
+               "                     [--header-timeout S] [--http-thread-count N] [--max-connections-per-client N]\n"
+               "                     [--auth-token-file FILE]\n"
                "                     [--log-level debug|info|warn|error]\n"
                "  Serves every model of the configuration and/or of DIR (one folder per model holding model.onnx\n"
                "  and an optional config.yaml) over KServe v2 HTTP. Stops gracefully on SIGTERM/SIGINT.\n"
@@ -51,11 +52,12 @@ int mts_cli_serve(int argc, char **argv)
 {
     const char *config_path = NULL, *repo = NULL, *host = NULL;
     int port = -1, grpc_port = -1, grace = -1;
-    /* --max-connections, --keepalive-timeout, --header-timeout, --http-thread-count */
-    int conn_opts[4] = {-1, -1, -1, -1};
-    static const char *const conn_flags[4] = {"--max-connections", "--keepalive-timeout", "--header-timeout",
-                                              "--http-thread-count"};
-    static const int conn_max[4] = {1000000, 86400, 3600, 64};
+    /* --max-connections, --keepalive-timeout, --header-timeout, --http-thread-count,
+     * --max-connections-per-client */
+    int conn_opts[5] = {-1, -1, -1, -1, -1};
+    static const char *const conn_flags[5] = {"--max-connections", "--keepalive-timeout", "--header-timeout",
+                                              "--http-thread-count", "--max-connections-per-client"};
+    static const int conn_max[5] = {1000000, 86400, 3600, 64, 1000000};
     const char *tls[3] = {NULL, NULL, NULL}; /* cert, key, client CA */
     const char *auth_file = NULL;
     for (int i = 1; i < argc; i++) {
@@ -68,7 +70,7 @@ int mts_cli_serve(int argc, char **argv)
         else if (!strcmp(a, "--grpc-port") && has) grpc_port = atoi(argv[++i]);
         else if (!strcmp(a, "--grace") && has) grace = atoi(argv[++i]);
         else if ((!strcmp(a, conn_flags[0]) || !strcmp(a, conn_flags[1]) || !strcmp(a, conn_flags[2]) ||
-                  !strcmp(a, conn_flags[3])) && has) {
+                  !strcmp(a, conn_flags[3]) || !strcmp(a, conn_flags[4])) && has) {
             int k = 0;
             while (strcmp(a, conn_flags[k])) k++;
             char *end;
@@ -123,6 +125,7 @@ int mts_cli_serve(int argc, char **argv)
         if (conn_opts[1] > 0) cfg.keepalive_timeout_s = conn_opts[1];
         if (conn_opts[2] > 0) cfg.header_timeout_s = conn_opts[2];
         if (conn_opts[3] > 0) cfg.http_threads = conn_opts[3];
+        if (conn_opts[4] > 0) cfg.max_connections_per_client = conn_opts[4];
         char **tls_dst[3] = {&cfg.tls_cert_path, &cfg.tls_key_path, &cfg.tls_client_ca_path};
         for (int i = 0; i < 3; i++)
             if (tls[i]) {
@@ -177,6 +180,7 @@ int mts_cli_serve(int argc, char **argv)
                         cfg.http_threads,
                         (size_t)cfg.max_message_size_mb << 20,
                         cfg.max_connections,
+                        cfg.max_connections_per_client,
                         cfg.keepalive_timeout_s * 1000,
                         cfg.header_timeout_s * 1000,
                         auth,

@@ -589,6 +589,8 @@ static int server_key(pctx *x, const char *key, const char *full, const ynode *k
         if (rc == 1) c->default_timeout_ms = i64;
     } else if (strcmp(key, "shutdown_grace_s") == 0) rc = get_int32(x, v, full, 0, 3600, &c->shutdown_grace_s);
     else if (strcmp(key, "max_connections") == 0) rc = get_int32(x, v, full, 1, 1000000, &c->max_connections);
+    else if (strcmp(key, "max_connections_per_client") == 0)
+        rc = get_int32(x, v, full, 0, 1000000, &c->max_connections_per_client);
     else if (strcmp(key, "http_threads") == 0) rc = get_int32(x, v, full, 1, 64, &c->http_threads);
     else if (strcmp(key, "keepalive_timeout_s") == 0) rc = get_int32(x, v, full, 1, 86400, &c->keepalive_timeout_s);
     else if (strcmp(key, "header_timeout_s") == 0) rc = get_int32(x, v, full, 1, 3600, &c->header_timeout_s);

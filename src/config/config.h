@@ -53,6 +53,7 @@ typedef struct mts_config {
     int64_t default_timeout_ms;/* 0 = none */
     int shutdown_grace_s;      /* SIGTERM: time to finish queued work; default 30 */
     int max_connections;       /* server.max_connections: open HTTP connections; default 4096 */
+    int max_connections_per_client; /* server.max_connections_per_client: per client address; 0 = none */
     int http_threads;          /* server.http_threads: HTTP I/O threads; default 2 */
     int keepalive_timeout_s;   /* server.keepalive_timeout_s: idle HTTP connection closes; default 60 */
     int header_timeout_s;      /* server.header_timeout_s: a request head must arrive within; default 10 */

@@ -922,6 +922,47 @@ def test_full_server_admits_a_new_client_by_closing_the_oldest_idle(start_server
         sk.close()
 
 
+def test_per_client_address_cap(start_server):
+    """server.max_connections_per_client 3: a client address holding three connections gets 503
+    for a fourth (the others keep working); once one closes, a new connection is admitted. The
+    same cap counts across both I/O threads (a client's connections land on either)."""
+    srv = start_server({"tiny": TINY}, config={"server": {"max_connections_per_client": 3, "http_threads": 2}})
+    srv.http.close()  # the fixture's own keep-alive session would count
+    held = []
+    for _ in range(3):
+        sk = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+        sk.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert read_http_response(sk) == (200, False)
+        held.append(sk)
+    extra = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+    extra.settimeout(10)
+    got = b""
+    while b"\r\n\r\n" not in got:
+        chunk = extra.recv(4096)
+        if not chunk:
+            break
+        got += chunk
+    assert got.startswith(b"HTTP/1.1 503"), got
+    extra.close()
+    for sk in held:  # the three still serve
+        sk.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert read_http_response(sk)[0] == 200
+    held.pop().close()
+    deadline = time.monotonic() + 5
+    while True:  # the server sees the close on its next event
+        r = None
+        try:
+            r = requests.get(srv.url + "/v2/health/ready", headers={"Connection": "close"}, timeout=10)
+        except requests.ConnectionError:
+            pass
+        if (r is not None and r.status_code == 200) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert r is not None and r.status_code == 200
+    for sk in held:
+        sk.close()
+
+
 def test_slowloris_dies_at_the_header_deadline(start_server):
     """server.header_timeout_s 1: a client trickling a request head one byte per 100 ms gets 408
     about 1 s after its first byte, although each byte keeps it from looking idle; a normal client
