@@ -13,6 +13,8 @@
 #                        InferBatchComposite JPEG, requests of 16 frames) on lipsync_unet_w8 and w16
 #                        vs the bare-engine bound (~8 min)
 #   make bench-capacity-kserve  the same users sending one frame per KServe infer (~3-6 min)
+#   make soak            10 minutes of mixed HTTP/gRPC traffic, churn, load/unload, a model file
+#                        replaced, floods: RSS and descriptor drift (SOAK_MINUTES=10)
 #   make bench-connections  10,000 idle + 4,000 slowloris connections held: a new client's latency (~1 min)
 #   make bench-churn     1,000 small models, max_models 100, Zipf(1.0): hit rate, loads/s, latency (~2 min)
 #   make bench-isolation light tenant's latency beside a heavy tenant (HTTP and gRPC; ~7 min)
@@ -28,7 +30,7 @@ TESTDATA := /usr/share/libonnx-testdata/data
 export MTSERVE := $(CURDIR)/$(BUILD)/mtserve
 
 .PHONY: all deps build build-asan build-tsan models avatar run test test-unit test-conformance bench \
-        bench-engine bench-ceiling bench-serving bench-capacity bench-capacity-kserve bench-connections bench-churn bench-grpc bench-isolation bench-ab clean
+        bench-engine bench-ceiling bench-serving bench-capacity bench-capacity-kserve bench-connections soak bench-churn bench-grpc bench-isolation bench-ab clean
 
 all: build
 
@@ -87,6 +89,10 @@ bench-capacity-kserve: build models
 
 bench-connections: build models
 	@$(PY) scripts/bench-connections.py
+
+SOAK_MINUTES ?= 10
+soak: build models
+	@$(PY) scripts/soak.py --minutes $(SOAK_MINUTES)
 
 bench-ceiling: build models
 	@bash scripts/bench-ceiling.sh
