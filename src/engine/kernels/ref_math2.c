@@ -254,30 +254,52 @@ static int b2_infer(mts_kctx *k, unsigned mask)
     return MTS_OK;
 }
 
-static int b2_run(mts_kctx *k)
+typedef struct b2_ctx {
+    int op;
+    const mts_tensor *a, *b;
+    mts_tensor *o;
+    int64_t sa[MTS_MAX_RANK], sb[MTS_MAX_RANK];
+} b2_ctx;
+
+/* Output elements [lo, hi) of the broadcast walk, starting from lo's multi-index. */
+static void b2_part(void *ctx, int ithr, int nthr)
 {
-    const mts_tensor *a = k->in[0], *b = k->in[1];
-    mts_tensor *o = &k->out[0];
-    int op, rc = b2_op_of(k, a->dtype, &op);
-    if (rc) return rc;
-    int64_t n = numel(o);
-    if (n == 0) return MTS_OK;
+    const b2_ctx *c = ctx;
+    const mts_tensor *o = c->o;
+    int64_t lo, hi, idx[MTS_MAX_RANK] = {0}, oa = 0, ob = 0;
+    part_range(numel(o), ithr, nthr, &lo, &hi);
+    if (lo >= hi) return;
     int R = o->rank;
-    int64_t sa[MTS_MAX_RANK], sb[MTS_MAX_RANK], idx[MTS_MAX_RANK] = {0};
-    bcast_strides(a, o, sa);
-    bcast_strides(b, o, sb);
-    int64_t oa = 0, ob = 0;
-    for (int64_t i = 0; i < n; i++) {
-        b2_elem(op, a->dtype, o->data, i, a->data, oa, b->data, ob);
+    int64_t rem = lo;
+    for (int d = R - 1; d >= 0; d--) {
+        idx[d] = rem % o->dims[d];
+        rem /= o->dims[d];
+        oa += idx[d] * c->sa[d];
+        ob += idx[d] * c->sb[d];
+    }
+    for (int64_t i = lo; i < hi; i++) {
+        b2_elem(c->op, c->a->dtype, o->data, i, c->a->data, oa, c->b->data, ob);
         for (int d = R - 1; d >= 0; d--) {
-            oa += sa[d];
-            ob += sb[d];
+            oa += c->sa[d];
+            ob += c->sb[d];
             if (++idx[d] < o->dims[d]) break;
-            oa -= sa[d] * o->dims[d];
-            ob -= sb[d] * o->dims[d];
+            oa -= c->sa[d] * o->dims[d];
+            ob -= c->sb[d] * o->dims[d];
             idx[d] = 0;
         }
     }
+}
+
+static int b2_run(mts_kctx *k)
+{
+    b2_ctx c = {0, k->in[0], k->in[1], &k->out[0], {0}, {0}};
+    int rc = b2_op_of(k, c.a->dtype, &c.op);
+    if (rc) return rc;
+    int64_t n = numel(c.o);
+    if (n == 0) return MTS_OK;
+    bcast_strides(c.a, c.o, c.sa);
+    bcast_strides(c.b, c.o, c.sb);
+    mts_parallel(par_threads(k, n), b2_part, &c);
     return MTS_OK;
 }
 

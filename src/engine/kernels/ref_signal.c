@@ -21,8 +21,9 @@
 #define M_PI 3.14159265358979323846
 #endif
 
-/* Largest transform, window or mel-spectrum length taken from an input value. */
-#define SIG_MAX_LEN ((int64_t)1 << 24)
+/* Largest transform, window or mel-spectrum length taken from an input value (a transform of
+ * this length that is not a power of two needs about 80 MB of work memory per thread). */
+#define SIG_MAX_LEN ((int64_t)1 << 20)
 
 /* ------------------------------------------------------------------------------------------ */
 /* FFT                                                                                        */
@@ -108,8 +109,8 @@ static int fft_plan_init(fft_plan *p, int64_t n, int sign, mts_err *err)
     return MTS_OK;
 }
 
-/* Scratch doubles one thread needs to run plan p: 4*m. */
-static int64_t fft_scratch(const fft_plan *p) { return 4 * p->m; }
+/* Scratch doubles one thread needs to run plan p: 2*m for Bluestein, none for radix-2. */
+static int64_t fft_scratch(const fft_plan *p) { return p->wr ? 2 * p->m : 0; }
 
 /* Transforms re/im (length n) in place; work holds fft_scratch(p) doubles. */
 static void fft_run(const fft_plan *p, double *re, double *im, double *work)
@@ -315,8 +316,8 @@ static int stft_prepare(mts_kctx *k, stft_geom *g)
     if ((rc = scalar_int(k, 1, "frame_step", &g->step))) return rc;
     if (g->step < 1) return mts_err_set(k->err, MTS_EINVAL, "frame_step must be >= 1, got %lld", (long long)g->step);
     if (g->fl < 1 || g->fl > g->len || g->fl > SIG_MAX_LEN)
-        return mts_err_set(k->err, MTS_EINVAL, "frame length %lld must be in [1, signal length %lld]", (long long)g->fl,
-                           (long long)g->len);
+        return mts_err_set(k->err, MTS_EINVAL, "frame length %lld must be in [1, signal length %lld] and at most %lld",
+                           (long long)g->fl, (long long)g->len, (long long)SIG_MAX_LEN);
     g->frames = 1 + (g->len - g->fl) / g->step;
     g->bins = onesided ? g->fl / 2 + 1 : g->fl;
     return MTS_OK;
