@@ -5,7 +5,8 @@
  * inference with the shapes (and, where known, the values) of its inputs:
  *   - a node whose inputs are all constant is run right away and its outputs become constants
  *     (this folds weight preprocessing); Shape and Size of a tensor whose shape is known here
- *     count as constant too, which folds Shape→Gather→Concat→Reshape chains;
+ *     count as constant too, which folds Shape→Gather→Concat→Reshape chains (random generators
+ *     without a seed are the exception: they run on every run);
  *   - a node whose output shape depends on values only known at run time is marked dynamic and
  *     its shapes are inferred again on every run;
  *   - every other node gets static output shapes, and its outputs get a buffer slot.
@@ -217,6 +218,10 @@ static int build(mts_model *m, const mts_tensor *inputs, int n_in, mts__plan **o
         bool dynamic = false, all_const = true;
         /* Shape and Size read only their input's dims, known here unless it is dynamic. */
         bool dims_only = !n->domain[0] && (!strcmp(n->op_type, "Shape") || !strcmp(n->op_type, "Size"));
+        /* A random generator without a seed draws anew on every run: never folded. */
+        if (!n->domain[0] && !mts_node_attr(n, "seed") &&
+            (!strncmp(n->op_type, "Random", 6) || !strcmp(n->op_type, "Bernoulli") || !strcmp(n->op_type, "Multinomial")))
+            all_const = false;
         for (int j = 0; j < n->n_in; j++) {
             int v = n->in[j];
             kin[j] = v >= 0 ? &p->vals[v] : NULL;

@@ -1351,8 +1351,12 @@ static int reduce_run(mts_kctx *k, int op)
     mts_tensor *o = &k->out[0];
     int64_t on = numel(o), xn = numel(x);
     if (noop) {
-        memcpy(o->data, x->data, (size_t)xn * mts_dtype_size(x->dtype));
-        return MTS_OK;
+        if (op != R_SUMSQ && op != R_L2) {
+            memcpy(o->data, x->data, (size_t)xn * mts_dtype_size(x->dtype));
+            return MTS_OK;
+        }
+        /* Reducing over no axes still applies the elementwise part: x^2, sqrt(x^2). */
+        for (int i = 0; i < x->rank; i++) mask[i] = false;
     }
     if (on == 0) return MTS_OK;
     int64_t count = 1;
