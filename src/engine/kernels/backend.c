@@ -10,7 +10,8 @@
 
 static const mts_op *const *ref_tables(void)
 {
-    static const mts_op *const tables[] = {mts_ref_ops_conv, mts_ref_ops_math, mts_ref_ops_shape, NULL};
+    static const mts_op *const tables[] = {mts_ref_ops_conv, mts_ref_ops_math, mts_ref_ops_shape,
+                                                mts_ref_ops_quant, NULL};
     return tables;
 }
 
@@ -24,7 +25,8 @@ static const mts_op *ref_lookup(const char *op_type)
 
 const mts_backend mts_backend_reference = {.name = "reference", .lookup = ref_lookup};
 
-const mts_backend *const mts_backends[] = {&mts_backend_dnnl, &mts_backend_fast, &mts_backend_reference, NULL};
+const mts_backend *const mts_backends[] = {&mts_backend_dnnl, &mts_backend_fast, &mts_backend_quant,
+                                                &mts_backend_reference, NULL};
 
 const mts_op *mts_op_lookup(const char *op_type)
 {

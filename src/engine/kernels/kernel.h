@@ -119,6 +119,7 @@ extern const mts_backend *const mts_backends[];
 extern const mts_backend mts_backend_dnnl;      /* kernels/dnnl_backend.c */
 extern const mts_backend mts_backend_fast;      /* kernels/fast_backend.c */
 extern const mts_backend mts_backend_reference; /* kernels/backend.c */
+extern const mts_backend mts_backend_quant;     /* kernels/quant_backend.c */
 /* Looks op_type up in the table: the first backend with a kernel for it (the reference kernels
  * today). NULL: unsupported op. */
 const mts_op *mts_op_lookup(const char *op_type);
@@ -133,6 +134,7 @@ static inline const mts_tensor *mts_kin(const mts_kctx *k, int i)
 extern const mts_op mts_ref_ops_conv[];      /* Conv, ConvTranspose, pools, Resize, Pad */
 extern const mts_op mts_ref_ops_math[];      /* elementwise, normalizations, reductions */
 extern const mts_op mts_ref_ops_shape[];     /* shape/data movement, MatMul, Gemm */
+extern const mts_op mts_ref_ops_quant[];     /* (De)QuantizeLinear, QLinear*, *Integer */
 
 /* Conv/ConvTranspose geometry for the fast backends (ref_conv.c): validated like the reference
  * kernels; spatial arrays normalized to 3 entries with the real dims last (leading entries are
