@@ -82,52 +82,106 @@ void mts_qpack_a_fill(mts_qpack_a *pa, const void *a, bool is_signed, int64_t ld
     }
 }
 
+#ifdef QG_X86
+#define VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+static bool use_vnni(void);
+
+/* Column sums of one packed panel: vpdpbusd with a vector of ones sums each column's 4 bytes. */
+static VNNI_TARGET void panel_sums_vnni(const int8_t *panel, int64_t kq, int32_t *sum)
+{
+    __m512i acc = _mm512_setzero_si512(), ones = _mm512_set1_epi8(1);
+    for (int64_t q = 0; q < kq; q++)
+        acc = _mm512_dpbusd_epi32(acc, ones, _mm512_loadu_si512((const void *)(panel + q * 4 * MTS_QGEMM_NR)));
+    _mm512_storeu_si512((void *)sum, acc);
+}
+#endif
+
 /* Column sums of the packed (shifted) values and the column terms, for zero points pb->bzp. */
 static void b_terms(mts_qpack_b *pb)
 {
     int64_t kq = pb->K4 / 4;
     for (int64_t p = 0; p < pb->np; p++) {
         const int8_t *panel = pb->data + p * kq * 4 * MTS_QGEMM_NR;
-        uint32_t sum[MTS_QGEMM_NR] = {0};
-        for (int64_t q = 0; q < kq; q++)
-            for (int j = 0; j < MTS_QGEMM_NR; j++)
-                for (int r = 0; r < 4; r++) sum[j] += (uint32_t)(int32_t)panel[(q * MTS_QGEMM_NR + j) * 4 + r];
+        int32_t sum[MTS_QGEMM_NR] = {0};
+#ifdef QG_X86
+        if (use_vnni()) {
+            panel_sums_vnni(panel, kq, sum);
+        } else
+#endif
+        {
+            uint32_t us[MTS_QGEMM_NR] = {0};
+            for (int64_t q = 0; q < kq; q++)
+                for (int j = 0; j < MTS_QGEMM_NR; j++)
+                    for (int r = 0; r < 4; r++) us[j] += (uint32_t)(int32_t)panel[(q * MTS_QGEMM_NR + j) * 4 + r];
+            for (int j = 0; j < MTS_QGEMM_NR; j++) sum[j] = (int32_t)us[j];
+        }
         for (int j = 0; j < MTS_QGEMM_NR; j++) {
             int64_t c = p * MTS_QGEMM_NR + j;
-            pb->cterm[c] = (int32_t)(sum[j] - (uint32_t)pb->K * (uint32_t)pb->bzp[c]);
+            pb->cterm[c] = (int32_t)((uint32_t)sum[j] - (uint32_t)pb->K * (uint32_t)pb->bzp[c]);
         }
     }
+}
+
+/* Interleaves 4 rows of 16 bytes into 16 groups of 4 (one k-quad of a panel), flipping the
+ * sign bit (uint8 -> int8 shifted by -128) when flip is 0x80. */
+static void quad16(const uint8_t *r0, const uint8_t *r1, const uint8_t *r2, const uint8_t *r3, uint8_t flip,
+                   int8_t *dst)
+{
+#ifdef QG_X86
+    __m128i f = _mm_set1_epi8((char)flip);
+    __m128i a = _mm_xor_si128(_mm_loadu_si128((const __m128i *)r0), f);
+    __m128i b = _mm_xor_si128(_mm_loadu_si128((const __m128i *)r1), f);
+    __m128i c = _mm_xor_si128(_mm_loadu_si128((const __m128i *)r2), f);
+    __m128i d = _mm_xor_si128(_mm_loadu_si128((const __m128i *)r3), f);
+    __m128i t0 = _mm_unpacklo_epi8(a, b), t1 = _mm_unpackhi_epi8(a, b);
+    __m128i t2 = _mm_unpacklo_epi8(c, d), t3 = _mm_unpackhi_epi8(c, d);
+    _mm_storeu_si128((__m128i *)dst, _mm_unpacklo_epi16(t0, t2));
+    _mm_storeu_si128((__m128i *)(dst + 16), _mm_unpackhi_epi16(t0, t2));
+    _mm_storeu_si128((__m128i *)(dst + 32), _mm_unpacklo_epi16(t1, t3));
+    _mm_storeu_si128((__m128i *)(dst + 48), _mm_unpackhi_epi16(t1, t3));
+#else
+    for (int j = 0; j < 16; j++) {
+        dst[4 * j] = (int8_t)(r0[j] ^ flip);
+        dst[4 * j + 1] = (int8_t)(r1[j] ^ flip);
+        dst[4 * j + 2] = (int8_t)(r2[j] ^ flip);
+        dst[4 * j + 3] = (int8_t)(r3[j] ^ flip);
+    }
+#endif
 }
 
 void mts_qpack_b_fill(mts_qpack_b *pb, const void *b, bool is_signed, int64_t ldb, const int32_t *zp,
                       int64_t zp_stride)
 {
     int64_t kq = pb->K4 / 4;
+    uint8_t flip = is_signed ? 0 : 0x80;
+    uint8_t padrow[MTS_QGEMM_NR]; /* a row of k >= K: flips to 0 */
+    memset(padrow, flip, sizeof padrow);
+    const uint8_t *src = b;
     for (int64_t p = 0; p < pb->np; p++) {
         int8_t *panel = pb->data + p * kq * 4 * MTS_QGEMM_NR;
         int64_t j0 = p * MTS_QGEMM_NR, nj = pb->N - j0 < MTS_QGEMM_NR ? pb->N - j0 : MTS_QGEMM_NR;
-        memset(panel, 0, (size_t)(kq * 4 * MTS_QGEMM_NR));
-        for (int64_t k = 0; k < pb->K; k++) {
-            int8_t *d = panel + (k / 4) * 4 * MTS_QGEMM_NR + (k % 4);
-            if (is_signed) {
-                const int8_t *s = (const int8_t *)b + k * ldb + j0;
-                for (int64_t j = 0; j < nj; j++) d[j * 4] = s[j];
-            } else {
-                const uint8_t *s = (const uint8_t *)b + k * ldb + j0;
-                for (int64_t j = 0; j < nj; j++) d[j * 4] = (int8_t)(s[j] - 128);
+        for (int64_t q = 0; q < kq; q++) {
+            const uint8_t *r[4];
+            uint8_t tmp[4][MTS_QGEMM_NR];
+            for (int i = 0; i < 4; i++) {
+                int64_t k = 4 * q + i;
+                if (k >= pb->K) {
+                    r[i] = padrow;
+                } else if (nj == MTS_QGEMM_NR) {
+                    r[i] = src + k * ldb + j0;
+                } else {
+                    memset(tmp[i], flip, sizeof tmp[i]);
+                    memcpy(tmp[i], src + k * ldb + j0, (size_t)nj);
+                    r[i] = tmp[i];
+                }
             }
+            quad16(r[0], r[1], r[2], r[3], flip, panel + q * 4 * MTS_QGEMM_NR);
         }
         for (int j = 0; j < MTS_QGEMM_NR; j++) {
             int64_t c = j0 + j;
             pb->bzp[c] = c < pb->N ? (zp ? zp[c * zp_stride] : 0) - (is_signed ? 0 : 128) : 0;
         }
     }
-    b_terms(pb);
-}
-
-void mts_qpack_b_finish(mts_qpack_b *pb, bool is_signed, int32_t zp)
-{
-    for (int64_t c = 0; c < pb->np * MTS_QGEMM_NR; c++) pb->bzp[c] = c < pb->N ? zp - (is_signed ? 0 : 128) : 0;
     b_terms(pb);
 }
 
@@ -157,8 +211,6 @@ static void kern_portable(const mts_qpack_a *pa, const mts_qpack_b *pb, int64_t 
 }
 
 #ifdef QG_X86
-#define VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
-
 /* Rows [i0, i0 + MRC) x panels [p, p + NB): the accumulators stay in registers once MRC and NB
  * are constants (the callers below pass literals). */
 static inline __attribute__((always_inline)) VNNI_TARGET void kern_vnni_t(const mts_qpack_a *pa,
@@ -171,25 +223,25 @@ static inline __attribute__((always_inline)) VNNI_TARGET void kern_vnni_t(const 
     const uint8_t *a = pa->data + i0 * pa->K4;
     int64_t lda = pa->K4;
     __m512i acc[MR][2];
-    for (int r = 0; r < MRC; r++)
-        for (int q = 0; q < NB; q++) acc[r][q] = _mm512_setzero_si512();
+    _Pragma("GCC unroll 6") for (int r = 0; r < MRC; r++)
+        _Pragma("GCC unroll 2") for (int q = 0; q < NB; q++) acc[r][q] = _mm512_setzero_si512();
     for (int64_t k = 0; k < kq; k++) {
         __m512i bv[2];
-        for (int q = 0; q < NB; q++) bv[q] = _mm512_loadu_si512((const void *)(b0 + q * pstride + k * 64));
-        for (int r = 0; r < MRC; r++) {
+        _Pragma("GCC unroll 2") for (int q = 0; q < NB; q++) bv[q] = _mm512_loadu_si512((const void *)(b0 + q * pstride + k * 64));
+        _Pragma("GCC unroll 6") for (int r = 0; r < MRC; r++) {
             int32_t av;
             memcpy(&av, a + r * lda + 4 * k, 4);
             __m512i ab = _mm512_set1_epi32(av);
-            for (int q = 0; q < NB; q++) acc[r][q] = _mm512_dpbusd_epi32(acc[r][q], ab, bv[q]);
+            _Pragma("GCC unroll 2") for (int q = 0; q < NB; q++) acc[r][q] = _mm512_dpbusd_epi32(acc[r][q], ab, bv[q]);
         }
     }
-    for (int q = 0; q < NB; q++) {
+    _Pragma("GCC unroll 2") for (int q = 0; q < NB; q++) {
         int64_t j0 = (p + q) * MTS_QGEMM_NR;
         int64_t nj = pb->N - j0 < MTS_QGEMM_NR ? pb->N - j0 : MTS_QGEMM_NR;
         __mmask16 m = (__mmask16)((1u << nj) - 1u);
         __m512i bz = _mm512_loadu_si512((const void *)(pb->bzp + j0));
         __m512i ct = _mm512_loadu_si512((const void *)(pb->cterm + j0));
-        for (int r = 0; r < MRC; r++) {
+        _Pragma("GCC unroll 6") for (int r = 0; r < MRC; r++) {
             __m512i v = acc[r][q];
             v = _mm512_sub_epi32(v, _mm512_mullo_epi32(bz, _mm512_set1_epi32(pa->rowsum[i0 + r])));
             v = _mm512_sub_epi32(v, _mm512_mullo_epi32(ct, _mm512_set1_epi32(pa->azp[i0 + r])));

@@ -47,12 +47,10 @@ void mts_qpack_b_free(mts_qpack_b *pb);
  * 0; zp_stride 0: one zero point for every row). */
 void mts_qpack_a_fill(mts_qpack_a *pa, const void *a, bool is_signed, int64_t lda, const int32_t *zp,
                       int64_t zp_stride);
-/* Packs B(k,j) = b[k*ldb + j] with zero point zp[j * zp_stride] (zp NULL: 0). */
+/* Packs B(k,j) = b[k*ldb + j] with zero point zp[j * zp_stride] (zp NULL: 0; zp_stride 0: one
+ * zero point for every column). */
 void mts_qpack_b_fill(mts_qpack_b *pb, const void *b, bool is_signed, int64_t ldb, const int32_t *zp,
                       int64_t zp_stride);
-/* After the caller wrote pb->data itself (already shifted to int8, padding zero): sets the
- * column terms for B's zero point zp (one value for every column, in B's own type). */
-void mts_qpack_b_finish(mts_qpack_b *pb, bool is_signed, int32_t zp);
 
 /* C(i,j) for rows [i0, i1) of A and all columns; C(i,j) = c[i*ldc + j]. Runs on the calling
  * thread. */

@@ -24,6 +24,11 @@
 #include "engine/kernels/kernel.h"
 #include "engine/kernels/qgemm.h"
 
+#if defined(__x86_64__) && defined(__SSE2__)
+#include <emmintrin.h>
+#define QR_SSE2 1
+#endif
+
 /* ------------------------------------------------------------------------------------------ */
 /* Helpers                                                                                     */
 /* ------------------------------------------------------------------------------------------ */
@@ -98,12 +103,16 @@ static inline float sc_at(const mts_tensor *t, int64_t i)
     return ((const float *)t->data)[mts_tensor_numel(t) == 1 ? 0 : i];
 }
 
-/* round_half_even(v) + zp saturated to [lo, hi]; NaN gives lo. */
+/* round_half_even(v) + zp saturated to [lo, hi]; NaN gives lo. The rounding adds and subtracts
+ * 1.5 * 2^23 (exact half-to-even in the default rounding mode for |v| < 2^22), after clamping v
+ * to +-2^21, beyond which every result saturates; it needs no libm call, so loops vectorize. */
 static inline int32_t sat_round(float v, int32_t zp, int32_t lo, int32_t hi)
 {
-    float r = rintf(v) + (float)zp;
-    if (!(r >= (float)lo)) return lo;
-    if (r > (float)hi) return hi;
+    v = v > -2097152.0f ? v : -2097152.0f; /* NaN: the lower bound */
+    v = v < 2097152.0f ? v : 2097152.0f;
+    float r = (v + 12582912.0f) - 12582912.0f + (float)zp;
+    r = r > (float)lo ? r : (float)lo;
+    r = r < (float)hi ? r : (float)hi;
     return (int32_t)r;
 }
 
@@ -111,6 +120,36 @@ static inline void q8_store(void *d, bool is_signed, int64_t i, float v, int32_t
 {
     if (is_signed) ((int8_t *)d)[i] = (int8_t)sat_round(v, zp, -128, 127);
     else ((uint8_t *)d)[i] = (uint8_t)sat_round(v, zp, 0, 255);
+}
+
+/* y[j] = saturate(round_half_even((acc[j] + bias) * s) + zp) for j < n, into int8 (sgn) or
+ * uint8: the requantization of one output row, with the same results as sat_round. */
+static void requant_row(const int32_t *acc, int64_t n, int32_t bias, float s, int32_t zp, bool sgn, void *y)
+{
+    int64_t j = 0;
+#ifdef QR_SSE2
+    const __m128 lo = _mm_set1_ps(-2097152.0f), hi = _mm_set1_ps(2097152.0f), mg = _mm_set1_ps(12582912.0f);
+    const __m128 sv = _mm_set1_ps(s), zv = _mm_set1_ps((float)zp);
+    const __m128i bv = _mm_set1_epi32(bias);
+    for (; j + 16 <= n; j += 16) {
+        __m128i q[4];
+        for (int t = 0; t < 4; t++) {
+            __m128i a = _mm_add_epi32(_mm_loadu_si128((const __m128i *)(acc + j + 4 * t)), bv);
+            __m128 v = _mm_mul_ps(_mm_cvtepi32_ps(a), sv);
+            v = _mm_min_ps(_mm_max_ps(v, lo), hi); /* maxps returns lo for NaN */
+            v = _mm_add_ps(_mm_sub_ps(_mm_add_ps(v, mg), mg), zv);
+            q[t] = _mm_cvtps_epi32(v);
+        }
+        __m128i h0 = _mm_packs_epi32(q[0], q[1]), h1 = _mm_packs_epi32(q[2], q[3]);
+        __m128i r = sgn ? _mm_packs_epi16(h0, h1) : _mm_packus_epi16(h0, h1);
+        _mm_storeu_si128((__m128i *)((uint8_t *)y + j), r);
+    }
+#endif
+    for (; j < n; j++) {
+        float v = (float)(int32_t)((uint32_t)acc[j] + (uint32_t)bias) * s;
+        if (sgn) ((int8_t *)y)[j] = (int8_t)sat_round(v, zp, -128, 127);
+        else ((uint8_t *)y)[j] = (uint8_t)sat_round(v, zp, 0, 255);
+    }
 }
 
 static void set_shape(mts_tensor *o, mts_dtype t, const mts_tensor *like)
@@ -448,12 +487,18 @@ static void qmm_batch(const qmm_desc *d, int64_t n, int64_t *ao, int64_t *bo)
 /* Requantizes rows [i0, i1) of one product (acc: those rows, N int32 each) into y. */
 static void qmm_requant(const qmm_desc *d, const int32_t *acc, void *y, int64_t yoff, int64_t i0, int64_t i1)
 {
+    bool col_scales = mts_tensor_numel(d->bs) != 1;
+    const float *bs = d->bs->data;
     for (int64_t i = i0; i < i1; i++) {
         float ai = sc_at(d->as, i), yi = sc_at(d->ys, i);
         int32_t zp = zp_at(d->yzp, i);
         const int32_t *a = acc + (i - i0) * d->N;
+        if (!col_scales) {
+            requant_row(a, d->N, 0, ai * bs[0] / yi, zp, d->y_sgn, (uint8_t *)y + yoff + i * d->N);
+            continue;
+        }
         for (int64_t j = 0; j < d->N; j++)
-            q8_store(y, d->y_sgn, yoff + i * d->N + j, (float)a[j] * (ai * sc_at(d->bs, j) / yi), zp);
+            q8_store(y, d->y_sgn, yoff + i * d->N + j, (float)a[j] * (ai * bs[j] / yi), zp);
     }
 }
 
@@ -727,72 +772,59 @@ typedef struct qconv_job {
     int failed;
 } qconv_job;
 
-/* Input coordinates of the window origins of output pixels [p0, p0 + nc) (at most QC_CHUNK). */
-static void pixel_bases(const mts_conv_geom *g, int64_t p0, int64_t nc, int64_t *bd, int64_t *bh, int64_t *bw)
+/* Range [*lo, *hi) of output positions o in [0, O) with 0 <= o*s + off < I. */
+static void valid_range(int64_t off, int64_t st, int64_t I, int64_t O, int64_t *lo, int64_t *hi)
 {
-    int64_t OH = g->out[1], OW = g->out[2];
-    int64_t ow = p0 % OW, oh = (p0 / OW) % OH, od = p0 / (OW * OH);
-    for (int64_t j = 0; j < nc; j++) {
-        bd[j] = od * g->s[0] - g->pb[0];
-        bh[j] = oh * g->s[1] - g->pb[1];
-        bw[j] = ow * g->s[2] - g->pb[2];
-        if (++ow == OW) {
-            ow = 0;
-            if (++oh == OH) oh = 0, od++;
-        }
-    }
+    int64_t l = off >= 0 ? 0 : (-off + st - 1) / st;
+    int64_t h = I - 1 - off < 0 ? 0 : (I - 1 - off) / st + 1;
+    if (l > O) l = O;
+    if (h > O) h = O;
+    if (h < l) h = l;
+    *lo = l;
+    *hi = h;
 }
 
-/* Columns [p0, p0 + nc) of the im2col matrix of image n, group gi: row kk = (c, kd, kh, kw),
- * column j. put(ctx, kk, j, v) receives x's element or -1 for the padding. */
-#define QC_IM2COL(d, n, gi, p0, nc, PUT_IN, PUT_PAD)                                                        \
-    do {                                                                                                   \
-        const mts_conv_geom *g_ = &(d)->g;                                                                 \
-        int64_t bd_[QC_CHUNK], bh_[QC_CHUNK], bw_[QC_CHUNK];                                               \
-        pixel_bases(g_, p0, nc, bd_, bh_, bw_);                                                            \
-        int64_t kk = 0;                                                                                    \
-        for (int64_t c_ = 0; c_ < (d)->Cg; c_++) {                                                         \
-            int64_t xoff_ = ((n) * g_->C + (gi) * (d)->Cg + c_) * (d)->IP;                                 \
-            for (int64_t kd_ = 0; kd_ < g_->k[0]; kd_++)                                                   \
-                for (int64_t kh_ = 0; kh_ < g_->k[1]; kh_++)                                               \
-                    for (int64_t kw_ = 0; kw_ < g_->k[2]; kw_++, kk++)                                     \
-                        for (int64_t j = 0; j < (nc); j++) {                                               \
-                            int64_t id_ = bd_[j] + kd_ * g_->d[0], ih_ = bh_[j] + kh_ * g_->d[1];          \
-                            int64_t iw_ = bw_[j] + kw_ * g_->d[2];                                         \
-                            if (id_ < 0 || id_ >= g_->in[0] || ih_ < 0 || ih_ >= g_->in[1] || iw_ < 0 ||   \
-                                iw_ >= g_->in[2]) {                                                        \
-                                PUT_PAD;                                                                   \
-                            } else {                                                                       \
-                                int64_t xi = xoff_ + (id_ * g_->in[1] + ih_) * g_->in[2] + iw_;            \
-                                PUT_IN;                                                                    \
-                            }                                                                              \
-                        }                                                                                  \
-        }                                                                                                  \
-    } while (0)
-
-/* Reference layout: col[kk * nc + j] = x - x_zero_point, 0 in the padding. */
-static void im2col_ref(const qconv_desc *d, int64_t n, int64_t gi, int64_t p0, int64_t nc, int16_t *col)
+/* Columns [p0, p0 + nc) of the im2col matrix of image n, group gi, as raw bytes of x:
+ * buf[kk * nc + j] for row kk = (c, kd, kh, kw) and output pixel p0 + j; `pad` (x's zero point)
+ * in the padding, so that every entry minus the zero point is the product's operand. */
+static void im2col_u8(const qconv_desc *d, int64_t n, int64_t gi, int64_t p0, int64_t nc, uint8_t pad, uint8_t *buf)
 {
-    int32_t xz = zp_at(d->xzp, 0);
-    const void *x = d->x->data;
-    bool sgn = d->x_sgn;
-    QC_IM2COL(d, n, gi, p0, nc, col[kk * nc + j] = (int16_t)(q8_get(x, sgn, xi) - xz), col[kk * nc + j] = 0);
-}
-
-/* The same columns packed for the fast GEMM (qgemm.h's B layout): x shifted to int8, the
- * padding holding x_zero_point (shifted) so that it contributes (zp - zp) = 0. */
-static void im2col_packed(const qconv_desc *d, int64_t n, int64_t gi, int64_t p0, int64_t nc, mts_qpack_b *pb)
-{
-    uint8_t shift = d->x_sgn ? 0 : 128;
-    int8_t padv = (int8_t)(uint8_t)((uint8_t)zp_at(d->xzp, 0) + shift);
-    int64_t kq = pb->K4 / 4, pstride = kq * 4 * MTS_QGEMM_NR;
+    const mts_conv_geom *g = &d->g;
+    int64_t OH = g->out[1], OW = g->out[2], ID = g->in[0], IH = g->in[1], IW = g->in[2];
     const uint8_t *x = d->x->data;
-    int8_t *dst = pb->data;
-    memset(dst, 0, (size_t)(pb->np * pstride));
-#define QC_AT(kk, j) dst[(j) / MTS_QGEMM_NR * pstride + ((kk) / 4 * MTS_QGEMM_NR + (j) % MTS_QGEMM_NR) * 4 + (kk) % 4]
-    QC_IM2COL(d, n, gi, p0, nc, QC_AT(kk, j) = (int8_t)(uint8_t)(x[xi] + shift), QC_AT(kk, j) = padv);
-#undef QC_AT
-    mts_qpack_b_finish(pb, d->x_sgn, zp_at(d->xzp, 0));
+    uint8_t *row = buf;
+    for (int64_t c = 0; c < d->Cg; c++) {
+        const uint8_t *xc = x + (n * g->C + gi * d->Cg + c) * d->IP;
+        for (int64_t kd = 0; kd < g->k[0]; kd++)
+            for (int64_t kh = 0; kh < g->k[1]; kh++)
+                for (int64_t kw = 0; kw < g->k[2]; kw++, row += nc) {
+                    int64_t off = kw * g->d[2] - g->pb[2], sw = g->s[2], lo, hi;
+                    valid_range(off, sw, IW, OW, &lo, &hi);
+                    for (int64_t j = 0, p = p0; j < nc;) {
+                        int64_t od = p / (OH * OW), oh = (p / OW) % OH, ow0 = p % OW;
+                        int64_t len = OW - ow0 < nc - j ? OW - ow0 : nc - j, ow1 = ow0 + len;
+                        int64_t id = od * g->s[0] - g->pb[0] + kd * g->d[0];
+                        int64_t ih = oh * g->s[1] - g->pb[1] + kh * g->d[1];
+                        uint8_t *dst = row + j - ow0; /* indexed by ow */
+                        if (id < 0 || id >= ID || ih < 0 || ih >= IH) {
+                            memset(dst + ow0, pad, (size_t)len);
+                        } else {
+                            const uint8_t *src = xc + (id * IH + ih) * IW + off;
+                            int64_t a = lo > ow0 ? (lo < ow1 ? lo : ow1) : ow0;
+                            int64_t b = hi < ow1 ? (hi > a ? hi : a) : ow1;
+                            if (a > ow0) memset(dst + ow0, pad, (size_t)(a - ow0));
+                            if (sw == 1) {
+                                if (b > a) memcpy(dst + a, src + a, (size_t)(b - a));
+                            } else {
+                                for (int64_t o = a; o < b; o++) dst[o] = src[o * sw];
+                            }
+                            if (ow1 > b) memset(dst + b, pad, (size_t)(ow1 - b));
+                        }
+                        j += len;
+                        p += len;
+                    }
+                }
+    }
 }
 
 /* Writes one unit's results (acc: Mg rows of nc) into y. */
@@ -806,10 +838,9 @@ static void qconv_store(const qconv_desc *d, const int32_t *acc, void *y, int64_
             memcpy((int32_t *)y + yoff, a, sizeof(int32_t) * (size_t)nc);
             continue;
         }
-        uint32_t b = d->bias ? (uint32_t)((const int32_t *)d->bias->data)[oc] : 0;
+        int32_t b = d->bias ? ((const int32_t *)d->bias->data)[oc] : 0;
         float s = sc_at(d->xs, 0) * sc_at(d->ws, oc) / sc_at(d->ys, 0);
-        int32_t zp = zp_at(d->yzp, 0);
-        for (int64_t j = 0; j < nc; j++) q8_store(y, d->y_sgn, yoff + j, (float)(int32_t)((uint32_t)a[j] + b) * s, zp);
+        requant_row(a, nc, b, s, zp_at(d->yzp, 0), d->y_sgn, (uint8_t *)y + yoff);
     }
 }
 
@@ -820,27 +851,35 @@ static void qconv_part(void *ctx, int ithr, int nthr)
     int64_t u0 = j->units * ithr / nthr, u1 = j->units * (ithr + 1) / nthr;
     if (u0 >= u1) return;
     int32_t *acc = malloc(sizeof(int32_t) * (size_t)(d->Mg * QC_CHUNK));
+    uint8_t *buf = malloc((size_t)(d->K * QC_CHUNK));
     int16_t *col = NULL;
     mts_qpack_b pb = {0};
-    int rc = acc ? MTS_OK : MTS_ENOMEM;
+    int rc = acc && buf ? MTS_OK : MTS_ENOMEM;
     if (!rc && j->fast) rc = mts_qpack_b_alloc(&pb, d->K, QC_CHUNK);
     else if (!rc && !(col = malloc(sizeof(int16_t) * (size_t)(d->K * QC_CHUNK)))) rc = MTS_ENOMEM;
     if (rc) {
         j->failed = 1;
         free(acc);
+        free(buf);
         return;
     }
+    int32_t xz = zp_at(d->xzp, 0);
     int64_t ng = d->g.group;
     for (int64_t u = u0; u < u1; u++) {
         int64_t ch = u % j->nchunks, gi = (u / j->nchunks) % ng, n = u / (j->nchunks * ng);
         int64_t p0 = ch * QC_CHUNK, nc = d->P - p0 < QC_CHUNK ? d->P - p0 : QC_CHUNK;
+        im2col_u8(d, n, gi, p0, nc, (uint8_t)xz, buf);
         if (j->fast) {
             pb.N = nc;
             pb.np = (nc + MTS_QGEMM_NR - 1) / MTS_QGEMM_NR;
-            im2col_packed(d, n, gi, p0, nc, &pb);
+            mts_qpack_b_fill(&pb, buf, d->x_sgn, nc, &xz, 0);
             mts_qgemm(&j->wpack[gi], &pb, 0, d->Mg, acc, nc);
         } else {
-            im2col_ref(d, n, gi, p0, nc, col);
+            int64_t nk = d->K * nc;
+            if (d->x_sgn)
+                for (int64_t i = 0; i < nk; i++) col[i] = (int16_t)((int8_t)buf[i] - xz);
+            else
+                for (int64_t i = 0; i < nk; i++) col[i] = (int16_t)(buf[i] - xz);
             for (int64_t m = 0; m < d->Mg; m++) {
                 uint32_t *a = (uint32_t *)acc + m * nc;
                 const int16_t *wr = j->wref + (gi * d->Mg + m) * d->K;
@@ -856,6 +895,7 @@ static void qconv_part(void *ctx, int ithr, int nthr)
         qconv_store(d, acc, j->y, n, gi, p0, nc);
     }
     free(acc);
+    free(buf);
     free(col);
     mts_qpack_b_free(&pb);
 }
