@@ -1,7 +1,7 @@
 /*
  * The quantized product kernels (src/engine/kernels/ref_quant.c, qgemm.c): MatMulInteger,
  * QLinearMatMul, ConvInteger and QLinearConv. The reference kernels are checked against naive
- * products written here; the fast kernels (packed integer GEMM) against the reference kernels,
+ * products and the spec's requantization written here; the fast kernels (packed integer GEMM) against the reference kernels,
  * bit for bit, with every GEMM micro-kernel this CPU runs (AVX-512 VNNI and the portable loop)
  * at 1 and 2 threads. Random shapes include odd sizes and sizes off the 16-column panels and
  * 6-row blocks; operands are uint8 and int8 in every combination with zero points 0, 128, 255
@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <cmocka.h>
+#include <math.h>
 
 #include "engine/kernels/kernel.h"
 #include "engine/kernels/qgemm.h"
@@ -108,6 +109,14 @@ static int32_t xget(const mts_tensor *x, int64_t i)
     return x->dtype == MTS_DTYPE_INT8 ? ((const int8_t *)x->data)[i] : ((const uint8_t *)x->data)[i];
 }
 
+/* The spec's requantization of an int32 result: saturate(rint(acc * scale) + zp). */
+static int32_t requant_oracle(int32_t acc, float scale, int32_t zp, bool sgn)
+{
+    float r = rintf((float)acc * scale) + (float)zp;
+    float lo = sgn ? -128.0f : 0.0f, hi = sgn ? 127.0f : 255.0f;
+    return (int32_t)(r < lo ? lo : r > hi ? hi : r);
+}
+
 /* Runs op on (in, n_in) with node nd; out gets the inferred shape and fresh data. */
 static int run_op(const mts_op *op, const mts_node *nd, const mts_tensor *const *in, int n_in, mts_tensor *out,
                   int threads, mts_err *err)
@@ -184,23 +193,26 @@ static void test_matmul(void **state)
                  bbatch, mts_dtype_name(ta), mts_dtype_name(tb), rowz ? "row" : "tensor", colz ? "col" : "tensor");
         mts_err err = {0};
         mts_tensor want;
+        /* naive oracle */
+        int64_t nbt = B0 ? B0 : 1;
+        int32_t *oracle = malloc(sizeof(int32_t) * (size_t)(nbt * M * N));
+        for (int64_t b = 0; b < nbt; b++)
+            for (int64_t i = 0; i < M; i++)
+                for (int64_t j = 0; j < N; j++) {
+                    int64_t s = 0;
+                    for (int64_t p = 0; p < K; p++)
+                        s += (int64_t)(xget(&A, (b * M + i) * K + p) - zget(&az, i)) *
+                             (xget(&B, ((bbatch ? b : 0) * K + p) * N + j) - zget(&bz, j));
+                    oracle[(b * M + i) * N + j] = (int32_t)s;
+                }
         if (!qlinear) {
             nd.op_type = "MatMulInteger";
             const mts_tensor *in[4] = {&A, &B, &az, &bz};
             assert_int_equal(run_op(ref_op("MatMulInteger"), &nd, in, 4, &want, 1, &err), 0);
-            /* naive oracle */
-            int64_t nbt = B0 ? B0 : 1;
-            for (int64_t b = 0; b < nbt; b++)
-                for (int64_t i = 0; i < M; i++)
-                    for (int64_t j = 0; j < N; j++) {
-                        int64_t s = 0;
-                        for (int64_t p = 0; p < K; p++)
-                            s += (int64_t)(xget(&A, (b * M + i) * K + p) - zget(&az, i)) *
-                                 (xget(&B, ((bbatch ? b : 0) * K + p) * N + j) - zget(&bz, j));
-                        int32_t got = ((int32_t *)want.data)[(b * M + i) * N + j];
-                        if (got != (int32_t)s) fail_msg("%s: reference [%lld,%lld,%lld] = %d, want %lld", what,
-                                                        (long long)b, (long long)i, (long long)j, got, (long long)s);
-                    }
+            for (int64_t e = 0; e < nbt * M * N; e++)
+                if (((int32_t *)want.data)[e] != oracle[e])
+                    fail_msg("%s: reference element %lld = %d, want %d", what, (long long)e, ((int32_t *)want.data)[e],
+                             oracle[e]);
             check_fast(&mts_quant_fast_matmulinteger, &nd, in, 4, &want, what);
         } else {
             nd.op_type = "QLinearMatMul";
@@ -210,9 +222,18 @@ static void test_matmul(void **state)
             ((float *)ys.data)[0] *= (float)K * 0.05f;
             const mts_tensor *in[8] = {&A, &as, &az, &B, &bs, &bz, &ys, &yz};
             assert_int_equal(run_op(ref_op("QLinearMatMul"), &nd, in, 8, &want, 1, &err), 0);
+            bool ysg = yz.dtype == MTS_DTYPE_INT8;
+            for (int64_t e = 0; e < nbt * M * N; e++) {
+                int64_t j = e % N;
+                float sc = ((float *)as.data)[0] * ((float *)bs.data)[colz ? j : 0] / ((float *)ys.data)[0];
+                int32_t w = requant_oracle(oracle[e], sc, zget(&yz, 0), ysg);
+                if (xget(&want, e) != w)
+                    fail_msg("%s: reference element %lld = %d, want %d", what, (long long)e, xget(&want, e), w);
+            }
             check_fast(&mts_quant_fast_qlinearmatmul, &nd, in, 8, &want, what);
             tfree(&as), tfree(&bs), tfree(&ys), tfree(&yz);
         }
+        free(oracle);
         tfree(&want);
         tfree(&A), tfree(&B), tfree(&az), tfree(&bz);
     }
@@ -289,40 +310,45 @@ static void test_conv(void **state)
                  mts_dtype_name(tx), mts_dtype_name(tw), chz ? "channel" : "tensor");
         mts_err err = {0};
         mts_tensor want;
+        /* naive oracle over the normalized geometry */
+        int64_t in3[3] = {1, 1, 1}, k3[3] = {1, 1, 1}, s3[3] = {1, 1, 1}, d3[3] = {1, 1, 1}, p3[3] = {0},
+                o3[3] = {1, 1, 1};
+        for (int i = 0; i < nsp; i++) {
+            int j = 3 - nsp + i;
+            in3[j] = xd[2 + i], k3[j] = wd[2 + i], s3[j] = ca.strides[i], d3[j] = ca.dilations[i];
+            p3[j] = ca.pads[i];
+            o3[j] = (in3[j] + ca.pads[i] + ca.pads[nsp + i] - (k3[j] - 1) * d3[j] - 1) / s3[j] + 1;
+        }
+        int64_t P = o3[0] * o3[1] * o3[2], IP = in3[0] * in3[1] * in3[2], ks = k3[0] * k3[1] * k3[2];
+        int32_t *oracle = malloc(sizeof(int32_t) * (size_t)(N * M * P));
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t m = 0; m < M; m++)
+                for (int64_t p = 0; p < P; p++) {
+                    int64_t od = p / (o3[1] * o3[2]), oh = (p / o3[2]) % o3[1], ow = p % o3[2], s = 0;
+                    int64_t g = m / Mg;
+                    for (int64_t c = 0; c < Cg; c++)
+                        for (int64_t kd = 0; kd < k3[0]; kd++)
+                            for (int64_t kh = 0; kh < k3[1]; kh++)
+                                for (int64_t kw = 0; kw < k3[2]; kw++) {
+                                    int64_t id = od * s3[0] - p3[0] + kd * d3[0], ih = oh * s3[1] - p3[1] + kh * d3[1],
+                                            iw = ow * s3[2] - p3[2] + kw * d3[2];
+                                    if (id < 0 || id >= in3[0] || ih < 0 || ih >= in3[1] || iw < 0 || iw >= in3[2])
+                                        continue;
+                                    int64_t xi = (n * G * Cg + g * Cg + c) * IP + (id * in3[1] + ih) * in3[2] + iw;
+                                    int64_t wi = (m * Cg + c) * ks + (kd * k3[1] + kh) * k3[2] + kw;
+                                    s += (int64_t)(xget(&X, xi) - zget(&xz, 0)) * (xget(&W, wi) - zget(&wz, m));
+                                }
+                    oracle[(n * M + m) * P + p] = (int32_t)s;
+                }
         if (!qlinear) {
             const mts_tensor *in[4] = {&X, &W, &xz, &wz};
             int rc = run_op(ref_op("ConvInteger"), &nd, in, 4, &want, 1, &err);
             if (rc) fail_msg("%s: %s", what, err.msg);
-            /* naive oracle over the normalized geometry */
-            int64_t in3[3] = {1, 1, 1}, k3[3] = {1, 1, 1}, s3[3] = {1, 1, 1}, d3[3] = {1, 1, 1}, p3[3] = {0},
-                    o3[3] = {1, 1, 1};
-            for (int i = 0; i < nsp; i++) {
-                int j = 3 - nsp + i;
-                in3[j] = xd[2 + i], k3[j] = wd[2 + i], s3[j] = ca.strides[i], d3[j] = ca.dilations[i];
-                p3[j] = ca.pads[i], o3[j] = want.dims[2 + i];
-            }
-            int64_t P = o3[0] * o3[1] * o3[2], IP = in3[0] * in3[1] * in3[2], ks = k3[0] * k3[1] * k3[2];
-            for (int64_t n = 0; n < N; n++)
-                for (int64_t m = 0; m < M; m++)
-                    for (int64_t p = 0; p < P; p++) {
-                        int64_t od = p / (o3[1] * o3[2]), oh = (p / o3[2]) % o3[1], ow = p % o3[2], s = 0;
-                        int64_t g = m / Mg;
-                        for (int64_t c = 0; c < Cg; c++)
-                            for (int64_t kd = 0; kd < k3[0]; kd++)
-                                for (int64_t kh = 0; kh < k3[1]; kh++)
-                                    for (int64_t kw = 0; kw < k3[2]; kw++) {
-                                        int64_t id = od * s3[0] - p3[0] + kd * d3[0], ih = oh * s3[1] - p3[1] + kh * d3[1],
-                                                iw = ow * s3[2] - p3[2] + kw * d3[2];
-                                        if (id < 0 || id >= in3[0] || ih < 0 || ih >= in3[1] || iw < 0 || iw >= in3[2])
-                                            continue;
-                                        int64_t xi = (n * G * Cg + g * Cg + c) * IP + (id * in3[1] + ih) * in3[2] + iw;
-                                        int64_t wi = (m * Cg + c) * ks + (kd * k3[1] + kh) * k3[2] + kw;
-                                        s += (int64_t)(xget(&X, xi) - zget(&xz, 0)) * (xget(&W, wi) - zget(&wz, m));
-                                    }
-                        int32_t got = ((int32_t *)want.data)[(n * M + m) * P + p];
-                        if (got != (int32_t)s) fail_msg("%s: reference [%lld,%lld,%lld] = %d, want %lld", what,
-                                                        (long long)n, (long long)m, (long long)p, got, (long long)s);
-                    }
+            assert_int_equal(mts_tensor_numel(&want), N * M * P);
+            for (int64_t e = 0; e < N * M * P; e++)
+                if (((int32_t *)want.data)[e] != oracle[e])
+                    fail_msg("%s: reference element %lld = %d, want %d", what, (long long)e, ((int32_t *)want.data)[e],
+                             oracle[e]);
             check_fast(&mts_quant_fast_convinteger, &nd, in, 4, &want, what);
         } else {
             mts_tensor xs = make_scale(0, 0.01f, 0.05f), ws = make_scale(chz ? M : 0, 0.01f, 0.05f);
@@ -335,9 +361,19 @@ static void test_conv(void **state)
             int nin = rnd() % 2 ? 9 : 8;
             int rc = run_op(ref_op("QLinearConv"), &nd, in, nin, &want, 1, &err);
             if (rc) fail_msg("%s: %s", what, err.msg);
+            assert_int_equal(mts_tensor_numel(&want), N * M * P);
+            for (int64_t e = 0; e < N * M * P; e++) {
+                int64_t m = (e / P) % M;
+                float sc = ((float *)xs.data)[0] * ((float *)ws.data)[chz ? m : 0] / ((float *)ys.data)[0];
+                int32_t acc = oracle[e] + (nin == 9 ? ((int32_t *)bias.data)[m] : 0);
+                int32_t w = requant_oracle(acc, sc, zget(&yz, 0), yz.dtype == MTS_DTYPE_INT8);
+                if (xget(&want, e) != w)
+                    fail_msg("%s: reference element %lld = %d, want %d", what, (long long)e, xget(&want, e), w);
+            }
             check_fast(&mts_quant_fast_qlinearconv, &nd, in, nin, &want, what);
             tfree(&xs), tfree(&ws), tfree(&ys), tfree(&yz), tfree(&bias);
         }
+        free(oracle);
         tfree(&want);
         tfree(&X), tfree(&W), tfree(&xz), tfree(&wz);
     }
