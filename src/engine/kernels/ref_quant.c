@@ -805,20 +805,20 @@ static void im2col_u8(const qconv_desc *d, int64_t n, int64_t gi, int64_t p0, in
                         int64_t len = OW - ow0 < nc - j ? OW - ow0 : nc - j, ow1 = ow0 + len;
                         int64_t id = od * g->s[0] - g->pb[0] + kd * g->d[0];
                         int64_t ih = oh * g->s[1] - g->pb[1] + kh * g->d[1];
-                        uint8_t *dst = row + j - ow0; /* indexed by ow */
+                        uint8_t *dst = row + j; /* dst[o - ow0] for output column o */
                         if (id < 0 || id >= ID || ih < 0 || ih >= IH) {
-                            memset(dst + ow0, pad, (size_t)len);
+                            memset(dst, pad, (size_t)len);
                         } else {
-                            const uint8_t *src = xc + (id * IH + ih) * IW + off;
+                            const uint8_t *src = xc + (id * IH + ih) * IW; /* src[o * sw + off] */
                             int64_t a = lo > ow0 ? (lo < ow1 ? lo : ow1) : ow0;
                             int64_t b = hi < ow1 ? (hi > a ? hi : a) : ow1;
-                            if (a > ow0) memset(dst + ow0, pad, (size_t)(a - ow0));
+                            if (a > ow0) memset(dst, pad, (size_t)(a - ow0));
                             if (sw == 1) {
-                                if (b > a) memcpy(dst + a, src + a, (size_t)(b - a));
+                                if (b > a) memcpy(dst + (a - ow0), src + (a + off), (size_t)(b - a));
                             } else {
-                                for (int64_t o = a; o < b; o++) dst[o] = src[o * sw];
+                                for (int64_t o = a; o < b; o++) dst[o - ow0] = src[o * sw + off];
                             }
-                            if (ow1 > b) memset(dst + b, pad, (size_t)(ow1 - b));
+                            if (ow1 > b) memset(dst + (b - ow0), pad, (size_t)(ow1 - b));
                         }
                         j += len;
                         p += len;
