@@ -4,6 +4,7 @@
  * (vpdpbusd, 6 rows x 32 columns) chosen at run time when the CPU has it, and a portable C
  * loop with the same results.
  */
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -292,13 +293,16 @@ bool mts_qgemm_force_kernel(mts_qgemm_kernel k)
     return true;
 }
 
+#ifdef QG_X86
 static bool use_vnni(void)
 {
-    static int cached = -1; /* benign race: every thread computes the same value */
+    static atomic_int cached = -1; /* every thread that races here stores the same value */
     if (g_kernel == MTS_QGEMM_PORTABLE) return false;
-    if (cached < 0) cached = have_vnni();
-    return cached;
+    int c = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (c < 0) atomic_store_explicit(&cached, c = have_vnni(), memory_order_relaxed);
+    return c;
 }
+#endif
 
 void mts_qgemm(const mts_qpack_a *pa, const mts_qpack_b *pb, int64_t i0, int64_t i1, int32_t *c, int64_t ldc)
 {
