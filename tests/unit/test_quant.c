@@ -402,6 +402,59 @@ static void test_quantize_rounding(void **state)
     tfree(&x), tfree(&s), tfree(&z);
 }
 
+/* QuantizeLinear and DequantizeLinear per tensor and per axis on rows long enough for the
+ * vectorized loops, against the spec's formulas: halves, large values and NaN included. */
+static void test_qdq_random(void **state)
+{
+    (void)state;
+    for (int it = 0; it < 24; it++) {
+        bool per_axis = it % 2, sgn = (it / 2) % 2;
+        int axis = 1 + (int)(rnd() % 2);
+        int64_t xd[3] = {1 + rnd() % 3, 1 + rnd() % 6, 1 + rnd() % 70};
+        mts_tensor x = tnew(MTS_DTYPE_FLOAT, 3, xd);
+        int64_t n = mts_tensor_numel(&x);
+        for (int64_t i = 0; i < n; i++) {
+            float v = (float)((int)(rnd() % 2001) - 1000) / 4.0f; /* many exact halves */
+            if (rnd() % 50 == 0) v = rnd() % 2 ? 1e30f : -1e30f;
+            if (rnd() % 97 == 0) v = 0.0f / 0.0f;
+            ((float *)x.data)[i] = v;
+        }
+        int64_t na = per_axis ? xd[axis] : 0;
+        mts_tensor sc = make_scale(na, 0.25f, 2.0f), zp = make_zp(sgn ? MTS_DTYPE_INT8 : MTS_DTYPE_UINT8, na);
+        mts_attr ax = {.name = "axis", .type = MTS_ATTR_INT, .i = axis};
+        mts_node nd = {.name = "", .op_type = "QuantizeLinear", .domain = "", .opset = 13, .n_attr = 1, .attrs = &ax};
+        const mts_tensor *in[3] = {&x, &sc, &zp};
+        mts_err err = {0};
+        mts_tensor q, dq;
+        for (int t = 1; t <= MAX_THREADS; t++) {
+            int rc = run_op(ref_op("QuantizeLinear"), &nd, in, 3, &q, t, &err);
+            if (rc) fail_msg("QuantizeLinear: %s", err.msg);
+            int64_t inner = axis == 1 ? xd[2] : 1;
+            for (int64_t i = 0; i < n; i++) {
+                int64_t a = per_axis ? (i / inner) % xd[axis] : 0;
+                float v = ((float *)x.data)[i] / ((float *)sc.data)[a];
+                float r = v != v ? -1e9f : rintf(v) + (float)zget(&zp, a);
+                float lo = sgn ? -128.0f : 0.0f, hi = sgn ? 127.0f : 255.0f;
+                int32_t w = (int32_t)(r < lo ? lo : r > hi ? hi : r);
+                if (xget(&q, i) != w)
+                    fail_msg("QuantizeLinear element %lld (x %g, axis %d): got %d, want %d", (long long)i,
+                             (double)((float *)x.data)[i], axis, xget(&q, i), w);
+            }
+            if (t < MAX_THREADS) tfree(&q);
+        }
+        nd.op_type = "DequantizeLinear";
+        const mts_tensor *din[3] = {&q, &sc, &zp};
+        assert_int_equal(run_op(ref_op("DequantizeLinear"), &nd, din, 3, &dq, 2, &err), 0);
+        int64_t inner = axis == 1 ? xd[2] : 1;
+        for (int64_t i = 0; i < n; i++) {
+            int64_t a = per_axis ? (i / inner) % xd[axis] : 0;
+            float w = (float)(xget(&q, i) - zget(&zp, a)) * ((float *)sc.data)[a];
+            assert_true(((float *)dq.data)[i] == w);
+        }
+        tfree(&q), tfree(&dq), tfree(&x), tfree(&sc), tfree(&zp);
+    }
+}
+
 static void test_hostile(void **state)
 {
     (void)state;
@@ -432,6 +485,7 @@ int main(void)
         cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_conv),
         cmocka_unit_test(test_quantize_rounding),
+        cmocka_unit_test(test_qdq_random),
         cmocka_unit_test(test_hostile),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -256,19 +256,51 @@ typedef struct qdq_job {
     int64_t n;
 } qdq_job;
 
-/* Elements [i0, i1) of x in flat order: their axis index is (i / inner) % axdim. */
+/* y[j] = saturate(round_half_even(x[j] / s) + zp) for j < n (sat_round's results). */
+static void quantize_row(const float *x, int64_t n, float s, int32_t zp, bool sgn, void *y)
+{
+    int64_t j = 0;
+#ifdef QR_SSE2
+    const __m128 lo = _mm_set1_ps(-2097152.0f), hi = _mm_set1_ps(2097152.0f), mg = _mm_set1_ps(12582912.0f);
+    const __m128 sv = _mm_set1_ps(s), zv = _mm_set1_ps((float)zp);
+    for (; j + 16 <= n; j += 16) {
+        __m128i q[4];
+        for (int t = 0; t < 4; t++) {
+            __m128 v = _mm_div_ps(_mm_loadu_ps(x + j + 4 * t), sv);
+            v = _mm_min_ps(_mm_max_ps(v, lo), hi); /* maxps returns lo for NaN */
+            v = _mm_add_ps(_mm_sub_ps(_mm_add_ps(v, mg), mg), zv);
+            q[t] = _mm_cvtps_epi32(v);
+        }
+        __m128i h0 = _mm_packs_epi32(q[0], q[1]), h1 = _mm_packs_epi32(q[2], q[3]);
+        __m128i r = sgn ? _mm_packs_epi16(h0, h1) : _mm_packus_epi16(h0, h1);
+        _mm_storeu_si128((__m128i *)((uint8_t *)y + j), r);
+    }
+#endif
+    for (; j < n; j++) q8_store(y, sgn, j, x[j] / s, zp);
+}
+
+/* Elements [i0, i1) of x in flat order, in runs of one axis index: element i has axis index
+ * (i / inner) % axdim (inner is the whole tensor when per-tensor). */
 static void quant_part(void *ctx, int ithr, int nthr)
 {
     const qdq_job *j = ctx;
     const qdq_desc *d = j->d;
     int64_t i0 = j->n * ithr / nthr, i1 = j->n * (ithr + 1) / nthr;
+    int64_t inner = d->per_axis ? d->inner : j->n;
     bool sgn = d->ydt == MTS_DTYPE_INT8;
-    const float *xf = d->x->dtype == MTS_DTYPE_FLOAT ? d->x->data : NULL;
-    const int32_t *xi = d->x->data;
-    for (int64_t i = i0; i < i1; i++) {
-        int64_t a = d->per_axis ? (i / d->inner) % d->axdim : 0;
-        float x = xf ? xf[i] : (float)xi[i];
-        q8_store(j->y, sgn, i, x / sc_at(d->scale, a), zp_at(d->zp, a));
+    const float *scale = d->scale->data;
+    for (int64_t i = i0; i < i1;) {
+        int64_t row = i / inner, a = d->per_axis ? row % d->axdim : 0;
+        int64_t end = (row + 1) * inner < i1 ? (row + 1) * inner : i1;
+        float s = scale[a];
+        int32_t zp = zp_at(d->zp, a);
+        if (d->x->dtype == MTS_DTYPE_FLOAT) {
+            quantize_row((const float *)d->x->data + i, end - i, s, zp, sgn, (uint8_t *)j->y + i);
+        } else {
+            const int32_t *xi = d->x->data;
+            for (int64_t e = i; e < end; e++) q8_store(j->y, sgn, e, (float)xi[e] / s, zp);
+        }
+        i = end;
     }
 }
 
@@ -277,12 +309,25 @@ static void dequant_part(void *ctx, int ithr, int nthr)
     const qdq_job *j = ctx;
     const qdq_desc *d = j->d;
     int64_t i0 = j->n * ithr / nthr, i1 = j->n * (ithr + 1) / nthr;
+    int64_t inner = d->per_axis ? d->inner : j->n;
+    const float *scale = d->scale->data;
     float *y = j->y;
-    for (int64_t i = i0; i < i1; i++) {
-        int64_t a = d->per_axis ? (i / d->inner) % d->axdim : 0;
-        int64_t x = d->x->dtype == MTS_DTYPE_INT32 ? ((const int32_t *)d->x->data)[i]
-                                                   : q8_get(d->x->data, d->x->dtype == MTS_DTYPE_INT8, i);
-        y[i] = (float)(x - zp_at(d->zp, a)) * sc_at(d->scale, a);
+    for (int64_t i = i0; i < i1;) {
+        int64_t row = i / inner, a = d->per_axis ? row % d->axdim : 0;
+        int64_t end = (row + 1) * inner < i1 ? (row + 1) * inner : i1;
+        float s = scale[a];
+        int32_t zp = zp_at(d->zp, a);
+        if (d->x->dtype == MTS_DTYPE_UINT8) {
+            const uint8_t *x = d->x->data;
+            for (int64_t e = i; e < end; e++) y[e] = (float)(x[e] - zp) * s;
+        } else if (d->x->dtype == MTS_DTYPE_INT8) {
+            const int8_t *x = d->x->data;
+            for (int64_t e = i; e < end; e++) y[e] = (float)(x[e] - zp) * s;
+        } else {
+            const int32_t *x = d->x->data;
+            for (int64_t e = i; e < end; e++) y[e] = (float)((int64_t)x[e] - zp) * s;
+        }
+        i = end;
     }
 }
 
