@@ -427,11 +427,13 @@ static int qmm_setup(mts_kctx *k, bool qlinear, qmm_desc *d)
     d->qlinear = qlinear;
     if ((rc = chk_outs(k, 1))) return rc;
     if (qlinear) {
-        if ((rc = req(k, 0, "a", &d->a)) || (rc = req(k, 1, "a_scale", &d->as)) ||
-            (rc = req(k, 2, "a_zero_point", &d->azp)) || (rc = req(k, 3, "b", &d->b)) ||
-            (rc = req(k, 4, "b_scale", &d->bs)) || (rc = req(k, 5, "b_zero_point", &d->bzp)) ||
-            (rc = req(k, 6, "y_scale", &d->ys)) || (rc = req(k, 7, "y_zero_point", &d->yzp)))
+        /* the input zero points may be omitted (0), as in DequantizeLinear */
+        if ((rc = req(k, 0, "a", &d->a)) || (rc = req(k, 1, "a_scale", &d->as)) || (rc = req(k, 3, "b", &d->b)) ||
+            (rc = req(k, 4, "b_scale", &d->bs)) || (rc = req(k, 6, "y_scale", &d->ys)) ||
+            (rc = req(k, 7, "y_zero_point", &d->yzp)))
             return rc;
+        d->azp = mts_kin(k, 2);
+        d->bzp = mts_kin(k, 5);
         if ((rc = need_type(k, d->as, MTS_DTYPE_FLOAT, "a_scale")) ||
             (rc = need_type(k, d->bs, MTS_DTYPE_FLOAT, "b_scale")) ||
             (rc = need_type(k, d->ys, MTS_DTYPE_FLOAT, "y_scale")) || (rc = need_q8(k, d->yzp, "y_zero_point")))
@@ -718,7 +720,7 @@ typedef struct qconv_desc {
     mts_conv_geom g;
     const mts_tensor *x, *w, *xzp, *wzp, *bias; /* zero points and bias may be NULL */
     const mts_tensor *xs, *ws, *ys, *yzp;       /* QLinearConv only */
-    bool qlinear, x_sgn, w_sgn, y_sgn;
+    bool qlinear, x_sgn, w_sgn, y_sgn, float_bias;
     int64_t Cg, Mg, K, P, IP, ksz;
 } qconv_desc;
 
@@ -729,16 +731,20 @@ static int qconv_setup(mts_kctx *k, bool qlinear, qconv_desc *d)
     d->qlinear = qlinear;
     if ((rc = chk_outs(k, 1))) return rc;
     if (qlinear) {
-        if ((rc = req(k, 0, "x", &d->x)) || (rc = req(k, 1, "x_scale", &d->xs)) ||
-            (rc = req(k, 2, "x_zero_point", &d->xzp)) || (rc = req(k, 3, "w", &d->w)) ||
-            (rc = req(k, 4, "w_scale", &d->ws)) || (rc = req(k, 5, "w_zero_point", &d->wzp)) ||
-            (rc = req(k, 6, "y_scale", &d->ys)) || (rc = req(k, 7, "y_zero_point", &d->yzp)))
+        /* the input zero points may be omitted (0), as in DequantizeLinear */
+        if ((rc = req(k, 0, "x", &d->x)) || (rc = req(k, 1, "x_scale", &d->xs)) || (rc = req(k, 3, "w", &d->w)) ||
+            (rc = req(k, 4, "w_scale", &d->ws)) || (rc = req(k, 6, "y_scale", &d->ys)) ||
+            (rc = req(k, 7, "y_zero_point", &d->yzp)))
             return rc;
+        d->xzp = mts_kin(k, 2);
+        d->wzp = mts_kin(k, 5);
         d->bias = mts_kin(k, 8);
+        /* a fused QDQ convolution (quant_backend.c) passes the float bias */
+        d->float_bias = mts_attr_int(k->node, "mts_float_bias", 0) != 0;
         if ((rc = need_type(k, d->xs, MTS_DTYPE_FLOAT, "x_scale")) ||
             (rc = need_type(k, d->ws, MTS_DTYPE_FLOAT, "w_scale")) ||
             (rc = need_type(k, d->ys, MTS_DTYPE_FLOAT, "y_scale")) || (rc = need_q8(k, d->yzp, "y_zero_point")) ||
-            (d->bias && (rc = need_type(k, d->bias, MTS_DTYPE_INT32, "B"))))
+            (d->bias && (rc = need_type(k, d->bias, d->float_bias ? MTS_DTYPE_FLOAT : MTS_DTYPE_INT32, "B"))))
             return rc;
         d->y_sgn = d->yzp->dtype == MTS_DTYPE_INT8;
     } else {
@@ -883,7 +889,11 @@ static void qconv_store(const qconv_desc *d, const int32_t *acc, void *y, int64_
             memcpy((int32_t *)y + yoff, a, sizeof(int32_t) * (size_t)nc);
             continue;
         }
-        int32_t b = d->bias ? ((const int32_t *)d->bias->data)[oc] : 0;
+        int32_t b = d->bias && !d->float_bias ? ((const int32_t *)d->bias->data)[oc] : 0;
+        if (d->bias && d->float_bias) { /* bias / (x_scale * w_scale), rounded and saturated */
+            double v = rint((double)((const float *)d->bias->data)[oc] / ((double)sc_at(d->xs, 0) * sc_at(d->ws, oc)));
+            b = v >= -2147483648.0 && v <= 2147483647.0 ? (int32_t)v : v > 0 ? INT32_MAX : INT32_MIN; /* NaN: min */
+        }
         float s = sc_at(d->xs, 0) * sc_at(d->ws, oc) / sc_at(d->ys, 0);
         requant_row(a, nc, b, s, zp_at(d->yzp, 0), d->y_sgn, (uint8_t *)y + yoff);
     }
