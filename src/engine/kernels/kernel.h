@@ -5,8 +5,9 @@
  * types and shapes, and a `run` function that computes output data.
  *
  * A backend is one entry of the table mts_backends[] (kernels/backend.c), in priority order:
- * oneDNN (kernels/dnnl_backend.c), the fast direct kernels (kernels/fast_backend.c) and the
- * plain-C reference kernels (kernels/backend.c), which every other backend falls back to. Each
+ * the quantized kernels (kernels/quant_backend.c: QDQ fusion and the integer GEMM), oneDNN
+ * (kernels/dnnl_backend.c), the fast direct kernels (kernels/fast_backend.c) and the plain-C
+ * reference kernels (kernels/backend.c), which every other backend falls back to. Each
  * entry is a set of hooks, any of them NULL when the backend has nothing to do there: the plan
  * optimizer offers it the plan's steps to claim (single nodes or fused groups, which become
  * steps it runs itself), asks it how its steps take the channels-last layout, lets it fuse and
