@@ -555,12 +555,23 @@ typedef struct qmm_job {
     int32_t *acc; /* QLinearMatMul: one M x N int32 buffer per thread */
     int64_t units, rows_per_unit, nru;
     bool fast;
-    mts_qpack_b *pb; /* fast: packed B of every distinct batch matrix (NULL when batched per entry) */
+    mts_qpack_b *pb; /* fast: packed B of every distinct batch matrix */
+    int16_t *bref;   /* reference: every distinct B matrix minus its zero points */
     int failed;
 } qmm_job;
 
-/* Reference product of rows [i0, i1) of batch entry n into c (int32, rows of N). */
-static void qmm_ref_rows(const qmm_desc *d, int64_t n, int64_t i0, int64_t i1, int32_t *c)
+/* c[j] += a * b[j] modulo 2^32, in fixed blocks of 16 so that gcc -O2 vectorizes the body. */
+static inline void axpy16(uint32_t *restrict c, int16_t a, const int16_t *restrict b, int64_t n)
+{
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) /* int16 x int16 -> int32: SSE2's pmullw / pmulhw */
+        for (int t = 0; t < 16; t++) c[j + t] += (uint32_t)((int32_t)a * (int32_t)b[j + t]);
+    for (; j < n; j++) c[j] += (uint32_t)((int32_t)a * (int32_t)b[j]);
+}
+
+/* Reference product of rows [i0, i1) of batch entry n into c (int32, rows of N); j->bref holds
+ * every distinct B matrix minus its zero points as int16. */
+static void qmm_ref_rows(const qmm_desc *d, const int16_t *bref, int64_t n, int64_t i0, int64_t i1, int32_t *c)
 {
     int64_t ao, bo;
     qmm_batch(d, n, &ao, &bo);
@@ -570,25 +581,7 @@ static void qmm_ref_rows(const qmm_desc *d, int64_t n, int64_t i0, int64_t i1, i
         int32_t za = zp_at(d->azp, i);
         for (int64_t p = 0; p < d->K; p++) {
             int32_t av = q8_get(d->a->data, d->a_sgn, ao + i * d->K + p) - za;
-            if (!av) continue;
-            int64_t brow = bo + p * d->N;
-            if (d->b_sgn) {
-                const int8_t *br = (const int8_t *)d->b->data + brow;
-                if (!d->bzp || mts_tensor_numel(d->bzp) == 1) {
-                    int32_t zb = zp_at(d->bzp, 0);
-                    for (int64_t j = 0; j < d->N; j++) cr[j] += (uint32_t)(av * (br[j] - zb));
-                } else {
-                    for (int64_t j = 0; j < d->N; j++) cr[j] += (uint32_t)(av * (br[j] - zp_at(d->bzp, j)));
-                }
-            } else {
-                const uint8_t *br = (const uint8_t *)d->b->data + brow;
-                if (!d->bzp || mts_tensor_numel(d->bzp) == 1) {
-                    int32_t zb = zp_at(d->bzp, 0);
-                    for (int64_t j = 0; j < d->N; j++) cr[j] += (uint32_t)(av * (br[j] - zb));
-                } else {
-                    for (int64_t j = 0; j < d->N; j++) cr[j] += (uint32_t)(av * (br[j] - zp_at(d->bzp, j)));
-                }
-            }
+            if (av) axpy16(cr, (int16_t)av, bref + bo + p * d->N, d->N);
         }
     }
 }
@@ -631,7 +624,7 @@ static void qmm_part(void *ctx, int ithr, int nthr)
             int64_t bi = bo / (d->K * d->N > 0 ? d->K * d->N : 1);
             mts_qgemm(&pa, &j->pb[bi], 0, pa.M, c, d->N);
         } else {
-            qmm_ref_rows(d, n, i0, i1, c);
+            qmm_ref_rows(d, j->bref, n, i0, i1, c);
         }
         if (acc) qmm_requant(d, acc, j->y, yoff, i0, i1);
     }
@@ -676,6 +669,20 @@ static int qmm_run_common(mts_kctx *k, bool qlinear, bool fast)
         }
         free(bzp);
     }
+    if (!fast) {
+        for (int i = 0; i < d.brank; i++) nb *= d.bbdims[i];
+        j.bref = malloc(sizeof(int16_t) * (size_t)(nb * d.K * d.N));
+        int32_t *bzp = malloc(sizeof(int32_t) * (size_t)d.N);
+        if (!j.bref || !bzp) {
+            rc = MTS_ENOMEM;
+        } else {
+            zp_vec(d.bzp, d.N, bzp);
+            for (int64_t r = 0; r < nb * d.K; r++)
+                for (int64_t c = 0; c < d.N; c++)
+                    j.bref[r * d.N + c] = (int16_t)(q8_get(d.b->data, d.b_sgn, r * d.N + c) - bzp[c]);
+        }
+        free(bzp);
+    }
     if (!rc && qlinear) {
         j.acc = malloc(sizeof(int32_t) * (size_t)(rpu * d.N) * (size_t)nthr);
         if (!j.acc) rc = MTS_ENOMEM;
@@ -687,6 +694,7 @@ static int qmm_run_common(mts_kctx *k, bool qlinear, bool fast)
     if (j.pb)
         for (int64_t i = 0; i < nb; i++) mts_qpack_b_free(&j.pb[i]);
     free(j.pb);
+    free(j.bref);
     free(j.acc);
     if (rc) return mts_err_set(k->err, rc, "out of memory");
     return MTS_OK;
@@ -939,12 +947,8 @@ static void qconv_part(void *ctx, int ithr, int nthr)
                 uint32_t *a = (uint32_t *)acc + m * nc;
                 const int16_t *wr = j->wref + (gi * d->Mg + m) * d->K;
                 for (int64_t jj = 0; jj < nc; jj++) a[jj] = 0;
-                for (int64_t kk = 0; kk < d->K; kk++) {
-                    int32_t wv = wr[kk];
-                    if (!wv) continue;
-                    const int16_t *cr = col + kk * nc;
-                    for (int64_t jj = 0; jj < nc; jj++) a[jj] += (uint32_t)(wv * cr[jj]);
-                }
+                for (int64_t kk = 0; kk < d->K; kk++)
+                    if (wr[kk]) axpy16(a, wr[kk], col + kk * nc, nc);
             }
         }
         qconv_store(d, acc, j->y, n, gi, p0, nc);
