@@ -394,6 +394,69 @@ static void test_matmul(void **state)
     compare_backends(&G, "matmul", 1e-5);
 }
 
+/* Quantized graphs: a QDQ Conv and a QDQ MatMul (fused into QLinearConv / QLinearMatMul on the
+ * default backend), and DynamicQuantizeLinear feeding ConvInteger and MatMulInteger (the packed
+ * integer GEMM there). Integer results are exact; a fused group may differ from the float path
+ * by one quantization step where the float rounding differs, hence the tolerance. */
+static void test_quant(void **state)
+{
+    (void)state;
+    graph G;
+    memset(&G, 0, sizeof G);
+    G.seed = 23;
+    io(&G, 11, "x", 4, D(-1, 8, 10, 10));
+    float xs = 1.0f / 255.0f, ys = 0.02f, one = 1.0f;
+    uint8_t xz = 0, yz = 128;
+    int8_t wq[16 * 8 * 9], wz[16] = {0}, mq[10 * 12], mz = 0;
+    int32_t bq[16];
+    float ws[16], bs[16], ms = 0.01f;
+    uint8_t w2[6 * 4 * 4], m2[10 * 5], w2z = 3;
+    for (int i = 0; i < 16 * 8 * 9; i++) wq[i] = (int8_t)((i * 37) % 255 - 127);
+    for (int i = 0; i < 16; i++) ws[i] = 0.002f + 0.0005f * (float)i, bs[i] = xs * ws[i], bq[i] = (i * 97) % 400 - 200;
+    for (int i = 0; i < 10 * 12; i++) mq[i] = (int8_t)((i * 53) % 251 - 125);
+    for (int i = 0; i < 6 * 4 * 4; i++) w2[i] = (uint8_t)((i * 29) % 256);
+    for (int i = 0; i < 10 * 5; i++) m2[i] = (uint8_t)((i * 41) % 256);
+    init_vals(&G, "xs", 0, NULL, 1, &xs, 4);
+    init_vals(&G, "xz", 0, NULL, 2, &xz, 1);
+    init_vals(&G, "ys", 0, NULL, 1, &ys, 4);
+    init_vals(&G, "yz", 0, NULL, 2, &yz, 1);
+    init_vals(&G, "one", 0, NULL, 1, &one, 4);
+    init_vals(&G, "wq", 4, D(16, 8, 3, 3), 3, wq, sizeof wq);
+    init_vals(&G, "ws", 1, D(16), 1, ws, sizeof ws);
+    init_vals(&G, "wz", 1, D(16), 3, wz, sizeof wz);
+    init_vals(&G, "bq", 1, D(16), 6, bq, sizeof bq);
+    init_vals(&G, "bs", 1, D(16), 1, bs, sizeof bs);
+    init_vals(&G, "mq", 2, D(10, 12), 3, mq, sizeof mq);
+    init_vals(&G, "ms", 0, NULL, 1, &ms, 4);
+    init_vals(&G, "mz", 0, NULL, 3, &mz, 1);
+    init_vals(&G, "w2", 4, D(6, 4, 2, 2), 2, w2, sizeof w2);
+    init_vals(&G, "w2z", 0, NULL, 2, &w2z, 1);
+    init_vals(&G, "m2", 2, D(10, 5), 2, m2, sizeof m2);
+    /* QDQ convolution with per-channel weights and a bias, then a QDQ MatMul on its output */
+    node(&G, "QuantizeLinear", "x xs xz", "xq", NULL);
+    node(&G, "DequantizeLinear", "xq xs xz", "xf", NULL);
+    node(&G, "DequantizeLinear", "wq ws wz", "wf", "axis=i:0");
+    node(&G, "DequantizeLinear", "bq bs", "bf", "axis=i:0");
+    node(&G, "Conv", "xf wf bf", "cf", "pads=ii:1,1,1,1");
+    node(&G, "QuantizeLinear", "cf ys yz", "cq", NULL);
+    node(&G, "DequantizeLinear", "cq ys yz", "y", NULL);
+    node(&G, "DequantizeLinear", "mq ms mz", "mf", NULL);
+    node(&G, "MatMul", "y mf", "mm", NULL);
+    node(&G, "QuantizeLinear", "mm ys yz", "mmq", NULL);
+    node(&G, "DequantizeLinear", "mmq ys yz", "z", NULL);
+    /* dynamic quantization into the integer products */
+    node(&G, "DynamicQuantizeLinear", "x", "dq ds dz", NULL);
+    node(&G, "ConvInteger", "dq w2 dz w2z", "ci", "strides=ii:2,2 pads=ii:0,1,1,0 group=i:2");
+    node(&G, "DequantizeLinear", "ci one", "cif", NULL);
+    node(&G, "MatMulInteger", "dq m2 dz", "mi", NULL);
+    node(&G, "DequantizeLinear", "mi one", "mif", NULL);
+    io(&G, 12, "y", -1, NULL);
+    io(&G, 12, "z", -1, NULL);
+    io(&G, 12, "cif", -1, NULL);
+    io(&G, 12, "mif", -1, NULL);
+    compare_backends(&G, "quant", 5e-3);
+}
+
 /* Fusions into the fast kernels: a Div / Mul by a constant scalar folded into Softmax, and
  * elementwise chains with reversed Sub/Div operands, broadcast operands on either side and
  * graph inputs as operands, on NCHW data and on channels-last data next to a convolution. */
@@ -543,6 +606,7 @@ int main(void)
         cmocka_unit_test(test_shapes),
         cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_fast_fusions),
+        cmocka_unit_test(test_quant),
         cmocka_unit_test(test_upsample_conv),
         cmocka_unit_test(test_reference_models),
     };

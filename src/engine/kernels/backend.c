@@ -10,8 +10,9 @@
 
 static const mts_op *const *ref_tables(void)
 {
-    static const mts_op *const tables[] = {mts_ref_ops_conv, mts_ref_ops_math, mts_ref_ops_shape,
-                                           mts_ref_ops_math2,  mts_ref_ops_signal, mts_ref_ops_random, NULL};
+    static const mts_op *const tables[] = {mts_ref_ops_conv,   mts_ref_ops_math,   mts_ref_ops_shape,
+                                           mts_ref_ops_math2,  mts_ref_ops_signal, mts_ref_ops_random,
+                                           mts_ref_ops_quant,  NULL};
     return tables;
 }
 
@@ -25,7 +26,10 @@ static const mts_op *ref_lookup(const char *op_type)
 
 const mts_backend mts_backend_reference = {.name = "reference", .lookup = ref_lookup};
 
-const mts_backend *const mts_backends[] = {&mts_backend_dnnl, &mts_backend_fast, &mts_backend_reference, NULL};
+/* The quant entry stands first: its QDQ fusion must see float convolutions before oneDNN
+ * claims them. */
+const mts_backend *const mts_backends[] = {&mts_backend_quant, &mts_backend_dnnl, &mts_backend_fast,
+                                           &mts_backend_reference, NULL};
 
 const mts_op *mts_op_lookup(const char *op_type)
 {

@@ -5,8 +5,9 @@
  * types and shapes, and a `run` function that computes output data.
  *
  * A backend is one entry of the table mts_backends[] (kernels/backend.c), in priority order:
- * oneDNN (kernels/dnnl_backend.c), the fast direct kernels (kernels/fast_backend.c) and the
- * plain-C reference kernels (kernels/backend.c), which every other backend falls back to. Each
+ * the quantized kernels (kernels/quant_backend.c: QDQ fusion and the integer GEMM), oneDNN
+ * (kernels/dnnl_backend.c), the fast direct kernels (kernels/fast_backend.c) and the plain-C
+ * reference kernels (kernels/backend.c), which every other backend falls back to. Each
  * entry is a set of hooks, any of them NULL when the backend has nothing to do there: the plan
  * optimizer offers it the plan's steps to claim (single nodes or fused groups, which become
  * steps it runs itself), asks it how its steps take the channels-last layout, lets it fuse and
@@ -119,6 +120,7 @@ extern const mts_backend *const mts_backends[];
 extern const mts_backend mts_backend_dnnl;      /* kernels/dnnl_backend.c */
 extern const mts_backend mts_backend_fast;      /* kernels/fast_backend.c */
 extern const mts_backend mts_backend_reference; /* kernels/backend.c */
+extern const mts_backend mts_backend_quant;     /* kernels/quant_backend.c */
 /* Looks op_type up in the table: the first backend with a kernel for it (the reference kernels
  * today). NULL: unsupported op. */
 const mts_op *mts_op_lookup(const char *op_type);
@@ -136,6 +138,7 @@ extern const mts_op mts_ref_ops_shape[];     /* shape/data movement, MatMul, Gem
 extern const mts_op mts_ref_ops_math2[];     /* Mod, Round, Sign, trig, LRN, MVN, ReduceL1/LogSum*, Det */
 extern const mts_op mts_ref_ops_signal[];    /* DFT, STFT, window functions, MelWeightMatrix */
 extern const mts_op mts_ref_ops_random[];    /* RandomNormal/Uniform(Like), Multinomial, Bernoulli */
+extern const mts_op mts_ref_ops_quant[];     /* (De)QuantizeLinear, QLinear*, *Integer */
 
 /* Conv/ConvTranspose geometry for the fast backends (ref_conv.c): validated like the reference
  * kernels; spatial arrays normalized to 3 entries with the real dims last (leading entries are
