@@ -22,6 +22,9 @@ so the same manifest gives byte-identical .npy files on every machine:
   const       a constant (e.g. a sample rate), scalar or shaped.
 
 usage: inputs.py MODEL_ID OUTDIR [--manifest zoo.json]   writes OUTDIR/<input>.npy, prints NAME=FILE
+       inputs.py --all OUTDIR   every model's inputs into OUTDIR/<id>/ (models fetched first); prints
+                                per model one tab-separated line: id, model file, the NAME=FILE.npy
+                                list and the NAME=d0,d1,... shape list (space-separated)
 """
 import argparse
 import json
@@ -337,12 +340,31 @@ def check_against_model(model_file, arrays):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("model_id")
+    ap.add_argument("model_id", nargs="?")
     ap.add_argument("outdir")
     ap.add_argument("--manifest", default=os.path.join(HERE, "zoo.json"))
+    ap.add_argument("--all", action="store_true")
     a = ap.parse_args()
     with open(a.manifest) as f:
         man = json.load(f)
+    if a.all:
+        import fetch
+        errors = fetch.fetch(man["models"])
+        if errors:
+            sys.exit("inputs: cannot fetch: " + "; ".join(errors))
+        for m in man["models"]:
+            d = os.path.join(a.outdir, m["id"])
+            os.makedirs(d, exist_ok=True)
+            files, shapes = [], []
+            for name, arr in model_inputs(m).items():
+                p = os.path.join(d, name.replace("/", "_").replace(":", "_") + ".npy")
+                np.save(p, arr)
+                files.append(f"{name}={p}")
+                shapes.append(f"{name}=" + ",".join(str(x) for x in arr.shape))
+            print("\t".join([m["id"], fetch.model_path(m), " ".join(files), " ".join(shapes)]))
+        return
+    if not a.model_id:
+        sys.exit("inputs: MODEL_ID OUTDIR, or --all OUTDIR")
     ms = [m for m in man["models"] if m["id"] == a.model_id]
     if not ms:
         sys.exit(f"inputs: no model '{a.model_id}' in {a.manifest}")
