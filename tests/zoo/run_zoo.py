@@ -157,7 +157,7 @@ def check_model(model, mtserve, threads, work, ort_all):
                     detail.append("    ONNX Runtime: " + ("ran, outputs " + ", ".join(names) if names else "FAILED " + " ".join(oerr)))
                     if names is None:
                         return "ORT FAILED", "", detail, False
-                return "unsupported (as expected)", "", detail, True
+                return "unsupported (as expected)", "error: " + model.get("error_match", ""), detail, True
             return "FAIL", "", [f"    expected an unsupported error containing '{model.get('error_match', '')}', got:",
                                 "    " + (err_line or f"exit {rc}")], False
         # it loads and runs now: does it match?
