@@ -7,7 +7,7 @@
 # Runtime (tools/ort/ort_bench.js, graph optimization 'all', sequential) on random inputs of the
 # same shapes (ort_bench draws its own values; the zoo models that load have no value-dependent
 # control flow, so only the shapes matter for time). Both use BENCH_THREADS (default 2) intra-op
-# threads. One cold mtserve run sizes the iteration count (about BENCH_SECONDS, default 2, s per
+# threads. One mtserve run (after a warm-up) sizes the iteration count (about BENCH_SECONDS, default 2, s per
 # measurement, 3..200 iterations, one warm-up); then BENCH_ROUNDS (default 3) rounds alternate
 # mtserve and ORT, and the table gives each side's median latency and the median over rounds of
 # the per-round speed ratio (ORT ms / mtserve ms: above 1 means mtserve is faster). The shared
@@ -48,8 +48,8 @@ while IFS=$'\t' read -r id model files shapes; do
   if [ -n "${BENCH_MODELS:-}" ] && ! printf ' %s ' "$BENCH_MODELS" | grep -q " $id "; then continue; fi
   m_in=(); for f in $files; do m_in+=(--input "$f"); done
   o_in=(); for s in $shapes; do [ -n "${s#*=}" ] && o_in+=(--shape "$s"); done
-  # one cold run on the zoo inputs: loads the model (or says why not) and sizes the iterations
-  probe=$("$MTSERVE" run "$model" "${m_in[@]}" --threads "$THREADS" --iters 1 --warmup 0 --json 2>"$WORK/err.txt")
+  # one warm run on the zoo inputs: loads the model (or says why not) and sizes the iterations
+  probe=$("$MTSERVE" run "$model" "${m_in[@]}" --threads "$THREADS" --iters 1 --warmup 1 --json 2>"$WORK/err.txt")
   p_ms=$(jget median_ms "$probe")
   if [ -z "$p_ms" ]; then
     err=$(tail -n1 "$WORK/err.txt")
