@@ -21,7 +21,6 @@ MTSERVE env var (default build/mtserve) selects the binary; MTS_BACKEND is passe
 --ort-all also runs ONNX Runtime on the unsupported models (checks the inputs are valid for them).
 """
 import argparse
-import json
 import os
 import shutil
 import subprocess
