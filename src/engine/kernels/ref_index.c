@@ -1,0 +1,1248 @@
+/*
+ * Reference kernels for the indexing and data-movement operators: TopK, NonMaxSuppression,
+ * RoiAlign, ScatterND, ScatterElements (and the deprecated Scatter), GatherND, CumSum, Einsum,
+ * OneHot, NonZero, DepthToSpace, SpaceToDepth, Trilu, Compress, Unique, ReverseSequence,
+ * EyeLike, GridSample, MaxUnpool and Hardmax.
+ *
+ * Copies are written by element size so that they serve every element type the engine holds;
+ * arithmetic (scatter reductions, CumSum, Einsum, interpolation) switches on the element type
+ * outside the inner loops. Ops whose output shape depends on input values (NonZero, Unique,
+ * Compress, TopK's K, OneHot's depth, NonMaxSuppression, MaxUnpool's output_shape) answer
+ * MTS_EDYNAMIC from infer until the data is known, and check every value read from an input
+ * against the shapes before using it as an index or a size. Einsum runs plain two-operand
+ * float contractions through the engine's GEMM after permuting the operands into
+ * batch x M x K and batch x K x N; every other equation runs a direct loop over the labels.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/kernels/gemm.h"
+#include "engine/kernels/kernel.h"
+
+/* ------------------------------------------------------------------------------------------ */
+/* Shared helpers                                                                              */
+/* ------------------------------------------------------------------------------------------ */
+
+static int req_in(mts_kctx *k, int i, const char *what, const mts_tensor **t)
+{
+    *t = mts_kin(k, i);
+    if (!*t) return mts_err_set(k->err, MTS_EINVAL, "required input %d (%s) is missing", i, what);
+    return MTS_OK;
+}
+
+static int chk_dtype(mts_kctx *k, const mts_tensor *t, const char *what)
+{
+    if (!mts_dtype_supported(t->dtype) || mts_dtype_size(t->dtype) == 0)
+        return mts_err_set(k->err, MTS_EUNSUPPORTED, "%s has dtype %s, which the engine does not support", what,
+                           mts_dtype_name(t->dtype));
+    return MTS_OK;
+}
+
+static int chk_n_out(mts_kctx *k, int min)
+{
+    if (k->n_out < min)
+        return mts_err_set(k->err, MTS_EINVAL, "expected at least %d output(s), got %d", min, k->n_out);
+    return MTS_OK;
+}
+
+/* Fills output j (ignored when the node has fewer outputs) after checking the shape. */
+static int set_out(mts_kctx *k, int j, mts_dtype dt, int rank, const int64_t *dims)
+{
+    if (rank > MTS_MAX_RANK)
+        return mts_err_set(k->err, MTS_EUNSUPPORTED, "output %d would have rank %d; at most %d is supported", j,
+                           rank, MTS_MAX_RANK);
+    if (j >= k->n_out) return MTS_OK;
+    mts_tensor *o = &k->out[j];
+    o->dtype = dt;
+    o->rank = rank;
+    for (int i = 0; i < rank; i++) {
+        if (dims[i] < 0)
+            return mts_err_set(k->err, MTS_EINVAL, "output %d dimension %d would be negative (%lld)", j, i,
+                               (long long)dims[i]);
+        o->dims[i] = dims[i];
+    }
+    if (mts_tensor_nbytes(o) < 0) {
+        char s[160];
+        return mts_err_set(k->err, MTS_EINVAL, "output %d shape %s has too many elements", j,
+                           mts_shape_str(o, s, sizeof s));
+    }
+    return MTS_OK;
+}
+
+static int64_t prod(const int64_t *d, int from, int to)
+{
+    int64_t p = 1;
+    for (int i = from; i < to; i++) p *= d[i];
+    return p;
+}
+
+static int chk_index_dtype(mts_kctx *k, const mts_tensor *t, const char *what)
+{
+    if (t->dtype != MTS_DTYPE_INT64 && t->dtype != MTS_DTYPE_INT32)
+        return mts_err_set(k->err, MTS_EINVAL, "%s must be int64 or int32, got %s", what, mts_dtype_name(t->dtype));
+    return MTS_OK;
+}
+
+static int64_t idx_at(const mts_tensor *t, int64_t i)
+{
+    return t->dtype == MTS_DTYPE_INT64 ? ((const int64_t *)t->data)[i] : ((const int32_t *)t->data)[i];
+}
+
+/* Reads index i of an int32/int64 tensor, normalizes a negative one against dim, checks range. */
+static int get_index(mts_kctx *k, const mts_tensor *ind, int64_t i, int64_t dim, int64_t *out)
+{
+    int64_t v = idx_at(ind, i);
+    int64_t w = v < 0 ? v + dim : v;
+    if (w < 0 || w >= dim)
+        return mts_err_set(k->err, MTS_EINVAL, "index %lld (at position %lld) is out of range for a dimension of %lld",
+                           (long long)v, (long long)i, (long long)dim);
+    *out = w;
+    return MTS_OK;
+}
+
+/* Reads a one-element integer tensor (0-D or [1]); MTS_EDYNAMIC while its data is unknown. */
+static int read_scalar_int(mts_kctx *k, const mts_tensor *t, const char *what, int64_t *v)
+{
+    if (t->dtype != MTS_DTYPE_INT64 && t->dtype != MTS_DTYPE_INT32)
+        return mts_err_set(k->err, MTS_EINVAL, "%s must be int64 or int32, got %s", what, mts_dtype_name(t->dtype));
+    if (t->rank > 1 || mts_tensor_numel(t) != 1)
+        return mts_err_set(k->err, MTS_EINVAL, "%s must hold exactly one value", what);
+    if (!t->data) return MTS_EDYNAMIC;
+    *v = idx_at(t, 0);
+    return MTS_OK;
+}
+
+/* half / bfloat16 to float, for comparisons and reads of types only stored by the engine. */
+static float half_to_float(uint16_t h)
+{
+    uint32_t s = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 0x1f, m = h & 0x3ff, bits;
+    if (e == 0) {
+        if (m == 0) {
+            bits = s;
+        } else { /* subnormal */
+            e = 127 - 15 + 1;
+            while (!(m & 0x400)) {
+                m <<= 1;
+                e--;
+            }
+            m &= 0x3ff;
+            bits = s | (e << 23) | (m << 13);
+        }
+    } else if (e == 31) {
+        bits = s | 0x7f800000u | (m << 13);
+    } else {
+        bits = s | ((e + 127 - 15) << 23) | (m << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* Element p (of type dt) as double; 0 for types without a numeric reading. */
+static double elem_f64(const void *p, mts_dtype dt)
+{
+    switch (dt) {
+    case MTS_DTYPE_FLOAT: return *(const float *)p;
+    case MTS_DTYPE_DOUBLE: return *(const double *)p;
+    case MTS_DTYPE_INT8: return *(const int8_t *)p;
+    case MTS_DTYPE_UINT8: case MTS_DTYPE_BOOL: return *(const uint8_t *)p;
+    case MTS_DTYPE_INT16: return *(const int16_t *)p;
+    case MTS_DTYPE_UINT16: return *(const uint16_t *)p;
+    case MTS_DTYPE_INT32: return *(const int32_t *)p;
+    case MTS_DTYPE_UINT32: return *(const uint32_t *)p;
+    case MTS_DTYPE_INT64: return (double)*(const int64_t *)p;
+    case MTS_DTYPE_UINT64: return (double)*(const uint64_t *)p;
+    case MTS_DTYPE_FLOAT16: return half_to_float(*(const uint16_t *)p);
+    case MTS_DTYPE_BFLOAT16: {
+        uint32_t b = (uint32_t)*(const uint16_t *)p << 16;
+        float f;
+        memcpy(&f, &b, 4);
+        return f;
+    }
+    default: return 0;
+    }
+}
+
+/* Whether dt has a numeric value (elem_f64 and cmp_elem understand it). */
+static bool dtype_numeric(mts_dtype dt)
+{
+    switch (dt) {
+    case MTS_DTYPE_FLOAT: case MTS_DTYPE_DOUBLE: case MTS_DTYPE_INT8: case MTS_DTYPE_UINT8: case MTS_DTYPE_BOOL:
+    case MTS_DTYPE_INT16: case MTS_DTYPE_UINT16: case MTS_DTYPE_INT32: case MTS_DTYPE_UINT32:
+    case MTS_DTYPE_INT64: case MTS_DTYPE_UINT64: case MTS_DTYPE_FLOAT16: case MTS_DTYPE_BFLOAT16:
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* Total order on elements of type dt: -1, 0, 1; NaN sorts above every number and equals NaN. */
+static int cmp_elem(const void *a, const void *b, mts_dtype dt)
+{
+    if (dt == MTS_DTYPE_INT64) {
+        int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+        return x < y ? -1 : x > y;
+    }
+    if (dt == MTS_DTYPE_UINT64) {
+        uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+        return x < y ? -1 : x > y;
+    }
+    double x = elem_f64(a, dt), y = elem_f64(b, dt);
+    bool nx = isnan(x), ny = isnan(y);
+    if (nx || ny) return nx == ny ? 0 : (nx ? 1 : -1);
+    return x < y ? -1 : x > y;
+}
+
+/* Stable merge sort of idx[0..n) with cmp(ctx, a, b); tmp holds n entries. */
+typedef int (*idx_cmp)(const void *ctx, int64_t a, int64_t b);
+static void msort_idx(int64_t *idx, int64_t *tmp, int64_t n, idx_cmp cmp, const void *ctx)
+{
+    if (n < 2) return;
+    if (n <= 16) { /* insertion sort */
+        for (int64_t i = 1; i < n; i++) {
+            int64_t v = idx[i], j = i;
+            while (j > 0 && cmp(ctx, idx[j - 1], v) > 0) {
+                idx[j] = idx[j - 1];
+                j--;
+            }
+            idx[j] = v;
+        }
+        return;
+    }
+    int64_t h = n / 2;
+    msort_idx(idx, tmp, h, cmp, ctx);
+    msort_idx(idx + h, tmp, n - h, cmp, ctx);
+    int64_t i = 0, j = h, o = 0;
+    while (i < h && j < n) tmp[o++] = cmp(ctx, idx[j], idx[i]) < 0 ? idx[j++] : idx[i++];
+    while (i < h) tmp[o++] = idx[i++];
+    while (j < n) tmp[o++] = idx[j++];
+    memcpy(idx, tmp, sizeof(int64_t) * (size_t)n);
+}
+
+/* Copies the array of shape dims (row-major into contiguous dst) whose element at index idx is
+ * src[sum(idx[d] * sstr[d])] (strides in elements). rank <= GS_MAX. */
+#define GS_MAX 64
+static void gather_strided(void *dstv, const void *srcv, int rank, const int64_t *dims, const int64_t *sstr,
+                           size_t es)
+{
+    for (int i = 0; i < rank; i++)
+        if (dims[i] == 0) return;
+    uint8_t *dst = dstv;
+    const uint8_t *src = srcv;
+    if (rank == 0) {
+        memcpy(dst, src, es);
+        return;
+    }
+    int64_t idx[GS_MAX] = {0};
+    int64_t inner = dims[rank - 1], is = sstr[rank - 1] * (int64_t)es, off = 0;
+    for (;;) {
+        const uint8_t *sp = src + off * (int64_t)es;
+        if (is == (int64_t)es) {
+            memcpy(dst, sp, (size_t)(inner * (int64_t)es));
+        } else if (es == 4) {
+            for (int64_t i = 0; i < inner; i++) memcpy(dst + i * 4, sp + i * is, 4);
+        } else if (es == 8) {
+            for (int64_t i = 0; i < inner; i++) memcpy(dst + i * 8, sp + i * is, 8);
+        } else {
+            for (int64_t i = 0; i < inner; i++) memcpy(dst + i * (int64_t)es, sp + i * is, es);
+        }
+        dst += inner * (int64_t)es;
+        int j = rank - 2;
+        for (; j >= 0; j--) {
+            off += sstr[j];
+            if (++idx[j] < dims[j]) break;
+            off -= sstr[j] * dims[j];
+            idx[j] = 0;
+        }
+        if (j < 0) break;
+    }
+}
+
+/* Writes the value 1 of type dt at p; false for types without one. */
+static bool put_one(void *p, mts_dtype dt)
+{
+    switch (dt) {
+    case MTS_DTYPE_FLOAT: *(float *)p = 1.0f; return true;
+    case MTS_DTYPE_DOUBLE: *(double *)p = 1.0; return true;
+    case MTS_DTYPE_INT8: case MTS_DTYPE_UINT8: case MTS_DTYPE_BOOL: *(uint8_t *)p = 1; return true;
+    case MTS_DTYPE_INT16: case MTS_DTYPE_UINT16: *(uint16_t *)p = 1; return true;
+    case MTS_DTYPE_INT32: case MTS_DTYPE_UINT32: *(uint32_t *)p = 1; return true;
+    case MTS_DTYPE_INT64: case MTS_DTYPE_UINT64: *(uint64_t *)p = 1; return true;
+    case MTS_DTYPE_FLOAT16: *(uint16_t *)p = 0x3c00; return true;
+    case MTS_DTYPE_BFLOAT16: *(uint16_t *)p = 0x3f80; return true;
+    default: return false;
+    }
+}
+
+/* Whether element p of type dt is nonzero (-0.0 counts as zero). */
+static bool elem_nonzero(const uint8_t *p, mts_dtype dt, size_t es)
+{
+    switch (dt) {
+    case MTS_DTYPE_FLOAT: return *(const float *)p != 0.0f;
+    case MTS_DTYPE_DOUBLE: return *(const double *)p != 0.0;
+    case MTS_DTYPE_FLOAT16: case MTS_DTYPE_BFLOAT16: return (*(const uint16_t *)p & 0x7fff) != 0;
+    default:
+        for (size_t i = 0; i < es; i++)
+            if (p[i]) return true;
+        return false;
+    }
+}
+
+/* Float to an integer index without undefined conversions: NaN and values beyond +-2^62 map to
+ * the given sentinel. */
+static int64_t f2idx(double v, int64_t bad)
+{
+    if (!(v > -4.6e18 && v < 4.6e18)) return bad;
+    return (int64_t)v;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Scatter reductions                                                                          */
+/* ------------------------------------------------------------------------------------------ */
+
+enum { RED_NONE, RED_ADD, RED_MUL, RED_MAX, RED_MIN };
+
+/* The "reduction" attribute of ScatterND / ScatterElements (add, mul from opset 16; max, min
+ * from opset 18). */
+static int parse_reduction(mts_kctx *k, const mts_tensor *data, int *red)
+{
+    const char *r = mts_attr_string(k->node, "reduction", "none");
+    int op = k->node->opset;
+    if (strcmp(r, "none") == 0) {
+        *red = RED_NONE;
+        return MTS_OK;
+    }
+    if (strcmp(r, "add") == 0 && op >= 16) *red = RED_ADD;
+    else if (strcmp(r, "mul") == 0 && op >= 16) *red = RED_MUL;
+    else if (strcmp(r, "max") == 0 && op >= 18) *red = RED_MAX;
+    else if (strcmp(r, "min") == 0 && op >= 18) *red = RED_MIN;
+    else
+        return mts_err_set(k->err, MTS_EINVAL, "reduction '%s' is not valid at opset %d", r, op);
+    switch (data->dtype) {
+    case MTS_DTYPE_FLOAT: case MTS_DTYPE_DOUBLE: case MTS_DTYPE_INT8: case MTS_DTYPE_UINT8: case MTS_DTYPE_BOOL:
+    case MTS_DTYPE_INT16: case MTS_DTYPE_UINT16: case MTS_DTYPE_INT32: case MTS_DTYPE_UINT32:
+    case MTS_DTYPE_INT64: case MTS_DTYPE_UINT64:
+        return MTS_OK;
+    default:
+        return mts_err_set(k->err, MTS_EUNSUPPORTED, "reduction '%s' on %s data is not supported", r,
+                           mts_dtype_name(data->dtype));
+    }
+}
+
+#define RED_CASE(T, UT)                                                                                      \
+    {                                                                                                        \
+        T *d = dst;                                                                                          \
+        const T *s = src;                                                                                    \
+        for (int64_t i = 0; i < n; i++) {                                                                    \
+            switch (red) {                                                                                   \
+            case RED_ADD: d[i] = (T)((UT)d[i] + (UT)s[i]); break;                                            \
+            case RED_MUL: d[i] = (T)((UT)d[i] * (UT)s[i]); break;                                            \
+            case RED_MAX: if (s[i] > d[i]) d[i] = s[i]; break;                                               \
+            default: if (s[i] < d[i]) d[i] = s[i]; break;                                                    \
+            }                                                                                                \
+        }                                                                                                    \
+        return;                                                                                              \
+    }
+
+/* dst[i] = dst[i] (red) src[i] for n elements of type dt (a type parse_reduction accepted). */
+static void reduce_into(void *dst, const void *src, int64_t n, mts_dtype dt, int red)
+{
+    switch (dt) {
+    case MTS_DTYPE_FLOAT: RED_CASE(float, float)
+    case MTS_DTYPE_DOUBLE: RED_CASE(double, double)
+    case MTS_DTYPE_INT8: RED_CASE(int8_t, uint32_t)
+    case MTS_DTYPE_UINT8: RED_CASE(uint8_t, uint32_t)
+    case MTS_DTYPE_INT16: RED_CASE(int16_t, uint32_t)
+    case MTS_DTYPE_UINT16: RED_CASE(uint16_t, uint32_t)
+    case MTS_DTYPE_INT32: RED_CASE(int32_t, uint32_t)
+    case MTS_DTYPE_UINT32: RED_CASE(uint32_t, uint32_t)
+    case MTS_DTYPE_INT64: RED_CASE(int64_t, uint64_t)
+    case MTS_DTYPE_UINT64: RED_CASE(uint64_t, uint64_t)
+    case MTS_DTYPE_BOOL: {
+        uint8_t *d = dst;
+        const uint8_t *s = src;
+        for (int64_t i = 0; i < n; i++) {
+            bool a = d[i] != 0, b = s[i] != 0;
+            d[i] = (red == RED_ADD || red == RED_MAX) ? (a || b) : (a && b);
+        }
+        return;
+    }
+    default:
+        return;
+    }
+}
+
+/* Stores n elements of src at dst, or reduces them into dst. */
+static void scatter_put(void *dst, const void *src, int64_t n, size_t es, mts_dtype dt, int red)
+{
+    if (red == RED_NONE)
+        memcpy(dst, src, (size_t)n * es);
+    else
+        reduce_into(dst, src, n, dt, red);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* ScatterND, ScatterElements, Scatter                                                         */
+/* ------------------------------------------------------------------------------------------ */
+
+static int scatternd_check(mts_kctx *k, int *red)
+{
+    const mts_tensor *x, *ind, *upd;
+    int rc;
+    char s0[160], s1[160], s2[160];
+    if ((rc = req_in(k, 0, "data", &x)) || (rc = req_in(k, 1, "indices", &ind)) ||
+        (rc = req_in(k, 2, "updates", &upd)) || (rc = chk_n_out(k, 1)) || (rc = chk_dtype(k, x, "data")) ||
+        (rc = chk_index_dtype(k, ind, "indices")) || (rc = parse_reduction(k, x, red)))
+        return rc;
+    if (upd->dtype != x->dtype)
+        return mts_err_set(k->err, MTS_EINVAL, "updates dtype %s differs from data dtype %s",
+                           mts_dtype_name(upd->dtype), mts_dtype_name(x->dtype));
+    if (x->rank < 1 || ind->rank < 1)
+        return mts_err_set(k->err, MTS_EINVAL, "ScatterND data and indices must have rank >= 1");
+    int64_t m = ind->dims[ind->rank - 1];
+    int ok = m >= 1 && m <= x->rank;
+    /* updates: indices.shape[:-1] + data.shape[m:] */
+    if (ok && upd->rank != ind->rank - 1 + x->rank - (int)m) ok = 0;
+    for (int i = 0; ok && i < ind->rank - 1; i++)
+        if (upd->dims[i] != ind->dims[i]) ok = 0;
+    for (int i = (int)m; ok && i < x->rank; i++)
+        if (upd->dims[ind->rank - 1 + i - (int)m] != x->dims[i]) ok = 0;
+    if (!ok)
+        return mts_err_set(k->err, MTS_ESHAPE,
+                           "ScatterND shapes do not fit: data %s, indices %s, updates %s (updates must be "
+                           "indices.shape[:-1] + data.shape[indices.shape[-1]:])",
+                           mts_shape_str(x, s0, sizeof s0), mts_shape_str(ind, s1, sizeof s1),
+                           mts_shape_str(upd, s2, sizeof s2));
+    return MTS_OK;
+}
+
+static int scatternd_infer(mts_kctx *k)
+{
+    int red, rc = scatternd_check(k, &red);
+    if (rc) return rc;
+    return set_out(k, 0, k->in[0]->dtype, k->in[0]->rank, k->in[0]->dims);
+}
+
+static int scatternd_run(mts_kctx *k)
+{
+    int red, rc = scatternd_check(k, &red);
+    if (rc) return rc;
+    const mts_tensor *x = k->in[0], *ind = k->in[1], *upd = k->in[2];
+    size_t es = mts_dtype_size(x->dtype);
+    int64_t nb = mts_tensor_nbytes(x);
+    if (nb > 0) memcpy(k->out[0].data, x->data, (size_t)nb);
+    int m = (int)ind->dims[ind->rank - 1];
+    int64_t n = prod(ind->dims, 0, ind->rank - 1), slice = prod(x->dims, m, x->rank);
+    int64_t xs[MTS_MAX_RANK];
+    mts_strides(x, xs);
+    uint8_t *o = k->out[0].data;
+    const uint8_t *u = upd->data;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t off = 0;
+        for (int j = 0; j < m; j++) {
+            int64_t v = 0;
+            if ((rc = get_index(k, ind, i * m + j, x->dims[j], &v))) return rc;
+            off += v * xs[j];
+        }
+        scatter_put(o + off * (int64_t)es, u + i * slice * (int64_t)es, slice, es, x->dtype, red);
+    }
+    return MTS_OK;
+}
+
+static int scatterel_check(mts_kctx *k, int *red, int *axis)
+{
+    const mts_tensor *x, *ind, *upd;
+    int rc;
+    char s0[160], s1[160], s2[160];
+    if ((rc = req_in(k, 0, "data", &x)) || (rc = req_in(k, 1, "indices", &ind)) ||
+        (rc = req_in(k, 2, "updates", &upd)) || (rc = chk_n_out(k, 1)) || (rc = chk_dtype(k, x, "data")) ||
+        (rc = chk_index_dtype(k, ind, "indices")))
+        return rc;
+    if (strcmp(k->node->op_type, "Scatter") == 0)
+        *red = RED_NONE;
+    else if ((rc = parse_reduction(k, x, red)))
+        return rc;
+    if (upd->dtype != x->dtype)
+        return mts_err_set(k->err, MTS_EINVAL, "updates dtype %s differs from data dtype %s",
+                           mts_dtype_name(upd->dtype), mts_dtype_name(x->dtype));
+    if (x->rank < 1) return mts_err_set(k->err, MTS_EINVAL, "data must have rank >= 1");
+    if ((rc = mts_norm_axis(mts_attr_int(k->node, "axis", 0), x->rank, axis, k->err))) return rc;
+    int ok = ind->rank == x->rank && mts_shape_equal(ind, upd);
+    for (int i = 0; ok && i < x->rank; i++)
+        if (i != *axis && ind->dims[i] > x->dims[i]) ok = 0;
+    if (!ok)
+        return mts_err_set(k->err, MTS_ESHAPE,
+                           "indices %s and updates %s must have one shape, of the rank of data %s and no larger "
+                           "off axis %d",
+                           mts_shape_str(ind, s1, sizeof s1), mts_shape_str(upd, s2, sizeof s2),
+                           mts_shape_str(x, s0, sizeof s0), *axis);
+    return MTS_OK;
+}
+
+static int scatterel_infer(mts_kctx *k)
+{
+    int red, axis, rc = scatterel_check(k, &red, &axis);
+    if (rc) return rc;
+    return set_out(k, 0, k->in[0]->dtype, k->in[0]->rank, k->in[0]->dims);
+}
+
+static int scatterel_run(mts_kctx *k)
+{
+    int red, axis, rc = scatterel_check(k, &red, &axis);
+    if (rc) return rc;
+    const mts_tensor *x = k->in[0], *ind = k->in[1], *upd = k->in[2];
+    size_t es = mts_dtype_size(x->dtype);
+    int64_t nb = mts_tensor_nbytes(x);
+    if (nb > 0) memcpy(k->out[0].data, x->data, (size_t)nb);
+    int64_t n = mts_tensor_numel(ind), dim = x->dims[axis];
+    int64_t xs[MTS_MAX_RANK], idx[MTS_MAX_RANK] = {0}, off = 0;
+    mts_strides(x, xs);
+    uint8_t *o = k->out[0].data;
+    const uint8_t *u = upd->data;
+    for (int64_t e = 0; e < n; e++) {
+        int64_t v = 0;
+        if ((rc = get_index(k, ind, e, dim, &v))) return rc;
+        scatter_put(o + (off + v * xs[axis]) * (int64_t)es, u + e * (int64_t)es, 1, es, x->dtype, red);
+        for (int j = ind->rank - 1; j >= 0; j--) {
+            if (j != axis) off += xs[j];
+            if (++idx[j] < ind->dims[j]) break;
+            if (j != axis) off -= xs[j] * ind->dims[j];
+            idx[j] = 0;
+        }
+    }
+    return MTS_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* GatherND                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+static int gathernd_check(mts_kctx *k, int *bd, int *m)
+{
+    const mts_tensor *x, *ind;
+    int rc;
+    char s0[160], s1[160];
+    if ((rc = req_in(k, 0, "data", &x)) || (rc = req_in(k, 1, "indices", &ind)) || (rc = chk_n_out(k, 1)) ||
+        (rc = chk_dtype(k, x, "data")) || (rc = chk_index_dtype(k, ind, "indices")))
+        return rc;
+    int64_t b = k->node->opset >= 12 ? mts_attr_int(k->node, "batch_dims", 0) : 0;
+    if (x->rank < 1 || ind->rank < 1)
+        return mts_err_set(k->err, MTS_EINVAL, "GatherND data and indices must have rank >= 1");
+    if (b < 0 || b >= x->rank || b >= ind->rank)
+        return mts_err_set(k->err, MTS_EINVAL, "batch_dims %lld must be in [0, min(rank(data), rank(indices)))",
+                           (long long)b);
+    int64_t mm = ind->dims[ind->rank - 1];
+    if (mm < 1 || mm > x->rank - b)
+        return mts_err_set(k->err, MTS_ESHAPE, "indices %s: last dimension must be in [1, %lld] for data %s",
+                           mts_shape_str(ind, s1, sizeof s1), (long long)(x->rank - b),
+                           mts_shape_str(x, s0, sizeof s0));
+    for (int i = 0; i < b; i++)
+        if (ind->dims[i] != x->dims[i])
+            return mts_err_set(k->err, MTS_ESHAPE, "batch dimension %d differs: data %s, indices %s", i,
+                               mts_shape_str(x, s0, sizeof s0), mts_shape_str(ind, s1, sizeof s1));
+    *bd = (int)b;
+    *m = (int)mm;
+    return MTS_OK;
+}
+
+static int gathernd_infer(mts_kctx *k)
+{
+    int b, m, rc = gathernd_check(k, &b, &m);
+    if (rc) return rc;
+    const mts_tensor *x = k->in[0], *ind = k->in[1];
+    int64_t d[2 * MTS_MAX_RANK];
+    int n = 0;
+    for (int i = 0; i < ind->rank - 1; i++) d[n++] = ind->dims[i];
+    for (int i = b + m; i < x->rank; i++) d[n++] = x->dims[i];
+    return set_out(k, 0, x->dtype, n, d);
+}
+
+static int gathernd_run(mts_kctx *k)
+{
+    int b, m, rc = gathernd_check(k, &b, &m);
+    if (rc) return rc;
+    const mts_tensor *x = k->in[0], *ind = k->in[1];
+    size_t es = mts_dtype_size(x->dtype);
+    int64_t nbatch = prod(x->dims, 0, b);
+    int64_t per = prod(ind->dims, b, ind->rank - 1); /* index tuples per batch entry */
+    int64_t slice = prod(x->dims, b + m, x->rank) * (int64_t)es;
+    int64_t bstride = prod(x->dims, b, x->rank);
+    int64_t xs[MTS_MAX_RANK];
+    mts_strides(x, xs);
+    const uint8_t *src = x->data;
+    uint8_t *o = k->out[0].data;
+    for (int64_t bi = 0; bi < nbatch; bi++)
+        for (int64_t t = 0; t < per; t++) {
+            int64_t row = bi * per + t, off = bi * bstride;
+            for (int j = 0; j < m; j++) {
+                int64_t v = 0;
+                if ((rc = get_index(k, ind, row * m + j, x->dims[b + j], &v))) return rc;
+                off += v * xs[b + j];
+            }
+            if (slice > 0) memcpy(o + row * slice, src + off * (int64_t)es, (size_t)slice);
+        }
+    return MTS_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* TopK                                                                                        */
+/* ------------------------------------------------------------------------------------------ */
+
+static int topk_check(mts_kctx *k, int *axis, int64_t *kk)
+{
+    const mts_tensor *x;
+    int rc;
+    if ((rc = req_in(k, 0, "X", &x)) || (rc = chk_n_out(k, 1)) || (rc = chk_dtype(k, x, "X"))) return rc;
+    if (!dtype_numeric(x->dtype) || x->dtype == MTS_DTYPE_BOOL)
+        return mts_err_set(k->err, MTS_EUNSUPPORTED, "TopK of %s is not supported", mts_dtype_name(x->dtype));
+    if (x->rank < 1) return mts_err_set(k->err, MTS_EINVAL, "TopK input must have rank >= 1");
+    if ((rc = mts_norm_axis(mts_attr_int(k->node, "axis", -1), x->rank, axis, k->err))) return rc;
+    if (k->node->opset < 10) {
+        if (!mts_node_attr(k->node, "k")) return mts_err_set(k->err, MTS_EINVAL, "TopK attribute k is missing");
+        *kk = mts_attr_int(k->node, "k", 0);
+    } else {
+        const mts_tensor *kt;
+        if ((rc = req_in(k, 1, "K", &kt))) return rc;
+        if (kt->dtype != MTS_DTYPE_INT64)
+            return mts_err_set(k->err, MTS_EINVAL, "TopK K must be int64, got %s", mts_dtype_name(kt->dtype));
+        if ((rc = read_scalar_int(k, kt, "K", kk))) return rc;
+    }
+    if (*kk < 0 || *kk > x->dims[*axis])
+        return mts_err_set(k->err, MTS_EINVAL, "TopK K = %lld is out of range for axis %d of size %lld",
+                           (long long)*kk, *axis, (long long)x->dims[*axis]);
+    if (k->node->opset < 11 && mts_attr_int(k->node, "largest", 1) != 1)
+        return mts_err_set(k->err, MTS_EINVAL, "TopK attribute largest needs opset 11");
+    return MTS_OK;
+}
+
+static int topk_infer(mts_kctx *k)
+{
+    int axis, rc;
+    int64_t kk;
+    if ((rc = topk_check(k, &axis, &kk))) return rc;
+    const mts_tensor *x = k->in[0];
+    int64_t d[MTS_MAX_RANK];
+    memcpy(d, x->dims, sizeof d);
+    d[axis] = kk;
+    if ((rc = set_out(k, 0, x->dtype, x->rank, d))) return rc;
+    return set_out(k, 1, MTS_DTYPE_INT64, x->rank, d);
+}
+
+typedef struct topk_cmp_ctx {
+    const uint8_t *base; /* first element of the slice */
+    int64_t stride;      /* bytes between elements of the slice */
+    mts_dtype dt;
+    int largest;
+} topk_cmp_ctx;
+
+/* Orders the slice's positions: larger (or smaller) values first, then lower positions. */
+static int topk_cmp(const void *ctxv, int64_t a, int64_t b)
+{
+    const topk_cmp_ctx *c = ctxv;
+    int r = cmp_elem(c->base + a * c->stride, c->base + b * c->stride, c->dt);
+    return c->largest ? -r : r;
+}
+
+typedef struct topk_job {
+    mts_kctx *k;
+    int64_t outer, inner, dim, kk;
+    int largest;
+    int64_t *ws; /* per thread: 2 * dim */
+} topk_job;
+
+static void topk_part(void *ctx, int ithr, int nthr)
+{
+    topk_job *j = ctx;
+    const mts_tensor *x = j->k->in[0];
+    size_t es = mts_dtype_size(x->dtype);
+    int64_t *idx = j->ws + (int64_t)ithr * 2 * j->dim, *tmp = idx + j->dim;
+    int64_t rows = j->outer * j->inner, r0 = rows * ithr / nthr, r1 = rows * (ithr + 1) / nthr;
+    uint8_t *vals = j->k->out[0].data;
+    int64_t *inds = j->k->n_out > 1 ? j->k->out[1].data : NULL;
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t o = r / j->inner, i = r % j->inner;
+        topk_cmp_ctx c = {(const uint8_t *)x->data + (o * j->dim * j->inner + i) * (int64_t)es,
+                          j->inner * (int64_t)es, x->dtype, j->largest};
+        for (int64_t p = 0; p < j->dim; p++) idx[p] = p;
+        msort_idx(idx, tmp, j->dim, topk_cmp, &c);
+        for (int64_t p = 0; p < j->kk; p++) {
+            int64_t dst = o * j->kk * j->inner + p * j->inner + i;
+            memcpy(vals + dst * (int64_t)es, c.base + idx[p] * c.stride, es);
+            if (inds) inds[dst] = idx[p];
+        }
+    }
+}
+
+static int topk_run(mts_kctx *k)
+{
+    int axis, rc;
+    int64_t kk;
+    if ((rc = topk_check(k, &axis, &kk))) return rc;
+    const mts_tensor *x = k->in[0];
+    topk_job j = {k, prod(x->dims, 0, axis), prod(x->dims, axis + 1, x->rank), x->dims[axis], kk,
+                  mts_attr_int(k->node, "largest", 1) != 0, NULL};
+    int64_t rows = j.outer * j.inner;
+    if (rows == 0 || kk == 0) return MTS_OK;
+    int nthr = k->threads;
+    if (rows < nthr) nthr = (int)rows;
+    if (rows * j.dim < 32768) nthr = 1;
+    j.ws = malloc(sizeof(int64_t) * 2 * (size_t)j.dim * (size_t)nthr);
+    if (!j.ws) return mts_err_set(k->err, MTS_ENOMEM, "TopK: no memory for the sort workspace");
+    mts_parallel(nthr, topk_part, &j);
+    free(j.ws);
+    return MTS_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* CumSum                                                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+static int cumsum_check(mts_kctx *k)
+{
+    const mts_tensor *x, *ax;
+    int rc;
+    if ((rc = req_in(k, 0, "x", &x)) || (rc = req_in(k, 1, "axis", &ax)) || (rc = chk_n_out(k, 1)) ||
+        (rc = chk_dtype(k, x, "x")))
+        return rc;
+    switch (x->dtype) {
+    case MTS_DTYPE_FLOAT: case MTS_DTYPE_DOUBLE: case MTS_DTYPE_INT32: case MTS_DTYPE_INT64:
+    case MTS_DTYPE_UINT32: case MTS_DTYPE_UINT64:
+        break;
+    default:
+        return mts_err_set(k->err, MTS_EUNSUPPORTED, "CumSum of %s is not supported", mts_dtype_name(x->dtype));
+    }
+    if (x->rank < 1) return mts_err_set(k->err, MTS_EINVAL, "CumSum input must have rank >= 1");
+    return MTS_OK;
+}
+
+static int cumsum_infer(mts_kctx *k)
+{
+    int rc = cumsum_check(k);
+    if (rc) return rc;
+    return set_out(k, 0, k->in[0]->dtype, k->in[0]->rank, k->in[0]->dims);
+}
+
+#define CUMSUM_LOOP(T, ACC)                                                                                  \
+    {                                                                                                        \
+        const T *s = x->data;                                                                                \
+        T *d = k->out[0].data;                                                                               \
+        for (int64_t o = 0; o < outer; o++)                                                                  \
+            for (int64_t i = 0; i < inner; i++) {                                                            \
+                ACC acc = 0;                                                                                 \
+                for (int64_t t = 0; t < dim; t++) {                                                          \
+                    int64_t p = rev ? dim - 1 - t : t;                                                       \
+                    int64_t e = (o * dim + p) * inner + i;                                                   \
+                    if (excl) {                                                                              \
+                        d[e] = (T)acc;                                                                       \
+                        acc += (ACC)s[e];                                                                    \
+                    } else {                                                                                 \
+                        acc += (ACC)s[e];                                                                    \
+                        d[e] = (T)acc;                                                                       \
+                    }                                                                                        \
+                }                                                                                            \
+            }                                                                                                \
+        break;                                                                                               \
+    }
+
+static int cumsum_run(mts_kctx *k)
+{
+    int rc = cumsum_check(k), axis;
+    if (rc) return rc;
+    const mts_tensor *x = k->in[0];
+    int64_t a;
+    if ((rc = read_scalar_int(k, k->in[1], "axis", &a))) return rc;
+    if ((rc = mts_norm_axis(a, x->rank, &axis, k->err))) return rc;
+    int excl = mts_attr_int(k->node, "exclusive", 0) != 0, rev = mts_attr_int(k->node, "reverse", 0) != 0;
+    int64_t outer = prod(x->dims, 0, axis), dim = x->dims[axis], inner = prod(x->dims, axis + 1, x->rank);
+    switch (x->dtype) {
+    case MTS_DTYPE_FLOAT: CUMSUM_LOOP(float, float)
+    case MTS_DTYPE_DOUBLE: CUMSUM_LOOP(double, double)
+    case MTS_DTYPE_INT32: CUMSUM_LOOP(int32_t, uint32_t)
+    case MTS_DTYPE_UINT32: CUMSUM_LOOP(uint32_t, uint32_t)
+    case MTS_DTYPE_INT64: CUMSUM_LOOP(int64_t, uint64_t)
+    default: CUMSUM_LOOP(uint64_t, uint64_t)
+    }
+    return MTS_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* NonZero                                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+static int nonzero_count(mts_kctx *k, int64_t *cnt)
+{
+    const mts_tensor *x;
+    int rc;
+    if ((rc = req_in(k, 0, "X", &x)) || (rc = chk_n_out(k, 1)) || (rc = chk_dtype(k, x, "X"))) return rc;
+    int64_t n = mts_tensor_numel(x);
+    if (n > 0 && !x->data) return MTS_EDYNAMIC;
+    size_t es = mts_dtype_size(x->dtype);
+    int64_t c = 0;
+    for (int64_t i = 0; i < n; i++) c += elem_nonzero((const uint8_t *)x->data + i * (int64_t)es, x->dtype, es);
+    *cnt = c;
+    return MTS_OK;
+}
+
+static int nonzero_infer(mts_kctx *k)
+{
+    int64_t c;
+    int rc = nonzero_count(k, &c);
+    if (rc) return rc;
+    int64_t d[2] = {k->in[0]->rank, c};
+    return set_out(k, 0, MTS_DTYPE_INT64, 2, d);
+}
+
+static int nonzero_run(mts_kctx *k)
+{
+    int64_t c;
+    int rc = nonzero_count(k, &c);
+    if (rc) return rc;
+    const mts_tensor *x = k->in[0];
+    if (k->out[0].dims[1] != c) return mts_err_set(k->err, MTS_EINVAL, "NonZero output was sized for other data");
+    size_t es = mts_dtype_size(x->dtype);
+    int64_t n = mts_tensor_numel(x), idx[MTS_MAX_RANK] = {0}, w = 0;
+    int64_t *o = k->out[0].data;
+    for (int64_t i = 0; i < n; i++) {
+        if (elem_nonzero((const uint8_t *)x->data + i * (int64_t)es, x->dtype, es)) {
+            for (int d = 0; d < x->rank; d++) o[d * c + w] = idx[d];
+            w++;
+        }
+        for (int d = x->rank - 1; d >= 0; d--) {
+            if (++idx[d] < x->dims[d]) break;
+            idx[d] = 0;
+        }
+    }
+    return MTS_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* OneHot                                                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+static int onehot_check(mts_kctx *k, int64_t *depth, int *axis)
+{
+    const mts_tensor *ind, *dep, *val;
+    int rc;
+    if ((rc = req_in(k, 0, "indices", &ind)) || (rc = req_in(k, 1, "depth", &dep)) ||
+        (rc = req_in(k, 2, "values", &val)) || (rc = chk_n_out(k, 1)) || (rc = chk_dtype(k, ind, "indices")) ||
+        (rc = chk_dtype(k, dep, "depth")) || (rc = chk_dtype(k, val, "values")))
+        return rc;
+    if (!dtype_numeric(ind->dtype) || !dtype_numeric(dep->dtype))
+        return mts_err_set(k->err, MTS_EINVAL, "OneHot indices and depth must be numeric");
+    if (val->rank != 1 || val->dims[0] != 2)
+        return mts_err_set(k->err, MTS_EINVAL, "OneHot values must have shape [2] (off, on)");
+    if (dep->rank > 1 || mts_tensor_numel(dep) != 1)
+        return mts_err_set(k->err, MTS_EINVAL, "OneHot depth must hold exactly one value");
+    if (ind->rank + 1 > MTS_MAX_RANK)
+        return mts_err_set(k->err, MTS_EUNSUPPORTED, "OneHot output rank %d exceeds %d", ind->rank + 1,
+                           MTS_MAX_RANK);
+    if ((rc = mts_norm_axis(mts_attr_int(k->node, "axis", -1), ind->rank + 1, axis, k->err))) return rc;
+    if (!dep->data) return MTS_EDYNAMIC;
+    double dv = elem_f64(dep->data, dep->dtype);
+    int64_t d = f2idx(dv, -1);
+    if (d < 1)
+        return mts_err_set(k->err, MTS_EINVAL, "OneHot depth %g must be a positive integer", dv);
+    *depth = d;
+    return MTS_OK;
+}
+
+static int onehot_infer(mts_kctx *k)
+{
+    int64_t depth;
+    int axis, rc = onehot_check(k, &depth, &axis);
+    if (rc) return rc;
+    const mts_tensor *ind = k->in[0];
+    int64_t d[MTS_MAX_RANK];
+    int n = 0;
+    for (int i = 0; i <= ind->rank; i++) {
+        if (i == axis) d[n++] = depth;
+        if (i < ind->rank) d[n++] = ind->dims[i];
+    }
+    return set_out(k, 0, k->in[2]->dtype, ind->rank + 1, d);
+}
+
+static int onehot_run(mts_kctx *k)
+{
+    int64_t depth;
+    int axis, rc = onehot_check(k, &depth, &axis);
+    if (rc) return rc;
+    const mts_tensor *ind = k->in[0], *val = k->in[2];
+    size_t es = mts_dtype_size(val->dtype), ies = mts_dtype_size(ind->dtype);
+    int64_t outer = prod(ind->dims, 0, axis), inner = prod(ind->dims, axis, ind->rank);
+    const uint8_t *off = val->data, *on = off + es;
+    uint8_t *o = k->out[0].data;
+    int64_t total = outer * depth * inner;
+    for (int64_t e = 0; e < total; e++) memcpy(o + e * (int64_t)es, off, es);
+    for (int64_t a = 0; a < outer; a++)
+        for (int64_t i = 0; i < inner; i++) {
+            int64_t v = f2idx(elem_f64((const uint8_t *)ind->data + (a * inner + i) * (int64_t)ies, ind->dtype),
+                              INT64_MIN);
+            if (v == INT64_MIN || v < -depth || v >= depth) continue; /* all off values */
+            if (v < 0) v += depth;
+            memcpy(o + ((a * depth + v) * inner + i) * (int64_t)es, on, es);
+        }
+    return MTS_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* DepthToSpace, SpaceToDepth                                                                  */
+/* ------------------------------------------------------------------------------------------ */
+
+static int d2s_check(mts_kctx *k, bool to_space, int64_t *b, bool *crd)
+{
+    const mts_tensor *x;
+    int rc;
+    char s[160];
+    if ((rc = req_in(k, 0, "input", &x)) || (rc = chk_n_out(k, 1)) || (rc = chk_dtype(k, x, "input"))) return rc;
+    if (x->rank != 4)
+        return mts_err_set(k->err, MTS_EINVAL, "input must be 4-D [N,C,H,W], got %s", mts_shape_str(x, s, sizeof s));
+    *b = mts_attr_int(k->node, "blocksize", 0);
+    if (*b < 1 || *b > (1 << 20))
+        return mts_err_set(k->err, MTS_EINVAL, "blocksize %lld must be a positive integer", (long long)*b);
+    *crd = false;
+    if (to_space) {
+        const char *mode = mts_attr_string(k->node, "mode", "DCR");
+        if (strcmp(mode, "CRD") == 0) *crd = true;
+        else if (strcmp(mode, "DCR") != 0)
+            return mts_err_set(k->err, MTS_EINVAL, "mode '%s' must be DCR or CRD", mode);
+        if (x->dims[1] % (*b * *b))
+            return mts_err_set(k->err, MTS_ESHAPE, "channels %lld are not divisible by blocksize^2 = %lld",
+                               (long long)x->dims[1], (long long)(*b * *b));
+    } else if (x->dims[2] % *b || x->dims[3] % *b) {
+        return mts_err_set(k->err, MTS_ESHAPE, "H and W of %s are not divisible by blocksize %lld",
+                           mts_shape_str(x, s, sizeof s), (long long)*b);
+    }
+    return MTS_OK;
+}
+
+static int d2s_infer_impl(mts_kctx *k, bool to_space)
+{
+    int64_t b;
+    bool crd;
+    int rc = d2s_check(k, to_space, &b, &crd);
+    if (rc) return rc;
+    const int64_t *x = k->in[0]->dims;
+    int64_t d[4];
+    if (to_space) {
+        int64_t d0[4] = {x[0], x[1] / (b * b), x[2] * b, x[3] * b};
+        memcpy(d, d0, sizeof d);
+    } else {
+        int64_t d0[4] = {x[0], x[1] * b * b, x[2] / b, x[3] / b};
+        memcpy(d, d0, sizeof d);
+    }
+    return set_out(k, 0, k->in[0]->dtype, 4, d);
+}
+
+static int d2s_run_impl(mts_kctx *k, bool to_space)
+{
+    int64_t b;
+    bool crd;
+    int rc = d2s_check(k, to_space, &b, &crd);
+    if (rc) return rc;
+    const mts_tensor *x = k->in[0];
+    int64_t N = x->dims[0], C = x->dims[1], H = x->dims[2], W = x->dims[3];
+    int64_t dims[6], str[6];
+    if (to_space) {
+        int64_t Co = C / (b * b);
+        /* output [N, Co, H, b, W, b]; source channel = DCR: (bh*b + bw)*Co + c, CRD: c*b*b + bh*b + bw */
+        int64_t cs = crd ? b * b * H * W : H * W, bhs = crd ? b * H * W : b * Co * H * W;
+        int64_t bws = crd ? H * W : Co * H * W;
+        int64_t d0[6] = {N, Co, H, b, W, b}, s0[6] = {C * H * W, cs, W, bhs, 1, bws};
+        memcpy(dims, d0, sizeof dims);
+        memcpy(str, s0, sizeof str);
+    } else {
+        int64_t Ho = H / b, Wo = W / b;
+        /* output [N, b, b, C, Ho, Wo] from input [N, C, Ho, b, Wo, b] */
+        int64_t d0[6] = {N, b, b, C, Ho, Wo}, s0[6] = {C * H * W, W, 1, H * W, b * W, b};
+        memcpy(dims, d0, sizeof dims);
+        memcpy(str, s0, sizeof str);
+    }
+    gather_strided(k->out[0].data, x->data, 6, dims, str, mts_dtype_size(x->dtype));
+    return MTS_OK;
+}
+
+static int d2s_infer(mts_kctx *k) { return d2s_infer_impl(k, true); }
+static int d2s_run(mts_kctx *k) { return d2s_run_impl(k, true); }
+static int s2d_infer(mts_kctx *k) { return d2s_infer_impl(k, false); }
+static int s2d_run(mts_kctx *k) { return d2s_run_impl(k, false); }
+
+/* ------------------------------------------------------------------------------------------ */
+/* Trilu                                                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+static int trilu_infer(mts_kctx *k)
+{
+    const mts_tensor *x;
+    int rc;
+    if ((rc = req_in(k, 0, "input", &x)) || (rc = chk_n_out(k, 1)) || (rc = chk_dtype(k, x, "input"))) return rc;
+    if (x->rank < 2) return mts_err_set(k->err, MTS_EINVAL, "Trilu input must have rank >= 2");
+    return set_out(k, 0, x->dtype, x->rank, x->dims);
+}
+
+static int trilu_run(mts_kctx *k)
+{
+    int rc = trilu_infer(k);
+    if (rc) return rc;
+    const mts_tensor *x = k->in[0], *kt = mts_kin(k, 1);
+    int64_t kk = 0;
+    if (kt && (rc = read_scalar_int(k, kt, "k", &kk))) {
+        if (rc == MTS_EDYNAMIC) return mts_err_set(k->err, MTS_EINVAL, "Trilu k has no data");
+        return rc;
+    }
+    bool upper = mts_attr_int(k->node, "upper", 1) != 0;
+    int64_t R = x->dims[x->rank - 2], C = x->dims[x->rank - 1], nmat = prod(x->dims, 0, x->rank - 2);
+    size_t es = mts_dtype_size(x->dtype);
+    int64_t nb = mts_tensor_nbytes(x);
+    if (nb > 0) memcpy(k->out[0].data, x->data, (size_t)nb);
+    uint8_t *o = k->out[0].data;
+    if (kk > C) kk = C + 1; /* keep the arithmetic below in range */
+    if (kk < -R) kk = -R - 1;
+    for (int64_t m = 0; m < nmat; m++)
+        for (int64_t i = 0; i < R; i++) {
+            uint8_t *row = o + (m * R + i) * C * (int64_t)es;
+            /* upper keeps j - i >= k: zero j < i + k; lower keeps j - i <= k: zero j > i + k */
+            int64_t lim = i + kk;
+            if (upper) {
+                int64_t z = lim < 0 ? 0 : (lim > C ? C : lim);
+                memset(row, 0, (size_t)z * es);
+            } else {
+                int64_t s = lim + 1 < 0 ? 0 : (lim + 1 > C ? C : lim + 1);
+                memset(row + s * (int64_t)es, 0, (size_t)(C - s) * es);
+            }
+        }
+    return MTS_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Hardmax                                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+static int hardmax_dims(mts_kctx *k, int64_t *outer, int64_t *dim, int64_t *inner)
+{
+    const mts_tensor *x;
+    int rc, axis;
+    if ((rc = req_in(k, 0, "input", &x)) || (rc = chk_n_out(k, 1)) || (rc = chk_dtype(k, x, "input"))) return rc;
+    if (x->dtype != MTS_DTYPE_FLOAT && x->dtype != MTS_DTYPE_DOUBLE && x->dtype != MTS_DTYPE_FLOAT16 &&
+        x->dtype != MTS_DTYPE_BFLOAT16)
+        return mts_err_set(k->err, MTS_EINVAL, "Hardmax input must be a float type, got %s",
+                           mts_dtype_name(x->dtype));
+    bool v13 = k->node->opset >= 13;
+    if (x->rank < 1) return mts_err_set(k->err, MTS_EINVAL, "Hardmax input must have rank >= 1");
+    if ((rc = mts_norm_axis(mts_attr_int(k->node, "axis", v13 ? -1 : 1), x->rank, &axis, k->err))) return rc;
+    *outer = prod(x->dims, 0, axis);
+    if (v13) {
+        *dim = x->dims[axis];
+        *inner = prod(x->dims, axis + 1, x->rank);
+    } else { /* the input is taken as 2-D [outer, rest] */
+        *dim = prod(x->dims, axis, x->rank);
+        *inner = 1;
+    }
+    return MTS_OK;
+}
+
+static int hardmax_infer(mts_kctx *k)
+{
+    int64_t a, b, c;
+    int rc = hardmax_dims(k, &a, &b, &c);
+    if (rc) return rc;
+    return set_out(k, 0, k->in[0]->dtype, k->in[0]->rank, k->in[0]->dims);
+}
+
+static int hardmax_run(mts_kctx *k)
+{
+    int64_t outer, dim, inner;
+    int rc = hardmax_dims(k, &outer, &dim, &inner);
+    if (rc) return rc;
+    const mts_tensor *x = k->in[0];
+    size_t es = mts_dtype_size(x->dtype);
+    int64_t nb = mts_tensor_nbytes(x);
+    if (nb > 0) memset(k->out[0].data, 0, (size_t)nb);
+    const uint8_t *src = x->data;
+    uint8_t *o = k->out[0].data;
+    for (int64_t a = 0; a < outer; a++)
+        for (int64_t i = 0; i < inner; i++) {
+            if (dim == 0) continue;
+            int64_t best = 0, base = a * dim * inner + i;
+            for (int64_t t = 1; t < dim; t++)
+                if (cmp_elem(src + (base + t * inner) * (int64_t)es, src + (base + best * inner) * (int64_t)es,
+                             x->dtype) > 0)
+                    best = t;
+            put_one(o + (base + best * inner) * (int64_t)es, x->dtype);
+        }
+    return MTS_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* EyeLike                                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+static int eyelike_infer(mts_kctx *k)
+{
+    const mts_tensor *x;
+    int rc;
+    if ((rc = req_in(k, 0, "input", &x)) || (rc = chk_n_out(k, 1))) return rc;
+    if (x->rank != 2) return mts_err_set(k->err, MTS_EINVAL, "EyeLike input must be 2-D, got rank %d", x->rank);
+    mts_dtype dt = (mts_dtype)mts_attr_int(k->node, "dtype", x->dtype);
+    mts_tensor probe = {.dtype = dt};
+    if ((rc = chk_dtype(k, &probe, "the output")) || !dtype_numeric(dt))
+        return rc ? rc : mts_err_set(k->err, MTS_EUNSUPPORTED, "EyeLike output dtype %s", mts_dtype_name(dt));
+    return set_out(k, 0, dt, 2, x->dims);
+}
+
+static int eyelike_run(mts_kctx *k)
+{
+    int rc = eyelike_infer(k);
+    if (rc) return rc;
+    mts_tensor *y = &k->out[0];
+    int64_t R = y->dims[0], C = y->dims[1], kk = mts_attr_int(k->node, "k", 0);
+    size_t es = mts_dtype_size(y->dtype);
+    int64_t nb = mts_tensor_nbytes(y);
+    if (nb > 0) memset(y->data, 0, (size_t)nb);
+    for (int64_t i = 0; i < R; i++) {
+        if (kk > C || kk < -R) break;
+        int64_t j = i + kk;
+        if (j >= 0 && j < C) put_one((uint8_t *)y->data + (i * C + j) * (int64_t)es, y->dtype);
+    }
+    return MTS_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Compress                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+/* axis < 0 after the call: no axis (the input is flattened). *kept: selected entries. */
+static int compress_check(mts_kctx *k, int *axis, int64_t *kept)
+{
+    const mts_tensor *x, *c;
+    int rc;
+    if ((rc = req_in(k, 0, "input", &x)) || (rc = req_in(k, 1, "condition", &c)) || (rc = chk_n_out(k, 1)) ||
+        (rc = chk_dtype(k, x, "input")))
+        return rc;
+    if (c->dtype != MTS_DTYPE_BOOL || c->rank != 1)
+        return mts_err_set(k->err, MTS_EINVAL, "Compress condition must be a 1-D bool tensor");
+    *axis = -1;
+    if (mts_node_attr(k->node, "axis")) {
+        if (x->rank < 1) return mts_err_set(k->err, MTS_EINVAL, "Compress with an axis needs rank >= 1");
+        if ((rc = mts_norm_axis(mts_attr_int(k->node, "axis", 0), x->rank, axis, k->err))) return rc;
+    }
+    int64_t dim = *axis >= 0 ? x->dims[*axis] : mts_tensor_numel(x);
+    if (c->dims[0] > 0 && !c->data) return MTS_EDYNAMIC;
+    int64_t n = c->dims[0] < dim ? c->dims[0] : dim, cnt = 0;
+    for (int64_t i = 0; i < n; i++) cnt += ((const uint8_t *)c->data)[i] != 0;
+    *kept = cnt;
+    return MTS_OK;
+}
+
+static int compress_infer(mts_kctx *k)
+{
+    int axis;
+    int64_t kept;
+    int rc = compress_check(k, &axis, &kept);
+    if (rc) return rc;
+    const mts_tensor *x = k->in[0];
+    if (axis < 0) return set_out(k, 0, x->dtype, 1, &kept);
+    int64_t d[MTS_MAX_RANK];
+    memcpy(d, x->dims, sizeof d);
+    d[axis] = kept;
+    return set_out(k, 0, x->dtype, x->rank, d);
+}
+
+static int compress_run(mts_kctx *k)
+{
+    int axis;
+    int64_t kept;
+    int rc = compress_check(k, &axis, &kept);
+    if (rc) return rc;
+    const mts_tensor *x = k->in[0], *c = k->in[1];
+    int64_t es = (int64_t)mts_dtype_size(x->dtype);
+    int64_t outer = axis < 0 ? 1 : prod(x->dims, 0, axis);
+    int64_t dim = axis < 0 ? mts_tensor_numel(x) : x->dims[axis];
+    int64_t inner = (axis < 0 ? 1 : prod(x->dims, axis + 1, x->rank)) * es;
+    int64_t n = c->dims[0] < dim ? c->dims[0] : dim;
+    const uint8_t *cond = c->data, *src = x->data;
+    uint8_t *o = k->out[0].data;
+    for (int64_t a = 0; a < outer; a++)
+        for (int64_t i = 0; i < n; i++)
+            if (cond[i]) {
+                memcpy(o, src + (a * dim + i) * inner, (size_t)inner);
+                o += inner;
+            }
+    return MTS_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* ReverseSequence                                                                             */
+/* ------------------------------------------------------------------------------------------ */
+
+static int revseq_check(mts_kctx *k, int *tax, int *bax)
+{
+    const mts_tensor *x, *sl;
+    int rc;
+    if ((rc = req_in(k, 0, "input", &x)) || (rc = req_in(k, 1, "sequence_lens", &sl)) || (rc = chk_n_out(k, 1)) ||
+        (rc = chk_dtype(k, x, "input")) || (rc = chk_index_dtype(k, sl, "sequence_lens")))
+        return rc;
+    if (x->rank < 2) return mts_err_set(k->err, MTS_EINVAL, "ReverseSequence input must have rank >= 2");
+    int64_t t = mts_attr_int(k->node, "time_axis", 0), b = mts_attr_int(k->node, "batch_axis", 1);
+    if (!((t == 0 && b == 1) || (t == 1 && b == 0)))
+        return mts_err_set(k->err, MTS_EINVAL, "time_axis (%lld) and batch_axis (%lld) must be 0 and 1",
+                           (long long)t, (long long)b);
+    if (sl->rank != 1 || sl->dims[0] != x->dims[b])
+        return mts_err_set(k->err, MTS_ESHAPE, "sequence_lens must have shape [%lld]", (long long)x->dims[b]);
+    *tax = (int)t;
+    *bax = (int)b;
+    return MTS_OK;
+}
+
+static int revseq_infer(mts_kctx *k)
+{
+    int t, b, rc = revseq_check(k, &t, &b);
+    if (rc) return rc;
+    return set_out(k, 0, k->in[0]->dtype, k->in[0]->rank, k->in[0]->dims);
+}
+
+static int revseq_run(mts_kctx *k)
+{
+    int t, b, rc = revseq_check(k, &t, &b);
+    if (rc) return rc;
+    const mts_tensor *x = k->in[0], *sl = k->in[1];
+    int64_t es = (int64_t)mts_dtype_size(x->dtype);
+    int64_t T = x->dims[t], B = x->dims[b], inner = prod(x->dims, 2, x->rank) * es;
+    int64_t ts = (t == 0 ? B : 1) * inner, bs = (b == 0 ? T : 1) * inner;
+    const uint8_t *src = x->data;
+    uint8_t *o = k->out[0].data;
+    for (int64_t bi = 0; bi < B; bi++) {
+        int64_t len = idx_at(sl, bi);
+        if (len < 0 || len > T)
+            return mts_err_set(k->err, MTS_EINVAL, "sequence_lens[%lld] = %lld is outside [0, %lld]", (long long)bi,
+                               (long long)len, (long long)T);
+        for (int64_t ti = 0; ti < T; ti++) {
+            int64_t from = ti < len ? len - 1 - ti : ti;
+            if (inner > 0) memcpy(o + bi * bs + ti * ts, src + bi * bs + from * ts, (size_t)inner);
+        }
+    }
+    return MTS_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Op table                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+const mts_op mts_ref_ops_index[] = {
+    {"TopK", topk_infer, topk_run},
+    {"ScatterND", scatternd_infer, scatternd_run},
+    {"ScatterElements", scatterel_infer, scatterel_run},
+    {"Scatter", scatterel_infer, scatterel_run},
+    {"GatherND", gathernd_infer, gathernd_run},
+    {"CumSum", cumsum_infer, cumsum_run},
+    {"NonZero", nonzero_infer, nonzero_run},
+    {"OneHot", onehot_infer, onehot_run},
+    {"DepthToSpace", d2s_infer, d2s_run},
+    {"SpaceToDepth", s2d_infer, s2d_run},
+    {"Trilu", trilu_infer, trilu_run},
+    {"Hardmax", hardmax_infer, hardmax_run},
+    {"EyeLike", eyelike_infer, eyelike_run},
+    {"Compress", compress_infer, compress_run},
+    {"ReverseSequence", revseq_infer, revseq_run},
+    {NULL, NULL, NULL},
+};
