@@ -1225,6 +1225,352 @@ static int revseq_run(mts_kctx *k)
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* Einsum                                                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+#define EIN_MAXIN 16
+#define EIN_LETTERS 52 /* 'A'..'Z' -> 0..25, 'a'..'z' -> 26..51: ids sort as the characters do */
+#define EIN_MAXL (EIN_LETTERS + MTS_MAX_RANK)
+#define EIN_MAX_WORK ((int64_t)1 << 40)
+
+typedef struct ein {
+    int nin;
+    int rank[EIN_MAXIN];
+    int lab[EIN_MAXIN][MTS_MAX_RANK]; /* label of each input axis */
+    int nout;
+    int out[EIN_MAXL];                /* output labels in order */
+    int64_t size[EIN_MAXL];
+    bool used[EIN_MAXL], in_out[EIN_MAXL];
+    int64_t str[EIN_MAXIN][EIN_MAXL]; /* element stride of each label in each input (0: absent) */
+    bool diag;                        /* some input repeats a label */
+} ein;
+
+/* Parses one term (letters and at most one "...") into tokens: label ids, -1 for the ellipsis. */
+static int ein_term(mts_kctx *k, const char *s, const char *e, int *tok, int *ntok)
+{
+    int n = 0, ell = 0;
+    for (const char *p = s; p < e; p++) {
+        char c = *p;
+        if (c == ' ') continue;
+        int id;
+        if (c >= 'A' && c <= 'Z') {
+            id = c - 'A';
+        } else if (c >= 'a' && c <= 'z') {
+            id = 26 + (c - 'a');
+        } else if (c == '.') {
+            if (e - p < 3 || p[1] != '.' || p[2] != '.' || ell)
+                return mts_err_set(k->err, MTS_EINVAL, "Einsum equation: a term has a malformed or repeated '...'");
+            ell = 1;
+            p += 2;
+            id = -1;
+        } else {
+            return mts_err_set(k->err, MTS_EINVAL, "Einsum equation: unexpected character '%c'", c);
+        }
+        if (n >= MTS_MAX_RANK + 1)
+            return mts_err_set(k->err, MTS_EINVAL, "Einsum equation: a term has too many labels");
+        tok[n++] = id;
+    }
+    *ntok = n;
+    return MTS_OK;
+}
+
+static int ein_parse(mts_kctx *k, ein *q)
+{
+    memset(q, 0, sizeof *q);
+    const char *eq = mts_attr_string(k->node, "equation", NULL);
+    if (!eq) return mts_err_set(k->err, MTS_EINVAL, "Einsum attribute equation is missing");
+    if (k->n_in < 1 || k->n_in > EIN_MAXIN)
+        return mts_err_set(k->err, MTS_EUNSUPPORTED, "Einsum with %d inputs (1 to %d are supported)", k->n_in,
+                           EIN_MAXIN);
+    q->nin = k->n_in;
+    const char *arrow = strstr(eq, "->"), *lhs_end = arrow ? arrow : eq + strlen(eq);
+    if (arrow && strstr(arrow + 2, "->")) return mts_err_set(k->err, MTS_EINVAL, "Einsum equation has two '->'");
+    int tok[EIN_MAXIN][MTS_MAX_RANK + 1], ntok[EIN_MAXIN], ellr[EIN_MAXIN], E = 0, rc;
+    const char *s = eq;
+    for (int i = 0; i < q->nin; i++) {
+        const char *c = s;
+        while (c < lhs_end && *c != ',') c++;
+        if ((c == lhs_end) != (i == q->nin - 1))
+            return mts_err_set(k->err, MTS_EINVAL, "Einsum equation does not have one term per input (%d inputs)",
+                               q->nin);
+        if ((rc = ein_term(k, s, c, tok[i], &ntok[i]))) return rc;
+        s = c + 1;
+        const mts_tensor *t = mts_kin(k, i);
+        if (!t) return mts_err_set(k->err, MTS_EINVAL, "Einsum input %d is missing", i);
+        int nlet = 0, has_ell = 0;
+        for (int j = 0; j < ntok[i]; j++) {
+            if (tok[i][j] < 0) has_ell = 1;
+            else nlet++;
+        }
+        ellr[i] = t->rank - nlet;
+        if (ellr[i] < 0 || (!has_ell && ellr[i] != 0))
+            return mts_err_set(k->err, MTS_EINVAL, "Einsum term %d has %d labels for an input of rank %d", i, nlet,
+                               t->rank);
+        if (ellr[i] > E) E = ellr[i];
+        q->rank[i] = t->rank;
+    }
+    /* label the input axes; the ellipsis dims are right-aligned over E shared ids */
+    int occ[EIN_MAXL] = {0};
+    for (int i = 0; i < q->nin; i++) {
+        const mts_tensor *t = k->in[i];
+        int64_t ts[MTS_MAX_RANK];
+        mts_strides(t, ts);
+        int ax = 0;
+        for (int j = 0; j < ntok[i]; j++) {
+            if (tok[i][j] >= 0) {
+                q->lab[i][ax++] = tok[i][j];
+                continue;
+            }
+            for (int e = 0; e < ellr[i]; e++) q->lab[i][ax++] = EIN_LETTERS + (E - ellr[i]) + e;
+        }
+        bool seen[EIN_MAXL] = {false};
+        for (int a = 0; a < t->rank; a++) {
+            int l = q->lab[i][a];
+            int64_t d = t->dims[a];
+            occ[l]++;
+            if (seen[l]) {
+                q->diag = true;
+                if (d != q->size[l] && !(l >= EIN_LETTERS && (d == 1 || q->size[l] == 1)))
+                    return mts_err_set(k->err, MTS_ESHAPE, "Einsum: repeated label of input %d has dims %lld and %lld",
+                                       i, (long long)q->size[l], (long long)d);
+            }
+            if (!q->used[l]) {
+                q->used[l] = true;
+                q->size[l] = d;
+            } else if (q->size[l] != d) {
+                if (l >= EIN_LETTERS && (d == 1 || q->size[l] == 1)) { /* broadcast ellipsis dim */
+                    if (d > q->size[l]) q->size[l] = d;
+                } else {
+                    return mts_err_set(k->err, MTS_ESHAPE, "Einsum: label '%c' has dims %lld and %lld",
+                                       l < 26 ? 'A' + l : 'a' + (l - 26), (long long)q->size[l], (long long)d);
+                }
+            }
+            seen[l] = true;
+        }
+    }
+    /* strides, after the sizes are settled (a broadcast dim of 1 gets stride 0) */
+    for (int i = 0; i < q->nin; i++) {
+        const mts_tensor *t = k->in[i];
+        int64_t ts[MTS_MAX_RANK];
+        mts_strides(t, ts);
+        for (int a = 0; a < t->rank; a++) {
+            int l = q->lab[i][a];
+            if (t->dims[a] == 1 && q->size[l] != 1) continue;
+            q->str[i][l] += ts[a];
+        }
+    }
+    /* output labels */
+    if (arrow) {
+        int otok[MTS_MAX_RANK + 1], no;
+        if ((rc = ein_term(k, arrow + 2, arrow + 2 + strlen(arrow + 2), otok, &no))) return rc;
+        for (int j = 0; j < no; j++) {
+            if (otok[j] < 0) {
+                for (int e = 0; e < E; e++) q->out[q->nout++] = EIN_LETTERS + e;
+                continue;
+            }
+            int l = otok[j];
+            if (!q->used[l] || q->in_out[l])
+                return mts_err_set(k->err, MTS_EINVAL, "Einsum output label '%c' is repeated or not in any input",
+                                   l < 26 ? 'A' + l : 'a' + (l - 26));
+            q->in_out[l] = true;
+            q->out[q->nout++] = l;
+        }
+        for (int e = 0; e < q->nout; e++) q->in_out[q->out[e]] = true;
+    } else {
+        for (int e = 0; e < E; e++) q->out[q->nout++] = EIN_LETTERS + e;
+        for (int l = 0; l < EIN_LETTERS; l++)
+            if (occ[l] == 1) q->out[q->nout++] = l;
+        for (int e = 0; e < q->nout; e++) q->in_out[q->out[e]] = true;
+    }
+    if (q->nout > MTS_MAX_RANK)
+        return mts_err_set(k->err, MTS_EUNSUPPORTED, "Einsum output rank %d exceeds %d", q->nout, MTS_MAX_RANK);
+    return MTS_OK;
+}
+
+static int ein_check(mts_kctx *k, ein *q)
+{
+    int rc;
+    if ((rc = chk_n_out(k, 1))) return rc;
+    for (int i = 0; i < k->n_in; i++) {
+        const mts_tensor *t = mts_kin(k, i);
+        if (!t) return mts_err_set(k->err, MTS_EINVAL, "Einsum input %d is missing", i);
+        if ((rc = chk_dtype(k, t, "Einsum input"))) return rc;
+        if (t->dtype != k->in[0]->dtype)
+            return mts_err_set(k->err, MTS_EINVAL, "Einsum inputs must share a dtype (%s vs %s)",
+                               mts_dtype_name(t->dtype), mts_dtype_name(k->in[0]->dtype));
+    }
+    switch (k->in[0]->dtype) {
+    case MTS_DTYPE_FLOAT: case MTS_DTYPE_DOUBLE: case MTS_DTYPE_INT32: case MTS_DTYPE_INT64:
+    case MTS_DTYPE_UINT32: case MTS_DTYPE_UINT64:
+        break;
+    default:
+        return mts_err_set(k->err, MTS_EUNSUPPORTED, "Einsum on %s is not supported",
+                           mts_dtype_name(k->in[0]->dtype));
+    }
+    return ein_parse(k, q);
+}
+
+static int einsum_infer(mts_kctx *k)
+{
+    ein q;
+    int rc = ein_check(k, &q);
+    if (rc) return rc;
+    int64_t d[MTS_MAX_RANK];
+    for (int i = 0; i < q.nout; i++) d[i] = q.size[q.out[i]];
+    return set_out(k, 0, k->in[0]->dtype, q.nout, d);
+}
+
+static int64_t ein_read_int(const void *p, mts_dtype dt)
+{
+    switch (dt) {
+    case MTS_DTYPE_INT32: return *(const int32_t *)p;
+    case MTS_DTYPE_UINT32: return *(const uint32_t *)p;
+    default: return *(const int64_t *)p; /* int64; uint64 wraps identically */
+    }
+}
+
+/* The direct evaluation: every output element sums the product of the inputs over the labels
+ * that are not in the output. */
+static int ein_direct(mts_kctx *k, const ein *q)
+{
+    int L[EIN_MAXL], nl = 0;
+    for (int i = 0; i < q->nout; i++) L[nl++] = q->out[i];
+    for (int l = 0; l < EIN_MAXL; l++)
+        if (q->used[l] && !q->in_out[l]) L[nl++] = l;
+    int64_t tot_out = 1, tot_red = 1;
+    for (int i = 0; i < nl; i++) {
+        int64_t s = q->size[L[i]];
+        if (i < q->nout) tot_out *= s;
+        else if (s == 0) tot_red = 0;
+        else if (tot_red > EIN_MAX_WORK / s) tot_red = EIN_MAX_WORK + 1;
+        else tot_red *= s;
+    }
+    if (tot_out > 0 && tot_red > 0 && tot_red > EIN_MAX_WORK / tot_out)
+        return mts_err_set(k->err, MTS_EUNSUPPORTED, "Einsum needs more than 2^40 multiply-adds in its direct form");
+    mts_dtype dt = k->in[0]->dtype;
+    size_t es = mts_dtype_size(dt);
+    bool fl = dt == MTS_DTYPE_FLOAT || dt == MTS_DTYPE_DOUBLE;
+    int64_t idx[EIN_MAXL] = {0}, off[EIN_MAXIN] = {0};
+    const uint8_t *base[EIN_MAXIN];
+    for (int i = 0; i < q->nin; i++) base[i] = k->in[i]->data;
+    uint8_t *o = k->out[0].data;
+    for (int64_t e = 0; e < tot_out; e++) {
+        double accf = 0;
+        uint64_t acci = 0;
+        for (int64_t r = 0; r < tot_red; r++) {
+            if (fl) {
+                double p = 1;
+                for (int i = 0; i < q->nin; i++) p *= elem_f64(base[i] + off[i] * (int64_t)es, dt);
+                accf += p;
+            } else {
+                uint64_t p = 1;
+                for (int i = 0; i < q->nin; i++) p *= (uint64_t)ein_read_int(base[i] + off[i] * (int64_t)es, dt);
+                acci += p;
+            }
+            for (int j = nl - 1; j >= 0; j--) {
+                int l = L[j];
+                for (int i = 0; i < q->nin; i++) off[i] += q->str[i][l];
+                if (++idx[j] < q->size[l]) break;
+                for (int i = 0; i < q->nin; i++) off[i] -= q->str[i][l] * q->size[l];
+                idx[j] = 0;
+            }
+        }
+        uint8_t *dst = o + e * (int64_t)es;
+        switch (dt) {
+        case MTS_DTYPE_FLOAT: *(float *)dst = (float)accf; break;
+        case MTS_DTYPE_DOUBLE: *(double *)dst = accf; break;
+        case MTS_DTYPE_INT32: case MTS_DTYPE_UINT32: *(uint32_t *)dst = (uint32_t)acci; break;
+        default: *(uint64_t *)dst = acci; break;
+        }
+        if (tot_red == 0) { /* the odometer did not move: step over the output labels by hand */
+            for (int j = q->nout - 1; j >= 0; j--) {
+                int l = L[j];
+                for (int i = 0; i < q->nin; i++) off[i] += q->str[i][l];
+                if (++idx[j] < q->size[l]) break;
+                for (int i = 0; i < q->nin; i++) off[i] -= q->str[i][l] * q->size[l];
+                idx[j] = 0;
+            }
+        }
+    }
+    return MTS_OK;
+}
+
+/* Two float operands without diagonals whose every label is a batch (both inputs and the
+ * output), M (first input and output), N (second input and output) or K (both inputs only)
+ * label: permute into batch x M x K and batch x K x N and run the GEMM. 1 when it does not
+ * apply. */
+static int ein_gemm(mts_kctx *k, const ein *q)
+{
+    if (q->nin != 2 || q->diag || k->in[0]->dtype != MTS_DTYPE_FLOAT) return 1;
+    int gb[EIN_MAXL], gm[EIN_MAXL], gn[EIN_MAXL], gk[EIN_MAXL], nb = 0, nm = 0, nn = 0, nk = 0;
+    int64_t B = 1, M = 1, N = 1, K = 1;
+    for (int l = 0; l < EIN_MAXL; l++) {
+        if (!q->used[l]) continue;
+        bool a = false, b = false;
+        for (int ax = 0; ax < q->rank[0]; ax++) a |= q->lab[0][ax] == l;
+        for (int ax = 0; ax < q->rank[1]; ax++) b |= q->lab[1][ax] == l;
+        if (a && b && q->in_out[l]) gb[nb++] = l, B *= q->size[l];
+        else if (a && !b && q->in_out[l]) gm[nm++] = l, M *= q->size[l];
+        else if (b && !a && q->in_out[l]) gn[nn++] = l, N *= q->size[l];
+        else if (a && b) gk[nk++] = l, K *= q->size[l];
+        else return 1; /* a label summed within one operand */
+    }
+    if (B * M * N == 0) return MTS_OK; /* empty output */
+    float *ap = malloc(sizeof(float) * (size_t)(B * M * K + B * K * N + B * M * N + 1));
+    int64_t *offs = malloc(sizeof(int64_t) * 2 * (size_t)B);
+    if (!ap || !offs) {
+        free(ap);
+        free(offs);
+        return mts_err_set(k->err, MTS_ENOMEM, "Einsum: no memory for the permuted operands");
+    }
+    float *bp = ap + B * M * K, *cp = bp + B * K * N;
+    int64_t dims[EIN_MAXL], str[EIN_MAXL];
+    int n = 0;
+    for (int i = 0; i < nb; i++) dims[n] = q->size[gb[i]], str[n++] = q->str[0][gb[i]];
+    for (int i = 0; i < nm; i++) dims[n] = q->size[gm[i]], str[n++] = q->str[0][gm[i]];
+    for (int i = 0; i < nk; i++) dims[n] = q->size[gk[i]], str[n++] = q->str[0][gk[i]];
+    gather_strided(ap, k->in[0]->data, n, dims, str, sizeof(float));
+    n = 0;
+    for (int i = 0; i < nb; i++) dims[n] = q->size[gb[i]], str[n++] = q->str[1][gb[i]];
+    for (int i = 0; i < nk; i++) dims[n] = q->size[gk[i]], str[n++] = q->str[1][gk[i]];
+    for (int i = 0; i < nn; i++) dims[n] = q->size[gn[i]], str[n++] = q->str[1][gn[i]];
+    gather_strided(bp, k->in[1]->data, n, dims, str, sizeof(float));
+    for (int64_t b = 0; b < B; b++) offs[b] = b * M * K, offs[B + b] = b * K * N;
+    mts_sgemm g = {.M = M, .N = N, .K = K, .A = ap, .a_rs = K, .a_cs = 1, .B = bp, .b_rs = N, .b_cs = 1,
+                   .C = cp, .ldc = N, .alpha = 1.0f, .nbatch = B, .a_off = offs, .b_off = offs + B,
+                   .c_bs = M * N};
+    int rc = MTS_OK;
+    if (K == 0)
+        memset(cp, 0, sizeof(float) * (size_t)(B * M * N));
+    else
+        rc = mts_sgemm_run(&g, k->threads);
+    if (rc == MTS_OK) {
+        /* C is [batch..., M..., N...]: its stride for each label, then the output's order */
+        int64_t cstr[EIN_MAXL] = {0}, s = 1;
+        for (int i = nn - 1; i >= 0; i--) cstr[gn[i]] = s, s *= q->size[gn[i]];
+        for (int i = nm - 1; i >= 0; i--) cstr[gm[i]] = s, s *= q->size[gm[i]];
+        for (int i = nb - 1; i >= 0; i--) cstr[gb[i]] = s, s *= q->size[gb[i]];
+        for (int i = 0; i < q->nout; i++) dims[i] = q->size[q->out[i]], str[i] = cstr[q->out[i]];
+        gather_strided(k->out[0].data, cp, q->nout, dims, str, sizeof(float));
+    } else {
+        mts_err_set(k->err, rc, "Einsum: the GEMM failed");
+    }
+    free(ap);
+    free(offs);
+    return rc;
+}
+
+static int einsum_run(mts_kctx *k)
+{
+    ein q;
+    int rc = ein_check(k, &q);
+    if (rc) return rc;
+    rc = ein_gemm(k, &q);
+    if (rc <= 0) return rc;
+    return ein_direct(k, &q);
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* Op table                                                                                    */
 /* ------------------------------------------------------------------------------------------ */
 
@@ -1244,5 +1590,6 @@ const mts_op mts_ref_ops_index[] = {
     {"EyeLike", eyelike_infer, eyelike_run},
     {"Compress", compress_infer, compress_run},
     {"ReverseSequence", revseq_infer, revseq_run},
+    {"Einsum", einsum_infer, einsum_run},
     {NULL, NULL, NULL},
 };
