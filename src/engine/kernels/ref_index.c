@@ -1571,6 +1571,587 @@ static int einsum_run(mts_kctx *k)
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* NonMaxSuppression                                                                           */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct nms_box {
+    float y0, x0, y1, x1; /* corners with y0 <= y1, x0 <= x1 */
+} nms_box;
+
+static nms_box nms_get(const float *p, int center)
+{
+    nms_box b;
+    if (center) { /* [x_center, y_center, width, height] */
+        float hw = p[2] / 2, hh = p[3] / 2;
+        b.x0 = p[0] - hw;
+        b.x1 = p[0] + hw;
+        b.y0 = p[1] - hh;
+        b.y1 = p[1] + hh;
+    } else { /* [y1, x1, y2, x2], either corner order */
+        b.y0 = fminf(p[0], p[2]);
+        b.y1 = fmaxf(p[0], p[2]);
+        b.x0 = fminf(p[1], p[3]);
+        b.x1 = fmaxf(p[1], p[3]);
+    }
+    return b;
+}
+
+/* Whether the intersection over union of a and b exceeds thr. */
+static bool nms_overlaps(const nms_box *a, const nms_box *b, float thr)
+{
+    float ix0 = fmaxf(a->x0, b->x0), iy0 = fmaxf(a->y0, b->y0);
+    float ix1 = fminf(a->x1, b->x1), iy1 = fminf(a->y1, b->y1);
+    if (!(ix1 > ix0) || !(iy1 > iy0)) return false;
+    float aa = (a->y1 - a->y0) * (a->x1 - a->x0), ab = (b->y1 - b->y0) * (b->x1 - b->x0);
+    if (!(aa > 0) || !(ab > 0)) return false;
+    float inter = (ix1 - ix0) * (iy1 - iy0);
+    float uni = aa + ab - inter;
+    if (!(uni > 0)) return false;
+    return inter / uni > thr;
+}
+
+typedef struct nms_sort_ctx {
+    const float *scores;
+} nms_sort_ctx;
+
+static int nms_cmp(const void *ctxv, int64_t a, int64_t b)
+{
+    const float *s = ((const nms_sort_ctx *)ctxv)->scores;
+    return s[a] > s[b] ? -1 : (s[a] < s[b] ? 1 : 0); /* higher score first; stable keeps lower index first */
+}
+
+/* Runs the selection; writes the triples to out (NULL: counts only) and the count to *count. */
+static int nms_exec(mts_kctx *k, int64_t *out, int64_t *count)
+{
+    const mts_tensor *boxes, *scores;
+    int rc;
+    char s0[160], s1[160];
+    if ((rc = req_in(k, 0, "boxes", &boxes)) || (rc = req_in(k, 1, "scores", &scores)) || (rc = chk_n_out(k, 1)))
+        return rc;
+    if (boxes->dtype != MTS_DTYPE_FLOAT || scores->dtype != MTS_DTYPE_FLOAT)
+        return mts_err_set(k->err, MTS_EUNSUPPORTED, "NonMaxSuppression supports float boxes and scores only");
+    if (boxes->rank != 3 || boxes->dims[2] != 4 || scores->rank != 3 || scores->dims[0] != boxes->dims[0] ||
+        scores->dims[2] != boxes->dims[1])
+        return mts_err_set(k->err, MTS_ESHAPE, "boxes %s must be [B,N,4] and scores %s [B,C,N]",
+                           mts_shape_str(boxes, s0, sizeof s0), mts_shape_str(scores, s1, sizeof s1));
+    const mts_tensor *tmax = mts_kin(k, 2), *tiou = mts_kin(k, 3), *tsc = mts_kin(k, 4);
+    int64_t maxout = 0;
+    float iou = 0, sthr = 0;
+    bool has_sthr = false;
+    if (tmax && (tmax->dims[0] != 0 || tmax->rank != 1) && (rc = read_scalar_int(k, tmax, "max_output_boxes_per_class", &maxout)))
+        return rc;
+    const mts_tensor *ft[2] = {tiou, tsc};
+    float *fv[2] = {&iou, &sthr};
+    for (int i = 0; i < 2; i++) {
+        const mts_tensor *t = ft[i];
+        if (!t || mts_tensor_numel(t) == 0) continue;
+        if (t->dtype != MTS_DTYPE_FLOAT || t->rank > 1 || mts_tensor_numel(t) != 1)
+            return mts_err_set(k->err, MTS_EINVAL, "%s must be one float", i ? "score_threshold" : "iou_threshold");
+        if (!t->data) return MTS_EDYNAMIC;
+        *fv[i] = *(const float *)t->data;
+        if (i) has_sthr = true;
+    }
+    if (!(iou >= 0 && iou <= 1))
+        return mts_err_set(k->err, MTS_EINVAL, "iou_threshold %g must be in [0, 1]", (double)iou);
+    int64_t center = mts_attr_int(k->node, "center_point_box", 0);
+    if (center != 0 && center != 1)
+        return mts_err_set(k->err, MTS_EINVAL, "center_point_box must be 0 or 1, got %lld", (long long)center);
+    int64_t B = boxes->dims[0], N = boxes->dims[1], C = scores->dims[1];
+    if (B * N > 0 && (!boxes->data || !scores->data)) return MTS_EDYNAMIC;
+    if (maxout < 0) maxout = 0;
+    if (maxout > N) maxout = N;
+    int64_t total = 0;
+    if (maxout == 0 || N == 0) {
+        *count = 0;
+        return MTS_OK;
+    }
+    int64_t *cand = malloc(sizeof(int64_t) * 3 * (size_t)N);
+    nms_box *sel = malloc(sizeof(nms_box) * (size_t)N);
+    if (!cand || !sel) {
+        free(cand);
+        free(sel);
+        return mts_err_set(k->err, MTS_ENOMEM, "NonMaxSuppression: no memory for %lld boxes", (long long)N);
+    }
+    int64_t *tmp = cand + N, *selidx = cand + 2 * N;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t c = 0; c < C; c++) {
+            const float *sc = (const float *)scores->data + (b * C + c) * N;
+            const float *bx = (const float *)boxes->data + b * N * 4;
+            int64_t nc = 0, ns = 0;
+            for (int64_t i = 0; i < N; i++)
+                if (!has_sthr || sc[i] > sthr) cand[nc++] = i;
+            nms_sort_ctx sctx = {sc};
+            msort_idx(cand, tmp, nc, nms_cmp, &sctx);
+            for (int64_t i = 0; i < nc && ns < maxout; i++) {
+                nms_box cb = nms_get(bx + cand[i] * 4, (int)center);
+                bool keep = true;
+                for (int64_t j = 0; j < ns && keep; j++)
+                    if (nms_overlaps(&cb, &sel[j], iou)) keep = false;
+                if (!keep) continue;
+                sel[ns] = cb;
+                selidx[ns++] = cand[i];
+            }
+            if (out)
+                for (int64_t j = 0; j < ns; j++) {
+                    out[(total + j) * 3 + 0] = b;
+                    out[(total + j) * 3 + 1] = c;
+                    out[(total + j) * 3 + 2] = selidx[j];
+                }
+            total += ns;
+        }
+    free(cand);
+    free(sel);
+    *count = total;
+    return MTS_OK;
+}
+
+static int nms_infer(mts_kctx *k)
+{
+    int64_t n;
+    int rc = nms_exec(k, NULL, &n);
+    if (rc) return rc;
+    int64_t d[2] = {n, 3};
+    return set_out(k, 0, MTS_DTYPE_INT64, 2, d);
+}
+
+static int nms_run(mts_kctx *k)
+{
+    int64_t n;
+    int rc = nms_exec(k, NULL, &n);
+    if (rc) return rc;
+    if (k->out[0].dims[0] != n)
+        return mts_err_set(k->err, MTS_EINVAL, "NonMaxSuppression output was sized for other data");
+    return nms_exec(k, k->out[0].data, &n);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* RoiAlign                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+#define ROI_MAX_GRID 4096
+
+typedef struct roi_args {
+    int64_t oh, ow, sr;
+    float scale;
+    bool half_pixel, is_max;
+} roi_args;
+
+static int roi_check(mts_kctx *k, roi_args *a)
+{
+    const mts_tensor *x, *rois, *bi;
+    int rc;
+    char s0[160], s1[160], s2[160];
+    if ((rc = req_in(k, 0, "X", &x)) || (rc = req_in(k, 1, "rois", &rois)) ||
+        (rc = req_in(k, 2, "batch_indices", &bi)) || (rc = chk_n_out(k, 1)) ||
+        (rc = chk_index_dtype(k, bi, "batch_indices")))
+        return rc;
+    if (x->dtype != MTS_DTYPE_FLOAT || rois->dtype != MTS_DTYPE_FLOAT)
+        return mts_err_set(k->err, MTS_EUNSUPPORTED, "RoiAlign supports float X and rois only, got %s and %s",
+                           mts_dtype_name(x->dtype), mts_dtype_name(rois->dtype));
+    if (x->rank != 4 || rois->rank != 2 || rois->dims[1] != 4 || bi->rank != 1 || bi->dims[0] != rois->dims[0])
+        return mts_err_set(k->err, MTS_ESHAPE, "RoiAlign needs X [N,C,H,W], rois [R,4], batch_indices [R]; got %s, %s, %s",
+                           mts_shape_str(x, s0, sizeof s0), mts_shape_str(rois, s1, sizeof s1),
+                           mts_shape_str(bi, s2, sizeof s2));
+    a->oh = mts_attr_int(k->node, "output_height", 1);
+    a->ow = mts_attr_int(k->node, "output_width", 1);
+    a->sr = mts_attr_int(k->node, "sampling_ratio", 0);
+    a->scale = mts_attr_float(k->node, "spatial_scale", 1.0f);
+    if (a->oh < 1 || a->ow < 1 || a->oh > (1 << 20) || a->ow > (1 << 20))
+        return mts_err_set(k->err, MTS_EINVAL, "output_height %lld and output_width %lld must be positive",
+                           (long long)a->oh, (long long)a->ow);
+    if (a->sr < 0 || a->sr > ROI_MAX_GRID)
+        return mts_err_set(k->err, MTS_EINVAL, "sampling_ratio %lld must be in [0, %d]", (long long)a->sr,
+                           ROI_MAX_GRID);
+    if (!isfinite(a->scale)) return mts_err_set(k->err, MTS_EINVAL, "spatial_scale must be finite");
+    const char *mode = mts_attr_string(k->node, "mode", "avg");
+    if (strcmp(mode, "avg") && strcmp(mode, "max"))
+        return mts_err_set(k->err, MTS_EINVAL, "mode '%s' must be avg or max", mode);
+    a->is_max = strcmp(mode, "max") == 0;
+    a->half_pixel = false;
+    if (k->node->opset >= 16) {
+        const char *ct = mts_attr_string(k->node, "coordinate_transformation_mode", "half_pixel");
+        if (strcmp(ct, "half_pixel") == 0) a->half_pixel = true;
+        else if (strcmp(ct, "output_half_pixel") != 0)
+            return mts_err_set(k->err, MTS_EINVAL, "coordinate_transformation_mode '%s' is not valid", ct);
+    }
+    return MTS_OK;
+}
+
+static int roi_infer(mts_kctx *k)
+{
+    roi_args a;
+    int rc = roi_check(k, &a);
+    if (rc) return rc;
+    int64_t d[4] = {k->in[1]->dims[0], k->in[0]->dims[1], a.oh, a.ow};
+    return set_out(k, 0, MTS_DTYPE_FLOAT, 4, d);
+}
+
+/* Bilinear read of plane p (H x W) at (y, x); *ok = 0 outside [-1, H] x [-1, W]. */
+typedef struct roi_pt {
+    int64_t o[4];
+    float w[4];
+    bool ok;
+} roi_pt;
+
+static roi_pt roi_point(float y, float x, int64_t H, int64_t W)
+{
+    roi_pt p = {{0, 0, 0, 0}, {0, 0, 0, 0}, false};
+    if (!(y >= -1.0f && y <= (float)H && x >= -1.0f && x <= (float)W)) return p;
+    if (y <= 0) y = 0;
+    if (x <= 0) x = 0;
+    int64_t yl = (int64_t)y, xl = (int64_t)x, yh, xh;
+    if (yl >= H - 1) {
+        yh = yl = H - 1;
+        y = (float)yl;
+    } else {
+        yh = yl + 1;
+    }
+    if (xl >= W - 1) {
+        xh = xl = W - 1;
+        x = (float)xl;
+    } else {
+        xh = xl + 1;
+    }
+    float ly = y - (float)yl, lx = x - (float)xl, hy = 1.0f - ly, hx = 1.0f - lx;
+    p.o[0] = yl * W + xl;
+    p.o[1] = yl * W + xh;
+    p.o[2] = yh * W + xl;
+    p.o[3] = yh * W + xh;
+    p.w[0] = hy * hx;
+    p.w[1] = hy * lx;
+    p.w[2] = ly * hx;
+    p.w[3] = ly * lx;
+    p.ok = true;
+    return p;
+}
+
+static int roi_run(mts_kctx *k)
+{
+    roi_args a;
+    int rc = roi_check(k, &a);
+    if (rc) return rc;
+    const mts_tensor *x = k->in[0], *rois = k->in[1], *bi = k->in[2];
+    int64_t N = x->dims[0], C = x->dims[1], H = x->dims[2], W = x->dims[3], R = rois->dims[0];
+    const float *X = x->data, *rv = rois->data;
+    float *Y = k->out[0].data;
+    float off = a.half_pixel ? 0.5f : 0.0f;
+    for (int64_t r = 0; r < R; r++) {
+        int64_t b = idx_at(bi, r);
+        if (b < 0 || b >= N)
+            return mts_err_set(k->err, MTS_EINVAL, "batch_indices[%lld] = %lld is out of range for N = %lld",
+                               (long long)r, (long long)b, (long long)N);
+        const float *q = rv + r * 4;
+        float sw = q[0] * a.scale - off, sh = q[1] * a.scale - off;
+        float ew = q[2] * a.scale - off, eh = q[3] * a.scale - off;
+        float rw = ew - sw, rh = eh - sh;
+        if (!a.half_pixel) {
+            rw = fmaxf(rw, 1.0f);
+            rh = fmaxf(rh, 1.0f);
+        }
+        if (!isfinite(sw) || !isfinite(sh) || !isfinite(rw) || !isfinite(rh))
+            return mts_err_set(k->err, MTS_EINVAL, "roi %lld has non-finite coordinates", (long long)r);
+        float bh = rh / (float)a.oh, bw = rw / (float)a.ow;
+        double gh_d = a.sr > 0 ? (double)a.sr : ceil((double)rh / (double)a.oh);
+        double gw_d = a.sr > 0 ? (double)a.sr : ceil((double)rw / (double)a.ow);
+        if (gh_d > ROI_MAX_GRID || gw_d > ROI_MAX_GRID)
+            return mts_err_set(k->err, MTS_EUNSUPPORTED, "roi %lld needs a sampling grid above %d per bin",
+                               (long long)r, ROI_MAX_GRID);
+        int64_t gh = gh_d > 0 ? (int64_t)gh_d : 0, gw = gw_d > 0 ? (int64_t)gw_d : 0;
+        int64_t cnt = gh * gw > 1 ? gh * gw : 1;
+        for (int64_t c = 0; c < C; c++) {
+            const float *P = X + (b * C + c) * H * W;
+            float *O = Y + ((r * C + c) * a.oh) * a.ow;
+            for (int64_t ph = 0; ph < a.oh; ph++)
+                for (int64_t pw = 0; pw < a.ow; pw++) {
+                    double acc = 0;
+                    float mx = 0;
+                    bool first = true;
+                    for (int64_t iy = 0; iy < gh; iy++) {
+                        float yy = sh + (float)ph * bh + ((float)iy + 0.5f) * bh / (float)gh;
+                        for (int64_t ix = 0; ix < gw; ix++) {
+                            float xx = sw + (float)pw * bw + ((float)ix + 0.5f) * bw / (float)gw;
+                            roi_pt p = roi_point(yy, xx, H, W);
+                            if (!a.is_max) {
+                                if (p.ok)
+                                    acc += p.w[0] * P[p.o[0]] + p.w[1] * P[p.o[1]] + p.w[2] * P[p.o[2]] +
+                                           p.w[3] * P[p.o[3]];
+                                continue;
+                            }
+                            float v = 0;
+                            if (p.ok)
+                                v = fmaxf(fmaxf(p.w[0] * P[p.o[0]], p.w[1] * P[p.o[1]]),
+                                          fmaxf(p.w[2] * P[p.o[2]], p.w[3] * P[p.o[3]]));
+                            if (first || v > mx) mx = v;
+                            first = false;
+                        }
+                    }
+                    O[ph * a.ow + pw] = a.is_max ? mx : (float)(acc / (double)cnt);
+                }
+        }
+    }
+    return MTS_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* GridSample                                                                                  */
+/* ------------------------------------------------------------------------------------------ */
+
+enum { GS_BILINEAR, GS_NEAREST, GS_BICUBIC };
+enum { GS_ZEROS, GS_BORDER, GS_REFLECTION };
+
+typedef struct gs_args {
+    int mode, pad;
+    bool align;
+} gs_args;
+
+static int gs_check(mts_kctx *k, gs_args *a)
+{
+    const mts_tensor *x, *g;
+    int rc;
+    char s0[160], s1[160];
+    if ((rc = req_in(k, 0, "X", &x)) || (rc = req_in(k, 1, "grid", &g)) || (rc = chk_n_out(k, 1))) return rc;
+    if (x->dtype != MTS_DTYPE_FLOAT || g->dtype != MTS_DTYPE_FLOAT)
+        return mts_err_set(k->err, MTS_EUNSUPPORTED, "GridSample supports float X and grid only, got %s and %s",
+                           mts_dtype_name(x->dtype), mts_dtype_name(g->dtype));
+    if (x->rank != 4 || g->rank != 4 || g->dims[0] != x->dims[0] || g->dims[3] != 2)
+        return mts_err_set(k->err, x->rank == 5 ? MTS_EUNSUPPORTED : MTS_ESHAPE,
+                           "GridSample needs X [N,C,H,W] and grid [N,Ho,Wo,2] (2-D sampling only); got %s and %s",
+                           mts_shape_str(x, s0, sizeof s0), mts_shape_str(g, s1, sizeof s1));
+    const char *m = mts_attr_string(k->node, "mode", "bilinear"), *p = mts_attr_string(k->node, "padding_mode", "zeros");
+    if (!strcmp(m, "bilinear") || !strcmp(m, "linear")) a->mode = GS_BILINEAR;
+    else if (!strcmp(m, "nearest")) a->mode = GS_NEAREST;
+    else if (!strcmp(m, "bicubic") || !strcmp(m, "cubic")) a->mode = GS_BICUBIC;
+    else return mts_err_set(k->err, MTS_EINVAL, "GridSample mode '%s' is not valid", m);
+    if (!strcmp(p, "zeros")) a->pad = GS_ZEROS;
+    else if (!strcmp(p, "border")) a->pad = GS_BORDER;
+    else if (!strcmp(p, "reflection")) a->pad = GS_REFLECTION;
+    else return mts_err_set(k->err, MTS_EINVAL, "GridSample padding_mode '%s' is not valid", p);
+    a->align = mts_attr_int(k->node, "align_corners", 0) != 0;
+    return MTS_OK;
+}
+
+static int gs_infer(mts_kctx *k)
+{
+    gs_args a;
+    int rc = gs_check(k, &a);
+    if (rc) return rc;
+    int64_t d[4] = {k->in[0]->dims[0], k->in[0]->dims[1], k->in[1]->dims[1], k->in[1]->dims[2]};
+    return set_out(k, 0, MTS_DTYPE_FLOAT, 4, d);
+}
+
+/* Reflects x into [lo, hi] (the coordinate range of the padding). */
+static double gs_reflect(double x, double lo, double hi)
+{
+    double range = hi - lo;
+    if (!(range > 0)) return lo;
+    if (x >= lo && x <= hi) return x;
+    double d = x < lo ? lo - x : x - hi;
+    double n = floor(d / range), r = d - n * range;
+    bool even = fmod(n, 2.0) == 0.0;
+    if (x < lo) return even ? lo + r : hi - r;
+    return even ? hi - r : lo + r;
+}
+
+typedef struct gs_plane {
+    const float *p;
+    int64_t H, W;
+    const gs_args *a;
+    double lo_x, hi_x, lo_y, hi_y;
+} gs_plane;
+
+static float gs_pixel(const gs_plane *g, int64_t r, int64_t c)
+{
+    if (g->a->pad == GS_ZEROS) {
+        if (r < 0 || r >= g->H || c < 0 || c >= g->W) return 0.0f;
+    } else if (g->a->pad == GS_BORDER) {
+        c = c < 0 ? 0 : (c >= g->W ? g->W - 1 : c);
+        r = r < 0 ? 0 : (r >= g->H ? g->H - 1 : r);
+    } else {
+        c = (int64_t)gs_reflect((double)c, g->lo_x, g->hi_x);
+        r = (int64_t)gs_reflect((double)r, g->lo_y, g->hi_y);
+        c = c < 0 ? 0 : (c >= g->W ? g->W - 1 : c);
+        r = r < 0 ? 0 : (r >= g->H ? g->H - 1 : r);
+    }
+    return g->p[r * g->W + c];
+}
+
+static void gs_cubic_coeffs(double t, double *c)
+{
+    const double A = -0.75;
+    double x = fabs(t);
+    c[0] = ((A * (x + 1) - 5 * A) * (x + 1) + 8 * A) * (x + 1) - 4 * A;
+    c[1] = ((A + 2) * x - (A + 3)) * x * x + 1;
+    c[2] = ((A + 2) * (1 - x) - (A + 3)) * (1 - x) * (1 - x) + 1;
+    c[3] = ((A * (2 - x) - 5 * A) * (2 - x) + 8 * A) * (2 - x) - 4 * A;
+}
+
+static float gs_sample(const gs_plane *g, double nx, double ny)
+{
+    const gs_args *a = g->a;
+    double W = (double)g->W, H = (double)g->H;
+    double x = a->align ? (nx + 1) / 2 * (W - 1) : ((nx + 1) * W - 1) / 2;
+    double y = a->align ? (ny + 1) / 2 * (H - 1) : ((ny + 1) * H - 1) / 2;
+    if (isnan(x) || isnan(y)) return NAN;
+    /* far-away coordinates read only padding: keep them in a range where conversions are exact */
+    double lim_x = 4 * W + 8, lim_y = 4 * H + 8;
+    if (a->pad != GS_REFLECTION) {
+        x = x < -lim_x ? -lim_x : (x > lim_x ? lim_x : x);
+        y = y < -lim_y ? -lim_y : (y > lim_y ? lim_y : y);
+    }
+    if (a->mode == GS_NEAREST) {
+        x = nearbyint(x);
+        y = nearbyint(y);
+    }
+    if (x < g->lo_x || x > g->hi_x || y < g->lo_y || y > g->hi_y) {
+        if (a->pad == GS_BORDER) {
+            x = x < 0 ? 0 : (x > W - 1 ? W - 1 : x);
+            y = y < 0 ? 0 : (y > H - 1 ? H - 1 : y);
+        } else if (a->pad == GS_REFLECTION) {
+            x = gs_reflect(x, g->lo_x, g->hi_x);
+            y = gs_reflect(y, g->lo_y, g->hi_y);
+        }
+    }
+    if (!isfinite(x) || !isfinite(y)) return NAN;
+    if (a->mode == GS_NEAREST) return gs_pixel(g, (int64_t)y, (int64_t)x);
+    if (a->mode == GS_BILINEAR) {
+        double fx = floor(x), fy = floor(y);
+        int64_t x1 = (int64_t)fx, y1 = (int64_t)fy;
+        double dx1 = x - fx, dx2 = 1 - dx1, dy1 = y - fy, dy2 = 1 - dy1;
+        double p11 = gs_pixel(g, y1, x1), p12 = gs_pixel(g, y1, x1 + 1);
+        double p21 = gs_pixel(g, y1 + 1, x1), p22 = gs_pixel(g, y1 + 1, x1 + 1);
+        return (float)(dy2 * (dx2 * p11 + dx1 * p12) + dy1 * (dx2 * p21 + dx1 * p22));
+    }
+    double fx = floor(x), fy = floor(y);
+    int64_t x0 = (int64_t)fx - 1, y0 = (int64_t)fy - 1;
+    double cx[4], cy[4], v = 0;
+    gs_cubic_coeffs(x - fx, cx);
+    gs_cubic_coeffs(y - fy, cy);
+    for (int i = 0; i < 4; i++) {
+        double row = 0;
+        for (int j = 0; j < 4; j++) row += cx[j] * gs_pixel(g, y0 + i, x0 + j);
+        v += cy[i] * row;
+    }
+    return (float)v;
+}
+
+static int gs_run(mts_kctx *k)
+{
+    gs_args a;
+    int rc = gs_check(k, &a);
+    if (rc) return rc;
+    const mts_tensor *x = k->in[0], *gr = k->in[1];
+    int64_t N = x->dims[0], C = x->dims[1], H = x->dims[2], W = x->dims[3];
+    int64_t Ho = gr->dims[1], Wo = gr->dims[2];
+    float *Y = k->out[0].data;
+    if (H == 0 || W == 0) { /* nothing to sample: every point reads padding */
+        int64_t nb = mts_tensor_nbytes(&k->out[0]);
+        if (nb > 0) memset(Y, 0, (size_t)nb);
+        return MTS_OK;
+    }
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t c = 0; c < C; c++) {
+            gs_plane g = {(const float *)x->data + (n * C + c) * H * W, H, W, &a, 0, 0, 0, 0};
+            g.lo_x = a.align ? 0 : -0.5;
+            g.hi_x = a.align ? (double)W - 1 : (double)W - 0.5;
+            g.lo_y = a.align ? 0 : -0.5;
+            g.hi_y = a.align ? (double)H - 1 : (double)H - 0.5;
+            const float *G = (const float *)gr->data + n * Ho * Wo * 2;
+            float *O = Y + (n * C + c) * Ho * Wo;
+            for (int64_t i = 0; i < Ho * Wo; i++) O[i] = gs_sample(&g, G[2 * i], G[2 * i + 1]);
+        }
+    return MTS_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* MaxUnpool                                                                                   */
+/* ------------------------------------------------------------------------------------------ */
+
+/* d: the output shape; dd: the shape MaxPool's indices refer to (the one the attributes give). */
+static int unpool_shape(mts_kctx *k, int64_t *d, int64_t *dd, int *rank)
+{
+    const mts_tensor *x, *ind;
+    int rc;
+    char s0[160], s1[160];
+    if ((rc = req_in(k, 0, "X", &x)) || (rc = req_in(k, 1, "I", &ind)) || (rc = chk_n_out(k, 1)) ||
+        (rc = chk_dtype(k, x, "X")))
+        return rc;
+    if (ind->dtype != MTS_DTYPE_INT64) return mts_err_set(k->err, MTS_EINVAL, "MaxUnpool indices must be int64");
+    if (x->rank < 3 || !mts_shape_equal(x, ind))
+        return mts_err_set(k->err, MTS_ESHAPE, "MaxUnpool X %s and I %s must share a shape of rank >= 3",
+                           mts_shape_str(x, s0, sizeof s0), mts_shape_str(ind, s1, sizeof s1));
+    int nsp = x->rank - 2, nk = 0, np = 0, ns = 0;
+    const int64_t *ks = mts_attr_ints(k->node, "kernel_shape", &nk), *pads = mts_attr_ints(k->node, "pads", &np);
+    const int64_t *st = mts_attr_ints(k->node, "strides", &ns);
+    if (!ks || nk != nsp || (pads && np != 2 * nsp) || (st && ns != nsp))
+        return mts_err_set(k->err, MTS_EINVAL, "MaxUnpool kernel_shape / pads / strides do not fit %d spatial dims",
+                           nsp);
+    *rank = x->rank;
+    dd[0] = x->dims[0];
+    dd[1] = x->dims[1];
+    for (int i = 0; i < nsp; i++) {
+        int64_t s = st ? st[i] : 1, kk = ks[i], pb = pads ? pads[i] : 0, pe = pads ? pads[nsp + i] : 0;
+        if (s < 1 || kk < 1 || pb < 0 || pe < 0 || s > (1 << 20) || kk > (1 << 20) || pb > (1 << 20) ||
+            pe > (1 << 20))
+            return mts_err_set(k->err, MTS_EINVAL, "MaxUnpool kernel, stride or pad of axis %d is out of range", i);
+        dd[2 + i] = (x->dims[2 + i] - 1) * s + kk - pb - pe;
+        if (x->dims[2 + i] == 0) dd[2 + i] = 0;
+        if (dd[2 + i] < 0)
+            return mts_err_set(k->err, MTS_ESHAPE, "MaxUnpool output axis %d would be negative", 2 + i);
+    }
+    memcpy(d, dd, sizeof(int64_t) * (size_t)x->rank);
+    const mts_tensor *os = mts_kin(k, 2);
+    if (os) {
+        if ((os->dtype != MTS_DTYPE_INT64 && os->dtype != MTS_DTYPE_INT32) || os->rank != 1 ||
+            os->dims[0] != x->rank)
+            return mts_err_set(k->err, MTS_EINVAL, "MaxUnpool output_shape must be a 1-D integer tensor of %d values",
+                               x->rank);
+        if (!os->data) return MTS_EDYNAMIC;
+        for (int i = 0; i < x->rank; i++) d[i] = idx_at(os, i);
+        if (d[0] != x->dims[0] || d[1] != x->dims[1])
+            return mts_err_set(k->err, MTS_ESHAPE, "MaxUnpool output_shape must keep N and C of X");
+    }
+    return MTS_OK;
+}
+
+static int unpool_infer(mts_kctx *k)
+{
+    int64_t d[MTS_MAX_RANK], dd[MTS_MAX_RANK];
+    int rank, rc = unpool_shape(k, d, dd, &rank);
+    if (rc) return rc;
+    return set_out(k, 0, k->in[0]->dtype, rank, d);
+}
+
+static int unpool_run(mts_kctx *k)
+{
+    int64_t d[MTS_MAX_RANK], dd[MTS_MAX_RANK];
+    int rank, rc = unpool_shape(k, d, dd, &rank);
+    if (rc) return rc;
+    const mts_tensor *x = k->in[0], *ind = k->in[1];
+    mts_tensor *y = &k->out[0];
+    size_t es = mts_dtype_size(x->dtype);
+    int64_t nb = mts_tensor_nbytes(y), n = mts_tensor_numel(x), dtotal = prod(dd, 0, rank);
+    if (nb > 0) memset(y->data, 0, (size_t)nb);
+    for (int64_t i = 0; i < n; i++) {
+        int64_t v = ((const int64_t *)ind->data)[i];
+        if (v < 0 || v >= dtotal)
+            return mts_err_set(k->err, MTS_EINVAL, "MaxUnpool index %lld (at %lld) is outside the pooled input's "
+                               "%lld elements", (long long)v, (long long)i, (long long)dtotal);
+        /* the index counts positions of shape dd; place the value at the same coordinates of d */
+        int64_t rem = v, off = 0, mul = 1;
+        for (int a = rank - 1; a >= 0; a--) {
+            int64_t c = rem % dd[a];
+            rem /= dd[a];
+            if (c >= d[a])
+                return mts_err_set(k->err, MTS_EINVAL, "MaxUnpool index %lld falls outside output_shape", (long long)v);
+            off += c * mul;
+            mul *= d[a];
+        }
+        memcpy((uint8_t *)y->data + off * (int64_t)es, (const uint8_t *)x->data + i * (int64_t)es, es);
+    }
+    return MTS_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* Op table                                                                                    */
 /* ------------------------------------------------------------------------------------------ */
 
@@ -1591,5 +2172,9 @@ const mts_op mts_ref_ops_index[] = {
     {"Compress", compress_infer, compress_run},
     {"ReverseSequence", revseq_infer, revseq_run},
     {"Einsum", einsum_infer, einsum_run},
+    {"NonMaxSuppression", nms_infer, nms_run},
+    {"RoiAlign", roi_infer, roi_run},
+    {"GridSample", gs_infer, gs_run},
+    {"MaxUnpool", unpool_infer, unpool_run},
     {NULL, NULL, NULL},
 };
