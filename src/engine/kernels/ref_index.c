@@ -2152,6 +2152,160 @@ static int unpool_run(mts_kctx *k)
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* Unique                                                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct uniq_ctx {
+    const uint8_t *x;
+    int64_t outer, dim, inner, es;
+    mts_dtype dt;
+} uniq_ctx;
+
+/* Lexicographic order of slices a and b along the axis (outer index major). */
+static int uniq_cmp(const void *cv, int64_t a, int64_t b)
+{
+    const uniq_ctx *c = cv;
+    for (int64_t o = 0; o < c->outer; o++)
+        for (int64_t i = 0; i < c->inner; i++) {
+            const uint8_t *pa = c->x + ((o * c->dim + a) * c->inner + i) * c->es;
+            const uint8_t *pb = c->x + ((o * c->dim + b) * c->inner + i) * c->es;
+            int r = cmp_elem(pa, pb, c->dt);
+            if (r) return r;
+        }
+    return 0;
+}
+
+static int uniq_first_cmp(const void *cv, int64_t a, int64_t b)
+{
+    const int64_t *first = cv;
+    return first[a] < first[b] ? -1 : first[a] > first[b];
+}
+
+typedef struct uniq_res {
+    int64_t n, nu;
+    int64_t *first;   /* per unique entry (output order): first occurrence */
+    int64_t *count;   /* per unique entry */
+    int64_t *inverse; /* per input slice: its unique entry */
+    int axis;         /* -1: flattened */
+    uniq_ctx c;
+} uniq_res;
+
+static void uniq_free(uniq_res *r)
+{
+    free(r->first);
+}
+
+static int uniq_exec(mts_kctx *k, uniq_res *r)
+{
+    const mts_tensor *x;
+    int rc;
+    memset(r, 0, sizeof *r);
+    if ((rc = req_in(k, 0, "X", &x)) || (rc = chk_n_out(k, 1)) || (rc = chk_dtype(k, x, "X"))) return rc;
+    if (!dtype_numeric(x->dtype))
+        return mts_err_set(k->err, MTS_EUNSUPPORTED, "Unique of %s is not supported", mts_dtype_name(x->dtype));
+    r->axis = -1;
+    if (mts_node_attr(k->node, "axis")) {
+        if (x->rank < 1) return mts_err_set(k->err, MTS_EINVAL, "Unique with an axis needs rank >= 1");
+        if ((rc = mts_norm_axis(mts_attr_int(k->node, "axis", 0), x->rank, &r->axis, k->err))) return rc;
+    }
+    int64_t numel = mts_tensor_numel(x);
+    if (numel > 0 && !x->data) return MTS_EDYNAMIC;
+    r->c.x = x->data;
+    r->c.es = (int64_t)mts_dtype_size(x->dtype);
+    r->c.dt = x->dtype;
+    if (r->axis < 0) {
+        r->c.outer = 1;
+        r->c.dim = numel;
+        r->c.inner = 1;
+    } else {
+        r->c.outer = prod(x->dims, 0, r->axis);
+        r->c.dim = x->dims[r->axis];
+        r->c.inner = prod(x->dims, r->axis + 1, x->rank);
+    }
+    int64_t n = r->n = r->c.dim;
+    /* first, count, inverse, order, tmp, group */
+    r->first = malloc(sizeof(int64_t) * (size_t)(6 * n + 1));
+    if (!r->first) return mts_err_set(k->err, MTS_ENOMEM, "Unique: no memory for %lld entries", (long long)n);
+    r->count = r->first + n;
+    r->inverse = r->count + n;
+    int64_t *order = r->inverse + n, *tmp = order + n, *grp = tmp + n;
+    for (int64_t i = 0; i < n; i++) order[i] = i;
+    if (r->c.outer * r->c.inner > 0) msort_idx(order, tmp, n, uniq_cmp, &r->c);
+    int64_t nu = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (i == 0 || (r->c.outer * r->c.inner > 0 && uniq_cmp(&r->c, order[i - 1], order[i]) != 0)) {
+            r->first[nu] = order[i];
+            r->count[nu] = 0;
+            nu++;
+        }
+        r->count[nu - 1]++;
+        r->inverse[order[i]] = nu - 1;
+    }
+    r->nu = nu;
+    if (!mts_attr_int(k->node, "sorted", 1) && nu > 1) { /* order of first occurrence */
+        for (int64_t u = 0; u < nu; u++) grp[u] = u;
+        msort_idx(grp, tmp, nu, uniq_first_cmp, r->first);
+        int64_t *pos = order; /* old entry -> new position */
+        for (int64_t u = 0; u < nu; u++) pos[grp[u]] = u;
+        for (int64_t u = 0; u < nu; u++) tmp[u] = r->first[grp[u]];
+        memcpy(r->first, tmp, sizeof(int64_t) * (size_t)nu);
+        for (int64_t u = 0; u < nu; u++) tmp[u] = r->count[grp[u]];
+        memcpy(r->count, tmp, sizeof(int64_t) * (size_t)nu);
+        for (int64_t i = 0; i < n; i++) r->inverse[i] = pos[r->inverse[i]];
+    }
+    return MTS_OK;
+}
+
+static int unique_infer(mts_kctx *k)
+{
+    uniq_res r;
+    int rc = uniq_exec(k, &r);
+    if (rc) {
+        uniq_free(&r);
+        return rc;
+    }
+    const mts_tensor *x = k->in[0];
+    int64_t d[MTS_MAX_RANK];
+    if (r.axis < 0) {
+        rc = set_out(k, 0, x->dtype, 1, &r.nu);
+    } else {
+        memcpy(d, x->dims, sizeof d);
+        d[r.axis] = r.nu;
+        rc = set_out(k, 0, x->dtype, x->rank, d);
+    }
+    if (!rc) rc = set_out(k, 1, MTS_DTYPE_INT64, 1, &r.nu);
+    if (!rc) rc = set_out(k, 2, MTS_DTYPE_INT64, 1, &r.n);
+    if (!rc) rc = set_out(k, 3, MTS_DTYPE_INT64, 1, &r.nu);
+    uniq_free(&r);
+    return rc;
+}
+
+static int unique_run(mts_kctx *k)
+{
+    uniq_res r;
+    int rc = uniq_exec(k, &r);
+    if (rc) {
+        uniq_free(&r);
+        return rc;
+    }
+    if (k->out[0].dims[r.axis < 0 ? 0 : r.axis] != r.nu) {
+        uniq_free(&r);
+        return mts_err_set(k->err, MTS_EINVAL, "Unique output was sized for other data");
+    }
+    uint8_t *y = k->out[0].data;
+    int64_t es = r.c.es, inner = r.c.inner * es;
+    for (int64_t o = 0; o < r.c.outer; o++)
+        for (int64_t u = 0; u < r.nu; u++)
+            if (inner > 0)
+                memcpy(y + (o * r.nu + u) * inner, r.c.x + (o * r.c.dim + r.first[u]) * inner, (size_t)inner);
+    if (k->n_out > 1 && k->out[1].data) memcpy(k->out[1].data, r.first, sizeof(int64_t) * (size_t)r.nu);
+    if (k->n_out > 2 && k->out[2].data) memcpy(k->out[2].data, r.inverse, sizeof(int64_t) * (size_t)r.n);
+    if (k->n_out > 3 && k->out[3].data) memcpy(k->out[3].data, r.count, sizeof(int64_t) * (size_t)r.nu);
+    uniq_free(&r);
+    return MTS_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* Op table                                                                                    */
 /* ------------------------------------------------------------------------------------------ */
 
@@ -2176,5 +2330,6 @@ const mts_op mts_ref_ops_index[] = {
     {"RoiAlign", roi_infer, roi_run},
     {"GridSample", gs_infer, gs_run},
     {"MaxUnpool", unpool_infer, unpool_run},
+    {"Unique", unique_infer, unique_run},
     {NULL, NULL, NULL},
 };
