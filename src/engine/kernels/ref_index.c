@@ -1948,8 +1948,8 @@ static double gs_reflect(double x, double lo, double hi)
     double d = x < lo ? lo - x : x - hi;
     double n = floor(d / range), r = d - n * range;
     bool even = fmod(n, 2.0) == 0.0;
-    if (x < lo) return even ? lo + r : hi - r;
-    return even ? hi - r : lo + r;
+    double v = x < lo ? (even ? lo + r : hi - r) : (even ? hi - r : lo + r);
+    return v < lo ? lo : (v > hi ? hi : v); /* rounding at huge |x| may leave the range */
 }
 
 typedef struct gs_plane {
@@ -2003,7 +2003,7 @@ static float gs_sample(const gs_plane *g, double nx, double ny)
         y = nearbyint(y);
     }
     if (x < g->lo_x || x > g->hi_x || y < g->lo_y || y > g->hi_y) {
-        if (a->pad == GS_BORDER) {
+        if (a->pad == GS_BORDER && a->mode != GS_BICUBIC) { /* bicubic clamps each tap instead */
             x = x < 0 ? 0 : (x > W - 1 ? W - 1 : x);
             y = y < 0 ? 0 : (y > H - 1 ? H - 1 : y);
         } else if (a->pad == GS_REFLECTION) {
