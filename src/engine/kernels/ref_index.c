@@ -1825,6 +1825,59 @@ static roi_pt roi_point(float y, float x, int64_t H, int64_t W)
     return p;
 }
 
+/* One roi's sampling geometry, validated before the parallel part. */
+typedef struct roi_geom {
+    int64_t b, gh, gw, cnt;
+    float sw, sh, bw, bh;
+} roi_geom;
+
+typedef struct roi_job {
+    const roi_args *a;
+    const roi_geom *g;
+    const float *X;
+    float *Y;
+    int64_t C, H, W, units; /* units: R * C planes */
+} roi_job;
+
+static void roi_part(void *ctx, int ithr, int nthr)
+{
+    const roi_job *j = ctx;
+    const roi_args *a = j->a;
+    int64_t u0 = j->units * ithr / nthr, u1 = j->units * (ithr + 1) / nthr;
+    for (int64_t u = u0; u < u1; u++) {
+        int64_t r = u / j->C, c = u % j->C;
+        const roi_geom *q = &j->g[r];
+        const float *P = j->X + (q->b * j->C + c) * j->H * j->W;
+        float *O = j->Y + u * a->oh * a->ow;
+        for (int64_t ph = 0; ph < a->oh; ph++)
+            for (int64_t pw = 0; pw < a->ow; pw++) {
+                double acc = 0;
+                float mx = 0;
+                bool first = true;
+                for (int64_t iy = 0; iy < q->gh; iy++) {
+                    float yy = q->sh + (float)ph * q->bh + ((float)iy + 0.5f) * q->bh / (float)q->gh;
+                    for (int64_t ix = 0; ix < q->gw; ix++) {
+                        float xx = q->sw + (float)pw * q->bw + ((float)ix + 0.5f) * q->bw / (float)q->gw;
+                        roi_pt p = roi_point(yy, xx, j->H, j->W);
+                        if (!a->is_max) {
+                            if (p.ok)
+                                acc += p.w[0] * P[p.o[0]] + p.w[1] * P[p.o[1]] + p.w[2] * P[p.o[2]] +
+                                       p.w[3] * P[p.o[3]];
+                            continue;
+                        }
+                        float v = 0;
+                        if (p.ok)
+                            v = fmaxf(fmaxf(p.w[0] * P[p.o[0]], p.w[1] * P[p.o[1]]),
+                                      fmaxf(p.w[2] * P[p.o[2]], p.w[3] * P[p.o[3]]));
+                        if (first || v > mx) mx = v;
+                        first = false;
+                    }
+                }
+                O[ph * a->ow + pw] = a->is_max ? mx : (float)(acc / (double)q->cnt);
+            }
+    }
+}
+
 static int roi_run(mts_kctx *k)
 {
     roi_args a;
@@ -1832,63 +1885,51 @@ static int roi_run(mts_kctx *k)
     if (rc) return rc;
     const mts_tensor *x = k->in[0], *rois = k->in[1], *bi = k->in[2];
     int64_t N = x->dims[0], C = x->dims[1], H = x->dims[2], W = x->dims[3], R = rois->dims[0];
-    const float *X = x->data, *rv = rois->data;
-    float *Y = k->out[0].data;
+    if (R == 0 || C == 0) return MTS_OK;
+    if (H == 0 || W == 0) return mts_err_set(k->err, MTS_EINVAL, "RoiAlign input has an empty spatial plane");
+    const float *rv = rois->data;
     float off = a.half_pixel ? 0.5f : 0.0f;
+    roi_geom *g = malloc(sizeof(roi_geom) * (size_t)R);
+    if (!g) return mts_err_set(k->err, MTS_ENOMEM, "RoiAlign: no memory for %lld rois", (long long)R);
     for (int64_t r = 0; r < R; r++) {
-        int64_t b = idx_at(bi, r);
-        if (b < 0 || b >= N)
+        roi_geom *q = &g[r];
+        q->b = idx_at(bi, r);
+        if (q->b < 0 || q->b >= N) {
+            free(g);
             return mts_err_set(k->err, MTS_EINVAL, "batch_indices[%lld] = %lld is out of range for N = %lld",
-                               (long long)r, (long long)b, (long long)N);
-        const float *q = rv + r * 4;
-        float sw = q[0] * a.scale - off, sh = q[1] * a.scale - off;
-        float ew = q[2] * a.scale - off, eh = q[3] * a.scale - off;
-        float rw = ew - sw, rh = eh - sh;
+                               (long long)r, (long long)q->b, (long long)N);
+        }
+        const float *p = rv + r * 4;
+        q->sw = p[0] * a.scale - off;
+        q->sh = p[1] * a.scale - off;
+        float rw = p[2] * a.scale - off - q->sw, rh = p[3] * a.scale - off - q->sh;
         if (!a.half_pixel) {
             rw = fmaxf(rw, 1.0f);
             rh = fmaxf(rh, 1.0f);
         }
-        if (!isfinite(sw) || !isfinite(sh) || !isfinite(rw) || !isfinite(rh))
+        if (!isfinite(q->sw) || !isfinite(q->sh) || !isfinite(rw) || !isfinite(rh)) {
+            free(g);
             return mts_err_set(k->err, MTS_EINVAL, "roi %lld has non-finite coordinates", (long long)r);
-        float bh = rh / (float)a.oh, bw = rw / (float)a.ow;
-        double gh_d = a.sr > 0 ? (double)a.sr : ceil((double)rh / (double)a.oh);
-        double gw_d = a.sr > 0 ? (double)a.sr : ceil((double)rw / (double)a.ow);
-        if (gh_d > ROI_MAX_GRID || gw_d > ROI_MAX_GRID)
+        }
+        q->bh = rh / (float)a.oh;
+        q->bw = rw / (float)a.ow;
+        double gh = a.sr > 0 ? (double)a.sr : ceil((double)rh / (double)a.oh);
+        double gw = a.sr > 0 ? (double)a.sr : ceil((double)rw / (double)a.ow);
+        if (gh > ROI_MAX_GRID || gw > ROI_MAX_GRID) {
+            free(g);
             return mts_err_set(k->err, MTS_EUNSUPPORTED, "roi %lld needs a sampling grid above %d per bin",
                                (long long)r, ROI_MAX_GRID);
-        int64_t gh = gh_d > 0 ? (int64_t)gh_d : 0, gw = gw_d > 0 ? (int64_t)gw_d : 0;
-        int64_t cnt = gh * gw > 1 ? gh * gw : 1;
-        for (int64_t c = 0; c < C; c++) {
-            const float *P = X + (b * C + c) * H * W;
-            float *O = Y + ((r * C + c) * a.oh) * a.ow;
-            for (int64_t ph = 0; ph < a.oh; ph++)
-                for (int64_t pw = 0; pw < a.ow; pw++) {
-                    double acc = 0;
-                    float mx = 0;
-                    bool first = true;
-                    for (int64_t iy = 0; iy < gh; iy++) {
-                        float yy = sh + (float)ph * bh + ((float)iy + 0.5f) * bh / (float)gh;
-                        for (int64_t ix = 0; ix < gw; ix++) {
-                            float xx = sw + (float)pw * bw + ((float)ix + 0.5f) * bw / (float)gw;
-                            roi_pt p = roi_point(yy, xx, H, W);
-                            if (!a.is_max) {
-                                if (p.ok)
-                                    acc += p.w[0] * P[p.o[0]] + p.w[1] * P[p.o[1]] + p.w[2] * P[p.o[2]] +
-                                           p.w[3] * P[p.o[3]];
-                                continue;
-                            }
-                            float v = 0;
-                            if (p.ok)
-                                v = fmaxf(fmaxf(p.w[0] * P[p.o[0]], p.w[1] * P[p.o[1]]),
-                                          fmaxf(p.w[2] * P[p.o[2]], p.w[3] * P[p.o[3]]));
-                            if (first || v > mx) mx = v;
-                            first = false;
-                        }
-                    }
-                    O[ph * a.ow + pw] = a.is_max ? mx : (float)(acc / (double)cnt);
-                }
         }
+        q->gh = gh > 0 ? (int64_t)gh : 0;
+        q->gw = gw > 0 ? (int64_t)gw : 0;
+        q->cnt = q->gh * q->gw > 1 ? q->gh * q->gw : 1;
     }
+    roi_job j = {&a, g, x->data, k->out[0].data, C, H, W, R * C};
+    int nthr = k->threads;
+    if (j.units < nthr) nthr = (int)j.units;
+    if (j.units * a.oh * a.ow < 1024) nthr = 1;
+    mts_parallel(nthr, roi_part, &j);
+    free(g);
     return MTS_OK;
 }
 
@@ -2034,6 +2075,33 @@ static float gs_sample(const gs_plane *g, double nx, double ny)
     return (float)v;
 }
 
+typedef struct gs_job {
+    const gs_args *a;
+    const float *X, *G;
+    float *Y;
+    int64_t C, H, W, Ho, Wo;
+    int64_t units; /* N * C * Ho output rows */
+} gs_job;
+
+static void gs_part(void *ctx, int ithr, int nthr)
+{
+    const gs_job *j = ctx;
+    int64_t u0 = j->units * ithr / nthr, u1 = j->units * (ithr + 1) / nthr;
+    gs_plane g = {NULL, j->H, j->W, j->a, 0, 0, 0, 0};
+    bool al = j->a->align;
+    g.lo_x = al ? 0 : -0.5;
+    g.hi_x = al ? (double)j->W - 1 : (double)j->W - 0.5;
+    g.lo_y = al ? 0 : -0.5;
+    g.hi_y = al ? (double)j->H - 1 : (double)j->H - 0.5;
+    for (int64_t u = u0; u < u1; u++) {
+        int64_t row = u % j->Ho, nc = u / j->Ho, n = nc / j->C;
+        g.p = j->X + nc * j->H * j->W;
+        const float *G = j->G + (n * j->Ho + row) * j->Wo * 2;
+        float *O = j->Y + (nc * j->Ho + row) * j->Wo;
+        for (int64_t i = 0; i < j->Wo; i++) O[i] = gs_sample(&g, G[2 * i], G[2 * i + 1]);
+    }
+}
+
 static int gs_run(mts_kctx *k)
 {
     gs_args a;
@@ -2041,24 +2109,17 @@ static int gs_run(mts_kctx *k)
     if (rc) return rc;
     const mts_tensor *x = k->in[0], *gr = k->in[1];
     int64_t N = x->dims[0], C = x->dims[1], H = x->dims[2], W = x->dims[3];
-    int64_t Ho = gr->dims[1], Wo = gr->dims[2];
-    float *Y = k->out[0].data;
+    gs_job j = {&a, x->data, gr->data, k->out[0].data, C, H, W, gr->dims[1], gr->dims[2], N * C * gr->dims[1]};
     if (H == 0 || W == 0) { /* nothing to sample: every point reads padding */
         int64_t nb = mts_tensor_nbytes(&k->out[0]);
-        if (nb > 0) memset(Y, 0, (size_t)nb);
+        if (nb > 0) memset(j.Y, 0, (size_t)nb);
         return MTS_OK;
     }
-    for (int64_t n = 0; n < N; n++)
-        for (int64_t c = 0; c < C; c++) {
-            gs_plane g = {(const float *)x->data + (n * C + c) * H * W, H, W, &a, 0, 0, 0, 0};
-            g.lo_x = a.align ? 0 : -0.5;
-            g.hi_x = a.align ? (double)W - 1 : (double)W - 0.5;
-            g.lo_y = a.align ? 0 : -0.5;
-            g.hi_y = a.align ? (double)H - 1 : (double)H - 0.5;
-            const float *G = (const float *)gr->data + n * Ho * Wo * 2;
-            float *O = Y + (n * C + c) * Ho * Wo;
-            for (int64_t i = 0; i < Ho * Wo; i++) O[i] = gs_sample(&g, G[2 * i], G[2 * i + 1]);
-        }
+    if (j.units == 0 || j.Wo == 0) return MTS_OK;
+    int nthr = k->threads;
+    if (j.units < nthr) nthr = (int)j.units;
+    if (j.units * j.Wo < 4096) nthr = 1;
+    mts_parallel(nthr, gs_part, &j);
     return MTS_OK;
 }
 
