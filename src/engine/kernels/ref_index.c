@@ -1893,12 +1893,13 @@ static int roi_run(mts_kctx *k)
     if (!g) return mts_err_set(k->err, MTS_ENOMEM, "RoiAlign: no memory for %lld rois", (long long)R);
     for (int64_t r = 0; r < R; r++) {
         roi_geom *q = &g[r];
-        q->b = idx_at(bi, r);
-        if (q->b < 0 || q->b >= N) {
+        int64_t bv = idx_at(bi, r);
+        if (bv < 0 || bv >= N) {
             free(g);
             return mts_err_set(k->err, MTS_EINVAL, "batch_indices[%lld] = %lld is out of range for N = %lld",
-                               (long long)r, (long long)q->b, (long long)N);
+                               (long long)r, (long long)bv, (long long)N);
         }
+        q->b = bv;
         const float *p = rv + r * 4;
         q->sw = p[0] * a.scale - off;
         q->sh = p[1] * a.scale - off;
