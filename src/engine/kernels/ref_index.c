@@ -1516,6 +1516,11 @@ static int ein_gemm(mts_kctx *k, const ein *q)
         else return 1; /* a label summed within one operand */
     }
     if (B * M * N == 0) return MTS_OK; /* empty output */
+    /* permuted copies are the size of the operands unless a broadcast ellipsis dim repeats one:
+     * allow at most that much, and never a size that overflows */
+    int64_t na = mts_tensor_numel(k->in[0]), nbn = mts_tensor_numel(k->in[1]), lim = INT64_MAX / 64;
+    if (K > 0 && (B > lim / K || B * K > lim / (M > N ? M : N))) return 1;
+    if (B * M * K > 4 * (na + B * M * N) || B * K * N > 4 * (nbn + B * M * N)) return 1;
     float *ap = malloc(sizeof(float) * (size_t)(B * M * K + B * K * N + B * M * N + 1));
     int64_t *offs = malloc(sizeof(int64_t) * 2 * (size_t)B);
     if (!ap || !offs) {
@@ -1638,7 +1643,8 @@ static int nms_exec(mts_kctx *k, int64_t *out, int64_t *count)
     int64_t maxout = 0;
     float iou = 0, sthr = 0;
     bool has_sthr = false;
-    if (tmax && (tmax->dims[0] != 0 || tmax->rank != 1) && (rc = read_scalar_int(k, tmax, "max_output_boxes_per_class", &maxout)))
+    if (tmax && mts_tensor_numel(tmax) != 0 &&
+        (rc = read_scalar_int(k, tmax, "max_output_boxes_per_class", &maxout)))
         return rc;
     const mts_tensor *ft[2] = {tiou, tsc};
     float *fv[2] = {&iou, &sthr};
