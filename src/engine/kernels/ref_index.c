@@ -644,6 +644,56 @@ static int topk_cmp(const void *ctxv, int64_t a, int64_t b)
     return c->largest ? -r : r;
 }
 
+/* topk_cmp with ties broken by position: a strict total order. */
+static int topk_cmp_pos(const void *ctxv, int64_t a, int64_t b)
+{
+    int r = topk_cmp(ctxv, a, b);
+    return r ? r : (a < b ? -1 : (a > b));
+}
+
+/* Moves heap[i] down a heap whose root is the entry that sorts last. */
+static void topk_sift(int64_t *heap, int64_t n, int64_t i, const topk_cmp_ctx *c)
+{
+    for (;;) {
+        int64_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < n && topk_cmp_pos(c, heap[l], heap[m]) > 0) m = l;
+        if (r < n && topk_cmp_pos(c, heap[r], heap[m]) > 0) m = r;
+        if (m == i) return;
+        int64_t t = heap[i];
+        heap[i] = heap[m];
+        heap[m] = t;
+        i = m;
+    }
+}
+
+/* The first kk positions of the slice in sorted order, into idx: a full sort, or for small kk a
+ * bounded heap of the best kk entries seen, then a sort of those. */
+static void topk_select(int64_t *idx, int64_t *tmp, int64_t dim, int64_t kk, const topk_cmp_ctx *c)
+{
+    if (kk * 8 >= dim) {
+        for (int64_t p = 0; p < dim; p++) idx[p] = p;
+        msort_idx(idx, tmp, dim, topk_cmp, c);
+        return;
+    }
+    int64_t n = 0;
+    for (int64_t p = 0; p < dim; p++) {
+        if (n < kk) { /* sift up */
+            int64_t i = n++;
+            idx[i] = p;
+            while (i > 0 && topk_cmp_pos(c, idx[(i - 1) / 2], idx[i]) < 0) {
+                int64_t t = idx[i];
+                idx[i] = idx[(i - 1) / 2];
+                idx[(i - 1) / 2] = t;
+                i = (i - 1) / 2;
+            }
+        } else if (topk_cmp_pos(c, p, idx[0]) < 0) {
+            idx[0] = p;
+            topk_sift(idx, n, 0, c);
+        }
+    }
+    msort_idx(idx, tmp, n, topk_cmp_pos, c);
+}
+
 typedef struct topk_job {
     mts_kctx *k;
     int64_t outer, inner, dim, kk;
@@ -664,8 +714,7 @@ static void topk_part(void *ctx, int ithr, int nthr)
         int64_t o = r / j->inner, i = r % j->inner;
         topk_cmp_ctx c = {(const uint8_t *)x->data + (o * j->dim * j->inner + i) * (int64_t)es,
                           j->inner * (int64_t)es, x->dtype, j->largest};
-        for (int64_t p = 0; p < j->dim; p++) idx[p] = p;
-        msort_idx(idx, tmp, j->dim, topk_cmp, &c);
+        topk_select(idx, tmp, j->dim, j->kk, &c);
         for (int64_t p = 0; p < j->kk; p++) {
             int64_t dst = o * j->kk * j->inner + p * j->inner + i;
             memcpy(vals + dst * (int64_t)es, c.base + idx[p] * c.stride, es);
