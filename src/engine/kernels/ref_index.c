@@ -1841,7 +1841,8 @@ static int roi_infer(mts_kctx *k)
     return set_out(k, 0, MTS_DTYPE_FLOAT, 4, d);
 }
 
-/* Bilinear read of plane p (H x W) at (y, x); *ok = 0 outside [-1, H] x [-1, W]. */
+/* The four taps (offsets into an H x W plane) and weights of a bilinear read at (y, x); ok is
+ * false outside [-1, H] x [-1, W], where the sample counts as 0. */
 typedef struct roi_pt {
     int64_t o[4];
     float w[4];
