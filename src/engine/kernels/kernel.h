@@ -139,6 +139,7 @@ extern const mts_op mts_ref_ops_math2[];     /* Mod, Round, Sign, trig, LRN, MVN
 extern const mts_op mts_ref_ops_signal[];    /* DFT, STFT, window functions, MelWeightMatrix */
 extern const mts_op mts_ref_ops_random[];    /* RandomNormal/Uniform(Like), Multinomial, Bernoulli */
 extern const mts_op mts_ref_ops_quant[];     /* (De)QuantizeLinear, QLinear*, *Integer */
+extern const mts_op mts_ref_ops_index[];     /* indexing: TopK, Scatter*, GatherND, Einsum, ... */
 
 /* Conv/ConvTranspose geometry for the fast backends (ref_conv.c): validated like the reference
  * kernels; spatial arrays normalized to 3 entries with the real dims last (leading entries are
