@@ -11,7 +11,9 @@
 
 #include "util/tensor.h"
 
-/* True for the types the engine computes with: float, uint8, int8, int32, int64, bool. */
+/* True for the types the engine holds: float, double, the 8/16/32/64-bit integers, bool, and
+ * float16/bfloat16 (which a loaded model computes in float; engine/half.c). Not string or
+ * complex. */
 bool mts_dtype_supported(mts_dtype t);
 
 /* Reads element i of an integer-typed tensor (int8/16/32/64, uint8/16/32/64, bool) as int64. */
