@@ -4,7 +4,8 @@ the main op families (Conv, depthwise Conv, BatchNormalization, Relu, MaxPool, R
 GlobalAveragePool, Gemm, Softmax) at 32x32, small enough to run hundreds of times under
 ThreadSanitizer; the same CNN exported in float16 (weights, inputs and outputs float16, the
 Resize scales float as the spec requires); and a double-precision model (y = relu(x * w + b),
-z = x - b) for the element-type tests. Usage: make_test_models.py OUTDIR
+z = x - b) and a model with one uint16, int16, uint32, uint64 and bfloat16 input and output
+each, for the element-type tests. Usage: make_test_models.py OUTDIR
 """
 import os
 import sys
@@ -68,12 +69,30 @@ def double_model():
     return m
 
 
+def types_model():
+    """One input and output of each remaining wire type: ua = a + a (uint16), nb = -b (int16),
+    uc = c * c (uint32), ud = d + d (uint64), be = e * 2 (bfloat16, computed in float)."""
+    two = helper.make_tensor("two", TensorProto.BFLOAT16, [1], [2.0])
+    nodes = [helper.make_node("Add", ["a", "a"], ["ua"]), helper.make_node("Neg", ["b"], ["nb"]),
+             helper.make_node("Mul", ["c", "c"], ["uc"]), helper.make_node("Add", ["d", "d"], ["ud"]),
+             helper.make_node("Mul", ["e", "two"], ["be"])]
+    io = [("a", "ua", TensorProto.UINT16), ("b", "nb", TensorProto.INT16), ("c", "uc", TensorProto.UINT32),
+          ("d", "ud", TensorProto.UINT64), ("e", "be", TensorProto.BFLOAT16)]
+    g = helper.make_graph(nodes, "types_model", [helper.make_tensor_value_info(i, t, ["N", 3]) for i, _, t in io],
+                          [helper.make_tensor_value_info(o, t, ["N", 3]) for _, o, t in io], initializer=[two])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.checker.check_model(m)
+    return m
+
+
 def main():
     out = sys.argv[1]
     os.makedirs(out, exist_ok=True)
     onnx.save(small_cnn(), os.path.join(out, "small_cnn.onnx"))
     onnx.save(small_cnn(half=True), os.path.join(out, "small_cnn_fp16.onnx"))
     onnx.save(double_model(), os.path.join(out, "double_model.onnx"))
+    onnx.save(types_model(), os.path.join(out, "types_model.onnx"))
     print("test models written to", out)
 
 
