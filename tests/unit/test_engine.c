@@ -74,12 +74,12 @@ static void test_npy_roundtrip_and_errors(void **state)
     assert_int_equal(mts_npy_parse(buf, 10 + hl + 8, "x", &r, &err), MTS_EINVAL);
     assert_non_null(strstr(err.msg, "payload is 8 bytes"));
     /* Unsupported dtype. */
-    const char *hdr2 = "{'descr': '<f8', 'fortran_order': False, 'shape': (1,), }";
+    const char *hdr2 = "{'descr': '<c8', 'fortran_order': False, 'shape': (1,), }";
     hl = strlen(hdr2);
     buf[8] = (char)hl;
     memcpy(buf + 10, hdr2, hl);
     assert_int_equal(mts_npy_parse(buf, 10 + hl + 8, "x", &r, &err), MTS_EUNSUPPORTED);
-    assert_non_null(strstr(err.msg, "<f8"));
+    assert_non_null(strstr(err.msg, "<c8"));
 }
 
 static void test_load_buffer_garbage(void **state)
