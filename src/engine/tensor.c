@@ -18,6 +18,12 @@ bool mts_dtype_supported(mts_dtype t)
     }
 }
 
+bool mts_dtype_core(mts_dtype t)
+{
+    return t == MTS_DTYPE_FLOAT || t == MTS_DTYPE_UINT8 || t == MTS_DTYPE_INT8 || t == MTS_DTYPE_INT32 ||
+           t == MTS_DTYPE_INT64 || t == MTS_DTYPE_BOOL;
+}
+
 int64_t mts_tensor_get_int(const mts_tensor *t, int64_t i)
 {
     const void *p = t->data;

@@ -42,7 +42,7 @@ static const mts_tensor *req_in(mts_kctx *k, int i, const char *name)
 
 static int dtype_err(mts_kctx *k, const char *what, mts_dtype t, const char *expected)
 {
-    return mts_err_set(k->err, mts_dtype_supported(t) ? MTS_EINVAL : MTS_EUNSUPPORTED,
+    return mts_err_set(k->err, mts_dtype_core(t) ? MTS_EINVAL : MTS_EUNSUPPORTED,
                        "%s has type %s, expected %s", what, mts_dtype_name(t), expected);
 }
 

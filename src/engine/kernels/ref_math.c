@@ -56,7 +56,8 @@ static const char *mask_str(unsigned m, char *buf, size_t len)
 }
 
 /* Checks that t (input `idx`) exists and has one of the dtypes in mask. Dtypes the engine can't
- * hold at all are MTS_EUNSUPPORTED; supported dtypes that the op does not accept are MTS_EINVAL. */
+ * hold at all, and held types beyond the core ones that the op does not implement, are
+ * MTS_EUNSUPPORTED; core dtypes that the op does not accept are MTS_EINVAL. */
 static int check_t(mts_kctx *k, const mts_tensor *t, int idx, unsigned mask)
 {
     char b[160];
@@ -65,8 +66,9 @@ static int check_t(mts_kctx *k, const mts_tensor *t, int idx, unsigned mask)
         return mts_err_set(k->err, MTS_EUNSUPPORTED, "input %d has dtype %s, which is not supported", idx,
                            mts_dtype_name(t->dtype));
     if (!(mask & DTM(t->dtype)))
-        return mts_err_set(k->err, MTS_EINVAL, "input %d has dtype %s; expected %s", idx,
-                           mts_dtype_name(t->dtype), mask_str(mask, b, sizeof b));
+        return mts_err_set(k->err, mts_dtype_core(t->dtype) ? MTS_EINVAL : MTS_EUNSUPPORTED,
+                           "input %d has dtype %s; expected %s", idx, mts_dtype_name(t->dtype),
+                           mask_str(mask, b, sizeof b));
     return MTS_OK;
 }
 
