@@ -64,15 +64,44 @@ static int typed_contents(kinfer *k, int i, const Inference__InferTensorContents
         have = ct->n_int_contents; field = "int_contents"; src = ct->int_contents; break;
     case MTS_DTYPE_UINT8: have = ct->n_uint_contents; field = "uint_contents"; src = ct->uint_contents; break;
     case MTS_DTYPE_BOOL: have = ct->n_bool_contents; field = "bool_contents"; src = ct->bool_contents; break;
+    case MTS_DTYPE_DOUBLE: have = ct->n_fp64_contents; field = "fp64_contents"; src = ct->fp64_contents; break;
+    case MTS_DTYPE_UINT64: have = ct->n_uint64_contents; field = "uint64_contents"; src = ct->uint64_contents; break;
+    case MTS_DTYPE_INT16: have = ct->n_int_contents; field = "int_contents"; src = ct->int_contents; break;
+    case MTS_DTYPE_UINT16: case MTS_DTYPE_UINT32:
+        have = ct->n_uint_contents; field = "uint_contents"; src = ct->uint_contents; break;
+    case MTS_DTYPE_FLOAT16: case MTS_DTYPE_BFLOAT16:
+        snprintf(msg, len, "input '%s': datatype %s has no typed contents field; send it in raw_input_contents", name,
+                 dt);
+        return MTS_EINVAL;
     default: snprintf(msg, len, "input '%s': datatype %s cannot be sent as typed contents", name, dt); return MTS_EINVAL;
     }
     char what[64];
     snprintf(what, sizeof what, "contents.%s has", field);
     int rc = mts_proto_input_count(name, t, dt, what, (int64_t)have, "values", msg, len);
     if (rc) return rc;
-    if (t->dtype == MTS_DTYPE_FLOAT || t->dtype == MTS_DTYPE_INT64 || t->dtype == MTS_DTYPE_INT32) {
+    if (t->dtype == MTS_DTYPE_FLOAT || t->dtype == MTS_DTYPE_INT64 || t->dtype == MTS_DTYPE_INT32 ||
+        t->dtype == MTS_DTYPE_DOUBLE || t->dtype == MTS_DTYPE_UINT64 || t->dtype == MTS_DTYPE_UINT32) {
         t->data = (void *)src; /* same layout: use in place */
         if (!t->data) t->data = k->owned[i] = malloc(1);
+        return MTS_OK;
+    }
+    if (t->dtype == MTS_DTYPE_INT16 || t->dtype == MTS_DTYPE_UINT16) { /* 32-bit fields: range-checked */
+        uint16_t *o16 = k->owned[i] = malloc(have ? have * 2 : 1);
+        if (!o16) {
+            snprintf(msg, len, "out of memory");
+            return MTS_ENOMEM;
+        }
+        for (size_t e = 0; e < have; e++) {
+            bool sgn = t->dtype == MTS_DTYPE_INT16;
+            int64_t v = sgn ? (int64_t)ct->int_contents[e] : (int64_t)ct->uint_contents[e];
+            if (sgn ? (v < INT16_MIN || v > INT16_MAX) : v > UINT16_MAX) {
+                snprintf(msg, len, "input '%s': contents.%s[%zu] (%lld) is out of range for %s", name, field, e,
+                         (long long)v, dt);
+                return MTS_EINVAL;
+            }
+            o16[e] = (uint16_t)v;
+        }
+        t->data = o16;
         return MTS_OK;
     }
     uint8_t *out = k->owned[i] = malloc(have ? have : 1);
@@ -546,6 +575,13 @@ static int config_datatype(mts_dtype t)
     case MTS_DTYPE_INT32: return INFERENCE__DATA_TYPE__TYPE_INT32;
     case MTS_DTYPE_INT64: return INFERENCE__DATA_TYPE__TYPE_INT64;
     case MTS_DTYPE_FLOAT: return INFERENCE__DATA_TYPE__TYPE_FP32;
+    case MTS_DTYPE_FLOAT16: return INFERENCE__DATA_TYPE__TYPE_FP16;
+    case MTS_DTYPE_BFLOAT16: return INFERENCE__DATA_TYPE__TYPE_BF16;
+    case MTS_DTYPE_DOUBLE: return INFERENCE__DATA_TYPE__TYPE_FP64;
+    case MTS_DTYPE_INT16: return INFERENCE__DATA_TYPE__TYPE_INT16;
+    case MTS_DTYPE_UINT16: return INFERENCE__DATA_TYPE__TYPE_UINT16;
+    case MTS_DTYPE_UINT32: return INFERENCE__DATA_TYPE__TYPE_UINT32;
+    case MTS_DTYPE_UINT64: return INFERENCE__DATA_TYPE__TYPE_UINT64;
     default: return INFERENCE__DATA_TYPE__TYPE_INVALID;
     }
 }

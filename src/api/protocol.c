@@ -14,6 +14,9 @@ static const struct {
 } datatypes[] = {
     {"FP32", MTS_DTYPE_FLOAT}, {"INT64", MTS_DTYPE_INT64}, {"INT32", MTS_DTYPE_INT32},
     {"INT8", MTS_DTYPE_INT8},  {"UINT8", MTS_DTYPE_UINT8}, {"BOOL", MTS_DTYPE_BOOL},
+    {"FP16", MTS_DTYPE_FLOAT16}, {"BF16", MTS_DTYPE_BFLOAT16}, {"FP64", MTS_DTYPE_DOUBLE},
+    {"INT16", MTS_DTYPE_INT16}, {"UINT16", MTS_DTYPE_UINT16}, {"UINT32", MTS_DTYPE_UINT32},
+    {"UINT64", MTS_DTYPE_UINT64},
 };
 
 const char *mts_kserve_datatype(mts_dtype t)
@@ -108,9 +111,14 @@ int mts_proto_input_decl(const mts_request *req, const char *name, const char *d
             return MTS_EINVAL;
         }
     memset(t, 0, sizeof *t);
+    if (!strcmp(datatype, "BYTES")) {
+        snprintf(msg, len, "input '%s': datatype BYTES is not supported: mtserve models take no string tensors",
+                 name);
+        return MTS_EINVAL;
+    }
     if (mts_kserve_parse_datatype(datatype, &t->dtype)) {
-        snprintf(msg, len, "input '%s': datatype '%s' is not supported (FP32, INT64, INT32, INT8, UINT8, BOOL are)",
-                 name, datatype);
+        snprintf(msg, len, "input '%s': datatype '%s' is not supported (FP32, FP16, BF16, FP64, INT64, INT32, INT16, "
+                 "INT8, UINT64, UINT32, UINT16, UINT8, BOOL are)", name, datatype);
         return MTS_EINVAL;
     }
     if (rank > MTS_MAX_RANK) {

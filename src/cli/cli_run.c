@@ -33,7 +33,19 @@ static void fill_random(mts_tensor *t, uint64_t *state)
         case MTS_DTYPE_FLOAT: ((float *)t->data)[i] = (float)((x >> 40) & 0xffffff) / 16777216.0f; break;
         case MTS_DTYPE_INT64: ((int64_t *)t->data)[i] = (int64_t)(x & 1); break;
         case MTS_DTYPE_INT32: ((int32_t *)t->data)[i] = (int32_t)(x & 1); break;
-        default: ((uint8_t *)t->data)[i] = (uint8_t)(x & 1); break;
+        case MTS_DTYPE_DOUBLE: ((double *)t->data)[i] = (double)((x >> 40) & 0xffffff) / 16777216.0; break;
+        case MTS_DTYPE_FLOAT16:
+            ((uint16_t *)t->data)[i] = mts_f32_to_f16((float)((x >> 40) & 0xffffff) / 16777216.0f);
+            break;
+        case MTS_DTYPE_BFLOAT16:
+            ((uint16_t *)t->data)[i] = mts_f32_to_bf16((float)((x >> 40) & 0xffffff) / 16777216.0f);
+            break;
+        default: { /* other integers and bool: 0 or 1 of the element's width (little-endian) */
+            size_t es = mts_dtype_size(t->dtype);
+            uint8_t *e = (uint8_t *)t->data + (size_t)i * es;
+            memset(e, 0, es);
+            e[0] = (uint8_t)(x & 1);
+        } break;
         }
     }
 }

@@ -44,6 +44,11 @@ struct mts_ctx {
     mts_team_arm arms[TEAM_ARMS];
     int next_arm;
     int64_t runs, one_thread_runs;
+    /* float16/bfloat16 graph inputs and outputs (half.c): the float inputs a run uses, the
+     * declared-type outputs it returns, and their buffers (inputs first, then outputs). */
+    mts_tensor *hin, *hout;
+    void **hbuf;
+    int64_t *hcap;
 };
 
 /* MTS_TEAM_ADAPT=0 turns the adaptive team size off (every run uses the whole team). */
@@ -109,6 +114,8 @@ int64_t mts_ctx_bytes(const mts_ctx *c)
     int64_t b = 0;
     for (int i = 0; i < c->n_slots; i++) b += c->slot_cap[i];
     for (int v = 0; v < c->m->n_values; v++) b += c->dyn_cap[v];
+    if (c->hcap)
+        for (int i = 0; i < c->m->n_inputs + c->m->n_outputs; i++) b += c->hcap[i];
     return b + c->scratch_cap;
 }
 
@@ -132,6 +139,12 @@ void mts_ctx_free(mts_ctx *c)
     free(c->dyn);
     free(c->dyn_cap);
     free(c->vals);
+    if (c->hbuf)
+        for (int i = 0; i < c->m->n_inputs + c->m->n_outputs; i++) free(c->hbuf[i]);
+    free(c->hbuf);
+    free(c->hcap);
+    free(c->hin);
+    free(c->hout);
     free(c->kin);
     free(c->kout);
     free(c->kview);
@@ -339,6 +352,80 @@ static mts_team_arm *team_arm(mts_ctx *c, const mts__plan *p)
 
 static int run_steps(mts_ctx *c, const mts__plan *p, const mts_tensor **outputs, mts_err *err);
 
+/* Buffer i of the float16/bfloat16 conversions, at least `bytes` long (arrays made on first use). */
+static void *half_buf(mts_ctx *c, int i, int64_t bytes, mts_err *err)
+{
+    mts_model *m = c->m;
+    if (!c->hbuf) {
+        size_t n = (size_t)(m->n_inputs + m->n_outputs) + 1;
+        c->hbuf = calloc(n, sizeof *c->hbuf);
+        c->hcap = calloc(n, sizeof *c->hcap);
+        c->hin = calloc(n, sizeof *c->hin);
+        c->hout = calloc(n, sizeof *c->hout);
+        if (!c->hbuf || !c->hcap || !c->hin || !c->hout) {
+            mts_err_set(err, MTS_ENOMEM, "out of memory");
+            return NULL;
+        }
+    }
+    if (bytes < 1) bytes = 1;
+    if (c->hcap[i] < bytes) {
+        free(c->hbuf[i]);
+        c->hbuf[i] = malloc((size_t)bytes);
+        c->hcap[i] = c->hbuf[i] ? bytes : 0;
+        if (!c->hbuf[i]) mts_err_set(err, MTS_ENOMEM, "out of memory (%lld bytes)", (long long)bytes);
+    }
+    return c->hbuf[i];
+}
+
+/* Converts the float16/bfloat16 graph inputs to float; *use gets the inputs the run takes. */
+static int half_inputs(mts_ctx *c, const mts_tensor *inputs, int n, const mts_tensor **use, mts_err *err)
+{
+    mts_model *m = c->m;
+    *use = inputs;
+    if (n != m->n_inputs) return MTS_OK; /* the plan's input check reports it */
+    bool any = false;
+    for (int i = 0; i < n && !any; i++) any = mts_dtype_is_half(m->values[m->inputs[i]].dtype);
+    if (!any) return MTS_OK;
+    if (!half_buf(c, 0, 0, err)) return MTS_ENOMEM;
+    for (int i = 0; i < n; i++) {
+        const mts_value *v = &m->values[m->inputs[i]];
+        c->hin[i] = inputs[i];
+        if (!mts_dtype_is_half(v->dtype)) continue;
+        if (inputs[i].dtype != v->dtype)
+            return mts_err_set(err, MTS_EINVAL, "input '%s' has type %s, the model expects %s", v->name,
+                               mts_dtype_name(inputs[i].dtype), mts_dtype_name(v->dtype));
+        int64_t ne = inputs[i].rank >= 0 && inputs[i].rank <= MTS_MAX_RANK ? mts_tensor_numel(&inputs[i]) : -1;
+        if (ne < 0 || ne > m->max_tensor_bytes / 4)
+            return mts_err_set(err, MTS_ESHAPE, "input '%s' has an invalid shape", v->name);
+        float *f = half_buf(c, i, ne * 4, err);
+        if (!f) return MTS_ENOMEM;
+        if (ne) mts__half_to_f32(v->dtype, inputs[i].data, f, ne);
+        c->hin[i].dtype = MTS_DTYPE_FLOAT;
+        c->hin[i].data = f;
+    }
+    *use = c->hin;
+    return MTS_OK;
+}
+
+/* Converts the float results of float16/bfloat16 graph outputs to their declared type. */
+static int half_outputs(mts_ctx *c, const mts_tensor **outputs, mts_err *err)
+{
+    mts_model *m = c->m;
+    for (int i = 0; i < m->n_outputs; i++) {
+        mts_dtype dt = m->values[m->outputs[i]].dtype;
+        if (!mts_dtype_is_half(dt) || outputs[i]->dtype != MTS_DTYPE_FLOAT) continue;
+        int64_t ne = mts_tensor_numel(outputs[i]);
+        uint16_t *h = half_buf(c, m->n_inputs + i, ne * 2, err);
+        if (!h) return MTS_ENOMEM;
+        if (ne) mts__f32_to_half(dt, outputs[i]->data, h, ne);
+        c->hout[i] = *outputs[i];
+        c->hout[i].dtype = dt;
+        c->hout[i].data = h;
+        outputs[i] = &c->hout[i];
+    }
+    return MTS_OK;
+}
+
 int mts_ctx_run(mts_ctx *c, const mts_tensor *inputs, int n_inputs, const mts_tensor **outputs, mts_err *err)
 {
     mts_model *m = c->m;
@@ -347,6 +434,7 @@ int mts_ctx_run(mts_ctx *c, const mts_tensor *inputs, int n_inputs, const mts_te
     for (int i = 0; i < n_inputs && i < m->n_inputs; i++)
         if (!inputs[i].data && mts_tensor_numel(&inputs[i]) != 0)
             return mts_err_set(err, MTS_EINVAL, "input '%s' has no data", m->values[m->inputs[i]].name);
+    if ((rc = half_inputs(c, inputs, n_inputs, &inputs, err))) return rc;
     if ((rc = mts__plan_get(m, inputs, n_inputs, &p, err))) return rc;
     if (p != c->plan && (rc = bind(c, p, err))) return rc;
     for (int i = 0; i < n_inputs; i++) c->vals[m->inputs[i]] = inputs[i];
@@ -452,5 +540,5 @@ static int run_steps(mts_ctx *c, const mts__plan *p, const mts_tensor **outputs,
         fprintf(stderr, "step %3d %-14s %-24s %8.3f ms\n", p->n_steps - 1, m->nodes[p->steps[p->n_steps - 1].node].op_type,
                 m->nodes[p->steps[p->n_steps - 1].node].name, now_ms() - t_step);
     for (int i = 0; i < m->n_outputs; i++) outputs[i] = &c->vals[m->outputs[i]];
-    return MTS_OK;
+    return half_outputs(c, outputs, err);
 }

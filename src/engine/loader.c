@@ -133,6 +133,7 @@ static int load_common(mts_model *m, const uint8_t *bytes, size_t len, const cha
     if ((rc = mts__resolve_backend(opts, err)) < 0) return rc;
     m->backend = rc;
     if ((rc = mts__parse_model(&src, m, err))) return rc;
+    if ((rc = mts__lower_half(m, file, err))) return rc;
     if ((rc = topo_sort(m, file, err))) return rc;
     if ((rc = resolve_ops(m, file, err))) return rc;
     return MTS_OK;

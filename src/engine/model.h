@@ -133,4 +133,10 @@ int mts__parse_model(const mts__pb_src *src, mts_model *m, mts_err *err);
 int mts__parse_tensor(const mts__pb_src *src, const uint8_t *p, size_t len, mts_pool *pool,
                       mts_tensor *t, const char **name, mts_err *err);
 
+/* float16/bfloat16 models computed in float (half.c): the load-time rewrite, and the conversions
+ * of graph inputs and outputs. */
+int mts__lower_half(mts_model *m, const char *file, mts_err *err);
+void mts__half_to_f32(mts_dtype dt, const uint16_t *src, float *dst, int64_t n);
+void mts__f32_to_half(mts_dtype dt, const float *src, uint16_t *dst, int64_t n);
+
 #endif

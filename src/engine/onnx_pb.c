@@ -405,14 +405,16 @@ int mts__parse_tensor(const mts__pb_src *s, const uint8_t *p, size_t len, mts_po
     b.p = p;
     int64_t idx = 0;
     while ((rc = pb_next(s, &b, &f, what, err)) > 0) {
-        if (f.num == 4 && t->dtype == MTS_DTYPE_FLOAT) {
-            if (f.wt == WT_I32) {
-                uint32_t v = (uint32_t)f.v;
-                if (idx < numel) memcpy((char *)data + 4 * idx++, &v, 4);
+        if ((f.num == 4 && t->dtype == MTS_DTYPE_FLOAT) || (f.num == 10 && t->dtype == MTS_DTYPE_DOUBLE)) {
+            size_t w = f.num == 4 ? 4 : 8; /* float_data / double_data: little-endian fixed width */
+            if (f.wt == WT_I32 || f.wt == WT_I64) {
+                uint32_t v32 = (uint32_t)f.v;
+                uint64_t v64 = (uint64_t)f.v;
+                if (idx < numel) memcpy((char *)data + w * (size_t)idx++, w == 4 ? (void *)&v32 : (void *)&v64, w);
             } else {
-                size_t cnt = (size_t)(f.sub.end - f.sub.p) / 4;
+                size_t cnt = (size_t)(f.sub.end - f.sub.p) / w;
                 if ((int64_t)cnt > numel - idx) cnt = (size_t)(numel - idx);
-                memcpy((char *)data + 4 * idx, f.sub.p, cnt * 4);
+                memcpy((char *)data + w * (size_t)idx, f.sub.p, cnt * w);
                 idx += (int64_t)cnt;
             }
         } else if (f.num == 5 || f.num == 7 || f.num == 11) {
@@ -425,6 +427,7 @@ int mts__parse_tensor(const mts__pb_src *s, const uint8_t *p, size_t len, mts_po
                     int64_t v = tmp[0];
                     switch (es) {
                     case 1: ((uint8_t *)data)[idx] = (uint8_t)v; break;
+                    case 2: ((uint16_t *)data)[idx] = (uint16_t)v; break;
                     case 4: ((int32_t *)data)[idx] = (int32_t)v; break;
                     case 8: ((int64_t *)data)[idx] = v; break;
                     default: break;
@@ -438,6 +441,7 @@ int mts__parse_tensor(const mts__pb_src *s, const uint8_t *p, size_t len, mts_po
             while (sb.p < sb.end && idx < numel && !pb_varint(&sb, &v)) {
                 switch (es) {
                 case 1: ((uint8_t *)data)[idx] = (uint8_t)v; break;
+                case 2: ((uint16_t *)data)[idx] = (uint16_t)v; break; /* int16/uint16, float16/bfloat16 bits */
                 case 4:
                     if (t->dtype == MTS_DTYPE_FLOAT) {
                         uint32_t u = (uint32_t)v;
@@ -871,6 +875,8 @@ static int parse_graph(const mts__pb_src *s, pb g, mts_model *m, mts_err *err)
             }
             m->outputs[m->n_outputs++] = idx;
         }
+        if (idx >= 0 && m->values[idx].kind == MTS_VALUE_INTERMEDIATE && (int)vi[i].dtype > 0)
+            m->values[idx].dtype = vi[i].dtype; /* declared type, also without a shape */
         if (idx >= 0 && m->values[idx].kind == MTS_VALUE_INTERMEDIATE && vi[i].rank >= 0) {
             m->values[idx].dtype = vi[i].dtype;
             m->values[idx].rank = vi[i].rank;

@@ -42,7 +42,8 @@ int mts__check_inputs(const mts_model *m, const mts_tensor *in, int n, mts_err *
     for (int i = 0; i < n; i++) {
         const mts_value *v = &m->values[m->inputs[i]];
         char got[128], want[128];
-        if (in[i].dtype != v->dtype)
+        /* float16/bfloat16 inputs arrive converted to float (half.c) */
+        if (in[i].dtype != v->dtype && !(mts_dtype_is_half(v->dtype) && in[i].dtype == MTS_DTYPE_FLOAT))
             return mts_err_set(err, MTS_EINVAL, "input '%s' has type %s, the model expects %s", v->name,
                                mts_dtype_name(in[i].dtype), mts_dtype_name(v->dtype));
         if (in[i].rank < 0 || in[i].rank > MTS_MAX_RANK || mts_tensor_numel(&in[i]) < 0)
@@ -385,6 +386,23 @@ int mts__plan_get(mts_model *m, const mts_tensor *inputs, int n, const mts__plan
 {
     int rc = mts__check_inputs(m, inputs, n, err);
     if (rc) return rc;
+    /* A float16/bfloat16 input is computed in float (half.c): plans see it as float. */
+    mts_tensor *norm = NULL;
+    for (int i = 0; i < n; i++)
+        if (mts_dtype_is_half(inputs[i].dtype)) {
+            if (!norm) {
+                norm = malloc(sizeof *norm * (size_t)n);
+                if (!norm) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+                memcpy(norm, inputs, sizeof *norm * (size_t)n);
+            }
+            norm[i].dtype = MTS_DTYPE_FLOAT;
+            norm[i].data = NULL;
+        }
+    if (norm) {
+        rc = mts__plan_get(m, norm, n, out, err);
+        free(norm);
+        return rc;
+    }
     pthread_mutex_lock(&m->plan_lock);
     for (mts__plan *p = m->plans; p; p = p->next)
         if (sig_match(p, inputs, n)) {

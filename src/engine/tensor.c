@@ -7,8 +7,21 @@
 
 bool mts_dtype_supported(mts_dtype t)
 {
-    return t == MTS_DTYPE_FLOAT || t == MTS_DTYPE_UINT8 || t == MTS_DTYPE_INT8 ||
-           t == MTS_DTYPE_INT32 || t == MTS_DTYPE_INT64 || t == MTS_DTYPE_BOOL;
+    switch (t) {
+    case MTS_DTYPE_FLOAT: case MTS_DTYPE_UINT8: case MTS_DTYPE_INT8: case MTS_DTYPE_UINT16:
+    case MTS_DTYPE_INT16: case MTS_DTYPE_INT32: case MTS_DTYPE_INT64: case MTS_DTYPE_BOOL:
+    case MTS_DTYPE_FLOAT16: case MTS_DTYPE_DOUBLE: case MTS_DTYPE_UINT32: case MTS_DTYPE_UINT64:
+    case MTS_DTYPE_BFLOAT16:
+        return true;
+    default:
+        return false;
+    }
+}
+
+bool mts_dtype_core(mts_dtype t)
+{
+    return t == MTS_DTYPE_FLOAT || t == MTS_DTYPE_UINT8 || t == MTS_DTYPE_INT8 || t == MTS_DTYPE_INT32 ||
+           t == MTS_DTYPE_INT64 || t == MTS_DTYPE_BOOL;
 }
 
 int64_t mts_tensor_get_int(const mts_tensor *t, int64_t i)
@@ -25,6 +38,8 @@ int64_t mts_tensor_get_int(const mts_tensor *t, int64_t i)
     case MTS_DTYPE_UINT64: return (int64_t)((const uint64_t *)p)[i];
     case MTS_DTYPE_FLOAT: return (int64_t)((const float *)p)[i];
     case MTS_DTYPE_DOUBLE: return (int64_t)((const double *)p)[i];
+    case MTS_DTYPE_FLOAT16: return (int64_t)mts_f16_to_f32(((const uint16_t *)p)[i]);
+    case MTS_DTYPE_BFLOAT16: return (int64_t)mts_bf16_to_f32(((const uint16_t *)p)[i]);
     default: return 0;
     }
 }
@@ -34,6 +49,9 @@ double mts_tensor_get_f64(const mts_tensor *t, int64_t i)
     switch (t->dtype) {
     case MTS_DTYPE_FLOAT: return ((const float *)t->data)[i];
     case MTS_DTYPE_DOUBLE: return ((const double *)t->data)[i];
+    case MTS_DTYPE_FLOAT16: return mts_f16_to_f32(((const uint16_t *)t->data)[i]);
+    case MTS_DTYPE_BFLOAT16: return mts_bf16_to_f32(((const uint16_t *)t->data)[i]);
+    case MTS_DTYPE_UINT64: return (double)((const uint64_t *)t->data)[i];
     default: return (double)mts_tensor_get_int(t, i);
     }
 }

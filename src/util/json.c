@@ -883,7 +883,8 @@ static int bad_value(const mts_json *v, int64_t k, mts_dtype dt, mts_err *err)
     if (dt == MTS_DTYPE_BOOL)
         return mts_err_set(err, MTS_EINVAL, "data element %lld (%s) is not a bool (expected true, false, 0 or 1)",
                            (long long)k, num);
-    if (dt != MTS_DTYPE_FLOAT && !(v->flags & NUM_INT) && v->u.d != trunc(v->u.d))
+    bool fp = dt == MTS_DTYPE_FLOAT || dt == MTS_DTYPE_DOUBLE || dt == MTS_DTYPE_FLOAT16 || dt == MTS_DTYPE_BFLOAT16;
+    if (!fp && !(v->flags & NUM_INT) && v->u.d != trunc(v->u.d))
         return mts_err_set(err, MTS_EINVAL, "data element %lld (%s) is not an integer (%s)", (long long)k, num, name);
     return mts_err_set(err, MTS_EINVAL, "data element %lld (%s) is out of range for %s", (long long)k, num, name);
 }
@@ -900,13 +901,36 @@ static inline int put_elem(const mts_json *v, mts_dtype dt, void *out, int64_t k
             ((float *)out)[k] = f;
             return 0;
         }
-        if (!(v->flags & NUM_INT)) return bad_value(v, k, dt, err);
+        if (dt == MTS_DTYPE_DOUBLE || dt == MTS_DTYPE_FLOAT16 || dt == MTS_DTYPE_BFLOAT16) {
+            double d = (v->flags & NUM_INT) ? ((v->flags & NUM_NEGZERO) ? -0.0 : (double)v->u.i) : v->u.d;
+            if (isinf(d)) return bad_value(v, k, dt, err);
+            if (dt == MTS_DTYPE_DOUBLE) {
+                ((double *)out)[k] = d;
+                return 0;
+            }
+            uint16_t h = dt == MTS_DTYPE_FLOAT16 ? mts_f64_to_f16(d) : mts_f64_to_bf16(d);
+            if ((h & 0x7fffu) == (dt == MTS_DTYPE_FLOAT16 ? 0x7c00u : 0x7f80u)) return bad_value(v, k, dt, err);
+            ((uint16_t *)out)[k] = h;
+            return 0;
+        }
+        if (!(v->flags & NUM_INT)) {
+            /* uint64 beyond int64's range arrives as a double */
+            if (dt == MTS_DTYPE_UINT64 && v->u.d >= 9223372036854775808.0 && v->u.d < 18446744073709551616.0 &&
+                v->u.d == trunc(v->u.d)) {
+                ((uint64_t *)out)[k] = (uint64_t)v->u.d;
+                return 0;
+            }
+            return bad_value(v, k, dt, err);
+        }
         iv = v->u.i;
     } else if (v->type == MTS_JSON_BOOL) {
         iv = v->u.i;
-        if (dt == MTS_DTYPE_FLOAT) {
-            ((float *)out)[k] = (float)iv;
-            return 0;
+        switch (dt) {
+        case MTS_DTYPE_FLOAT: ((float *)out)[k] = (float)iv; return 0;
+        case MTS_DTYPE_DOUBLE: ((double *)out)[k] = (double)iv; return 0;
+        case MTS_DTYPE_FLOAT16: ((uint16_t *)out)[k] = iv ? 0x3c00u : 0; return 0;
+        case MTS_DTYPE_BFLOAT16: ((uint16_t *)out)[k] = iv ? 0x3f80u : 0; return 0;
+        default: break;
         }
     } else {
         return mts_err_set(err, MTS_EINVAL, "data element %lld is %s, expected a number or bool", (long long)k,
@@ -926,6 +950,22 @@ static inline int put_elem(const mts_json *v, mts_dtype dt, void *out, int64_t k
         if (iv < 0 || iv > UINT8_MAX) return bad_value(v, k, dt, err);
         ((uint8_t *)out)[k] = (uint8_t)iv;
         return 0;
+    case MTS_DTYPE_INT16:
+        if (iv < INT16_MIN || iv > INT16_MAX) return bad_value(v, k, dt, err);
+        ((int16_t *)out)[k] = (int16_t)iv;
+        return 0;
+    case MTS_DTYPE_UINT16:
+        if (iv < 0 || iv > UINT16_MAX) return bad_value(v, k, dt, err);
+        ((uint16_t *)out)[k] = (uint16_t)iv;
+        return 0;
+    case MTS_DTYPE_UINT32:
+        if (iv < 0 || iv > (int64_t)UINT32_MAX) return bad_value(v, k, dt, err);
+        ((uint32_t *)out)[k] = (uint32_t)iv;
+        return 0;
+    case MTS_DTYPE_UINT64:
+        if (iv < 0) return bad_value(v, k, dt, err);
+        ((uint64_t *)out)[k] = (uint64_t)iv;
+        return 0;
     default: /* BOOL */
         if (iv != 0 && iv != 1) return bad_value(v, k, dt, err);
         ((uint8_t *)out)[k] = (uint8_t)iv;
@@ -938,6 +978,8 @@ int mts_json_flatten(const mts_json *arr, mts_dtype dtype, void *out, int64_t n_
     switch (dtype) {
     case MTS_DTYPE_FLOAT: case MTS_DTYPE_INT64: case MTS_DTYPE_INT32:
     case MTS_DTYPE_INT8: case MTS_DTYPE_UINT8: case MTS_DTYPE_BOOL:
+    case MTS_DTYPE_DOUBLE: case MTS_DTYPE_FLOAT16: case MTS_DTYPE_BFLOAT16:
+    case MTS_DTYPE_INT16: case MTS_DTYPE_UINT16: case MTS_DTYPE_UINT32: case MTS_DTYPE_UINT64:
         break;
     default:
         return mts_err_set(err, MTS_EUNSUPPORTED, "JSON data of type %s is not supported", mts_dtype_name(dtype));
@@ -1507,6 +1549,10 @@ void mts_jw_tensor_data(mts_jw *w, mts_dtype dtype, const void *data, int64_t n)
     case MTS_DTYPE_INT32: per = 12; break;
     case MTS_DTYPE_INT8: case MTS_DTYPE_UINT8: per = 5; break;
     case MTS_DTYPE_BOOL: per = 6; break;
+    case MTS_DTYPE_FLOAT16: case MTS_DTYPE_BFLOAT16: per = 17; break;
+    case MTS_DTYPE_INT16: case MTS_DTYPE_UINT16: per = 7; break;
+    case MTS_DTYPE_UINT32: per = 12; break;
+    case MTS_DTYPE_UINT64: per = 21; break;
     default: jw_misuse(w, "tensor data of type %s", mts_dtype_name(dtype)); return;
     }
     if (n < 0 || (n > 0 && !data)) {
@@ -1529,6 +1575,12 @@ void mts_jw_tensor_data(mts_jw *w, mts_dtype dtype, const void *data, int64_t n)
             case MTS_DTYPE_INT32: o += fmt_i64(((const int32_t *)data)[i], o); break;
             case MTS_DTYPE_INT8: o += fmt_i64(((const int8_t *)data)[i], o); break;
             case MTS_DTYPE_UINT8: o += fmt_u64(((const uint8_t *)data)[i], o); break;
+            case MTS_DTYPE_FLOAT16: o += fmt_float(mts_f16_to_f32(((const uint16_t *)data)[i]), o); break;
+            case MTS_DTYPE_BFLOAT16: o += fmt_float(mts_bf16_to_f32(((const uint16_t *)data)[i]), o); break;
+            case MTS_DTYPE_INT16: o += fmt_i64(((const int16_t *)data)[i], o); break;
+            case MTS_DTYPE_UINT16: o += fmt_u64(((const uint16_t *)data)[i], o); break;
+            case MTS_DTYPE_UINT32: o += fmt_u64(((const uint32_t *)data)[i], o); break;
+            case MTS_DTYPE_UINT64: o += fmt_u64(((const uint64_t *)data)[i], o); break;
             default:
                 if (((const uint8_t *)data)[i]) {
                     memcpy(o, "true", 4);

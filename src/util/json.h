@@ -123,9 +123,10 @@ bool mts_json_bool(const mts_json *v);
 int64_t mts_json_numel(const mts_json *v);
 
 /* Flattens a (possibly nested, row-major) array of numbers/bools -- or a single number/bool --
- * into out, n_expected elements of dtype FLOAT, INT64, INT32, INT8, UINT8 or BOOL. Only the
- * leaf count is checked against n_expected, not the nesting. Conversions: to float, rounding
- * to nearest (magnitudes beyond float range are errors); to integer types, only exact integers
+ * into out, n_expected elements of dtype FLOAT, DOUBLE, FLOAT16, BFLOAT16 (stored as their
+ * 16-bit patterns), INT64/32/16/8, UINT64/32/16/8 or BOOL. Only the
+ * leaf count is checked against n_expected, not the nesting. Conversions: to float types,
+ * rounding to nearest (magnitudes beyond the type's range are errors); to integer types, only exact integers
  * within the type's range; to bool, true/false/0/1; bools count as 1/0 for numeric types.
  * Errors (MTS_EINVAL; out's contents then unspecified):
  *     "data has 5 elements, expected 6"
@@ -179,8 +180,9 @@ void mts_jw_bool(mts_jw *w, bool v);
 void mts_jw_null(mts_jw *w);
 /* Writes len bytes of already-serialised JSON as one value (not checked). */
 void mts_jw_raw(mts_jw *w, const char *json, size_t len);
-/* Writes a flat array of n elements of tensor data: FLOAT, DOUBLE, INT64, INT32, INT8, UINT8
- * or BOOL (as true/false). Other dtypes are a misuse (MTS_EINVAL). */
+/* Writes a flat array of n elements of tensor data: FLOAT, DOUBLE, FLOAT16/BFLOAT16 (16-bit
+ * patterns, written as the numbers they hold), INT64/32/16/8, UINT64/32/16/8 or BOOL (as
+ * true/false). Other dtypes are a misuse (MTS_EINVAL). */
 void mts_jw_tensor_data(mts_jw *w, mts_dtype dtype, const void *data, int64_t n);
 
 /* Formats v into buf (at least MTS_JSON_FLOAT_MAX bytes: the text is at most 16 bytes, the rest

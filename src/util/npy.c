@@ -1,7 +1,7 @@
 /*
  * .npy reader and writer. The header is a Python dict literal; we accept exactly the keys
  * numpy writes ('descr', 'fortran_order', 'shape') and the dtypes the engine computes with
- * ('<f4', '<i8', '<i4', '|u1', '|i1', '|b1'), and check the payload size against the shape.
+ * ('<f4', '<f8', '<f2', '<i8', '<i4', '<i2', '<u8', '<u4', '<u2', '|u1', '|i1', '|b1'; numpy has no bfloat16), and check the payload size against the shape.
  */
 #include "util/npy.h"
 
@@ -16,6 +16,8 @@ static const struct {
 } npy_types[] = {
     {"<f4", MTS_DTYPE_FLOAT}, {"<i8", MTS_DTYPE_INT64}, {"<i4", MTS_DTYPE_INT32},
     {"|u1", MTS_DTYPE_UINT8}, {"|i1", MTS_DTYPE_INT8},  {"|b1", MTS_DTYPE_BOOL},
+    {"<f8", MTS_DTYPE_DOUBLE}, {"<f2", MTS_DTYPE_FLOAT16}, {"<i2", MTS_DTYPE_INT16},
+    {"<u2", MTS_DTYPE_UINT16}, {"<u4", MTS_DTYPE_UINT32}, {"<u8", MTS_DTYPE_UINT64},
 };
 
 static const char *descr_of(mts_dtype t)
@@ -60,7 +62,7 @@ int mts_npy_parse(const void *buf, size_t len, const char *name, mts_tensor *t, 
             t->dtype = npy_types[i].dtype;
     if (!strcmp(descr, "<u1") || !strcmp(descr, "u1")) t->dtype = MTS_DTYPE_UINT8;
     if (t->dtype == MTS_DTYPE_UNDEFINED)
-        return mts_err_set(err, MTS_EUNSUPPORTED, "%s: .npy dtype '%s' is not supported (use <f4, <i8, <i4, |u1, |i1, |b1)",
+        return mts_err_set(err, MTS_EUNSUPPORTED, "%s: .npy dtype '%s' is not supported (use <f4, <f8, <f2, <i8, <i4, <i2, <u8, <u4, <u2, |u1, |i1, |b1)",
                            name, descr);
     const char *fv = strchr(f + 15, ':');
     if (!fv) return mts_err_set(err, MTS_EINVAL, "%s: bad fortran_order in .npy header", name);

@@ -1,8 +1,10 @@
 /*
- * Element types (sizes and ONNX names) and shape arithmetic with overflow checks (see tensor.h).
+ * Element types (sizes and ONNX names), float16/bfloat16 conversions and shape arithmetic with
+ * overflow checks (see tensor.h).
  */
 #include "util/tensor.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -11,7 +13,7 @@ size_t mts_dtype_size(mts_dtype t)
     switch (t) {
     case MTS_DTYPE_FLOAT: case MTS_DTYPE_INT32: case MTS_DTYPE_UINT32: return 4;
     case MTS_DTYPE_UINT8: case MTS_DTYPE_INT8: case MTS_DTYPE_BOOL: return 1;
-    case MTS_DTYPE_UINT16: case MTS_DTYPE_INT16: case MTS_DTYPE_FLOAT16: return 2;
+    case MTS_DTYPE_UINT16: case MTS_DTYPE_INT16: case MTS_DTYPE_FLOAT16: case MTS_DTYPE_BFLOAT16: return 2;
     case MTS_DTYPE_INT64: case MTS_DTYPE_DOUBLE: case MTS_DTYPE_UINT64: return 8;
     default: return 0;
     }
@@ -77,4 +79,83 @@ const char *mts_shape_str(const mts_tensor *t, char *buf, size_t len)
         off += (size_t)snprintf(buf + off, len - off, i ? ",%lld" : "%lld", (long long)t->dims[i]);
     if (off < len) snprintf(buf + off, len - off, "]");
     return buf;
+}
+
+bool mts_dtype_is_half(mts_dtype t)
+{
+    return t == MTS_DTYPE_FLOAT16 || t == MTS_DTYPE_BFLOAT16;
+}
+
+static inline uint32_t f32_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static inline float bits_f32(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+float mts_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0x1f) return bits_f32(sign | 0x7f800000u | (m << 13)); /* inf / NaN (payload kept) */
+    if (e == 0) {                                                     /* zero / subnormal: m * 2^-24 */
+        float v = (float)m * 5.9604644775390625e-8f;
+        return sign ? -v : v;
+    }
+    return bits_f32(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+uint16_t mts_f32_to_f16(float f)
+{
+    uint32_t x = f32_bits(f);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+    x &= 0x7fffffffu;
+    if (x > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((x >> 13) & 0x3ffu)); /* NaN stays NaN */
+    if (x >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);                       /* >= 65520: inf */
+    if (x < 0x38800000u) {                                                          /* below 2^-14 */
+        float r = nearbyintf(bits_f32(x) * 16777216.0f); /* multiples of 2^-24, ties to even */
+        return (uint16_t)(sign | (uint16_t)r);
+    }
+    x += 0xfffu + ((x >> 13) & 1u); /* round the 13 dropped bits to nearest even */
+    return (uint16_t)(sign | ((x - (112u << 23)) >> 13));
+}
+
+/* d rounded toward zero to float, with the lowest bit set when inexact ("round to odd"): a
+ * later rounding to a format at least two bits narrower is then the correct rounding of d. */
+static float f64_to_f32_odd(double d)
+{
+    if (d != d) return (float)d;
+    float f = (float)d;
+    if (fabs((double)f) > fabs(d)) f = nextafterf(f, 0.0f);
+    if ((double)f != d) f = bits_f32(f32_bits(f) | 1u);
+    return f;
+}
+
+uint16_t mts_f64_to_f16(double d)
+{
+    return mts_f32_to_f16(f64_to_f32_odd(d));
+}
+
+float mts_bf16_to_f32(uint16_t h)
+{
+    return bits_f32((uint32_t)h << 16);
+}
+
+uint16_t mts_f32_to_bf16(float f)
+{
+    uint32_t x = f32_bits(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u);
+    x += 0x7fffu + ((x >> 16) & 1u);
+    return (uint16_t)(x >> 16);
+}
+
+uint16_t mts_f64_to_bf16(double d)
+{
+    return mts_f32_to_bf16(f64_to_f32_odd(d));
 }

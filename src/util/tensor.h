@@ -52,6 +52,19 @@ int64_t mts_tensor_numel(const mts_tensor *t);
 /* Bytes needed for the data, or -1 on overflow / unsupported dtype. */
 int64_t mts_tensor_nbytes(const mts_tensor *t);
 bool mts_shape_equal(const mts_tensor *a, const mts_tensor *b);
+
+/* Half-precision conversions. float16 (IEEE binary16) and bfloat16 are 16-bit patterns; the
+ * narrowing conversions round to nearest, ties to even, keep NaN a (quiet) NaN and the sign,
+ * and give infinity past the largest finite value. The double versions round once (no double
+ * rounding through float). */
+float mts_f16_to_f32(uint16_t h);
+uint16_t mts_f32_to_f16(float f);
+uint16_t mts_f64_to_f16(double d);
+float mts_bf16_to_f32(uint16_t h);
+uint16_t mts_f32_to_bf16(float f);
+uint16_t mts_f64_to_bf16(double d);
+/* True for float16 and bfloat16. */
+bool mts_dtype_is_half(mts_dtype t);
 /* Writes "[1,3,224,224]" into buf. */
 const char *mts_shape_str(const mts_tensor *t, char *buf, size_t len);
 

@@ -83,9 +83,9 @@ def main():
         [helper.make_node("Add", ["x", "b"], ["a"], name="n1"),
          helper.make_node("Relu", ["a"], ["b"], name="n2")],
         [vi("x")], [vi("a")]), "load", "cycle")
-    put_model("double_input.onnx", small_model(
+    put_model("complex_input.onnx", small_model(
         [helper.make_node("Relu", ["x"], ["y"])],
-        [vi("x", TensorProto.DOUBLE)], [vi("y", TensorProto.DOUBLE)]), "load", "double")
+        [vi("x", TensorProto.COMPLEX64)], [vi("y", TensorProto.COMPLEX64)]), "load", "complex64")
     bad = numpy_helper.from_array(np.ones((4, 4), np.float32), "w")
     bad.raw_data = bad.raw_data[:40]
     put_model("raw_size.onnx", small_model(

@@ -2,7 +2,10 @@
 """Small fixed-seed models for the unit and concurrency tests (tests/unit): a CNN that touches
 the main op families (Conv, depthwise Conv, BatchNormalization, Relu, MaxPool, Resize, Concat,
 GlobalAveragePool, Gemm, Softmax) at 32x32, small enough to run hundreds of times under
-ThreadSanitizer. Usage: make_test_models.py OUTDIR
+ThreadSanitizer; the same CNN exported in float16 (weights, inputs and outputs float16, the
+Resize scales float as the spec requires); and a double-precision model (y = relu(x * w + b),
+z = x - b) and a model with one uint16, int16, uint32, uint64 and bfloat16 input and output
+each, for the element-type tests. Usage: make_test_models.py OUTDIR
 """
 import os
 import sys
@@ -12,14 +15,15 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 
-def main():
-    out = sys.argv[1]
-    os.makedirs(out, exist_ok=True)
+def small_cnn(half=False):
+    """The small CNN; half=True: float16 weights, inputs and outputs."""
     rng = np.random.default_rng(7)
+    ft = np.float16 if half else np.float32
+    et = TensorProto.FLOAT16 if half else TensorProto.FLOAT
     inits = []
 
     def w(name, *shape, scale=0.3):
-        inits.append(numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name))
+        inits.append(numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32).astype(ft), name))
         return name
 
     nodes = [
@@ -37,17 +41,58 @@ def main():
         helper.make_node("Gemm", ["flat", w("fcw", 4, 10), w("fcb", 10)], ["logits"]),
         helper.make_node("Softmax", ["logits"], ["probs"], axis=-1),
     ]
-    inits.append(numpy_helper.from_array(np.abs(rng.standard_normal(8)).astype(np.float32) + 0.5, "var"))
+    inits.append(numpy_helper.from_array((np.abs(rng.standard_normal(8)).astype(np.float32) + 0.5).astype(ft), "var"))
     inits.append(numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales"))
-    g = helper.make_graph(nodes, "small_cnn",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 32, 32])],
-                          [helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["N", 10]),
-                           helper.make_tensor_value_info("s2", TensorProto.FLOAT, ["N", 4, 32, 32])],
+    g = helper.make_graph(nodes, "small_cnn_fp16" if half else "small_cnn",
+                          [helper.make_tensor_value_info("x", et, ["N", 3, 32, 32])],
+                          [helper.make_tensor_value_info("probs", et, ["N", 10]),
+                           helper.make_tensor_value_info("s2", et, ["N", 4, 32, 32])],
                           initializer=inits)
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 8
     onnx.checker.check_model(m)
-    onnx.save(m, os.path.join(out, "small_cnn.onnx"))
+    return m
+
+
+def double_model():
+    """x[N,4] double -> y = relu(x * w + b), z = x - b (both double)."""
+    w = numpy_helper.from_array(np.array([1.5, -2.0, 0.25, 3.0], np.float64), "w")
+    b = numpy_helper.from_array(np.array([0.1, 0.2, -0.3, 1e-12], np.float64), "b")
+    nodes = [helper.make_node("Mul", ["x", "w"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["s"]),
+             helper.make_node("Relu", ["s"], ["y"]), helper.make_node("Sub", ["x", "b"], ["z"])]
+    g = helper.make_graph(nodes, "double_model", [helper.make_tensor_value_info("x", TensorProto.DOUBLE, ["N", 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.DOUBLE, ["N", 4]),
+                           helper.make_tensor_value_info("z", TensorProto.DOUBLE, ["N", 4])], initializer=[w, b])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.checker.check_model(m)
+    return m
+
+
+def types_model():
+    """One input and output of each remaining wire type: ua = a + a (uint16), nb = -b (int16),
+    uc = c * c (uint32), ud = d + d (uint64), be = e * 2 (bfloat16, computed in float)."""
+    two = helper.make_tensor("two", TensorProto.BFLOAT16, [1], [2.0])
+    nodes = [helper.make_node("Add", ["a", "a"], ["ua"]), helper.make_node("Neg", ["b"], ["nb"]),
+             helper.make_node("Mul", ["c", "c"], ["uc"]), helper.make_node("Add", ["d", "d"], ["ud"]),
+             helper.make_node("Mul", ["e", "two"], ["be"])]
+    io = [("a", "ua", TensorProto.UINT16), ("b", "nb", TensorProto.INT16), ("c", "uc", TensorProto.UINT32),
+          ("d", "ud", TensorProto.UINT64), ("e", "be", TensorProto.BFLOAT16)]
+    g = helper.make_graph(nodes, "types_model", [helper.make_tensor_value_info(i, t, ["N", 3]) for i, _, t in io],
+                          [helper.make_tensor_value_info(o, t, ["N", 3]) for _, o, t in io], initializer=[two])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.checker.check_model(m)
+    return m
+
+
+def main():
+    out = sys.argv[1]
+    os.makedirs(out, exist_ok=True)
+    onnx.save(small_cnn(), os.path.join(out, "small_cnn.onnx"))
+    onnx.save(small_cnn(half=True), os.path.join(out, "small_cnn_fp16.onnx"))
+    onnx.save(double_model(), os.path.join(out, "double_model.onnx"))
+    onnx.save(types_model(), os.path.join(out, "types_model.onnx"))
     print("test models written to", out)
 
 

@@ -3,6 +3,8 @@
  * round-trips and malformed .npy files, loading from memory, input validation messages, and
  * plan reuse across runs and batch sizes.
  */
+#include <float.h>
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -74,12 +76,42 @@ static void test_npy_roundtrip_and_errors(void **state)
     assert_int_equal(mts_npy_parse(buf, 10 + hl + 8, "x", &r, &err), MTS_EINVAL);
     assert_non_null(strstr(err.msg, "payload is 8 bytes"));
     /* Unsupported dtype. */
-    const char *hdr2 = "{'descr': '<f8', 'fortran_order': False, 'shape': (1,), }";
+    const char *hdr2 = "{'descr': '<c8', 'fortran_order': False, 'shape': (1,), }";
     hl = strlen(hdr2);
     buf[8] = (char)hl;
     memcpy(buf + 10, hdr2, hl);
     assert_int_equal(mts_npy_parse(buf, 10 + hl + 8, "x", &r, &err), MTS_EUNSUPPORTED);
-    assert_non_null(strstr(err.msg, "<f8"));
+    assert_non_null(strstr(err.msg, "<c8"));
+}
+
+/* float16/bfloat16 conversions: exact values, ties to even, overflow to infinity, subnormals,
+ * NaN kept, and one rounding from double (no double rounding through float). */
+static void test_half_conversions(void **state)
+{
+    (void)state;
+    assert_int_equal(mts_f32_to_f16(1.0f), 0x3c00);
+    assert_int_equal(mts_f32_to_f16(-2.0f), 0xc000);
+    assert_int_equal(mts_f32_to_f16(65504.0f), 0x7bff);
+    assert_int_equal(mts_f32_to_f16(65519.0f), 0x7bff);
+    assert_int_equal(mts_f32_to_f16(65520.0f), 0x7c00);          /* halfway to 65536: even is inf */
+    assert_int_equal(mts_f32_to_f16(1.0f + 1.0f / 2048), 0x3c00); /* tie: to the even 1.0 */
+    assert_int_equal(mts_f32_to_f16(1.0f + 3.0f / 2048), 0x3c02); /* tie: to the even 1+2/1024 */
+    assert_int_equal(mts_f32_to_f16(5.9604644775390625e-8f), 0x0001); /* smallest subnormal */
+    assert_int_equal(mts_f32_to_f16(2.98023223876953125e-8f), 0x0000); /* half of it: tie to 0 */
+    assert_int_equal(mts_f32_to_f16(-INFINITY), 0xfc00);
+    assert_true((mts_f32_to_f16(NAN) & 0x7c00) == 0x7c00 && (mts_f32_to_f16(NAN) & 0x3ff) != 0);
+    assert_true(mts_f16_to_f32(0x0001) == 5.9604644775390625e-8f);
+    assert_true(mts_f16_to_f32(0x7bff) == 65504.0f);
+    assert_true(isnan(mts_f16_to_f32(0x7e00)));
+    /* 1 + 2^-11 + 2^-40 is just above the tie: rounds up; through float it would tie to 1.0 */
+    assert_int_equal(mts_f64_to_f16(1.0 + 1.0 / 2048 + 1.0 / 1099511627776.0), 0x3c01);
+    assert_int_equal(mts_f32_to_bf16(1.0f), 0x3f80);
+    assert_int_equal(mts_f32_to_bf16(1.0f + 1.0f / 256), 0x3f80);  /* tie to even */
+    assert_int_equal(mts_f32_to_bf16(1.0f + 3.0f / 256), 0x3f82);
+    assert_int_equal(mts_f32_to_bf16(FLT_MAX), 0x7f80);            /* rounds past bf16's max */
+    assert_true(mts_bf16_to_f32(0xc040) == -3.0f);
+    assert_true(isnan(mts_bf16_to_f32(mts_f32_to_bf16(NAN))));
+    assert_int_equal(mts_f64_to_bf16(1.0 + 1.0 / 256 + 1e-12), 0x3f81);
 }
 
 static void test_load_buffer_garbage(void **state)
@@ -147,6 +179,7 @@ int main(void)
         cmocka_unit_test(test_numel_overflow),
         cmocka_unit_test(test_broadcast),
         cmocka_unit_test(test_npy_roundtrip_and_errors),
+        cmocka_unit_test(test_half_conversions),
         cmocka_unit_test(test_load_buffer_garbage),
         cmocka_unit_test(test_input_validation_and_plans),
     };

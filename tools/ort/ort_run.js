@@ -24,6 +24,7 @@ try {
 const DTYPES = {
   f4: { ort: 'float32', arr: Float32Array },
   f8: { ort: 'float64', arr: Float64Array },
+  f2: { ort: 'float16', arr: Uint16Array },
   i8: { ort: 'int64', arr: BigInt64Array },
   u8: { ort: 'uint64', arr: BigUint64Array },
   i4: { ort: 'int32', arr: Int32Array },

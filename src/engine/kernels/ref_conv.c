@@ -42,7 +42,7 @@ static const mts_tensor *req_in(mts_kctx *k, int i, const char *name)
 
 static int dtype_err(mts_kctx *k, const char *what, mts_dtype t, const char *expected)
 {
-    return mts_err_set(k->err, mts_dtype_supported(t) ? MTS_EINVAL : MTS_EUNSUPPORTED,
+    return mts_err_set(k->err, mts_dtype_core(t) ? MTS_EINVAL : MTS_EUNSUPPORTED,
                        "%s has type %s, expected %s", what, mts_dtype_name(t), expected);
 }
 
@@ -1335,9 +1335,18 @@ static int rs_run_nearest(mts_kctx *k, const rs_desc *d)
     size_t es = mts_dtype_size(X->dtype);
     int64_t L = d->out[r - 1], rows = onum / L;
     int64_t cnt[MTS_MAX_RANK] = {0};
-    union { float f; int8_t i8; uint8_t u8; int32_t i32; int64_t i64; } ev;
+    union { float f; double d; int8_t i8; uint8_t u8; int16_t i16; uint16_t u16; int32_t i32; uint32_t u32;
+            int64_t i64; uint64_t u64; } ev;
+    memset(&ev, 0, sizeof ev);
+    /* the value as an integer, defined for any float (out of range: 0) */
+    int64_t ei = isfinite(d->extrap) && fabs((double)d->extrap) < 9.0e18 ? (int64_t)d->extrap : 0;
     switch (X->dtype) {
     case MTS_DTYPE_FLOAT: ev.f = d->extrap; break;
+    case MTS_DTYPE_DOUBLE: ev.d = d->extrap; break;
+    case MTS_DTYPE_INT16: ev.i16 = (int16_t)(uint16_t)(uint64_t)ei; break;
+    case MTS_DTYPE_UINT16: ev.u16 = (uint16_t)(uint64_t)ei; break;
+    case MTS_DTYPE_UINT32: ev.u32 = (uint32_t)(uint64_t)ei; break;
+    case MTS_DTYPE_UINT64: ev.u64 = (uint64_t)ei; break;
     case MTS_DTYPE_INT8: ev.i8 = (int8_t)d->extrap; break;
     case MTS_DTYPE_INT32: ev.i32 = (int32_t)d->extrap; break;
     case MTS_DTYPE_INT64: ev.i64 = (int64_t)d->extrap; break;

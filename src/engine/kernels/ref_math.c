@@ -30,16 +30,23 @@
 #define M_I32 DTM(MTS_DTYPE_INT32)
 #define M_I64 DTM(MTS_DTYPE_INT64)
 #define M_BOOL DTM(MTS_DTYPE_BOOL)
-#define M_SINT (M_I8 | M_I32 | M_I64)
-#define M_INT (M_SINT | M_U8)
-#define M_NUM (M_F32 | M_INT)
-#define M_SNUM (M_F32 | M_SINT)
+#define M_F64 DTM(MTS_DTYPE_DOUBLE)
+#define M_I16 DTM(MTS_DTYPE_INT16)
+#define M_U16 DTM(MTS_DTYPE_UINT16)
+#define M_U32 DTM(MTS_DTYPE_UINT32)
+#define M_U64 DTM(MTS_DTYPE_UINT64)
+#define M_FLT (M_F32 | M_F64)
+#define M_SINT (M_I8 | M_I16 | M_I32 | M_I64)
+#define M_INT (M_SINT | M_U8 | M_U16 | M_U32 | M_U64)
+#define M_NUM (M_FLT | M_INT)
+#define M_SNUM (M_FLT | M_SINT)
 #define M_ALL (M_NUM | M_BOOL)
 
 static const char *mask_str(unsigned m, char *buf, size_t len)
 {
-    static const mts_dtype order[] = {MTS_DTYPE_FLOAT, MTS_DTYPE_INT8, MTS_DTYPE_UINT8,
-                                      MTS_DTYPE_INT32, MTS_DTYPE_INT64, MTS_DTYPE_BOOL};
+    static const mts_dtype order[] = {MTS_DTYPE_FLOAT, MTS_DTYPE_DOUBLE, MTS_DTYPE_INT8, MTS_DTYPE_UINT8,
+                                      MTS_DTYPE_INT16, MTS_DTYPE_UINT16, MTS_DTYPE_INT32, MTS_DTYPE_UINT32,
+                                      MTS_DTYPE_INT64, MTS_DTYPE_UINT64, MTS_DTYPE_BOOL};
     size_t off = 0;
     buf[0] = '\0';
     for (size_t i = 0; i < sizeof order / sizeof order[0] && off < len; i++)
@@ -49,17 +56,19 @@ static const char *mask_str(unsigned m, char *buf, size_t len)
 }
 
 /* Checks that t (input `idx`) exists and has one of the dtypes in mask. Dtypes the engine can't
- * hold at all are MTS_EUNSUPPORTED; supported dtypes that the op does not accept are MTS_EINVAL. */
+ * hold at all, and held types beyond the core ones that the op does not implement, are
+ * MTS_EUNSUPPORTED; core dtypes that the op does not accept are MTS_EINVAL. */
 static int check_t(mts_kctx *k, const mts_tensor *t, int idx, unsigned mask)
 {
-    char b[80];
+    char b[160];
     if (!t) return mts_err_set(k->err, MTS_EINVAL, "input %d is required but missing", idx);
     if (!mts_dtype_supported(t->dtype))
         return mts_err_set(k->err, MTS_EUNSUPPORTED, "input %d has dtype %s, which is not supported", idx,
                            mts_dtype_name(t->dtype));
     if (!(mask & DTM(t->dtype)))
-        return mts_err_set(k->err, MTS_EINVAL, "input %d has dtype %s; expected %s", idx,
-                           mts_dtype_name(t->dtype), mask_str(mask, b, sizeof b));
+        return mts_err_set(k->err, mts_dtype_core(t->dtype) ? MTS_EINVAL : MTS_EUNSUPPORTED,
+                           "input %d has dtype %s; expected %s", idx, mts_dtype_name(t->dtype),
+                           mask_str(mask, b, sizeof b));
     return MTS_OK;
 }
 
@@ -123,6 +132,11 @@ static inline double ld_f(const void *p, mts_dtype dt, int64_t i)
     case MTS_DTYPE_UINT8: case MTS_DTYPE_BOOL: return ((const uint8_t *)p)[i];
     case MTS_DTYPE_INT32: return ((const int32_t *)p)[i];
     case MTS_DTYPE_INT64: return (double)((const int64_t *)p)[i];
+    case MTS_DTYPE_DOUBLE: return ((const double *)p)[i];
+    case MTS_DTYPE_INT16: return ((const int16_t *)p)[i];
+    case MTS_DTYPE_UINT16: return ((const uint16_t *)p)[i];
+    case MTS_DTYPE_UINT32: return ((const uint32_t *)p)[i];
+    case MTS_DTYPE_UINT64: return (double)((const uint64_t *)p)[i];
     default: return 0;
     }
 }
@@ -135,6 +149,11 @@ static inline int64_t ld_i(const void *p, mts_dtype dt, int64_t i)
     case MTS_DTYPE_UINT8: case MTS_DTYPE_BOOL: return ((const uint8_t *)p)[i];
     case MTS_DTYPE_INT32: return ((const int32_t *)p)[i];
     case MTS_DTYPE_INT64: return ((const int64_t *)p)[i];
+    case MTS_DTYPE_DOUBLE: return f2i64(((const double *)p)[i]);
+    case MTS_DTYPE_INT16: return ((const int16_t *)p)[i];
+    case MTS_DTYPE_UINT16: return ((const uint16_t *)p)[i];
+    case MTS_DTYPE_UINT32: return ((const uint32_t *)p)[i];
+    case MTS_DTYPE_UINT64: return (int64_t)((const uint64_t *)p)[i];
     default: return 0;
     }
 }
@@ -149,6 +168,11 @@ static inline void st_i(void *p, mts_dtype dt, int64_t i, int64_t v)
     case MTS_DTYPE_INT32: ((int32_t *)p)[i] = (int32_t)(uint32_t)(uint64_t)v; break;
     case MTS_DTYPE_INT64: ((int64_t *)p)[i] = v; break;
     case MTS_DTYPE_FLOAT: ((float *)p)[i] = (float)v; break;
+    case MTS_DTYPE_DOUBLE: ((double *)p)[i] = (double)v; break;
+    case MTS_DTYPE_INT16: ((int16_t *)p)[i] = (int16_t)(uint16_t)(uint64_t)v; break;
+    case MTS_DTYPE_UINT16: ((uint16_t *)p)[i] = (uint16_t)(uint64_t)v; break;
+    case MTS_DTYPE_UINT32: ((uint32_t *)p)[i] = (uint32_t)(uint64_t)v; break;
+    case MTS_DTYPE_UINT64: ((uint64_t *)p)[i] = (uint64_t)v; break;
     default: break;
     }
 }
@@ -266,6 +290,7 @@ static void copy_row(const void *ctx, void *out, const void *const *in, const in
     }
     switch (es) {
     case 1: memset(out, *(const uint8_t *)in[0], (size_t)n); break;
+    case 2: { uint16_t v = *(const uint16_t *)in[0]; for (int64_t i = 0; i < n; i++) ((uint16_t *)out)[i] = v; } break;
     case 4: { uint32_t v = *(const uint32_t *)in[0]; for (int64_t i = 0; i < n; i++) ((uint32_t *)out)[i] = v; } break;
     case 8: { uint64_t v = *(const uint64_t *)in[0]; for (int64_t i = 0; i < n; i++) ((uint64_t *)out)[i] = v; } break;
     default: for (int64_t i = 0; i < n; i++) memcpy((char *)out + (size_t)i * es, in[0], es); break;
@@ -292,6 +317,13 @@ static inline float div_f32(float a, float b) { return a / b; }
 static inline float min_f32(float a, float b) { return ((a < b) | (a != a)) ? a : b; }
 static inline float max_f32(float a, float b) { return ((a > b) | (a != a)) ? a : b; }
 static inline float prelu_f32(float a, float b) { return a < 0.0f ? a * b : a; }
+static inline double add_f64(double a, double b) { return a + b; }
+static inline double sub_f64(double a, double b) { return a - b; }
+static inline double mul_f64(double a, double b) { return a * b; }
+static inline double div_f64(double a, double b) { return a / b; }
+static inline double min_f64(double a, double b) { return ((a < b) | (a != a)) ? a : b; }
+static inline double max_f64(double a, double b) { return ((a > b) | (a != a)) ? a : b; }
+static inline double prelu_f64(double a, double b) { return a < 0.0 ? a * b : a; }
 
 #define DEF_INT_COMMON(T, U, S)                                                               \
     static inline T add_##S(T a, T b) { return (T)((U)a + (U)b); }                            \
@@ -316,10 +348,15 @@ static inline float prelu_f32(float a, float b) { return a < 0.0f ? a * b : a; }
     static inline T relu_##S(T a) { return a; }                                               \
     static inline T prelu_##S(T a, T b) { (void)b; return a; }
 
+/* 16-bit types compute in uint32_t: uint16_t operands would promote to (signed) int and overflow. */
 DEF_SINT(int8_t, uint8_t, i8)
 DEF_UINT(uint8_t, uint8_t, u8)
+DEF_SINT(int16_t, uint32_t, i16)
+DEF_UINT(uint16_t, uint32_t, u16)
 DEF_SINT(int32_t, uint32_t, i32)
+DEF_UINT(uint32_t, uint32_t, u32)
 DEF_SINT(int64_t, uint64_t, i64)
+DEF_UINT(uint64_t, uint64_t, u64)
 
 #define CMP_EQ(a, b) ((a) == (b))
 #define CMP_GT(a, b) ((a) > (b))
@@ -367,10 +404,15 @@ typedef struct bin_ctx {
     }
 
 ARITH_ROW(float, f32)
+ARITH_ROW(double, f64)
 ARITH_ROW(int8_t, i8)
 ARITH_ROW(uint8_t, u8)
+ARITH_ROW(int16_t, i16)
+ARITH_ROW(uint16_t, u16)
 ARITH_ROW(int32_t, i32)
+ARITH_ROW(uint32_t, u32)
 ARITH_ROW(int64_t, i64)
+ARITH_ROW(uint64_t, u64)
 
 /* a^b for integers, wrapping like repeated multiplication; negative exponents give the
  * truncated result of the real power (0 unless |a| == 1). */
@@ -396,12 +438,18 @@ static void pow_row(const bin_ctx *c, void *out, const void *const *in, const in
         LOOP2(float, float, float, powf);
         return;
     }
+    if (c->a == MTS_DTYPE_DOUBLE) {
+        for (int64_t i = 0; i < n; i++)
+            ((double *)out)[i] = pow(((const double *)in[0])[step[0] ? i : 0], ld_f(in[1], c->b, step[1] ? i : 0));
+        return;
+    }
+    bool b_float = c->b == MTS_DTYPE_FLOAT || c->b == MTS_DTYPE_DOUBLE;
     for (int64_t i = 0; i < n; i++) {
         int64_t ia = step[0] ? i : 0, ib = step[1] ? i : 0;
         if (c->a == MTS_DTYPE_FLOAT) {
             ((float *)out)[i] = (float)pow(((const float *)in[0])[ia], ld_f(in[1], c->b, ib));
-        } else if (c->b == MTS_DTYPE_FLOAT) {
-            double r = pow((double)ld_i(in[0], c->a, ia), ((const float *)in[1])[ib]);
+        } else if (b_float) {
+            double r = pow((double)ld_i(in[0], c->a, ia), ld_f(in[1], c->b, ib));
             st_i(out, c->a, i, f2i64(r));
         } else {
             st_i(out, c->a, i, ipow(ld_i(in[0], c->a, ia), ld_i(in[1], c->b, ib)));
@@ -430,6 +478,11 @@ static void bin_row(const void *ctx, void *out, const void *const *in, const int
     case MTS_DTYPE_UINT8: case MTS_DTYPE_BOOL: arith_row_u8(c->op, out, in, step, n); break;
     case MTS_DTYPE_INT32: arith_row_i32(c->op, out, in, step, n); break;
     case MTS_DTYPE_INT64: arith_row_i64(c->op, out, in, step, n); break;
+    case MTS_DTYPE_DOUBLE: arith_row_f64(c->op, out, in, step, n); break;
+    case MTS_DTYPE_INT16: arith_row_i16(c->op, out, in, step, n); break;
+    case MTS_DTYPE_UINT16: arith_row_u16(c->op, out, in, step, n); break;
+    case MTS_DTYPE_UINT32: arith_row_u32(c->op, out, in, step, n); break;
+    case MTS_DTYPE_UINT64: arith_row_u64(c->op, out, in, step, n); break;
     default: break;
     }
 }
@@ -525,7 +578,7 @@ DEF_BINARY(sub, B_SUB, M_NUM, 0, false)
 DEF_BINARY(mul, B_MUL, M_NUM, 0, false)
 DEF_BINARY(div, B_DIV, M_NUM, 0, false)
 DEF_BINARY(prelu, B_PRELU, M_SNUM, 0, false)
-DEF_BINARY(pow, B_POW, M_F32 | M_I32 | M_I64, M_NUM, false)
+DEF_BINARY(pow, B_POW, M_FLT | M_I32 | M_I64, M_NUM, false)
 DEF_BINARY(equal, B_EQ, M_ALL, 0, true)
 DEF_BINARY(greater, B_GT, M_NUM, 0, true)
 DEF_BINARY(less, B_LT, M_NUM, 0, true)
@@ -582,6 +635,10 @@ static int variadic_run(mts_kctx *k, int op, bool mean)
         float *y = o->data, inv = (float)k->n_in;
         int64_t n = numel(o);
         for (int64_t i = 0; i < n; i++) y[i] /= inv;
+    } else if (mean && o->dtype == MTS_DTYPE_DOUBLE) {
+        double *y = o->data, inv = (double)k->n_in;
+        int64_t n = numel(o);
+        for (int64_t i = 0; i < n; i++) y[i] /= inv;
     }
     return MTS_OK;
 }
@@ -590,9 +647,9 @@ static int min_infer(mts_kctx *k) { return variadic_infer(k, M_NUM); }
 static int min_run(mts_kctx *k) { return variadic_run(k, B_MIN, false); }
 static int max_infer(mts_kctx *k) { return variadic_infer(k, M_NUM); }
 static int max_run(mts_kctx *k) { return variadic_run(k, B_MAX, false); }
-static int sum_infer(mts_kctx *k) { return variadic_infer(k, M_F32); }
+static int sum_infer(mts_kctx *k) { return variadic_infer(k, M_FLT); }
 static int sum_run(mts_kctx *k) { return variadic_run(k, B_ADD, false); }
-static int mean_infer(mts_kctx *k) { return variadic_infer(k, M_F32); }
+static int mean_infer(mts_kctx *k) { return variadic_infer(k, M_FLT); }
 static int mean_run(mts_kctx *k) { return variadic_run(k, B_ADD, true); }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -611,6 +668,7 @@ static void where_row(const void *ctx, void *out, const void *const *in, const i
     const uint8_t *c = in[0];
     switch (*(const size_t *)ctx) {
     case 1: WHERE_LOOP(uint8_t); break;
+    case 2: WHERE_LOOP(uint16_t); break;
     case 4: WHERE_LOOP(uint32_t); break;
     default: WHERE_LOOP(uint64_t); break;
     }
@@ -708,6 +766,55 @@ static void unary_f32(const mts_node *nd, int op, const float *x, float *y, int6
     }
 }
 
+static inline double sigmoid_d(double x)
+{
+    if (x >= 0) return 1.0 / (1.0 + exp(-x));
+    double e = exp(x);
+    return e / (1.0 + e);
+}
+
+static inline double softplus_d(double x)
+{
+    return x > 0 ? x + log1p(exp(-x)) : log1p(exp(x));
+}
+
+#define UN_LOOP_D(EXPR) for (int64_t i = 0; i < n; i++) { double v = x[i]; y[i] = (EXPR); }
+
+/* The double versions, with the attributes (float) widened. */
+static void unary_f64(const mts_node *nd, int op, const double *x, double *y, int64_t n)
+{
+    switch (op) {
+    case U_RELU: UN_LOOP_D(v < 0.0 ? 0.0 : v); break;
+    case U_LEAKY: { double al = mts_attr_float(nd, "alpha", 0.01f); UN_LOOP_D(v < 0.0 ? v * al : v); } break;
+    case U_SIGMOID: UN_LOOP_D(sigmoid_d(v)); break;
+    case U_TANH: UN_LOOP_D(tanh(v)); break;
+    case U_HSIGMOID: {
+        double al = mts_attr_float(nd, "alpha", 0.2f), be = mts_attr_float(nd, "beta", 0.5f);
+        UN_LOOP_D(fmax(0.0, fmin(1.0, al * v + be)));
+    } break;
+    case U_HSWISH: UN_LOOP_D(v * fmax(0.0, fmin(1.0, v / 6.0 + 0.5))); break;
+    case U_ELU: { double al = mts_attr_float(nd, "alpha", 1.0f); UN_LOOP_D(v < 0.0 ? al * expm1(v) : v); } break;
+    case U_ERF: UN_LOOP_D(erf(v)); break;
+    case U_EXP: UN_LOOP_D(exp(v)); break;
+    case U_SQRT: UN_LOOP_D(sqrt(v)); break;
+    case U_NEG: UN_LOOP_D(-v); break;
+    case U_ABS: UN_LOOP_D(fabs(v)); break;
+    case U_LOG: UN_LOOP_D(log(v)); break;
+    case U_RECIP: UN_LOOP_D(1.0 / v); break;
+    case U_FLOOR: UN_LOOP_D(floor(v)); break;
+    case U_CEIL: UN_LOOP_D(ceil(v)); break;
+    case U_SOFTPLUS: UN_LOOP_D(softplus_d(v)); break;
+    case U_SELU: {
+        double al = mts_attr_float(nd, "alpha", 1.67326319217681884765625f);
+        double ga = mts_attr_float(nd, "gamma", 1.05070102214813232421875f);
+        UN_LOOP_D(v > 0.0 ? ga * v : ga * al * expm1(v));
+    } break;
+    case U_SIN: UN_LOOP_D(sin(v)); break;
+    case U_COS: UN_LOOP_D(cos(v)); break;
+    default: break;
+    }
+}
+
 #define UNARY_INT(T, S)                                                                       \
     do {                                                                                      \
         const T *x_ = (const T *)xv;                                                          \
@@ -732,6 +839,11 @@ static int unary_run(mts_kctx *k, int op)
     case MTS_DTYPE_UINT8: UNARY_INT(uint8_t, u8); break;
     case MTS_DTYPE_INT32: UNARY_INT(int32_t, i32); break;
     case MTS_DTYPE_INT64: UNARY_INT(int64_t, i64); break;
+    case MTS_DTYPE_DOUBLE: unary_f64(k->node, op, xv, yv, n); break;
+    case MTS_DTYPE_INT16: UNARY_INT(int16_t, i16); break;
+    case MTS_DTYPE_UINT16: UNARY_INT(uint16_t, u16); break;
+    case MTS_DTYPE_UINT32: UNARY_INT(uint32_t, u32); break;
+    case MTS_DTYPE_UINT64: UNARY_INT(uint64_t, u64); break;
     case MTS_DTYPE_BOOL: {
         const uint8_t *xb = xv;
         uint8_t *yb = yv;
@@ -747,25 +859,25 @@ static int unary_run(mts_kctx *k, int op)
     static int NAME##_run(mts_kctx *k) { return unary_run(k, OP); }
 
 DEF_UNARY(relu, U_RELU, M_SNUM)
-DEF_UNARY(leaky, U_LEAKY, M_F32)
-DEF_UNARY(sigmoid, U_SIGMOID, M_F32)
-DEF_UNARY(tanh, U_TANH, M_F32)
-DEF_UNARY(hsigmoid, U_HSIGMOID, M_F32)
-DEF_UNARY(hswish, U_HSWISH, M_F32)
-DEF_UNARY(elu, U_ELU, M_F32)
-DEF_UNARY(erf, U_ERF, M_F32)
-DEF_UNARY(exp, U_EXP, M_F32)
-DEF_UNARY(sqrt, U_SQRT, M_F32)
+DEF_UNARY(leaky, U_LEAKY, M_FLT)
+DEF_UNARY(sigmoid, U_SIGMOID, M_FLT)
+DEF_UNARY(tanh, U_TANH, M_FLT)
+DEF_UNARY(hsigmoid, U_HSIGMOID, M_FLT)
+DEF_UNARY(hswish, U_HSWISH, M_FLT)
+DEF_UNARY(elu, U_ELU, M_FLT)
+DEF_UNARY(erf, U_ERF, M_FLT)
+DEF_UNARY(exp, U_EXP, M_FLT)
+DEF_UNARY(sqrt, U_SQRT, M_FLT)
 DEF_UNARY(neg, U_NEG, M_SNUM)
 DEF_UNARY(abs, U_ABS, M_NUM)
-DEF_UNARY(log, U_LOG, M_F32)
-DEF_UNARY(recip, U_RECIP, M_F32)
-DEF_UNARY(floor, U_FLOOR, M_F32)
-DEF_UNARY(ceil, U_CEIL, M_F32)
-DEF_UNARY(softplus, U_SOFTPLUS, M_F32)
-DEF_UNARY(selu, U_SELU, M_F32)
-DEF_UNARY(sin, U_SIN, M_F32)
-DEF_UNARY(cos, U_COS, M_F32)
+DEF_UNARY(log, U_LOG, M_FLT)
+DEF_UNARY(recip, U_RECIP, M_FLT)
+DEF_UNARY(floor, U_FLOOR, M_FLT)
+DEF_UNARY(ceil, U_CEIL, M_FLT)
+DEF_UNARY(softplus, U_SOFTPLUS, M_FLT)
+DEF_UNARY(selu, U_SELU, M_FLT)
+DEF_UNARY(sin, U_SIN, M_FLT)
+DEF_UNARY(cos, U_COS, M_FLT)
 DEF_UNARY(not, U_NOT, M_BOOL)
 
 /* ------------------------------------------------------------------------------------------ */
@@ -833,6 +945,11 @@ static int clip_run(mts_kctx *k)
     case MTS_DTYPE_UINT8: CLIP_INT(uint8_t, 0, UINT8_MAX); break;
     case MTS_DTYPE_INT32: CLIP_INT(int32_t, INT32_MIN, INT32_MAX); break;
     case MTS_DTYPE_INT64: CLIP_INT(int64_t, INT64_MIN, INT64_MAX); break;
+    case MTS_DTYPE_DOUBLE: CLIP_INT(double, -INFINITY, INFINITY); break;
+    case MTS_DTYPE_INT16: CLIP_INT(int16_t, INT16_MIN, INT16_MAX); break;
+    case MTS_DTYPE_UINT16: CLIP_INT(uint16_t, 0, UINT16_MAX); break;
+    case MTS_DTYPE_UINT32: CLIP_INT(uint32_t, 0, UINT32_MAX); break;
+    case MTS_DTYPE_UINT64: CLIP_INT(uint64_t, 0, UINT64_MAX); break;
     default: break;
     }
     return MTS_OK;
@@ -853,12 +970,27 @@ static mts_dtype cast_target(const mts_node *nd)
             {"INT32", MTS_DTYPE_INT32}, {"INT64", MTS_DTYPE_INT64}, {"BOOL", MTS_DTYPE_BOOL},
             {"DOUBLE", MTS_DTYPE_DOUBLE}, {"FLOAT16", MTS_DTYPE_FLOAT16}, {"INT16", MTS_DTYPE_INT16},
             {"UINT16", MTS_DTYPE_UINT16}, {"UINT32", MTS_DTYPE_UINT32}, {"UINT64", MTS_DTYPE_UINT64},
-            {"STRING", MTS_DTYPE_STRING},
+            {"STRING", MTS_DTYPE_STRING}, {"BFLOAT16", MTS_DTYPE_BFLOAT16},
         };
         for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
             if (strcmp(a->s, names[i].s) == 0) return names[i].t;
     }
     return MTS_DTYPE_UNDEFINED;
+}
+
+/* Output type of a cast to `to`: float16/bfloat16 values are held as float (engine/half.c). */
+static int cast_check_target(mts_kctx *k, mts_dtype to, const mts_tensor *x)
+{
+    if (to == MTS_DTYPE_STRING || x->dtype == MTS_DTYPE_STRING)
+        return mts_err_set(k->err, MTS_EUNSUPPORTED, "cast to or from string is not supported (the engine holds "
+                           "no string tensors)");
+    if (!mts_dtype_supported(to))
+        return mts_err_set(k->err, MTS_EUNSUPPORTED, "cast to %s (type %d) is not supported",
+                           mts_dtype_name(to), (int)to);
+    if (k->node->opset >= 19 && mts_attr_int(k->node, "saturate", 1) != 1)
+        return mts_err_set(k->err, MTS_EUNSUPPORTED, "saturate=0 applies to float8 types, which are not supported");
+    set_out(k, 0, mts_dtype_is_half(to) ? MTS_DTYPE_FLOAT : to, x->rank, x->dims);
+    return MTS_OK;
 }
 
 static int cast_infer(mts_kctx *k)
@@ -872,11 +1004,7 @@ static int cast_infer(mts_kctx *k)
     mts_dtype to = cast_target(k->node);
     if (to == MTS_DTYPE_UNDEFINED)
         return mts_err_set(k->err, MTS_EINVAL, "attribute 'to' does not name a known element type");
-    if (!mts_dtype_supported(to))
-        return mts_err_set(k->err, MTS_EUNSUPPORTED, "cast to %s (type %d) is not supported",
-                           mts_dtype_name(to), (int)to);
-    set_out(k, 0, to, x->rank, x->dims);
-    return MTS_OK;
+    return cast_check_target(k, to, x);
 }
 
 /* Per destination type: conversion of a source value v (of any source C type). Float sources
@@ -895,16 +1023,73 @@ static int cast_infer(mts_kctx *k)
         }                                                                                     \
     } while (0)
 
-static int cast_run(mts_kctx *k)
+#define M_CAST_FAST (M_F32 | M_I8 | M_U8 | M_I32 | M_I64 | M_BOOL)
+
+/* Reads element i as a double (float sources) or an integer; *is_f says which, *is_u64 marks
+ * an unsigned 64-bit integer (held in *u). */
+static inline void cast_load(const void *x, mts_dtype dt, int64_t i, double *d, int64_t *v, uint64_t *u, int *cls)
 {
-    const mts_tensor *x = k->in[0];
-    mts_dtype to = k->out[0].dtype;
+    switch (dt) {
+    case MTS_DTYPE_FLOAT: *d = ((const float *)x)[i]; *cls = 0; return;
+    case MTS_DTYPE_DOUBLE: *d = ((const double *)x)[i]; *cls = 0; return;
+    case MTS_DTYPE_FLOAT16: *d = mts_f16_to_f32(((const uint16_t *)x)[i]); *cls = 0; return;
+    case MTS_DTYPE_BFLOAT16: *d = mts_bf16_to_f32(((const uint16_t *)x)[i]); *cls = 0; return;
+    case MTS_DTYPE_UINT64: *u = ((const uint64_t *)x)[i]; *cls = 2; return;
+    default: *v = ld_i(x, dt, i); *cls = 1; return;
+    }
+}
+
+/* The general conversion: any supported source type to any target (float16/bfloat16 targets
+ * give float values rounded to that type, ties to even, NaN and infinities kept). */
+static void cast_general(const void *xv, mts_dtype from, void *yv, mts_dtype to, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        double d = 0;
+        int64_t v = 0;
+        uint64_t u = 0;
+        int cls;
+        cast_load(xv, from, i, &d, &v, &u, &cls);
+        switch (to) {
+        case MTS_DTYPE_FLOAT:
+            ((float *)yv)[i] = cls == 0 ? (float)d : cls == 1 ? (float)v : (float)u;
+            break;
+        case MTS_DTYPE_DOUBLE:
+            ((double *)yv)[i] = cls == 0 ? d : cls == 1 ? (double)v : (double)u;
+            break;
+        case MTS_DTYPE_FLOAT16: {
+            uint16_t h = cls == 0 ? mts_f64_to_f16(d) : cls == 1 ? mts_f64_to_f16((double)v) : mts_f64_to_f16((double)u);
+            ((float *)yv)[i] = mts_f16_to_f32(h);
+        } break;
+        case MTS_DTYPE_BFLOAT16: {
+            uint16_t h = cls == 0 ? mts_f64_to_bf16(d) : cls == 1 ? mts_f64_to_bf16((double)v) : mts_f64_to_bf16((double)u);
+            ((float *)yv)[i] = mts_bf16_to_f32(h);
+        } break;
+        case MTS_DTYPE_BOOL:
+            ((uint8_t *)yv)[i] = cls == 0 ? d != 0 : cls == 1 ? v != 0 : u != 0;
+            break;
+        case MTS_DTYPE_UINT64:
+            if (cls == 0)
+                ((uint64_t *)yv)[i] = d != d ? 0 : d >= 18446744073709551616.0 ? UINT64_MAX
+                                      : d >= 9223372036854775808.0 ? (uint64_t)d : (uint64_t)f2i64(d);
+            else
+                ((uint64_t *)yv)[i] = cls == 1 ? (uint64_t)v : u;
+            break;
+        default: st_i(yv, to, i, cls == 0 ? f2i64(d) : cls == 1 ? v : (int64_t)u); break;
+        }
+    }
+}
+
+static void cast_elems(const mts_tensor *x, mts_dtype to, void *yv)
+{
     const void *xv = x->data;
-    void *yv = k->out[0].data;
     int64_t n = numel(x);
     if (to == x->dtype) {
         memcpy(yv, xv, (size_t)n * mts_dtype_size(to));
-        return MTS_OK;
+        return;
+    }
+    if (!(DTM(x->dtype) & M_CAST_FAST) || !(DTM(to) & M_CAST_FAST)) {
+        cast_general(xv, x->dtype, yv, to, n);
+        return;
     }
     switch (x->dtype) {
     case MTS_DTYPE_FLOAT: CAST_TO(float, 1); break;
@@ -914,6 +1099,29 @@ static int cast_run(mts_kctx *k)
     case MTS_DTYPE_INT64: CAST_TO(int64_t, 0); break;
     default: break;
     }
+}
+
+static int cast_run(mts_kctx *k)
+{
+    cast_elems(k->in[0], cast_target(k->node), k->out[0].data);
+    return MTS_OK;
+}
+
+/* CastLike (opset 15): Cast to the element type of input 1. A `like` declared float16/bfloat16
+ * is rewritten at load time into a Cast (engine/half.c), since the engine holds it as float. */
+static int castlike_infer(mts_kctx *k)
+{
+    const mts_tensor *x, *like;
+    int rc = check_arity(k, 2, 2);
+    if (!rc) rc = check_in(k, 0, M_ALL, &x);
+    if (!rc) rc = check_in(k, 1, M_ALL, &like);
+    if (rc) return rc;
+    return cast_check_target(k, like->dtype, x);
+}
+
+static int castlike_run(mts_kctx *k)
+{
+    cast_elems(k->in[0], k->in[1]->dtype, k->out[0].data);
     return MTS_OK;
 }
 
@@ -1649,6 +1857,7 @@ const mts_op mts_ref_ops_math[] = {
     {"Sum", sum_infer, sum_run},
     {"Mean", mean_infer, mean_run},
     {"Cast", cast_infer, cast_run},
+    {"CastLike", castlike_infer, castlike_run},
     {"BatchNormalization", batchnorm_infer, batchnorm_run},
     {"InstanceNormalization", instnorm_infer, instnorm_run},
     {"LayerNormalization", layernorm_infer, layernorm_run},

@@ -30,7 +30,8 @@ static int chk_dtype(mts_kctx *k, const mts_tensor *t, const char *what)
 {
     if (!mts_dtype_supported(t->dtype))
         return mts_err_set(k->err, MTS_EUNSUPPORTED,
-                           "%s has dtype %s; supported: float, uint8, int8, int32, int64, bool", what,
+                           "%s has dtype %s; supported: float, double, float16, bfloat16, 8/16/32/64-bit "
+                           "integers, bool", what,
                            mts_dtype_name(t->dtype));
     return MTS_OK;
 }
