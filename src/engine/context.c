@@ -44,7 +44,13 @@ struct mts_ctx {
     mts_team_arm arms[TEAM_ARMS];
     int next_arm;
     int64_t runs, one_thread_runs;
+    void *cf;           /* control-flow kernels' subgraph contexts and node states (subgraph.c) */
 };
+
+void **mts__ctx_cf_slot(mts_ctx *c)
+{
+    return &c->cf;
+}
 
 /* MTS_TEAM_ADAPT=0 turns the adaptive team size off (every run uses the whole team). */
 static int team_adapt_flag = -1;
@@ -126,6 +132,7 @@ static void unbind(mts_ctx *c)
 void mts_ctx_free(mts_ctx *c)
 {
     if (!c) return;
+    mts__cf_free(c->cf);
     unbind(c);
     if (c->dyn)
         for (int v = 0; v < c->m->n_values; v++) free(c->dyn[v]);
@@ -269,7 +276,7 @@ static void split_part(void *arg, int ithr, int nthr)
         inp[i] = &in[i];
     }
     slice(&out, a, j->extent, lo, hi);
-    mts_kctx kk = {k->node, inp, k->n_in, &out, 1, &j->err[ithr], 1};
+    mts_kctx kk = {k->node, inp, k->n_in, &out, 1, &j->err[ithr], 1, NULL};
     j->rc[ithr] = j->st->op->run(&kk);
 }
 
@@ -401,7 +408,7 @@ static int run_steps(mts_ctx *c, const mts__plan *p, const mts_tensor **outputs,
             }
             c->kin[j] = t;
         }
-        mts_kctx k = {n, c->kin, st->n_in, c->kout, st->n_out, err, c->run_threads};
+        mts_kctx k = {n, c->kin, st->n_in, c->kout, st->n_out, err, c->run_threads, c};
         if (st->dynamic) {
             memset(c->kout, 0, sizeof *c->kout * (size_t)st->n_out);
             if ((rc = st->op->infer(&k))) goto node_fail;

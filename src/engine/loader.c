@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "engine/model.h"
+#include "engine/subgraph.h"
 #include "engine/weights.h"
 
 static int topo_sort(mts_model *m, const char *file, mts_err *err)
@@ -117,9 +118,11 @@ static int resolve_ops(mts_model *m, const char *file, mts_err *err)
             return mts_err_set(err, MTS_EUNSUPPORTED, "%s: node '%s' (#%d): unsupported op '%s'", file, n->name, i,
                                n->op_type);
         for (int a = 0; a < n->n_attr; a++)
-            if (n->attrs[a].type == MTS_ATTR_GRAPH)
-                return mts_err_set(err, MTS_EUNSUPPORTED, "%s: node '%s' (#%d, %s): subgraph attributes are not supported",
-                                   file, n->name, i, n->op_type);
+            if (n->attrs[a].type == MTS_ATTR_GRAPH) {
+                int rc = mts__subgraph_check(m, n, file, err);
+                if (rc) return rc;
+                break;
+            }
     }
     return MTS_OK;
 }
@@ -135,6 +138,11 @@ static int load_common(mts_model *m, const uint8_t *bytes, size_t len, const cha
     if ((rc = mts__parse_model(&src, m, err))) return rc;
     if ((rc = topo_sort(m, file, err))) return rc;
     if ((rc = resolve_ops(m, file, err))) return rc;
+    /* Subgraphs (at any depth) after their parents: their nodes get the same treatment. */
+    for (int i = 0; i < m->n_subs; i++) {
+        mts_model *g = m->subs[i];
+        if ((rc = topo_sort(g, g->path, err)) || (rc = resolve_ops(g, g->path, err))) return rc;
+    }
     return MTS_OK;
 }
 
@@ -217,6 +225,8 @@ int mts_model_load_buffer(const void *data, size_t len, const char *name, const 
 void mts_model_free(mts_model *m)
 {
     if (!m) return;
+    for (int i = 0; i < m->n_subs; i++) mts_model_free(m->subs[i]);
+    free(m->subs);
     mts__plan_free_all(m);
     for (int b = 0; mts_backends[b]; b++)
         if (mts_backends[b]->model_free) mts_backends[b]->model_free(m->bstate[b]);

@@ -42,6 +42,10 @@ typedef struct mts_kctx {
     int n_out;
     mts_err *err;
     int threads; /* intra-op threads the caller allows (>= 1) */
+    /* The execution context running the step, NULL at plan time (shape inference, constant
+     * folding). Only the control-flow kernels use it: they run subgraphs in contexts cached
+     * in it (engine/subgraph.h). */
+    struct mts_ctx *ctx;
 } mts_kctx;
 
 typedef int (*mts_infer_fn)(mts_kctx *k);
@@ -133,6 +137,7 @@ static inline const mts_tensor *mts_kin(const mts_kctx *k, int i)
 extern const mts_op mts_ref_ops_conv[];      /* Conv, ConvTranspose, pools, Resize, Pad */
 extern const mts_op mts_ref_ops_math[];      /* elementwise, normalizations, reductions */
 extern const mts_op mts_ref_ops_shape[];     /* shape/data movement, MatMul, Gemm */
+extern const mts_op mts_ref_ops_control[];   /* If, Loop, Scan (ref_control.c) */
 
 /* Conv/ConvTranspose geometry for the fast backends (ref_conv.c): validated like the reference
  * kernels; spatial arrays normalized to 3 entries with the real dims last (leading entries are
