@@ -844,7 +844,10 @@ static mts_model *new_subgraph(const mts__pb_src *s, mts_model *parent, const mt
         mts_err_set(err, MTS_ENOMEM, "out of memory");
         return NULL;
     }
-    snprintf(path, len, "%s: subgraph '%s' of node '%s' (%s)", s->file, a->name, n->name, n->op_type);
+    if (parent->depth == 0)
+        snprintf(path, len, "%s: subgraph '%s' of node '%s' (%s)", s->file, a->name, n->name, n->op_type);
+    else /* nested: the parent's description, then this level */
+        snprintf(path, len, "%s > '%s' of '%s' (%s)", s->file, a->name, n->name, n->op_type);
     pthread_mutex_init(&sub->plan_lock, NULL);
     sub->path = path;
     sub->root = root;
@@ -869,7 +872,7 @@ static int parse_node_subgraphs(const mts__pb_src *s, scope *sc, mts_node *n, co
         if (n->attrs[a].type != MTS_ATTR_GRAPH || !r->graphs[a].p) continue;
         if (sc->m->depth + 1 > MTS__MAX_SUBGRAPH_DEPTH) {
             rc = mts_err_set(err, MTS_ELIMIT, "%s: node '%s' (%s): subgraphs are nested more than %d levels deep",
-                             s->file, n->name, n->op_type, MTS__MAX_SUBGRAPH_DEPTH);
+                             s->model->path ? s->model->path : s->file, n->name, n->op_type, MTS__MAX_SUBGRAPH_DEPTH);
             break;
         }
         mts_model *sub = new_subgraph(s, sc->m, n, &n->attrs[a], err);
