@@ -115,7 +115,7 @@ int64_t mts_ctx_bytes(const mts_ctx *c)
     int64_t b = 0;
     for (int i = 0; i < c->n_slots; i++) b += c->slot_cap[i];
     for (int v = 0; v < c->m->n_values; v++) b += c->dyn_cap[v];
-    return b + c->scratch_cap;
+    return b + c->scratch_cap + mts__cf_bytes(c->cf);
 }
 
 static void unbind(mts_ctx *c)

@@ -254,6 +254,14 @@ void mts_model_get_info(const mts_model *m, mts_model_info *out)
         if (mts_backends[b]->model_bytes) cached += mts_backends[b]->model_bytes(m->bstate[b]);
     out->resident_bytes = (int64_t)m->pool.bytes + m->plan_bytes + m->copy_bytes + cached;
     pthread_mutex_unlock((pthread_mutex_t *)&m->plan_lock);
+    for (int i = 0; i < m->n_subs; i++) { /* subgraphs' plans and caches (their IR is in m's pool) */
+        mts_model *g = m->subs[i];
+        pthread_mutex_lock(&g->plan_lock);
+        out->resident_bytes += g->plan_bytes;
+        for (int b = 0; mts_backends[b]; b++)
+            if (mts_backends[b]->model_bytes) out->resident_bytes += mts_backends[b]->model_bytes(g->bstate[b]);
+        pthread_mutex_unlock(&g->plan_lock);
+    }
 }
 
 

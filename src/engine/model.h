@@ -133,6 +133,7 @@ int mts__check_inputs(const mts_model *m, const mts_tensor *in, int n, mts_err *
  * mts__cf_free releases with the context. */
 void **mts__ctx_cf_slot(mts_ctx *c);
 void mts__cf_free(void *cf);
+int64_t mts__cf_bytes(const void *cf); /* buffers held by that state and its contexts */
 
 /* Wire-format parsing (onnx_pb.c). base/base_len: the whole file, for offsets in messages. */
 typedef struct mts__pb_src {

@@ -167,6 +167,16 @@ void mts__cf_free(void *cf)
     }
 }
 
+int64_t mts__cf_bytes(const void *cf)
+{
+    int64_t b = 0;
+    for (const cf_entry *e = cf; e; e = e->next) {
+        if (e->ctx) b += mts_ctx_bytes(e->ctx);
+        for (int i = 0; i < e->st.n; i++) b += e->st.cap[i];
+    }
+    return b;
+}
+
 mts_cf_state *mts_cf_state_get(mts_kctx *k, int n)
 {
     if (!k->ctx) return NULL;

@@ -2,7 +2,7 @@
  * Unit tests of control flow (If, Loop, Scan subgraphs): models are written in the ONNX wire
  * format by a small protobuf writer here, then loaded from memory. Covered: If branches reading
  * outer-scope values and their own initializers (both branches, both backends, the captured
- * values listed as the node's implicit inputs), a Loop carrying state with a scan output run
+ * values listed as the node's implicit inputs), branches whose outputs are outer values, a Loop carrying state with a scan output run
  * repeatedly on one context with different trip counts, and load errors for malformed
  * subgraphs (mismatched branch outputs, unknown names, too deep nesting, a Loop body with the
  * wrong inputs, a subgraph without outputs, every truncation of a file).
@@ -211,6 +211,45 @@ static void test_if_outer_scope(void **state)
     free(b.p);
 }
 
+/* Branch outputs that are outer values themselves (no node in the branch). */
+static void test_if_passthrough(void **state)
+{
+    (void)state;
+    const int64_t d3[] = {3};
+    const float W[] = {7, 8, 9};
+    buf t = {0}, e = {0}, g = {0}, b = {0};
+    node(&t, "Identity", L("x"), L("unused"), NULL, 0);
+    value_info(&t, 12, "W", T_FLOAT, -1, NULL);
+    node(&e, "Identity", L("W"), L("unused2"), NULL, 0);
+    value_info(&e, 12, "x", T_FLOAT, -1, NULL);
+    attr at[] = {{"then_branch", &t, 0}, {"else_branch", &e, 0}};
+    node(&g, "If", L("c"), L("y"), at, 2);
+    init_f32(&g, "W", 1, d3, W, 3);
+    value_info(&g, 11, "c", T_BOOL, 0, NULL);
+    value_info(&g, 11, "x", T_FLOAT, 1, d3);
+    value_info(&g, 12, "y", T_FLOAT, 1, d3);
+    model(&b, &g);
+    mts_model *m = NULL;
+    mts_err err = {0};
+    int rc = load(&b, NULL, &m, &err);
+    if (rc) fail_msg("load: %s", err.msg);
+    mts_ctx *c = NULL;
+    assert_int_equal(mts_ctx_create(m, 1, &c, &err), 0);
+    for (int cond = 0; cond < 2; cond++) {
+        uint8_t cv = (uint8_t)cond;
+        float x[] = {1, 2, 3};
+        mts_tensor in[2] = {{MTS_DTYPE_BOOL, 0, {0}, &cv}, {MTS_DTYPE_FLOAT, 1, {3}, x}};
+        const mts_tensor *out[1];
+        rc = mts_ctx_run(c, in, 2, out, &err);
+        if (rc) fail_msg("run: %s", err.msg);
+        const float *y = out[0]->data;
+        for (int i = 0; i < 3; i++) assert_true(y[i] == (cond ? W[i] : x[i]));
+    }
+    mts_ctx_free(c);
+    mts_model_free(m);
+    free(b.p);
+}
+
 /* ---- Loop: loop-carried state and a scan output ---- */
 
 static void test_loop_state_and_scan(void **state)
@@ -393,6 +432,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_if_outer_scope),
+        cmocka_unit_test(test_if_passthrough),
         cmocka_unit_test(test_loop_state_and_scan),
         cmocka_unit_test(test_malformed),
         cmocka_unit_test(test_truncations),
