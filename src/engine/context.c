@@ -49,7 +49,13 @@ struct mts_ctx {
     mts_tensor *hin, *hout;
     void **hbuf;
     int64_t *hcap;
+    void *cf;           /* control-flow kernels' subgraph contexts and node states (subgraph.c) */
 };
+
+void **mts__ctx_cf_slot(mts_ctx *c)
+{
+    return &c->cf;
+}
 
 /* MTS_TEAM_ADAPT=0 turns the adaptive team size off (every run uses the whole team). */
 static int team_adapt_flag = -1;
@@ -116,7 +122,7 @@ int64_t mts_ctx_bytes(const mts_ctx *c)
     for (int v = 0; v < c->m->n_values; v++) b += c->dyn_cap[v];
     if (c->hcap)
         for (int i = 0; i < c->m->n_inputs + c->m->n_outputs; i++) b += c->hcap[i];
-    return b + c->scratch_cap;
+    return b + c->scratch_cap + mts__cf_bytes(c->cf);
 }
 
 static void unbind(mts_ctx *c)
@@ -133,6 +139,7 @@ static void unbind(mts_ctx *c)
 void mts_ctx_free(mts_ctx *c)
 {
     if (!c) return;
+    mts__cf_free(c->cf);
     unbind(c);
     if (c->dyn)
         for (int v = 0; v < c->m->n_values; v++) free(c->dyn[v]);
@@ -282,7 +289,7 @@ static void split_part(void *arg, int ithr, int nthr)
         inp[i] = &in[i];
     }
     slice(&out, a, j->extent, lo, hi);
-    mts_kctx kk = {k->node, inp, k->n_in, &out, 1, &j->err[ithr], 1};
+    mts_kctx kk = {k->node, inp, k->n_in, &out, 1, &j->err[ithr], 1, NULL};
     j->rc[ithr] = j->st->op->run(&kk);
 }
 
@@ -489,7 +496,7 @@ static int run_steps(mts_ctx *c, const mts__plan *p, const mts_tensor **outputs,
             }
             c->kin[j] = t;
         }
-        mts_kctx k = {n, c->kin, st->n_in, c->kout, st->n_out, err, c->run_threads};
+        mts_kctx k = {n, c->kin, st->n_in, c->kout, st->n_out, err, c->run_threads, c};
         if (st->dynamic) {
             memset(c->kout, 0, sizeof *c->kout * (size_t)st->n_out);
             if ((rc = st->op->infer(&k))) goto node_fail;

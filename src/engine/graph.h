@@ -35,6 +35,9 @@ typedef struct mts_attr {
     const float *floats;
     const int64_t *ints;
     const mts_tensor *t;  /* TENSOR attribute (data owned by the model) */
+    struct mts_model *g;  /* GRAPH attribute: the subgraph, loaded as a model of its own whose
+                           * inputs are its formal inputs followed by the outer-scope values it
+                           * captures (engine/subgraph.h) */
 } mts_attr;
 
 typedef struct mts_node {
@@ -44,6 +47,8 @@ typedef struct mts_node {
     int opset;            /* opset version in force for the node's domain */
     int n_in, n_out;
     int *in;              /* value indices; -1 marks an omitted optional input */
+    int n_implicit;       /* the last n_implicit inputs are outer-scope values its subgraphs
+                           * read (If/Loop/Scan), listed so that liveness and order see them */
     int *out;
     int n_attr;
     mts_attr *attrs;

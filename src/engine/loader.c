@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "engine/model.h"
+#include "engine/subgraph.h"
 #include "engine/weights.h"
 
 static int topo_sort(mts_model *m, const char *file, mts_err *err)
@@ -117,9 +118,11 @@ static int resolve_ops(mts_model *m, const char *file, mts_err *err)
             return mts_err_set(err, MTS_EUNSUPPORTED, "%s: node '%s' (#%d): unsupported op '%s'", file, n->name, i,
                                n->op_type);
         for (int a = 0; a < n->n_attr; a++)
-            if (n->attrs[a].type == MTS_ATTR_GRAPH)
-                return mts_err_set(err, MTS_EUNSUPPORTED, "%s: node '%s' (#%d, %s): subgraph attributes are not supported",
-                                   file, n->name, i, n->op_type);
+            if (n->attrs[a].type == MTS_ATTR_GRAPH) {
+                int rc = mts__subgraph_check(m, n, file, err);
+                if (rc) return rc;
+                break;
+            }
     }
     return MTS_OK;
 }
@@ -136,6 +139,11 @@ static int load_common(mts_model *m, const uint8_t *bytes, size_t len, const cha
     if ((rc = mts__lower_half(m, file, err))) return rc;
     if ((rc = topo_sort(m, file, err))) return rc;
     if ((rc = resolve_ops(m, file, err))) return rc;
+    /* Subgraphs (at any depth) after their parents: their nodes get the same treatment. */
+    for (int i = 0; i < m->n_subs; i++) {
+        mts_model *g = m->subs[i];
+        if ((rc = topo_sort(g, g->path, err)) || (rc = resolve_ops(g, g->path, err))) return rc;
+    }
     return MTS_OK;
 }
 
@@ -218,6 +226,8 @@ int mts_model_load_buffer(const void *data, size_t len, const char *name, const 
 void mts_model_free(mts_model *m)
 {
     if (!m) return;
+    for (int i = 0; i < m->n_subs; i++) mts_model_free(m->subs[i]);
+    free(m->subs);
     mts__plan_free_all(m);
     for (int b = 0; mts_backends[b]; b++)
         if (mts_backends[b]->model_free) mts_backends[b]->model_free(m->bstate[b]);
@@ -245,6 +255,14 @@ void mts_model_get_info(const mts_model *m, mts_model_info *out)
         if (mts_backends[b]->model_bytes) cached += mts_backends[b]->model_bytes(m->bstate[b]);
     out->resident_bytes = (int64_t)m->pool.bytes + m->plan_bytes + m->copy_bytes + cached;
     pthread_mutex_unlock((pthread_mutex_t *)&m->plan_lock);
+    for (int i = 0; i < m->n_subs; i++) { /* subgraphs' plans and caches (their IR is in m's pool) */
+        mts_model *g = m->subs[i];
+        pthread_mutex_lock(&g->plan_lock);
+        out->resident_bytes += g->plan_bytes;
+        for (int b = 0; mts_backends[b]; b++)
+            if (mts_backends[b]->model_bytes) out->resident_bytes += mts_backends[b]->model_bytes(g->bstate[b]);
+        pthread_mutex_unlock(&g->plan_lock);
+    }
 }
 
 

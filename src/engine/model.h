@@ -109,6 +109,16 @@ struct mts_model {
     void *bstate[MTS_MAX_BACKENDS]; /* per backend of mts_backends[]: its per-model state (the
                                      * oneDNN packed-weight cache), shared by all plans (under
                                      * plan_lock); freed by the backend's model_free */
+    /* Subgraphs (subgraph.c). A subgraph is a model of its own sharing the root's IR pool,
+     * mappings and copies; its inputs are n_formal formal inputs followed by captured outer
+     * values, capture c being input cap_slot[c] of the control-flow node that owns it. The root
+     * lists every subgraph at any depth in subs and frees them. */
+    const struct mts_model *root; /* NULL for the root model */
+    int depth;                    /* 0 for the root */
+    int n_formal;
+    int *cap_slot;
+    struct mts_model **subs;
+    int n_subs, cap_subs;
 };
 
 /* Finds or builds the plan for a signature (thread-safe). */
@@ -119,6 +129,11 @@ int mts__optimize(mts_model *m, mts__plan *p, mts_err *err);
 /* Resolves the backend for a model from the load options, $MTS_BACKEND and the build default. */
 int mts__resolve_backend(const mts_load_opts *opts, mts_err *err);
 int mts__check_inputs(const mts_model *m, const mts_tensor *in, int n, mts_err *err);
+/* A context's slot for the control-flow runner's per-context state (subgraph.c), which
+ * mts__cf_free releases with the context. */
+void **mts__ctx_cf_slot(mts_ctx *c);
+void mts__cf_free(void *cf);
+int64_t mts__cf_bytes(const void *cf); /* buffers held by that state and its contexts */
 
 /* Wire-format parsing (onnx_pb.c). base/base_len: the whole file, for offsets in messages. */
 typedef struct mts__pb_src {

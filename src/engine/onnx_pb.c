@@ -523,7 +523,10 @@ static int parse_value_info(const mts__pb_src *s, pb b, mts_pool *pool, mts_valu
 
 /* ---- AttributeProto ---- */
 
-static int parse_attr(const mts__pb_src *s, pb b, mts_pool *pool, const char *node, mts_attr *a, mts_err *err)
+/* A GRAPH attribute's GraphProto is returned in *graph (parsed later, once the enclosing graph's
+ * names are known, so that the subgraph can resolve outer-scope references). */
+static int parse_attr(const mts__pb_src *s, pb b, mts_pool *pool, const char *node, mts_attr *a, pb *graph,
+                      mts_err *err)
 {
     pb_field f;
     int rc;
@@ -555,7 +558,14 @@ static int parse_attr(const mts__pb_src *s, pb b, mts_pool *pool, const char *no
                 seen_type = MTS_ATTR_TENSOR;
             }
             break;
-        case 6: case 11: seen_type = MTS_ATTR_GRAPH; break;
+        case 6:
+            if ((rc = want_wt(s, &f, WT_LEN, "AttributeProto", err))) return rc;
+            *graph = f.sub;
+            seen_type = MTS_ATTR_GRAPH;
+            break;
+        case 11:
+            return mts_err_set(err, MTS_EUNSUPPORTED, "%s: node '%s': GRAPHS (list of graphs) attributes are not supported",
+                               s->file, node);
         case 7:
             if (count_fixed(&f, WT_I32, 4, &n_floats))
                 return mts_err_set(err, MTS_EFORMAT, "%s: node '%s': bad floats attribute at byte %zu", s->file, node,
@@ -618,6 +628,7 @@ static int parse_attr(const mts__pb_src *s, pb b, mts_pool *pool, const char *no
 
 typedef struct raw_node {
     const char **in, **out;
+    pb *graphs; /* per attribute: its GraphProto (p NULL when not a graph) */
 } raw_node;
 
 static int parse_node(const mts__pb_src *s, pb b, mts_pool *pool, mts_node *n, raw_node *r, int index,
@@ -647,7 +658,8 @@ static int parse_node(const mts__pb_src *s, pb b, mts_pool *pool, mts_node *n, r
     n->in = mts_pool_calloc(pool, (size_t)n_in + 1, sizeof(int));
     n->out = mts_pool_calloc(pool, (size_t)n_out + 1, sizeof(int));
     n->attrs = mts_pool_calloc(pool, (size_t)n_attr + 1, sizeof(mts_attr));
-    if (!r->in || !r->out || !n->in || !n->out || !n->attrs) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+    r->graphs = mts_pool_calloc(pool, (size_t)n_attr + 1, sizeof(pb));
+    if (!r->in || !r->out || !n->in || !n->out || !n->attrs || !r->graphs) return mts_err_set(err, MTS_ENOMEM, "out of memory");
     b = start;
     while ((rc = pb_next(s, &b, &f, "NodeProto", err)) > 0) {
         if (f.wt != WT_LEN) continue;
@@ -657,7 +669,11 @@ static int parse_node(const mts__pb_src *s, pb b, mts_pool *pool, mts_node *n, r
             if (f.num == 1) r->in[n->n_in++] = str;
             else r->out[n->n_out++] = str;
         } else if (f.num == 5) {
-            if ((rc = parse_attr(s, f.sub, pool, n->name, &n->attrs[n->n_attr], err))) return rc;
+            if ((rc = parse_attr(s, f.sub, pool, n->name, &n->attrs[n->n_attr], &r->graphs[n->n_attr], err)))
+                return rc;
+            if (n->attrs[n->n_attr].type == MTS_ATTR_GRAPH && !r->graphs[n->n_attr].p)
+                return mts_err_set(err, MTS_EFORMAT, "%s: node '%s' (#%d, %s): graph attribute '%s' has no graph",
+                                   s->file, n->name, index, n->op_type, n->attrs[n->n_attr].name);
             n->n_attr++;
         }
     }
@@ -667,12 +683,14 @@ static int parse_node(const mts__pb_src *s, pb b, mts_pool *pool, mts_node *n, r
     return rc < 0 ? rc : MTS_OK;
 }
 
-/* ---- name → value index (open addressing) ---- */
+/* ---- name → value index (open addressing), per graph scope ---- */
+
+/* Subgraphs nested deeper than this are refused (a hostile file could nest without end). */
+#define MTS__MAX_SUBGRAPH_DEPTH 16
 
 typedef struct name_map {
     int *slots;
-    size_t cap;
-    const mts_value *values;
+    size_t cap, count;
 } name_map;
 
 static uint64_t hash_str(const char *s)
@@ -682,31 +700,237 @@ static uint64_t hash_str(const char *s)
     return h;
 }
 
-static int map_find(const name_map *nm, const char *name)
+/* The graph being built: its values and inputs grow while subgraphs capture outer values, so
+ * they live in heap arrays here and move into the model's pool when the graph is done. */
+typedef struct scope {
+    struct scope *parent;  /* enclosing graph, NULL at the top level */
+    mts_model *m;
+    const mts__pb_src *s;
+    name_map nm;
+    mts_value *vals;
+    int nv, cap;
+    int *inputs;
+    int n_inputs, cap_inputs;
+    int *cap_outer;        /* per captured value: its index in the parent scope */
+    int n_caps, cap_caps;
+} scope;
+
+static int map_find(const scope *sc, const char *name)
 {
+    const name_map *nm = &sc->nm;
+    if (nm->cap == 0) return -1;
     size_t i = hash_str(name) & (nm->cap - 1);
     while (nm->slots[i] >= 0) {
-        if (strcmp(nm->values[nm->slots[i]].name, name) == 0) return nm->slots[i];
+        if (strcmp(sc->vals[nm->slots[i]].name, name) == 0) return nm->slots[i];
         i = (i + 1) & (nm->cap - 1);
     }
     return -1;
 }
 
-static void map_put(name_map *nm, const char *name, int idx)
+static void map_insert(name_map *nm, const mts_value *vals, int idx)
 {
-    size_t i = hash_str(name) & (nm->cap - 1);
+    size_t i = hash_str(vals[idx].name) & (nm->cap - 1);
     while (nm->slots[i] >= 0) i = (i + 1) & (nm->cap - 1);
     nm->slots[i] = idx;
+    nm->count++;
+}
+
+static int map_put(scope *sc, int idx, mts_err *err)
+{
+    name_map *nm = &sc->nm;
+    if ((nm->count + 1) * 2 > nm->cap) {
+        size_t cap = nm->cap ? nm->cap * 2 : 64;
+        int *old = nm->slots;
+        size_t old_cap = nm->cap;
+        nm->slots = malloc(cap * sizeof(int));
+        if (!nm->slots) {
+            nm->slots = old;
+            return mts_err_set(err, MTS_ENOMEM, "out of memory");
+        }
+        memset(nm->slots, 0xff, cap * sizeof(int));
+        nm->cap = cap;
+        nm->count = 0;
+        for (size_t i = 0; i < old_cap; i++)
+            if (old[i] >= 0) map_insert(nm, sc->vals, old[i]);
+        free(old);
+    }
+    map_insert(nm, sc->vals, idx);
+    return MTS_OK;
+}
+
+static int grow(void **arr, int *cap, int need, size_t elem)
+{
+    if (need <= *cap) return 0;
+    int c = *cap ? *cap : 16;
+    while (c < need) c *= 2;
+    void *a = realloc(*arr, (size_t)c * elem);
+    if (!a) return -1;
+    memset((char *)a + (size_t)*cap * elem, 0, (size_t)(c - *cap) * elem);
+    *arr = a;
+    *cap = c;
+    return 0;
+}
+
+/* Appends a zeroed value; returns its index or a negative status. */
+static int scope_new_value(scope *sc, mts_err *err)
+{
+    if (sc->nv >= (1 << 24)) return mts_err_set(err, MTS_ELIMIT, "%s: graph too large", sc->s->file);
+    if (grow((void **)&sc->vals, &sc->cap, sc->nv + 1, sizeof(mts_value)))
+        return mts_err_set(err, MTS_ENOMEM, "out of memory");
+    memset(&sc->vals[sc->nv], 0, sizeof(mts_value));
+    sc->vals[sc->nv].producer = -1;
+    sc->vals[sc->nv].rank = -1;
+    return sc->nv++;
+}
+
+static int scope_add_input(scope *sc, int v, mts_err *err)
+{
+    if (grow((void **)&sc->inputs, &sc->cap_inputs, sc->n_inputs + 1, sizeof(int)))
+        return mts_err_set(err, MTS_ENOMEM, "out of memory");
+    sc->inputs[sc->n_inputs++] = v;
+    return MTS_OK;
+}
+
+/* Resolves name in sc, then in the enclosing scopes: a name found outside becomes a captured
+ * value of every scope between (an extra input of the subgraph). *idx = -1 when unknown. */
+static int scope_lookup(scope *sc, const char *name, int *idx, mts_err *err)
+{
+    *idx = map_find(sc, name);
+    if (*idx >= 0 || !sc->parent) return MTS_OK;
+    int outer, rc;
+    if ((rc = scope_lookup(sc->parent, name, &outer, err))) return rc;
+    if (outer < 0) return MTS_OK;
+    int v = scope_new_value(sc, err);
+    if (v < 0) return v;
+    sc->vals[v].name = sc->parent->vals[outer].name;
+    sc->vals[v].kind = MTS_VALUE_INPUT;
+    if ((rc = map_put(sc, v, err)) || (rc = scope_add_input(sc, v, err))) return rc;
+    if (grow((void **)&sc->cap_outer, &sc->cap_caps, sc->n_caps + 1, sizeof(int)))
+        return mts_err_set(err, MTS_ENOMEM, "out of memory");
+    sc->cap_outer[sc->n_caps++] = outer;
+    *idx = v;
+    return MTS_OK;
+}
+
+static void scope_free(scope *sc)
+{
+    free(sc->nm.slots);
+    free(sc->vals);
+    free(sc->inputs);
+    free(sc->cap_outer);
 }
 
 /* ---- GraphProto → IR ---- */
 
-static int parse_graph(const mts__pb_src *s, pb g, mts_model *m, mts_err *err)
+static int parse_graph(const mts__pb_src *s, pb g, scope *sc, mts_err *err);
+
+/* A new subgraph model registered with the root (which frees it), for attribute a of node n. */
+static mts_model *new_subgraph(const mts__pb_src *s, mts_model *parent, const mts_node *n, const mts_attr *a,
+                               mts_err *err)
 {
-    mts_pool *pool = &m->pool;
+    mts_model *root = s->model;
+    if (root->n_subs == root->cap_subs) {
+        int cap = root->cap_subs ? root->cap_subs * 2 : 8;
+        mts_model **subs = realloc(root->subs, sizeof *subs * (size_t)cap);
+        if (!subs) {
+            mts_err_set(err, MTS_ENOMEM, "out of memory");
+            return NULL;
+        }
+        root->subs = subs;
+        root->cap_subs = cap;
+    }
+    mts_model *sub = calloc(1, sizeof *sub);
+    size_t len = strlen(s->file) + strlen(n->name) + strlen(n->op_type) + strlen(a->name) + 64;
+    char *path = malloc(len);
+    if (!sub || !path) {
+        free(sub);
+        free(path);
+        mts_err_set(err, MTS_ENOMEM, "out of memory");
+        return NULL;
+    }
+    if (parent->depth == 0)
+        snprintf(path, len, "%s: subgraph '%s' of node '%s' (%s)", s->file, a->name, n->name, n->op_type);
+    else /* nested: the parent's description, then this level */
+        snprintf(path, len, "%s > '%s' of '%s' (%s)", s->file, a->name, n->name, n->op_type);
+    pthread_mutex_init(&sub->plan_lock, NULL);
+    sub->path = path;
+    sub->root = root;
+    sub->depth = parent->depth + 1;
+    sub->ir_version = root->ir_version;
+    sub->opset = root->opset;
+    sub->producer = root->producer;
+    sub->backend = root->backend;
+    sub->max_tensor_bytes = root->max_tensor_bytes;
+    root->subs[root->n_subs++] = sub;
+    return sub;
+}
+
+/* Parses the GRAPH attributes of node n of scope sc and lists the outer values they capture as
+ * the node's implicit inputs. */
+static int parse_node_subgraphs(const mts__pb_src *s, scope *sc, mts_node *n, const raw_node *r, mts_err *err)
+{
+    mts_pool *pool = &s->model->pool;
+    int *imp = NULL, n_imp = 0, cap_imp = 0;
+    int rc = MTS_OK;
+    for (int a = 0; a < n->n_attr && !rc; a++) {
+        if (n->attrs[a].type != MTS_ATTR_GRAPH || !r->graphs[a].p) continue;
+        if (sc->m->depth + 1 > MTS__MAX_SUBGRAPH_DEPTH) {
+            rc = mts_err_set(err, MTS_ELIMIT, "%s: node '%s' (%s): subgraphs are nested more than %d levels deep",
+                             s->model->path ? s->model->path : s->file, n->name, n->op_type, MTS__MAX_SUBGRAPH_DEPTH);
+            break;
+        }
+        mts_model *sub = new_subgraph(s, sc->m, n, &n->attrs[a], err);
+        if (!sub) {
+            rc = err->code;
+            break;
+        }
+        n->attrs[a].g = sub;
+        mts__pb_src ss = *s;
+        ss.file = sub->path;
+        scope child = {.parent = sc, .m = sub, .s = &ss};
+        rc = parse_graph(&ss, r->graphs[a], &child, err);
+        if (!rc) {
+            sub->cap_slot = mts_pool_calloc(pool, (size_t)child.n_caps + 1, sizeof(int));
+            if (!sub->cap_slot) rc = mts_err_set(err, MTS_ENOMEM, "out of memory");
+        }
+        for (int c = 0; !rc && c < child.n_caps; c++) {
+            int o = child.cap_outer[c], j = 0;
+            while (j < n_imp && imp[j] != o) j++;
+            if (j == n_imp) {
+                if (grow((void **)&imp, &cap_imp, n_imp + 1, sizeof(int))) {
+                    rc = mts_err_set(err, MTS_ENOMEM, "out of memory");
+                    break;
+                }
+                imp[n_imp++] = o;
+            }
+            sub->cap_slot[c] = n->n_in + j;
+        }
+        scope_free(&child);
+    }
+    if (!rc && n_imp > 0) {
+        int *in = mts_pool_calloc(pool, (size_t)(n->n_in + n_imp) + 1, sizeof(int));
+        if (!in) {
+            rc = mts_err_set(err, MTS_ENOMEM, "out of memory");
+        } else {
+            memcpy(in, n->in, sizeof(int) * (size_t)n->n_in);
+            memcpy(in + n->n_in, imp, sizeof(int) * (size_t)n_imp);
+            n->in = in;
+            n->n_in += n_imp;
+            n->n_implicit = n_imp;
+        }
+    }
+    free(imp);
+    return rc;
+}
+
+static int parse_graph(const mts__pb_src *s, pb g, scope *sc, mts_err *err)
+{
+    mts_model *m = sc->m;
+    mts_pool *pool = &s->model->pool;
+    bool is_sub = sc->parent != NULL;
     pb_field f;
     int rc;
-    int64_t n_node = 0, n_init = 0, n_input = 0, n_output = 0, n_vi = 0, n_out_names = 0;
+    int64_t n_node = 0, n_init = 0, n_input = 0, n_output = 0, n_vi = 0;
     pb b = g;
     while ((rc = pb_next(s, &b, &f, "GraphProto", err)) > 0) {
         if (f.wt != WT_LEN) continue;
@@ -728,20 +952,19 @@ static int parse_graph(const mts__pb_src *s, pb g, mts_model *m, mts_err *err)
     mts_node *nodes = mts_pool_calloc(pool, (size_t)n_node + 1, sizeof *nodes);
     raw_node *raw = calloc((size_t)n_node + 1, sizeof *raw);
     mts_value *vi = calloc((size_t)(n_input + n_output + n_vi) + 1, sizeof *vi);
-    if (!nodes || !raw || !vi) {
-        free(raw);
-        free(vi);
-        return mts_err_set(err, MTS_ENOMEM, "out of memory");
+    int *outs = calloc((size_t)n_output + 1, sizeof(int));
+    if (!nodes || !raw || !vi || !outs) {
+        rc = mts_err_set(err, MTS_ENOMEM, "out of memory");
+        goto out;
     }
     int64_t i_node = 0, i_vi = 0;
-    int64_t cap_values = n_init;
-    /* Pass 2a: nodes and value infos; count node outputs for the value table. */
+    int n_outs = 0;
+    /* Pass 2a: nodes and value infos. */
     b = g;
     while ((rc = pb_next(s, &b, &f, "GraphProto", err)) > 0) {
         if (f.wt != WT_LEN) continue;
         if (f.num == 1) {
             if ((rc = parse_node(s, f.sub, pool, &nodes[i_node], &raw[i_node], (int)i_node, err))) goto out;
-            n_out_names += nodes[i_node].n_out;
             i_node++;
         } else if (f.num == 11 || f.num == 12 || f.num == 13) {
             if ((rc = parse_value_info(s, f.sub, pool, &vi[i_vi], err))) goto out;
@@ -750,102 +973,114 @@ static int parse_graph(const mts__pb_src *s, pb g, mts_model *m, mts_err *err)
         }
     }
     if (rc < 0) goto out;
-    cap_values += n_input + n_out_names;
-    m->values = mts_pool_calloc(pool, (size_t)cap_values + 1, sizeof(mts_value));
-    m->inputs = mts_pool_calloc(pool, (size_t)n_input + 1, sizeof(int));
-    m->outputs = mts_pool_calloc(pool, (size_t)n_output + 1, sizeof(int));
-    name_map nm = {0};
-    nm.cap = 16;
-    while (nm.cap < (size_t)cap_values * 2 + 16) nm.cap *= 2;
-    nm.slots = malloc(nm.cap * sizeof(int));
-    if (!m->values || !m->inputs || !m->outputs || !nm.slots) {
-        free(nm.slots);
-        rc = mts_err_set(err, MTS_ENOMEM, "out of memory");
-        goto out;
-    }
-    memset(nm.slots, 0xff, nm.cap * sizeof(int));
-    nm.values = m->values;
-    int nv = 0;
 
     /* Initializers. */
     b = g;
     while ((rc = pb_next(s, &b, &f, "GraphProto", err)) > 0) {
         if (f.num != 5 || f.wt != WT_LEN) continue;
-        mts_value *v = &m->values[nv];
+        int nv = scope_new_value(sc, err);
+        if (nv < 0) {
+            rc = nv;
+            goto out;
+        }
+        mts_value *v = &sc->vals[nv];
         const char *name;
         if ((rc = mts__parse_tensor(s, f.sub.p, (size_t)(f.sub.end - f.sub.p), pool, &v->init, &name, err))) {
             mts_err_prefix(err, "initializer #%d: ", nv);
-            goto out_map;
+            goto out;
         }
         if (!name[0]) {
             rc = mts_err_set(err, MTS_EFORMAT, "%s: initializer #%d has no name", s->file, nv);
-            goto out_map;
+            goto out;
         }
-        if (map_find(&nm, name) >= 0) {
+        if (map_find(sc, name) >= 0) {
             rc = mts_err_set(err, MTS_EFORMAT, "%s: initializer '%s' is defined twice", s->file, name);
-            goto out_map;
+            goto out;
         }
-        if (m->n_copies > 0 && m->copies[m->n_copies - 1].data == v->init.data) m->copies[m->n_copies - 1].value = nv;
+        if (!is_sub && m->n_copies > 0 && m->copies[m->n_copies - 1].data == v->init.data)
+            m->copies[m->n_copies - 1].value = nv;
         v->name = name;
         v->kind = MTS_VALUE_INITIALIZER;
         v->dtype = v->init.dtype;
         v->rank = v->init.rank;
         memcpy(v->dims, v->init.dims, sizeof v->dims);
         v->producer = -1;
-        m->param_bytes += mts_tensor_nbytes(&v->init);
-        map_put(&nm, name, nv++);
+        s->model->param_bytes += mts_tensor_nbytes(&v->init);
+        if ((rc = map_put(sc, nv, err))) goto out;
     }
-    if (rc < 0) goto out_map;
+    if (rc < 0) goto out;
 
-    /* Graph inputs (those that are also initializers are initializers with a default). */
+    /* Graph inputs (those that are also initializers are initializers with a default). A
+     * subgraph's formal inputs take their types from the values bound to them at run time. */
     for (int64_t i = 0; i < i_vi; i++) {
         if (vi[i].kind != 1) continue;
         if (!vi[i].name[0]) {
             rc = mts_err_set(err, MTS_EFORMAT, "%s: graph input #%lld has no name", s->file, (long long)i);
-            goto out_map;
+            goto out;
         }
-        if (map_find(&nm, vi[i].name) >= 0) continue;
-        mts_value *v = &m->values[nv];
+        if (map_find(sc, vi[i].name) >= 0) {
+            if (is_sub) {
+                rc = mts_err_set(err, MTS_EFORMAT, "%s: subgraph input '%s' is defined twice", s->file, vi[i].name);
+                goto out;
+            }
+            continue;
+        }
+        int nv = scope_new_value(sc, err);
+        if (nv < 0) {
+            rc = nv;
+            goto out;
+        }
+        mts_value *v = &sc->vals[nv];
         *v = vi[i];
         v->kind = MTS_VALUE_INPUT;
         v->producer = -1;
-        if ((int)v->dtype == -1 || !mts_dtype_supported(v->dtype)) {
+        if ((int)v->dtype == -1 || (!is_sub && !mts_dtype_supported(v->dtype))) {
             rc = mts_err_set(err, MTS_EUNSUPPORTED, "%s: graph input '%s' has type %s, which mtserve does not support",
                              s->file, v->name, (int)v->dtype == -1 ? "non-tensor" : mts_dtype_name(v->dtype));
-            goto out_map;
+            goto out;
         }
-        m->inputs[m->n_inputs++] = nv;
-        map_put(&nm, v->name, nv++);
+        if (is_sub) {
+            v->dtype = MTS_DTYPE_UNDEFINED;
+            v->rank = -1;
+        }
+        if ((rc = scope_add_input(sc, nv, err)) || (rc = map_put(sc, nv, err))) goto out;
     }
+    m->n_formal = sc->n_inputs;
     /* Node outputs. */
     for (int64_t n = 0; n < i_node; n++) {
         for (int j = 0; j < nodes[n].n_out; j++) {
             const char *name = raw[n].out[j];
+            int nv;
             if (!name[0]) { /* interior omitted output: an anonymous value */
-                m->values[nv].name = "";
-                m->values[nv].producer = (int)n;
-                m->values[nv].rank = -1;
-                nodes[n].out[j] = nv++;
+                if ((nv = scope_new_value(sc, err)) < 0) {
+                    rc = nv;
+                    goto out;
+                }
+                sc->vals[nv].name = "";
+                sc->vals[nv].producer = (int)n;
+                nodes[n].out[j] = nv;
                 continue;
             }
-            int prev = map_find(&nm, name);
+            int prev = map_find(sc, name);
             if (prev >= 0) {
                 rc = mts_err_set(err, MTS_EFORMAT, "%s: node '%s' (#%lld, %s) output '%s' is already defined%s",
                                  s->file, nodes[n].name, (long long)n, nodes[n].op_type, name,
-                                 m->values[prev].producer >= 0 ? " by another node" : " as an input or initializer");
-                goto out_map;
+                                 sc->vals[prev].producer >= 0 ? " by another node" : " as an input or initializer");
+                goto out;
             }
-            mts_value *v = &m->values[nv];
+            if ((nv = scope_new_value(sc, err)) < 0) {
+                rc = nv;
+                goto out;
+            }
+            mts_value *v = &sc->vals[nv];
             v->name = name;
             v->kind = MTS_VALUE_INTERMEDIATE;
             v->producer = (int)n;
-            v->rank = -1;
             nodes[n].out[j] = nv;
-            map_put(&nm, name, nv++);
+            if ((rc = map_put(sc, nv, err))) goto out;
         }
     }
-    m->n_values = nv;
-    /* Node inputs. */
+    /* Node inputs: names not defined here resolve in the enclosing graphs (captured values). */
     for (int64_t n = 0; n < i_node; n++) {
         for (int j = 0; j < nodes[n].n_in; j++) {
             const char *name = raw[n].in[j];
@@ -853,49 +1088,69 @@ static int parse_graph(const mts__pb_src *s, pb g, mts_model *m, mts_err *err)
                 nodes[n].in[j] = -1;
                 continue;
             }
-            int idx = map_find(&nm, name);
+            int idx;
+            if ((rc = scope_lookup(sc, name, &idx, err))) goto out;
             if (idx < 0) {
                 rc = mts_err_set(err, MTS_EFORMAT,
-                                 "%s: node '%s' (#%lld, %s) input '%s' is not a graph input, an initializer or "
-                                 "the output of any node",
-                                 s->file, nodes[n].name, (long long)n, nodes[n].op_type, name);
-                goto out_map;
+                                 "%s: node '%s' (#%lld, %s) input '%s' is not a graph input, an initializer, "
+                                 "the output of any node%s",
+                                 s->file, nodes[n].name, (long long)n, nodes[n].op_type, name,
+                                 is_sub ? " or a value of an enclosing graph" : "");
+                goto out;
             }
             nodes[n].in[j] = idx;
         }
     }
+    /* Subgraphs of the nodes (which may capture further outer values through this scope). */
+    for (int64_t n = 0; n < i_node; n++)
+        if ((rc = parse_node_subgraphs(s, sc, &nodes[n], &raw[n], err))) goto out;
     /* Graph outputs and declared shapes of intermediates. */
     for (int64_t i = 0; i < i_vi; i++) {
-        int idx = map_find(&nm, vi[i].name);
+        int idx;
         if (vi[i].kind == 2) {
+            if ((rc = scope_lookup(sc, vi[i].name, &idx, err))) goto out;
             if (idx < 0) {
                 rc = mts_err_set(err, MTS_EFORMAT, "%s: graph output '%s' is not produced by any node", s->file,
                                  vi[i].name);
-                goto out_map;
+                goto out;
             }
-            m->outputs[m->n_outputs++] = idx;
+            outs[n_outs++] = idx;
+        } else {
+            idx = map_find(sc, vi[i].name);
         }
-        if (idx >= 0 && m->values[idx].kind == MTS_VALUE_INTERMEDIATE && (int)vi[i].dtype > 0)
-            m->values[idx].dtype = vi[i].dtype; /* declared type, also without a shape */
-        if (idx >= 0 && m->values[idx].kind == MTS_VALUE_INTERMEDIATE && vi[i].rank >= 0) {
-            m->values[idx].dtype = vi[i].dtype;
-            m->values[idx].rank = vi[i].rank;
-            memcpy(m->values[idx].dims, vi[i].dims, sizeof vi[i].dims);
-            memcpy(m->values[idx].dim_params, vi[i].dim_params, sizeof vi[i].dim_params);
+        if (!is_sub && idx >= 0 && sc->vals[idx].kind == MTS_VALUE_INTERMEDIATE && (int)vi[i].dtype > 0)
+            sc->vals[idx].dtype = vi[i].dtype; /* declared type, also without a shape */
+        if (!is_sub && idx >= 0 && sc->vals[idx].kind == MTS_VALUE_INTERMEDIATE && vi[i].rank >= 0) {
+            sc->vals[idx].dtype = vi[i].dtype;
+            sc->vals[idx].rank = vi[i].rank;
+            memcpy(sc->vals[idx].dims, vi[i].dims, sizeof vi[i].dims);
+            memcpy(sc->vals[idx].dim_params, vi[i].dim_params, sizeof vi[i].dim_params);
         }
     }
-    if (m->n_outputs == 0) {
+    if (n_outs == 0) {
         rc = mts_err_set(err, MTS_EFORMAT, "%s: graph has no outputs", s->file);
-        goto out_map;
+        goto out;
     }
+    m->values = mts_pool_calloc(pool, (size_t)sc->nv + 1, sizeof(mts_value));
+    m->inputs = mts_pool_calloc(pool, (size_t)sc->n_inputs + 1, sizeof(int));
+    m->outputs = mts_pool_calloc(pool, (size_t)n_outs + 1, sizeof(int));
+    if (!m->values || !m->inputs || !m->outputs) {
+        rc = mts_err_set(err, MTS_ENOMEM, "out of memory");
+        goto out;
+    }
+    if (sc->nv) memcpy(m->values, sc->vals, sizeof(mts_value) * (size_t)sc->nv);
+    if (sc->n_inputs) memcpy(m->inputs, sc->inputs, sizeof(int) * (size_t)sc->n_inputs);
+    memcpy(m->outputs, outs, sizeof(int) * (size_t)n_outs);
+    m->n_values = sc->nv;
+    m->n_inputs = sc->n_inputs;
+    m->n_outputs = n_outs;
     m->nodes = nodes;
     m->n_nodes = (int)i_node;
     rc = MTS_OK;
-out_map:
-    free(nm.slots);
 out:
     free(raw);
     free(vi);
+    free(outs);
     return rc;
 }
 
@@ -956,5 +1211,8 @@ int mts__parse_model(const mts__pb_src *s, mts_model *m, mts_err *err)
     if (!have_opset) m->opset = 0; /* only an error if a node uses the default domain (loader.c) */
     else if (m->opset < 1 || m->opset > 18)
         return mts_err_set(err, MTS_EUNSUPPORTED, "%s: opset %d is not supported (1 to 18 are)", s->file, m->opset);
-    return parse_graph(s, graph, m, err);
+    scope top = {.m = m, .s = s};
+    rc = parse_graph(s, graph, &top, err);
+    scope_free(&top);
+    return rc;
 }

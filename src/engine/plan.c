@@ -42,8 +42,9 @@ int mts__check_inputs(const mts_model *m, const mts_tensor *in, int n, mts_err *
     for (int i = 0; i < n; i++) {
         const mts_value *v = &m->values[m->inputs[i]];
         char got[128], want[128];
-        /* float16/bfloat16 inputs arrive converted to float (half.c) */
-        if (in[i].dtype != v->dtype && !(mts_dtype_is_half(v->dtype) && in[i].dtype == MTS_DTYPE_FLOAT))
+        /* float16/bfloat16 inputs arrive converted to float (half.c); undefined: a subgraph input */
+        if (in[i].dtype != v->dtype && v->dtype != MTS_DTYPE_UNDEFINED &&
+            !(mts_dtype_is_half(v->dtype) && in[i].dtype == MTS_DTYPE_FLOAT))
             return mts_err_set(err, MTS_EINVAL, "input '%s' has type %s, the model expects %s", v->name,
                                mts_dtype_name(in[i].dtype), mts_dtype_name(v->dtype));
         if (in[i].rank < 0 || in[i].rank > MTS_MAX_RANK || mts_tensor_numel(&in[i]) < 0)
@@ -236,7 +237,7 @@ static int build(mts_model *m, const mts_tensor *inputs, int n_in, mts__plan **o
             }
         }
         memset(kout, 0, sizeof *kout * (size_t)max_io);
-        mts_kctx k = {n, kin, n->n_in, kout, n->n_out, err, 1};
+        mts_kctx k = {n, kin, n->n_in, kout, n->n_out, err, 1, NULL};
         if (!dynamic) {
             rc = m->ops[i]->infer(&k);
             if (rc == MTS_EDYNAMIC) {

@@ -3,9 +3,14 @@
 the main op families (Conv, depthwise Conv, BatchNormalization, Relu, MaxPool, Resize, Concat,
 GlobalAveragePool, Gemm, Softmax) at 32x32, small enough to run hundreds of times under
 ThreadSanitizer; the same CNN exported in float16 (weights, inputs and outputs float16, the
-Resize scales float as the spec requires); and a double-precision model (y = relu(x * w + b),
+Resize scales float as the spec requires); a double-precision model (y = relu(x * w + b),
 z = x - b) and a model with one uint16, int16, uint32, uint64 and bfloat16 input and output
-each, for the element-type tests. Usage: make_test_models.py OUTDIR
+each, for the element-type tests; and control-flow models (cf_*.onnx: If branches reading
+outer-scope values and initializers, an If chosen at plan time, a Loop carrying state with a scan
+output and a nested If, a while-style Loop, a Scan) that tests/models/compare_ort.py checks
+against ONNX Runtime:
+    compare_ort.py --models-dir tests/models/out cf_if cf_if_const cf_loop cf_while cf_scan
+Usage: make_test_models.py OUTDIR
 """
 import os
 import sys
@@ -93,7 +98,119 @@ def main():
     onnx.save(small_cnn(half=True), os.path.join(out, "small_cnn_fp16.onnx"))
     onnx.save(double_model(), os.path.join(out, "double_model.onnx"))
     onnx.save(types_model(), os.path.join(out, "types_model.onnx"))
+    control_flow_models(out, np.random.default_rng(7))
     print("test models written to", out)
+
+
+def control_flow_models(out, rng):
+    F, I64, B = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
+    def vi(name, t, shape):
+        # shape None: two dimensions left symbolic (the checker wants a shape)
+        if shape is None:
+            shape = [name + "_d0", name + "_d1"]
+        return helper.make_tensor_value_info(name, t, shape)
+
+    def arr(name, a):
+        return numpy_helper.from_array(np.asarray(a), name)
+
+    def save(name, nodes, inputs, outputs, inits):
+        g = helper.make_graph(nodes, name, inputs, outputs, initializer=inits)
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+        m.ir_version = 8
+        onnx.checker.check_model(m)
+        onnx.save(m, os.path.join(out, name + ".onnx"))
+
+    # cf_if: two Ifs on conditions computed at run time (one always true, one always false);
+    # the branches read the outer input x and initializer W and have initializers of their own;
+    # output z has a different shape in each branch (run-time shapes).
+    W = rng.standard_normal(4).astype(np.float32)
+    def branches(tag):
+        then_g = helper.make_graph(
+            [helper.make_node("Add", ["x", "W"], ["ty" + tag]),
+             helper.make_node("Mul", ["x", "tw" + tag], ["tz" + tag])],
+            "then" + tag, [], [vi("ty" + tag, F, None), vi("tz" + tag, F, None)],
+            initializer=[arr("tw" + tag, rng.standard_normal(4).astype(np.float32))])
+        else_g = helper.make_graph(
+            [helper.make_node("Sub", ["x", "W"], ["ey" + tag]),
+             helper.make_node("Concat", ["x", "x"], ["ez" + tag], axis=0)],
+            "else" + tag, [], [vi("ey" + tag, F, None), vi("ez" + tag, F, None)])
+        return then_g, else_g
+    t1, e1 = branches("1")
+    t2, e2 = branches("2")
+    save("cf_if", [
+        helper.make_node("ReduceMean", ["x"], ["mean"], keepdims=0),
+        helper.make_node("Greater", ["mean", "lo"], ["c1"]),
+        helper.make_node("Less", ["mean", "lo"], ["c2"]),
+        helper.make_node("If", ["c1"], ["y1", "z1"], then_branch=t1, else_branch=e1),
+        helper.make_node("If", ["c2"], ["y2", "z2"], then_branch=t2, else_branch=e2),
+    ], [vi("x", F, ["N", 4])],
+        [vi("y1", F, None), vi("z1", F, None), vi("y2", F, None), vi("z2", F, None)],
+        [arr("W", W), arr("lo", np.float32(-1.0))])
+
+    # cf_if_const: the condition is an initializer, so the plan takes the else branch at plan
+    # time with static shapes; the branch's MatMul reads the outer initializer Wm.
+    then_g = helper.make_graph([helper.make_node("Relu", ["x"], ["ty"])], "then", [], [vi("ty", F, None)])
+    else_g = helper.make_graph([helper.make_node("MatMul", ["x", "Wm"], ["em"]),
+                                helper.make_node("Add", ["em", "bias"], ["ey"])],
+                               "else", [], [vi("ey", F, None)],
+                               initializer=[arr("bias", rng.standard_normal(4).astype(np.float32))])
+    save("cf_if_const", [
+        helper.make_node("If", ["cond"], ["y0"], then_branch=then_g, else_branch=else_g),
+        helper.make_node("Sigmoid", ["y0"], ["y"]),
+    ], [vi("x", F, ["N", 4])], [vi("y", F, ["N", 4])],
+        [arr("cond", np.array(False)), arr("Wm", rng.standard_normal((4, 4)).astype(np.float32))])
+
+    # cf_loop: M = 5 iterations, no condition input; carried h (initially x) goes through a
+    # nested If (iteration < 2) whose branches read h, the outer x and W; a scan output stacks
+    # the per-iteration row sums scaled by the iteration number.
+    inner_then = helper.make_graph([helper.make_node("Mul", ["h_in", "W"], ["hw"]),
+                                    helper.make_node("Tanh", ["hw"], ["it_y"])],
+                                   "inner_then", [], [vi("it_y", F, None)])
+    inner_else = helper.make_graph([helper.make_node("Sub", ["h_in", "x"], ["hx"]),
+                                    helper.make_node("Sigmoid", ["hx"], ["ie_y"])],
+                                   "inner_else", [], [vi("ie_y", F, None)])
+    body = helper.make_graph([
+        helper.make_node("Less", ["i", "two"], ["small"]),
+        helper.make_node("If", ["small"], ["h_out"], then_branch=inner_then, else_branch=inner_else),
+        helper.make_node("Cast", ["i"], ["i_f"], to=F),
+        helper.make_node("ReduceSum", ["h_out", "ax1"], ["rs"], keepdims=0),
+        helper.make_node("Mul", ["rs", "i_f"], ["scan"]),
+        helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+    ], "body", [vi("i", I64, []), vi("cond_in", B, []), vi("h_in", F, None)],
+        [vi("cond_out", B, []), vi("h_out", F, None), vi("scan", F, None)],
+        initializer=[arr("two", np.int64(2)), arr("ax1", np.array([1], np.int64))])
+    save("cf_loop", [
+        helper.make_node("Loop", ["M", "", "x"], ["h_final", "scans"], body=body),
+    ], [vi("x", F, ["N", 4])], [vi("h_final", F, None), vi("scans", F, None)],
+        [arr("W", W), arr("M", np.int64(5))])
+
+    # cf_while: no trip count; the body's condition (counter < 3.5) ends the loop.
+    body = helper.make_graph([
+        helper.make_node("Add", ["c_in", "one"], ["c_out"]),
+        helper.make_node("Less", ["c_out", "lim"], ["cond_out"]),
+        helper.make_node("Mul", ["acc_in", "x"], ["acc_out"]),
+    ], "body", [vi("i", I64, []), vi("cond_in", B, []), vi("c_in", F, []), vi("acc_in", F, None)],
+        [vi("cond_out", B, []), vi("c_out", F, []), vi("acc_out", F, None)],
+        initializer=[arr("one", np.float32(1)), arr("lim", np.float32(3.5))])
+    save("cf_while", [
+        helper.make_node("Loop", ["", "go", "c0", "x"], ["count", "pw"], body=body),
+    ], [vi("x", F, ["N", 4])], [vi("count", F, []), vi("pw", F, None)],
+        [arr("go", np.array(True)), arr("c0", np.float32(0))])
+
+    # cf_scan: state s [2,3]; x [2,6,3] scanned along axis 1 in reverse, y [6] along axis 0;
+    # the per-step output is stacked along axis 1.
+    body = helper.make_graph([
+        helper.make_node("Mul", ["xt", "Ws"], ["xw"]),
+        helper.make_node("Add", ["s_in", "xw"], ["s1"]),
+        helper.make_node("Add", ["s1", "yt"], ["s_out"]),
+        helper.make_node("Tanh", ["s_out"], ["o"]),
+    ], "body", [vi("s_in", F, [2, 3]), vi("xt", F, [2, 3]), vi("yt", F, [])],
+        [vi("s_out", F, [2, 3]), vi("o", F, [2, 3])])
+    save("cf_scan", [
+        helper.make_node("Scan", ["s0", "x", "y"], ["s", "os"], body=body, num_scan_inputs=2,
+                         scan_input_axes=[1, 0], scan_input_directions=[1, 0], scan_output_axes=[1]),
+    ], [vi("x", F, [2, 6, 3]), vi("y", F, [6])], [vi("s", F, [2, 3]), vi("os", F, [2, 6, 3])],
+        [arr("s0", np.zeros((2, 3), np.float32)), arr("Ws", rng.standard_normal(3).astype(np.float32))])
 
 
 if __name__ == "__main__":

@@ -119,7 +119,7 @@ static mts_tensor run_op(const mts_op *op, const mts_node *n, const mts_tensor *
 {
     mts_err err = {0};
     mts_tensor out = {0};
-    mts_kctx k = {n, in, n_in, &out, 1, &err, threads};
+    mts_kctx k = {n, in, n_in, &out, 1, &err, threads, NULL};
     if (op->infer(&k)) fail_msg("%s infer: %s", n->op_type, err.msg);
     mts_tensor o = tens(out.rank, out.dims);
     k.out = &o;
@@ -484,7 +484,7 @@ static void test_channel_pool(void **state)
         for (int t = 1; t <= MAX_THREADS; t++) {
             mts_err err = {0};
             mts_tensor got = tens(4, od);
-            mts_kctx k = {&pb.n, in, scaled ? 2 : 1, &got, 1, &err, t};
+            mts_kctx k = {&pb.n, in, scaled ? 2 : 1, &got, 1, &err, t, NULL};
             if (mts_fast_cpool.run(&k)) fail_msg("channel pool: %s", err.msg);
             char what[64];
             snprintf(what, sizeof what, "channel pool C %lld scaled %d threads %d", (long long)C, scaled, t);
@@ -583,7 +583,7 @@ static void test_conv_small(void **state)
                 mts_err err = {0};
                 int64_t od[4] = {N, ref.dims[2], ref.dims[3], M};
                 mts_tensor got = tens(4, od);
-                mts_kctx k = {&nb.n, vin, nin, &got, 1, &err, t};
+                mts_kctx k = {&nb.n, vin, nin, &got, 1, &err, t, NULL};
                 if (mts_fast_conv_small.run(&k)) fail_msg("%s: %s", what, err.msg);
                 snprintf(what, sizeof what, "small conv %lld->%lld k%lld (src %s, dst %s)", (long long)C, (long long)M,
                          (long long)K, src_nhwc ? "NHWC" : "NCHW", dst_nhwc ? "NHWC" : "NCHW");

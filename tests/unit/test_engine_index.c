@@ -73,7 +73,7 @@ static int run_node(const mts_node *n, const mts_tensor **in, int n_in, int n_ou
     mts_err err = {0};
     mts_tensor o[4];
     memset(o, 0, sizeof o);
-    mts_kctx k = {n, in, n_in, o, n_out, &err, 2};
+    mts_kctx k = {n, in, n_in, o, n_out, &err, 2, NULL};
     int rc = op->infer(&k);
     if (rc) {
         if (msg) snprintf(msg, 256, "%s", err.msg);

@@ -121,7 +121,7 @@ static int32_t requant_oracle(int32_t acc, float scale, int32_t zp, bool sgn)
 static int run_op(const mts_op *op, const mts_node *nd, const mts_tensor *const *in, int n_in, mts_tensor *out,
                   int threads, mts_err *err)
 {
-    mts_kctx k = {nd, in, n_in, out, 1, err, threads};
+    mts_kctx k = {nd, in, n_in, out, 1, err, threads, NULL};
     memset(out, 0, sizeof *out);
     int rc = op->infer(&k);
     if (rc) return rc;

@@ -72,7 +72,7 @@ static mts_tensor run_node(const mts_node *n, const mts_tensor **in, int n_in, i
     assert_non_null(op);
     mts_err err = {0};
     mts_tensor out = {0};
-    mts_kctx k = {n, in, n_in, &out, 1, &err, threads};
+    mts_kctx k = {n, in, n_in, &out, 1, &err, threads, NULL};
     if (op->infer(&k)) fail_msg("%s infer: %s", n->op_type, err.msg);
     int64_t nb = mts_tensor_nbytes(&out);
     assert_true(nb >= 0);
@@ -86,7 +86,7 @@ static int infer_status(const mts_node *n, const mts_tensor **in, int n_in)
 {
     mts_err err = {0};
     mts_tensor out = {0};
-    mts_kctx k = {n, in, n_in, &out, 1, &err, 1};
+    mts_kctx k = {n, in, n_in, &out, 1, &err, 1, NULL};
     return mts_op_lookup(n->op_type)->infer(&k);
 }
 

@@ -206,7 +206,7 @@ static bool conv_eligible(mts__opt *o, int s, const uint8_t *no_dnnl, void **cac
         if (st->n_out < 1 || st->out[0] < 0) return false;
         if (st->n_out > 1 && st->out[1] >= 0 && (o->nuse[st->out[1]] > 0 || o->is_out[st->out[1]])) return false;
         const mts_tensor *kin[1] = {x};
-        mts_kctx k = {st->nd, kin, 1, kout, 1, &e, 1};
+        mts_kctx k = {st->nd, kin, 1, kout, 1, &e, 1, NULL};
         if (mts_pool_geometry(&k, maxp, &c->spec.g) != MTS_OK) return false;
         c->spec.kind = maxp ? MTS_DPRIM_POOL_MAX
                             : mts_attr_int(st->nd, "count_include_pad", 0) ? MTS_DPRIM_POOL_AVG_INCLUDE
@@ -264,7 +264,7 @@ static bool conv_eligible(mts__opt *o, int s, const uint8_t *no_dnnl, void **cac
     if (st->n_in < 2 || st->n_out != 1 || !const_value(p, st->in[1])) return false;
     if (st->n_in > 2 && st->in[2] >= 0 && !const_value(p, st->in[2])) return false;
     const mts_tensor *kin[3] = {x, &p->vals[st->in[1]], st->n_in > 2 && st->in[2] >= 0 ? &p->vals[st->in[2]] : NULL};
-    mts_kctx k = {st->nd, kin, st->n_in > 3 ? 3 : st->n_in, kout, 1, &e, 1};
+    mts_kctx k = {st->nd, kin, st->n_in > 3 ? 3 : st->n_in, kout, 1, &e, 1, NULL};
     if (mts_conv_geometry(&k, tr, &c->spec.g) != MTS_OK) return false;
     /* Tiny convolutions on one pixel (attention MLPs): the reference kernel is as fast and a
      * oneDNN primitive would cost JIT code and per-call setup. */

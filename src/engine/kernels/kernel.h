@@ -43,6 +43,10 @@ typedef struct mts_kctx {
     int n_out;
     mts_err *err;
     int threads; /* intra-op threads the caller allows (>= 1) */
+    /* The execution context running the step, NULL at plan time (shape inference, constant
+     * folding). Only the control-flow kernels use it: they run subgraphs in contexts cached
+     * in it (engine/subgraph.h). */
+    struct mts_ctx *ctx;
 } mts_kctx;
 
 typedef int (*mts_infer_fn)(mts_kctx *k);
@@ -140,6 +144,7 @@ extern const mts_op mts_ref_ops_signal[];    /* DFT, STFT, window functions, Mel
 extern const mts_op mts_ref_ops_random[];    /* RandomNormal/Uniform(Like), Multinomial, Bernoulli */
 extern const mts_op mts_ref_ops_quant[];     /* (De)QuantizeLinear, QLinear*, *Integer */
 extern const mts_op mts_ref_ops_index[];     /* indexing: TopK, Scatter*, GatherND, Einsum, ... */
+extern const mts_op mts_ref_ops_control[];   /* If, Loop, Scan (ref_control.c) */
 
 /* Conv/ConvTranspose geometry for the fast backends (ref_conv.c): validated like the reference
  * kernels; spatial arrays normalized to 3 entries with the real dims last (leading entries are

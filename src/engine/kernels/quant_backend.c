@@ -125,7 +125,7 @@ static int fuse_qdq(mts__opt *o, int s, mts_err *err)
     for (int i = 0; i < 9; i++) kin[i] = in[i] >= 0 ? &p->vals[in[i]] : NULL;
     mts_tensor kout = {0};
     mts_err e = {0};
-    mts_kctx k = {nd, kin, b >= 0 ? 9 : 8, &kout, 1, &e, 1};
+    mts_kctx k = {nd, kin, b >= 0 ? 9 : 8, &kout, 1, &e, 1, NULL};
     const mts_tensor *qy = &p->vals[qst->out[0]];
     if (op->infer(&k) || kout.dtype != qy->dtype || !mts_shape_equal(&kout, qy)) return MTS_OK;
     st->nd = nd;

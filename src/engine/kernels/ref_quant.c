@@ -773,7 +773,7 @@ static int qconv_setup(mts_kctx *k, bool qlinear, qconv_desc *d)
     mts_tensor xf = *d->x, wf = *d->w;
     xf.dtype = wf.dtype = MTS_DTYPE_FLOAT;
     const mts_tensor *gin[2] = {&xf, &wf};
-    mts_kctx gk = {k->node, gin, 2, k->out, k->n_out, k->err, k->threads};
+    mts_kctx gk = {k->node, gin, 2, k->out, k->n_out, k->err, k->threads, k->ctx};
     if ((rc = mts_conv_geometry(&gk, false, &d->g))) return rc;
     const mts_conv_geom *g = &d->g;
     d->Cg = g->C / g->group;

@@ -1,0 +1,441 @@
+/*
+ * Unit tests of control flow (If, Loop, Scan subgraphs): models are written in the ONNX wire
+ * format by a small protobuf writer here, then loaded from memory. Covered: If branches reading
+ * outer-scope values and their own initializers (both branches, both backends, the captured
+ * values listed as the node's implicit inputs), branches whose outputs are outer values, a Loop carrying state with a scan output run
+ * repeatedly on one context with different trip counts, and load errors for malformed
+ * subgraphs (mismatched branch outputs, unknown names, too deep nesting, a Loop body with the
+ * wrong inputs, a subgraph without outputs, every truncation of a file).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/engine.h"
+
+/* ---- a minimal protobuf writer ---- */
+
+typedef struct buf {
+    uint8_t *p;
+    size_t n, cap;
+} buf;
+
+static void put(buf *b, const void *d, size_t n)
+{
+    if (b->n + n > b->cap) {
+        b->cap = (b->n + n) * 2 + 64;
+        b->p = realloc(b->p, b->cap);
+        assert_non_null(b->p);
+    }
+    if (n) memcpy(b->p + b->n, d, n);
+    b->n += n;
+}
+
+static void varint(buf *b, uint64_t v)
+{
+    do {
+        uint8_t c = (uint8_t)(v & 0x7f);
+        v >>= 7;
+        if (v) c |= 0x80;
+        put(b, &c, 1);
+    } while (v);
+}
+
+static void fint(buf *b, int f, uint64_t v)
+{
+    varint(b, (uint64_t)f << 3);
+    varint(b, v);
+}
+
+static void fbytes(buf *b, int f, const void *d, size_t n)
+{
+    varint(b, (uint64_t)f << 3 | 2);
+    varint(b, n);
+    put(b, d, n);
+}
+
+static void fstr(buf *b, int f, const char *s)
+{
+    fbytes(b, f, s, strlen(s));
+}
+
+/* Appends sub as message field f and frees it. */
+static void fmsg(buf *b, int f, buf *sub)
+{
+    fbytes(b, f, sub->p, sub->n);
+    free(sub->p);
+    memset(sub, 0, sizeof *sub);
+}
+
+enum { T_FLOAT = 1, T_INT64 = 7, T_BOOL = 9 };
+
+/* ValueInfoProto field f of graph g: name, element type, rank (-1: no shape) and dims. */
+static void value_info(buf *g, int f, const char *name, int elem, int rank, const int64_t *dims)
+{
+    buf vi = {0}, tp = {0}, tt = {0}, sh = {0};
+    fstr(&vi, 1, name);
+    fint(&tt, 1, (uint64_t)elem);
+    if (rank >= 0) {
+        for (int i = 0; i < rank; i++) {
+            buf d = {0};
+            fint(&d, 1, (uint64_t)dims[i]);
+            fmsg(&sh, 1, &d);
+        }
+        if (!sh.p) put(&sh, "", 0);
+        fmsg(&tt, 2, &sh);
+    }
+    fmsg(&tp, 1, &tt);
+    fmsg(&vi, 2, &tp);
+    fmsg(g, f, &vi);
+}
+
+static void init_f32(buf *g, const char *name, int rank, const int64_t *dims, const float *v, int n)
+{
+    buf t = {0};
+    for (int i = 0; i < rank; i++) fint(&t, 1, (uint64_t)dims[i]);
+    fint(&t, 2, T_FLOAT);
+    fstr(&t, 8, name);
+    fbytes(&t, 9, v, sizeof(float) * (size_t)n);
+    fmsg(g, 5, &t);
+}
+
+typedef struct attr {
+    const char *name;
+    buf *graph;  /* GRAPH attribute when set, else INT */
+    int64_t i;
+} attr;
+
+/* NodeProto in graph g; ins/outs NULL-terminated ("" for an omitted input). */
+static void node(buf *g, const char *op, const char *const *ins, const char *const *outs, attr *attrs, int n_attr)
+{
+    buf nd = {0};
+    for (int i = 0; ins[i]; i++) fstr(&nd, 1, ins[i]);
+    for (int i = 0; outs[i]; i++) fstr(&nd, 2, outs[i]);
+    fstr(&nd, 4, op);
+    for (int a = 0; a < n_attr; a++) {
+        buf at = {0};
+        fstr(&at, 1, attrs[a].name);
+        if (attrs[a].graph) {
+            fmsg(&at, 6, attrs[a].graph);
+            fint(&at, 20, 5);
+        } else {
+            fint(&at, 3, (uint64_t)attrs[a].i);
+            fint(&at, 20, 2);
+        }
+        fmsg(&nd, 5, &at);
+    }
+    fmsg(g, 1, &nd);
+}
+
+#define L(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+/* ModelProto around graph g (freed); returns the bytes in *m. */
+static void model(buf *m, buf *g)
+{
+    buf op = {0};
+    fint(m, 1, 8);
+    fstr(g, 2, "g");
+    fmsg(m, 7, g);
+    fint(&op, 2, 17);
+    fmsg(m, 8, &op);
+}
+
+static int load(const buf *b, const char *backend, mts_model **m, mts_err *err)
+{
+    mts_load_opts o = {0};
+    o.backend = backend;
+    return mts_model_load_buffer(b->p, b->n, "cf", &o, m, err);
+}
+
+/* ---- If reading outer-scope values ---- */
+
+static void make_if(buf *out)
+{
+    const int64_t d3[] = {3};
+    const float W[] = {10, 20, 30}, K[] = {2, 2, 2};
+    buf then_g = {0}, else_g = {0}, g = {0};
+    node(&then_g, "Add", L("x", "W"), L("ty"), NULL, 0);
+    value_info(&then_g, 12, "ty", T_FLOAT, -1, NULL);
+    node(&else_g, "Mul", L("x", "K"), L("ey"), NULL, 0);
+    init_f32(&else_g, "K", 1, d3, K, 3);
+    value_info(&else_g, 12, "ey", T_FLOAT, -1, NULL);
+    attr at[] = {{"then_branch", &then_g, 0}, {"else_branch", &else_g, 0}};
+    node(&g, "If", L("c"), L("y"), at, 2);
+    node(&g, "Neg", L("y"), L("out"), NULL, 0);
+    init_f32(&g, "W", 1, d3, W, 3);
+    value_info(&g, 11, "c", T_BOOL, 0, NULL);
+    value_info(&g, 11, "x", T_FLOAT, 1, d3);
+    value_info(&g, 12, "out", T_FLOAT, 1, d3);
+    model(out, &g);
+}
+
+static void test_if_outer_scope(void **state)
+{
+    (void)state;
+    buf b = {0};
+    make_if(&b);
+    const char *backends[] = {"reference", "default"};
+    for (int be = 0; be < 2; be++) {
+        mts_model *m = NULL;
+        mts_err err = {0};
+        int rc = load(&b, backends[be], &m, &err);
+        if (rc) fail_msg("load: %s", err.msg);
+        const mts_node *n = mts_model_node(m, 0);
+        assert_string_equal(n->op_type, "If");
+        assert_int_equal(n->n_implicit, 2); /* x and W */
+        assert_int_equal(n->n_in, 3);
+        mts_ctx *c = NULL;
+        assert_int_equal(mts_ctx_create(m, 2, &c, &err), 0);
+        for (int rep = 0; rep < 3; rep++)
+            for (int cond = 1; cond >= 0; cond--) {
+                uint8_t cv = (uint8_t)cond;
+                float x[] = {1, 2, 3};
+                mts_tensor in[2] = {{MTS_DTYPE_BOOL, 0, {0}, &cv}, {MTS_DTYPE_FLOAT, 1, {3}, x}};
+                const mts_tensor *out[1];
+                rc = mts_ctx_run(c, in, 2, out, &err);
+                if (rc) fail_msg("run: %s", err.msg);
+                const float *y = out[0]->data;
+                for (int i = 0; i < 3; i++) {
+                    float want = cond ? -(x[i] + 10.0f * (float)(i + 1)) : -(x[i] * 2);
+                    assert_true(y[i] == want);
+                }
+            }
+        mts_ctx_free(c);
+        mts_model_free(m);
+    }
+    free(b.p);
+}
+
+/* Branch outputs that are outer values themselves (no node in the branch). */
+static void test_if_passthrough(void **state)
+{
+    (void)state;
+    const int64_t d3[] = {3};
+    const float W[] = {7, 8, 9};
+    buf t = {0}, e = {0}, g = {0}, b = {0};
+    node(&t, "Identity", L("x"), L("unused"), NULL, 0);
+    value_info(&t, 12, "W", T_FLOAT, -1, NULL);
+    node(&e, "Identity", L("W"), L("unused2"), NULL, 0);
+    value_info(&e, 12, "x", T_FLOAT, -1, NULL);
+    attr at[] = {{"then_branch", &t, 0}, {"else_branch", &e, 0}};
+    node(&g, "If", L("c"), L("y"), at, 2);
+    init_f32(&g, "W", 1, d3, W, 3);
+    value_info(&g, 11, "c", T_BOOL, 0, NULL);
+    value_info(&g, 11, "x", T_FLOAT, 1, d3);
+    value_info(&g, 12, "y", T_FLOAT, 1, d3);
+    model(&b, &g);
+    mts_model *m = NULL;
+    mts_err err = {0};
+    int rc = load(&b, NULL, &m, &err);
+    if (rc) fail_msg("load: %s", err.msg);
+    mts_ctx *c = NULL;
+    assert_int_equal(mts_ctx_create(m, 1, &c, &err), 0);
+    for (int cond = 0; cond < 2; cond++) {
+        uint8_t cv = (uint8_t)cond;
+        float x[] = {1, 2, 3};
+        mts_tensor in[2] = {{MTS_DTYPE_BOOL, 0, {0}, &cv}, {MTS_DTYPE_FLOAT, 1, {3}, x}};
+        const mts_tensor *out[1];
+        rc = mts_ctx_run(c, in, 2, out, &err);
+        if (rc) fail_msg("run: %s", err.msg);
+        const float *y = out[0]->data;
+        for (int i = 0; i < 3; i++) assert_true(y[i] == (cond ? W[i] : x[i]));
+    }
+    mts_ctx_free(c);
+    mts_model_free(m);
+    free(b.p);
+}
+
+/* ---- Loop: loop-carried state and a scan output ---- */
+
+static void test_loop_state_and_scan(void **state)
+{
+    (void)state;
+    const int64_t d2[] = {2};
+    const float two[] = {2};
+    buf body = {0}, g = {0}, b = {0};
+    node(&body, "Add", L("s", "x"), L("s_out"), NULL, 0);
+    node(&body, "Mul", L("s_out", "two"), L("scan"), NULL, 0);
+    node(&body, "Identity", L("cond"), L("cond_out"), NULL, 0);
+    init_f32(&body, "two", 0, NULL, two, 1);
+    value_info(&body, 11, "i", T_INT64, 0, NULL);
+    value_info(&body, 11, "cond", T_BOOL, 0, NULL);
+    value_info(&body, 11, "s", T_FLOAT, -1, NULL);
+    value_info(&body, 12, "cond_out", T_BOOL, 0, NULL);
+    value_info(&body, 12, "s_out", T_FLOAT, -1, NULL);
+    value_info(&body, 12, "scan", T_FLOAT, -1, NULL);
+    attr at[] = {{"body", &body, 0}};
+    node(&g, "Loop", L("M", "", "x"), L("final", "scans"), at, 1);
+    value_info(&g, 11, "M", T_INT64, 0, NULL);
+    value_info(&g, 11, "x", T_FLOAT, 1, d2);
+    value_info(&g, 12, "final", T_FLOAT, -1, NULL);
+    value_info(&g, 12, "scans", T_FLOAT, -1, NULL);
+    model(&b, &g);
+
+    mts_model *m = NULL;
+    mts_err err = {0};
+    int rc = load(&b, NULL, &m, &err);
+    if (rc) fail_msg("load: %s", err.msg);
+    assert_int_equal(mts_model_node(m, 0)->n_implicit, 1); /* x, read by the body */
+    mts_ctx *c = NULL;
+    assert_int_equal(mts_ctx_create(m, 1, &c, &err), 0);
+    const int64_t trips[] = {3, 5, 0, 3};
+    for (int r = 0; r < 4; r++) {
+        int64_t M = trips[r];
+        float x[] = {1, 2};
+        mts_tensor in[2] = {{MTS_DTYPE_INT64, 0, {0}, &M}, {MTS_DTYPE_FLOAT, 1, {2}, x}};
+        const mts_tensor *out[2];
+        rc = mts_ctx_run(c, in, 2, out, &err);
+        if (rc) fail_msg("run: %s", err.msg);
+        const float *f = out[0]->data;
+        assert_true(f[0] == (float)(M + 1) * 1 && f[1] == (float)(M + 1) * 2);
+        assert_int_equal(out[1]->dims[0], M);
+        if (M > 0) {
+            assert_int_equal(out[1]->rank, 2);
+            assert_int_equal(out[1]->dims[1], 2);
+            const float *s = out[1]->data;
+            for (int64_t it = 0; it < M; it++)
+                for (int j = 0; j < 2; j++) assert_true(s[it * 2 + j] == 2.0f * (float)(it + 2) * x[j]);
+        }
+    }
+    mts_ctx_free(c);
+    mts_model_free(m);
+    free(b.p);
+}
+
+/* ---- malformed subgraphs ---- */
+
+static void expect_load_error(buf *b, int code, const char *needle)
+{
+    mts_model *m = NULL;
+    mts_err err = {0};
+    int rc = load(b, "reference", &m, &err);
+    if (rc == 0) {
+        mts_model_free(m);
+        fail_msg("loaded, expected an error containing '%s'", needle);
+    }
+    assert_int_equal(rc, code);
+    if (!strstr(err.msg, needle)) fail_msg("message '%s' lacks '%s'", err.msg, needle);
+    free(b->p);
+    memset(b, 0, sizeof *b);
+}
+
+static void test_malformed(void **state)
+{
+    (void)state;
+    const int64_t d3[] = {3};
+    buf b = {0};
+    { /* branches with different output counts */
+        buf t = {0}, e = {0}, g = {0};
+        node(&t, "Identity", L("x"), L("a"), NULL, 0);
+        value_info(&t, 12, "a", T_FLOAT, -1, NULL);
+        node(&e, "Identity", L("x"), L("a2"), NULL, 0);
+        node(&e, "Identity", L("x"), L("b2"), NULL, 0);
+        value_info(&e, 12, "a2", T_FLOAT, -1, NULL);
+        value_info(&e, 12, "b2", T_FLOAT, -1, NULL);
+        attr at[] = {{"then_branch", &t, 0}, {"else_branch", &e, 0}};
+        node(&g, "If", L("c"), L("y"), at, 2);
+        value_info(&g, 11, "c", T_BOOL, 0, NULL);
+        value_info(&g, 11, "x", T_FLOAT, 1, d3);
+        value_info(&g, 12, "y", T_FLOAT, 1, d3);
+        model(&b, &g);
+        expect_load_error(&b, MTS_EFORMAT, "then_branch has 1 outputs, else_branch 2");
+    }
+    { /* a name defined nowhere */
+        buf t = {0}, e = {0}, g = {0};
+        node(&t, "Identity", L("nope"), L("a"), NULL, 0);
+        value_info(&t, 12, "a", T_FLOAT, -1, NULL);
+        node(&e, "Identity", L("x"), L("b"), NULL, 0);
+        value_info(&e, 12, "b", T_FLOAT, -1, NULL);
+        attr at[] = {{"then_branch", &t, 0}, {"else_branch", &e, 0}};
+        node(&g, "If", L("c"), L("y"), at, 2);
+        value_info(&g, 11, "c", T_BOOL, 0, NULL);
+        value_info(&g, 11, "x", T_FLOAT, 1, d3);
+        value_info(&g, 12, "y", T_FLOAT, 1, d3);
+        model(&b, &g);
+        expect_load_error(&b, MTS_EFORMAT, "input 'nope' is not a graph input");
+    }
+    { /* 20 levels of If inside If */
+        buf inner = {0};
+        node(&inner, "Identity", L("x"), L("y0"), NULL, 0);
+        value_info(&inner, 12, "y0", T_FLOAT, -1, NULL);
+        for (int lvl = 1; lvl <= 20; lvl++) {
+            buf other = {0}, outer = {0};
+            char prev[16], name[16];
+            snprintf(prev, sizeof prev, "y%d", lvl - 1);
+            snprintf(name, sizeof name, "y%d", lvl);
+            node(&other, "Identity", L("x"), L(prev), NULL, 0);
+            value_info(&other, 12, prev, T_FLOAT, -1, NULL);
+            attr at[] = {{"then_branch", &inner, 0}, {"else_branch", &other, 0}};
+            node(&outer, "If", L("c"), L(name), at, 2);
+            value_info(&outer, 12, name, T_FLOAT, -1, NULL);
+            inner = outer;
+        }
+        /* inner is now a graph whose node is the outermost If: make it the model's graph */
+        value_info(&inner, 11, "c", T_BOOL, 0, NULL);
+        value_info(&inner, 11, "x", T_FLOAT, 1, d3);
+        model(&b, &inner);
+        expect_load_error(&b, MTS_ELIMIT, "nested more than 16 levels");
+    }
+    { /* Loop body without the condition input */
+        buf body = {0}, g = {0};
+        node(&body, "Identity", L("s"), L("s_out"), NULL, 0);
+        node(&body, "Identity", L("cond"), L("cond_out"), NULL, 0);
+        value_info(&body, 11, "cond", T_BOOL, 0, NULL);
+        value_info(&body, 11, "s", T_FLOAT, -1, NULL);
+        value_info(&body, 12, "cond_out", T_BOOL, 0, NULL);
+        value_info(&body, 12, "s_out", T_FLOAT, -1, NULL);
+        attr at[] = {{"body", &body, 0}};
+        node(&g, "Loop", L("M", "", "x"), L("final"), at, 1);
+        value_info(&g, 11, "M", T_INT64, 0, NULL);
+        value_info(&g, 11, "x", T_FLOAT, 1, d3);
+        value_info(&g, 12, "final", T_FLOAT, -1, NULL);
+        model(&b, &g);
+        expect_load_error(&b, MTS_EFORMAT, "the body takes 2 inputs, expected 3");
+    }
+    { /* a branch without outputs */
+        buf t = {0}, e = {0}, g = {0};
+        node(&t, "Identity", L("x"), L("a"), NULL, 0);
+        node(&e, "Identity", L("x"), L("b"), NULL, 0);
+        value_info(&e, 12, "b", T_FLOAT, -1, NULL);
+        attr at[] = {{"then_branch", &t, 0}, {"else_branch", &e, 0}};
+        node(&g, "If", L("c"), L("y"), at, 2);
+        value_info(&g, 11, "c", T_BOOL, 0, NULL);
+        value_info(&g, 11, "x", T_FLOAT, 1, d3);
+        value_info(&g, 12, "y", T_FLOAT, 1, d3);
+        model(&b, &g);
+        expect_load_error(&b, MTS_EFORMAT, "subgraph 'then_branch' of node '' (If): graph has no outputs");
+    }
+}
+
+static void test_truncations(void **state)
+{
+    (void)state;
+    buf b = {0};
+    make_if(&b);
+    for (size_t n = 1; n < b.n; n++) {
+        mts_model *m = NULL;
+        mts_err err = {0};
+        mts_load_opts o = {0};
+        o.backend = "reference";
+        if (mts_model_load_buffer(b.p, n, "cut", &o, &m, &err) == 0) mts_model_free(m);
+        else assert_true(err.msg[0] != '\0');
+    }
+    free(b.p);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_if_outer_scope),
+        cmocka_unit_test(test_if_passthrough),
+        cmocka_unit_test(test_loop_state_and_scan),
+        cmocka_unit_test(test_malformed),
+        cmocka_unit_test(test_truncations),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
