@@ -10,7 +10,8 @@
 
 static const mts_op *const *ref_tables(void)
 {
-    static const mts_op *const tables[] = {mts_ref_ops_conv, mts_ref_ops_math, mts_ref_ops_shape, NULL};
+    static const mts_op *const tables[] = {mts_ref_ops_conv, mts_ref_ops_math, mts_ref_ops_shape, mts_ref_ops_rnn,
+                                             NULL};
     return tables;
 }
 

@@ -133,6 +133,7 @@ static inline const mts_tensor *mts_kin(const mts_kctx *k, int i)
 extern const mts_op mts_ref_ops_conv[];      /* Conv, ConvTranspose, pools, Resize, Pad */
 extern const mts_op mts_ref_ops_math[];      /* elementwise, normalizations, reductions */
 extern const mts_op mts_ref_ops_shape[];     /* shape/data movement, MatMul, Gemm */
+extern const mts_op mts_ref_ops_rnn[];       /* LSTM, GRU, RNN */
 
 /* Conv/ConvTranspose geometry for the fast backends (ref_conv.c): validated like the reference
  * kernels; spatial arrays normalized to 3 entries with the real dims last (leading entries are
