@@ -5,7 +5,8 @@
  * HardSigmoid, Elu, Softsign, Softplus) with activation_alpha / activation_beta consumed in
  * order by the functions that take them (the spec's defaults where absent); clip on every gate's
  * input; per-batch sequence_lens (outputs past a sequence's end are zero, Y_h / Y_c hold the
- * state at its last valid step, the reverse direction starts at each sequence's own last step);
+ * state at its last valid step, zeros for an empty sequence as in ONNX Runtime; the reverse
+ * direction starts at each sequence's own last step);
  * initial_h, initial_c, peepholes and input_forget (LSTM); linear_before_reset (GRU); layout 0
  * (time-major) and 1 (batch-major); every input past the first three and every output optional.
  *
@@ -758,8 +759,11 @@ static int rnn_run_kind(mts_kctx *k, int kind)
         for (int64_t i = 0; i < nb; i++) {
             int64_t b = b0 + i;
             int64_t off = s.layout == 0 ? (d * batch + b) * H : (b * nd + d) * H;
-            if (Yh) memcpy(Yh + off, h + i * H, (size_t)H * sizeof(float));
-            if (Yc) memcpy(Yc + off, c + i * H, (size_t)H * sizeof(float));
+            /* an empty sequence has no last step: zeros (as ONNX Runtime), not the initial state */
+            if (Yh && lens[b] == 0) memset(Yh + off, 0, (size_t)H * sizeof(float));
+            else if (Yh) memcpy(Yh + off, h + i * H, (size_t)H * sizeof(float));
+            if (Yc && lens[b] == 0) memset(Yc + off, 0, (size_t)H * sizeof(float));
+            else if (Yc) memcpy(Yc + off, c + i * H, (size_t)H * sizeof(float));
         }
     }
 out:
