@@ -353,6 +353,33 @@ RNN_CLONES static void gemv_rows(const float *A, int64_t lda, const float *x, fl
 {
     int64_t K16 = K & ~(int64_t)15;
     int64_t j = 0;
+    /* 16 rows at a time: 16 accumulators, then a transposing reduction tree that leaves the
+     * 16 row sums in one vector in row order */
+    for (; j + 16 <= N; j += 16) {
+        const float *a = A + j * lda;
+        v16f s[16];
+        for (int r = 0; r < 16; r++) s[r] = splat16(0);
+        for (int64_t p = 0; p < K16; p += 16) {
+            v16f xv = ld16(x + p);
+            for (int r = 0; r < 16; r++) s[r] += ld16(a + r * lda + p) * xv;
+        }
+        v16f c[8], e[4], f[2];
+        for (int r = 0; r < 8; r++)
+            c[r] = __builtin_shuffle(s[2 * r], s[2 * r + 1], (v16i){0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23}) +
+                   __builtin_shuffle(s[2 * r], s[2 * r + 1], (v16i){8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31});
+        for (int r = 0; r < 4; r++)
+            e[r] = __builtin_shuffle(c[2 * r], c[2 * r + 1], (v16i){0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27}) +
+                   __builtin_shuffle(c[2 * r], c[2 * r + 1], (v16i){4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31});
+        for (int r = 0; r < 2; r++)
+            f[r] = __builtin_shuffle(e[2 * r], e[2 * r + 1], (v16i){0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29}) +
+                   __builtin_shuffle(e[2 * r], e[2 * r + 1], (v16i){2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31});
+        v16f g = __builtin_shuffle(f[0], f[1], (v16i){0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30}) +
+                 __builtin_shuffle(f[0], f[1], (v16i){1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31});
+        if (K16 < K)
+            for (int r = 0; r < 16; r++)
+                for (int64_t p = K16; p < K; p++) g[r] += a[r * lda + p] * x[p];
+        st16(y + j, g);
+    }
     for (; j + 4 <= N; j += 4) {
         const float *a0 = A + j * lda, *a1 = a0 + lda, *a2 = a1 + lda, *a3 = a2 + lda;
         v16f s0 = splat16(0), s1 = s0, s2 = s0, s3 = s0;
@@ -604,6 +631,17 @@ static int xw_gemm(mts_kctx *k, const rnn_job *J, int d0, int ndc, int64_t t0, i
         return MTS_OK;
     }
     const float *X = s->X->data;
+    if (J->T * s->batch < RNN_GEMM_MIN_ROWS) {
+        /* a frame or two (streaming at batch 1): products on W as stored, no packing */
+        for (int64_t tt = 0; tt < J->T; tt++)
+            for (int64_t b = 0; b < s->batch; b++) {
+                int64_t t = t0 + tt;
+                const float *x = X + (s->layout == 0 ? t * s->batch + b : b * s->seq + t) * s->in;
+                gemv_rows((const float *)s->W->data + d0 * J->GH * s->in, s->in, x,
+                          J->xw + (tt * s->batch + b) * ldx + d0 * J->GH, ndc * J->GH, s->in);
+            }
+        return MTS_OK;
+    }
     mts_sgemm g = {.N = ndc * J->GH, .K = s->in, .a_rs = s->in, .a_cs = 1,
                    .B = (const float *)s->W->data + d0 * J->GH * s->in, .b_rs = 1, .b_cs = s->in,
                    .C = J->xw + d0 * J->GH, .alpha = 1.0f};
