@@ -3,21 +3,23 @@
  * the ONNX operator definitions: directions forward, reverse and bidirectional; the activation
  * functions of the spec (Relu, Tanh, Sigmoid, Affine, LeakyRelu, ThresholdedRelu, ScaledTanh,
  * HardSigmoid, Elu, Softsign, Softplus) with activation_alpha / activation_beta consumed in
- * order by the functions that take them (the spec's defaults where absent); clip on every gate's
- * input; per-batch sequence_lens (outputs past a sequence's end are zero, Y_h / Y_c hold the
- * state at its last valid step, zeros for an empty sequence as in ONNX Runtime; the reverse
- * direction starts at each sequence's own last step);
- * initial_h, initial_c, peepholes and input_forget (LSTM); linear_before_reset (GRU); layout 0
- * (time-major) and 1 (batch-major); every input past the first three and every output optional.
+ * order by the functions that take them (the spec's defaults where absent); clip on every
+ * gate's input; per-batch sequence_lens (outputs past a sequence's end are zero, Y_h / Y_c hold
+ * the state at its last valid step, zeros for an empty sequence as in ONNX Runtime; the reverse
+ * direction starts at each sequence's own last step); initial_h, initial_c, peepholes and
+ * input_forget (LSTM); linear_before_reset (GRU); layout 0 (time-major) and 1 (batch-major);
+ * every input past the first three and every output optional.
  *
- * Computation: the input projection of all time steps is one GEMM per block of time steps
- * (all directions at once when the sequence fits in one block: X x W^T for the stacked
- * weights), into a scratch buffer bounded at RNN_XW_FLOATS. The recurrence then runs per unit
- * of (direction, slice of the batch), units split over the context's threads with one parallel
- * region per block: each step multiplies the unit's hidden states by R^T (a matrix-vector
- * product on R as stored for small batches, the engine's GEMM otherwise), then adds the input
- * projection and the biases, applies the gate activations in place in the unit's gate row and
- * updates the state. Sigmoid and Tanh are vectorized (polynomial exp, about 2e-7 relative).
+ * Computation: the input projection of all time steps is one GEMM per block of time steps (all
+ * directions at once when the sequence fits in one block: X x W^T for the stacked weights),
+ * into a scratch buffer bounded at RNN_XW_FLOATS; a block of one to three input rows (a
+ * streaming frame) uses matrix-vector products on W as stored instead, which saves the GEMM's
+ * packing of W. The recurrence then runs per unit of (direction, slice of the batch), units
+ * split over the context's threads with one parallel region per block: each step multiplies
+ * the unit's hidden states by R^T (matrix-vector products on R as stored, 16 rows at a time,
+ * for small batches; the engine's GEMM otherwise), adds the input projection and the biases,
+ * applies the gate activations in place in the unit's gate row and updates the state. Sigmoid
+ * and Tanh are vectorized (polynomial exp, about 2e-7 relative).
  */
 #pragma GCC diagnostic ignored "-Wpsabi"
 
