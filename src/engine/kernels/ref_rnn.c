@@ -17,7 +17,8 @@
  * packing of W. The recurrence then runs per unit of (direction, slice of the batch), units
  * split over the context's threads with one parallel region per block: each step multiplies
  * the unit's hidden states by R^T (matrix-vector products on R as stored, 16 rows at a time,
- * for small batches; the engine's GEMM otherwise), adds the input projection and the biases,
+ * for small batches; otherwise the engine's GEMM on a copy of R^T made once per run, whose
+ * contiguous rows the GEMM packs fast), adds the input projection and the biases,
  * applies the gate activations in place in the unit's gate row and updates the state. Sigmoid
  * and Tanh are vectorized (polynomial exp, about 2e-7 relative).
  */
@@ -478,6 +479,7 @@ typedef struct rnn_job {
     int64_t bslice;      /* batch rows per unit */
     int nunits;
     float **uws;         /* per unit: h [nb][H], c [nb][H], g [nb][GH], tmp [nb][H], GEMM workspace */
+    const float *rt;     /* NULL, or per direction R^T [H][GH] for the GEMM path */
     int64_t unit_gemm_ws;
 } rnn_job;
 
@@ -489,12 +491,13 @@ static float *y_at(const rnn_job *J, int64_t t, int d, int64_t b)
 }
 
 /* g[0..nb) = h[0..nb) x Rblock^T, Rblock rows [N][ldr]. */
-static void rec_product(const rnn_spec *s, const float *Rb, int64_t N, const float *h, float *g, int64_t ldg,
-                        int64_t nb, const unsigned char *act, float *ws)
+static void rec_product(const rnn_spec *s, const float *Rb, const float *RTb, int64_t ldrt, int64_t N, const float *h,
+                        float *g, int64_t ldg, int64_t nb, const unsigned char *act, float *ws)
 {
     if (nb >= RNN_GEMM_MIN_ROWS) {
-        mts_sgemm gm = {.M = nb, .N = N, .K = s->H, .A = h, .a_rs = s->H, .a_cs = 1, .B = Rb, .b_rs = 1, .b_cs = s->H,
-                        .C = g, .ldc = ldg, .alpha = 1.0f};
+        /* B = R^T: the transposed copy when there is one (contiguous rows pack fastest) */
+        mts_sgemm gm = {.M = nb, .N = N, .K = s->H, .A = h, .a_rs = s->H, .a_cs = 1, .B = RTb ? RTb : Rb,
+                        .b_rs = RTb ? ldrt : 1, .b_cs = RTb ? 1 : s->H, .C = g, .ldc = ldg, .alpha = 1.0f};
         mts_sgemm_serial(&gm, ws);
         return;
     }
@@ -529,7 +532,8 @@ static void unit_run(const rnn_job *J, int u)
         }
         /* the recurrent products of every gate (GRU without linear_before_reset: z and r only) */
         int64_t N1 = (s->kind == RNN_K_GRU && !s->lbr) ? 2 * H : GH;
-        rec_product(s, R, N1, h, g, GH, nb, act, ws);
+        const float *RT = J->rt ? J->rt + d * H * GH : NULL;
+        rec_product(s, R, RT, GH, N1, h, g, GH, nb, act, ws);
         if (s->kind == RNN_K_GRU && !s->lbr) {
             /* z, r first; then (r . h) x Rh^T */
             for (int64_t i = 0; i < nb; i++) {
@@ -548,9 +552,7 @@ static void unit_run(const rnn_job *J, int u)
             }
             /* results land in the h slot of each gate row */
             if (nb >= RNN_GEMM_MIN_ROWS) {
-                mts_sgemm gm = {.M = nb, .N = H, .K = H, .A = tmp, .a_rs = H, .a_cs = 1, .B = R + 2 * H * H, .b_rs = 1,
-                                .b_cs = H, .C = g + 2 * H, .ldc = GH, .alpha = 1.0f};
-                mts_sgemm_serial(&gm, ws);
+                rec_product(s, R + 2 * H * H, RT ? RT + 2 * H : NULL, GH, H, tmp, g + 2 * H, GH, nb, act, ws);
             } else {
                 for (int64_t i = 0; i < nb; i++)
                     if (act[i]) gemv_rows(R + 2 * H * H, H, tmp + i * H, g + i * GH + 2 * H, H, H);
@@ -710,10 +712,13 @@ static int rnn_run_kind(mts_kctx *k, int kind)
     /* Scratch: xw, biases, lens, GEMM offsets, per-unit state and workspace. */
     int64_t gemm_ws = bslice >= RNN_GEMM_MIN_ROWS ? (int64_t)mts_sgemm_ws_floats(bslice, GH, H) : 0;
     int64_t unit = 0, total = 0, xwn = 0;
+    /* the GEMM path over several steps multiplies by a transposed copy of R, made once: the
+     * GEMM packs contiguous rows of B much faster than R's columns (R's size bounds it) */
+    int64_t rtn = bslice >= RNN_GEMM_MIN_ROWS && seq > 1 ? nd * GH * H : 0;
     bool ok = mul_ok(bslice, 3 * H + GH, &unit) && (unit += gemm_ws) >= 0 && mul_ok(T, row, &xwn);
     if (ok) ok = mul_ok(unit, nunits, &total);
     if (ok) {
-        tmp = total + xwn + nd * GH + nd * H + 3 * batch + nunits + 64;
+        tmp = total + xwn + nd * GH + nd * H + rtn + 3 * batch + nunits + 64;
         ok = tmp > 0 && tmp <= RNN_MAX_SCRATCH / 4;
         total = tmp;
     }
@@ -727,7 +732,7 @@ static int rnn_run_kind(mts_kctx *k, int kind)
         free(mem), free(uws), free(ibuf);
         return mts_err_set(k->err, MTS_ENOMEM, "%s: out of memory for %lld floats of scratch", s.op, (long long)total);
     }
-    float *xw = mem, *bias = xw + xwn, *rbh = bias + nd * GH, *up = rbh + nd * H;
+    float *xw = mem, *bias = xw + xwn, *rbh = bias + nd * GH, *rt = rbh + nd * H, *up = rt + rtn;
     up += (16 - ((up - mem) & 15)) & 15; /* 64-byte aligned units relative to the block */
     for (int u = 0; u < nunits; u++) uws[u] = up + (int64_t)u * unit;
     int64_t *lens = ibuf, *aoff = ibuf + batch, *coff = aoff + batch;
@@ -741,6 +746,15 @@ static int rnn_run_kind(mts_kctx *k, int kind)
             bias[d * GH + j] = split ? wb : wb + rb;
             if (split) rbh[d * H + j - 2 * H] = rb;
         }
+    }
+    /* R^T in 32 x 32 tiles */
+    for (int64_t d = 0; rtn && d < nd; d++) {
+        const float *Rd = (const float *)s.R->data + d * GH * H;
+        float *Td = rt + d * H * GH;
+        for (int64_t j0 = 0; j0 < GH; j0 += 32)
+            for (int64_t p0 = 0; p0 < H; p0 += 32)
+                for (int64_t j = j0; j < j0 + 32 && j < GH; j++)
+                    for (int64_t p = p0; p < p0 + 32 && p < H; p++) Td[p * GH + j] = Rd[j * H + p];
     }
     /* sequence lengths */
     rc = MTS_OK;
@@ -769,7 +783,7 @@ static int rnn_run_kind(mts_kctx *k, int kind)
     }
 
     rnn_job J = {.s = &s, .GH = GH, .bias = bias, .rbh = rbh, .lens = lens, .xw = xw, .T = T, .Y = Y,
-                 .bslice = bslice, .nunits = nunits, .uws = uws, .unit_gemm_ws = gemm_ws};
+                 .bslice = bslice, .nunits = nunits, .uws = uws, .unit_gemm_ws = gemm_ws, .rt = rtn ? rt : NULL};
     int par = nunits > 1 && threads > 1 && rec_work >= RNN_PAR_MIN ? (threads < nunits ? threads : nunits) : 1;
     for (int64_t blk = 0; blk * T < seq; blk++) {
         int64_t fs = blk * T;
