@@ -146,7 +146,7 @@ def configs():
         # two time blocks (forward and reverse in different blocks), threaded over directions
         dict(op="LSTM", dir="bidirectional", seq=300, batch=8, inp=16, H=256, B=1, h0=1, c0=1, P=1,
              sl=[300, 299, 150, 1, 0, 257, 256, 255]),
-        # threaded over batch slices: the GEMM path (slices of 5) and the matrix-vector one (3)
+        # threaded: the GEMM path on a whole batch of 10, batch slices of 3 (matrix-vector path)
         dict(op="GRU", dir="forward", seq=40, batch=10, inp=16, H=64, B=1, h0=1, sl=[40, 39, 1, 0, 20, 40, 40, 3, 7, 8]),
         dict(op="GRU", dir="reverse", seq=40, batch=10, inp=16, H=64, B=1, h0=1, sl=[40, 39, 1, 0, 20, 40, 40, 3, 7, 8],
              linear_before_reset=1, layout=1),
@@ -154,6 +154,10 @@ def configs():
         dict(op="LSTM", dir="forward", seq=50, batch=6, inp=16, H=64, B=1, h0=1, c0=1, P=1, sl=[50, 49, 1, 0, 25, 50]),
         dict(op="GRU", dir="reverse", seq=50, batch=6, inp=16, H=64, B=1, h0=1, sl=[50, 49, 1, 0, 25, 50], clip=0.9),
         dict(op="GRU", dir="bidirectional", seq=2, batch=1, inp=16, H=64, B=1, h0=1, linear_before_reset=1, clip=0.6),
+        # threaded over batch slices of 20 rows (the GEMM path)
+        dict(op="LSTM", dir="forward", seq=12, batch=40, inp=16, H=32, B=1, h0=1, c0=1, P=1,
+             sl=[12, 11, 0, 1, 5] * 8),
+        dict(op="GRU", dir="forward", seq=12, batch=40, inp=16, H=32, B=1, h0=1, sl=[12, 11, 0, 1, 5] * 8),
     ]
     for i, c in enumerate(extra):
         c["in"] = c.pop("inp", 3)

@@ -48,6 +48,8 @@
 #define RNN_GEMM_MIN_ROWS 4
 /* Recurrence multiply-adds from which the units split over threads. */
 #define RNN_PAR_MIN ((int64_t)1 << 18)
+/* Batch slices that take the GEMM path have at least this many rows. */
+#define RNN_SPLIT_MIN_ROWS 16
 
 enum rnn_kind { RNN_K_RNN, RNN_K_GRU, RNN_K_LSTM };
 
@@ -697,6 +699,8 @@ static int rnn_run_kind(mts_kctx *k, int kind)
     if (threads > nd && batch > 1 && rec_work / threads >= RNN_PAR_MIN) {
         int64_t per = (threads + nd - 1) / nd;
         bslice = (batch + per - 1) / per;
+        /* slices too small for the GEMM to pay for packing R^T at every step stay whole */
+        if (bslice >= RNN_GEMM_MIN_ROWS && bslice < RNN_SPLIT_MIN_ROWS) bslice = batch;
     }
     int64_t nbs = (batch + bslice - 1) / bslice;
     int nunits = (int)(nd * nbs);
