@@ -482,7 +482,6 @@ typedef struct rnn_job {
     int nunits;
     float **uws;         /* per unit: h [nb][H], c [nb][H], g [nb][GH], tmp [nb][H], GEMM workspace */
     const float *rt;     /* NULL, or per direction R^T [H][GH] for the GEMM path */
-    int64_t unit_gemm_ws;
 } rnn_job;
 
 static float *y_at(const rnn_job *J, int64_t t, int d, int64_t b)
@@ -787,7 +786,7 @@ static int rnn_run_kind(mts_kctx *k, int kind)
     }
 
     rnn_job J = {.s = &s, .GH = GH, .bias = bias, .rbh = rbh, .lens = lens, .xw = xw, .T = T, .Y = Y,
-                 .bslice = bslice, .nunits = nunits, .uws = uws, .unit_gemm_ws = gemm_ws, .rt = rtn ? rt : NULL};
+                 .bslice = bslice, .nunits = nunits, .uws = uws, .rt = rtn ? rt : NULL};
     int par = nunits > 1 && threads > 1 && rec_work >= RNN_PAR_MIN ? (threads < nunits ? threads : nunits) : 1;
     for (int64_t blk = 0; blk * T < seq; blk++) {
         int64_t fs = blk * T;
