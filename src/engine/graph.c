@@ -55,3 +55,14 @@ const float *mts_attr_floats(const mts_node *n, const char *name, int *n_out)
     *n_out = a->n;
     return a->floats;
 }
+
+const char *const *mts_attr_strings(const mts_node *n, const char *name, int *n_out)
+{
+    const mts_attr *a = mts_node_attr(n, name);
+    if (!a || a->type != MTS_ATTR_STRINGS || !a->strings) {
+        *n_out = 0;
+        return NULL;
+    }
+    *n_out = a->n;
+    return a->strings;
+}

@@ -31,9 +31,10 @@ typedef struct mts_attr {
     float f;
     int64_t i;
     const char *s;        /* NUL-terminated copy of a STRING attribute */
-    int n;                /* element count of floats / ints */
+    int n;                /* element count of floats / ints / strings */
     const float *floats;
     const int64_t *ints;
+    const char *const *strings; /* STRINGS: NUL-terminated copies */
     const mts_tensor *t;  /* TENSOR attribute (data owned by the model) */
     struct mts_model *g;  /* GRAPH attribute: the subgraph, loaded as a model of its own whose
                            * inputs are its formal inputs followed by the outer-scope values it
@@ -83,5 +84,7 @@ const char *mts_attr_string(const mts_node *n, const char *name, const char *dfl
 /* Returns the INTS array (and its length in *n_out) or NULL when absent. */
 const int64_t *mts_attr_ints(const mts_node *n, const char *name, int *n_out);
 const float *mts_attr_floats(const mts_node *n, const char *name, int *n_out);
+/* Returns the STRINGS array (and its length in *n_out) or NULL when absent. */
+const char *const *mts_attr_strings(const mts_node *n, const char *name, int *n_out);
 
 #endif

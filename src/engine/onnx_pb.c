@@ -531,7 +531,7 @@ static int parse_attr(const mts__pb_src *s, pb b, mts_pool *pool, const char *no
     pb_field f;
     int rc;
     pb start = b;
-    int64_t n_floats = 0, n_ints = 0;
+    int64_t n_floats = 0, n_ints = 0, n_strings = 0;
     int seen_type = 0;
     a->name = "";
     while ((rc = pb_next(s, &b, &f, "AttributeProto", err)) > 0) {
@@ -578,7 +578,10 @@ static int parse_attr(const mts__pb_src *s, pb b, mts_pool *pool, const char *no
                                    off_of(s, f.at));
             seen_type = MTS_ATTR_INTS;
             break;
-        case 9: seen_type = MTS_ATTR_STRINGS; break;
+        case 9:
+            if (f.wt == WT_LEN) n_strings++;
+            seen_type = MTS_ATTR_STRINGS;
+            break;
         case 10: seen_type = 9; break; /* TENSORS */
         case 20: if (f.wt == WT_VARINT) a->type = (mts_attr_type)f.v; break;
         case 21:
@@ -619,7 +622,20 @@ static int parse_attr(const mts__pb_src *s, pb b, mts_pool *pool, const char *no
         a->ints = iv;
         a->n = (int)n_ints;
     }
-    if (n_floats > INT32_MAX || n_ints > INT32_MAX)
+    if (n_strings > 0 && n_floats == 0 && n_ints == 0) {
+        /* each string was counted from bytes present, so the array is bounded by the file */
+        const char **sv = mts_pool_calloc(pool, (size_t)n_strings, sizeof(char *));
+        if (!sv) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+        int64_t i = 0;
+        b = start;
+        while ((rc = pb_next(s, &b, &f, "AttributeProto", err)) > 0)
+            if (f.num == 9 && f.wt == WT_LEN && i < n_strings && !(sv[i++] = pool_str(pool, &f.sub)))
+                return mts_err_set(err, MTS_ENOMEM, "out of memory");
+        if (rc < 0) return rc;
+        a->strings = sv;
+        a->n = (int)n_strings;
+    }
+    if (n_floats > INT32_MAX || n_ints > INT32_MAX || n_strings > INT32_MAX)
         return mts_err_set(err, MTS_ELIMIT, "%s: node '%s': attribute too long", s->file, node);
     return rc < 0 ? rc : MTS_OK;
 }

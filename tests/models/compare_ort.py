@@ -12,6 +12,8 @@ PASS/FAIL at --tol (1e-4), then `N passed, N failed`; exit status 1 on any
 failure. --self-check replaces mtserve by a numpy reference for tiny.onnx and
 by ORT with graph optimizations disabled (unfused kernels) for the other models,
 which tests the harness and that --tol is reachable by another fp32 engine.
+Recurrent nodes with layout=1, which ONNX Runtime's CPU kernels reject, run in
+ORT as layout 0 between Transposes (ort_layout0).
 
 usage: /usr/bin/python3 tests/models/compare_ort.py [--models-dir DIR]
        [--mtserve PATH] [--self-check] [--keep DIR] [MODEL ...]
@@ -26,7 +28,7 @@ import tempfile
 
 import numpy as np
 import onnx
-from onnx import TensorProto, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 ORT_RUN = os.path.join(REPO, "tools", "ort", "ort_run.js")
@@ -81,7 +83,55 @@ def run_cmd(cmd, timeout):
                                                  p.returncode, " | ".join(out[-5:])))
 
 
+RECURRENT_OPS = ("LSTM", "GRU", "RNN")
+
+
+def ort_layout0(model):
+    """ONNX Runtime's CPU kernels reject recurrent nodes with layout=1 (batch-major). Returns a
+    copy of model where each such node runs with layout 0 between Transposes (the same
+    function), or None when the model has none."""
+    if not any(n.op_type in RECURRENT_OPS and any(a.name == "layout" and a.i == 1 for a in n.attribute)
+               for n in model.graph.node):
+        return None
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    nodes = []
+    for i, n0 in enumerate(m.graph.node):
+        n = onnx.NodeProto()
+        n.CopyFrom(n0)
+        lay = [a for a in n.attribute if a.name == "layout"]
+        if n.op_type not in RECURRENT_OPS or not lay or lay[0].i != 1:
+            nodes.append(n)
+            continue
+        lay[0].i = 0
+        tag = "_l0_%d" % i
+        # inputs: X [b,s,i] -> [s,b,i]; initial_h / initial_c [b,d,h] -> [d,b,h]
+        for j in (0, 5, 6):
+            if j < len(n.input) and n.input[j]:
+                t = n.input[j] + tag
+                nodes.append(helper.make_node("Transpose", [n.input[j]], [t], perm=[1, 0, 2]))
+                n.input[j] = t
+        post = []
+        # outputs: Y [s,d,b,h] -> [b,s,d,h]; Y_h / Y_c [d,b,h] -> [b,d,h]
+        for j, perm in ((0, [2, 0, 1, 3]), (1, [1, 0, 2]), (2, [1, 0, 2])):
+            if j < len(n.output) and n.output[j]:
+                t = n.output[j] + tag
+                post.append(helper.make_node("Transpose", [t], [n.output[j]], perm=perm))
+                n.output[j] = t
+        nodes.append(n)
+        nodes.extend(post)
+    del m.graph.node[:]
+    m.graph.node.extend(nodes)
+    return m
+
+
 def run_ort(model_path, in_files, outdir, timeout, opt="all"):
+    model = onnx.load(model_path)
+    alt = ort_layout0(model)
+    if alt is not None:
+        os.makedirs(outdir, exist_ok=True)
+        model_path = os.path.join(outdir, "ort_layout0.onnx")
+        onnx.save(alt, model_path)
     os.makedirs(outdir, exist_ok=True)
     run_cmd(["node", ORT_RUN, "--opt=" + opt, model_path, outdir]
             + ["%s=%s" % kv for kv in in_files.items()], timeout)

@@ -10,6 +10,10 @@ outer-scope values and initializers, an If chosen at plan time, a Loop carrying 
 output and a nested If, a while-style Loop, a Scan) that tests/models/compare_ort.py checks
 against ONNX Runtime:
     compare_ort.py --models-dir tests/models/out cf_if cf_if_const cf_loop cf_while cf_scan
+and three recurrent models for compare_ort.py: rnn_lstm_bidir (bidirectional LSTM with
+sequence_lens, initial states and peepholes), rnn_gru_batchwise (GRU, linear_before_reset=1,
+layout=1) and rnn_lstm_vad (two stacked LSTMs on one 64-sample frame with their states as inputs
+and outputs, a voice-activity detector's shape).
 Usage: make_test_models.py OUTDIR
 """
 import os
@@ -99,6 +103,7 @@ def main():
     onnx.save(double_model(), os.path.join(out, "double_model.onnx"))
     onnx.save(types_model(), os.path.join(out, "types_model.onnx"))
     control_flow_models(out, np.random.default_rng(7))
+    recurrent_models(out)
     print("test models written to", out)
 
 
@@ -211,6 +216,61 @@ def control_flow_models(out, rng):
                          scan_input_axes=[1, 0], scan_input_directions=[1, 0], scan_output_axes=[1]),
     ], [vi("x", F, [2, 6, 3]), vi("y", F, [6])], [vi("s", F, [2, 3]), vi("os", F, [2, 6, 3])],
         [arr("s0", np.zeros((2, 3), np.float32)), arr("Ws", rng.standard_normal(3).astype(np.float32))])
+
+
+def recurrent_models(out):
+    rng = np.random.default_rng(11)
+
+    def arr(*shape, scale=1.0):
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    def save(name, nodes, inputs, outputs, inits):
+        g = helper.make_graph(nodes, name, inputs, outputs,
+                              initializer=[numpy_helper.from_array(v, k) for k, v in inits.items()])
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+        m.ir_version = 8
+        onnx.checker.check_model(m)
+        onnx.save(m, os.path.join(out, name + ".onnx"))
+
+    def fvi(name, shape):
+        return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+    # Bidirectional LSTM, seq 10, batch 3, input 8, hidden 16: per-sequence lengths (one full,
+    # one short, one of a single step), initial states, peepholes, bias.
+    S, N, I, H = 10, 3, 8, 16
+    inits = {"W": arr(2, 4 * H, I, scale=0.35), "R": arr(2, 4 * H, H, scale=0.2), "B": arr(2, 8 * H, scale=0.2),
+             "lens": np.array([10, 6, 1], np.int32), "h0": arr(2, N, H, scale=0.5), "c0": arr(2, N, H, scale=0.5),
+             "P": arr(2, 3 * H, scale=0.3)}
+    save("rnn_lstm_bidir",
+         [helper.make_node("LSTM", ["x", "W", "R", "B", "lens", "h0", "c0", "P"], ["y", "y_h", "y_c"],
+                           hidden_size=H, direction="bidirectional")],
+         [fvi("x", [S, N, I])], [fvi("y", [S, 2, N, H]), fvi("y_h", [2, N, H]), fvi("y_c", [2, N, H])], inits)
+
+    # GRU with linear_before_reset=1 and layout=1 (batch-major): x [N, S, 12], hidden 20.
+    I, H = 12, 20
+    inits = {"W": arr(1, 3 * H, I, scale=0.3), "R": arr(1, 3 * H, H, scale=0.2), "B": arr(1, 6 * H, scale=0.2)}
+    save("rnn_gru_batchwise",
+         [helper.make_node("GRU", ["x", "W", "R", "B"], ["y", "y_h"], hidden_size=H, linear_before_reset=1,
+                           layout=1)],
+         [fvi("x", ["N", "S", I])], [fvi("y", ["N", "S", 1, H]), fvi("y_h", ["N", 1, H])], inits)
+
+    # Stacked LSTMs on one frame [1, 1, 64] -> hidden 64 -> hidden 64, states in and out.
+    H = 64
+    inits = {"axes": np.array([1], np.int64)}
+    nodes, ins, outs = [], [fvi("x", [1, 1, 64])], []
+    src = "x"
+    for layer in (1, 2):
+        w, r, b = "W%d" % layer, "R%d" % layer, "B%d" % layer
+        inits[w], inits[r], inits[b] = arr(1, 4 * H, 64, scale=0.15), arr(1, 4 * H, H, scale=0.12), arr(1, 8 * H, scale=0.1)
+        h, c = "h%d" % layer, "c%d" % layer
+        ins += [fvi(h, [1, 1, H]), fvi(c, [1, 1, H])]
+        y = "y%d" % layer
+        nodes.append(helper.make_node("LSTM", [src, w, r, b, "", h, c], [y, h + "_out", c + "_out"], hidden_size=H))
+        nodes.append(helper.make_node("Squeeze", [y, "axes"], [y + "_sq"]))
+        outs += [fvi(h + "_out", [1, 1, H]), fvi(c + "_out", [1, 1, H])]
+        src = y + "_sq"
+    outs.insert(0, fvi(src, [1, 1, H]))
+    save("rnn_lstm_vad", nodes, ins, outs, inits)
 
 
 if __name__ == "__main__":
