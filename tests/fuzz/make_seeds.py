@@ -72,6 +72,8 @@ def pbtxt(d):
     put(d, "strings", "a: 'x\\n\\t\\x41\\101' \"y\"\nb < c: -1.5e3 d: [1, 2,] >\ne: { }\n")
     put(d, "versions", "version_policy { specific { versions: [1, 3] } }\ndefault_model_filename: \"m.onnx\"\n")
     put(d, "bad", "a: [1, {b: 2}\n")
+    put(d, "all_versions", "version_policy: { all { } }\nmax_batch_size: 0\ninstance_group { count: 0 }\n")
+    put(d, "file_name", "default_model_filename: \"../x.onnx\"\ndynamic_batching { max_queue_delay_microseconds: -1 }\n")
 
 
 def yaml(d):
@@ -236,6 +238,23 @@ def grpc(d):
     enc("composite_bad_format", "CompositeBatchRequest", 'model_id: "lip" batch_size: 26 format: "gif" jpeg_quality: -1', 2)
 
 
+def kserve_infer(d):
+    """First line: Inference-Header-Content-Length ("-": none); then the body
+    (tests/fuzz/fuzz_kserve_infer.c)."""
+    put(d, "json", "-\n" + '{"id":"r1","inputs":[{"name":"x","shape":[2,2],"datatype":"FP32","data":[[1,2],[3,4.5]]},'
+        '{"name":"i","shape":[3],"datatype":"INT64","data":[1,-2,9007199254740993]},'
+        '{"name":"b","shape":[1],"datatype":"BOOL","data":[true]}],'
+        '"outputs":[{"name":"y","parameters":{"binary_data":true}}],"parameters":{"timeout":1000,"priority":1}}')
+    hdr = ('{"inputs":[{"name":"x","shape":[1,3],"datatype":"FP32","parameters":{"binary_data_size":12}},'
+           '{"name":"u","shape":[2],"datatype":"UINT8","parameters":{"binary_data_size":2}}],'
+           '"parameters":{"binary_data_output":true}}')
+    put(d, "binary", ("%d\n" % len(hdr)).encode() + hdr.encode() + struct.pack("<3f", 1, 2, 3) + b"\x01\x02")
+    put(d, "binary_truncated", ("%d\n" % len(hdr)).encode() + hdr.encode() + b"\0" * 5)
+    put(d, "bad_types", "-\n" + '{"inputs":[{"name":"x","shape":[2,-1],"datatype":"FP64","data":["a"]}],"id":3}')
+    put(d, "uint8_range", "-\n" + '{"inputs":[{"name":"x","shape":[2],"datatype":"UINT8","data":[255,256]}],'
+        '"outputs":[{"name":"y"},{"name":"y"}]}')
+
+
 def tensor_pb(d):
     put(d, "f32.pb", numpy_helper.from_array(np.arange(6, dtype=np.float32).reshape(2, 3), "t").SerializeToString())
     put(d, "i64.pb", numpy_helper.from_array(np.array([5, -1], dtype=np.int64), "i").SerializeToString())
@@ -248,7 +267,9 @@ def main():
     root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
     for name, fn in (("fuzz_http", http), ("fuzz_json", json_), ("fuzz_multipart", multipart), ("fuzz_pbtxt", pbtxt),
                      ("fuzz_yaml_config", yaml), ("fuzz_npy", npy), ("fuzz_image", image), ("fuzz_onnx", onnx_),
-                     ("fuzz_tensor_pb", tensor_pb), ("fuzz_grpc", grpc)):
+                     ("fuzz_tensor_pb", tensor_pb), ("fuzz_grpc", grpc),
+                     ("fuzz_kserve_infer", kserve_infer),
+                     ("fuzz_triton_repo", pbtxt)):
         fn(os.path.join(root, name))
 
 
