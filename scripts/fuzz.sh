@@ -10,6 +10,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 B=build-fuzz
+TESTDATA=/usr/share/libonnx-testdata/data/node
 secs=${1:-60}
 shift || true
 targets=()
@@ -29,6 +30,17 @@ for t in "${targets[@]}"; do
   work=$B/fuzz-work/$t
   mkdir -p "$work/corpus" "$work/artifacts"
   [ -d "tests/fuzz/corpus/$t" ] && cp -n "tests/fuzz/corpus/$t"/* "$work/corpus/" 2>/dev/null
+  # The ONNX node tests (Debian libonnx-testdata, a build dependency) are ~800 small models, one
+  # or a few per operator, and their tensors: extra seeds for the model and TensorProto readers.
+  if [ -d "$TESTDATA" ] && [ ! -e "$work/.testdata" ]; then
+    case $t in
+      fuzz_onnx) find "$TESTDATA" -name model.onnx -size -4k | while read -r f; do
+                   cp "$f" "$work/corpus/node-$(basename "$(dirname "$f")").onnx"; done ;;
+      fuzz_tensor_pb) find "$TESTDATA" -name '*.pb' -size -1k | head -300 | while read -r f; do
+                   d=$(dirname "$f"); cp "$f" "$work/corpus/node-$(basename "$(dirname "$d")")-$(basename "$f")"; done ;;
+    esac
+    touch "$work/.testdata"
+  fi
   before=$(ls "$work/artifacts" | wc -l)
   # -timeout: one input taking longer is a bug (each target bounds its work per input);
   # -rss_limit_mb / -malloc_limit_mb: so is an unbounded allocation.
@@ -43,7 +55,7 @@ for t in "${targets[@]}"; do
   result=ok
   if [ $rc -ne 0 ] || [ "$(ls "$work/artifacts" | wc -l)" -gt "$before" ]; then
     what=$(grep -m1 -E '^==[0-9]+==ERROR|runtime error:|^SUMMARY|ERROR: libFuzzer' "$log")
-    art=$(grep -m1 -o 'artifacts/[^ ]*' "$log")
+    art=$(sed -n 's/.*Test unit written to \([^ ]*\).*/\1/p' "$log" | head -1)
     result="FAILED (rc $rc): $what; input: $work/${art:-?}; log: $log"
     failed+=("$t")
   fi
