@@ -6,6 +6,7 @@
  * work is small (at most 2e6 FLOPs and 4 MiB of activations), runs it once on one thread.
  */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,13 +17,19 @@
 #define FUZZ_MAX_ELEMS 4096
 #define FUZZ_MAX_TENSOR_BYTES (4 << 20)
 
+static int verbose = -1; /* MTS_FUZZ_VERBOSE=1: print how far each input got (for checking seeds) */
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
+    if (verbose < 0) verbose = getenv("MTS_FUZZ_VERBOSE") != NULL;
     mts_load_opts lo = {.max_tensor_bytes = FUZZ_MAX_TENSOR_BYTES, .backend = "reference"};
     mts_model *m = NULL;
     mts_err err = {0};
-    if (mts_model_load_buffer(data, size, "fuzz.onnx", &lo, &m, &err) != 0) return 0;
+    if (mts_model_load_buffer(data, size, "fuzz.onnx", &lo, &m, &err) != 0) {
+        if (verbose) fprintf(stderr, "fuzz_onnx: load: %s\n", err.msg);
+        return 0;
+    }
     mts_model_info info;
     mts_model_get_info(m, &info);
     mts_tensor in[FUZZ_MAX_INPUTS];
@@ -48,14 +55,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     double flops = 0;
     int64_t act = 0;
-    if (ok && mts_model_analyze(m, in, n_in, &flops, &act, &err) == 0 && flops <= 2e6 &&
-        act <= FUZZ_MAX_TENSOR_BYTES) {
+    int rc = ok ? mts_model_analyze(m, in, n_in, &flops, &act, &err) : -1;
+    if (rc == 0 && flops <= 2e6 && act <= FUZZ_MAX_TENSOR_BYTES) {
         mts_ctx *ctx = NULL;
-        if (mts_ctx_create(m, 1, &ctx, &err) == 0) {
+        if ((rc = mts_ctx_create(m, 1, &ctx, &err)) == 0) {
             const mts_tensor *outs[16];
-            (void)mts_ctx_run(ctx, in, n_in, outs, &err);
+            rc = mts_ctx_run(ctx, in, n_in, outs, &err);
             mts_ctx_free(ctx);
         }
+        if (verbose) fprintf(stderr, "fuzz_onnx: run: %s\n", rc ? err.msg : "ok");
+    } else if (verbose) {
+        fprintf(stderr, "fuzz_onnx: not run: %s\n", !ok ? "inputs over the caps" : rc ? err.msg : "over the work caps");
     }
     for (int i = 0; i < FUZZ_MAX_INPUTS; i++) free(in[i].data);
     mts_model_free(m);
