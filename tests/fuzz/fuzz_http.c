@@ -5,7 +5,7 @@
  * machine. The first two input bytes pick how the rest arrives and the limits:
  *   byte 0: the size of each simulated read (whole buffer, 1, 2, 3, 5, 8, 13, ... bytes);
  *   byte 1: bits 0-1 the header limit (16 KiB, 64, 200, 1024 bytes), bits 2-3 the body limit
- *           (64 KiB, 0 -> 1 byte, 16, 300 bytes).
+ *           (64 KiB, 1, 16, 300 bytes).
  * Every field of each complete request is read back.
  */
 #include <stdint.h>
