@@ -8,6 +8,8 @@
 #   make models   generate the reference models into models/out
 #   make avatar   generate the demo lip-sync avatar (100 frames 1280x720 + crop rectangles) into
 #                 models/out/avatar (used by make run for lipsync_unet_w8; docs/media.md)
+#   make fuzz     build the libFuzzer targets (clang-14, ASan+UBSan) into build-fuzz and run each
+#                 FUZZ_SECONDS (default 60) on a copy of its seed corpus (tests/fuzz; scripts/fuzz.sh)
 #   make bench    engine benchmark (mtserve vs ONNX Runtime) and serving benchmark (HTTP vs bare engine)
 #   make bench-capacity  conversational users of the lip-sync service (InferBatch raw and
 #                        InferBatchComposite JPEG, requests of 16 frames) on lipsync_unet_w8 and w16
@@ -32,8 +34,8 @@ MODELS := models/out
 TESTDATA := /usr/share/libonnx-testdata/data
 export MTSERVE := $(CURDIR)/$(BUILD)/mtserve
 
-.PHONY: all deps build build-asan build-tsan models avatar run test test-unit test-conformance bench \
-        test-zoo bench-zoo bench-engine bench-ceiling bench-serving bench-capacity bench-capacity-kserve \
+.PHONY: all deps build build-asan build-tsan build-fuzz fuzz models avatar run test test-unit test-conformance \
+        bench test-zoo bench-zoo bench-engine bench-ceiling bench-serving bench-capacity bench-capacity-kserve \
         bench-connections soak bench-churn bench-grpc bench-isolation bench-ab clean
 
 all: build
@@ -57,6 +59,18 @@ build-asan: deps
 build-tsan: deps
 	$(call cmake_build,build-tsan,RelWithDebInfo,thread)
 
+# libFuzzer targets: a separate clang build (warnings are GCC's business; CI's -Werror build is
+# the gcc one). The build log goes to build-fuzz.build.log and is shown when the build fails.
+build-fuzz: deps
+	@CC=clang-14 cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMTS_FUZZ=ON -DMTS_WERROR=OFF \
+	  > build-fuzz.configure.log 2>&1 || (cat build-fuzz.configure.log; exit 1)
+	@cmake --build build-fuzz -j$(JOBS) --target fuzz_targets > build-fuzz.build.log 2>&1 || \
+	  (grep -E 'error|Error' build-fuzz.build.log | head -40; exit 1)
+
+FUZZ_SECONDS ?= 60
+fuzz: build-fuzz
+	@bash scripts/fuzz.sh $(FUZZ_SECONDS)
+
 models: deps
 	@$(PY) models/gen/generate_all.py $(MODELS)
 
@@ -66,7 +80,7 @@ avatar: deps
 run: build models avatar
 	@bash scripts/demo.sh
 
-test: build build-asan build-tsan models
+test: build build-asan build-tsan build-fuzz models
 	@bash scripts/test.sh
 
 test-unit: build
@@ -122,4 +136,5 @@ bench-ab: build models
 	@bash scripts/bench-ab.sh $(A) $(B)
 
 clean:
-	rm -rf $(BUILD) build-asan build-tsan $(BUILD).configure.log build-asan.configure.log build-tsan.configure.log
+	rm -rf $(BUILD) build-asan build-tsan build-fuzz $(BUILD).configure.log build-asan.configure.log build-tsan.configure.log \
+	  build-fuzz.configure.log build-fuzz.build.log

@@ -119,6 +119,15 @@ bool mts__grpc_shutting_down(const mts__grpc_call *c);
 bool mts__grpc_watch_add(mts__grpc_call *c, void (*on_shutdown)(mts__grpc_call *c));
 void mts__grpc_watch_remove(mts__grpc_call *c);
 
+/* ---- the request checks without a call or a client (the fuzzer, tests/fuzz/fuzz_grpc.c) ---- */
+/* Unpacks a ModelInferRequest and turns it into a server request exactly as ModelInfer does,
+ * without submitting it: MTS_OK when it would be submitted, else a status with msg. */
+int mts__grpc_kserve_check_infer(mts_server *srv, const uint8_t *data, size_t len, char *msg, size_t msglen);
+/* Same for InferBatchRequest (composite false) or CompositeBatchRequest: the shared checks, the
+ * compositing options, and (when the model's signature is known) the binding of the frames. */
+int mts__grpc_lipsync_check(mts_server *srv, bool composite, const uint8_t *data, size_t len, char *msg,
+                            size_t msglen);
+
 /* ---- services ---- */
 extern const mts__grpc_method mts__grpc_kserve_methods[];
 extern const mts__grpc_method mts__grpc_lipsync_methods[];

@@ -350,6 +350,30 @@ static void model_infer(mts__grpc_call *c, const uint8_t *data, size_t len)
     }
 }
 
+int mts__grpc_kserve_check_infer(mts_server *srv, const uint8_t *data, size_t len, char *msg, size_t msglen)
+{
+    mts__grpc_call c;
+    memset(&c, 0, sizeof c);
+    c.srv = srv;
+    c.details.deadline = gpr_inf_future(GPR_CLOCK_REALTIME);
+    kinfer *k = calloc(1, sizeof *k);
+    if (!k) {
+        snprintf(msg, msglen, "out of memory");
+        return MTS_ENOMEM;
+    }
+    k->call = &c;
+    k->msg = inference__model_infer_request__unpack(NULL, len, data);
+    int rc;
+    if (!k->msg) {
+        snprintf(msg, msglen, "the request is not a valid inference.ModelInferRequest");
+        rc = MTS_EINVAL;
+    } else {
+        rc = parse_infer(&c, k, msg, msglen);
+    }
+    kinfer_free(k);
+    return rc;
+}
+
 static void model_infer_cancel(mts__grpc_call *c)
 {
     pthread_mutex_lock(&c->lock);

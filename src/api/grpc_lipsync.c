@@ -93,36 +93,44 @@ static void infer_done(mts_request *req, int status, const char *err)
     mts__grpc_call_unref(c);
 }
 
+/* Binds the frames of l to the inputs of the model of status st and fills l->req (inputs,
+ * names, model). MTS_OK, or a status with the reason in buf. */
+static int lip_bind_request(lip_call *l, const mts_model_status *st, char *buf, size_t len)
+{
+    mts_lipsync_binding b;
+    int rc = mts_lipsync_bind(st, "InferBatch", &b, buf, len);
+    if (rc) return rc;
+    const ProtobufCBinaryData *bytes[2] = {l->visual, l->audio};
+    static const char *const field[2] = {"visual_frames", "audio_features"};
+    for (int k = 0; k < 2; k++) {
+        uint64_t want = (uint64_t)l->batch_size * mts_lipsync_frame_bytes(&b, k);
+        if (bytes[k]->len != want) {
+            snprintf(buf, len, "%s has %zu bytes; batch_size %d x %lldx%lldx%lld float32 needs %llu", field[k],
+                     bytes[k]->len, l->batch_size, (long long)b.dims[k][0], (long long)b.dims[k][1],
+                     (long long)b.dims[k][2], (unsigned long long)want);
+            return MTS_EINVAL;
+        }
+    }
+    mts_lipsync_set_inputs(&b, st, &l->req, l->batch_size, l->visual->data, l->audio->data, l->names, l->out_name);
+    l->req.model = l->model_id;
+    return MTS_OK;
+}
+
 /* With the model's signature known: binds the inputs, checks sizes, submits. Takes over l. */
 static void infer_submit(lip_call *l)
 {
     mts__grpc_call *c = l->call;
     mts_model_status *st = malloc(sizeof *st);
     char buf[600];
-    mts_lipsync_binding b;
     int rc;
     if (!st || mts_server_model_status_by_name(c->srv, l->model_id, st)) {
         mts__grpc_fail_status(c, MTS_ENOTFOUND, mts_proto_unknown_model(buf, sizeof buf, l->model_id));
         goto fail;
     }
-    if ((rc = mts_lipsync_bind(st, "InferBatch", &b, buf, sizeof buf))) {
+    if ((rc = lip_bind_request(l, st, buf, sizeof buf))) {
         mts__grpc_fail_status(c, rc, buf);
         goto fail;
     }
-    const ProtobufCBinaryData *bytes[2] = {l->visual, l->audio};
-    static const char *const field[2] = {"visual_frames", "audio_features"};
-    for (int k = 0; k < 2; k++) {
-        uint64_t want = (uint64_t)l->batch_size * mts_lipsync_frame_bytes(&b, k);
-        if (bytes[k]->len != want) {
-            mts__grpc_fail(c, MTS_GRPC_INVALID_ARGUMENT,
-                           "%s has %zu bytes; batch_size %d x %lldx%lldx%lld float32 needs %llu", field[k],
-                           bytes[k]->len, l->batch_size, (long long)b.dims[k][0], (long long)b.dims[k][1],
-                           (long long)b.dims[k][2], (unsigned long long)want);
-            goto fail;
-        }
-    }
-    mts_lipsync_set_inputs(&b, st, &l->req, l->batch_size, l->visual->data, l->audio->data, l->names, l->out_name);
-    l->req.model = l->model_id;
     l->req.done = l->cmsg ? composite_done : infer_done;
     if (l->cmsg && !composite_prepare(l)) goto fail;
     int64_t timeout = mts__grpc_timeout_us(c);
@@ -665,3 +673,50 @@ const mts__grpc_method mts__grpc_lipsync_methods[] = {
     {LS "Health", false, health, NULL, NULL, NULL, MTS_SCOPE_OPEN},
     {NULL, false, NULL, NULL, NULL, NULL, 0},
 };
+
+/* ---- the request checks without a call (for the fuzzer) ---- */
+
+int mts__grpc_lipsync_check(mts_server *srv, bool composite, const uint8_t *data, size_t len, char *msg,
+                            size_t msglen)
+{
+    Inference__InferBatchRequest *m = NULL;
+    Inference__CompositeBatchRequest *cm = NULL;
+    lip_call *l = calloc(1, sizeof *l);
+    mts_model_status *st = malloc(sizeof *st);
+    int rc = MTS_OK;
+    if (!l || !st) {
+        snprintf(msg, msglen, "out of memory");
+        rc = MTS_ENOMEM;
+        goto done;
+    }
+    if (composite) cm = inference__composite_batch_request__unpack(NULL, len, data);
+    else m = inference__infer_batch_request__unpack(NULL, len, data);
+    if (!m && !cm) {
+        snprintf(msg, msglen, "the request is not a valid inference.%s",
+                 composite ? "CompositeBatchRequest" : "InferBatchRequest");
+        rc = MTS_EINVAL;
+        goto done;
+    }
+    l->msg = m;
+    l->cmsg = cm;
+    l->model_id = m ? m->model_id : cm->model_id;
+    l->batch_size = m ? m->batch_size : cm->batch_size;
+    l->visual = m ? &m->visual_frames : &cm->visual_frames;
+    l->audio = m ? &m->audio_features : &cm->audio_features;
+    rc = mts_lipsync_check_request(srv, l->model_id, l->batch_size, msg, msglen);
+    if (!rc && cm)
+        rc = mts_lipsync_composite_opts(cm->format, cm->wrap, cm->jpeg_quality ? cm->jpeg_quality : 85,
+                                        cm->start_frame_idx, &l->opts, msg, msglen);
+    if (!rc && cm && (cm->jpeg_quality < 0 || cm->jpeg_quality > 100)) {
+        snprintf(msg, msglen, "jpeg_quality is %d; expected 1..100 (0 = 85)", cm->jpeg_quality);
+        rc = MTS_EINVAL;
+    }
+    if (!rc && !mts_server_model_status_by_name(srv, l->model_id, st) && st->n_inputs > 0)
+        rc = lip_bind_request(l, st, msg, msglen);
+done:
+    free(st);
+    if (l) lip_free(l);
+    else if (m) inference__infer_batch_request__free_unpacked(m, NULL);
+    else if (cm) inference__composite_batch_request__free_unpacked(cm, NULL);
+    return rc;
+}

@@ -24,6 +24,7 @@
  */
 #include "api/http.h"
 #include "api/http_tls.h"
+#include "api/http_internal.h"
 
 #include <errno.h>
 #include <netdb.h>
@@ -678,7 +679,9 @@ static void conn_flush(mts_http_conn *c)
 }
 
 /* Reads once. Returns 1 (bytes arrived), 0 (EOF), -1 (nothing now), -2 (connection aborted). */
-static int conn_read(mts_http_conn *c)
+/* Makes at least RBUF_MIN_READ bytes of room after the buffered bytes: moves the current
+ * request to the front, or grows the buffer. Returns false when out of memory. */
+static bool rbuf_room(mts_http_conn *c)
 {
     if (c->rcap - c->rlen < RBUF_MIN_READ) {
         if (c->req_start > 0) {
@@ -689,13 +692,19 @@ static int conn_read(mts_http_conn *c)
         if (c->rcap - c->rlen < RBUF_MIN_READ) {
             size_t ncap = c->rcap ? c->rcap * 2 : RBUF_INIT;
             char *nb = realloc(c->rbuf, ncap);
-            if (!nb) {
-                conn_abort(c);
-                return -2;
-            }
+            if (!nb) return false;
             c->rbuf = nb;
             c->rcap = ncap;
         }
+    }
+    return true;
+}
+
+static int conn_read(mts_http_conn *c)
+{
+    if (!rbuf_room(c)) {
+        conn_abort(c);
+        return -2;
     }
     size_t space = c->rcap - c->rlen;
     for (;;) {
@@ -1065,9 +1074,9 @@ static int parse(mts_http_conn *c)
     }
 }
 
-static void dispatch(mts_http_conn *c)
+/* Fills c->req from the parsed offsets of a complete request. */
+static void fill_request(mts_http_conn *c)
 {
-    io_thread *io = c->io;
     char *b = c->rbuf + c->req_start;
     mts_http_req *r = &c->req;
     r->method = b + c->m_off;
@@ -1083,6 +1092,13 @@ static void dispatch(mts_http_conn *c)
     r->http_minor = c->http10 ? 0 : 1;
     r->keep_alive = c->keep_alive;
     r->user = NULL;
+}
+
+static void dispatch(mts_http_conn *c)
+{
+    io_thread *io = c->io;
+    mts_http_req *r = &c->req;
+    fill_request(c);
     c->state = RS_PENDING;
     c->pending = true;
     io->npending++;
@@ -1795,4 +1811,76 @@ void mts_http_stop(mts_http_server *s)
     wake_all(s);
     for (int i = 0; i < s->nthreads; i++) pthread_join(s->threads[i].tid, NULL);
     free_server(s);
+}
+
+/* ------------------------------------------------------------------ parser entry for tests */
+
+int mts_http_parse_stream(const void *data, size_t len, size_t read_size, size_t max_header, size_t max_body,
+                          mts_http_parse_cb cb, void *user, int *error_status)
+{
+    *error_status = 0;
+    mts_http_server srv;
+    memset(&srv, 0, sizeof srv);
+    srv.o.max_header = max_header ? max_header : 16 * 1024;
+    srv.o.max_body = max_body ? max_body : (size_t)64 << 20;
+    io_thread io;
+    memset(&io, 0, sizeof io);
+    io.srv = &srv;
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv)) return -1;
+    mts_http_conn *c = calloc(1, sizeof *c);
+    if (!c) {
+        close(sv[0]);
+        close(sv[1]);
+        return -1;
+    }
+    c->fd = sv[0];
+    c->io = &io;
+    io.conns = c;
+    io.nconns = 1;
+    atomic_store(&srv.nconns, 1);
+    reset_request(c);
+    const char *in = data;
+    size_t off = 0;
+    int n = 0;
+    for (;;) {
+        int r = parse(c);
+        if (r == P_READY) {
+            fill_request(c);
+            n++;
+            if (cb) cb(user, &c->req);
+            /* as complete_response releases an answered request */
+            bool keep = c->keep_alive;
+            c->req_start += c->req_end;
+            reset_request(c);
+            if (c->req_start == c->rlen) c->req_start = c->rlen = 0;
+            if (!keep) break;
+            continue;
+        }
+        if (r == P_ERROR || c->fd < 0 || off == len) break;
+        if (!rbuf_room(c)) break;
+        size_t take = c->rcap - c->rlen;
+        if (read_size && take > read_size) take = read_size;
+        if (take > len - off) take = len - off;
+        memcpy(c->rbuf + c->rlen, in + off, take);
+        c->rlen += take;
+        off += take;
+        char tmp[512]; /* what this layer sent (100 Continue) */
+        while (read(sv[1], tmp, sizeof tmp) > 0) {
+        }
+    }
+    if (c->state == RS_CLOSING && c->out_tail && c->out_tail->niov > 0 && c->out_tail->iov[0].iov_len > 12) {
+        const char *h = c->out_tail->iov[0].iov_base; /* "HTTP/1.1 NNN ..." */
+        *error_status = (h[9] - '0') * 100 + (h[10] - '0') * 10 + (h[11] - '0');
+    }
+    while (c->out_head) {
+        out_chunk *ch = c->out_head;
+        c->out_head = ch->next;
+        chunk_free(ch);
+    }
+    if (c->fd >= 0) close(c->fd);
+    close(sv[1]);
+    free(c->rbuf);
+    free(c);
+    return n;
 }

@@ -419,6 +419,18 @@ static int parse_infer(infer_call *ic, const mts_http_req *hr, char *msg, size_t
     return MTS_OK;
 }
 
+int mts_kserve_http_check_infer(const mts_http_req *hr, char *msg, size_t len)
+{
+    infer_call *ic = calloc(1, sizeof *ic);
+    if (!ic) {
+        snprintf(msg, len, "out of memory");
+        return MTS_ENOMEM;
+    }
+    int rc = parse_infer(ic, hr, msg, len);
+    call_free(ic);
+    return rc;
+}
+
 static void handle_infer(mts_server *srv, mts_http_conn *c, mts_http_req *hr, const char *model)
 {
     if (!mts_server_has_model(srv, model)) {

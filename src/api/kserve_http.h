@@ -13,4 +13,10 @@
  * call (which starts with its mts_request) in hr->user, for the front end's on_cancel. */
 extern const mts_route mts_kserve_routes[];
 
+/* Turns the body of an inference request (JSON, or a JSON header plus binary tensors when the
+ * request has Inference-Header-Content-Length) into a server request exactly as the infer route
+ * does, without a server or submitting it: MTS_OK, or a status with the reason in msg. For the
+ * fuzzer (tests/fuzz/fuzz_kserve_infer.c). */
+int mts_kserve_http_check_infer(const mts_http_req *hr, char *msg, size_t len);
+
 #endif

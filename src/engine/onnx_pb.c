@@ -592,6 +592,9 @@ static int parse_attr(const mts__pb_src *s, pb b, mts_pool *pool, const char *no
     }
     if (rc < 0) return rc;
     if (a->type == MTS_ATTR_UNDEFINED) a->type = (mts_attr_type)seen_type;
+    /* declared a string without one (field 4 absent, or its value sent in another field):
+     * the empty string, so that readers of a STRING attribute always get a string */
+    if (a->type == MTS_ATTR_STRING && !a->s) a->s = "";
     if (n_floats > 0 || a->type == MTS_ATTR_FLOATS) {
         float *fl = mts_pool_calloc(pool, (size_t)(n_floats ? n_floats : 1), sizeof(float));
         if (!fl) return mts_err_set(err, MTS_ENOMEM, "out of memory");
