@@ -40,3 +40,34 @@ void mts_strides(const mts_tensor *t, int64_t *strides)
         s *= t->dims[i];
     }
 }
+
+int mts_kchk_n_out(mts_kctx *k, int min)
+{
+    if (k->n_out < min)
+        return mts_err_set(k->err, MTS_EINVAL, "expected at least %d output(s), got %d", min, k->n_out);
+    return MTS_OK;
+}
+
+/* Fills output j (ignored when the node has fewer outputs) after checking the shape. */
+int mts_kset_out(mts_kctx *k, int j, mts_dtype dt, int rank, const int64_t *dims)
+{
+    if (rank > MTS_MAX_RANK)
+        return mts_err_set(k->err, MTS_EUNSUPPORTED, "output %d would have rank %d; at most %d is supported", j,
+                           rank, MTS_MAX_RANK);
+    if (j >= k->n_out) return MTS_OK;
+    mts_tensor *o = &k->out[j];
+    o->dtype = dt;
+    o->rank = rank;
+    for (int i = 0; i < rank; i++) {
+        if (dims[i] < 0)
+            return mts_err_set(k->err, MTS_EINVAL, "output %d dimension %d would be negative (%lld)", j, i,
+                               (long long)dims[i]);
+        o->dims[i] = dims[i];
+    }
+    if (mts_tensor_nbytes(o) < 0) {
+        char s[160];
+        return mts_err_set(k->err, MTS_EINVAL, "output %d shape %s has too many elements", j,
+                           mts_shape_str(o, s, sizeof s));
+    }
+    return MTS_OK;
+}

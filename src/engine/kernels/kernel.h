@@ -211,5 +211,10 @@ int mts_broadcast_shape(const mts_tensor *a, const mts_tensor *b, mts_tensor *ou
 int mts_norm_axis(int64_t axis, int rank, int *out, mts_err *err);
 /* Row-major strides (in elements) of t. */
 void mts_strides(const mts_tensor *t, int64_t *strides);
+/* MTS_EINVAL unless the node has at least `min` outputs. */
+int mts_kchk_n_out(mts_kctx *k, int min);
+/* Sets output j's type and shape (nothing when the node has fewer outputs), checking the rank,
+ * that no dimension is negative and that the byte size fits; errors say which output. */
+int mts_kset_out(mts_kctx *k, int j, mts_dtype dt, int rank, const int64_t *dims);
 
 #endif

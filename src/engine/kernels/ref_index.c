@@ -39,37 +39,6 @@ static int chk_dtype(mts_kctx *k, const mts_tensor *t, const char *what)
     return MTS_OK;
 }
 
-static int chk_n_out(mts_kctx *k, int min)
-{
-    if (k->n_out < min)
-        return mts_err_set(k->err, MTS_EINVAL, "expected at least %d output(s), got %d", min, k->n_out);
-    return MTS_OK;
-}
-
-/* Fills output j (ignored when the node has fewer outputs) after checking the shape. */
-static int set_out(mts_kctx *k, int j, mts_dtype dt, int rank, const int64_t *dims)
-{
-    if (rank > MTS_MAX_RANK)
-        return mts_err_set(k->err, MTS_EUNSUPPORTED, "output %d would have rank %d; at most %d is supported", j,
-                           rank, MTS_MAX_RANK);
-    if (j >= k->n_out) return MTS_OK;
-    mts_tensor *o = &k->out[j];
-    o->dtype = dt;
-    o->rank = rank;
-    for (int i = 0; i < rank; i++) {
-        if (dims[i] < 0)
-            return mts_err_set(k->err, MTS_EINVAL, "output %d dimension %d would be negative (%lld)", j, i,
-                               (long long)dims[i]);
-        o->dims[i] = dims[i];
-    }
-    if (mts_tensor_nbytes(o) < 0) {
-        char s[160];
-        return mts_err_set(k->err, MTS_EINVAL, "output %d shape %s has too many elements", j,
-                           mts_shape_str(o, s, sizeof s));
-    }
-    return MTS_OK;
-}
-
 static int64_t prod(const int64_t *d, int from, int to)
 {
     int64_t p = 1;
@@ -392,7 +361,7 @@ static int scatternd_check(mts_kctx *k, int *red)
     int rc;
     char s0[160], s1[160], s2[160];
     if ((rc = req_in(k, 0, "data", &x)) || (rc = req_in(k, 1, "indices", &ind)) ||
-        (rc = req_in(k, 2, "updates", &upd)) || (rc = chk_n_out(k, 1)) || (rc = chk_dtype(k, x, "data")) ||
+        (rc = req_in(k, 2, "updates", &upd)) || (rc = mts_kchk_n_out(k, 1)) || (rc = chk_dtype(k, x, "data")) ||
         (rc = chk_index_dtype(k, ind, "indices")) || (rc = parse_reduction(k, x, red)))
         return rc;
     if (upd->dtype != x->dtype)
@@ -421,7 +390,7 @@ static int scatternd_infer(mts_kctx *k)
 {
     int red, rc = scatternd_check(k, &red);
     if (rc) return rc;
-    return set_out(k, 0, k->in[0]->dtype, k->in[0]->rank, k->in[0]->dims);
+    return mts_kset_out(k, 0, k->in[0]->dtype, k->in[0]->rank, k->in[0]->dims);
 }
 
 static int scatternd_run(mts_kctx *k)
@@ -456,7 +425,7 @@ static int scatterel_check(mts_kctx *k, int *red, int *axis)
     int rc;
     char s0[160], s1[160], s2[160];
     if ((rc = req_in(k, 0, "data", &x)) || (rc = req_in(k, 1, "indices", &ind)) ||
-        (rc = req_in(k, 2, "updates", &upd)) || (rc = chk_n_out(k, 1)) || (rc = chk_dtype(k, x, "data")) ||
+        (rc = req_in(k, 2, "updates", &upd)) || (rc = mts_kchk_n_out(k, 1)) || (rc = chk_dtype(k, x, "data")) ||
         (rc = chk_index_dtype(k, ind, "indices")))
         return rc;
     if (strcmp(k->node->op_type, "Scatter") == 0)
@@ -484,7 +453,7 @@ static int scatterel_infer(mts_kctx *k)
 {
     int red, axis, rc = scatterel_check(k, &red, &axis);
     if (rc) return rc;
-    return set_out(k, 0, k->in[0]->dtype, k->in[0]->rank, k->in[0]->dims);
+    return mts_kset_out(k, 0, k->in[0]->dtype, k->in[0]->rank, k->in[0]->dims);
 }
 
 static int scatterel_run(mts_kctx *k)
@@ -523,7 +492,7 @@ static int gathernd_check(mts_kctx *k, int *bd, int *m)
     const mts_tensor *x, *ind;
     int rc;
     char s0[160], s1[160];
-    if ((rc = req_in(k, 0, "data", &x)) || (rc = req_in(k, 1, "indices", &ind)) || (rc = chk_n_out(k, 1)) ||
+    if ((rc = req_in(k, 0, "data", &x)) || (rc = req_in(k, 1, "indices", &ind)) || (rc = mts_kchk_n_out(k, 1)) ||
         (rc = chk_dtype(k, x, "data")) || (rc = chk_index_dtype(k, ind, "indices")))
         return rc;
     int64_t b = k->node->opset >= 12 ? mts_attr_int(k->node, "batch_dims", 0) : 0;
@@ -555,7 +524,7 @@ static int gathernd_infer(mts_kctx *k)
     int n = 0;
     for (int i = 0; i < ind->rank - 1; i++) d[n++] = ind->dims[i];
     for (int i = b + m; i < x->rank; i++) d[n++] = x->dims[i];
-    return set_out(k, 0, x->dtype, n, d);
+    return mts_kset_out(k, 0, x->dtype, n, d);
 }
 
 static int gathernd_run(mts_kctx *k)
@@ -593,7 +562,7 @@ static int topk_check(mts_kctx *k, int *axis, int64_t *kk)
 {
     const mts_tensor *x;
     int rc;
-    if ((rc = req_in(k, 0, "X", &x)) || (rc = chk_n_out(k, 1)) || (rc = chk_dtype(k, x, "X"))) return rc;
+    if ((rc = req_in(k, 0, "X", &x)) || (rc = mts_kchk_n_out(k, 1)) || (rc = chk_dtype(k, x, "X"))) return rc;
     if (!dtype_numeric(x->dtype) || x->dtype == MTS_DTYPE_BOOL)
         return mts_err_set(k->err, MTS_EUNSUPPORTED, "TopK of %s is not supported", mts_dtype_name(x->dtype));
     if (x->rank < 1) return mts_err_set(k->err, MTS_EINVAL, "TopK input must have rank >= 1");
@@ -625,8 +594,8 @@ static int topk_infer(mts_kctx *k)
     int64_t d[MTS_MAX_RANK];
     memcpy(d, x->dims, sizeof d);
     d[axis] = kk;
-    if ((rc = set_out(k, 0, x->dtype, x->rank, d))) return rc;
-    return set_out(k, 1, MTS_DTYPE_INT64, x->rank, d);
+    if ((rc = mts_kset_out(k, 0, x->dtype, x->rank, d))) return rc;
+    return mts_kset_out(k, 1, MTS_DTYPE_INT64, x->rank, d);
 }
 
 typedef struct topk_cmp_ctx {
@@ -751,7 +720,7 @@ static int cumsum_check(mts_kctx *k)
 {
     const mts_tensor *x, *ax;
     int rc;
-    if ((rc = req_in(k, 0, "x", &x)) || (rc = req_in(k, 1, "axis", &ax)) || (rc = chk_n_out(k, 1)) ||
+    if ((rc = req_in(k, 0, "x", &x)) || (rc = req_in(k, 1, "axis", &ax)) || (rc = mts_kchk_n_out(k, 1)) ||
         (rc = chk_dtype(k, x, "x")))
         return rc;
     switch (x->dtype) {
@@ -769,7 +738,7 @@ static int cumsum_infer(mts_kctx *k)
 {
     int rc = cumsum_check(k);
     if (rc) return rc;
-    return set_out(k, 0, k->in[0]->dtype, k->in[0]->rank, k->in[0]->dims);
+    return mts_kset_out(k, 0, k->in[0]->dtype, k->in[0]->rank, k->in[0]->dims);
 }
 
 #define CUMSUM_LOOP(T, ACC)                                                                                  \
@@ -823,7 +792,7 @@ static int nonzero_count(mts_kctx *k, int64_t *cnt)
 {
     const mts_tensor *x;
     int rc;
-    if ((rc = req_in(k, 0, "X", &x)) || (rc = chk_n_out(k, 1)) || (rc = chk_dtype(k, x, "X"))) return rc;
+    if ((rc = req_in(k, 0, "X", &x)) || (rc = mts_kchk_n_out(k, 1)) || (rc = chk_dtype(k, x, "X"))) return rc;
     int64_t n = mts_tensor_numel(x);
     if (n > 0 && !x->data) return MTS_EDYNAMIC;
     size_t es = mts_dtype_size(x->dtype);
@@ -839,7 +808,7 @@ static int nonzero_infer(mts_kctx *k)
     int rc = nonzero_count(k, &c);
     if (rc) return rc;
     int64_t d[2] = {k->in[0]->rank, c};
-    return set_out(k, 0, MTS_DTYPE_INT64, 2, d);
+    return mts_kset_out(k, 0, MTS_DTYPE_INT64, 2, d);
 }
 
 static int nonzero_run(mts_kctx *k)
@@ -874,7 +843,7 @@ static int onehot_check(mts_kctx *k, int64_t *depth, int *axis)
     const mts_tensor *ind, *dep, *val;
     int rc;
     if ((rc = req_in(k, 0, "indices", &ind)) || (rc = req_in(k, 1, "depth", &dep)) ||
-        (rc = req_in(k, 2, "values", &val)) || (rc = chk_n_out(k, 1)) || (rc = chk_dtype(k, ind, "indices")) ||
+        (rc = req_in(k, 2, "values", &val)) || (rc = mts_kchk_n_out(k, 1)) || (rc = chk_dtype(k, ind, "indices")) ||
         (rc = chk_dtype(k, dep, "depth")) || (rc = chk_dtype(k, val, "values")))
         return rc;
     if (!dtype_numeric(ind->dtype) || !dtype_numeric(dep->dtype))
@@ -908,7 +877,7 @@ static int onehot_infer(mts_kctx *k)
         if (i == axis) d[n++] = depth;
         if (i < ind->rank) d[n++] = ind->dims[i];
     }
-    return set_out(k, 0, k->in[2]->dtype, ind->rank + 1, d);
+    return mts_kset_out(k, 0, k->in[2]->dtype, ind->rank + 1, d);
 }
 
 static int onehot_run(mts_kctx *k)
@@ -943,7 +912,7 @@ static int d2s_check(mts_kctx *k, bool to_space, int64_t *b, bool *crd)
     const mts_tensor *x;
     int rc;
     char s[160];
-    if ((rc = req_in(k, 0, "input", &x)) || (rc = chk_n_out(k, 1)) || (rc = chk_dtype(k, x, "input"))) return rc;
+    if ((rc = req_in(k, 0, "input", &x)) || (rc = mts_kchk_n_out(k, 1)) || (rc = chk_dtype(k, x, "input"))) return rc;
     if (x->rank != 4)
         return mts_err_set(k->err, MTS_EINVAL, "input must be 4-D [N,C,H,W], got %s", mts_shape_str(x, s, sizeof s));
     *b = mts_attr_int(k->node, "blocksize", 0);
@@ -980,7 +949,7 @@ static int d2s_infer_impl(mts_kctx *k, bool to_space)
         int64_t d0[4] = {x[0], x[1] * b * b, x[2] / b, x[3] / b};
         memcpy(d, d0, sizeof d);
     }
-    return set_out(k, 0, k->in[0]->dtype, 4, d);
+    return mts_kset_out(k, 0, k->in[0]->dtype, 4, d);
 }
 
 static int d2s_run_impl(mts_kctx *k, bool to_space)
@@ -1024,9 +993,9 @@ static int trilu_infer(mts_kctx *k)
 {
     const mts_tensor *x;
     int rc;
-    if ((rc = req_in(k, 0, "input", &x)) || (rc = chk_n_out(k, 1)) || (rc = chk_dtype(k, x, "input"))) return rc;
+    if ((rc = req_in(k, 0, "input", &x)) || (rc = mts_kchk_n_out(k, 1)) || (rc = chk_dtype(k, x, "input"))) return rc;
     if (x->rank < 2) return mts_err_set(k->err, MTS_EINVAL, "Trilu input must have rank >= 2");
-    return set_out(k, 0, x->dtype, x->rank, x->dims);
+    return mts_kset_out(k, 0, x->dtype, x->rank, x->dims);
 }
 
 static int trilu_run(mts_kctx *k)
@@ -1071,7 +1040,7 @@ static int hardmax_dims(mts_kctx *k, int64_t *outer, int64_t *dim, int64_t *inne
 {
     const mts_tensor *x;
     int rc, axis;
-    if ((rc = req_in(k, 0, "input", &x)) || (rc = chk_n_out(k, 1)) || (rc = chk_dtype(k, x, "input"))) return rc;
+    if ((rc = req_in(k, 0, "input", &x)) || (rc = mts_kchk_n_out(k, 1)) || (rc = chk_dtype(k, x, "input"))) return rc;
     if (x->dtype != MTS_DTYPE_FLOAT && x->dtype != MTS_DTYPE_DOUBLE && x->dtype != MTS_DTYPE_FLOAT16 &&
         x->dtype != MTS_DTYPE_BFLOAT16)
         return mts_err_set(k->err, MTS_EINVAL, "Hardmax input must be a float type, got %s",
@@ -1095,7 +1064,7 @@ static int hardmax_infer(mts_kctx *k)
     int64_t a, b, c;
     int rc = hardmax_dims(k, &a, &b, &c);
     if (rc) return rc;
-    return set_out(k, 0, k->in[0]->dtype, k->in[0]->rank, k->in[0]->dims);
+    return mts_kset_out(k, 0, k->in[0]->dtype, k->in[0]->rank, k->in[0]->dims);
 }
 
 static int hardmax_run(mts_kctx *k)
@@ -1130,13 +1099,13 @@ static int eyelike_infer(mts_kctx *k)
 {
     const mts_tensor *x;
     int rc;
-    if ((rc = req_in(k, 0, "input", &x)) || (rc = chk_n_out(k, 1))) return rc;
+    if ((rc = req_in(k, 0, "input", &x)) || (rc = mts_kchk_n_out(k, 1))) return rc;
     if (x->rank != 2) return mts_err_set(k->err, MTS_EINVAL, "EyeLike input must be 2-D, got rank %d", x->rank);
     mts_dtype dt = (mts_dtype)mts_attr_int(k->node, "dtype", x->dtype);
     mts_tensor probe = {.dtype = dt};
     if ((rc = chk_dtype(k, &probe, "the output")) || !dtype_numeric(dt))
         return rc ? rc : mts_err_set(k->err, MTS_EUNSUPPORTED, "EyeLike output dtype %s", mts_dtype_name(dt));
-    return set_out(k, 0, dt, 2, x->dims);
+    return mts_kset_out(k, 0, dt, 2, x->dims);
 }
 
 static int eyelike_run(mts_kctx *k)
@@ -1165,7 +1134,7 @@ static int compress_check(mts_kctx *k, int *axis, int64_t *kept)
 {
     const mts_tensor *x, *c;
     int rc;
-    if ((rc = req_in(k, 0, "input", &x)) || (rc = req_in(k, 1, "condition", &c)) || (rc = chk_n_out(k, 1)) ||
+    if ((rc = req_in(k, 0, "input", &x)) || (rc = req_in(k, 1, "condition", &c)) || (rc = mts_kchk_n_out(k, 1)) ||
         (rc = chk_dtype(k, x, "input")))
         return rc;
     if (c->dtype != MTS_DTYPE_BOOL || c->rank != 1)
@@ -1190,11 +1159,11 @@ static int compress_infer(mts_kctx *k)
     int rc = compress_check(k, &axis, &kept);
     if (rc) return rc;
     const mts_tensor *x = k->in[0];
-    if (axis < 0) return set_out(k, 0, x->dtype, 1, &kept);
+    if (axis < 0) return mts_kset_out(k, 0, x->dtype, 1, &kept);
     int64_t d[MTS_MAX_RANK];
     memcpy(d, x->dims, sizeof d);
     d[axis] = kept;
-    return set_out(k, 0, x->dtype, x->rank, d);
+    return mts_kset_out(k, 0, x->dtype, x->rank, d);
 }
 
 static int compress_run(mts_kctx *k)
@@ -1228,7 +1197,7 @@ static int revseq_check(mts_kctx *k, int *tax, int *bax)
 {
     const mts_tensor *x, *sl;
     int rc;
-    if ((rc = req_in(k, 0, "input", &x)) || (rc = req_in(k, 1, "sequence_lens", &sl)) || (rc = chk_n_out(k, 1)) ||
+    if ((rc = req_in(k, 0, "input", &x)) || (rc = req_in(k, 1, "sequence_lens", &sl)) || (rc = mts_kchk_n_out(k, 1)) ||
         (rc = chk_dtype(k, x, "input")) || (rc = chk_index_dtype(k, sl, "sequence_lens")))
         return rc;
     if (x->rank < 2) return mts_err_set(k->err, MTS_EINVAL, "ReverseSequence input must have rank >= 2");
@@ -1247,7 +1216,7 @@ static int revseq_infer(mts_kctx *k)
 {
     int t, b, rc = revseq_check(k, &t, &b);
     if (rc) return rc;
-    return set_out(k, 0, k->in[0]->dtype, k->in[0]->rank, k->in[0]->dims);
+    return mts_kset_out(k, 0, k->in[0]->dtype, k->in[0]->rank, k->in[0]->dims);
 }
 
 static int revseq_run(mts_kctx *k)
@@ -1439,7 +1408,7 @@ static int ein_parse(mts_kctx *k, ein *q)
 static int ein_check(mts_kctx *k, ein *q)
 {
     int rc;
-    if ((rc = chk_n_out(k, 1))) return rc;
+    if ((rc = mts_kchk_n_out(k, 1))) return rc;
     for (int i = 0; i < k->n_in; i++) {
         const mts_tensor *t = mts_kin(k, i);
         if (!t) return mts_err_set(k->err, MTS_EINVAL, "Einsum input %d is missing", i);
@@ -1466,7 +1435,7 @@ static int einsum_infer(mts_kctx *k)
     if (rc) return rc;
     int64_t d[MTS_MAX_RANK];
     for (int i = 0; i < q.nout; i++) d[i] = q.size[q.out[i]];
-    return set_out(k, 0, k->in[0]->dtype, q.nout, d);
+    return mts_kset_out(k, 0, k->in[0]->dtype, q.nout, d);
 }
 
 static int64_t ein_read_int(const void *p, mts_dtype dt)
@@ -1680,7 +1649,7 @@ static int nms_exec(mts_kctx *k, int64_t *out, int64_t *count)
     const mts_tensor *boxes, *scores;
     int rc;
     char s0[160], s1[160];
-    if ((rc = req_in(k, 0, "boxes", &boxes)) || (rc = req_in(k, 1, "scores", &scores)) || (rc = chk_n_out(k, 1)))
+    if ((rc = req_in(k, 0, "boxes", &boxes)) || (rc = req_in(k, 1, "scores", &scores)) || (rc = mts_kchk_n_out(k, 1)))
         return rc;
     if (boxes->dtype != MTS_DTYPE_FLOAT || scores->dtype != MTS_DTYPE_FLOAT)
         return mts_err_set(k->err, MTS_EUNSUPPORTED, "NonMaxSuppression supports float boxes and scores only");
@@ -1766,7 +1735,7 @@ static int nms_infer(mts_kctx *k)
     int rc = nms_exec(k, NULL, &n);
     if (rc) return rc;
     int64_t d[2] = {n, 3};
-    return set_out(k, 0, MTS_DTYPE_INT64, 2, d);
+    return mts_kset_out(k, 0, MTS_DTYPE_INT64, 2, d);
 }
 
 static int nms_run(mts_kctx *k)
@@ -1797,7 +1766,7 @@ static int roi_check(mts_kctx *k, roi_args *a)
     int rc;
     char s0[160], s1[160], s2[160];
     if ((rc = req_in(k, 0, "X", &x)) || (rc = req_in(k, 1, "rois", &rois)) ||
-        (rc = req_in(k, 2, "batch_indices", &bi)) || (rc = chk_n_out(k, 1)) ||
+        (rc = req_in(k, 2, "batch_indices", &bi)) || (rc = mts_kchk_n_out(k, 1)) ||
         (rc = chk_index_dtype(k, bi, "batch_indices")))
         return rc;
     if (x->dtype != MTS_DTYPE_FLOAT || rois->dtype != MTS_DTYPE_FLOAT)
@@ -1838,7 +1807,7 @@ static int roi_infer(mts_kctx *k)
     int rc = roi_check(k, &a);
     if (rc) return rc;
     int64_t d[4] = {k->in[1]->dims[0], k->in[0]->dims[1], a.oh, a.ow};
-    return set_out(k, 0, MTS_DTYPE_FLOAT, 4, d);
+    return mts_kset_out(k, 0, MTS_DTYPE_FLOAT, 4, d);
 }
 
 /* The four taps (offsets into an H x W plane) and weights of a bilinear read at (y, x); ok is
@@ -2007,7 +1976,7 @@ static int gs_check(mts_kctx *k, gs_args *a)
     const mts_tensor *x, *g;
     int rc;
     char s0[160], s1[160];
-    if ((rc = req_in(k, 0, "X", &x)) || (rc = req_in(k, 1, "grid", &g)) || (rc = chk_n_out(k, 1))) return rc;
+    if ((rc = req_in(k, 0, "X", &x)) || (rc = req_in(k, 1, "grid", &g)) || (rc = mts_kchk_n_out(k, 1))) return rc;
     if (x->dtype != MTS_DTYPE_FLOAT || g->dtype != MTS_DTYPE_FLOAT)
         return mts_err_set(k->err, MTS_EUNSUPPORTED, "GridSample supports float X and grid only, got %s and %s",
                            mts_dtype_name(x->dtype), mts_dtype_name(g->dtype));
@@ -2034,7 +2003,7 @@ static int gs_infer(mts_kctx *k)
     int rc = gs_check(k, &a);
     if (rc) return rc;
     int64_t d[4] = {k->in[0]->dims[0], k->in[0]->dims[1], k->in[1]->dims[1], k->in[1]->dims[2]};
-    return set_out(k, 0, MTS_DTYPE_FLOAT, 4, d);
+    return mts_kset_out(k, 0, MTS_DTYPE_FLOAT, 4, d);
 }
 
 /* Reflects x into [lo, hi] (the coordinate range of the padding). */
@@ -2190,7 +2159,7 @@ static int unpool_shape(mts_kctx *k, int64_t *d, int64_t *dd, int *rank)
     const mts_tensor *x, *ind;
     int rc;
     char s0[160], s1[160];
-    if ((rc = req_in(k, 0, "X", &x)) || (rc = req_in(k, 1, "I", &ind)) || (rc = chk_n_out(k, 1)) ||
+    if ((rc = req_in(k, 0, "X", &x)) || (rc = req_in(k, 1, "I", &ind)) || (rc = mts_kchk_n_out(k, 1)) ||
         (rc = chk_dtype(k, x, "X")))
         return rc;
     if (ind->dtype != MTS_DTYPE_INT64) return mts_err_set(k->err, MTS_EINVAL, "MaxUnpool indices must be int64");
@@ -2236,7 +2205,7 @@ static int unpool_infer(mts_kctx *k)
     int64_t d[MTS_MAX_RANK], dd[MTS_MAX_RANK];
     int rank, rc = unpool_shape(k, d, dd, &rank);
     if (rc) return rc;
-    return set_out(k, 0, k->in[0]->dtype, rank, d);
+    return mts_kset_out(k, 0, k->in[0]->dtype, rank, d);
 }
 
 static int unpool_run(mts_kctx *k)
@@ -2318,7 +2287,7 @@ static int uniq_exec(mts_kctx *k, uniq_res *r)
     const mts_tensor *x;
     int rc;
     memset(r, 0, sizeof *r);
-    if ((rc = req_in(k, 0, "X", &x)) || (rc = chk_n_out(k, 1)) || (rc = chk_dtype(k, x, "X"))) return rc;
+    if ((rc = req_in(k, 0, "X", &x)) || (rc = mts_kchk_n_out(k, 1)) || (rc = chk_dtype(k, x, "X"))) return rc;
     if (!dtype_numeric(x->dtype))
         return mts_err_set(k->err, MTS_EUNSUPPORTED, "Unique of %s is not supported", mts_dtype_name(x->dtype));
     r->axis = -1;
@@ -2385,15 +2354,15 @@ static int unique_infer(mts_kctx *k)
     const mts_tensor *x = k->in[0];
     int64_t d[MTS_MAX_RANK];
     if (r.axis < 0) {
-        rc = set_out(k, 0, x->dtype, 1, &r.nu);
+        rc = mts_kset_out(k, 0, x->dtype, 1, &r.nu);
     } else {
         memcpy(d, x->dims, sizeof d);
         d[r.axis] = r.nu;
-        rc = set_out(k, 0, x->dtype, x->rank, d);
+        rc = mts_kset_out(k, 0, x->dtype, x->rank, d);
     }
-    if (!rc) rc = set_out(k, 1, MTS_DTYPE_INT64, 1, &r.nu);
-    if (!rc) rc = set_out(k, 2, MTS_DTYPE_INT64, 1, &r.n);
-    if (!rc) rc = set_out(k, 3, MTS_DTYPE_INT64, 1, &r.nu);
+    if (!rc) rc = mts_kset_out(k, 1, MTS_DTYPE_INT64, 1, &r.nu);
+    if (!rc) rc = mts_kset_out(k, 2, MTS_DTYPE_INT64, 1, &r.n);
+    if (!rc) rc = mts_kset_out(k, 3, MTS_DTYPE_INT64, 1, &r.nu);
     uniq_free(&r);
     return rc;
 }

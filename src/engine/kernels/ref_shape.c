@@ -36,40 +36,9 @@ static int chk_dtype(mts_kctx *k, const mts_tensor *t, const char *what)
     return MTS_OK;
 }
 
-static int chk_n_out(mts_kctx *k, int min)
-{
-    if (k->n_out < min)
-        return mts_err_set(k->err, MTS_EINVAL, "expected at least %d output(s), got %d", min, k->n_out);
-    return MTS_OK;
-}
-
-/* Fills output j (ignored when the node has fewer outputs) after checking the shape. */
-static int set_out(mts_kctx *k, int j, mts_dtype dt, int rank, const int64_t *dims)
-{
-    if (rank > MTS_MAX_RANK)
-        return mts_err_set(k->err, MTS_EUNSUPPORTED, "output %d would have rank %d; at most %d is supported", j,
-                           rank, MTS_MAX_RANK);
-    if (j >= k->n_out) return MTS_OK;
-    mts_tensor *o = &k->out[j];
-    o->dtype = dt;
-    o->rank = rank;
-    for (int i = 0; i < rank; i++) {
-        if (dims[i] < 0)
-            return mts_err_set(k->err, MTS_EINVAL, "output %d dimension %d would be negative (%lld)", j, i,
-                               (long long)dims[i]);
-        o->dims[i] = dims[i];
-    }
-    if (mts_tensor_nbytes(o) < 0) {
-        char s[160];
-        return mts_err_set(k->err, MTS_EINVAL, "output %d shape %s has too many elements", j,
-                           mts_shape_str(o, s, sizeof s));
-    }
-    return MTS_OK;
-}
-
 static int set_out_like(mts_kctx *k, int j, const mts_tensor *t)
 {
-    return set_out(k, j, t->dtype, t->rank, t->dims);
+    return mts_kset_out(k, j, t->dtype, t->rank, t->dims);
 }
 
 static int64_t prod(const int64_t *d, int from, int to)
@@ -265,7 +234,7 @@ static int matmul_infer(mts_kctx *k)
 {
     const mts_tensor *a, *b;
     int rc;
-    if ((rc = req_in(k, 0, "A", &a)) || (rc = req_in(k, 1, "B", &b)) || (rc = chk_n_out(k, 1))) return rc;
+    if ((rc = req_in(k, 0, "A", &a)) || (rc = req_in(k, 1, "B", &b)) || (rc = mts_kchk_n_out(k, 1))) return rc;
     if (a->dtype != b->dtype)
         return mts_err_set(k->err, MTS_EINVAL, "MatMul inputs must have the same dtype, got %s and %s",
                            mts_dtype_name(a->dtype), mts_dtype_name(b->dtype));
@@ -280,7 +249,7 @@ static int matmul_infer(mts_kctx *k)
     for (int i = 0; i < s.brank; i++) od[orank++] = s.bdims[i];
     if (a->rank != 1) od[orank++] = s.M;
     if (b->rank != 1) od[orank++] = s.N;
-    return set_out(k, 0, a->dtype, orank, od);
+    return mts_kset_out(k, 0, a->dtype, orank, od);
 }
 
 /* Per-batch element offsets into A (matrices of M*K) and B (K*N) for the broadcast batch. */
@@ -385,7 +354,7 @@ static int gemm_dims(mts_kctx *k, int64_t *M, int64_t *N, int64_t *K)
     const mts_tensor *a, *b;
     int rc;
     char sa[160], sb[160];
-    if ((rc = req_in(k, 0, "A", &a)) || (rc = req_in(k, 1, "B", &b)) || (rc = chk_n_out(k, 1))) return rc;
+    if ((rc = req_in(k, 0, "A", &a)) || (rc = req_in(k, 1, "B", &b)) || (rc = mts_kchk_n_out(k, 1))) return rc;
     if (a->dtype != MTS_DTYPE_FLOAT || b->dtype != MTS_DTYPE_FLOAT)
         return mts_err_set(k->err, MTS_EUNSUPPORTED, "Gemm supports float only, got %s and %s",
                            mts_dtype_name(a->dtype), mts_dtype_name(b->dtype));
@@ -421,7 +390,7 @@ static int gemm_infer(mts_kctx *k)
     int rc = gemm_dims(k, &M, &N, &K);
     if (rc) return rc;
     int64_t d[2] = {M, N};
-    return set_out(k, 0, MTS_DTYPE_FLOAT, 2, d);
+    return mts_kset_out(k, 0, MTS_DTYPE_FLOAT, 2, d);
 }
 
 static int gemm_run(mts_kctx *k)
@@ -459,7 +428,7 @@ static int identity_infer(mts_kctx *k)
 {
     const mts_tensor *x;
     int rc;
-    if ((rc = req_in(k, 0, "input", &x)) || (rc = chk_n_out(k, 1)) || (rc = chk_dtype(k, x, "input"))) return rc;
+    if ((rc = req_in(k, 0, "input", &x)) || (rc = mts_kchk_n_out(k, 1)) || (rc = chk_dtype(k, x, "input"))) return rc;
     return set_out_like(k, 0, x);
 }
 
@@ -505,13 +474,13 @@ static int constant_infer(mts_kctx *k)
 {
     const mts_attr *a;
     int rc;
-    if ((rc = chk_n_out(k, 1)) || (rc = constant_attr(k, &a))) return rc;
+    if ((rc = mts_kchk_n_out(k, 1)) || (rc = constant_attr(k, &a))) return rc;
     int64_t n = a->n;
     switch (a->type) {
-    case MTS_ATTR_FLOAT: return set_out(k, 0, MTS_DTYPE_FLOAT, 0, NULL);
-    case MTS_ATTR_INT: return set_out(k, 0, MTS_DTYPE_INT64, 0, NULL);
-    case MTS_ATTR_FLOATS: return set_out(k, 0, MTS_DTYPE_FLOAT, 1, &n);
-    case MTS_ATTR_INTS: return set_out(k, 0, MTS_DTYPE_INT64, 1, &n);
+    case MTS_ATTR_FLOAT: return mts_kset_out(k, 0, MTS_DTYPE_FLOAT, 0, NULL);
+    case MTS_ATTR_INT: return mts_kset_out(k, 0, MTS_DTYPE_INT64, 0, NULL);
+    case MTS_ATTR_FLOATS: return mts_kset_out(k, 0, MTS_DTYPE_FLOAT, 1, &n);
+    case MTS_ATTR_INTS: return mts_kset_out(k, 0, MTS_DTYPE_INT64, 1, &n);
     default:
         if ((rc = chk_dtype(k, a->t, "Constant value"))) return rc;
         if (mts_tensor_numel(a->t) > 0 && !a->t->data)
@@ -556,7 +525,7 @@ static int cos_infer(mts_kctx *k)
 {
     const mts_tensor *x, *v;
     int rc;
-    if ((rc = req_in(k, 0, "input", &x)) || (rc = chk_n_out(k, 1)) || (rc = cos_value(k, &v))) return rc;
+    if ((rc = req_in(k, 0, "input", &x)) || (rc = mts_kchk_n_out(k, 1)) || (rc = cos_value(k, &v))) return rc;
     if (x->dtype != MTS_DTYPE_INT64 && x->dtype != MTS_DTYPE_INT32)
         return mts_err_set(k->err, MTS_EINVAL, "ConstantOfShape input must be int64, got %s", mts_dtype_name(x->dtype));
     if (x->rank != 1)
@@ -570,7 +539,7 @@ static int cos_infer(mts_kctx *k)
     for (int i = 0; i < n; i++)
         if (d[i] < 0)
             return mts_err_set(k->err, MTS_EINVAL, "ConstantOfShape shape[%d] is negative (%lld)", i, (long long)d[i]);
-    return set_out(k, 0, v ? v->dtype : MTS_DTYPE_FLOAT, n, d);
+    return mts_kset_out(k, 0, v ? v->dtype : MTS_DTYPE_FLOAT, n, d);
 }
 
 static int cos_run(mts_kctx *k)
@@ -604,11 +573,11 @@ static int shape_infer(mts_kctx *k)
 {
     const mts_tensor *x;
     int rc;
-    if ((rc = req_in(k, 0, "data", &x)) || (rc = chk_n_out(k, 1))) return rc;
+    if ((rc = req_in(k, 0, "data", &x)) || (rc = mts_kchk_n_out(k, 1))) return rc;
     int64_t s, e;
     shape_range(k, x->rank, &s, &e);
     int64_t n = e - s;
-    return set_out(k, 0, MTS_DTYPE_INT64, 1, &n);
+    return mts_kset_out(k, 0, MTS_DTYPE_INT64, 1, &n);
 }
 
 static int shape_run(mts_kctx *k)
@@ -625,9 +594,9 @@ static int size_infer(mts_kctx *k)
 {
     const mts_tensor *x;
     int rc;
-    if ((rc = req_in(k, 0, "data", &x)) || (rc = chk_n_out(k, 1))) return rc;
+    if ((rc = req_in(k, 0, "data", &x)) || (rc = mts_kchk_n_out(k, 1))) return rc;
     if (mts_tensor_numel(x) < 0) return mts_err_set(k->err, MTS_EINVAL, "Size input has an invalid shape");
-    return set_out(k, 0, MTS_DTYPE_INT64, 0, NULL);
+    return mts_kset_out(k, 0, MTS_DTYPE_INT64, 0, NULL);
 }
 
 static int size_run(mts_kctx *k)
@@ -665,10 +634,10 @@ static int dropout_infer(mts_kctx *k)
 {
     const mts_tensor *x;
     int rc;
-    if ((rc = req_in(k, 0, "data", &x)) || (rc = chk_n_out(k, 1)) || (rc = chk_dtype(k, x, "data"))) return rc;
+    if ((rc = req_in(k, 0, "data", &x)) || (rc = mts_kchk_n_out(k, 1)) || (rc = chk_dtype(k, x, "data"))) return rc;
     if ((rc = dropout_check_training(k))) return rc;
     if ((rc = set_out_like(k, 0, x))) return rc;
-    if (k->n_out > 1) return set_out(k, 1, k->node->opset >= 10 ? MTS_DTYPE_BOOL : x->dtype, x->rank, x->dims);
+    if (k->n_out > 1) return mts_kset_out(k, 1, k->node->opset >= 10 ? MTS_DTYPE_BOOL : x->dtype, x->rank, x->dims);
     return MTS_OK;
 }
 
@@ -701,7 +670,7 @@ static int reshape_infer(mts_kctx *k)
 {
     const mts_tensor *x;
     int rc;
-    if ((rc = req_in(k, 0, "data", &x)) || (rc = chk_n_out(k, 1)) || (rc = chk_dtype(k, x, "data"))) return rc;
+    if ((rc = req_in(k, 0, "data", &x)) || (rc = mts_kchk_n_out(k, 1)) || (rc = chk_dtype(k, x, "data"))) return rc;
     int64_t sh[MTS_MAX_RANK];
     int n = 0;
     int na = 0;
@@ -770,14 +739,14 @@ static int reshape_infer(mts_kctx *k)
                            mts_shape_str(x, s1, sizeof s1), (long long)total, mts_shape_str(&t, s2, sizeof s2),
                            (long long)known);
     }
-    return set_out(k, 0, x->dtype, n, sh);
+    return mts_kset_out(k, 0, x->dtype, n, sh);
 }
 
 static int flatten_infer(mts_kctx *k)
 {
     const mts_tensor *x;
     int rc;
-    if ((rc = req_in(k, 0, "input", &x)) || (rc = chk_n_out(k, 1)) || (rc = chk_dtype(k, x, "input"))) return rc;
+    if ((rc = req_in(k, 0, "input", &x)) || (rc = mts_kchk_n_out(k, 1)) || (rc = chk_dtype(k, x, "input"))) return rc;
     int64_t axis = mts_attr_int(k->node, "axis", 1);
     int r = x->rank;
     if (axis < 0 && k->node->opset >= 11) axis += r;
@@ -785,14 +754,14 @@ static int flatten_infer(mts_kctx *k)
         return mts_err_set(k->err, MTS_EINVAL, "Flatten axis %lld is out of range for rank %d",
                            (long long)mts_attr_int(k->node, "axis", 1), r);
     int64_t d[2] = {prod(x->dims, 0, (int)axis), prod(x->dims, (int)axis, r)};
-    return set_out(k, 0, x->dtype, 2, d);
+    return mts_kset_out(k, 0, x->dtype, 2, d);
 }
 
 static int squeeze_infer(mts_kctx *k)
 {
     const mts_tensor *x;
     int rc;
-    if ((rc = req_in(k, 0, "data", &x)) || (rc = chk_n_out(k, 1)) || (rc = chk_dtype(k, x, "data"))) return rc;
+    if ((rc = req_in(k, 0, "data", &x)) || (rc = mts_kchk_n_out(k, 1)) || (rc = chk_dtype(k, x, "data"))) return rc;
     int64_t ax[MTS_MAX_RANK];
     int n = 0, present = 0;
     if ((rc = read_axes(k, 13, 1, x->rank, ax, &n, &present))) return rc;
@@ -814,14 +783,14 @@ static int squeeze_infer(mts_kctx *k)
     int r = 0;
     for (int i = 0; i < x->rank; i++)
         if (!drop[i]) d[r++] = x->dims[i];
-    return set_out(k, 0, x->dtype, r, d);
+    return mts_kset_out(k, 0, x->dtype, r, d);
 }
 
 static int unsqueeze_infer(mts_kctx *k)
 {
     const mts_tensor *x;
     int rc;
-    if ((rc = req_in(k, 0, "data", &x)) || (rc = chk_n_out(k, 1)) || (rc = chk_dtype(k, x, "data"))) return rc;
+    if ((rc = req_in(k, 0, "data", &x)) || (rc = mts_kchk_n_out(k, 1)) || (rc = chk_dtype(k, x, "data"))) return rc;
     int64_t nax = 0;
     if (k->node->opset >= 13) {
         const mts_tensor *t;
@@ -849,7 +818,7 @@ static int unsqueeze_infer(mts_kctx *k)
     }
     int64_t d[MTS_MAX_RANK];
     for (int i = 0, j = 0; i < r; i++) d[i] = ins[i] ? 1 : x->dims[j++];
-    return set_out(k, 0, x->dtype, r, d);
+    return mts_kset_out(k, 0, x->dtype, r, d);
 }
 
 /* Run for every op whose output holds the input's bytes unchanged. */
@@ -888,11 +857,11 @@ static int transpose_infer(mts_kctx *k)
 {
     const mts_tensor *x;
     int rc, perm[MTS_MAX_RANK];
-    if ((rc = req_in(k, 0, "data", &x)) || (rc = chk_n_out(k, 1)) || (rc = chk_dtype(k, x, "data"))) return rc;
+    if ((rc = req_in(k, 0, "data", &x)) || (rc = mts_kchk_n_out(k, 1)) || (rc = chk_dtype(k, x, "data"))) return rc;
     if ((rc = transpose_perm(k, x, perm))) return rc;
     int64_t d[MTS_MAX_RANK];
     for (int i = 0; i < x->rank; i++) d[i] = x->dims[perm[i]];
-    return set_out(k, 0, x->dtype, x->rank, d);
+    return mts_kset_out(k, 0, x->dtype, x->rank, d);
 }
 
 static int transpose_run(mts_kctx *k)
@@ -915,7 +884,7 @@ static int expand_infer(mts_kctx *k)
 {
     const mts_tensor *x, *s;
     int rc;
-    if ((rc = req_in(k, 0, "input", &x)) || (rc = req_in(k, 1, "shape", &s)) || (rc = chk_n_out(k, 1)) ||
+    if ((rc = req_in(k, 0, "input", &x)) || (rc = req_in(k, 1, "shape", &s)) || (rc = mts_kchk_n_out(k, 1)) ||
         (rc = chk_dtype(k, x, "input")))
         return rc;
     if ((rc = chk_ints(k, s, "Expand shape", INT64_MAX))) return rc;
@@ -931,7 +900,7 @@ static int expand_infer(mts_kctx *k)
             return mts_err_set(k->err, MTS_EINVAL, "Expand shape[%d] is negative (%lld)", i, (long long)t.dims[i]);
     mts_tensor o;
     if ((rc = mts_broadcast_shape(x, &t, &o, k->err))) return rc;
-    return set_out(k, 0, x->dtype, o.rank, o.dims);
+    return mts_kset_out(k, 0, x->dtype, o.rank, o.dims);
 }
 
 static int expand_run(mts_kctx *k)
@@ -953,7 +922,7 @@ static int tile_infer(mts_kctx *k)
 {
     const mts_tensor *x, *r;
     int rc;
-    if ((rc = req_in(k, 0, "input", &x)) || (rc = req_in(k, 1, "repeats", &r)) || (rc = chk_n_out(k, 1)) ||
+    if ((rc = req_in(k, 0, "input", &x)) || (rc = req_in(k, 1, "repeats", &r)) || (rc = mts_kchk_n_out(k, 1)) ||
         (rc = chk_dtype(k, x, "input")))
         return rc;
     if ((rc = chk_ints(k, r, "Tile repeats", INT64_MAX))) return rc;
@@ -970,7 +939,7 @@ static int tile_infer(mts_kctx *k)
             return mts_err_set(k->err, MTS_EINVAL, "Tile output dimension %d overflows", i);
         d[i] = x->dims[i] * rep[i];
     }
-    return set_out(k, 0, x->dtype, x->rank, d);
+    return mts_kset_out(k, 0, x->dtype, x->rank, d);
 }
 
 static int tile_run(mts_kctx *k)
@@ -1079,10 +1048,10 @@ static int slice_infer(mts_kctx *k)
 {
     const mts_tensor *x;
     int rc;
-    if ((rc = req_in(k, 0, "data", &x)) || (rc = chk_n_out(k, 1)) || (rc = chk_dtype(k, x, "data"))) return rc;
+    if ((rc = req_in(k, 0, "data", &x)) || (rc = mts_kchk_n_out(k, 1)) || (rc = chk_dtype(k, x, "data"))) return rc;
     slice_spec sp;
     if ((rc = slice_spec_get(k, x, &sp))) return rc;
-    return set_out(k, 0, x->dtype, x->rank, sp.len);
+    return mts_kset_out(k, 0, x->dtype, x->rank, sp.len);
 }
 
 static int slice_run(mts_kctx *k)
@@ -1121,7 +1090,7 @@ static int concat_axis(mts_kctx *k, const mts_tensor *x0, int *axis)
 static int concat_infer(mts_kctx *k)
 {
     int rc;
-    if ((rc = chk_n_out(k, 1))) return rc;
+    if ((rc = mts_kchk_n_out(k, 1))) return rc;
     const mts_tensor *x0 = NULL;
     for (int i = 0; i < k->n_in && !x0; i++) x0 = k->in[i];
     if (!x0) return mts_err_set(k->err, MTS_EINVAL, "Concat needs at least one input");
@@ -1149,7 +1118,7 @@ static int concat_infer(mts_kctx *k)
             return mts_err_set(k->err, MTS_EINVAL, "Concat output dimension overflows");
         d[axis] += t->dims[axis];
     }
-    return set_out(k, 0, x0->dtype, x0->rank, d);
+    return mts_kset_out(k, 0, x0->dtype, x0->rank, d);
 }
 
 static int concat_run(mts_kctx *k)
@@ -1233,7 +1202,7 @@ static int split_prep(mts_kctx *k, int *axis, int64_t **sz)
     const mts_tensor *x;
     int rc;
     *sz = NULL;
-    if ((rc = req_in(k, 0, "input", &x)) || (rc = chk_n_out(k, 1)) || (rc = chk_dtype(k, x, "input"))) return rc;
+    if ((rc = req_in(k, 0, "input", &x)) || (rc = mts_kchk_n_out(k, 1)) || (rc = chk_dtype(k, x, "input"))) return rc;
     if (x->rank < 1) return mts_err_set(k->err, MTS_EINVAL, "Split input must have rank >= 1");
     if ((rc = mts_norm_axis(mts_attr_int(k->node, "axis", 0), x->rank, axis, k->err))) return rc;
     int64_t *s = malloc(sizeof(int64_t) * (size_t)k->n_out);
@@ -1256,7 +1225,7 @@ static int split_infer(mts_kctx *k)
     memcpy(d, x->dims, sizeof d);
     for (int j = 0; j < k->n_out && !rc; j++) {
         d[axis] = sz[j];
-        rc = set_out(k, j, x->dtype, x->rank, d);
+        rc = mts_kset_out(k, j, x->dtype, x->rank, d);
     }
     free(sz);
     return rc;
@@ -1310,7 +1279,7 @@ static int gather_infer(mts_kctx *k)
 {
     const mts_tensor *x, *ind;
     int rc, axis;
-    if ((rc = req_in(k, 0, "data", &x)) || (rc = req_in(k, 1, "indices", &ind)) || (rc = chk_n_out(k, 1)) ||
+    if ((rc = req_in(k, 0, "data", &x)) || (rc = req_in(k, 1, "indices", &ind)) || (rc = mts_kchk_n_out(k, 1)) ||
         (rc = chk_dtype(k, x, "data")) || (rc = chk_indices(k, ind)))
         return rc;
     if (x->rank < 1) return mts_err_set(k->err, MTS_EINVAL, "Gather data must have rank >= 1");
@@ -1323,7 +1292,7 @@ static int gather_infer(mts_kctx *k)
     for (int i = 0; i < axis; i++) d[n++] = x->dims[i];
     for (int i = 0; i < ind->rank; i++) d[n++] = ind->dims[i];
     for (int i = axis + 1; i < x->rank; i++) d[n++] = x->dims[i];
-    return set_out(k, 0, x->dtype, r, d);
+    return mts_kset_out(k, 0, x->dtype, r, d);
 }
 
 static int gather_run(mts_kctx *k)
@@ -1351,7 +1320,7 @@ static int gather_el_infer(mts_kctx *k)
     const mts_tensor *x, *ind;
     int rc, axis;
     char s0[160], s1[160];
-    if ((rc = req_in(k, 0, "data", &x)) || (rc = req_in(k, 1, "indices", &ind)) || (rc = chk_n_out(k, 1)) ||
+    if ((rc = req_in(k, 0, "data", &x)) || (rc = req_in(k, 1, "indices", &ind)) || (rc = mts_kchk_n_out(k, 1)) ||
         (rc = chk_dtype(k, x, "data")) || (rc = chk_indices(k, ind)))
         return rc;
     if (x->rank < 1) return mts_err_set(k->err, MTS_EINVAL, "GatherElements data must have rank >= 1");
@@ -1363,7 +1332,7 @@ static int gather_el_infer(mts_kctx *k)
         return mts_err_set(k->err, MTS_ESHAPE,
                            "GatherElements indices %s must have the rank of data %s and no larger dims off axis %d",
                            mts_shape_str(ind, s1, sizeof s1), mts_shape_str(x, s0, sizeof s0), axis);
-    return set_out(k, 0, x->dtype, ind->rank, ind->dims);
+    return mts_kset_out(k, 0, x->dtype, ind->rank, ind->dims);
 }
 
 static int gather_el_run(mts_kctx *k)
@@ -1446,8 +1415,8 @@ static int range_infer(mts_kctx *k)
 {
     int64_t n;
     int rc;
-    if ((rc = chk_n_out(k, 1)) || (rc = range_count(k, &n))) return rc;
-    return set_out(k, 0, k->in[0]->dtype, 1, &n);
+    if ((rc = mts_kchk_n_out(k, 1)) || (rc = range_count(k, &n))) return rc;
+    return mts_kset_out(k, 0, k->in[0]->dtype, 1, &n);
 }
 
 static int range_run(mts_kctx *k)
