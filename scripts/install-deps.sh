@@ -9,7 +9,8 @@ cd "$(dirname "$0")/.."
 DEBS=(build-essential cmake pkg-config libcmocka-dev libyaml-dev libdnnl-dev libonnx-testdata python3 python3-onnx
       python3-numpy python3-requests python3-pytest wrk nodejs npm
       libgrpc-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler python3-grpcio python3-grpc-tools
-      libpng-dev libjpeg62-turbo-dev python3-pil fonts-dejavu-core openssl libssl-dev)
+      libpng-dev libjpeg62-turbo-dev python3-pil fonts-dejavu-core openssl libssl-dev
+      chromium python3-websocket)
 missing=()
 for p in "${DEBS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
