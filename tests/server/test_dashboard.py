@@ -196,8 +196,11 @@ def lip_body(n, seed=0):
 def test_dashboard_shows_models_and_live_numbers(start_server, browser, tmp_path):
     assets = tmp_path / "avatar"
     avatar.make_assets(str(assets), frames=8, width=256, height=192, crop=96, level=1)
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(b"this is not an ONNX model")
     srv = start_server(models={
         "tiny": (TINY, {"max_batch": 8}),
+        "broken": broken,
         "lip": (LIPSYNC, {"max_batch": 2, "background_dir": str(assets / "frames"),
                           "crop_rects_path": str(assets / "crop_rects.json"), "num_frames": 8,
                           "background_cache_frames": 4}),
@@ -209,12 +212,12 @@ def test_dashboard_shows_models_and_live_numbers(start_server, browser, tmp_path
     assert "<script>" in page.text and "src=" not in page.text.replace('href="data:,"', "")
     st = srv.get("/api/v1/dashboard/state").json()
     by_name = {m["name"]: m for m in st["models"]}
-    assert sorted(by_name) == ["lip", "tiny"]
+    assert sorted(by_name) == ["broken", "lip", "tiny"]
     assert by_name["tiny"]["lipsync"] is None and by_name["lip"]["lipsync"] is not None
 
     browser.navigate(srv.url + "/dashboard")
     browser.wait("window.mtsDashboard && window.mtsDashboard.polls >= 1", "the first poll")
-    for m in ("tiny", "lip"):
+    for m in ("tiny", "lip", "broken"):
         assert cell(browser, m, "state") == "UNLOADED", cell(browser, m, "state")
         assert cell(browser, m, "precision") == "fp32"
     assert browser.eval("document.querySelectorAll('#devices tbody tr[data-device]').length") == 1
@@ -228,6 +231,7 @@ def test_dashboard_shows_models_and_live_numbers(start_server, browser, tmp_path
     assert r.status_code == 200, r.text
     bad = srv.infer("tiny", tiny_body(cols=15))
     assert bad.status_code == 400
+    assert srv.infer("broken", tiny_body()).status_code == 503  # its load fails
     for k in range(2):
         r = requests.post(f"{srv.url}/api/v1/lipsync/lip/composite?start_frame_idx={k * 2}&batch_size=2",
                           data=lip_body(2, seed=k), timeout=120)
@@ -259,8 +263,14 @@ def test_dashboard_shows_models_and_live_numbers(start_server, browser, tmp_path
     lm = [m for m in state["models"] if m["name"] == "lip"][0]
     assert lm["bgcache"]["requests"] >= 4 and lm["lipsync"]["users"] > 0
     # recent events: both loads, newest first
-    ev = browser.eval("Array.from(document.querySelectorAll('#events tbody tr[data-seq]')).map(r => r.textContent)")
-    assert sum("loaded" in e and "tiny" in e for e in ev) == 1 and sum("loaded" in e and "lip" in e for e in ev) == 1, ev
+    ev = browser.eval("Array.from(document.querySelectorAll('#events tbody tr[data-seq]'))"
+                      ".map(r => Array.from(r.cells).map(c => c.textContent))")  # time, kind, model, device, details
+    kinds = [(e[1], e[2]) for e in ev]
+    assert kinds.count(("loaded", "tiny")) == 1 and kinds.count(("loaded", "lip")) == 1, ev
+    failed = [e for e in ev if e[1] == "load_failed"]
+    assert len(failed) == 1 and failed[0][2] == "broken" and "model.onnx" in failed[0][4], ev
+    assert cell(browser, "broken", "state") == "FAILED"
+    assert "model.onnx" in browser.eval("document.querySelector('#models tr[data-model=\"broken\"]').textContent")
 
     # an unload shows up as an event and a state change
     assert srv.post("/v2/repository/models/tiny/unload").status_code == 200

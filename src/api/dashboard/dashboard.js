@@ -145,7 +145,7 @@
 
     fillBody("models", st.models.map((m) => {
       const state = el("td", {}, [el("span", { cls: "badge " + m.state, text: m.state, "data-field": "state" })]);
-      if (m.reason) state.appendChild(el("div", { cls: "muted", text: m.reason }));
+      if (m.reason) state.appendChild(el("div", { cls: "muted why", text: m.reason, title: m.reason }));
       return el("tr", { "data-model": m.name }, [
         td(m.name + (m.pinned ? " (pinned)" : ""), null, "name"), state, td(m.device || "–", null, "device"),
         td(m.precision, null, "precision"), td(fmtBytes(m.memory_bytes), "num", "memory"),
