@@ -387,6 +387,7 @@ static void load_one(mts_server *s, mts__entry *e)
             e->state = MTS_MODEL_FAILED;
             s->resident--;
             failed = mts__drain_queue(s, e);
+            for (mts_request *r = failed; r; r = r->next) mts__win_error(e, mts__now_ns());
         }
         MTS_ERROR("model=%s event=load_failed ms=%.1f retry_in_s=%lld error=\"%s\"", cfg->name, ms,
                   (long long)backoff_ms / 1000, msg);

@@ -239,9 +239,9 @@ int mts_server_submit(mts_server *s, mts_request *req, int *retry_after_s, mts_e
         if (retry_after_s) *retry_after_s = 1;
         e->n_rejected++;
         s->rejected_full++;
-        mts__win_error(e, mts__now_ns());
     }
     if (rc) {
+        if (e) mts__win_error(e, mts__now_ns()); /* refused: shutting down, unloading, back-off, full */
         pthread_mutex_unlock(&s->lock);
         return rc;
     }

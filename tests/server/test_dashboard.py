@@ -270,6 +270,7 @@ def test_dashboard_shows_models_and_live_numbers(start_server, browser, tmp_path
     failed = [e for e in ev if e[1] == "load_failed"]
     assert len(failed) == 1 and failed[0][2] == "broken" and "model.onnx" in failed[0][4], ev
     assert cell(browser, "broken", "state") == "FAILED"
+    assert float(cell(browser, "broken", "eps")) > 0
     assert "model.onnx" in browser.eval("document.querySelector('#models tr[data-model=\"broken\"]').textContent")
 
     # an unload shows up as an event and a state change

@@ -189,6 +189,7 @@ static void test_windows_and_events(void **unused)
     assert_non_null(strstr(str(mts_json_at(ev, 0), "reason"), "dashboard-test.onnx"));
     assert_string_equal(str(model_of(doc, "broken"), "state"), "FAILED");
     assert_non_null(strstr(str(model_of(doc, "broken"), "reason"), "dashboard-test.onnx"));
+    assert_true(num(model_of(doc, "broken"), "rates.errors_per_s") > 0); /* its queued request failed */
     mts_json_free(doc);
 
     /* max_models 1: alternating a and b evicts one for the other each time (loaded + evicted);
