@@ -1,12 +1,13 @@
 /*
  * The REST front end (rest.h): starts the HTTP server with the route tables of the REST modules
- * and the front end's own /metrics route, dispatches every request through the router, and
- * cancels the request of a client that went away.
+ * (the dashboard's included) and the front end's own /metrics route, dispatches every request
+ * through the router, and cancels the request of a client that went away.
  */
 #include "api/rest.h"
 
 #include <stdlib.h>
 
+#include "api/dashboard_http.h"
 #include "api/http.h"
 #include "api/kserve_http.h"
 #include "api/lipsync_http.h"
@@ -39,7 +40,7 @@ static const mts_route metrics_routes[] = {
 
 /* Inference first: the table is walked in order, and /v2 requests are the common case. */
 static const mts_route *const route_tables[] = {
-    mts_kserve_routes, mts_segment_routes, mts_lipsync_routes, metrics_routes, NULL,
+    mts_kserve_routes, mts_segment_routes, mts_lipsync_routes, metrics_routes, mts_dashboard_routes, NULL,
 };
 static const mts_route_hint *const route_hints[] = {mts_lipsync_hints, NULL};
 static const mts_router router = {route_tables, route_hints};

@@ -44,6 +44,29 @@ typedef struct mts__hist {
 
 void mts__hist_add(mts__hist *h, const double *bounds, int nb, double v);
 
+/* Dashboard bookkeeping (dashboard.c), all under server->lock, fixed-size and allocation-free:
+ * per model a ring of per-second buckets over the last MTS__WIN_SECONDS (request and error
+ * counts, request latency and batch-size histograms, engine time), and per server a ring of the
+ * last MTS__EVENTS residency events (loads, load failures, evictions, unloads). */
+#define MTS__WIN_SECONDS 300
+#define MTS__EVENTS 128
+typedef struct mts__win_bucket {
+    int64_t sec;                          /* monotonic second held; 0 = empty */
+    uint32_t ok, err, batches, samples;   /* requests answered / failed, batches and samples run */
+    uint32_t lat[MTS__HIST_BUCKETS + 1];  /* request latency, arrival to completion (time buckets) */
+    uint32_t bsz[MTS__BATCH_BUCKETS + 1]; /* samples per batch */
+    float infer_ms;                       /* engine time of the second's successful batches */
+} mts__win_bucket;
+
+typedef struct mts__event {
+    uint64_t seq;       /* 1, 2, ...: lets a poller tell new events from seen ones */
+    int64_t wall_ms;
+    const char *kind;   /* static string: "loaded", "load_failed", "evicted", ... */
+    int device;         /* -1 when none */
+    char model[96];
+    char reason[200];
+} mts__event;
+
 typedef struct mts__version {
     mts_model *model;
     struct mts__entry *entry;
@@ -115,6 +138,7 @@ typedef struct mts__entry {
     uint64_t mem_capped;  /* batches cut below max_batch because the device's memory was short */
     uint64_t n_timeout, n_cancelled, n_rejected;
     mts__hist h_queue, h_compute, h_batch, h_load;
+    mts__win_bucket win[MTS__WIN_SECONDS]; /* dashboard window (dashboard.c) */
 } mts__entry;
 
 typedef struct mts__device {
@@ -171,6 +195,9 @@ struct mts_server {
      * drained by mts_server_shutdown after the workers have stopped. */
     mts_workq *media_q;
     bool media_closed;
+    /* Dashboard: ring of recent residency events (dashboard.c). */
+    mts__event events[MTS__EVENTS];
+    uint64_t event_seq;
 };
 
 int64_t mts__now_ns(void);
@@ -192,6 +219,13 @@ void mts__notify(mts__waiter *w, int status, const char *msg);
 /* Evicts idle models from device dev (never `keep`) while its bytes exceed the budget, e.g.
  * after activation buffers grew (lock held; versions to free are chained on *to_free). */
 void mts__enforce_budget(mts_server *s, int dev, const mts__entry *keep, mts__version **to_free);
+
+/* dashboard.c (lock held): window updates at request/batch completion and event records. */
+void mts__win_request(mts__entry *e, int64_t now_ns, bool ok, double latency_ms);
+void mts__win_error(mts__entry *e, int64_t now_ns); /* a request failed without running */
+void mts__win_batch(mts__entry *e, int64_t now_ns, int64_t samples, double infer_ms);
+void mts__event_add(mts_server *s, const char *kind, const mts__entry *e, int device, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
 
 /* scheduler.c */
 void mts__ready_push(mts_server *s, mts__entry *e);       /* lock held */

@@ -149,6 +149,8 @@ static void evict(mts_server *s, mts__entry *e, const char *why, mts__version **
     MTS_INFO("model=%s event=evicted reason=%s policy=%s device=cpu:%d bytes=%lld idle_s=%.1f", e->cfg->name, why,
              s->cfg->eviction == MTS_EVICT_LFU ? "lfu" : "lru", dev, (long long)bytes,
              (double)(mts__now_ns() - e->last_used_ns) / 1e9);
+    mts__event_add(s, "evicted", e, dev, "%s (%s), %lld bytes freed", why,
+                   s->cfg->eviction == MTS_EVICT_LFU ? "lfu" : "lru", (long long)bytes);
 }
 
 void mts__enforce_budget(mts_server *s, int dev, const mts__entry *keep, mts__version **to_free)
@@ -353,6 +355,7 @@ static void load_one(mts_server *s, mts__entry *e)
             e->room_wait_since_ns = now;
             s->room_waiters++;
             MTS_INFO("model=%s event=load_waiting queued=%d reason=\"%s\"", cfg->name, e->qlen, msg);
+            mts__event_add(s, "load_waiting", e, -1, "%s", msg);
         }
         wait = (e->qlen > 0 || notify) && now - e->room_wait_since_ns < MTS__ROOM_WAIT_NS && !s->stopping;
     }
@@ -384,9 +387,11 @@ static void load_one(mts_server *s, mts__entry *e)
             e->state = MTS_MODEL_FAILED;
             s->resident--;
             failed = mts__drain_queue(s, e);
+            for (mts_request *r = failed; r; r = r->next) mts__win_error(e, mts__now_ns());
         }
         MTS_ERROR("model=%s event=load_failed ms=%.1f retry_in_s=%lld error=\"%s\"", cfg->name, ms,
                   (long long)backoff_ms / 1000, msg);
+        mts__event_add(s, "load_failed", e, -1, "%s", e->reason);
     } else {
         mts__device *d = &s->devs[dev];
         d->used += version_bytes(v);
@@ -417,6 +422,8 @@ static void load_one(mts_server *s, mts__entry *e)
         e->state = MTS_MODEL_READY;
         MTS_INFO("model=%s event=loaded version=%d device=cpu:%d ms=%.1f bytes=%lld reload=%d", cfg->name, v->number,
                  dev, ms, (long long)version_bytes(v), reload ? 1 : 0);
+        mts__event_add(s, "loaded", e, dev, "version %d in %.0f ms, %lld bytes%s", v->number, ms,
+                       (long long)version_bytes(v), reload ? " (reload)" : "");
         mts__ready_push(s, e);
         mts__after_idle(s, e, &to_free, &notify);
         mts__enforce_budget(s, dev, e, &to_free);
@@ -474,6 +481,7 @@ void mts__after_idle(mts_server *s, mts__entry *e, mts__version **to_free, mts__
         }
         e->state = MTS_MODEL_UNLOADED;
         MTS_INFO("model=%s event=unloaded bytes=%lld", e->cfg->name, (long long)bytes);
+        mts__event_add(s, "unloaded", e, -1, "unload request, %lld bytes freed", (long long)bytes);
         mts__waiter *w = e->unload_waiters;
         while (w && w->next) w = w->next;
         if (w) {

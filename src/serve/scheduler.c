@@ -241,6 +241,7 @@ int mts_server_submit(mts_server *s, mts_request *req, int *retry_after_s, mts_e
         s->rejected_full++;
     }
     if (rc) {
+        if (e) mts__win_error(e, mts__now_ns()); /* refused: shutting down, unloading, back-off, full */
         pthread_mutex_unlock(&s->lock);
         return rc;
     }
@@ -492,6 +493,7 @@ static void sweep(mts_server *s, mts_request **cancelled, mts_request **expired)
                     *expired = r;
                     e->n_timeout++;
                     s->timed_out++;
+                    mts__win_error(e, now);
                 }
             } else {
                 prev = r;
@@ -583,12 +585,14 @@ void *mts__worker_main(void *arg)
                     expired = r;
                     e->n_timeout++;
                     s->timed_out++;
+                    mts__win_error(e, now);
                 } else if (validate(v, r, &br[n], msg, sizeof msg)) {
                     queue_remove(s, e, prev, r);
                     r->next = invalid;
                     invalid = r;
                     e->fail.count++;
                     s->failed++;
+                    mts__win_error(e, now);
                     r->reject_msg = strdup(msg);
                 } else if (n == 0 || (v->batchable && r->priority <= reqs[0]->priority &&
                                       compatible(v, reqs[0], &br[0], r, &br[n]) && samples + r->samples <= limit)) {
@@ -708,6 +712,7 @@ void *mts__worker_main(void *arg)
             if (samples <= MTS_MAX_BATCH_STATS) dur_add(&e->batch_infer[samples], infer_ms);
             mts__hist_add(&e->h_compute, mts__time_buckets, MTS__HIST_BUCKETS, infer_ms / 1e3);
             mts__hist_add(&e->h_batch, mts__batch_buckets, MTS__BATCH_BUCKETS, (double)samples);
+            mts__win_batch(e, t_end, samples, infer_ms);
         }
         for (int k = 0; k < n; k++) {
             double q_ms = (double)(t_start - reqs[k]->enqueue_ns) / 1e6;
@@ -718,6 +723,7 @@ void *mts__worker_main(void *arg)
             dur_add(&e->queue, q_ms);
             mts__hist_add(&e->h_queue, mts__time_buckets, MTS__HIST_BUCKETS, q_ms / 1e3);
             double total_ms = (double)(t_end - reqs[k]->enqueue_ns) / 1e6;
+            mts__win_request(e, t_end, !rc, total_ms);
             if (!rc) {
                 dur_add(&e->success, total_ms);
                 s->completed++;

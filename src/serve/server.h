@@ -192,6 +192,12 @@ int mts_server_bgcache_acquire(mts_server *s, const char *model, mts_bgcache **o
  * work inline). */
 mts_workq *mts_server_media_queue(mts_server *s);
 
+/* The live dashboard's state document (JSON, malloc'd; NULL when out of memory): server totals,
+ * devices, every model with its rates, p50/p99 latency and batch sizes over the last minutes,
+ * background-cache and lip-sync capacity figures, and the recent residency events
+ * (serve/dashboard.c; the fields are described in docs/server.md, "Dashboard"). */
+char *mts_server_dashboard_json(mts_server *s, size_t *len);
+
 /* Prometheus text exposition of every metric. Returns a malloc'd string. */
 char *mts_server_metrics(mts_server *s, size_t *len);
 
