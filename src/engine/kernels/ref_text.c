@@ -9,7 +9,7 @@
  * are looked up in the pool; unigrams are counted once (at distance 1) rather than once per
  * distance. The output [max(ngram_indexes) + 1] (or [N, ...]) holds the counts (mode TF), the
  * weight of each column seen at least once (IDF; 1 without weights) or counts times weights
- * (TFIDF); weights are indexed by output column. Each level of the pool is sorted once per run
+ * (TFIDF); weights[j] belongs to the j-th n-gram of the pool (and so to its output column). Each level of the pool is sorted once per run
  * so that a lookup is a binary search. String tokens (pool_strings) are not supported.
  */
 #include <stdlib.h>
@@ -107,9 +107,9 @@ static int tfidf_prepare(mts_kctx *k, tfidf_cfg *c)
     c->cols = mx + 1;
     c->w = mts_attr_floats(nd, "weights", &c->n_w);
     if (c->w && c->n_w == 0) c->w = NULL;
-    if (c->w && c->n_w < c->cols)
-        return mts_err_set(k->err, MTS_EINVAL, "weights has %d entries, fewer than the %lld output columns", c->n_w,
-                           (long long)c->cols);
+    if (c->w && c->n_w != c->n_idx)
+        return mts_err_set(k->err, MTS_EINVAL, "weights has %d entries; expected one per n-gram (%d)", c->n_w,
+                           c->n_idx);
     c->levels = c->n_counts < c->max_n ? c->n_counts : (int)c->max_n;
     if (c->levels > TFIDF_MAX_LEVELS)
         return mts_err_set(k->err, MTS_EUNSUPPORTED, "n-grams longer than %d tokens are not supported", TFIDF_MAX_LEVELS);
@@ -240,11 +240,21 @@ static int tfidf_run(mts_kctx *k)
         if (nthr > rows) nthr = (int)rows;
         mts_parallel(nthr, tf_part, &jb);
     }
-    for (int64_t i = 0; i < ny; i++) {
-        int64_t col = i % c.cols;
-        float f = y[i];
-        if (c.mode == TF_IDF) y[i] = f > 0 ? (c.w ? c.w[col] : 1.0f) : 0.0f;
-        else if (c.mode == TF_TFIDF && c.w) y[i] = f * c.w[col];
+    if (c.mode != TF_TF) {
+        /* The weight of each column: that of the (last) n-gram counted into it. */
+        float *cw = malloc(sizeof(float) * (size_t)c.cols);
+        if (!cw) {
+            free(g);
+            return mts_err_set(k->err, MTS_ENOMEM, "out of memory for the column weights");
+        }
+        for (int64_t col = 0; col < c.cols; col++) cw[col] = 1.0f;
+        if (c.w)
+            for (int i = 0; i < c.n_idx; i++) cw[c.idx[i]] = c.w[i];
+        for (int64_t i = 0; i < ny; i++) {
+            float f = y[i], w = cw[i % c.cols];
+            y[i] = c.mode == TF_IDF ? (f > 0 ? w : 0.0f) : f * w;
+        }
+        free(cw);
     }
     free(g);
     return MTS_OK;
