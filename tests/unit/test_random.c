@@ -173,14 +173,25 @@ static void test_like(void **state)
     attr_f(&nb, "seed", 1.0f);
     mts_tensor b = run_node(&nb.n, in, 1, 1);
     assert_int_equal(b.dims[1], 2);
-    /* An integer input without dtype is rejected; double output is declined. */
+    /* An integer input without dtype is rejected; a double output is drawn in double (the
+     * uniform's values in [0, 1)); float16 output is declined. */
     int64_t is[6] = {0};
     mts_tensor xi = {MTS_DTYPE_INT64, 1, {6}, is};
     const mts_tensor *ini[1] = {&xi};
     assert_int_equal(infer_status(&nb.n, ini, 1), MTS_EINVAL);
+    mknode(&nb, "RandomUniformLike", 1);
+    attr_f(&nb, "seed", 1.0f);
     attr_i(&nb, "dtype", MTS_DTYPE_DOUBLE);
+    mts_tensor c = run_node(&nb.n, in, 1, 1);
+    assert_int_equal(c.dtype, MTS_DTYPE_DOUBLE);
+    for (int i = 0; i < 6; i++) {
+        double v = ((const double *)c.data)[i];
+        assert_true(v >= 0.0 && v < 1.0);
+        assert_true(fabs(v - ((const float *)a.data)[i]) < 1e-6); /* the same draws as float */
+    }
+    nb.a[1].i = MTS_DTYPE_FLOAT16;
     assert_int_equal(infer_status(&nb.n, in, 1), MTS_EUNSUPPORTED);
-    free(a.data), free(b.data);
+    free(a.data), free(b.data), free(c.data);
 }
 
 static void test_bernoulli(void **state)

@@ -267,6 +267,46 @@ static void test_mod_bitshift(void **state)
     static const uint8_t r[4] = {0, 0x40, 0, 0};
     assert_memory_equal(y.data, r, sizeof r);
     free(y.data);
+
+    /* uint64 keeps values past INT64_MAX unsigned, in Mod and in BitShift. */
+    uint64_t ux[3] = {UINT64_MAX, (uint64_t)1 << 63, 10}, us[3] = {10, 3, 0};
+    mts_tensor tux = {MTS_DTYPE_UINT64, 1, {3}, ux}, tus = {MTS_DTYPE_UINT64, 1, {3}, us};
+    const mts_tensor *uin[2] = {&tux, &tus};
+    mknode(&nb, "Mod", 2, 13);
+    y = run_node(&nb.n, uin, 2, 1);
+    static const uint64_t um[3] = {UINT64_MAX % 10, ((uint64_t)1 << 63) % 3, 0};
+    assert_memory_equal(y.data, um, sizeof um);
+    free(y.data);
+    mknode(&nb, "BitShift", 2, 11);
+    attr_s(&nb, "direction", "RIGHT");
+    y = run_node(&nb.n, uin, 2, 1);
+    static const uint64_t ur[3] = {UINT64_MAX >> 10, (uint64_t)1 << 60, 10};
+    assert_memory_equal(y.data, ur, sizeof ur);
+    free(y.data);
+
+    /* int16 Mod follows the divisor's sign; double Mod needs fmod=1. */
+    int16_t ia[3] = {-7, 7, INT16_MIN}, ib[3] = {3, -3, -1};
+    mts_tensor tia = {MTS_DTYPE_INT16, 1, {3}, ia}, tib = {MTS_DTYPE_INT16, 1, {3}, ib};
+    const mts_tensor *iin[2] = {&tia, &tib};
+    mknode(&nb, "Mod", 2, 13);
+    y = run_node(&nb.n, iin, 2, 1);
+    static const int16_t im[3] = {2, -2, 0};
+    assert_memory_equal(y.data, im, sizeof im);
+    free(y.data);
+    double da[2] = {-7.5, 7.5}, db[2] = {2, -2};
+    mts_tensor tda = {MTS_DTYPE_DOUBLE, 1, {2}, da}, tdb = {MTS_DTYPE_DOUBLE, 1, {2}, db};
+    const mts_tensor *din[2] = {&tda, &tdb};
+    {
+        mts_err err = {0};
+        mts_tensor out = {0};
+        mts_kctx k = {&nb.n, din, 2, &out, 1, &err, 1, NULL};
+        assert_int_equal(mts_op_lookup("Mod")->infer(&k), MTS_EINVAL);
+    }
+    attr_i(&nb, "fmod", 1);
+    y = run_node(&nb.n, din, 2, 1);
+    static const double dm[2] = {-1.5, 1.5};
+    assert_memory_equal(y.data, dm, sizeof dm);
+    free(y.data);
 }
 
 int main(void)

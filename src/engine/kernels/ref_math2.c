@@ -5,10 +5,12 @@
  * BitShift; LRN and MeanVarianceNormalization; the reductions ReduceL1, ReduceLogSum and
  * ReduceLogSumExp (axes as attribute or, from opset 18, as input); and Det (batched LU).
  *
- * Element types are dispatched by one switch per kernel over the types the engine holds (float,
- * int8, uint8, int32, int64, bool); the generic paths read and write elements through ld_f/ld_i
- * and st_f/st_i, so a further element type is one more case there. Floats are computed in float
- * (elementwise) or with double accumulators (reductions, normalizations, Det).
+ * Element types are dispatched by one switch per kernel over the core types (float, int8, uint8,
+ * int32, int64, bool); the generic paths read and write elements through ld_f/ld_i and
+ * st_f/st_i, which also cover double, int16 and uint16/32/64, so an op takes a further type by
+ * naming it in its mask. Mod takes all of those numeric types (unsigned ones stay unsigned up to
+ * 2^64), BitShift uint8/16/32/64, the three reductions double as well. Floats are computed in
+ * float (elementwise) or with double accumulators (reductions, normalizations, Det).
  */
 #include <float.h>
 #include <math.h>
@@ -205,7 +207,16 @@ static void b2_elem(int op, mts_dtype dt, void *y, int64_t i, const void *a, int
         ((float *)y)[i] = fmodf(((const float *)a)[ia], ((const float *)b)[ib]);
         return;
     }
+    if (dt == MTS_DTYPE_DOUBLE) {
+        ((double *)y)[i] = fmod(((const double *)a)[ia], ((const double *)b)[ib]);
+        return;
+    }
     int64_t va = ld_i(a, dt, ia), vb = ld_i(b, dt, ib);
+    if ((op == B2_MOD || op == B2_FMOD) && (DTM(dt) & M_UINT)) { /* both remainders agree; uint64 stays unsigned */
+        uint64_t ua = (uint64_t)va, ub = (uint64_t)vb;
+        st_i(y, dt, i, (int64_t)(ub == 0 ? 0 : ua % ub));
+        return;
+    }
     switch (op) {
     case B2_MOD: st_i(y, dt, i, imod(va, vb)); break;
     case B2_FMOD: st_i(y, dt, i, ifmod(va, vb)); break;
@@ -224,7 +235,7 @@ static int b2_op_of(mts_kctx *k, mts_dtype dt, int *op)
     if (!strcmp(nd->op_type, "Mod")) {
         int64_t f = mts_attr_int(nd, "fmod", 0);
         if (f != 0 && f != 1) return mts_err_set(k->err, MTS_EINVAL, "attribute fmod must be 0 or 1, got %lld", (long long)f);
-        if (f == 0 && dt == MTS_DTYPE_FLOAT)
+        if (f == 0 && (dt == MTS_DTYPE_FLOAT || dt == MTS_DTYPE_DOUBLE))
             return mts_err_set(k->err, MTS_EINVAL, "fmod=0 is only defined for integer inputs; float inputs need fmod=1");
         *op = f ? B2_FMOD : B2_MOD;
         return MTS_OK;
@@ -303,8 +314,8 @@ static int b2_run(mts_kctx *k)
     return MTS_OK;
 }
 
-static int mod_infer(mts_kctx *k) { return b2_infer(k, M_F32 | M_INT); }
-static int bitshift_infer(mts_kctx *k) { return b2_infer(k, M_U8); }
+static int mod_infer(mts_kctx *k) { return b2_infer(k, M_F32 | M_F64 | M_INT_ALL); }
+static int bitshift_infer(mts_kctx *k) { return b2_infer(k, M_UINT); }
 
 /* ------------------------------------------------------------------------------------------ */
 /* LRN                                                                                        */
@@ -507,7 +518,7 @@ enum r2_op { R2_L1, R2_LOGSUM, R2_LOGSUMEXP };
 static int r2_prepare(mts_kctx *k, const mts_tensor **x, bool *mask, bool *noop)
 {
     int rc = check_arity(k, 1, 2);
-    if (!rc) rc = check_in(k, 0, M_F32 | M_INT, x);
+    if (!rc) rc = check_in(k, 0, M_F32 | M_F64 | M_INT, x);
     if (rc) return rc;
     return axes_mask(k, *x, k->node->opset >= 18, NULL, 0, mask, noop);
 }

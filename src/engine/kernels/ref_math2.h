@@ -26,24 +26,37 @@
 #define M_SINT (M_I8 | M_I32 | M_I64)
 #define M_INT (M_SINT | M_U8)
 #define M_NUM (M_F32 | M_INT)
+/* The wider held types, which an op takes only where its mask names them. */
+#define M_F64 DTM(MTS_DTYPE_DOUBLE)
+#define M_I16 DTM(MTS_DTYPE_INT16)
+#define M_U16 DTM(MTS_DTYPE_UINT16)
+#define M_U32 DTM(MTS_DTYPE_UINT32)
+#define M_U64 DTM(MTS_DTYPE_UINT64)
+#define M_UINT (M_U8 | M_U16 | M_U32 | M_U64)
+#define M_INT_ALL (M_INT | M_I16 | M_U16 | M_U32 | M_U64)
 /* The element types ld_f/ld_i/st_i/st_f have cases for. A type the engine learns later is
  * declined as unsupported by these kernels until it gets its case here and in their masks. */
-#define M_HELD (M_NUM | M_BOOL)
+#define M_HELD (M_NUM | M_BOOL | M_F64 | M_I16 | M_U16 | M_U32 | M_U64)
 
 /* Elements per thread below which a kernel runs on one thread. */
 #define REF2_GRAIN 32768
 
-/* Checks that t (input idx) exists and has a dtype in mask: types the engine cannot hold are
- * MTS_EUNSUPPORTED, held types the op does not take are MTS_EINVAL. */
+/* Checks that t (input idx) exists and has a dtype in mask: types the engine cannot hold, and
+ * held types beyond the core ones that the op does not implement, are MTS_EUNSUPPORTED; core
+ * types the op does not take are MTS_EINVAL. */
 static inline int check_t(mts_kctx *k, const mts_tensor *t, int idx, unsigned mask)
 {
     if (!t) return mts_err_set(k->err, MTS_EINVAL, "input %d is required but missing", idx);
     if (!mts_dtype_supported(t->dtype) || (unsigned)t->dtype >= 32 || !(M_HELD & DTM(t->dtype)))
         return mts_err_set(k->err, MTS_EUNSUPPORTED, "input %d has dtype %s, which is not supported", idx,
                            mts_dtype_name(t->dtype));
-    if (!(mask & DTM(t->dtype)))
+    if (!(mask & DTM(t->dtype))) {
+        if (!mts_dtype_core(t->dtype))
+            return mts_err_set(k->err, MTS_EUNSUPPORTED, "input %d has dtype %s, which is not supported", idx,
+                               mts_dtype_name(t->dtype));
         return mts_err_set(k->err, MTS_EINVAL, "input %d has dtype %s, which this op does not take", idx,
                            mts_dtype_name(t->dtype));
+    }
     return MTS_OK;
 }
 
@@ -96,6 +109,11 @@ static inline double ld_f(const void *p, mts_dtype dt, int64_t i)
     case MTS_DTYPE_UINT8: case MTS_DTYPE_BOOL: return ((const uint8_t *)p)[i];
     case MTS_DTYPE_INT32: return ((const int32_t *)p)[i];
     case MTS_DTYPE_INT64: return (double)((const int64_t *)p)[i];
+    case MTS_DTYPE_DOUBLE: return ((const double *)p)[i];
+    case MTS_DTYPE_INT16: return ((const int16_t *)p)[i];
+    case MTS_DTYPE_UINT16: return ((const uint16_t *)p)[i];
+    case MTS_DTYPE_UINT32: return ((const uint32_t *)p)[i];
+    case MTS_DTYPE_UINT64: return (double)((const uint64_t *)p)[i];
     default: return 0;
     }
 }
@@ -108,6 +126,11 @@ static inline int64_t ld_i(const void *p, mts_dtype dt, int64_t i)
     case MTS_DTYPE_UINT8: case MTS_DTYPE_BOOL: return ((const uint8_t *)p)[i];
     case MTS_DTYPE_INT32: return ((const int32_t *)p)[i];
     case MTS_DTYPE_INT64: return ((const int64_t *)p)[i];
+    case MTS_DTYPE_DOUBLE: return f2i64(((const double *)p)[i]);
+    case MTS_DTYPE_INT16: return ((const int16_t *)p)[i];
+    case MTS_DTYPE_UINT16: return ((const uint16_t *)p)[i];
+    case MTS_DTYPE_UINT32: return ((const uint32_t *)p)[i];
+    case MTS_DTYPE_UINT64: return (int64_t)((const uint64_t *)p)[i]; /* the bits, reinterpreted */
     default: return 0;
     }
 }
@@ -122,6 +145,11 @@ static inline void st_i(void *p, mts_dtype dt, int64_t i, int64_t v)
     case MTS_DTYPE_INT32: ((int32_t *)p)[i] = (int32_t)(uint32_t)(uint64_t)v; break;
     case MTS_DTYPE_INT64: ((int64_t *)p)[i] = v; break;
     case MTS_DTYPE_FLOAT: ((float *)p)[i] = (float)v; break;
+    case MTS_DTYPE_DOUBLE: ((double *)p)[i] = (double)v; break;
+    case MTS_DTYPE_INT16: ((int16_t *)p)[i] = (int16_t)(uint16_t)(uint64_t)v; break;
+    case MTS_DTYPE_UINT16: ((uint16_t *)p)[i] = (uint16_t)(uint64_t)v; break;
+    case MTS_DTYPE_UINT32: ((uint32_t *)p)[i] = (uint32_t)(uint64_t)v; break;
+    case MTS_DTYPE_UINT64: ((uint64_t *)p)[i] = (uint64_t)v; break;
     default: break;
     }
 }
@@ -131,7 +159,11 @@ static inline void st_f(void *p, mts_dtype dt, int64_t i, double v)
 {
     switch (dt) {
     case MTS_DTYPE_FLOAT: ((float *)p)[i] = (float)v; break;
+    case MTS_DTYPE_DOUBLE: ((double *)p)[i] = v; break;
     case MTS_DTYPE_BOOL: ((uint8_t *)p)[i] = v != 0; break;
+    case MTS_DTYPE_UINT64: /* values past INT64_MAX keep their magnitude */
+        ((uint64_t *)p)[i] = v != v || v <= 0 ? 0 : v >= 18446744073709551615.0 ? UINT64_MAX : (uint64_t)v;
+        break;
     default: st_i(p, dt, i, f2i64(v)); break;
     }
 }

@@ -9,7 +9,8 @@
  * the `seed` attribute the key is derived from the seed alone and every run of the node yields
  * the same values; without it, each run takes a fresh key from a process-wide counter mixed with
  * the clock. Normal deviates use the Box-Muller transform of two uniform draws. The engine holds
- * float outputs for the continuous generators (double and float16 are declined as unsupported).
+ * float and double outputs for the continuous generators (float16 and bfloat16 are declined as
+ * unsupported); Bernoulli takes float or double probabilities.
  */
 #include <math.h>
 #include <stdatomic.h>
@@ -73,15 +74,16 @@ static uint64_t rnd_key(const mts_kctx *k)
 static bool is_like(const mts_kctx *k) { return strstr(k->node->op_type, "Like") != NULL; }
 static bool is_normal(const mts_kctx *k) { return strstr(k->node->op_type, "Normal") != NULL; }
 
-/* Checks the output element type: float is computed; double and float16 are declined. */
+/* Checks the output element type: float and double are computed; float16 and bfloat16 are
+ * declined. */
 static int float_out_type(mts_kctx *k, int64_t t, mts_dtype *dt)
 {
-    if (t == MTS_DTYPE_FLOAT) {
-        *dt = MTS_DTYPE_FLOAT;
+    if (t == MTS_DTYPE_FLOAT || t == MTS_DTYPE_DOUBLE) {
+        *dt = (mts_dtype)t;
         return MTS_OK;
     }
-    if (t == MTS_DTYPE_DOUBLE || t == MTS_DTYPE_FLOAT16 || t == MTS_DTYPE_BFLOAT16)
-        return mts_err_set(k->err, MTS_EUNSUPPORTED, "output type %s is not supported (float only)",
+    if (t == MTS_DTYPE_FLOAT16 || t == MTS_DTYPE_BFLOAT16)
+        return mts_err_set(k->err, MTS_EUNSUPPORTED, "output type %s is not supported (float and double only)",
                            mts_dtype_name((mts_dtype)t));
     return mts_err_set(k->err, MTS_EINVAL, "dtype %lld is not a floating-point type", (long long)t);
 }
@@ -122,7 +124,8 @@ static int rnd_infer(mts_kctx *k)
 }
 
 typedef struct rnd_ctx {
-    float *y;
+    void *y;
+    mts_dtype dt;
     int64_t n;
     uint64_t key;
     double a, b; /* uniform: low, high; normal: mean, scale */
@@ -137,14 +140,15 @@ static void rnd_part(void *ctx, int ithr, int nthr)
     for (int64_t i = lo; i < hi; i++) {
         double v = c->normal ? c->a + c->b * rnd_normal(c->key, (uint64_t)i)
                              : c->a + (c->b - c->a) * rnd_unit(c->key, (uint64_t)i);
-        c->y[i] = (float)v;
+        if (c->dt == MTS_DTYPE_DOUBLE) ((double *)c->y)[i] = v;
+        else ((float *)c->y)[i] = (float)v;
     }
 }
 
 static int rnd_run(mts_kctx *k)
 {
     const mts_node *nd = k->node;
-    rnd_ctx c = {k->out[0].data, numel(&k->out[0]), rnd_key(k), 0, 0, is_normal(k)};
+    rnd_ctx c = {k->out[0].data, k->out[0].dtype, numel(&k->out[0]), rnd_key(k), 0, 0, is_normal(k)};
     if (c.normal) {
         c.a = mts_attr_float(nd, "mean", 0.0f);
         c.b = mts_attr_float(nd, "scale", 1.0f);
@@ -164,7 +168,7 @@ static int bern_infer(mts_kctx *k)
 {
     const mts_tensor *x;
     int rc = check_arity(k, 1, 1);
-    if (!rc) rc = check_in(k, 0, M_F32, &x);
+    if (!rc) rc = check_in(k, 0, M_F32 | M_F64, &x);
     if (rc) return rc;
     int64_t t = mts_attr_int(k->node, "dtype", x->dtype);
     if (t <= 0 || t > 16) return mts_err_set(k->err, MTS_EINVAL, "dtype %lld is not an element type", (long long)t);
@@ -177,11 +181,11 @@ static int bern_infer(mts_kctx *k)
 static int bern_run(mts_kctx *k)
 {
     const mts_tensor *x = k->in[0];
-    const float *p = x->data;
     mts_tensor *o = &k->out[0];
     uint64_t key = rnd_key(k);
     int64_t n = numel(x);
-    for (int64_t i = 0; i < n; i++) st_i(o->data, o->dtype, i, rnd_unit(key, (uint64_t)i) < (double)p[i] ? 1 : 0);
+    for (int64_t i = 0; i < n; i++)
+        st_i(o->data, o->dtype, i, rnd_unit(key, (uint64_t)i) < ld_f(x->data, x->dtype, i) ? 1 : 0);
     return MTS_OK;
 }
 
