@@ -4,13 +4,17 @@
  * SIGTERM or SIGINT. Shutdown is graceful: stop accepting connections, finish queued work within
  * server.shutdown_grace_s, fail what is left, exit 0.
  */
+#include <dirent.h>
 #include <errno.h>
+#include <pthread.h>
 #include <netdb.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "api/auth.h"
@@ -274,6 +278,163 @@ static void check_resources(const mts_config *c)
                  c->threads_per_device, want, cores);
 }
 
+/* ---- --model-control-mode poll: rescan the repository every repository_poll_s seconds ---- */
+
+typedef struct file_sig {
+    bool exists;
+    dev_t dev;
+    ino_t ino;
+    off_t size;
+    struct timespec mtime;
+} file_sig;
+
+typedef struct poller {
+    mts_server *srv;
+    const mts_config *cfg;
+    const char *repo; /* NULL: only the configured model files are watched */
+    file_sig *sigs;   /* per configured model */
+    char **seen;      /* repository folders already reported as new */
+    int n_seen;
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t cv;
+    bool stop, started;
+} poller;
+
+static file_sig sig_of(const char *path)
+{
+    file_sig f = {0};
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISREG(sb.st_mode)) {
+        f.exists = true;
+        f.dev = sb.st_dev;
+        f.ino = sb.st_ino;
+        f.size = sb.st_size;
+        f.mtime = sb.st_mtim;
+    }
+    return f;
+}
+
+static bool sig_same(const file_sig *a, const file_sig *b)
+{
+    return a->exists == b->exists && a->dev == b->dev && a->ino == b->ino && a->size == b->size &&
+           a->mtime.tv_sec == b->mtime.tv_sec && a->mtime.tv_nsec == b->mtime.tv_nsec;
+}
+
+static void poll_once(poller *p)
+{
+    const mts_config *c = p->cfg;
+    for (int i = 0; i < c->n_models; i++) {
+        const mts_model_config *m = &c->models[i];
+        file_sig now = sig_of(m->model_path);
+        if (sig_same(&now, &p->sigs[i])) continue;
+        bool was = p->sigs[i].exists;
+        p->sigs[i] = now;
+        mts_model_status st;
+        if (mts_server_model_status_by_name(p->srv, m->name, &st)) continue;
+        bool resident = st.state == MTS_MODEL_READY || st.state == MTS_MODEL_LOADING;
+        mts_err err = {0};
+        if (!now.exists) {
+            MTS_WARN("model=%s event=repository_changed change=removed action=%s path=%s", m->name,
+                     resident ? "unload" : "none", m->model_path);
+            if (resident && mts_server_unload(p->srv, m->name, NULL, NULL, &err))
+                MTS_WARN("model=%s event=poll_unload_failed error=\"%s\"", m->name, err.msg);
+        } else {
+            MTS_INFO("model=%s event=repository_changed change=%s action=%s path=%s", m->name,
+                     was ? "modified" : "added", resident ? "reload" : "none (loads on use)", m->model_path);
+            if (resident && mts_server_load(p->srv, m->name, true, NULL, NULL, &err))
+                MTS_WARN("model=%s event=poll_reload_failed error=\"%s\"", m->name, err.msg);
+        }
+    }
+    if (!p->repo) return;
+    DIR *dp = opendir(p->repo);
+    if (!dp) return;
+    struct dirent *e;
+    while ((e = readdir(dp))) {
+        if (e->d_name[0] == '.' || mts_config_find_model(c, e->d_name)) continue;
+        bool known = false;
+        for (int k = 0; k < p->n_seen && !known; k++) known = !strcmp(p->seen[k], e->d_name);
+        if (known) continue;
+        char **ns = realloc(p->seen, (size_t)(p->n_seen + 1) * sizeof *ns);
+        if (!ns) break;
+        p->seen = ns;
+        if (!(p->seen[p->n_seen] = strdup(e->d_name))) break;
+        p->n_seen++;
+        MTS_WARN("event=repository_changed change=new_folder folder=%s/%s: new models are served after a restart "
+                 "(poll reloads changed model files and unloads removed ones)",
+                 p->repo, e->d_name);
+    }
+    closedir(dp);
+}
+
+static void *poll_main(void *arg)
+{
+    poller *p = arg;
+    pthread_mutex_lock(&p->lock);
+    while (!p->stop) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += p->cfg->repository_poll_s;
+        while (!p->stop && pthread_cond_timedwait(&p->cv, &p->lock, &until) == 0) {
+        }
+        if (p->stop) break;
+        pthread_mutex_unlock(&p->lock);
+        poll_once(p);
+        pthread_mutex_lock(&p->lock);
+    }
+    pthread_mutex_unlock(&p->lock);
+    return NULL;
+}
+
+/* Starts the poller (poll mode); folders already in the repository at start are not "new". */
+static int poller_start(poller *p, mts_server *srv, const mts_config *cfg, const char *repo)
+{
+    memset(p, 0, sizeof *p);
+    p->srv = srv;
+    p->cfg = cfg;
+    p->repo = repo;
+    p->sigs = calloc((size_t)(cfg->n_models > 0 ? cfg->n_models : 1), sizeof *p->sigs);
+    if (!p->sigs) return -1;
+    for (int i = 0; i < cfg->n_models; i++) p->sigs[i] = sig_of(cfg->models[i].model_path);
+    DIR *dp = repo ? opendir(repo) : NULL;
+    struct dirent *e;
+    while (dp && (e = readdir(dp))) {
+        if (e->d_name[0] == '.' || mts_config_find_model(cfg, e->d_name)) continue;
+        char **ns = realloc(p->seen, (size_t)(p->n_seen + 1) * sizeof *ns);
+        if (!ns || !(ns[p->n_seen] = strdup(e->d_name))) {
+            if (ns) p->seen = ns;
+            break;
+        }
+        p->seen = ns;
+        p->n_seen++;
+    }
+    if (dp) closedir(dp);
+    pthread_mutex_init(&p->lock, NULL);
+    pthread_cond_init(&p->cv, NULL);
+    if (pthread_create(&p->thread, NULL, poll_main, p)) return -1;
+    p->started = true;
+    MTS_INFO("event=repository_poll every_s=%d models=%d repository=%s", cfg->repository_poll_s, cfg->n_models,
+             repo ? repo : "(none: model files only)");
+    return 0;
+}
+
+static void poller_stop(poller *p)
+{
+    if (p->started) {
+        pthread_mutex_lock(&p->lock);
+        p->stop = true;
+        pthread_cond_signal(&p->cv);
+        pthread_mutex_unlock(&p->lock);
+        pthread_join(p->thread, NULL);
+        pthread_mutex_destroy(&p->lock);
+        pthread_cond_destroy(&p->cv);
+    }
+    for (int i = 0; i < p->n_seen; i++) free(p->seen[i]);
+    free(p->seen);
+    free(p->sigs);
+    memset(p, 0, sizeof *p);
+}
+
 int mts_cli_serve(int argc, char **argv)
 {
     serve_args a;
@@ -449,8 +610,14 @@ int mts_cli_serve(int argc, char **argv)
     printf("mtserve: serving gRPC on %s:%d (inference.GRPCInferenceService, inference.InferenceService)\n", cfg.host,
            mts_grpc_port(grpc));
     fflush(stdout);
+    poller poll;
+    memset(&poll, 0, sizeof poll);
+    if (cfg.model_control == MTS_CONTROL_POLL &&
+        poller_start(&poll, srv, &cfg, repo ? repo : cfg.model_repository))
+        MTS_ERROR("event=repository_poll_failed: cannot start the repository poller; changes are not picked up");
     int sig = 0;
     sigwait(&set, &sig);
+    poller_stop(&poll);
     MTS_INFO("event=signal signal=%s", sig == SIGTERM ? "SIGTERM" : "SIGINT");
     mts_rest_stop_accepting(http);
     mts_grpc_stop_accepting(grpc);
