@@ -46,7 +46,8 @@ static const char *env_get(const char *name)
 static void usage(FILE *f)
 {
     fprintf(f, "usage: mtserve serve [--config FILE.yaml] [--model-repository DIR] [--host ADDR] [--http-port PORT]\n"
-               "                     [--grpc-port PORT] [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]]\n"
+               "                     [--grpc-port PORT] [--metrics-port PORT]\n"
+               "                     [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]]\n"
                "                     [--grace S] [--max-connections N] [--keepalive-timeout S]\n"
                "                     [--header-timeout S] [--http-thread-count N] [--max-connections-per-client N]\n"
                "                     [--auth-token-file FILE]\n"
@@ -62,6 +63,8 @@ static void usage(FILE *f)
                "  and is evicted by capacity; none: every model loads at start; explicit: models load only through\n"
                "  the load API (and preload/pin at start); poll: the default plus a rescan of the repository every\n"
                "  --repository-poll-secs (default 15).\n"
+               "  --metrics-port PORT: also serve GET /metrics (only) on PORT, as Triton does; /metrics stays on\n"
+               "  the HTTP port.\n"
                "  --log-verbose N: 0 info, 1 or more debug (Triton's meaning). --log-format json: one JSON object\n"
                "  per line (time, level, event, model, msg).\n");
 }
@@ -77,7 +80,7 @@ typedef struct serve_opt {
 enum {
     O_CONFIG, O_REPO, O_HOST, O_HTTP_PORT, O_GRPC_PORT, O_GRACE, O_MAXCONN, O_KEEPALIVE, O_HEADER_TO, O_HTTP_THREADS,
     O_MAXCONN_CLIENT, O_TLS_CERT, O_TLS_KEY, O_TLS_CA, O_AUTH, O_LOG_LEVEL, O_LOG_VERBOSE, O_LOG_FORMAT,
-    O_CONTROL, O_POLL_SECS, O_VERSION, O_HELP, O_COUNT
+    O_CONTROL, O_POLL_SECS, O_METRICS_PORT, O_VERSION, O_HELP, O_COUNT
 };
 
 static const serve_opt serve_opts[O_COUNT] = {
@@ -101,6 +104,7 @@ static const serve_opt serve_opts[O_COUNT] = {
     [O_LOG_FORMAT] = {"--log-format", OPT_STR, 0, 0},
     [O_CONTROL] = {"--model-control-mode", OPT_STR, 0, 0},
     [O_POLL_SECS] = {"--repository-poll-secs", OPT_INT, 1, 86400},
+    [O_METRICS_PORT] = {"--metrics-port", OPT_INT, 0, 65535},
     [O_VERSION] = {"--version", OPT_FLAG, 0, 0},
     [O_HELP] = {"--help", OPT_FLAG, 0, 0},
 };
@@ -446,6 +450,7 @@ int mts_cli_serve(int argc, char **argv)
                         (int)a.num[O_HTTP_THREADS], (int)a.num[O_MAXCONN_CLIENT]};
     const char *tls[3] = {a.str[O_TLS_CERT], a.str[O_TLS_KEY], a.str[O_TLS_CA]};
     const char *auth_file = a.str[O_AUTH];
+    int metrics_port = (int)a.num[O_METRICS_PORT]; /* -1: none */
     if (a.str[O_LOG_LEVEL]) {
         const char *l = a.str[O_LOG_LEVEL];
         mts_log_set_level(!strcmp(l, "debug") ? MTS_LOG_DEBUG : !strcmp(l, "warn") ? MTS_LOG_WARN
@@ -517,6 +522,11 @@ int mts_cli_serve(int argc, char **argv)
         proto = "gRPC", flag = "--grpc-port", bad_port = cfg.grpc_port, snprintf(why, sizeof why, "it is the HTTP port");
     else if (port_free(cfg.host, cfg.grpc_port, why, sizeof why))
         proto = "gRPC", flag = "--grpc-port", bad_port = cfg.grpc_port;
+    else if (metrics_port > 0 && (metrics_port == cfg.http_port || metrics_port == cfg.grpc_port))
+        proto = "metrics", flag = "--metrics-port", bad_port = metrics_port,
+        snprintf(why, sizeof why, "it is the %s port", metrics_port == cfg.http_port ? "HTTP" : "gRPC");
+    else if (metrics_port > 0 && port_free(cfg.host, metrics_port, why, sizeof why))
+        proto = "metrics", flag = "--metrics-port", bad_port = metrics_port;
     if (proto) {
         fprintf(stderr, "mtserve: cannot listen for %s on %s:%d: %s (choose another port with %s)\n", proto, cfg.host,
                 bad_port, why, flag);
@@ -564,7 +574,8 @@ int mts_cli_serve(int argc, char **argv)
                         auth,
                         cfg.tls_cert_path,
                         cfg.tls_key_path,
-                        cfg.tls_client_ca_path};
+                        cfg.tls_client_ca_path,
+                        false};
     mts_rest *http = NULL;
     if ((rc = mts_rest_start(srv, &ho, &http, &err))) {
         fprintf(stderr, "mtserve: HTTP on %s:%d: %s (choose another port with --http-port)\n", cfg.host, cfg.http_port,
@@ -574,6 +585,26 @@ int mts_cli_serve(int argc, char **argv)
         mts_auth_free(auth);
         mts_config_free(&cfg);
         return 1;
+    }
+    mts_rest *metrics = NULL;
+    if (metrics_port >= 0) {
+        mts_rest_opts mo = ho;
+        mo.metrics_only = true;
+        mo.port = metrics_port;
+        mo.io_threads = 1;
+        if ((rc = mts_rest_start(srv, &mo, &metrics, &err))) {
+            fprintf(stderr, "mtserve: metrics on %s:%d: %s (choose another port with --metrics-port)\n", cfg.host,
+                    metrics_port, err.msg);
+            mts_rest_stop_accepting(http);
+            mts_server_shutdown(srv, 0);
+            mts_rest_stop(http);
+            mts_server_free(srv);
+            mts_auth_free(auth);
+            mts_config_free(&cfg);
+            return 1;
+        }
+        MTS_INFO("event=listening protocol=metrics url=%s://%s:%d/metrics", cfg.tls_cert_path ? "https" : "http",
+                 cfg.host, mts_rest_port(metrics));
     }
     int bound = mts_rest_port(http);
     const char *scheme = cfg.tls_cert_path ? "https" : "http";
@@ -599,8 +630,10 @@ int mts_cli_serve(int argc, char **argv)
     if ((rc = mts_grpc_start(srv, &go, &grpc, &err))) {
         fprintf(stderr, "mtserve: gRPC: %s (choose another port with --grpc-port)\n", err.msg);
         mts_rest_stop_accepting(http);
+        if (metrics) mts_rest_stop_accepting(metrics);
         mts_server_shutdown(srv, 0);
         mts_rest_stop(http);
+        mts_rest_stop(metrics);
         mts_server_free(srv);
         mts_auth_free(auth);
         mts_config_free(&cfg);
@@ -620,9 +653,11 @@ int mts_cli_serve(int argc, char **argv)
     poller_stop(&poll);
     MTS_INFO("event=signal signal=%s", sig == SIGTERM ? "SIGTERM" : "SIGINT");
     mts_rest_stop_accepting(http);
+    if (metrics) mts_rest_stop_accepting(metrics);
     mts_grpc_stop_accepting(grpc);
     mts_server_shutdown(srv, cfg.shutdown_grace_s);
     mts_rest_stop(http);
+    mts_rest_stop(metrics);
     mts_grpc_stop(grpc);
     mts_server_free(srv);
     mts_auth_free(auth);

@@ -241,3 +241,26 @@ def test_model_control_poll(tmp_path, servers):
     srv.wait_for(lambda: "model=tiny event=repository_changed" in srv.log(), timeout=10, what="reload")
     srv.wait_for(lambda: srv.count_events("tiny", "loaded") >= 2, timeout=10, what="second load")
     assert srv.infer("tiny", GOOD).status_code == 200
+
+
+def test_metrics_port(repo, tmp_path, servers):
+    holder, port = _listen()
+    holder.close()
+    srv = Server(tmp_path, ["--model-repository", str(repo), "--metrics-port", str(port)], 10)
+    servers.append(srv)
+    r = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=10)
+    assert r.status_code == 200 and "mts_" in r.text
+    # only metrics there
+    r = requests.post(f"http://127.0.0.1:{port}/v2/models/tiny/infer", json=GOOD, timeout=10)
+    assert r.status_code == 404, r.text
+    assert srv.get("/metrics").status_code == 200  # still on the HTTP port
+
+
+def test_metrics_port_in_use(repo):
+    holder, port = _listen()
+    try:
+        rc, _, err = run_serve("--model-repository", str(repo), "--http-port", "0", "--grpc-port", "0",
+                               "--metrics-port", str(port))
+    finally:
+        holder.close()
+    assert rc == 1 and "--metrics-port" in err and "in use" in err, err
