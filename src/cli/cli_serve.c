@@ -223,10 +223,9 @@ static int parse_args(int argc, char **argv, serve_args *a)
 }
 
 /* Checks that nothing listens on host:port yet (port 0: any free port, nothing to check).
- * Returns 0, or -1 with the reason in why. */
+ * Returns 0, -1 with the reason in why, or -2 when host does not resolve. */
 static int port_free(const char *host, int port, char *why, size_t len)
 {
-    if (port == 0) return 0;
     struct addrinfo hints = {0}, *ai = NULL;
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
@@ -235,11 +234,11 @@ static int port_free(const char *host, int port, char *why, size_t len)
     snprintf(ps, sizeof ps, "%d", port);
     int gai = getaddrinfo(host, ps, &hints, &ai);
     if (gai) {
-        snprintf(why, len, "cannot resolve host '%s': %s", host, gai_strerror(gai));
-        return -1;
+        snprintf(why, len, "%s", gai_strerror(gai));
+        return -2;
     }
     int rc = 0;
-    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int fd = port ? socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0) : -1;
     if (fd >= 0) {
         int one = 1;
         setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
@@ -517,7 +516,12 @@ int mts_cli_serve(int argc, char **argv)
     char why[200];
     const char *proto = NULL, *flag = NULL;
     int bad_port = 0;
-    if (port_free(cfg.host, cfg.http_port, why, sizeof why)) proto = "HTTP", flag = "--http-port", bad_port = cfg.http_port;
+    if ((prc = port_free(cfg.host, cfg.http_port, why, sizeof why)) == -2) {
+        fprintf(stderr, "mtserve: cannot resolve host '%s' (--host or server.host): %s\n", cfg.host, why);
+        mts_config_free(&cfg);
+        return 1;
+    }
+    if (prc) proto = "HTTP", flag = "--http-port", bad_port = cfg.http_port;
     else if (cfg.grpc_port != 0 && cfg.grpc_port == cfg.http_port)
         proto = "gRPC", flag = "--grpc-port", bad_port = cfg.grpc_port, snprintf(why, sizeof why, "it is the HTTP port");
     else if (port_free(cfg.host, cfg.grpc_port, why, sizeof why))

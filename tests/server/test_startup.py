@@ -264,3 +264,10 @@ def test_metrics_port_in_use(repo):
     finally:
         holder.close()
     assert rc == 1 and "--metrics-port" in err and "in use" in err, err
+
+
+def test_bad_host(repo):
+    rc, out, err = run_serve("--model-repository", str(repo), "--host", "no-such-host.invalid", "--http-port", "0",
+                             "--grpc-port", "0")
+    assert rc == 1 and "cannot resolve host 'no-such-host.invalid'" in err and "--host" in err, err
+    assert "serving" not in out
