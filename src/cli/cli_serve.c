@@ -389,8 +389,10 @@ static void *poll_main(void *arg)
     return NULL;
 }
 
-/* Starts the poller (poll mode); folders already in the repository at start are not "new". */
-static int poller_start(poller *p, mts_server *srv, const mts_config *cfg, const char *repo)
+/* Records the model files and repository folders as they are before anything is announced
+ * (a change made after the serving line is then always seen); folders present now are not
+ * "new". poller_start starts the rescans. */
+static int poller_init(poller *p, mts_server *srv, const mts_config *cfg, const char *repo)
 {
     memset(p, 0, sizeof *p);
     p->srv = srv;
@@ -412,12 +414,19 @@ static int poller_start(poller *p, mts_server *srv, const mts_config *cfg, const
         p->n_seen++;
     }
     if (dp) closedir(dp);
+    return 0;
+}
+
+static int poller_start(poller *p)
+{
+    const mts_config *cfg = p->cfg;
+    if (!p->sigs) return -1;
     pthread_mutex_init(&p->lock, NULL);
     pthread_cond_init(&p->cv, NULL);
     if (pthread_create(&p->thread, NULL, poll_main, p)) return -1;
     p->started = true;
     MTS_INFO("event=repository_poll every_s=%d models=%d repository=%s", cfg->repository_poll_s, cfg->n_models,
-             repo ? repo : "(none: model files only)");
+             p->repo ? p->repo : "(none: model files only)");
     return 0;
 }
 
@@ -560,6 +569,8 @@ int mts_cli_serve(int argc, char **argv)
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
 
+    poller poll;
+    memset(&poll, 0, sizeof poll);
     mts_server *srv = NULL;
     if ((rc = mts_server_create(&cfg, &srv, &err))) {
         fprintf(stderr, "mtserve: %s\n", err.msg);
@@ -567,6 +578,7 @@ int mts_cli_serve(int argc, char **argv)
         mts_config_free(&cfg);
         return 1;
     }
+    if (cfg.model_control == MTS_CONTROL_POLL) poller_init(&poll, srv, &cfg, repo ? repo : cfg.model_repository);
     mts_rest_opts ho = {cfg.host,
                         cfg.http_port,
                         cfg.http_threads,
@@ -586,6 +598,7 @@ int mts_cli_serve(int argc, char **argv)
                 err.msg);
         mts_server_shutdown(srv, 0);
         mts_server_free(srv);
+        poller_stop(&poll);
         mts_auth_free(auth);
         mts_config_free(&cfg);
         return 1;
@@ -639,6 +652,7 @@ int mts_cli_serve(int argc, char **argv)
         mts_rest_stop(http);
         mts_rest_stop(metrics);
         mts_server_free(srv);
+        poller_stop(&poll);
         mts_auth_free(auth);
         mts_config_free(&cfg);
         return 1;
@@ -647,10 +661,7 @@ int mts_cli_serve(int argc, char **argv)
     printf("mtserve: serving gRPC on %s:%d (inference.GRPCInferenceService, inference.InferenceService)\n", cfg.host,
            mts_grpc_port(grpc));
     fflush(stdout);
-    poller poll;
-    memset(&poll, 0, sizeof poll);
-    if (cfg.model_control == MTS_CONTROL_POLL &&
-        poller_start(&poll, srv, &cfg, repo ? repo : cfg.model_repository))
+    if (cfg.model_control == MTS_CONTROL_POLL && poller_start(&poll))
         MTS_ERROR("event=repository_poll_failed: cannot start the repository poller; changes are not picked up");
     int sig = 0;
     sigwait(&set, &sig);
