@@ -2,7 +2,8 @@
 # install-deps.sh is quick when everything is present), so `make run` and `make test` work on a
 # fresh Debian 12 machine.
 #
-#   make run      install, build, generate the demo models, and run the demo
+#   make run      install, build, generate the demo models, and run the demo (PORT=8000
+#                 GRPC_PORT=50051 move its ports; both are checked to be free first)
 #   make test     everything CI checks: unit tests (plain, ASan+UBSan, TSan), ONNX conformance,
 #                 the broken-file corpus under ASan, CLI checks, ONNX Runtime comparisons
 #   make models   generate the reference models into models/out

@@ -1,10 +1,37 @@
 #!/usr/bin/env bash
 # The body of `make run`: lays out the generated reference models as a model repository
 # (models/repo/<name>/model.onnx, symlinks) and starts `mtserve serve` on it in the foreground.
-# Stop it with Ctrl-C (graceful shutdown).
+# Stop it with Ctrl-C (graceful shutdown). PORT (HTTP, default 8000) and GRPC_PORT (default 50051)
+# move the ports; both are checked to be free before anything is printed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PORT=${PORT:-8000}
+GRPC_PORT=${GRPC_PORT:-50051}
+# Both ports must be free (and distinct) before the banner promises them.
+port_taken() {
+  /usr/bin/python3 - "$1" <<'PY'
+import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+try:
+    s.bind(("127.0.0.1", int(sys.argv[1])))
+except OSError:
+    sys.exit(0)
+sys.exit(1)
+PY
+}
+if [ "$PORT" = "$GRPC_PORT" ]; then
+  echo "make run: PORT and GRPC_PORT are both $PORT; give them different values" >&2
+  exit 1
+fi
+if port_taken "$PORT"; then
+  echo "make run: HTTP port $PORT is already in use; choose another with PORT=... (make run PORT=8080)" >&2
+  exit 1
+fi
+if port_taken "$GRPC_PORT"; then
+  echo "make run: gRPC port $GRPC_PORT is already in use; choose another with GRPC_PORT=... (make run GRPC_PORT=50052)" >&2
+  exit 1
+fi
 REPO=models/repo
 mkdir -p "$REPO"
 for m in tiny mobilenetv3 seg_unet cbam_resunet bert_tiny lipsync_unet_w4 lipsync_unet_w8 lipsync_unet_w16; do
@@ -19,7 +46,7 @@ printf 'max_batch: 8\nmax_queue_delay_us: 2000\nbackground_dir: ../../out/avatar
 printf 'pin: true\nmax_batch: 64\n' > "$REPO/tiny/config.yaml"
 cat <<EOT
 
-mtserve demo: serving $(ls "$REPO" | wc -l) models from $REPO on http://127.0.0.1:$PORT
+mtserve demo: serving $(ls "$REPO" | wc -l) models from $REPO on http://127.0.0.1:$PORT (gRPC 127.0.0.1:$GRPC_PORT)
 
 Try, in another terminal:
   curl -s localhost:$PORT/v2/repository/index -X POST
@@ -32,4 +59,4 @@ Try, in another terminal:
 
 Stop with Ctrl-C.
 EOT
-exec build/mtserve serve --model-repository "$REPO" --http-port "$PORT"
+exec build/mtserve serve --model-repository "$REPO" --http-port "$PORT" --grpc-port "$GRPC_PORT"

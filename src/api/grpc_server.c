@@ -21,6 +21,7 @@
 
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc_security.h>
+#include <grpc/support/log.h>
 #include <grpc/support/time.h>
 
 #include "util/log.h"
@@ -599,6 +600,17 @@ static void discard_unstarted(mts_grpc *g)
     grpc_shutdown();
 }
 
+/* gRPC core's own log lines go through mtserve's log (one format, one level setting); while a
+ * port is being bound its errors are only debug lines: the failure is reported once, by us. */
+static _Atomic int grpc_log_binding;
+
+static void grpc_core_log(gpr_log_func_args *a)
+{
+    mts_log_level lvl = a->severity == GPR_LOG_SEVERITY_ERROR && !atomic_load(&grpc_log_binding) ? MTS_LOG_WARN
+                                                                                              : MTS_LOG_DEBUG;
+    mts_log(lvl, "event=grpc_core file=%s:%d %s", a->file ? a->file : "?", a->line, a->message ? a->message : "");
+}
+
 int mts_grpc_start(mts_server *srv, const mts_grpc_opts *o, mts_grpc **out, mts_err *err)
 {
     mts_grpc *g = calloc(1, sizeof *g);
@@ -634,10 +646,13 @@ int mts_grpc_start(mts_server *srv, const mts_grpc_opts *o, mts_grpc **out, mts_
         discard_unstarted(g);
         return err->code;
     }
+    gpr_set_log_function(grpc_core_log);
+    atomic_store(&grpc_log_binding, 1);
     g->port = grpc_server_add_http2_port(g->server, addr, creds);
+    atomic_store(&grpc_log_binding, 0);
     grpc_server_credentials_release(creds);
     if (g->port <= 0) {
-        mts_err_set(err, MTS_EIO, "cannot listen for gRPC on %s (address in use or not local?)", addr);
+        mts_err_set(err, MTS_EIO, "cannot listen on %s (address in use or not local)", addr);
         discard_unstarted(g);
         return MTS_EIO;
     }

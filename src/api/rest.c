@@ -19,6 +19,7 @@ struct mts_rest {
     mts_server *srv;
     mts_http_server *http;
     const mts_auth *auth;
+    bool metrics_only;
 };
 
 static void route_metrics(mts_server *srv, mts_http_conn *c, mts_http_req *hr, const mts_route_args *a)
@@ -44,11 +45,14 @@ static const mts_route *const route_tables[] = {
 };
 static const mts_route_hint *const route_hints[] = {mts_lipsync_hints, NULL};
 static const mts_router router = {route_tables, route_hints};
+static const mts_route *const metrics_tables[] = {metrics_routes, NULL};
+static const mts_route_hint *const no_hints[] = {NULL};
+static const mts_router metrics_router = {metrics_tables, no_hints};
 
 static void handler(void *user, mts_http_conn *c, mts_http_req *hr)
 {
     mts_rest *r = user;
-    mts_router_dispatch(&router, r->auth, r->srv, c, hr);
+    mts_router_dispatch(r->metrics_only ? &metrics_router : &router, r->auth, r->srv, c, hr);
 }
 
 static void on_cancel(void *user, mts_http_conn *c, mts_http_req *hr)
@@ -62,6 +66,7 @@ int mts_rest_start(mts_server *srv, const mts_rest_opts *o, mts_rest **out, mts_
     if (!r) return mts_err_set(err, MTS_ENOMEM, "out of memory");
     r->srv = srv;
     r->auth = o->auth;
+    r->metrics_only = o->metrics_only;
     mts_http_opts ho = {0};
     ho.host = o->host ? o->host : "127.0.0.1";
     ho.port = o->port;

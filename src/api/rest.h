@@ -9,6 +9,7 @@
 #ifndef MTS_API_REST_H
 #define MTS_API_REST_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "api/auth.h"
@@ -27,6 +28,7 @@ typedef struct mts_rest_opts {
     int header_timeout_ms; /* request head deadline (slowloris); 0: 10000 */
     const mts_auth *auth;  /* bearer tokens (auth.h); NULL: every route open. Must outlive the server */
     const char *tls_cert, *tls_key, *tls_client_ca; /* PEM files: HTTPS (http.h); NULL: plaintext */
+    bool metrics_only;     /* serve only GET /metrics (Triton's separate --metrics-port) */
 } mts_rest_opts;
 
 int mts_rest_start(mts_server *srv, const mts_rest_opts *opts, mts_rest **out, mts_err *err);

@@ -11,6 +11,8 @@
 int mts_cli_inspect(int argc, char **argv);
 int mts_cli_run(int argc, char **argv);
 int mts_cli_serve(int argc, char **argv);
+/* "0.9.0 (git describe)" as configured by CMake. */
+const char *mts_version_string(void);
 int mts_cli_tune(int argc, char **argv);
 int mts_cli_bench(int argc, char **argv);
 

@@ -4,10 +4,18 @@
  * SIGTERM or SIGINT. Shutdown is graceful: stop accepting connections, finish queued work within
  * server.shutdown_grace_s, fail what is left, exit 0.
  */
+#include <dirent.h>
+#include <errno.h>
+#include <pthread.h>
+#include <netdb.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "api/auth.h"
 #include "api/grpc_server.h"
@@ -16,6 +24,7 @@
 #include "config/config.h"
 #include "serve/server.h"
 #include "util/log.h"
+#include "util/suggest.h"
 
 static void warn_cb(void *user, const char *msg)
 {
@@ -37,68 +46,432 @@ static const char *env_get(const char *name)
 static void usage(FILE *f)
 {
     fprintf(f, "usage: mtserve serve [--config FILE.yaml] [--model-repository DIR] [--host ADDR] [--http-port PORT]\n"
-               "                     [--grpc-port PORT] [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]]\n"
+               "                     [--grpc-port PORT] [--metrics-port PORT]\n"
+               "                     [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]]\n"
                "                     [--grace S] [--max-connections N] [--keepalive-timeout S]\n"
                "                     [--header-timeout S] [--http-thread-count N] [--max-connections-per-client N]\n"
                "                     [--auth-token-file FILE]\n"
-               "                     [--log-level debug|info|warn|error]\n"
+               "                     [--model-control-mode none|explicit|poll] [--repository-poll-secs N]\n"
+               "                     [--log-level debug|info|warn|error] [--log-verbose N] [--log-format text|json]\n"
+               "                     [--version]\n"
                "  Serves every model of the configuration and/or of DIR (one folder per model holding model.onnx\n"
-               "  and an optional config.yaml) over KServe v2 HTTP. Stops gracefully on SIGTERM/SIGINT.\n"
+               "  and an optional config.yaml) over KServe v2 HTTP and gRPC. Stops gracefully on SIGTERM/SIGINT.\n"
+               "  Options take their value as the next argument or after '=' (--http-port=8000).\n"
                "  --auth-token-file FILE: lines '<token> infer|admin|infer,admin'; requests then need\n"
-               "  'Authorization: Bearer <token>' (HTTP header or gRPC metadata); health stays open.\n");
+               "  'Authorization: Bearer <token>' (HTTP header or gRPC metadata); health stays open.\n"
+               "  --model-control-mode: default, a model loads on its first request (or at start with preload/pin)\n"
+               "  and is evicted by capacity; none: every model loads at start; explicit: models load only through\n"
+               "  the load API (and preload/pin at start); poll: the default plus a rescan of the repository every\n"
+               "  --repository-poll-secs (default 15).\n"
+               "  --metrics-port PORT: also serve GET /metrics (only) on PORT, as Triton does; /metrics stays on\n"
+               "  the HTTP port.\n"
+               "  --log-verbose N: 0 info, 1 or more debug (Triton's meaning). --log-format json: one JSON object\n"
+               "  per line (time, level, event, model, msg).\n");
+}
+
+/* Every option of `serve`: its name, the kind of value, and for numbers the range. */
+typedef enum { OPT_STR, OPT_INT, OPT_FLAG } opt_kind;
+typedef struct serve_opt {
+    const char *name;
+    opt_kind kind;
+    long lo, hi;
+} serve_opt;
+
+enum {
+    O_CONFIG, O_REPO, O_HOST, O_HTTP_PORT, O_GRPC_PORT, O_GRACE, O_MAXCONN, O_KEEPALIVE, O_HEADER_TO, O_HTTP_THREADS,
+    O_MAXCONN_CLIENT, O_TLS_CERT, O_TLS_KEY, O_TLS_CA, O_AUTH, O_LOG_LEVEL, O_LOG_VERBOSE, O_LOG_FORMAT,
+    O_CONTROL, O_POLL_SECS, O_METRICS_PORT, O_VERSION, O_HELP, O_COUNT
+};
+
+static const serve_opt serve_opts[O_COUNT] = {
+    [O_CONFIG] = {"--config", OPT_STR, 0, 0},
+    [O_REPO] = {"--model-repository", OPT_STR, 0, 0},
+    [O_HOST] = {"--host", OPT_STR, 0, 0},
+    [O_HTTP_PORT] = {"--http-port", OPT_INT, 0, 65535},
+    [O_GRPC_PORT] = {"--grpc-port", OPT_INT, 0, 65535},
+    [O_GRACE] = {"--grace", OPT_INT, 0, 3600},
+    [O_MAXCONN] = {"--max-connections", OPT_INT, 1, 1000000},
+    [O_KEEPALIVE] = {"--keepalive-timeout", OPT_INT, 1, 86400},
+    [O_HEADER_TO] = {"--header-timeout", OPT_INT, 1, 3600},
+    [O_HTTP_THREADS] = {"--http-thread-count", OPT_INT, 1, 64},
+    [O_MAXCONN_CLIENT] = {"--max-connections-per-client", OPT_INT, 1, 1000000},
+    [O_TLS_CERT] = {"--tls-cert", OPT_STR, 0, 0},
+    [O_TLS_KEY] = {"--tls-key", OPT_STR, 0, 0},
+    [O_TLS_CA] = {"--tls-client-ca", OPT_STR, 0, 0},
+    [O_AUTH] = {"--auth-token-file", OPT_STR, 0, 0},
+    [O_LOG_LEVEL] = {"--log-level", OPT_STR, 0, 0},
+    [O_LOG_VERBOSE] = {"--log-verbose", OPT_INT, 0, 1000},
+    [O_LOG_FORMAT] = {"--log-format", OPT_STR, 0, 0},
+    [O_CONTROL] = {"--model-control-mode", OPT_STR, 0, 0},
+    [O_POLL_SECS] = {"--repository-poll-secs", OPT_INT, 1, 86400},
+    [O_METRICS_PORT] = {"--metrics-port", OPT_INT, 0, 65535},
+    [O_VERSION] = {"--version", OPT_FLAG, 0, 0},
+    [O_HELP] = {"--help", OPT_FLAG, 0, 0},
+};
+
+/* A whole decimal number in [lo, hi]; anything else (empty, trailing text, sign where the range
+ * has none, overflow) fails. */
+static bool parse_long(const char *s, long lo, long hi, long *out)
+{
+    if (!*s || !((*s >= '0' && *s <= '9') || *s == '-')) return false;
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || *end || v < lo || v > hi) return false;
+    *out = v;
+    return true;
+}
+
+/* Parsed values: strings (NULL when not given) and numbers (-1 when not given). */
+typedef struct serve_args {
+    const char *str[O_COUNT];
+    long num[O_COUNT];
+    bool flag[O_COUNT];
+} serve_args;
+
+/* True when s names an option of serve ("--http-port" or "--http-port=..."): it is then not
+ * taken as the value of the option before it. */
+static bool is_option(const char *s)
+{
+    if (strncmp(s, "--", 2)) return false;
+    size_t nl = strcspn(s, "=");
+    for (int k = 0; k < O_COUNT; k++)
+        if (strlen(serve_opts[k].name) == nl && !strncmp(serve_opts[k].name, s, nl)) return true;
+    return false;
+}
+
+/* Returns -1 to go on, else the exit status (0 after --help / --version, 2 on a bad option). */
+static int parse_args(int argc, char **argv, serve_args *a)
+{
+    for (int k = 0; k < O_COUNT; k++) a->str[k] = NULL, a->num[k] = -1, a->flag[k] = false;
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i], *eq = strchr(arg, '=');
+        size_t nl = eq && !strncmp(arg, "--", 2) ? (size_t)(eq - arg) : strlen(arg);
+        int k = 0;
+        while (k < O_COUNT && !(strlen(serve_opts[k].name) == nl && !strncmp(serve_opts[k].name, arg, nl))) k++;
+        if (k == O_COUNT) {
+            const char *names[O_COUNT];
+            for (int j = 0; j < O_COUNT; j++) names[j] = serve_opts[j].name;
+            char word[128];
+            snprintf(word, sizeof word, "%.*s", (int)(nl < 127 ? nl : 127), arg);
+            const char *near = mts_suggest(word, names, O_COUNT);
+            if (near) fprintf(stderr, "mtserve serve: unknown option '%s' (did you mean '%s'?)\n", word, near);
+            else fprintf(stderr, "mtserve serve: unknown option '%s' (see mtserve serve --help)\n", word);
+            return 2;
+        }
+        const serve_opt *o = &serve_opts[k];
+        if (o->kind == OPT_FLAG) {
+            if (eq && nl < strlen(arg)) {
+                fprintf(stderr, "mtserve serve: option %s takes no value\n", o->name);
+                return 2;
+            }
+            a->flag[k] = true;
+            continue;
+        }
+        const char *val;
+        if (eq && nl < strlen(arg)) val = eq + 1;
+        else if (i + 1 < argc && !is_option(argv[i + 1])) val = argv[++i];
+        else {
+            fprintf(stderr, "mtserve serve: option %s needs a value\n", o->name);
+            return 2;
+        }
+        if (o->kind == OPT_INT) {
+            long v;
+            if (!parse_long(val, o->lo, o->hi, &v)) {
+                fprintf(stderr, "mtserve serve: %s wants a whole number from %ld to %ld, not '%s'\n", o->name, o->lo,
+                        o->hi, val);
+                return 2;
+            }
+            a->num[k] = v;
+        } else {
+            a->str[k] = val;
+        }
+    }
+    if (a->flag[O_HELP]) {
+        usage(stdout);
+        return 0;
+    }
+    if (a->flag[O_VERSION]) {
+        printf("mtserve %s\n", mts_version_string());
+        return 0;
+    }
+    static const struct {
+        int opt;
+        const char *values;
+    } enums[] = {{O_LOG_LEVEL, "debug|info|warn|error"}, {O_LOG_FORMAT, "text|json"}, {O_CONTROL, "none|explicit|poll"}};
+    for (size_t e = 0; e < sizeof enums / sizeof enums[0]; e++) {
+        const char *v = a->str[enums[e].opt];
+        if (!v) continue;
+        bool ok = false;
+        const char *p = enums[e].values;
+        while (*p && !ok) {
+            size_t l = strcspn(p, "|");
+            ok = strlen(v) == l && !strncmp(v, p, l);
+            p += l + (p[l] == '|');
+        }
+        if (!ok) {
+            fprintf(stderr, "mtserve serve: %s wants one of %s, not '%s'\n", serve_opts[enums[e].opt].name,
+                    enums[e].values, v);
+            return 2;
+        }
+    }
+    if (a->num[O_POLL_SECS] > 0 && (!a->str[O_CONTROL] || strcmp(a->str[O_CONTROL], "poll"))) {
+        fprintf(stderr, "mtserve serve: --repository-poll-secs applies only with --model-control-mode poll\n");
+        return 2;
+    }
+    return -1;
+}
+
+/* Checks that nothing listens on host:port yet (port 0: any free port, nothing to check).
+ * Returns 0, -1 with the reason in why, or -2 when host does not resolve. */
+static int port_free(const char *host, int port, char *why, size_t len)
+{
+    struct addrinfo hints = {0}, *ai = NULL;
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    int gai = getaddrinfo(host, ps, &hints, &ai);
+    if (gai) {
+        snprintf(why, len, "%s", gai_strerror(gai));
+        return -2;
+    }
+    int rc = 0;
+    int fd = port ? socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0) : -1;
+    if (fd >= 0) {
+        int one = 1;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (bind(fd, ai->ai_addr, ai->ai_addrlen) < 0) {
+            snprintf(why, len, "%s", errno == EADDRINUSE ? "already in use" : strerror(errno));
+            rc = -1;
+        }
+        close(fd);
+    }
+    freeaddrinfo(ai);
+    return rc;
+}
+
+/* Warns when the memory budget exceeds physical memory, and when devices x workers x threads
+ * oversubscribe the online cores. */
+static void check_resources(const mts_config *c)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && psz > 0) {
+        double phys_gb = (double)pages * (double)psz / (1024.0 * 1024.0 * 1024.0);
+        double budget = c->memory_gb_per_device * c->device_count;
+        if (c->max_memory_gb > budget) budget = c->max_memory_gb;
+        if (budget > phys_gb)
+            MTS_WARN("event=memory_overcommit budget_gb=%.1f physical_gb=%.1f: the memory budget (%d device%s x %.1f "
+                     "GB, capacity.max_memory_gb %.1f) is above this machine's physical memory; models may be "
+                     "loaded until the kernel's OOM killer stops the server",
+                     budget, phys_gb, c->device_count, c->device_count == 1 ? "" : "s", c->memory_gb_per_device,
+                     c->max_memory_gb);
+    }
+    /* A device's workers share its threads_per_device cores (each batch gets a share, at least
+     * one thread), so a device keeps max(workers, threads) threads busy. */
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    long per_dev = c->workers_per_device > c->threads_per_device ? c->workers_per_device : c->threads_per_device;
+    long want = (long)c->device_count * per_dev;
+    if (cores > 0 && want > cores)
+        MTS_WARN("event=cpu_oversubscribed threads=%ld cores=%ld: %d device%s x max(%d workers, %d threads) = %ld "
+                 "threads on %ld online cores; batches will contend for cores (lower gpus.count, "
+                 "worker_count_per_gpu or threads_per_gpu)",
+                 want, cores, c->device_count, c->device_count == 1 ? "" : "s", c->workers_per_device,
+                 c->threads_per_device, want, cores);
+}
+
+/* ---- --model-control-mode poll: rescan the repository every repository_poll_s seconds ---- */
+
+typedef struct file_sig {
+    bool exists;
+    dev_t dev;
+    ino_t ino;
+    off_t size;
+    struct timespec mtime;
+} file_sig;
+
+typedef struct poller {
+    mts_server *srv;
+    const mts_config *cfg;
+    const char *repo; /* NULL: only the configured model files are watched */
+    file_sig *sigs;   /* per configured model */
+    char **seen;      /* repository folders already reported as new */
+    int n_seen;
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t cv;
+    bool stop, started;
+} poller;
+
+static file_sig sig_of(const char *path)
+{
+    file_sig f = {0};
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISREG(sb.st_mode)) {
+        f.exists = true;
+        f.dev = sb.st_dev;
+        f.ino = sb.st_ino;
+        f.size = sb.st_size;
+        f.mtime = sb.st_mtim;
+    }
+    return f;
+}
+
+static bool sig_same(const file_sig *a, const file_sig *b)
+{
+    return a->exists == b->exists && a->dev == b->dev && a->ino == b->ino && a->size == b->size &&
+           a->mtime.tv_sec == b->mtime.tv_sec && a->mtime.tv_nsec == b->mtime.tv_nsec;
+}
+
+static void poll_once(poller *p)
+{
+    const mts_config *c = p->cfg;
+    for (int i = 0; i < c->n_models; i++) {
+        const mts_model_config *m = &c->models[i];
+        file_sig now = sig_of(m->model_path);
+        if (sig_same(&now, &p->sigs[i])) continue;
+        bool was = p->sigs[i].exists;
+        p->sigs[i] = now;
+        mts_model_status st;
+        if (mts_server_model_status_by_name(p->srv, m->name, &st)) continue;
+        bool resident = st.state == MTS_MODEL_READY || st.state == MTS_MODEL_LOADING;
+        mts_err err = {0};
+        if (!now.exists) {
+            MTS_WARN("model=%s event=repository_changed change=removed action=%s path=%s", m->name,
+                     resident ? "unload" : "none", m->model_path);
+            if (resident && mts_server_unload(p->srv, m->name, NULL, NULL, &err))
+                MTS_WARN("model=%s event=poll_unload_failed error=\"%s\"", m->name, err.msg);
+        } else {
+            MTS_INFO("model=%s event=repository_changed change=%s action=%s path=%s", m->name,
+                     was ? "modified" : "added", resident ? "reload" : "none (loads on use)", m->model_path);
+            if (resident && mts_server_load(p->srv, m->name, true, NULL, NULL, &err))
+                MTS_WARN("model=%s event=poll_reload_failed error=\"%s\"", m->name, err.msg);
+        }
+    }
+    if (!p->repo) return;
+    DIR *dp = opendir(p->repo);
+    if (!dp) return;
+    struct dirent *e;
+    while ((e = readdir(dp))) {
+        if (e->d_name[0] == '.' || mts_config_find_model(c, e->d_name)) continue;
+        bool known = false;
+        for (int k = 0; k < p->n_seen && !known; k++) known = !strcmp(p->seen[k], e->d_name);
+        if (known) continue;
+        char **ns = realloc(p->seen, (size_t)(p->n_seen + 1) * sizeof *ns);
+        if (!ns) break;
+        p->seen = ns;
+        if (!(p->seen[p->n_seen] = strdup(e->d_name))) break;
+        p->n_seen++;
+        MTS_WARN("event=repository_changed change=new_folder folder=%s/%s: new models are served after a restart "
+                 "(poll reloads changed model files and unloads removed ones)",
+                 p->repo, e->d_name);
+    }
+    closedir(dp);
+}
+
+static void *poll_main(void *arg)
+{
+    poller *p = arg;
+    pthread_mutex_lock(&p->lock);
+    while (!p->stop) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += p->cfg->repository_poll_s;
+        while (!p->stop && pthread_cond_timedwait(&p->cv, &p->lock, &until) == 0) {
+        }
+        if (p->stop) break;
+        pthread_mutex_unlock(&p->lock);
+        poll_once(p);
+        pthread_mutex_lock(&p->lock);
+    }
+    pthread_mutex_unlock(&p->lock);
+    return NULL;
+}
+
+/* Records the model files and repository folders as they are before anything is announced
+ * (a change made after the serving line is then always seen); folders present now are not
+ * "new". poller_start starts the rescans. */
+static int poller_init(poller *p, mts_server *srv, const mts_config *cfg, const char *repo)
+{
+    memset(p, 0, sizeof *p);
+    p->srv = srv;
+    p->cfg = cfg;
+    p->repo = repo;
+    p->sigs = calloc((size_t)(cfg->n_models > 0 ? cfg->n_models : 1), sizeof *p->sigs);
+    if (!p->sigs) return -1;
+    for (int i = 0; i < cfg->n_models; i++) p->sigs[i] = sig_of(cfg->models[i].model_path);
+    DIR *dp = repo ? opendir(repo) : NULL;
+    struct dirent *e;
+    while (dp && (e = readdir(dp))) {
+        if (e->d_name[0] == '.' || mts_config_find_model(cfg, e->d_name)) continue;
+        char **ns = realloc(p->seen, (size_t)(p->n_seen + 1) * sizeof *ns);
+        if (!ns || !(ns[p->n_seen] = strdup(e->d_name))) {
+            if (ns) p->seen = ns;
+            break;
+        }
+        p->seen = ns;
+        p->n_seen++;
+    }
+    if (dp) closedir(dp);
+    return 0;
+}
+
+static int poller_start(poller *p)
+{
+    const mts_config *cfg = p->cfg;
+    if (!p->sigs) return -1;
+    pthread_mutex_init(&p->lock, NULL);
+    pthread_cond_init(&p->cv, NULL);
+    if (pthread_create(&p->thread, NULL, poll_main, p)) return -1;
+    p->started = true;
+    MTS_INFO("event=repository_poll every_s=%d models=%d repository=%s", cfg->repository_poll_s, cfg->n_models,
+             p->repo ? p->repo : "(none: model files only)");
+    return 0;
+}
+
+static void poller_stop(poller *p)
+{
+    if (p->started) {
+        pthread_mutex_lock(&p->lock);
+        p->stop = true;
+        pthread_cond_signal(&p->cv);
+        pthread_mutex_unlock(&p->lock);
+        pthread_join(p->thread, NULL);
+        pthread_mutex_destroy(&p->lock);
+        pthread_cond_destroy(&p->cv);
+    }
+    for (int i = 0; i < p->n_seen; i++) free(p->seen[i]);
+    free(p->seen);
+    free(p->sigs);
+    memset(p, 0, sizeof *p);
 }
 
 int mts_cli_serve(int argc, char **argv)
 {
-    const char *config_path = NULL, *repo = NULL, *host = NULL;
-    int port = -1, grpc_port = -1, grace = -1;
-    /* --max-connections, --keepalive-timeout, --header-timeout, --http-thread-count,
-     * --max-connections-per-client */
-    int conn_opts[5] = {-1, -1, -1, -1, -1};
-    static const char *const conn_flags[5] = {"--max-connections", "--keepalive-timeout", "--header-timeout",
-                                              "--http-thread-count", "--max-connections-per-client"};
-    static const int conn_max[5] = {1000000, 86400, 3600, 64, 1000000};
-    const char *tls[3] = {NULL, NULL, NULL}; /* cert, key, client CA */
-    const char *auth_file = NULL;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        bool has = i + 1 < argc;
-        if (!strcmp(a, "--config") && has) config_path = argv[++i];
-        else if (!strcmp(a, "--model-repository") && has) repo = argv[++i];
-        else if (!strcmp(a, "--host") && has) host = argv[++i];
-        else if (!strcmp(a, "--http-port") && has) port = atoi(argv[++i]);
-        else if (!strcmp(a, "--grpc-port") && has) grpc_port = atoi(argv[++i]);
-        else if (!strcmp(a, "--grace") && has) grace = atoi(argv[++i]);
-        else if ((!strcmp(a, conn_flags[0]) || !strcmp(a, conn_flags[1]) || !strcmp(a, conn_flags[2]) ||
-                  !strcmp(a, conn_flags[3]) || !strcmp(a, conn_flags[4])) && has) {
-            int k = 0;
-            while (strcmp(a, conn_flags[k])) k++;
-            char *end;
-            long v = strtol(argv[++i], &end, 10);
-            if (*argv[i] == '\0' || *end || v < 1 || v > conn_max[k]) {
-                fprintf(stderr, "mtserve serve: %s wants a whole number from 1 to %d, not '%s'\n", a, conn_max[k],
-                        argv[i]);
-                return 2;
-            }
-            conn_opts[k] = (int)v;
-        } else if (!strcmp(a, "--tls-cert") && has) tls[0] = argv[++i];
-        else if (!strcmp(a, "--tls-key") && has) tls[1] = argv[++i];
-        else if (!strcmp(a, "--tls-client-ca") && has) tls[2] = argv[++i];
-        else if (!strcmp(a, "--auth-token-file") && has) auth_file = argv[++i];
-        else if (!strcmp(a, "--log-level") && has) {
-            const char *l = argv[++i];
-            mts_log_set_level(!strcmp(l, "debug") ? MTS_LOG_DEBUG : !strcmp(l, "warn") ? MTS_LOG_WARN
-                                                 : !strcmp(l, "error")                  ? MTS_LOG_ERROR
-                                                                                          : MTS_LOG_INFO);
-        } else if (!strcmp(a, "--help")) {
-            usage(stdout);
-            return 0;
-        } else {
-            fprintf(stderr, "mtserve serve: unknown option or missing value '%s'\n", a);
-            usage(stderr);
-            return 2;
-        }
+    serve_args a;
+    int prc = parse_args(argc, argv, &a);
+    if (prc >= 0) return prc;
+    const char *config_path = a.str[O_CONFIG], *repo = a.str[O_REPO], *host = a.str[O_HOST];
+    int port = (int)a.num[O_HTTP_PORT], grpc_port = (int)a.num[O_GRPC_PORT], grace = (int)a.num[O_GRACE];
+    int conn_opts[5] = {(int)a.num[O_MAXCONN], (int)a.num[O_KEEPALIVE], (int)a.num[O_HEADER_TO],
+                        (int)a.num[O_HTTP_THREADS], (int)a.num[O_MAXCONN_CLIENT]};
+    const char *tls[3] = {a.str[O_TLS_CERT], a.str[O_TLS_KEY], a.str[O_TLS_CA]};
+    const char *auth_file = a.str[O_AUTH];
+    int metrics_port = (int)a.num[O_METRICS_PORT]; /* -1: none */
+    if (a.str[O_LOG_LEVEL]) {
+        const char *l = a.str[O_LOG_LEVEL];
+        mts_log_set_level(!strcmp(l, "debug") ? MTS_LOG_DEBUG : !strcmp(l, "warn") ? MTS_LOG_WARN
+                                             : !strcmp(l, "error")                  ? MTS_LOG_ERROR
+                                                                                      : MTS_LOG_INFO);
     }
+    if (a.num[O_LOG_VERBOSE] >= 0) mts_log_set_level(a.num[O_LOG_VERBOSE] > 0 ? MTS_LOG_DEBUG : MTS_LOG_INFO);
+    if (a.str[O_LOG_FORMAT]) mts_log_set_json(!strcmp(a.str[O_LOG_FORMAT], "json"));
+    mts_model_control control = MTS_CONTROL_AUTO;
+    if (a.str[O_CONTROL])
+        control = !strcmp(a.str[O_CONTROL], "none") ? MTS_CONTROL_NONE
+                  : !strcmp(a.str[O_CONTROL], "explicit") ? MTS_CONTROL_EXPLICIT
+                                                         : MTS_CONTROL_POLL;
     if (!config_path && !repo) {
         fprintf(stderr, "mtserve serve: give --config FILE or --model-repository DIR\n");
         return 2;
@@ -136,6 +509,8 @@ int mts_cli_serve(int argc, char **argv)
             free(cfg.auth_token_file);
             cfg.auth_token_file = strdup(auth_file);
         }
+        cfg.model_control = control;
+        cfg.repository_poll_s = a.num[O_POLL_SECS] > 0 ? (int)a.num[O_POLL_SECS] : 15;
         rc = mts_config_apply_env(&cfg, env_get, note_cb, NULL, &err);
         if (!rc) rc = mts_config_finalize(&cfg, &err);
     }
@@ -145,6 +520,32 @@ int mts_cli_serve(int argc, char **argv)
         return 1;
     }
     if (cfg.n_models == 0) MTS_WARN("config: no models configured");
+    check_resources(&cfg);
+    /* Both ports are checked before anything starts: one line naming the flag that moves it. */
+    char why[200];
+    const char *proto = NULL, *flag = NULL;
+    int bad_port = 0;
+    if ((prc = port_free(cfg.host, cfg.http_port, why, sizeof why)) == -2) {
+        fprintf(stderr, "mtserve: cannot resolve host '%s' (--host or server.host): %s\n", cfg.host, why);
+        mts_config_free(&cfg);
+        return 1;
+    }
+    if (prc) proto = "HTTP", flag = "--http-port", bad_port = cfg.http_port;
+    else if (cfg.grpc_port != 0 && cfg.grpc_port == cfg.http_port)
+        proto = "gRPC", flag = "--grpc-port", bad_port = cfg.grpc_port, snprintf(why, sizeof why, "it is the HTTP port");
+    else if (port_free(cfg.host, cfg.grpc_port, why, sizeof why))
+        proto = "gRPC", flag = "--grpc-port", bad_port = cfg.grpc_port;
+    else if (metrics_port > 0 && (metrics_port == cfg.http_port || metrics_port == cfg.grpc_port))
+        proto = "metrics", flag = "--metrics-port", bad_port = metrics_port,
+        snprintf(why, sizeof why, "it is the %s port", metrics_port == cfg.http_port ? "HTTP" : "gRPC");
+    else if (metrics_port > 0 && port_free(cfg.host, metrics_port, why, sizeof why))
+        proto = "metrics", flag = "--metrics-port", bad_port = metrics_port;
+    if (proto) {
+        fprintf(stderr, "mtserve: cannot listen for %s on %s:%d: %s (choose another port with %s)\n", proto, cfg.host,
+                bad_port, why, flag);
+        mts_config_free(&cfg);
+        return 1;
+    }
     mts_auth *auth = NULL;
     if (cfg.auth_token_file) {
         if ((rc = mts_auth_load(cfg.auth_token_file, &auth, &err))) {
@@ -168,6 +569,8 @@ int mts_cli_serve(int argc, char **argv)
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
 
+    poller poll;
+    memset(&poll, 0, sizeof poll);
     mts_server *srv = NULL;
     if ((rc = mts_server_create(&cfg, &srv, &err))) {
         fprintf(stderr, "mtserve: %s\n", err.msg);
@@ -175,6 +578,7 @@ int mts_cli_serve(int argc, char **argv)
         mts_config_free(&cfg);
         return 1;
     }
+    if (cfg.model_control == MTS_CONTROL_POLL) poller_init(&poll, srv, &cfg, repo ? repo : cfg.model_repository);
     mts_rest_opts ho = {cfg.host,
                         cfg.http_port,
                         cfg.http_threads,
@@ -186,22 +590,50 @@ int mts_cli_serve(int argc, char **argv)
                         auth,
                         cfg.tls_cert_path,
                         cfg.tls_key_path,
-                        cfg.tls_client_ca_path};
+                        cfg.tls_client_ca_path,
+                        false};
     mts_rest *http = NULL;
     if ((rc = mts_rest_start(srv, &ho, &http, &err))) {
-        fprintf(stderr, "mtserve: cannot start HTTP on %s:%d: %s\n", cfg.host, cfg.http_port, err.msg);
+        fprintf(stderr, "mtserve: HTTP on %s:%d: %s (choose another port with --http-port)\n", cfg.host, cfg.http_port,
+                err.msg);
         mts_server_shutdown(srv, 0);
         mts_server_free(srv);
+        poller_stop(&poll);
         mts_auth_free(auth);
         mts_config_free(&cfg);
         return 1;
     }
+    mts_rest *metrics = NULL;
+    if (metrics_port >= 0) {
+        mts_rest_opts mo = ho;
+        mo.metrics_only = true;
+        mo.port = metrics_port;
+        mo.io_threads = 1;
+        if ((rc = mts_rest_start(srv, &mo, &metrics, &err))) {
+            fprintf(stderr, "mtserve: metrics on %s:%d: %s (choose another port with --metrics-port)\n", cfg.host,
+                    metrics_port, err.msg);
+            mts_rest_stop_accepting(http);
+            mts_server_shutdown(srv, 0);
+            mts_rest_stop(http);
+            mts_server_free(srv);
+            mts_auth_free(auth);
+            mts_config_free(&cfg);
+            return 1;
+        }
+        MTS_INFO("event=listening protocol=metrics url=%s://%s:%d/metrics", cfg.tls_cert_path ? "https" : "http",
+                 cfg.host, mts_rest_port(metrics));
+    }
     int bound = mts_rest_port(http);
     const char *scheme = cfg.tls_cert_path ? "https" : "http";
-    MTS_INFO("event=listening protocol=http url=%s://%s:%d models=%d tls=%s", scheme, cfg.host, bound, cfg.n_models,
+    MTS_INFO("event=listening protocol=http url=%s://%s:%d models=%d unavailable=%d tls=%s", scheme, cfg.host, bound,
+             cfg.n_models - mts_server_unavailable_at_start(srv), mts_server_unavailable_at_start(srv),
              cfg.tls_cert_path ? (cfg.tls_client_ca_path ? "mutual" : "on") : "off");
-    printf("mtserve: serving %d model%s on %s://%s:%d (KServe v2)\n", cfg.n_models, cfg.n_models == 1 ? "" : "s",
-           scheme, cfg.host, bound);
+    int unavailable = mts_server_unavailable_at_start(srv), servable = cfg.n_models - unavailable;
+    if (unavailable)
+        printf("mtserve: %d model%s unavailable (model file missing; see the log)\n", unavailable,
+               unavailable == 1 ? " is" : "s are");
+    printf("mtserve: serving %d model%s on %s://%s:%d (KServe v2)\n", servable, servable == 1 ? "" : "s", scheme,
+           cfg.host, bound);
     fflush(stdout);
     mts_grpc_opts go = {cfg.host,
                         cfg.grpc_port,
@@ -213,11 +645,14 @@ int mts_cli_serve(int argc, char **argv)
                         auth};
     mts_grpc *grpc = NULL;
     if ((rc = mts_grpc_start(srv, &go, &grpc, &err))) {
-        fprintf(stderr, "mtserve: cannot start gRPC on %s:%d: %s\n", cfg.host, cfg.grpc_port, err.msg);
+        fprintf(stderr, "mtserve: gRPC: %s (choose another port with --grpc-port)\n", err.msg);
         mts_rest_stop_accepting(http);
+        if (metrics) mts_rest_stop_accepting(metrics);
         mts_server_shutdown(srv, 0);
         mts_rest_stop(http);
+        mts_rest_stop(metrics);
         mts_server_free(srv);
+        poller_stop(&poll);
         mts_auth_free(auth);
         mts_config_free(&cfg);
         return 1;
@@ -226,13 +661,18 @@ int mts_cli_serve(int argc, char **argv)
     printf("mtserve: serving gRPC on %s:%d (inference.GRPCInferenceService, inference.InferenceService)\n", cfg.host,
            mts_grpc_port(grpc));
     fflush(stdout);
+    if (cfg.model_control == MTS_CONTROL_POLL && poller_start(&poll))
+        MTS_ERROR("event=repository_poll_failed: cannot start the repository poller; changes are not picked up");
     int sig = 0;
     sigwait(&set, &sig);
+    poller_stop(&poll);
     MTS_INFO("event=signal signal=%s", sig == SIGTERM ? "SIGTERM" : "SIGINT");
     mts_rest_stop_accepting(http);
+    if (metrics) mts_rest_stop_accepting(metrics);
     mts_grpc_stop_accepting(grpc);
     mts_server_shutdown(srv, cfg.shutdown_grace_s);
     mts_rest_stop(http);
+    mts_rest_stop(metrics);
     mts_grpc_stop(grpc);
     mts_server_free(srv);
     mts_auth_free(auth);

@@ -23,7 +23,7 @@ static void usage(FILE *f)
             "  models list|load|unload|stats   manage a running server's models (--url | --grpc)\n"
             "  bench             load generator for a running server: closed/open loop, conversational users\n"
             "\n"
-            "`mtserve COMMAND --help` describes each command.\n");
+            "`mtserve COMMAND --help` describes each command; `mtserve --version` prints the version.\n");
 }
 
 int main(int argc, char **argv)
@@ -41,6 +41,10 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "infer")) return mts_cli_infer(argc - 1, argv + 1);
     if (!strcmp(cmd, "models")) return mts_cli_models(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) return mts_cli_bench(argc - 1, argv + 1);
+    if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
+        printf("mtserve %s\n", mts_version_string());
+        return 0;
+    }
     if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
         usage(stdout);
         return 0;

@@ -28,6 +28,7 @@
 #include <yaml.h>
 
 #include "config/pbtxt.h"
+#include "util/suggest.h"
 
 #define CFG_MAX_FILE_BYTES ((size_t)4 << 20) /* 4 MiB */
 #define CFG_MAX_DEPTH 64
@@ -305,9 +306,30 @@ static void warnf(pctx *x, const char *fmt, ...)
     x->warn(x->user, msg);
 }
 
-static void warn_unknown(pctx *x, const ynode *k, const char *key)
+/* The keys each section knows, for "did you mean" suggestions on unknown keys. */
+static const char *const server_keys[] = {
+    "port", "http_port", "host", "max_message_size_mb", "worker_count", "worker_count_per_gpu", "queue_size",
+    "max_queue_total", "default_timeout_ms", "shutdown_grace_s", "max_connections", "max_connections_per_client",
+    "http_threads", "keepalive_timeout_s", "header_timeout_s", "tls_cert_path", "tls_key_path",
+    "tls_client_ca_path", "auth_token_file"};
+static const char *const gpus_keys[] = {"count", "memory_gb_per_gpu", "assignment_strategy", "worker_count_per_gpu",
+                                        "threads_per_gpu"};
+static const char *const capacity_keys[] = {"max_models", "max_memory_gb", "eviction_policy", "idle_timeout_minutes",
+                                            "background_cache_frames"};
+static const char *const model_keys[] = {
+    "model_path", "background_dir", "crop_rects_path", "num_frames", "preload", "pin", "preferred_gpu",
+    "preferred_device", "max_batch", "max_queue_delay_us", "max_queue_delay_ms", "queue_size", "instances",
+    "weight", "priority", "background_cache_frames"};
+static const char *const top_keys[] = {"server", "gpus", "capacity", "onnx", "models", "model_repository"};
+#define KEYS(a) a, sizeof a / sizeof a[0]
+
+static void warn_unknown(pctx *x, const ynode *k, const char *key, const char *const *known, size_t n_known)
 {
-    warnf(x, "%s:%d: unknown key '%s'; ignored", x->name, k->line, key);
+    const char *near = known ? mts_suggest(k->val, known, n_known) : NULL;
+    if (near)
+        warnf(x, "%s:%d: unknown key '%s'; ignored (did you mean '%s'?)", x->name, k->line, key, near);
+    else
+        warnf(x, "%s:%d: unknown key '%s'; ignored", x->name, k->line, key);
 }
 
 /* Integer in [lo, hi]; a null value leaves *out unchanged. Returns 1 when a value was set. */
@@ -598,7 +620,7 @@ static int server_key(pctx *x, const char *key, const char *full, const ynode *k
     else if (strcmp(key, "tls_key_path") == 0) rc = get_path(x, v, full, &c->tls_key_path);
     else if (strcmp(key, "tls_client_ca_path") == 0) rc = get_path(x, v, full, &c->tls_client_ca_path);
     else if (strcmp(key, "auth_token_file") == 0) rc = get_path(x, v, full, &c->auth_token_file);
-    else warn_unknown(x, k, full);
+    else warn_unknown(x, k, full, KEYS(server_keys));
     return rc < 0 ? rc : MTS_OK;
 }
 
@@ -615,7 +637,7 @@ static int gpus_key(pctx *x, const char *key, const char *full, const ynode *k, 
         if (rc == 1) c->placement = i == 0 ? MTS_PLACE_ROUND_ROBIN : MTS_PLACE_LEAST_LOADED;
     } else if (strcmp(key, "worker_count_per_gpu") == 0) rc = get_int32(x, v, full, 1, 1024, &c->workers_per_device);
     else if (strcmp(key, "threads_per_gpu") == 0) rc = get_int32(x, v, full, 1, 4096, &c->threads_per_device);
-    else warn_unknown(x, k, full);
+    else warn_unknown(x, k, full, KEYS(gpus_keys));
     return rc < 0 ? rc : MTS_OK;
 }
 
@@ -633,7 +655,7 @@ static int capacity_key(pctx *x, const char *key, const char *full, const ynode 
     } else if (strcmp(key, "idle_timeout_minutes") == 0) rc = get_num(x, v, full, true, 1e7, &c->idle_timeout_minutes);
     else if (strcmp(key, "background_cache_frames") == 0)
         rc = get_int32(x, v, full, 0, 1000000, &c->background_cache_frames);
-    else warn_unknown(x, k, full);
+    else warn_unknown(x, k, full, KEYS(capacity_keys));
     return rc < 0 ? rc : MTS_OK;
 }
 
@@ -685,7 +707,7 @@ static int model_key(pctx *x, const char *key, const char *full, const ynode *k,
     else if (strcmp(key, "priority") == 0) rc = get_int32(x, v, full, 1, MTS_PRIORITY_LEVELS, &m->priority);
     else if (strcmp(key, "background_cache_frames") == 0)
         rc = get_int32(x, v, full, 0, 1000000, &m->background_cache_frames);
-    else warn_unknown(x, k, full);
+    else warn_unknown(x, k, full, KEYS(model_keys));
     if (rc < 0) return rc;
     if (st->us_node && st->ms_node) {
         const ynode *later = st->us_node->line > st->ms_node->line ? st->us_node : st->ms_node;
@@ -761,7 +783,7 @@ static int top_key(pctx *x, const char *key, const char *full, const ynode *k, c
         int rc = get_path(x, v, full, &x->c->model_repository);
         return rc < 0 ? rc : MTS_OK;
     }
-    warn_unknown(x, k, full);
+    warn_unknown(x, k, full, KEYS(top_keys));
     return MTS_OK;
 }
 
@@ -1003,7 +1025,12 @@ static int apply_pbtxt(mts_model_config *m, const mts_pbtxt *pb, const char *fil
         } else {
             bool known = false;
             for (size_t q = 0; q < sizeof quiet / sizeof quiet[0]; q++) known |= !strcmp(k->name, quiet[q]);
-            if (!known && warn) {
+            const char *near = known ? NULL : mts_suggest(k->name, quiet, sizeof quiet / sizeof quiet[0]);
+            if (!known && warn && near) {
+                snprintf(msg, sizeof msg, "%s:%d: unknown field '%s'; ignored (did you mean '%s'?)", file, k->line,
+                         k->name, near);
+                warn(user, msg);
+            } else if (!known && warn) {
                 snprintf(msg, sizeof msg, "%s:%d: field '%s' does not apply to mtserve; ignored", file, k->line, k->name);
                 warn(user, msg);
             }

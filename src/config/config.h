@@ -14,6 +14,13 @@
 
 typedef enum mts_eviction_policy { MTS_EVICT_LRU = 0, MTS_EVICT_LFU } mts_eviction_policy;
 typedef enum mts_placement { MTS_PLACE_ROUND_ROBIN = 0, MTS_PLACE_LEAST_LOADED } mts_placement;
+/* Model control (Triton's --model-control-mode): AUTO (mtserve's default) loads a model on its
+ * first request or when preload/pin says so, and evicts by capacity; NONE loads every model at
+ * start; EXPLICIT loads only through the load API (and preload/pin at start): requests to a
+ * model not loaded are refused; POLL is AUTO plus a rescan of the repository every
+ * repository_poll_s seconds. */
+typedef enum mts_model_control { MTS_CONTROL_AUTO = 0, MTS_CONTROL_NONE, MTS_CONTROL_EXPLICIT, MTS_CONTROL_POLL }
+    mts_model_control;
 
 /* Priority levels: 1 runs first, MTS_PRIORITY_LEVELS last. */
 #define MTS_PRIORITY_LEVELS 9
@@ -61,6 +68,8 @@ typedef struct mts_config {
     char *tls_key_path;        /* server.tls_key_path: its PEM private key */
     char *tls_client_ca_path;  /* server.tls_client_ca_path: when set, clients must present a cert it signed */
     char *auth_token_file;     /* server.auth_token_file: bearer tokens and their scopes (api/auth.h) */
+    mts_model_control model_control; /* --model-control-mode; default MTS_CONTROL_AUTO */
+    int repository_poll_s;     /* --repository-poll-secs (poll mode); default 15 */
     /* devices (the documents' gpus section maps onto CPU devices) */
     int device_count;          /* gpus.count; default 1 */
     double memory_gb_per_device; /* gpus.memory_gb_per_gpu; default capacity.max_memory_gb / count */

@@ -1221,9 +1221,21 @@ int mts__parse_model(const mts__pb_src *s, mts_model *m, mts_err *err)
             break;
         }
     }
-    if (rc < 0) return rc;
+    if (rc < 0) {
+        /* The top level did not parse as a ModelProto: say so first, keep the detail. */
+        if (err) {
+            char detail[MTS_ERR_MSG_MAX];
+            size_t fl = strlen(s->file);
+            const char *d = err->msg;
+            if (!strncmp(d, s->file, fl) && !strncmp(d + fl, ": ", 2)) d += fl + 2;
+            snprintf(detail, sizeof detail, "%s", d);
+            mts_err_set(err, rc, "%s is not an ONNX model: %s", s->file, detail);
+        }
+        return rc;
+    }
     if (!have_graph)
-        return mts_err_set(err, MTS_EFORMAT, "%s: not an ONNX model (no graph; %zu bytes)", s->file, s->base_len);
+        return mts_err_set(err, MTS_EFORMAT, "%s is not an ONNX model: it has no graph (%zu bytes)", s->file,
+                           s->base_len);
     if (m->ir_version < 3 || m->ir_version > 10)
         return mts_err_set(err, MTS_EUNSUPPORTED, "%s: IR version %d is not supported (3 to 10 are)", s->file,
                            m->ir_version);

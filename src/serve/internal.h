@@ -187,6 +187,7 @@ struct mts_server {
     int resident;
     int rr_next;
     int room_waiters; /* entries with room_wait_since_ns set */
+    int unavailable_at_start; /* models whose file was missing at start */
     int deadline_reqs;
     int64_t last_sweep_ns;
     int64_t start_ns;

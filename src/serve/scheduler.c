@@ -231,6 +231,13 @@ int mts_server_submit(mts_server *s, mts_request *req, int *retry_after_s, mts_e
         rc = mts_err_set(err, MTS_EUNAVAILABLE, "model '%s' failed to load: %s (next retry in %.1f s)", req->model,
                          e->reason, (double)(e->retry_at_ns - mts__now_ns()) / 1e9);
         if (retry_after_s) *retry_after_s = (int)((e->retry_at_ns - mts__now_ns()) / 1000000000) + 1;
+    } else if (s->cfg->model_control == MTS_CONTROL_EXPLICIT &&
+               (e->state == MTS_MODEL_UNLOADED || e->state == MTS_MODEL_FAILED)) {
+        rc = mts_err_set(err, MTS_EUNAVAILABLE,
+                         "model '%s' is not loaded (model control mode explicit: load it with POST "
+                         "/v2/repository/models/%s/load)%s%s",
+                         req->model, req->model, e->state == MTS_MODEL_FAILED ? "; last load failed: " : "",
+                         e->state == MTS_MODEL_FAILED ? e->reason : "");
     } else if (e->qlen >= e->cfg->queue_size || s->total_queued >= s->cfg->max_queue_total) {
         bool model_full = e->qlen >= e->cfg->queue_size;
         rc = mts_err_set(err, MTS_EFULL, "%s queue is full (%d requests queued, limit %d)",

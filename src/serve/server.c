@@ -4,10 +4,12 @@
  * work finish within the grace period, fail the rest), and freeing. Also the name index and
  * clocks shared by the other serve/ files.
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/stat.h>
 
 #include "serve/internal.h"
 #include "util/log.h"
@@ -133,9 +135,39 @@ int mts_server_create(const mts_config *cfg, mts_server **out, mts_err *err)
              "budget_per_device_mb=%.0f max_models=%d eviction=%s",
              cfg->n_models, s->n_devs, s->devs[0].workers, s->devs[0].cores, (double)s->devs[0].budget / 1e6,
              cfg->max_models, cfg->eviction == MTS_EVICT_LFU ? "lfu" : "lru");
+    /* Start-up checks: a model whose file is missing is marked unavailable with the reason (its
+     * requests get it; a request after the file appears loads it); missing lip-sync assets are
+     * reported (the model serves inference, composites fail with the reason). */
+    int64_t now = mts__now_ns();
+    for (int i = 0; i < s->n_entries; i++) {
+        mts__entry *e = &s->entries[i];
+        const mts_model_config *mc = e->cfg;
+        struct stat sb;
+        if (stat(mc->model_path, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+            const char *why = stat(mc->model_path, &sb) != 0 ? strerror(errno) : "not a regular file";
+            /* clients see no server paths; the log line has it */
+            snprintf(e->reason, sizeof e->reason, "its model file is missing at start (%s)", why);
+            e->state = MTS_MODEL_FAILED;
+            e->retry_at_ns = now; /* the next request or load tries again */
+            s->unavailable_at_start++;
+            MTS_WARN("model=%s event=unavailable path=%s reason=\"%s\"", mc->name, mc->model_path, why);
+            continue;
+        }
+        const char *asset = NULL, *kind = NULL;
+        if (mc->background_dir && (stat(mc->background_dir, &sb) != 0 || !S_ISDIR(sb.st_mode)))
+            asset = mc->background_dir, kind = "background_dir";
+        else if (mc->crop_rects_path && (stat(mc->crop_rects_path, &sb) != 0 || !S_ISREG(sb.st_mode)))
+            asset = mc->crop_rects_path, kind = "crop_rects_path";
+        if (asset)
+            MTS_WARN("model=%s event=assets_missing %s=%s: %s (inference is served; composites fail)", mc->name,
+                     kind, asset, stat(asset, &sb) != 0 ? strerror(errno) : "wrong file type");
+    }
     pthread_mutex_lock(&s->lock);
-    for (int i = 0; i < s->n_entries; i++)
-        if (s->entries[i].cfg->preload || s->entries[i].cfg->pin) mts__request_load(s, &s->entries[i]);
+    for (int i = 0; i < s->n_entries; i++) {
+        mts__entry *e = &s->entries[i];
+        if (e->state == MTS_MODEL_FAILED) continue;
+        if (e->cfg->preload || e->cfg->pin || cfg->model_control == MTS_CONTROL_NONE) mts__request_load(s, e);
+    }
     pthread_mutex_unlock(&s->lock);
     *out = s;
     return MTS_OK;
@@ -257,4 +289,9 @@ void mts_server_free(mts_server *s)
     pthread_cond_destroy(&s->janitor_cv);
     pthread_mutex_destroy(&s->lock);
     free(s);
+}
+
+int mts_server_unavailable_at_start(const mts_server *s)
+{
+    return s->unavailable_at_start;
 }

@@ -150,6 +150,8 @@ typedef struct mts_model_status {
 } mts_model_status;
 
 int mts_server_model_count(const mts_server *s);
+/* Models marked unavailable at start because their model file was missing. */
+int mts_server_unavailable_at_start(const mts_server *s);
 /* True when name is a configured model (cheap; no snapshot). */
 bool mts_server_has_model(const mts_server *s, const char *name);
 /* The repository version a model serves (its Triton version folder, else 1); 0 if unknown. */

@@ -707,6 +707,18 @@ static void test_warnings_once(void **state)
     assert_int_equal(count_warns(&w, "w.yaml:12: unknown key 'models.a.colour'"), 1);
     assert_int_equal(count_warns(&w, "w.yaml:15: unknown key 'models.b.colour'"), 1);
     assert_int_equal(count_warns(&w, "enabled"), 0);
+    assert_int_equal(count_warns(&w, "did you mean"), 0); /* 'colour', 'tracing': nothing close */
+    mts_config_free(&c);
+    /* Misspelt keys name the nearest known key of their section. */
+    warns w2 = {0};
+    const char *typo = "server:\n  http_prot: 1\ncapacty:\n  max_models: 3\nmodels:\n  a:\n    model_path: a.onnx\n"
+                       "    max_bacth: 4\n    preloda: true\n";
+    assert_int_equal(parse(typo, "t.yaml", &c, &w2, &err), MTS_OK);
+    assert_int_equal(w2.n, 4);
+    assert_int_equal(count_warns(&w2, "t.yaml:2: unknown key 'server.http_prot'; ignored (did you mean 'http_port'?)"), 1);
+    assert_int_equal(count_warns(&w2, "t.yaml:3: unknown key 'capacty'; ignored (did you mean 'capacity'?)"), 1);
+    assert_int_equal(count_warns(&w2, "unknown key 'models.a.max_bacth'; ignored (did you mean 'max_batch'?)"), 1);
+    assert_int_equal(count_warns(&w2, "unknown key 'models.a.preloda'; ignored (did you mean 'preload'?)"), 1);
     mts_config_free(&c);
     /* A NULL callback is allowed. */
     assert_int_equal(mts_config_parse_yaml(y, strlen(y), "w.yaml", &c, NULL, NULL, &err), MTS_OK);
