@@ -979,6 +979,7 @@ static int apply_pbtxt(mts_model_config *m, const mts_pbtxt *pb, const char *fil
         if (!strcmp(k->name, "max_batch_size")) {
             if (pb_int(k, file, 0, 4096, &v, err)) return MTS_EINVAL;
             m->max_batch = v > 0 ? (int)v : 1; /* 0: the model does not take a batch dimension */
+            m->no_batching = v == 0;
         } else if (!strcmp(k->name, "dynamic_batching")) {
             batching = true;
             const mts_pbtxt *d = mts_pbtxt_get(k, "max_queue_delay_microseconds");
