@@ -160,6 +160,13 @@ def test_max_batch_size_zero_is_no_batch_dimension(start_server, tmp_path):
     assert cfg["input"][0]["dims"] == [-1, 16]  # the full shape, as Triton shows it without batching
 
 
+def test_max_batch_zero_in_yaml(start_server):
+    srv = start_server({"tiny": (TINY, {"max_batch": 0})})
+    r = srv.infer("tiny", {"inputs": [json_input("x", np.ones((300, 16), np.float32))]})
+    assert r.status_code == 200, r.text
+    assert srv.get("/v2/models/tiny/config").json()["max_batch_size"] == 0
+
+
 def test_logging_round_trip(start_server):
     srv = start_server({"tiny": TINY})
     r = srv.get("/v2/logging")
