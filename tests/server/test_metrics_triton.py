@@ -248,3 +248,16 @@ def test_load_lines_name_served_version(start_server, tmp_path):
     assert r.status_code == 200 and r.json()["model_version"] == "3"
     samples, _ = parse_metrics(srv.metrics())
     assert metric(samples, "nv_inference_request_success", model="tiny", version="3") == 1
+
+
+def test_settings_routes_scopes(start_server, tmp_path):
+    infer_tok, admin_tok = "i" * 32, "a" * 32
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"{infer_tok} infer\n{admin_tok} admin\n")
+    srv = start_server({"tiny": TINY}, config={"server": {"auth_token_file": str(tokens)}})
+    auth = lambda t: {"Authorization": f"Bearer {t}"}  # noqa: E731
+    for path in ("/v2/logging", "/v2/trace/setting"):
+        assert srv.get(path).status_code == 401
+        assert srv.get(path, headers=auth(infer_tok)).status_code == 200
+        assert srv.post(path, json={}, headers=auth(infer_tok)).status_code == 403
+        assert srv.post(path, json={}, headers=auth(admin_tok)).status_code == 200
