@@ -239,15 +239,15 @@ static const char *worker_label(const mts_server *s, int d, int w, char *buf, si
 static void triton_metrics(out_buf *b, const mts_server *s)
 {
     static const char *names[][2] = {
-        {"nv_inference_request_success", "Number of successful inference requests, all batch sizes"},
-        {"nv_inference_request_failure", "Number of failed inference requests, all batch sizes"},
-        {"nv_inference_count", "Number of inferences performed (does not include cached requests)"},
-        {"nv_inference_exec_count", "Number of model executions performed (does not include cached requests)"},
-        {"nv_inference_request_duration_us", "Cumulative inference request duration in microseconds"},
-        {"nv_inference_queue_duration_us", "Cumulative inference queuing duration in microseconds"},
-        {"nv_inference_compute_input_duration_us", "Cumulative compute input duration in microseconds"},
-        {"nv_inference_compute_infer_duration_us", "Cumulative compute inference duration in microseconds"},
-        {"nv_inference_compute_output_duration_us", "Cumulative inference compute output duration in microseconds"},
+        {"nv_inference_request_success", "Requests answered with a result."},
+        {"nv_inference_request_failure", "Requests that failed (errors, timeouts, cancellations, full queues)."},
+        {"nv_inference_count", "Samples inferred (a request counts its batch size)."},
+        {"nv_inference_exec_count", "Batches executed."},
+        {"nv_inference_request_duration_us", "End-to-end time of answered requests, summed (microseconds)."},
+        {"nv_inference_queue_duration_us", "Time requests spent queued, load waits included, summed (microseconds)."},
+        {"nv_inference_compute_input_duration_us", "Batch input gathering time, per request, summed (microseconds)."},
+        {"nv_inference_compute_infer_duration_us", "Engine time, per request, summed (microseconds)."},
+        {"nv_inference_compute_output_duration_us", "Output copying time, per request, summed (microseconds)."},
     };
     for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
         outf(b, "# HELP %s %s\n# TYPE %s counter\n", names[k][0], names[k][1], names[k][0]);
@@ -266,17 +266,17 @@ static void triton_metrics(out_buf *b, const mts_server *s)
                  e->cfg->version > 0 ? e->cfg->version : 1, (unsigned long long)v[k]);
         }
     }
-    outf(b, "# HELP nv_inference_pending_request_count Instantaneous number of pending requests awaiting execution "
-            "per-model.\n# TYPE nv_inference_pending_request_count gauge\n");
+    outf(b, "# HELP nv_inference_pending_request_count Requests queued now.\n"
+            "# TYPE nv_inference_pending_request_count gauge\n");
     for (int i = 0; i < s->n_entries; i++)
         outf(b, "nv_inference_pending_request_count{model=\"%s\",version=\"%d\"} %d\n", s->entries[i].cfg->name,
              s->entries[i].cfg->version > 0 ? s->entries[i].cfg->version : 1, s->entries[i].qlen);
-    outf(b, "# HELP nv_gpu_memory_total_bytes GPU total memory, in bytes (mtserve: each CPU device's memory "
-            "budget)\n# TYPE nv_gpu_memory_total_bytes gauge\n");
+    outf(b, "# HELP nv_gpu_memory_total_bytes Memory budget of each device (CPU partitions), bytes.\n"
+            "# TYPE nv_gpu_memory_total_bytes gauge\n");
     for (int d = 0; d < s->n_devs; d++)
         outf(b, "nv_gpu_memory_total_bytes{gpu_uuid=\"cpu:%d\"} %lld\n", d, (long long)s->devs[d].budget);
-    outf(b, "# HELP nv_gpu_memory_used_bytes GPU used memory, in bytes (mtserve: bytes used on each CPU "
-            "device)\n# TYPE nv_gpu_memory_used_bytes gauge\n");
+    outf(b, "# HELP nv_gpu_memory_used_bytes Bytes used on each device (CPU partitions).\n"
+            "# TYPE nv_gpu_memory_used_bytes gauge\n");
     for (int d = 0; d < s->n_devs; d++)
         outf(b, "nv_gpu_memory_used_bytes{gpu_uuid=\"cpu:%d\"} %lld\n", d, (long long)s->devs[d].used);
 }
