@@ -60,8 +60,8 @@ def ks(tmp_path_factory):
 
 def grpc_stub(srv, pbg):
     import grpc
-    m = GRPC_RE.search(srv.stdout_path.read_text(errors="replace"))
-    assert m, "no gRPC serving line"
+    # the gRPC serving line may follow the HTTP one the fixture waited for
+    m = srv.wait_for(lambda: GRPC_RE.search(srv.stdout_path.read_text(errors="replace")), what="gRPC serving line")
     ch = grpc.insecure_channel(f"{m.group(1)}:{m.group(2)}")
     return ch, pbg.GRPCInferenceServiceStub(ch)
 
