@@ -283,6 +283,7 @@ static void send_reply(void *arg)
     mts__grpc_call *c = k->call;
     mts__grpc_arena a = {0};
     Inference__ModelInferResponse *r = build_response(&a, k);
+    mts_server_request_answered(c->srv, &k->req);
     mts__grpc_reply(c, &r->base);
     mts__grpc_arena_free(&a);
     kinfer_free(k);
@@ -297,6 +298,7 @@ static void unary_done(mts_request *req, int status, const char *err)
     c->state = NULL;
     pthread_mutex_unlock(&c->lock);
     if (status) {
+        mts_server_request_answered(c->srv, req);
         mts__grpc_fail_status(c, status, err);
         kinfer_free(k);
         mts__grpc_call_unref(c);
@@ -318,6 +320,7 @@ static void model_infer(mts__grpc_call *c, const uint8_t *data, size_t len)
         return;
     }
     k->call = c;
+    k->req.arrival_ns = mts_server_clock_ns();
     k->msg = inference__model_infer_request__unpack(NULL, len, data);
     if (!k->msg) {
         mts__grpc_fail(c, MTS_GRPC_INVALID_ARGUMENT, "the request is not a valid inference.ModelInferRequest");
@@ -405,6 +408,7 @@ static void stream_flush_locked(mts__grpc_call *c, stream_state *st)
         } else {
             r.infer_response = build_response(&a, k);
         }
+        mts_server_request_answered(c->srv, &k->req);
         mts__grpc_send_locked(c, &r.base);
         mts__grpc_arena_free(&a);
         kinfer_free(k);
@@ -459,6 +463,7 @@ static void stream_message(mts__grpc_call *c, const uint8_t *data, size_t len)
     }
     k->call = c;
     k->stream = st;
+    k->req.arrival_ns = mts_server_clock_ns();
     pthread_mutex_lock(&c->lock);
     if (st->tail) st->tail->next = k;
     else st->head = k;
@@ -544,12 +549,11 @@ static void server_ready(mts__grpc_call *c, const uint8_t *data, size_t len)
 
 static void server_metadata(mts__grpc_call *c, const uint8_t *data, size_t len)
 {
-    static char *ext[] = {"model_repository", "statistics", "model_configuration", "schedule_policy"};
     Inference__ServerMetadataResponse r = INFERENCE__SERVER_METADATA_RESPONSE__INIT;
     r.name = "mtserve";
     r.version = "0.1.0";
-    r.n_extensions = sizeof ext / sizeof ext[0];
-    r.extensions = ext;
+    r.n_extensions = (size_t)mts_proto_n_extensions;
+    r.extensions = (char **)mts_proto_extensions; /* only read by the packer */
     mts__grpc_reply(c, &r.base);
 }
 
@@ -654,7 +658,8 @@ static void send_metadata(mts__grpc_call *c, const char *model, int kind)
     } else {
         const mts_config *cfg = mts_server_config(c->srv);
         const mts_model_config *mc = mts_config_find_model(cfg, model);
-        bool batchable = st.n_inputs > 0 && st.inputs[0].rank > 0 && st.inputs[0].dims[0] < 0;
+        /* max_batch_size 0 (config.pbtxt): the leading dimension is the model's own */
+        bool batchable = st.n_inputs > 0 && st.inputs[0].rank > 0 && st.inputs[0].dims[0] < 0 && !st.no_batching;
         Inference__ModelConfig *mcfg = MTS__GRPC_NEW(&a, Inference__ModelConfig, INFERENCE__MODEL_CONFIG__INIT);
         mcfg->name = st.name;
         mcfg->platform = "onnxruntime_onnx";

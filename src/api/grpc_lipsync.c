@@ -42,8 +42,11 @@ typedef struct lip_call {
     double t_done; /* inference completed (ms, monotonic) */
 } lip_call;
 
+/* Frees a call once its answer (reply or error) has been handed to gRPC: the request's
+ * end-to-end time ends here (nothing is recorded for requests never submitted). */
 static void lip_free(lip_call *l)
 {
+    mts_server_request_answered(l->call->srv, &l->req);
     mts_request_release(&l->req);
     if (l->msg) inference__infer_batch_request__free_unpacked(l->msg, NULL);
     if (l->cmsg) inference__composite_batch_request__free_unpacked(l->cmsg, NULL);
@@ -203,6 +206,7 @@ static lip_call *lip_new(mts__grpc_call *c, const char *model_id, int batch_size
     else if (!l) mts__grpc_fail_status(c, MTS_ENOMEM, "out of memory");
     if (!l) return NULL;
     l->call = c;
+    l->req.arrival_ns = mts_server_clock_ns();
     l->model_id = model_id;
     l->visual = visual;
     l->audio = audio;

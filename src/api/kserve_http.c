@@ -5,6 +5,7 @@
  *   GET  /v2/models/{m}[/versions/{v}][/ready|/config|/stats]          GET /v2/models/stats
  *   POST /v2/models/{m}[/versions/{v}]/infer
  *   POST /v2/repository/index | /v2/repository/models/{m}/load | .../unload
+ *   GET|POST /v2/logging     GET|POST /v2/trace/setting | /v2/models/{m}/trace/setting
  *
  * The routes are the table mts_kserve_routes (router.h); the REST front end (rest.c) serves it
  * beside the other REST modules' tables and answers unknown paths and methods.
@@ -16,6 +17,7 @@
  */
 #include "api/kserve_http.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,6 +73,7 @@ static void respond_empty(mts_http_conn *c, int status)
 
 typedef struct infer_call {
     mts_request req;
+    mts_server *srv;
     mts_http_conn *conn;
     mts_json_doc *doc;
     void *owned[MTS_REQ_MAX_TENSORS]; /* flattened JSON data / realigned binary data */
@@ -117,6 +120,7 @@ static void respond_call(infer_call *ic, int http_status, const char *type, cons
     char *json = mts_jw_take(w, &jlen);
     mts_jw_free(w);
     if (!json) {
+        mts_server_request_answered(ic->srv, &ic->req);
         static const char oom[] = "{\"error\":\"out of memory encoding the response\"}";
         struct iovec one = {(void *)oom, sizeof oom - 1};
         mts_http_respondv(ic->conn, mts_proto_http_status(MTS_ENOMEM), "application/json", NULL, &one, 1,
@@ -124,6 +128,7 @@ static void respond_call(infer_call *ic, int http_status, const char *type, cons
         return;
     }
     ic->response_json = json;
+    mts_server_request_answered(ic->srv, &ic->req);
     struct iovec iov[MTS_REQ_MAX_TENSORS + 1];
     int n = 0;
     iov[n++] = (struct iovec){json, jlen};
@@ -433,6 +438,7 @@ int mts_kserve_http_check_infer(const mts_http_req *hr, char *msg, size_t len)
 
 static void handle_infer(mts_server *srv, mts_http_conn *c, mts_http_req *hr, const char *model)
 {
+    int64_t arrival = mts_server_clock_ns();
     if (!mts_server_has_model(srv, model)) {
         respond_unknown_model(c, model);
         return;
@@ -443,6 +449,8 @@ static void handle_infer(mts_server *srv, mts_http_conn *c, mts_http_req *hr, co
         return;
     }
     ic->conn = c;
+    ic->srv = srv;
+    ic->req.arrival_ns = arrival;
     ic->version = mts_server_model_version(srv, model);
     snprintf(ic->model, sizeof ic->model, "%s", model);
     ic->req.model = ic->model;
@@ -467,7 +475,9 @@ static void handle_infer(mts_server *srv, mts_http_conn *c, mts_http_req *hr, co
 
 /* ---- metadata, config, statistics ---- */
 
-static void write_tensor_meta(mts_jw *w, const mts_tensor_meta *m, bool config_style)
+/* config_style: model configuration fields (data_type, dims) else metadata (datatype, shape);
+ * skip_batch: leave out the leading batch dimension (configuration of a batching model). */
+static void write_tensor_meta(mts_jw *w, const mts_tensor_meta *m, bool config_style, bool skip_batch)
 {
     mts_jw_begin_object(w);
     mts_jw_key(w, "name");
@@ -485,7 +495,7 @@ static void write_tensor_meta(mts_jw *w, const mts_tensor_meta *m, bool config_s
         mts_jw_key(w, "shape");
     }
     mts_jw_begin_array(w);
-    for (int d = config_style ? 1 : 0; d < m->rank; d++) mts_jw_int(w, m->dims[d]);
+    for (int d = skip_batch ? 1 : 0; d < m->rank; d++) mts_jw_int(w, m->dims[d]);
     mts_jw_end_array(w);
     mts_jw_end_object(w);
 }
@@ -522,14 +532,15 @@ static void send_metadata(mts_server *srv, mts_http_conn *c, const char *model, 
         mts_jw_string(&w, "onnxruntime_onnx");
         mts_jw_key(&w, "inputs");
         mts_jw_begin_array(&w);
-        for (int i = 0; i < st.n_inputs; i++) write_tensor_meta(&w, &st.inputs[i], false);
+        for (int i = 0; i < st.n_inputs; i++) write_tensor_meta(&w, &st.inputs[i], false, false);
         mts_jw_end_array(&w);
         mts_jw_key(&w, "outputs");
         mts_jw_begin_array(&w);
-        for (int i = 0; i < st.n_outputs; i++) write_tensor_meta(&w, &st.outputs[i], false);
+        for (int i = 0; i < st.n_outputs; i++) write_tensor_meta(&w, &st.outputs[i], false, false);
         mts_jw_end_array(&w);
     } else {
-        bool batchable = st.n_inputs > 0 && st.inputs[0].rank > 0 && st.inputs[0].dims[0] < 0;
+        /* max_batch_size 0 (config.pbtxt): the leading dimension is the model's own */
+        bool batchable = st.n_inputs > 0 && st.inputs[0].rank > 0 && st.inputs[0].dims[0] < 0 && !st.no_batching;
         mts_jw_key(&w, "platform");
         mts_jw_string(&w, "onnxruntime_onnx");
         mts_jw_key(&w, "backend");
@@ -538,11 +549,11 @@ static void send_metadata(mts_server *srv, mts_http_conn *c, const char *model, 
         mts_jw_int(&w, batchable ? st.max_batch : 0);
         mts_jw_key(&w, "input");
         mts_jw_begin_array(&w);
-        for (int i = 0; i < st.n_inputs; i++) write_tensor_meta(&w, &st.inputs[i], batchable);
+        for (int i = 0; i < st.n_inputs; i++) write_tensor_meta(&w, &st.inputs[i], true, batchable);
         mts_jw_end_array(&w);
         mts_jw_key(&w, "output");
         mts_jw_begin_array(&w);
-        for (int i = 0; i < st.n_outputs; i++) write_tensor_meta(&w, &st.outputs[i], batchable);
+        for (int i = 0; i < st.n_outputs; i++) write_tensor_meta(&w, &st.outputs[i], true, batchable);
         mts_jw_end_array(&w);
         mts_jw_key(&w, "dynamic_batching");
         mts_jw_begin_object(&w);
@@ -848,9 +859,241 @@ static void route_ready(mts_server *srv, mts_http_conn *c, mts_http_req *hr, con
 
 static void route_server_metadata(mts_server *srv, mts_http_conn *c, mts_http_req *hr, const mts_route_args *a)
 {
-    const char *body = "{\"name\":\"mtserve\",\"version\":\"0.1.0\",\"extensions\":[\"binary_tensor_data\","
-                       "\"model_repository\",\"statistics\",\"model_configuration\"]}";
-    mts_http_respond(c, 200, "application/json", NULL, body, strlen(body));
+    mts_jw w;
+    mts_jw_init(&w);
+    mts_jw_begin_object(&w);
+    mts_jw_key(&w, "name");
+    mts_jw_string(&w, "mtserve");
+    mts_jw_key(&w, "version");
+    mts_jw_string(&w, "0.1.0");
+    mts_jw_key(&w, "extensions");
+    mts_jw_begin_array(&w);
+    for (int i = 0; i < mts_proto_n_extensions; i++) mts_jw_string(&w, mts_proto_extensions[i]);
+    mts_jw_end_array(&w);
+    mts_jw_end_object(&w);
+    respond_json(c, 200, NULL, &w);
+}
+
+/* ---- logging and trace settings (Triton's logging and trace extensions) ---- */
+
+/* log_verbose_level as last set (0: debug lines off; any level > 0 turns them on) */
+static int log_verbose_level;
+static pthread_mutex_t settings_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void respond_log_settings(mts_http_conn *c)
+{
+    mts_jw w;
+    mts_jw_init(&w);
+    mts_jw_begin_object(&w);
+    mts_jw_key(&w, "log_file");
+    mts_jw_string(&w, "");
+    mts_jw_key(&w, "log_info");
+    mts_jw_bool(&w, mts_log_enabled(MTS_LOG_INFO));
+    mts_jw_key(&w, "log_warning");
+    mts_jw_bool(&w, mts_log_enabled(MTS_LOG_WARN));
+    mts_jw_key(&w, "log_error");
+    mts_jw_bool(&w, mts_log_enabled(MTS_LOG_ERROR));
+    mts_jw_key(&w, "log_verbose_level");
+    pthread_mutex_lock(&settings_lock);
+    int verbose = mts_log_enabled(MTS_LOG_DEBUG) ? (log_verbose_level > 0 ? log_verbose_level : 1) : 0;
+    pthread_mutex_unlock(&settings_lock);
+    mts_jw_int(&w, verbose);
+    mts_jw_key(&w, "log_format");
+    mts_jw_string(&w, mts_log_get_format() == MTS_LOG_FORMAT_ISO8601 ? "ISO8601" : "default");
+    mts_jw_end_object(&w);
+    respond_json(c, 200, NULL, &w);
+}
+
+static void route_logging_get(mts_server *srv, mts_http_conn *c, mts_http_req *hr, const mts_route_args *a)
+{
+    respond_log_settings(c);
+}
+
+/* POST /v2/logging: any subset of the settings; everything is checked before anything changes.
+ * log_file can only be "" (lines go to stderr). The answer is the settings now in force. */
+static void route_logging_post(mts_server *srv, mts_http_conn *c, mts_http_req *hr, const mts_route_args *a)
+{
+    bool empty;
+    mts_json_doc *doc = parse_small_body(c, hr, &empty);
+    if (!doc && !empty) return;
+    const mts_json *root = doc ? mts_json_root(doc) : NULL;
+    char m[300] = "";
+    int set[3] = {-1, -1, -1}; /* info, warning, error: -1 unchanged */
+    int64_t verbose = -1;
+    int format = -1;
+    if (doc && mts_json_type(root) != MTS_JSON_OBJECT) snprintf(m, sizeof m, "the body must be a JSON object");
+    for (size_t i = 0; !m[0] && i < mts_json_len(root); i++) {
+        const char *k = mts_json_key_at(root, i);
+        const mts_json *v = mts_json_at(root, i);
+        if (!strcmp(k, "log_info") || !strcmp(k, "log_warning") || !strcmp(k, "log_error")) {
+            if (mts_json_type(v) != MTS_JSON_BOOL) snprintf(m, sizeof m, "'%s' must be a bool", k);
+            else set[k[4] == 'i' ? 0 : k[4] == 'w' ? 1 : 2] = mts_json_bool(v);
+        } else if (!strcmp(k, "log_verbose_level")) {
+            if (mts_json_int(v, &verbose) || verbose < 0 || verbose > 1000000)
+                snprintf(m, sizeof m, "'log_verbose_level' must be an integer >= 0 (0: off; > 0: debug lines)");
+        } else if (!strcmp(k, "log_format")) {
+            const char *f = mts_json_str(v, NULL);
+            if (f && !strcmp(f, "default")) format = MTS_LOG_FORMAT_DEFAULT;
+            else if (f && !strcmp(f, "ISO8601")) format = MTS_LOG_FORMAT_ISO8601;
+            else snprintf(m, sizeof m, "'log_format' must be \"default\" or \"ISO8601\"");
+        } else if (!strcmp(k, "log_file")) {
+            const char *f = mts_json_str(v, NULL);
+            if (!f || f[0])
+                snprintf(m, sizeof m, "'log_file' can only be \"\": mtserve logs to stderr (redirect it to a file)");
+        } else {
+            snprintf(m, sizeof m, "unknown logging setting '%.64s' (known: log_info, log_warning, log_error, "
+                     "log_verbose_level, log_format, log_file)", k);
+        }
+    }
+    mts_json_free(doc);
+    if (m[0]) {
+        mts_route_error_text(c, MTS_EINVAL, m, 0);
+        return;
+    }
+    static const mts_log_level levels[3] = {MTS_LOG_INFO, MTS_LOG_WARN, MTS_LOG_ERROR};
+    for (int i = 0; i < 3; i++)
+        if (set[i] >= 0) mts_log_set_enabled(levels[i], set[i] != 0);
+    if (verbose >= 0) {
+        pthread_mutex_lock(&settings_lock);
+        log_verbose_level = (int)verbose;
+        pthread_mutex_unlock(&settings_lock);
+        mts_log_set_enabled(MTS_LOG_DEBUG, verbose > 0);
+    }
+    if (format >= 0) mts_log_set_format((mts_log_format)format);
+    respond_log_settings(c);
+}
+
+/* Trace settings: tracing is not implemented, so trace_level is always ["OFF"]; the other
+ * settings are kept (server-wide, also for the per-model routes) so that clients see what they
+ * set, and have no effect. */
+static struct {
+    int64_t rate, count, log_frequency;
+} trace = {1000, -1, 0};
+
+static void respond_trace_settings(mts_http_conn *c)
+{
+    pthread_mutex_lock(&settings_lock);
+    int64_t v[3] = {trace.rate, trace.count, trace.log_frequency};
+    pthread_mutex_unlock(&settings_lock);
+    static const char *keys[3] = {"trace_rate", "trace_count", "log_frequency"};
+    mts_jw w;
+    mts_jw_init(&w);
+    mts_jw_begin_object(&w);
+    mts_jw_key(&w, "trace_level");
+    mts_jw_begin_array(&w);
+    mts_jw_string(&w, "OFF");
+    mts_jw_end_array(&w);
+    for (int i = 0; i < 3; i++) {
+        char num[24];
+        snprintf(num, sizeof num, "%lld", (long long)v[i]);
+        mts_jw_key(&w, keys[i]);
+        mts_jw_string(&w, num);
+    }
+    mts_jw_key(&w, "trace_file");
+    mts_jw_string(&w, "");
+    mts_jw_key(&w, "trace_mode");
+    mts_jw_string(&w, "triton");
+    mts_jw_end_object(&w);
+    respond_json(c, 200, NULL, &w);
+}
+
+/* The model a per-model trace route names must exist (404 otherwise). */
+static bool trace_model_ok(mts_server *srv, mts_http_conn *c, const mts_route_args *a)
+{
+    if (a->n < 1) return true;
+    char model[MTS_ROUTE_ARG_MAX + 1];
+    mts_route_arg(a, 0, model, sizeof model);
+    if (mts_server_has_model(srv, model)) return true;
+    respond_unknown_model(c, model);
+    return false;
+}
+
+static void route_trace_get(mts_server *srv, mts_http_conn *c, mts_http_req *hr, const mts_route_args *a)
+{
+    if (trace_model_ok(srv, c, a)) respond_trace_settings(c);
+}
+
+/* A trace count, rate or frequency: a decimal string or integer (Triton sends strings); null
+ * restores the default. */
+static int trace_int(const mts_json *v, const char *key, int64_t min, int64_t dflt, int64_t *out, char *m, size_t len)
+{
+    if (mts_json_type(v) == MTS_JSON_NULL) {
+        *out = dflt;
+        return 0;
+    }
+    const char *t = mts_json_str(v, NULL);
+    if (t) {
+        char *end;
+        long long x = strtoll(t, &end, 10);
+        if (end != t && !*end && x >= min) {
+            *out = x;
+            return 0;
+        }
+    } else if (!mts_json_int(v, out) && *out >= min) {
+        return 0;
+    }
+    snprintf(m, len, "'%s' must be an integer >= %lld (as a string, e.g. \"%lld\")", key, (long long)min,
+             (long long)dflt);
+    return -1;
+}
+
+static void route_trace_post(mts_server *srv, mts_http_conn *c, mts_http_req *hr, const mts_route_args *a)
+{
+    if (!trace_model_ok(srv, c, a)) return;
+    bool empty;
+    mts_json_doc *doc = parse_small_body(c, hr, &empty);
+    if (!doc && !empty) return;
+    const mts_json *root = doc ? mts_json_root(doc) : NULL;
+    char m[300] = "";
+    pthread_mutex_lock(&settings_lock);
+    int64_t v[3] = {trace.rate, trace.count, trace.log_frequency};
+    pthread_mutex_unlock(&settings_lock);
+    if (doc && mts_json_type(root) != MTS_JSON_OBJECT) snprintf(m, sizeof m, "the body must be a JSON object");
+    for (size_t i = 0; !m[0] && i < mts_json_len(root); i++) {
+        const char *k = mts_json_key_at(root, i);
+        const mts_json *x = mts_json_at(root, i);
+        if (!strcmp(k, "trace_level")) {
+            bool off = mts_json_type(x) == MTS_JSON_NULL;
+            if (mts_json_type(x) == MTS_JSON_ARRAY) {
+                off = true;
+                for (size_t j = 0; j < mts_json_len(x); j++) {
+                    const char *l = mts_json_str(mts_json_at(x, j), NULL);
+                    if (!l || strcmp(l, "OFF")) off = false;
+                }
+            }
+            if (!off)
+                snprintf(m, sizeof m, "tracing is not supported by mtserve: 'trace_level' can only be [\"OFF\"] "
+                         "(TIMESTAMPS and TENSORS are not available)");
+        } else if (!strcmp(k, "trace_rate")) {
+            trace_int(x, k, 1, 1000, &v[0], m, sizeof m);
+        } else if (!strcmp(k, "trace_count")) {
+            trace_int(x, k, -1, -1, &v[1], m, sizeof m);
+        } else if (!strcmp(k, "log_frequency")) {
+            trace_int(x, k, 0, 0, &v[2], m, sizeof m);
+        } else if (!strcmp(k, "trace_file")) {
+            const char *f = mts_json_str(x, NULL);
+            if (mts_json_type(x) != MTS_JSON_NULL && (!f || f[0]))
+                snprintf(m, sizeof m, "tracing is not supported by mtserve: 'trace_file' can only be \"\"");
+        } else if (!strcmp(k, "trace_mode")) {
+            const char *f = mts_json_str(x, NULL);
+            if (mts_json_type(x) != MTS_JSON_NULL && (!f || strcmp(f, "triton")))
+                snprintf(m, sizeof m, "tracing is not supported by mtserve: 'trace_mode' can only be \"triton\"");
+        } else {
+            snprintf(m, sizeof m, "unknown trace setting '%.64s' (known: trace_level, trace_rate, trace_count, "
+                     "log_frequency, trace_file, trace_mode)", k);
+        }
+    }
+    mts_json_free(doc);
+    if (m[0]) {
+        mts_route_error_text(c, MTS_EINVAL, m, 0);
+        return;
+    }
+    pthread_mutex_lock(&settings_lock);
+    trace.rate = v[0];
+    trace.count = v[1];
+    trace.log_frequency = v[2];
+    pthread_mutex_unlock(&settings_lock);
+    respond_trace_settings(c);
 }
 
 static void route_all_stats(mts_server *srv, mts_http_conn *c, mts_http_req *hr, const mts_route_args *a)
@@ -969,5 +1212,11 @@ const mts_route mts_kserve_routes[] = {
     {"GET", MODEL_V "/ready", route_model_ready, NULL, MTS_SCOPE_INFER},
     {"GET", MODEL_V "/config", route_model_config, NULL, MTS_SCOPE_INFER},
     {"GET", MODEL_V "/stats", route_model_stats, NULL, MTS_SCOPE_INFER},
+    {"GET", "/v2/logging", route_logging_get, NULL, MTS_SCOPE_INFER},
+    {"POST", "/v2/logging", route_logging_post, NULL, MTS_SCOPE_ADMIN},
+    {"GET", "/v2/trace/setting", route_trace_get, NULL, MTS_SCOPE_INFER},
+    {"POST", "/v2/trace/setting", route_trace_post, NULL, MTS_SCOPE_ADMIN},
+    {"GET", MODEL "/trace/setting", route_trace_get, NULL, MTS_SCOPE_INFER},
+    {"POST", MODEL "/trace/setting", route_trace_post, NULL, MTS_SCOPE_ADMIN},
     {NULL, NULL, NULL, NULL, 0},
 };

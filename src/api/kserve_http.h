@@ -1,7 +1,8 @@
 /*
  * The KServe v2 (Open Inference Protocol) REST routes: health, server and model metadata,
  * readiness, inference with JSON tensors and the binary tensor extension, model configuration,
- * repository index/load/unload and statistics. They only translate between the wire and struct
+ * repository index/load/unload and statistics, and Triton's logging and trace-setting
+ * extensions (/v2/logging, /v2/trace/setting). They only translate between the wire and struct
  * mts_request; the server core does the rest. The REST front end (rest.h) serves the table.
  */
 #ifndef MTS_API_KSERVE_HTTP_H

@@ -61,7 +61,9 @@ static void response_sent(void *arg)
 }
 
 /* Answers an error (an MTS_E* status) and frees the call once it is written. */
-#define fail(cc, status, ...) mts_route_fail((cc)->conn, &(cc)->head, response_sent, (cc), (status), __VA_ARGS__)
+#define fail(cc, status, ...)                                                                                   \
+    (mts_server_request_answered((cc)->srv, &(cc)->req),                                                       \
+     mts_route_fail((cc)->conn, &(cc)->head, response_sent, (cc), (status), __VA_ARGS__))
 
 /* ---- compositing (media thread) ---- */
 
@@ -143,6 +145,7 @@ static void composite_run(void *arg)
     char extra[96];
     snprintf(extra, sizeof extra, "Inference-Header-Content-Length: %zu\r\n", hlen);
     struct iovec iov[2] = {{cc->head, hlen}, {cc->out.data.data, cc->out.data.len}};
+    mts_server_request_answered(cc->srv, &cc->req);
     mts_http_respondv(cc->conn, 200, "application/octet-stream", extra, iov, 2, response_sent, cc);
 }
 
@@ -271,6 +274,7 @@ static void route_composite(mts_server *srv, mts_http_conn *c, mts_http_req *hr,
     }
     cc->srv = srv;
     cc->conn = c;
+    cc->req.arrival_ns = mts_server_clock_ns();
     snprintf(cc->model, sizeof cc->model, "%s", model);
     cc->batch_size = (int)bs;
     cc->opts = opts;

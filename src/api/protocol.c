@@ -8,6 +8,14 @@
 #include <stdio.h>
 #include <string.h>
 
+/* binary_tensor_data: HTTP binary tensors (gRPC has raw contents natively); model_repository:
+ * index, load, unload; statistics; model_configuration; schedule_policy: the 'priority'
+ * parameter; logging: GET/POST /v2/logging. Tracing is not implemented (/v2/trace/setting
+ * only reports it off), so "trace" is not listed. */
+const char *const mts_proto_extensions[] = {"binary_tensor_data", "model_repository", "statistics",
+                                            "model_configuration", "schedule_policy", "logging"};
+const int mts_proto_n_extensions = (int)(sizeof mts_proto_extensions / sizeof mts_proto_extensions[0]);
+
 static const struct {
     const char *name;
     mts_dtype dtype;

@@ -6,6 +6,8 @@
  * and the element or byte count of its data. Front ends decode their wire format and call these,
  * so that a client sees the same status and message whichever protocol it speaks. Shapes against
  * the model's own signature are checked once more by the scheduler (serve/), for every front end.
+ * Also the one list of protocol extensions both server metadata answers (HTTP GET /v2 and gRPC
+ * ServerMetadata) advertise.
  */
 #ifndef MTS_API_PROTOCOL_H
 #define MTS_API_PROTOCOL_H
@@ -42,6 +44,10 @@ enum {
     MTS_GRPC_UNAVAILABLE = 14,
     MTS_GRPC_UNAUTHENTICATED = 16,
 };
+
+/* The KServe/Triton extensions mtserve implements, advertised alike over HTTP and gRPC. */
+extern const char *const mts_proto_extensions[];
+extern const int mts_proto_n_extensions;
 
 /* KServe datatype names ("FP32") <-> engine types; NULL / MTS_EUNSUPPORTED when not supported. */
 const char *mts_kserve_datatype(mts_dtype t);

@@ -57,7 +57,9 @@ static void response_sent(void *arg)
 }
 
 /* Answers an error (an MTS_E* status) and frees the call once it is written. */
-#define fail(sc, status, ...) mts_route_fail((sc)->conn, &(sc)->answer, response_sent, (sc), (status), __VA_ARGS__)
+#define fail(sc, status, ...)                                                                                   \
+    (mts_server_request_answered((sc)->srv, &(sc)->req),                                                       \
+     mts_route_fail((sc)->conn, &(sc)->answer, response_sent, (sc), (status), __VA_ARGS__))
 
 /* Status of a failure reading the upload (the form, an image): over a limit is 413, out of
  * memory 500, anything else a malformed upload (400). */
@@ -160,6 +162,7 @@ static void finish(void *arg)
             free(rows);
             mts_jw_free(&w);
             struct iovec iov = {sc->answer, sc->answer_len};
+            mts_server_request_answered(sc->srv, &sc->req);
             mts_http_respondv(sc->conn, 200, "image/png", extra, &iov, 1, response_sent, sc);
             return;
         }
@@ -215,6 +218,7 @@ static void finish(void *arg)
         return;
     }
     struct iovec iov = {sc->answer, sc->answer_len};
+    mts_server_request_answered(sc->srv, &sc->req);
     mts_http_respondv(sc->conn, 200, "application/json", NULL, &iov, 1, response_sent, sc);
 }
 
@@ -391,6 +395,7 @@ static void route_segment(mts_server *srv, mts_http_conn *c, mts_http_req *hr, c
     }
     sc->srv = srv;
     sc->conn = c;
+    sc->req.arrival_ns = mts_server_clock_ns();
     snprintf(sc->model, sizeof sc->model, "%s", model);
     sc->threshold = (float)t;
     sc->batch = batch;

@@ -693,7 +693,10 @@ static int model_key(pctx *x, const char *key, const char *full, const ynode *k,
     else if (strcmp(key, "pin") == 0) rc = get_bool(x, v, full, &m->pin);
     else if (strcmp(key, "preferred_gpu") == 0 || strcmp(key, "preferred_device") == 0)
         rc = get_int32(x, v, full, -1, 1023, &m->preferred_device);
-    else if (strcmp(key, "max_batch") == 0) rc = get_int32(x, v, full, 1, 4096, &m->max_batch);
+    else if (strcmp(key, "max_batch") == 0) {
+        rc = get_int32(x, v, full, 0, 4096, &m->max_batch);
+        if (rc == 1) m->no_batching = m->max_batch == 0; /* 0: no batch dimension (Triton's max_batch_size 0) */
+    }
     else if (strcmp(key, "max_queue_delay_us") == 0) {
         rc = get_int(x, v, full, 0, 60000000, &i64);
         if (rc == 1) m->max_queue_delay_us = i64, st->us_node = k;
@@ -1001,6 +1004,7 @@ static int apply_pbtxt(mts_model_config *m, const mts_pbtxt *pb, const char *fil
         if (!strcmp(k->name, "max_batch_size")) {
             if (pb_int(k, file, 0, 4096, &v, err)) return MTS_EINVAL;
             m->max_batch = v > 0 ? (int)v : 1; /* 0: the model does not take a batch dimension */
+            m->no_batching = v == 0;
         } else if (!strcmp(k->name, "dynamic_batching")) {
             batching = true;
             const mts_pbtxt *d = mts_pbtxt_get(k, "max_queue_delay_microseconds");
@@ -1242,7 +1246,7 @@ int mts_config_finalize(mts_config *c, mts_err *err)
         mts_model_config *m = &c->models[i];
         if (m->queue_size < 1) m->queue_size = c->queue_size;
         if (m->background_cache_frames < 0) m->background_cache_frames = c->background_cache_frames;
-        if (m->max_batch < 1) m->max_batch = 8;
+        if (m->max_batch < 1) m->max_batch = m->no_batching ? 1 : 8;
         if (m->max_queue_delay_us < 0) m->max_queue_delay_us = 2000;
         if (m->instances < 1) m->instances = c->workers_per_device;
         if (!(m->weight > 0)) m->weight = 1.0;

@@ -29,7 +29,11 @@ typedef enum mts_model_control { MTS_CONTROL_AUTO = 0, MTS_CONTROL_NONE, MTS_CON
 typedef struct mts_model_config {
     char *name;
     char *model_path;          /* .onnx file */
-    int max_batch;             /* samples per batch; default 8; 1 disables batching */
+    int max_batch;             /* samples per batch; default 8; 1 disables batching. A request
+                                * with more samples than this is refused (400/INVALID_ARGUMENT) */
+    bool no_batching;          /* max_batch 0 (config.pbtxt max_batch_size 0): the leading dimension
+                                * is not a batch dimension (not limited, never batched; max_batch
+                                * becomes 1) */
     int64_t max_queue_delay_us;/* batching delay; default 2000 */
     int queue_size;            /* per-model queue bound (requests); default server.queue_size */
     bool preload;              /* load at start-up */

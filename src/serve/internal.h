@@ -137,7 +137,10 @@ typedef struct mts__entry {
     uint64_t loads, unloads, evictions, load_failures;
     uint64_t mem_capped;  /* batches cut below max_batch because the device's memory was short */
     uint64_t n_timeout, n_cancelled, n_rejected;
-    mts__hist h_queue, h_compute, h_batch, h_load;
+    /* Per request (a batch's time counted once for each request in it), as Triton's
+     * nv_inference_compute_*_duration_us; request_ns: end-to-end time of answered requests. */
+    uint64_t req_input_ns, req_infer_ns, req_output_ns, request_ns;
+    mts__hist h_queue, h_compute, h_batch, h_load, h_request;
     mts__win_bucket win[MTS__WIN_SECONDS]; /* dashboard window (dashboard.c) */
 } mts__entry;
 

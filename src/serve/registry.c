@@ -146,8 +146,9 @@ static void evict(mts_server *s, mts__entry *e, const char *why, mts__version **
     e->evictions++;
     v->next = *to_free;
     *to_free = v;
-    MTS_INFO("model=%s event=evicted reason=%s policy=%s device=cpu:%d bytes=%lld idle_s=%.1f", e->cfg->name, why,
-             s->cfg->eviction == MTS_EVICT_LFU ? "lfu" : "lru", dev, (long long)bytes,
+    MTS_INFO("model=%s event=evicted reason=%s policy=%s version=%d load=%d device=cpu:%d bytes=%lld idle_s=%.1f",
+             e->cfg->name, why, s->cfg->eviction == MTS_EVICT_LFU ? "lfu" : "lru",
+             e->cfg->version > 0 ? e->cfg->version : 1, v->number, dev, (long long)bytes,
              (double)(mts__now_ns() - e->last_used_ns) / 1e9);
     mts__event_add(s, "evicted", e, dev, "%s (%s), %lld bytes freed", why,
                    s->cfg->eviction == MTS_EVICT_LFU ? "lfu" : "lru", (long long)bytes);
@@ -420,9 +421,9 @@ static void load_one(mts_server *s, mts__entry *e)
         }
         e->cur = v;
         e->state = MTS_MODEL_READY;
-        MTS_INFO("model=%s event=loaded version=%d device=cpu:%d ms=%.1f bytes=%lld reload=%d", cfg->name, v->number,
-                 dev, ms, (long long)version_bytes(v), reload ? 1 : 0);
-        mts__event_add(s, "loaded", e, dev, "version %d in %.0f ms, %lld bytes%s", v->number, ms,
+        MTS_INFO("model=%s event=loaded version=%d load=%d device=cpu:%d ms=%.1f bytes=%lld reload=%d", cfg->name,
+                 cfg->version > 0 ? cfg->version : 1, v->number, dev, ms, (long long)version_bytes(v), reload ? 1 : 0);
+        mts__event_add(s, "loaded", e, dev, "load %d in %.0f ms, %lld bytes%s", v->number, ms,
                        (long long)version_bytes(v), reload ? " (reload)" : "");
         mts__ready_push(s, e);
         mts__after_idle(s, e, &to_free, &notify);
@@ -480,7 +481,8 @@ void mts__after_idle(mts_server *s, mts__entry *e, mts__version **to_free, mts__
             *to_free = v;
         }
         e->state = MTS_MODEL_UNLOADED;
-        MTS_INFO("model=%s event=unloaded bytes=%lld", e->cfg->name, (long long)bytes);
+        MTS_INFO("model=%s event=unloaded version=%d load=%d bytes=%lld", e->cfg->name,
+                 e->cfg->version > 0 ? e->cfg->version : 1, v ? v->number : e->versions, (long long)bytes);
         mts__event_add(s, "unloaded", e, -1, "unload request, %lld bytes freed", (long long)bytes);
         mts__waiter *w = e->unload_waiters;
         while (w && w->next) w = w->next;

@@ -217,6 +217,8 @@ int mts_server_submit(mts_server *s, mts_request *req, int *retry_after_s, mts_e
     req->n_outputs = 0;
     req->next = NULL;
     req->reject_msg = NULL;
+    req->answered = false;
+    req->enqueue_ns = 0;
     atomic_store(&req->cancelled, 0);
     pthread_mutex_lock(&s->lock);
     mts__entry *e = mts__find(s, req->model);
@@ -254,6 +256,7 @@ int mts_server_submit(mts_server *s, mts_request *req, int *retry_after_s, mts_e
     }
     int64_t now = mts__now_ns();
     req->enqueue_ns = now;
+    if (req->arrival_ns <= 0 || req->arrival_ns > now) req->arrival_ns = now;
     int64_t timeout_us = req->timeout_us > 0 ? req->timeout_us : s->cfg->default_timeout_ms * 1000;
     req->deadline_ns = timeout_us > 0 ? now + timeout_us * 1000 : 0;
     if (req->deadline_ns) s->deadline_reqs++;
@@ -358,6 +361,14 @@ static int validate(const mts__version *v, mts_request *r, batch_req *b, char *m
                          (long long)r->inputs[b->order[i]].dims[0]);
                 return MTS_EINVAL;
             }
+    /* The configured max batch bounds one request's batch, as Triton's max_batch_size does
+     * (max_batch_size 0: the leading dimension is the model's own, not limited here). */
+    const mts_model_config *cfg = v->entry ? v->entry->cfg : NULL;
+    if (v->batchable && cfg && !cfg->no_batching && r->samples > v->max_batch) {
+        snprintf(msg, len, "input '%s' has batch size %lld (dimension 0), more than the max_batch_size %d of model "
+                 "'%s'; split the request", v->in[0].name, (long long)r->samples, v->max_batch, r->model);
+        return MTS_EINVAL;
+    }
     b->n_outs = 0;
     if (r->n_requested == 0) {
         for (int o = 0; o < v->n_out; o++) b->outs[b->n_outs++] = o;
@@ -729,6 +740,11 @@ void *mts__worker_main(void *arg)
             reqs[k]->batch_size = (int)samples;
             dur_add(&e->queue, q_ms);
             mts__hist_add(&e->h_queue, mts__time_buckets, MTS__HIST_BUCKETS, q_ms / 1e3);
+            if (!rc) {
+                e->req_input_ns += (uint64_t)(in_ms * 1e6);
+                e->req_infer_ns += (uint64_t)(infer_ms * 1e6);
+                e->req_output_ns += (uint64_t)(out_ms * 1e6);
+            }
             double total_ms = (double)(t_end - reqs[k]->enqueue_ns) / 1e6;
             mts__win_request(e, t_end, !rc, total_ms);
             if (!rc) {

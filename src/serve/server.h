@@ -56,13 +56,23 @@ struct mts_request {
     int device;                                /* device that ran it */
     int batch_size;                            /* samples in the batch it ran in */
     bool cold;                                 /* the model was not resident when it arrived */
+    int64_t arrival_ns;                        /* when the front end received it (mts_server_clock_ns);
+                                                * 0: the submit time */
     /* Internal. */
     _Atomic int cancelled;
     int64_t enqueue_ns, deadline_ns;
     int64_t samples;
     char *reject_msg;                          /* why validation refused it (malloc'd) */
+    bool answered;                             /* its end-to-end time was recorded */
     struct mts_request *next;
 };
+
+/* The server's monotonic clock in ns, for mts_request.arrival_ns. */
+int64_t mts_server_clock_ns(void);
+/* Records a submitted request's end-to-end time (arrival_ns to now) in its model's request
+ * duration histogram and counters; front ends call it once the answer (result or error) is
+ * handed back to the connection. Later calls for the same request do nothing. */
+void mts_server_request_answered(mts_server *s, mts_request *req);
 
 /* Frees output buffers (call after encoding the response). */
 void mts_request_release(mts_request *req);
@@ -123,7 +133,7 @@ typedef struct mts_model_status {
     mts_model_state state;
     char reason[256];          /* last load failure */
     int device;                /* -1 when not resident */
-    int version;               /* load count: 1 for the first load */
+    int version;               /* load count: 1 for the first load (see model_version) */
     int64_t memory_bytes;      /* MemoryBytes: real bytes held (weights, plans, activations) */
     int64_t loaded_at_ms;      /* LoadedAt, ms since epoch (0 if never) */
     int64_t last_used_ms;      /* LastUsed */
@@ -135,6 +145,7 @@ typedef struct mts_model_status {
     mts_duration_stat batch_infer[MTS_MAX_BATCH_STATS + 1]; /* by batch size */
     int queue_depth, running;
     int max_batch;
+    bool no_batching;          /* config.pbtxt max_batch_size 0: no batch dimension */
     bool pinned;
     double last_load_ms;
     uint64_t loads, unloads, evictions, load_failures;

@@ -3,7 +3,9 @@
  * lock so callers never read half-updated counters), and the Prometheus text exposition of
  * every metric: requests by model and outcome, queue and compute latency histograms, batch
  * sizes, queue depth, loads/unloads/evictions and their durations, resident models and bytes
- * per device, and per-worker busy time (utilization = rate of busy seconds).
+ * per device, and per-worker busy time (utilization = rate of busy seconds); beside them Triton's
+ * nv_* names (per model and version, and nv_gpu_memory_* per device) for Triton dashboards, and
+ * the end-to-end request duration the front ends record when they hand an answer back.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -50,6 +52,7 @@ static void snapshot(mts_server *s, const mts__entry *e, mts_model_status *o)
     o->queue_depth = e->qlen;
     o->running = e->running;
     o->max_batch = e->cur ? e->cur->max_batch : e->cfg->max_batch;
+    o->no_batching = e->cfg->no_batching;
     o->pinned = e->cfg->pin;
     o->last_load_ms = e->last_load_ms;
     o->loads = e->loads;
@@ -68,6 +71,25 @@ static void snapshot(mts_server *s, const mts__entry *e, mts_model_status *o)
     }
     if (e->cur) snprintf(o->bg_error, sizeof o->bg_error, "%s", e->cur->bg_error);
     (void)s;
+}
+
+int64_t mts_server_clock_ns(void)
+{
+    return mts__now_ns();
+}
+
+void mts_server_request_answered(mts_server *s, mts_request *req)
+{
+    if (!s || !req || req->answered || req->enqueue_ns <= 0 || !req->model) return;
+    req->answered = true;
+    mts__entry *e = mts__find(s, req->model); /* the index is immutable after creation */
+    if (!e) return;
+    int64_t t0 = req->arrival_ns > 0 ? req->arrival_ns : req->enqueue_ns, now = mts__now_ns();
+    double sec = now > t0 ? (double)(now - t0) / 1e9 : 0;
+    pthread_mutex_lock(&s->lock);
+    mts__hist_add(&e->h_request, mts__time_buckets, MTS__HIST_BUCKETS, sec);
+    e->request_ns += now > t0 ? (uint64_t)(now - t0) : 0;
+    pthread_mutex_unlock(&s->lock);
 }
 
 bool mts_server_has_model(const mts_server *s, const char *name)
@@ -210,6 +232,55 @@ static const char *worker_label(const mts_server *s, int d, int w, char *buf, si
     return buf;
 }
 
+/* Triton's metric names (its docs/metrics.md), per model with labels model and version, so that
+ * Triton dashboards work unchanged. Durations are cumulative microseconds per request; a
+ * request's failure counts errors, timeouts, cancellations and queue-full rejections. The GPU
+ * memory gauges report each CPU device's budget and use, labelled gpu_uuid="cpu:N". Lock held. */
+static void triton_metrics(out_buf *b, const mts_server *s)
+{
+    static const char *names[][2] = {
+        {"nv_inference_request_success", "Requests answered with a result."},
+        {"nv_inference_request_failure", "Requests that failed (errors, timeouts, cancellations, full queues)."},
+        {"nv_inference_count", "Samples inferred (a request counts its batch size)."},
+        {"nv_inference_exec_count", "Batches executed."},
+        {"nv_inference_request_duration_us", "End-to-end time of answered requests, summed (microseconds)."},
+        {"nv_inference_queue_duration_us", "Time requests spent queued, load waits included, summed (microseconds)."},
+        {"nv_inference_compute_input_duration_us", "Batch input gathering time, per request, summed (microseconds)."},
+        {"nv_inference_compute_infer_duration_us", "Engine time, per request, summed (microseconds)."},
+        {"nv_inference_compute_output_duration_us", "Output copying time, per request, summed (microseconds)."},
+    };
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
+        outf(b, "# HELP %s %s\n# TYPE %s counter\n", names[k][0], names[k][1], names[k][0]);
+        for (int i = 0; i < s->n_entries; i++) {
+            const mts__entry *e = &s->entries[i];
+            uint64_t v[] = {e->success.count,
+                            e->fail.count + e->n_timeout + e->n_cancelled + e->n_rejected,
+                            e->inference_count,
+                            e->execution_count,
+                            e->request_ns / 1000,
+                            e->queue.ns / 1000,
+                            e->req_input_ns / 1000,
+                            e->req_infer_ns / 1000,
+                            e->req_output_ns / 1000};
+            outf(b, "%s{model=\"%s\",version=\"%d\"} %llu\n", names[k][0], e->cfg->name,
+                 e->cfg->version > 0 ? e->cfg->version : 1, (unsigned long long)v[k]);
+        }
+    }
+    outf(b, "# HELP nv_inference_pending_request_count Requests queued now.\n"
+            "# TYPE nv_inference_pending_request_count gauge\n");
+    for (int i = 0; i < s->n_entries; i++)
+        outf(b, "nv_inference_pending_request_count{model=\"%s\",version=\"%d\"} %d\n", s->entries[i].cfg->name,
+             s->entries[i].cfg->version > 0 ? s->entries[i].cfg->version : 1, s->entries[i].qlen);
+    outf(b, "# HELP nv_gpu_memory_total_bytes Memory budget of each device (CPU partitions), bytes.\n"
+            "# TYPE nv_gpu_memory_total_bytes gauge\n");
+    for (int d = 0; d < s->n_devs; d++)
+        outf(b, "nv_gpu_memory_total_bytes{gpu_uuid=\"cpu:%d\"} %lld\n", d, (long long)s->devs[d].budget);
+    outf(b, "# HELP nv_gpu_memory_used_bytes Bytes used on each device (CPU partitions).\n"
+            "# TYPE nv_gpu_memory_used_bytes gauge\n");
+    for (int d = 0; d < s->n_devs; d++)
+        outf(b, "nv_gpu_memory_used_bytes{gpu_uuid=\"cpu:%d\"} %lld\n", d, (long long)s->devs[d].used);
+}
+
 char *mts_server_metrics(mts_server *s, size_t *len)
 {
     out_buf b = {malloc(65536), 0, 65536, false};
@@ -229,6 +300,11 @@ char *mts_server_metrics(mts_server *s, size_t *len)
              (unsigned long long)e->n_timeout, m, (unsigned long long)e->n_cancelled, m,
              (unsigned long long)e->n_rejected);
     }
+    outf(&b, "# HELP mts_request_duration_seconds End-to-end time of answered requests: arrival at the front end "
+             "to the answer handed back (results and errors).\n# TYPE mts_request_duration_seconds histogram\n");
+    for (int i = 0; i < s->n_entries; i++)
+        hist_out(&b, "mts_request_duration_seconds", s->entries[i].cfg->name, &s->entries[i].h_request,
+                 mts__time_buckets, MTS__HIST_BUCKETS);
     outf(&b, "# HELP mts_queue_duration_seconds Time from arrival to the start of the batch (includes load waits).\n"
              "# TYPE mts_queue_duration_seconds histogram\n");
     for (int i = 0; i < s->n_entries; i++)
@@ -332,6 +408,7 @@ char *mts_server_metrics(mts_server *s, size_t *len)
     outf(&b, "# HELP mts_queue_depth_total Requests waiting in all queues.\n# TYPE mts_queue_depth_total gauge\n"
              "mts_queue_depth_total %d\n",
          s->total_queued);
+    triton_metrics(&b, s);
     pthread_mutex_unlock(&s->lock);
     outf(&b, "# HELP mts_uptime_seconds Seconds since start.\n# TYPE mts_uptime_seconds gauge\nmts_uptime_seconds %.3f\n",
          (double)(mts__now_ns() - s->start_ns) / 1e9);

@@ -1,9 +1,11 @@
 /*
  * Line-oriented logging to stderr with a UTC timestamp and level; each line is formatted in a
- * stack buffer and written with one write(2) so concurrent lines never interleave. In JSON
- * format each line is one object: {"time", "level", "event", "model" (when the message names
- * one), "msg"}, where event and model come from the message's "event=..." and "model=..."
- * tokens (without an event token, a leading "word: " names the event, else it is "log").
+ * stack buffer and written with one write(2) so concurrent lines never interleave. Which levels
+ * are written is a bit mask (one bit per level) and the layout a flag, both atomic so that the
+ * logging endpoint can change them while other threads log. In JSON format each line is one
+ * object: {"time", "level", "event", "model" (when the message names one), "msg"}, where event
+ * and model come from the message's "event=..." and "model=..." tokens (without an event token,
+ * a leading "word: " names the event, else it is "log").
  */
 #include "util/log.h"
 
@@ -14,12 +16,38 @@
 #include <time.h>
 #include <unistd.h>
 
-static _Atomic int log_level = MTS_LOG_INFO;
+/* bit L set: level L is written (INFO, WARN and ERROR by default) */
+static _Atomic int log_mask = (1 << MTS_LOG_INFO) | (1 << MTS_LOG_WARN) | (1 << MTS_LOG_ERROR);
+static _Atomic int log_format = MTS_LOG_FORMAT_DEFAULT;
 static _Atomic int log_json = 0;
 
 void mts_log_set_level(mts_log_level level)
 {
-    atomic_store(&log_level, (int)level);
+    int m = 0;
+    for (int l = (int)level; l < MTS_LOG_OFF; l++) m |= 1 << l;
+    atomic_store(&log_mask, m);
+}
+
+void mts_log_set_enabled(mts_log_level level, bool on)
+{
+    if (level < MTS_LOG_DEBUG || level >= MTS_LOG_OFF) return;
+    if (on) atomic_fetch_or(&log_mask, 1 << level);
+    else atomic_fetch_and(&log_mask, ~(1 << level));
+}
+
+bool mts_log_enabled(mts_log_level level)
+{
+    return level >= MTS_LOG_DEBUG && level < MTS_LOG_OFF && (atomic_load(&log_mask) & (1 << level));
+}
+
+void mts_log_set_format(mts_log_format f)
+{
+    atomic_store(&log_format, (int)f);
+}
+
+mts_log_format mts_log_get_format(void)
+{
+    return (mts_log_format)atomic_load(&log_format);
 }
 
 void mts_log_set_json(int on)
@@ -60,7 +88,7 @@ static const char *token(const char *msg, const char *key, size_t *n)
 
 void mts_log(mts_log_level level, const char *fmt, ...)
 {
-    if ((int)level < atomic_load(&log_level)) return;
+    if (!mts_log_enabled(level)) return;
     static const char *names[] = {"debug", "info ", "warn ", "error"};
     static const char *json_names[] = {"debug", "info", "warn", "error"};
     char msg[1024], line[2048];
@@ -69,8 +97,13 @@ void mts_log(mts_log_level level, const char *fmt, ...)
     struct tm tm;
     gmtime_r(&ts.tv_sec, &tm);
     char when[40];
-    snprintf(when, sizeof when, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
-             tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000);
+    bool iso = atomic_load(&log_format) == MTS_LOG_FORMAT_ISO8601 && !atomic_load(&log_json);
+    if (iso)
+        snprintf(when, sizeof when, "%04d-%02d-%02dT%02d:%02d:%02dZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
+                 tm.tm_hour, tm.tm_min, tm.tm_sec);
+    else
+        snprintf(when, sizeof when, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ", tm.tm_year + 1900, tm.tm_mon + 1,
+                 tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000);
     va_list ap;
     va_start(ap, fmt);
     int m = vsnprintf(msg, sizeof msg, fmt, ap);
@@ -100,7 +133,8 @@ void mts_log(mts_log_level level, const char *fmt, ...)
         line[len++] = '"';
         line[len++] = '}';
     } else {
-        len = (size_t)snprintf(line, sizeof line, "%s %s %.*s", when, names[level & 3], (int)ml, msg);
+        if (iso) len = (size_t)snprintf(line, sizeof line, "%s %c %.*s", when, "DIWE"[level & 3], (int)ml, msg);
+        else len = (size_t)snprintf(line, sizeof line, "%s %s %.*s", when, names[level & 3], (int)ml, msg);
         if (len > sizeof line - 2) len = sizeof line - 2;
     }
     line[len++] = '\n';

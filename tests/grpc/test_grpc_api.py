@@ -15,7 +15,9 @@ from google.protobuf import descriptor_pb2
 
 from conftest import LIPSYNC, SEG, TINY, tiny_reference, tiny_request
 
-SLOW = {"max_batch": 1, "instances": 1}
+# One batch at a time; max_batch (which also bounds a request's batch) is each test's request size,
+# so every batch is one request.
+SLOW = {"instances": 1}
 
 
 def code_of(fn):
@@ -181,8 +183,9 @@ def test_model_infer_errors(start_server, pb):
 
 
 def test_large_messages(start_server, pb):
-    """~38 MiB in and out through ModelInfer; over the 50 MiB limit is RESOURCE_EXHAUSTED."""
-    srv = start_server()
+    """~38 MiB in and out through ModelInfer; over the 50 MiB limit is RESOURCE_EXHAUSTED. max_batch 0:
+    the leading dimension is not a batch dimension, so one request may carry any number of rows."""
+    srv = start_server({"tiny": {"model_path": str(TINY), "max_batch": 0}})
     s = ks(srv, pb)
     x = np.random.default_rng(2).standard_normal((600_000, 16)).astype(np.float32)
     r = s.ModelInfer(tiny_request(pb, x), timeout=120)
@@ -305,7 +308,7 @@ def test_statistics_and_repository(start_server, pb):
 # ---------------------------------------------------------------- deadlines, cancellation, queue
 
 def test_deadline_exceeded(start_server, pb):
-    srv = start_server({"seg": {"model_path": str(SEG), **SLOW}})
+    srv = start_server({"seg": {"model_path": str(SEG), "max_batch": 32, **SLOW}})
     s = ks(srv, pb)
     s.RepositoryModelLoad(pb.ks.RepositoryModelLoadRequest(model_name="seg"))
     busy = s.ModelInfer.future(seg_request(pb, 32), timeout=60)  # keeps the one worker busy
@@ -321,7 +324,7 @@ def test_deadline_exceeded(start_server, pb):
 
 
 def test_cancel_drops_queued_request(start_server, pb):
-    srv = start_server({"seg": {"model_path": str(SEG), **SLOW}})
+    srv = start_server({"seg": {"model_path": str(SEG), "max_batch": 32, **SLOW}})
     s = ks(srv, pb)
     s.RepositoryModelLoad(pb.ks.RepositoryModelLoadRequest(model_name="seg"))
     busy = s.ModelInfer.future(seg_request(pb, 32), timeout=60)
@@ -340,7 +343,7 @@ def test_cancel_drops_queued_request(start_server, pb):
 
 
 def test_queue_full_resource_exhausted(start_server, pb):
-    srv = start_server({"seg": {"model_path": str(SEG), "queue_size": 2, **SLOW}})
+    srv = start_server({"seg": {"model_path": str(SEG), "queue_size": 2, "max_batch": 4, **SLOW}})
     s = ks(srv, pb)
     s.RepositoryModelLoad(pb.ks.RepositoryModelLoadRequest(model_name="seg"))
     futures = [s.ModelInfer.future(seg_request(pb, 4), timeout=120) for _ in range(12)]
@@ -369,7 +372,7 @@ def test_keepalive_pings(start_server, pb):
 
 
 def test_shutdown_fails_queued_with_unavailable(start_server, pb):
-    srv = start_server({"seg": {"model_path": str(SEG), "queue_size": 10, **SLOW}}, grace=0)
+    srv = start_server({"seg": {"model_path": str(SEG), "queue_size": 10, "max_batch": 16, **SLOW}}, grace=0)
     s = ks(srv, pb)
     s.RepositoryModelLoad(pb.ks.RepositoryModelLoadRequest(model_name="seg"))
     futures = [s.ModelInfer.future(seg_request(pb, 16), timeout=60) for _ in range(4)]

@@ -91,7 +91,8 @@ def https_base(srv):
 
 def test_https_and_mutual_tls(start_server, pki):
     import requests
-    srv = start_server(server={"tls_cert_path": str(pki / "server.pem"), "tls_key_path": str(pki / "server.key")})
+    srv = start_server({"tiny": {"model_path": str(TINY), "max_batch": 4096}},  # 4096-row requests
+                       server={"tls_cert_path": str(pki / "server.pem"), "tls_key_path": str(pki / "server.key")})
     base, port = https_base(srv)
     ca = str(pki / "ca.pem")
     with requests.Session() as sess:  # keep-alive: several requests on one TLS connection

@@ -390,7 +390,7 @@ static void test_errors(void **state)
                  "non-negative number");
     expect_error("models:\n  a:\n    model_path: a.onnx\n    preload: maybe\n", MTS_EINVAL,
                  "t.yaml:4: key 'models.a.preload': expected true or false, got 'maybe'", NULL);
-    expect_error("models:\n  a:\n    model_path: a.onnx\n    max_batch: 0\n", MTS_EINVAL,
+    expect_error("models:\n  a:\n    model_path: a.onnx\n    max_batch: -1\n", MTS_EINVAL,
                  "t.yaml:4: key 'models.a.max_batch'", NULL);
     expect_error("models:\n  a:\n    model_path: a.onnx\n    preferred_gpu: -2\n", MTS_EINVAL,
                  "t.yaml:4: key 'models.a.preferred_gpu'", "from -1 to 1023");
@@ -662,6 +662,8 @@ static void test_triton_repository(void **state)
     assert_int_equal(seg->instances, 3); /* 2 + 1 */
     assert_int_equal(pin->version, 1);   /* version_policy specific [1] */
     assert_int_equal(pin->max_batch, 1);  /* max_batch_size 0: no batch dimension */
+    assert_true(pin->no_batching);
+    assert_false(seg->no_batching);
     assert_int_equal(pin->max_queue_delay_us, 0);
     assert_int_equal(count_warns(&w, "field 'model_warmup' does not apply"), 1);
     assert_int_equal(count_warns(&w, "input"), 0);
@@ -820,7 +822,7 @@ static void test_repository_scan(void **state)
     mts_config_defaults(&c);
     assert_int_equal(mts_config_scan_repository(&c, dir, NULL, NULL, &err), MTS_EINVAL);
     char want[600];
-    snprintf(want, sizeof want, "%s/beta/config.yaml:3: key 'max_batch': expected a positive integer, got 'many'", dir);
+    snprintf(want, sizeof want, "%s/beta/config.yaml:3: key 'max_batch': expected a non-negative integer, got 'many'", dir);
     assert_string_equal(err.msg, want);
     mts_config_free(&c);
 

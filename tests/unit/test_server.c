@@ -234,7 +234,7 @@ static void test_queue_full_timeout_unload(void **state)
     mts_config cfg;
     make_config(&cfg, 1, 4, model_path);
     cfg.models[0].queue_size = 4;
-    cfg.models[0].max_batch = 1;
+    cfg.models[0].max_batch = 4; /* = the requests' 4 samples: one request a batch (more is refused) */
     cfg.workers_per_device = 1;
     mts_server *s;
     mts_err err = {0};
