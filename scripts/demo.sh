@@ -41,7 +41,7 @@ done
 # Per-model settings: a batching model and a pinned one. lipsync_unet_w8 also composites onto the
 # demo avatar (make avatar: models/out/avatar; paths are relative to the config file).
 [ -f models/out/avatar/crop_rects.json ] || /usr/bin/python3 models/gen/avatar.py assets models/out/avatar
-printf 'max_batch: 8\nmax_queue_delay_us: 2000\nbackground_dir: ../../out/avatar/frames\ncrop_rects_path: ../../out/avatar/crop_rects.json\nnum_frames: 100\nbackground_cache_frames: 50\n' \
+printf 'max_batch: 16\nmax_queue_delay_us: 2000\nbackground_dir: ../../out/avatar/frames\ncrop_rects_path: ../../out/avatar/crop_rects.json\nnum_frames: 100\nbackground_cache_frames: 50\n' \
   > "$REPO/lipsync_unet_w8/config.yaml"
 printf 'pin: true\nmax_batch: 64\n' > "$REPO/tiny/config.yaml"
 cat <<EOT
