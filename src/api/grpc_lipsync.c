@@ -46,7 +46,7 @@ typedef struct lip_call {
  * end-to-end time ends here (nothing is recorded for requests never submitted). */
 static void lip_free(lip_call *l)
 {
-    mts_server_request_answered(l->call->srv, &l->req);
+    if (l->call) mts_server_request_answered(l->call->srv, &l->req); /* no call: built by a check only */
     mts_request_release(&l->req);
     if (l->msg) inference__infer_batch_request__free_unpacked(l->msg, NULL);
     if (l->cmsg) inference__composite_batch_request__free_unpacked(l->cmsg, NULL);

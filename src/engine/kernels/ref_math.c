@@ -1508,17 +1508,21 @@ static void red_geometry(const mts_tensor *x, const bool *mask, red_geom *g)
         }                                                                                     \
     } while (0)
 
-static void reduce_f32(int op, const float *x, double *acc, const red_geom *g)
-{
-    switch (op) {
-    case R_SUM: case R_MEAN: RED_WALK(float, double, a += v); break;
-    case R_SUMSQ: case R_L2: RED_WALK(float, double, a += (double)v * v); break;
-    case R_PROD: RED_WALK(float, double, a *= v); break;
-    case R_MAX: RED_WALK(float, double, if (v > a || v != v) a = v); break;
-    case R_MIN: RED_WALK(float, double, if (v < a || v != v) a = v); break;
-    default: break;
+#define REDUCE_FLT(T, S)                                                                      \
+    static void reduce_##S(int op, const T *x, double *acc, const red_geom *g)                \
+    {                                                                                         \
+        switch (op) {                                                                         \
+        case R_SUM: case R_MEAN: RED_WALK(T, double, a += v); break;                          \
+        case R_SUMSQ: case R_L2: RED_WALK(T, double, a += (double)v * v); break;              \
+        case R_PROD: RED_WALK(T, double, a *= v); break;                                      \
+        case R_MAX: RED_WALK(T, double, if (v > a || v != v) a = v); break;                   \
+        case R_MIN: RED_WALK(T, double, if (v < a || v != v) a = v); break;                   \
+        default: break;                                                                       \
+        }                                                                                     \
     }
-}
+
+REDUCE_FLT(float, f32)
+REDUCE_FLT(double, f64)
 
 #define REDUCE_INT(T, S)                                                                      \
     static void reduce_##S(int op, const T *x, int64_t *acc, const red_geom *g)               \
@@ -1529,16 +1533,20 @@ static void reduce_f32(int op, const float *x, double *acc, const red_geom *g)
             RED_WALK(T, int64_t, a = (int64_t)((uint64_t)a + (uint64_t)(int64_t)v * (uint64_t)(int64_t)v)); \
             break;                                                                            \
         case R_PROD: RED_WALK(T, int64_t, a = (int64_t)((uint64_t)a * (uint64_t)(int64_t)v)); break; \
-        case R_MAX: RED_WALK(T, int64_t, if (v > a) a = v); break;                            \
-        case R_MIN: RED_WALK(T, int64_t, if (v < a) a = v); break;                            \
+        case R_MAX: RED_WALK(T, int64_t, if ((int64_t)v > a) a = v); break;                            \
+        case R_MIN: RED_WALK(T, int64_t, if ((int64_t)v < a) a = v); break;                            \
         default: break;                                                                       \
         }                                                                                     \
     }
 
 REDUCE_INT(int8_t, i8)
 REDUCE_INT(uint8_t, u8)
+REDUCE_INT(int16_t, i16)
+REDUCE_INT(uint16_t, u16)
 REDUCE_INT(int32_t, i32)
+REDUCE_INT(uint32_t, u32)
 REDUCE_INT(int64_t, i64)
+REDUCE_INT(uint64_t, u64)
 
 static void int_range(mts_dtype dt, int64_t *lo, int64_t *hi)
 {
@@ -1546,6 +1554,10 @@ static void int_range(mts_dtype dt, int64_t *lo, int64_t *hi)
     case MTS_DTYPE_INT8: *lo = INT8_MIN; *hi = INT8_MAX; break;
     case MTS_DTYPE_UINT8: *lo = 0; *hi = UINT8_MAX; break;
     case MTS_DTYPE_INT32: *lo = INT32_MIN; *hi = INT32_MAX; break;
+    case MTS_DTYPE_INT16: *lo = INT16_MIN; *hi = INT16_MAX; break;
+    case MTS_DTYPE_UINT16: *lo = 0; *hi = UINT16_MAX; break;
+    case MTS_DTYPE_UINT32: *lo = 0; *hi = UINT32_MAX; break;
+    case MTS_DTYPE_UINT64: *lo = 0; *hi = INT64_MAX; break; /* values above 2^63 compare as negative */
     default: *lo = INT64_MIN; *hi = INT64_MAX; break;
     }
 }
@@ -1572,18 +1584,27 @@ static int reduce_run(mts_kctx *k, int op)
         if (mask[i]) count *= x->dims[i];
     red_geom g;
     red_geometry(x, mask, &g);
-    if (x->dtype == MTS_DTYPE_FLOAT) {
+    switch (x->dtype) { /* the element types the loops below read */
+    case MTS_DTYPE_FLOAT: case MTS_DTYPE_DOUBLE: case MTS_DTYPE_INT8: case MTS_DTYPE_UINT8: case MTS_DTYPE_INT16:
+    case MTS_DTYPE_UINT16: case MTS_DTYPE_INT32: case MTS_DTYPE_UINT32: case MTS_DTYPE_INT64: case MTS_DTYPE_UINT64:
+        break;
+    default:
+        return mts_err_set(k->err, MTS_EUNSUPPORTED, "%s of %s is not supported", k->node->op_type,
+                           mts_dtype_name(x->dtype));
+    }
+    if (x->dtype == MTS_DTYPE_FLOAT || x->dtype == MTS_DTYPE_DOUBLE) {
         double *acc = malloc((size_t)on * sizeof(double));
         if (!acc) return mts_err_set(k->err, MTS_ENOMEM, "out of memory for reduction accumulators");
         double init = op == R_PROD ? 1.0 : op == R_MAX ? -INFINITY : op == R_MIN ? INFINITY : 0.0;
         for (int64_t i = 0; i < on; i++) acc[i] = init;
-        if (xn > 0) reduce_f32(op, x->data, acc, &g);
-        float *y = o->data;
+        if (xn > 0 && x->dtype == MTS_DTYPE_FLOAT) reduce_f32(op, x->data, acc, &g);
+        else if (xn > 0) reduce_f64(op, x->data, acc, &g);
         for (int64_t i = 0; i < on; i++) {
             double v = acc[i];
             if (op == R_MEAN) v /= (double)count;
             else if (op == R_L2) v = sqrt(v);
-            y[i] = (float)v;
+            if (x->dtype == MTS_DTYPE_FLOAT) ((float *)o->data)[i] = (float)v;
+            else ((double *)o->data)[i] = v;
         }
         free(acc);
         return MTS_OK;
@@ -1598,7 +1619,11 @@ static int reduce_run(mts_kctx *k, int op)
         switch (x->dtype) {
         case MTS_DTYPE_INT8: reduce_i8(op, x->data, acc, &g); break;
         case MTS_DTYPE_UINT8: reduce_u8(op, x->data, acc, &g); break;
+        case MTS_DTYPE_INT16: reduce_i16(op, x->data, acc, &g); break;
+        case MTS_DTYPE_UINT16: reduce_u16(op, x->data, acc, &g); break;
         case MTS_DTYPE_INT32: reduce_i32(op, x->data, acc, &g); break;
+        case MTS_DTYPE_UINT32: reduce_u32(op, x->data, acc, &g); break;
+        case MTS_DTYPE_UINT64: reduce_u64(op, x->data, acc, &g); break;
         default: reduce_i64(op, x->data, acc, &g); break;
         }
     }
