@@ -7,6 +7,8 @@
  * 6-row blocks; operands are uint8 and int8 in every combination with zero points 0, 128, 255
  * (uint8) or 0, -128, 127 (int8), per tensor and per row / column / output channel; convolutions
  * cover groups (depthwise included), strides, dilations, padding and 1-D to 3-D kernels.
+ * DynamicQuantizeLinear feeding ConvInteger with uint8 weights, and the float bilinear Resize
+ * that such models quantize (its rounding order), are checked as one case.
  * A few hostile inputs must be refused with an error, never crash.
  */
 #include <setjmp.h>
@@ -455,6 +457,154 @@ static void test_qdq_random(void **state)
     }
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* The dynamically quantized model case: Resize (linear) -> DynamicQuantizeLinear -> ConvInteger
+ * with uint8 weights and a weight zero point. DynamicQuantizeLinear turns a 1-ulp difference in
+ * its input into a whole quantization step, so the float Resize in front of it must round as
+ * ONNX Runtime's bilinear kernel does: coordinates and weights in float, the four taps summed
+ * left to right as wx2*wy2*x11 + wx1*wy2*x21 + wx2*wy1*x12 + wx1*wy1*x22. */
+
+static const mts_op *conv_table_op(const char *name)
+{
+    for (const mts_op *op = mts_ref_ops_conv; op->op_type; op++)
+        if (!strcmp(op->op_type, name)) return op;
+    return NULL;
+}
+
+/* half_pixel source taps of output j for in -> out, as ONNX Runtime computes them */
+static void ort_taps(int64_t in, int64_t out, int64_t j, int64_t *i1, int64_t *i2, float *d1, float *d2)
+{
+    float s = (float)out / (float)in;
+    float c = ((float)j + 0.5f) / s - 0.5f;
+    c = c < (float)(in - 1) ? c : (float)(in - 1);
+    c = c > 0.0f ? c : 0.0f;
+    *i1 = (int64_t)c;
+    *i2 = *i1 + 1 < in ? *i1 + 1 : in - 1;
+    if (*i1 == *i2) {
+        *d1 = *d2 = 0.5f;
+    } else {
+        *d1 = fabsf(c - (float)*i1);
+        *d2 = fabsf(c - (float)*i2);
+    }
+}
+
+static void test_resize_bilinear_order(void **state)
+{
+    (void)state;
+    const mts_op *rs = conv_table_op("Resize");
+    assert_non_null(rs);
+    mts_attr at[2] = {{.name = "mode", .type = MTS_ATTR_STRING, .s = "linear"},
+                      {.name = "coordinate_transformation_mode", .type = MTS_ATTR_STRING, .s = "half_pixel"}};
+    mts_node nd = {.name = "", .op_type = "Resize", .domain = "", .opset = 13, .n_attr = 2, .attrs = at};
+    const int64_t shapes[3][2] = {{11, 13}, {3, 13}, {5, 17}}; /* up, down x up, identity x up */
+    int64_t xd[4] = {1, 3, 5, 6}, sd[1] = {4};
+    mts_tensor x = tnew(MTS_DTYPE_FLOAT, 4, xd);
+    float *xv = x.data;
+    for (int64_t i = 0; i < mts_tensor_numel(&x); i++) xv[i] = (float)(rnd() % 1000000) / 77777.0f;
+    for (int t = 0; t < 3; t++) {
+        mts_tensor sz = tnew(MTS_DTYPE_INT64, 1, sd);
+        int64_t *sv = sz.data;
+        sv[0] = 1, sv[1] = 3, sv[2] = shapes[t][0], sv[3] = shapes[t][1];
+        const mts_tensor *in[4] = {&x, NULL, NULL, &sz};
+        mts_err err = {0};
+        mts_tensor y;
+        int rc = run_op(rs, &nd, in, 4, &y, 1, &err);
+        if (rc) fail_msg("Resize: %s", err.msg);
+        int64_t OH = sv[2], OW = sv[3], H = xd[2], W = xd[3];
+        for (int64_t c = 0; c < 3; c++)
+            for (int64_t oy = 0; oy < OH; oy++)
+                for (int64_t ox = 0; ox < OW; ox++) {
+                    int64_t y1, y2, x1, x2;
+                    float dy1, dy2, dx1, dx2;
+                    ort_taps(H, OH, oy, &y1, &y2, &dy1, &dy2);
+                    ort_taps(W, OW, ox, &x1, &x2, &dx1, &dx2);
+                    const float *p = xv + c * H * W;
+                    float want = dx2 * dy2 * p[y1 * W + x1] + dx1 * dy2 * p[y1 * W + x2] +
+                                 dx2 * dy1 * p[y2 * W + x1] + dx1 * dy1 * p[y2 * W + x2];
+                    if (OH == H) want = dx2 * p[oy * W + x1] + dx1 * p[oy * W + x2];
+                    float got = ((float *)y.data)[(c * OH + oy) * OW + ox];
+                    if (memcmp(&got, &want, sizeof got))
+                        fail_msg("Resize to %lldx%lld at (%lld, %lld, %lld): got %.9g, want %.9g", (long long)OH,
+                                 (long long)OW, (long long)c, (long long)oy, (long long)ox, (double)got, (double)want);
+                }
+        tfree(&y), tfree(&sz);
+    }
+    tfree(&x);
+}
+
+/* DynamicQuantizeLinear against the spec's formulas (range widened to include 0, zero point
+ * round-half-even of -min / scale, saturated), then ConvInteger of its uint8 output with
+ * uint8 weights and a scalar weight zero point of 143 (the IS-Net layout: 3x3, dilation 2, pad
+ * 2) against a naive sum, and the fast kernel against the reference bit for bit. */
+static void test_dynq_convinteger(void **state)
+{
+    (void)state;
+    const float ranges[4][2] = {{-1.0f, 3.0f}, {0.5f, 2.0f}, {-7.25f, -0.125f}, {-0.3f, 11.9f}};
+    for (int t = 0; t < 4; t++) {
+        int64_t xd[4] = {1, 5, 9, 10};
+        mts_tensor x = tnew(MTS_DTYPE_FLOAT, 4, xd);
+        int64_t n = mts_tensor_numel(&x);
+        float *xv = x.data, lo = ranges[t][0], hi = ranges[t][1];
+        for (int64_t i = 0; i < n; i++) xv[i] = lo + (hi - lo) * (float)(rnd() % 4096) / 4095.0f;
+        xv[0] = lo, xv[1] = hi;
+        mts_node dn = {.name = "", .op_type = "DynamicQuantizeLinear", .domain = "", .opset = 11};
+        const mts_tensor *din[1] = {&x};
+        mts_tensor outs[3];
+        memset(outs, 0, sizeof outs);
+        mts_err err = {0};
+        mts_kctx k = {&dn, din, 1, outs, 3, &err, 1, NULL};
+        const mts_op *dq = ref_op("DynamicQuantizeLinear");
+        assert_int_equal(dq->infer(&k), 0);
+        for (int o = 0; o < 3; o++) {
+            int64_t nb = mts_tensor_nbytes(&outs[o]);
+            outs[o].data = calloc(1, nb > 0 ? (size_t)nb : 1);
+        }
+        assert_int_equal(dq->run(&k), 0);
+        float mn = lo < 0.0f ? lo : 0.0f, mx = hi > 0.0f ? hi : 0.0f;
+        float scale = (mx - mn) / 255.0f, zf = rintf(0.0f - mn / scale);
+        int32_t zp = (int32_t)(zf < 0.0f ? 0.0f : zf > 255.0f ? 255.0f : zf);
+        assert_true(*(float *)outs[1].data == scale);
+        assert_int_equal(*(uint8_t *)outs[2].data, zp);
+        for (int64_t i = 0; i < n; i++) {
+            float r = rintf(xv[i] / scale) + (float)zp;
+            int32_t w = (int32_t)(r < 0.0f ? 0.0f : r > 255.0f ? 255.0f : r);
+            if (((uint8_t *)outs[0].data)[i] != w)
+                fail_msg("DynamicQuantizeLinear element %lld (x %g): got %d, want %d", (long long)i, (double)xv[i],
+                         ((uint8_t *)outs[0].data)[i], w);
+        }
+        int64_t wd[4] = {7, 5, 3, 3};
+        mts_tensor w = tnew(MTS_DTYPE_UINT8, 4, wd), wz = tnew(MTS_DTYPE_UINT8, 0, wd);
+        fill_q8(&w);
+        *(uint8_t *)wz.data = 143;
+        cattrs ca = {.strides = {1, 1}, .dilations = {2, 2}, .pads = {2, 2, 2, 2}, .group = 1};
+        mts_node cn;
+        conv_node(&cn, &ca, 2, "ConvInteger");
+        const mts_tensor *cin[4] = {&outs[0], &w, &outs[2], &wz};
+        mts_tensor y;
+        int rc = run_op(ref_op("ConvInteger"), &cn, cin, 4, &y, 1, &err);
+        if (rc) fail_msg("ConvInteger: %s", err.msg);
+        assert_int_equal(y.dims[2], 9);
+        assert_int_equal(y.dims[3], 10);
+        const uint8_t *q = outs[0].data, *wv = w.data;
+        for (int64_t m = 0; m < 7; m++)
+            for (int64_t oy = 0; oy < 9; oy++)
+                for (int64_t ox = 0; ox < 10; ox++) {
+                    int32_t acc = 0;
+                    for (int64_t c = 0; c < 5; c++)
+                        for (int64_t ky = 0; ky < 3; ky++)
+                            for (int64_t kx = 0; kx < 3; kx++) {
+                                int64_t iy = oy - 2 + 2 * ky, ix = ox - 2 + 2 * kx;
+                                int32_t xq = iy < 0 || iy >= 9 || ix < 0 || ix >= 10 ? zp : q[(c * 9 + iy) * 10 + ix];
+                                acc += (xq - zp) * (wv[((m * 5 + c) * 3 + ky) * 3 + kx] - 143);
+                            }
+                    assert_int_equal(((int32_t *)y.data)[(m * 9 + oy) * 10 + ox], acc);
+                }
+        check_fast(&mts_quant_fast_convinteger, &cn, cin, 4, &y, "ConvInteger after DynamicQuantizeLinear");
+        tfree(&y), tfree(&w), tfree(&wz), tfree(&x);
+        for (int o = 0; o < 3; o++) tfree(&outs[o]);
+    }
+}
+
 static void test_hostile(void **state)
 {
     (void)state;
@@ -486,6 +636,8 @@ int main(void)
         cmocka_unit_test(test_conv),
         cmocka_unit_test(test_quantize_rounding),
         cmocka_unit_test(test_qdq_random),
+        cmocka_unit_test(test_resize_bilinear_order),
+        cmocka_unit_test(test_dynq_convinteger),
         cmocka_unit_test(test_hostile),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

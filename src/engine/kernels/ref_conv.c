@@ -1396,6 +1396,101 @@ static int rs_run_nearest(mts_kctx *k, const rs_desc *d)
     return MTS_OK;
 }
 
+/* Linear resizing of one or two axes with the source coordinates, the weights and the sums
+ * in float, evaluated in the order of ONNX Runtime's CPU bilinear kernel: for axes A < B,
+ * y = wB2*wA2*x[a1][b1] + wB1*wA2*x[a1][b2] + wB2*wA1*x[a2][b1] + wB1*wA1*x[a2][b2], left
+ * to right, with the coordinate clamped to [0, in - 1] (so no tap is outside). The spec allows
+ * any rounding; this order makes models that quantize Resize outputs dynamically
+ * (DynamicQuantizeLinear rounds them, and one flipped step is amplified layer by layer)
+ * reproduce ONNX Runtime's results. */
+typedef struct rs_ltap {
+    int64_t i1, i2;
+    float d1, d2; /* weights of i2 and i1 */
+} rs_ltap;
+
+static bool rs_lin_float_axes(const rs_desc *d, int *ax, int *nax)
+{
+    if (d->mode != RM_LINEAR || d->exclude_outside) return false;
+    if (d->ctm != CT_HALF_PIXEL && d->ctm != CT_PYTORCH_HALF_PIXEL && d->ctm != CT_ASYMMETRIC) return false;
+    int n = 0;
+    for (int a = 0; a < d->rank; a++) {
+        if (d->out[a] == d->in[a] && d->scale[a] == 1.0) continue;
+        if (n == 2 || d->in[a] == 0) return false;
+        ax[n++] = a;
+    }
+    *nax = n;
+    return n > 0;
+}
+
+static void rs_lin_float_taps(const rs_desc *d, int a, rs_ltap *t)
+{
+    float s = (float)d->scale[a], lim = (float)(d->in[a] - 1);
+    for (int64_t j = 0; j < d->out[a]; j++) {
+        float x = (float)j, c;
+        if (d->ctm == CT_ASYMMETRIC) c = x / s;
+        else if (d->ctm == CT_PYTORCH_HALF_PIXEL && d->out[a] <= 1) c = 0.0f;
+        else c = (x + 0.5f) / s - 0.5f;
+        c = lim < c ? lim : c;
+        c = c > 0.0f ? c : 0.0f; /* also NaN */
+        int64_t i1 = (int64_t)c;
+        if (i1 > d->in[a] - 1) i1 = d->in[a] - 1;
+        int64_t i2 = i1 + 1 < d->in[a] ? i1 + 1 : d->in[a] - 1;
+        t[j].i1 = i1;
+        t[j].i2 = i2;
+        if (i1 == i2) {
+            t[j].d1 = t[j].d2 = 0.5f;
+        } else {
+            t[j].d1 = fabsf(c - (float)i1);
+            t[j].d2 = fabsf(c - (float)i2);
+        }
+    }
+}
+
+static int rs_run_lin_float(mts_kctx *k, const rs_desc *d, const int *ax, int nax)
+{
+    const float *x = k->in[0]->data;
+    float *y = k->out[0].data;
+    int A = ax[0], B = nax == 2 ? ax[1] : -1;
+    int64_t LA = d->out[A], LB = B >= 0 ? d->out[B] : 1;
+    rs_ltap *ta = malloc((size_t)(LA + LB) * sizeof *ta), *tb = ta ? ta + LA : NULL;
+    if (!ta) return mts_err_set(k->err, MTS_ENOMEM, "Resize: no memory for interpolation tables");
+    rs_lin_float_taps(d, A, ta);
+    if (B >= 0) rs_lin_float_taps(d, B, tb);
+    int64_t outer = 1, mid = 1, inner = 1;
+    for (int a = 0; a < A; a++) outer *= d->in[a];
+    if (B >= 0) {
+        for (int a = A + 1; a < B; a++) mid *= d->in[a];
+        for (int a = B + 1; a < d->rank; a++) inner *= d->in[a];
+    } else {
+        for (int a = A + 1; a < d->rank; a++) inner *= d->in[a];
+    }
+    int64_t IA = d->in[A], IB = B >= 0 ? d->in[B] : 1;
+    for (int64_t o = 0; o < outer; o++)
+        for (int64_t ja = 0; ja < LA; ja++) {
+            const rs_ltap *pa = &ta[ja];
+            for (int64_t m = 0; m < mid; m++) {
+                const float *r1 = x + ((o * IA + pa->i1) * mid + m) * IB * inner;
+                const float *r2 = x + ((o * IA + pa->i2) * mid + m) * IB * inner;
+                float *yr = y + ((o * LA + ja) * mid + m) * LB * inner;
+                if (B < 0) {
+                    for (int64_t i = 0; i < inner; i++) yr[i] = pa->d2 * r1[i] + pa->d1 * r2[i];
+                    continue;
+                }
+                for (int64_t jb = 0; jb < LB; jb++) {
+                    const rs_ltap *pb = &tb[jb];
+                    float w11 = pb->d2 * pa->d2, w21 = pb->d1 * pa->d2, w12 = pb->d2 * pa->d1, w22 = pb->d1 * pa->d1;
+                    const float *x11 = r1 + pb->i1 * inner, *x21 = r1 + pb->i2 * inner;
+                    const float *x12 = r2 + pb->i1 * inner, *x22 = r2 + pb->i2 * inner;
+                    float *yo = yr + jb * inner;
+                    for (int64_t i = 0; i < inner; i++)
+                        yo[i] = w11 * x11[i] + w21 * x21[i] + w12 * x12[i] + w22 * x22[i];
+                }
+            }
+        }
+    free(ta);
+    return MTS_OK;
+}
+
 /* Linear / cubic: one axis at a time, shrinking axes first so no intermediate exceeds the
  * larger of input and output. */
 static int rs_run_interp(mts_kctx *k, const rs_desc *d)
@@ -1495,6 +1590,13 @@ static int rs_run_common(mts_kctx *k, bool upsample)
     rs_desc d;
     int rc = rs_setup(k, upsample, &d);
     if (rc) return rc;
+    int ax[2], nax;
+    if (k->in[0]->dtype == MTS_DTYPE_FLOAT && rs_lin_float_axes(&d, ax, &nax)) {
+        int64_t onum = 1;
+        for (int a = 0; a < d.rank; a++) onum *= d.out[a];
+        if (onum == 0) return MTS_OK;
+        return rs_run_lin_float(k, &d, ax, nax);
+    }
     return d.mode == RM_NEAREST ? rs_run_nearest(k, &d) : rs_run_interp(k, &d);
 }
 
