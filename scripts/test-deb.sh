@@ -40,6 +40,7 @@ cleanup() {
   rm -rf "$WORK"
 }
 trap cleanup EXIT
+trap "exit 143" TERM INT   # a timeout still runs the cleanup
 
 # start_server LOG CMD...: starts CMD in the background and waits (at most 15 s) for its HTTP
 # serving line; sets SRV_PID and PORT.
