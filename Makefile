@@ -149,16 +149,20 @@ DESTDIR ?=
 BINDIR := $(PREFIX)/bin
 MAN1DIR := $(PREFIX)/share/man/man1
 COMPLETIONDIR := $(PREFIX)/share/bash-completion/completions
+VERSION := $(shell sed -nE 's/^project.mtserve VERSION ([0-9][0-9.]*).*/\1/p' CMakeLists.txt)
 
 install:
 	@test -x $(BUILD)/mtserve || (echo "$(BUILD)/mtserve is missing: run 'make' first"; exit 1)
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(MAN1DIR) $(DESTDIR)$(COMPLETIONDIR)
 	install -m 0755 $(BUILD)/mtserve $(DESTDIR)$(BINDIR)/mtserve
-	install -m 0644 packaging/mtserve.1 $(DESTDIR)$(MAN1DIR)/mtserve.1
+	sed 's/"mtserve [0-9][0-9.]*"/"mtserve $(VERSION)"/' packaging/mtserve.1 > $(DESTDIR)$(MAN1DIR)/mtserve.1
+	chmod 0644 $(DESTDIR)$(MAN1DIR)/mtserve.1
 	install -m 0644 packaging/mtserve.bash-completion $(DESTDIR)$(COMPLETIONDIR)/mtserve
 
 uninstall:
 	rm -f $(DESTDIR)$(BINDIR)/mtserve $(DESTDIR)$(MAN1DIR)/mtserve.1 $(DESTDIR)$(COMPLETIONDIR)/mtserve
+	@# directories install created, when they are now empty (rmdir leaves non-empty ones)
+	-@rmdir $(DESTDIR)$(COMPLETIONDIR) $(DESTDIR)$(PREFIX)/share/bash-completion $(DESTDIR)$(MAN1DIR) 2>/dev/null || true
 
 deb: build
 	@bash scripts/make-deb.sh $(BUILD)
