@@ -10,7 +10,7 @@
 #
 #   scripts/test-deb.sh [PACKAGE.deb]      (default: the package in build/)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 VERSION=$(sed -nE 's/^project\(mtserve VERSION ([0-9][0-9.]*).*/\1/p' CMakeLists.txt)
 DEB=${1:-build/mtserve_${VERSION}_$(dpkg --print-architecture).deb}
 MODEL=models/out/tiny.onnx
