@@ -5,8 +5,8 @@
 #   make run      install, build, generate the demo models, and run the demo (PORT=8000
 #                 GRPC_PORT=50051 move its ports; both are checked to be free first)
 #   make test     everything CI checks: unit tests (plain, ASan+UBSan, TSan), ONNX conformance,
-#                 the broken-file corpus under ASan, CLI checks, ONNX Runtime comparisons, the Debian package
-#                 (built, installed, served from and purged: scripts/test-deb.sh)
+#                 the broken-file corpus under ASan, CLI checks, ONNX Runtime comparisons, the
+#                 Debian package (built, installed, served from, purged: scripts/test-deb.sh)
 #   make models   generate the reference models into models/out
 #   make avatar   generate the demo lip-sync avatar (100 frames 1280x720 + crop rectangles) into
 #                 models/out/avatar (used by make run for lipsync_unet_w8; docs/media.md)
