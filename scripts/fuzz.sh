@@ -7,6 +7,9 @@
 # final stats) and any crash, leak, timeout or out-of-memory report with its reproducer file.
 # Exits non-zero when a target found something.
 #   usage: scripts/fuzz.sh [SECONDS [TARGET...]]     (TARGET: json, fuzz_json, ...; default all)
+# FUZZ_RUNS=N (the make test stage): N executions per target from a fixed seed instead of a
+# time budget, so a given commit mutates the same inputs on every run (SECONDS then only caps a
+# target that runs very slowly).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 B=build-fuzz
@@ -44,7 +47,9 @@ for t in "${targets[@]}"; do
   before=$(ls "$work/artifacts" | wc -l)
   # -timeout: one input taking longer is a bug (each target bounds its work per input);
   # -rss_limit_mb / -malloc_limit_mb: so is an unbounded allocation.
-  (cd "$work" && "$bin" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=1024 \
+  budget=(-max_total_time="$secs")
+  [ -n "${FUZZ_RUNS:-}" ] && budget=(-seed=1 -runs="$FUZZ_RUNS" -max_total_time="$secs")
+  (cd "$work" && "$bin" "${budget[@]}" -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=1024 \
       -print_final_stats=1 -artifact_prefix=artifacts/ corpus > log 2>&1)
   rc=$?
   log=$work/log

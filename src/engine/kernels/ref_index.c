@@ -1409,6 +1409,7 @@ static int ein_check(mts_kctx *k, ein *q)
 {
     int rc;
     if ((rc = mts_kchk_n_out(k, 1))) return rc;
+    if (k->n_in < 1) return mts_err_set(k->err, MTS_EINVAL, "Einsum needs at least one input");
     for (int i = 0; i < k->n_in; i++) {
         const mts_tensor *t = mts_kin(k, i);
         if (!t) return mts_err_set(k->err, MTS_EINVAL, "Einsum input %d is missing", i);
