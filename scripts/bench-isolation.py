@@ -21,9 +21,12 @@ different times) run side by side: each one's share of the engine time, target 5
 The CPU model is printed first (it changes between machines).
 
 Knobs (environment): DURATION (seconds per measured run, default 10), ROUNDS (default 3),
-LIGHT_RATE (default 200), PARTS (default "light,two-heavy": which of the two parts to run),
-MTSERVE (binary, default build/mtserve); MTS_SHORT_LANE=0 runs the
-server without its short-work lane (fair sharing alone), for comparison.
+LIGHT_RATE (default 200), PARTS (default "light,two-heavy": which parts to run; "modes" adds
+the scheduler comparison below), MTSERVE (binary, default build/mtserve); MTS_SHORT_LANE=0 runs the
+server without its short-work lane (fair sharing alone), MTS_PREEMPT=1 with preemption between
+engine steps. PARTS=modes compares the ways of bounding the light tenant's wait side by side
+(MODES, default "lane,preempt,none"; also "lane+preempt"): one server per mode, the light tenant
+beside the heavy one at concurrency 4 and 32, rounds interleaved across the servers.
 """
 import json
 import os
@@ -51,19 +54,23 @@ def cpu_model():
     return "unknown CPU"
 
 
-def start_server(tmp):
+def start_server(tmp, env=None):
     repo = Path(tmp) / "repo"
     for m in (HEAVY, LIGHT, HEAVY2):
+        if (repo / m).exists():
+            continue
         (repo / m).mkdir(parents=True)
         (repo / m / "model.onnx").symlink_to(ROOT / "models" / "out" / f"{m}.onnx")
         (repo / m / "config.yaml").write_text("preload: true\n")
-    out = open(Path(tmp) / "serve.out", "w+")
-    err = open(Path(tmp) / "serve.err", "w")
+    tag = "-".join(f"{k}{v}" for k, v in (env or {}).items())
+    outp, errp = Path(tmp) / f"serve{tag}.out", Path(tmp) / f"serve{tag}.err"
+    out = open(outp, "w+")
+    err = open(errp, "w")
     p = subprocess.Popen([MTSERVE, "serve", "--model-repository", str(repo), "--http-port", "0", "--grpc-port", "0",
-                          "--log-level", "warn"], stdout=out, stderr=err)
+                          "--log-level", "warn"], stdout=out, stderr=err, env={**os.environ, **(env or {})})
     deadline = time.time() + 60
     while time.time() < deadline:
-        text = (Path(tmp) / "serve.out").read_text()
+        text = outp.read_text()
         h = re.search(r"on (http://[0-9.]+:\d+) \(KServe v2\)", text)
         g = re.search(r"serving gRPC on ([0-9.]+:\d+)", text)
         if h and g:
@@ -71,7 +78,7 @@ def start_server(tmp):
         if p.poll() is not None:
             break
         time.sleep(0.05)
-    sys.exit("bench-isolation: the server did not start:\n" + (Path(tmp) / "serve.err").read_text())
+    sys.exit("bench-isolation: the server did not start:\n" + errp.read_text())
 
 
 def bench_cmd(proto, url, grpc, model, *args):
@@ -118,6 +125,51 @@ def two_heavy(url, grpc):
           + ", ".join(f"{100 * x[0]:.1f} %" for x in shares) + ")", flush=True)
 
 
+# Ways the scheduler keeps a light tenant from waiting behind a heavy one (PARTS=modes):
+# server environment per mode.
+MODES = {"lane": {}, "preempt": {"MTS_SHORT_LANE": "0", "MTS_PREEMPT": "1"},
+         "lane+preempt": {"MTS_PREEMPT": "1"}, "none": {"MTS_SHORT_LANE": "0"}}
+
+
+def modes(tmp):
+    """The same light/heavy pairs against one server per scheduler mode, interleaved round by
+    round (every server idle but the one measured), so the modes see the same machine."""
+    names = [m for m in os.environ.get("MODES", "lane,preempt,none").split(",") if m]
+    servers = {m: start_server(tmp, MODES[m]) for m in names}
+    try:
+        for proto in ("http", "grpc"):
+            for m in names:
+                _, url, grpc = servers[m]
+                run([bench_cmd(proto, url, grpc, HEAVY, "--concurrency", 8, "--duration", 3),
+                     bench_cmd(proto, url, grpc, LIGHT, "--concurrency", 4, "--duration", 3)])
+            print(f"\n{proto}: light tenant {LIGHT} at {LIGHT_RATE:.0f}/s beside {HEAVY}; one server per mode, "
+                  f"medians of {ROUNDS} interleaved rounds\n")
+            print("| heavy load | mode | light p50 | light p99 | light p99 queued in server | light answered | "
+                  "heavy req/s | heavy vs lane |")
+            print("|---|---|---|---|---|---|---|---|")
+            for label, hargs in (("closed loop, concurrency 4", ("--concurrency", 4)),
+                                 ("closed loop, concurrency 32", ("--concurrency", 32))):
+                res = {m: [] for m in names}
+                for _ in range(ROUNDS):
+                    for m in names:
+                        _, url, grpc = servers[m]
+                        res[m].append(run([bench_cmd(proto, url, grpc, HEAVY, *hargs, "--duration", DURATION),
+                                           bench_cmd(proto, url, grpc, LIGHT, *light_args())]))
+                ref = median([h["throughput_rps"] for h, _ in res[names[0]]])
+                for m in names:
+                    hs, ls = [h for h, _ in res[m]], [x for _, x in res[m]]
+                    thr = median([h["throughput_rps"] for h in hs])
+                    print(f"| {label} | {m} | {median([x['latency_ms']['p50'] for x in ls]):.2f} ms | "
+                          f"{median([x['latency_ms']['p99'] for x in ls]):.2f} ms | "
+                          f"{median([x['server_queue_ms']['p99'] for x in ls]):.2f} ms | "
+                          f"{sum(x['ok'] for x in ls)}/{sum(x['requests'] for x in ls)} | {thr:.2f} | "
+                          f"{thr / ref if ref else 0:.3f} |", flush=True)
+    finally:
+        for p, _, _ in servers.values():
+            p.terminate()
+            p.wait(timeout=30)
+
+
 def median(xs):
     xs = sorted(xs)
     return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
@@ -128,6 +180,10 @@ def main():
           f"light rate {LIGHT_RATE:.0f}/s, short-work lane {'off' if os.environ.get('MTS_SHORT_LANE') == '0' else 'on'}",
           flush=True)
     with tempfile.TemporaryDirectory() as tmp:
+        if "modes" in PARTS:
+            modes(tmp)
+            if PARTS == ["modes"]:
+                return
         server, url, grpc = start_server(tmp)
         try:
             for proto in ("http", "grpc") if "light" in PARTS else ():

@@ -50,6 +50,8 @@ struct mts_ctx {
     void **hbuf;
     int64_t *hcap;
     void *cf;           /* control-flow kernels' subgraph contexts and node states (subgraph.c) */
+    mts_step_hook hook; /* called between steps (the scheduler's preemption point) */
+    void *hook_arg;
 };
 
 void **mts__ctx_cf_slot(mts_ctx *c)
@@ -107,6 +109,12 @@ void mts_ctx_set_threads(mts_ctx *c, int threads)
     c->threads = ctx_threads(threads);
     memset(c->arms, 0, sizeof c->arms); /* the estimates were for the old team */
     c->prep_mask &= 1u;                 /* the team's primitives are for the old count */
+}
+
+void mts_ctx_set_step_hook(mts_ctx *c, mts_step_hook fn, void *arg)
+{
+    c->hook = fn;
+    c->hook_arg = arg;
 }
 
 void mts_ctx_team_stats(const mts_ctx *c, int64_t *runs, int64_t *one_thread_runs)
@@ -472,6 +480,11 @@ static int run_steps(mts_ctx *c, const mts__plan *p, const mts_tensor **outputs,
     double t_step = profile ? now_ms() : 0;
     for (int s = 0; s < p->n_steps; s++) {
         const mts__step *st = &p->steps[s];
+        /* A preemption point: the hook may run other work on this thread. That work sets the
+         * thread's own team sizes, so the backends' are set again for this run. */
+        if (s > 0 && c->hook && c->hook(c->hook_arg) && p->scratch_bytes)
+            for (int b = 0; mts_backends[b]; b++)
+                if ((p->backends & (1u << b)) && mts_backends[b]->set_threads) mts_backends[b]->set_threads(c->run_threads);
         if (profile && s > 0) {
             double t = now_ms();
             fprintf(stderr, "step %3d %-14s %-24s %8.3f ms\n", s - 1, m->nodes[p->steps[s - 1].node].op_type,

@@ -71,6 +71,11 @@ int mts_ctx_create(mts_model *m, int threads, mts_ctx **out, mts_err *err);
 void mts_ctx_free(mts_ctx *c);
 /* Changes the intra-op thread count for the next runs (>= 1). */
 void mts_ctx_set_threads(mts_ctx *c, int threads);
+/* A function mts_ctx_run calls on the running thread between two steps of the plan, so a
+ * scheduler can run short work of other models inside a long run (a preemption point). It
+ * returns nonzero when it ran something on this thread; fn NULL removes the hook. */
+typedef int (*mts_step_hook)(void *arg);
+void mts_ctx_set_step_hook(mts_ctx *c, mts_step_hook fn, void *arg);
 /* Runs so far and how many of them ran on one thread: all of a one-thread context's, and those
  * of a context of T > 1 threads that ran on one thread instead of its team while that was faster
  * (engine/team.h; MTS_TEAM_ADAPT=0 turns this off). */

@@ -136,6 +136,7 @@ typedef struct mts__entry {
     mts_duration_stat batch_infer[MTS_MAX_BATCH_STATS + 1];
     uint64_t loads, unloads, evictions, load_failures;
     uint64_t mem_capped;  /* batches cut below max_batch because the device's memory was short */
+    uint64_t n_preempt;   /* batches run inside a pause of another model's long batch */
     uint64_t n_timeout, n_cancelled, n_rejected;
     /* Per request (a batch's time counted once for each request in it), as Triton's
      * nv_inference_compute_*_duration_us; request_ns: end-to-end time of answered requests. */
@@ -157,13 +158,17 @@ typedef struct mts__device {
     double vclock;        /* virtual time of the last batch started (fair sharing) */
     double lane_credit_ns;/* the short-work lane's time budget (scheduler.c) */
     int64_t lane_refill_ns;
+    atomic_int ready_n;   /* models in the ready list (read without the lock by preemption) */
 } mts__device;
 
 typedef struct mts__worker {
     struct mts_server *s;
     int device, index; /* index within the device; index == workers: the short-work lane */
-    void *scratch[MTS_REQ_MAX_TENSORS]; /* batch gather buffers, one per input */
-    size_t scratch_cap[MTS_REQ_MAX_TENSORS];
+    /* batch gather buffers, one per input, and batch bookkeeping: [0] for the worker's own
+     * batch, [1] for short work it runs while that batch is paused (preemption) */
+    void *scratch[2][MTS_REQ_MAX_TENSORS];
+    size_t scratch_cap[2][MTS_REQ_MAX_TENSORS];
+    struct batch_req *br[2];
 } mts__worker;
 
 struct mts_server {
@@ -186,6 +191,7 @@ struct mts_server {
     int n_jobs, cap_jobs;
     pthread_cond_t load_cv, idle_cv, janitor_cv;
     bool stopping, stop_workers, stop_all;
+    bool preempt; /* MTS_PREEMPT=1: long batches pause between steps for short work (scheduler.c) */
     int total_queued;
     int resident;
     int rr_next;

@@ -83,6 +83,10 @@ void mts__fail_list(mts_request *list, int status, const char *msg)
 #define LANE_MAX_NS 2e6
 #define LANE_SHARE 0.10
 #define LANE_BURST_NS 50e6
+/* What a worker looks for: regular work, the short-work lane's, or short work it runs inside
+ * a pause of a long batch of its own (preemption, see preempt_hook). */
+enum { PICK_REGULAR, PICK_LANE, PICK_PREEMPT };
+
 /* Moving-average weight of a batch's measured cost per sample. */
 #define COST_ALPHA 0.2
 
@@ -125,6 +129,7 @@ void mts__ready_push(mts_server *s, mts__entry *e)
     if (d->ready_tail) d->ready_tail->ready_next = e;
     else d->ready_head = e;
     d->ready_tail = e;
+    atomic_fetch_add_explicit(&d->ready_n, 1, memory_order_relaxed);
     pthread_cond_broadcast(&d->cv); /* the short-work lane may not take it: wake every worker */
 }
 
@@ -153,13 +158,18 @@ static bool lane_fits(const mts__device *d, const mts__entry *e)
  * charged divided by weight), so each model gets device time in proportion to its weight
  * whatever its batches cost, not turns. The short-work lane takes only models whose next batch
  * is measured to be short, while it has time budget. */
-static mts__entry *ready_pick(mts__device *d, bool lane)
+static mts__entry *ready_pick(mts__device *d, int mode, const mts__entry *outer, double outer_ns)
 {
+    /* short: what the lane takes, or for a pause, also anything under 1/16 of the paused batch */
+    double short_ns = mode == PICK_PREEMPT && outer_ns / 16 > LANE_MAX_NS ? outer_ns / 16 : LANE_MAX_NS;
     mts__entry *best = NULL, *best_prev = NULL, *prev = NULL;
     for (mts__entry *e = d->ready_head; e; prev = e, e = e->ready_next) {
-        if (lane) {
+        if (mode != PICK_REGULAR) {
             double est = batch_estimate(e);
-            if (!(e->cost_per_sample > 0) || est > LANE_MAX_NS || est > d->lane_credit_ns || !lane_fits(d, e))
+            if (!(e->cost_per_sample > 0) || est > short_ns || !lane_fits(d, e)) continue;
+            if (mode == PICK_LANE && est > d->lane_credit_ns) continue;
+            if (mode == PICK_PREEMPT && (e == outer || ready_priority(e) > entry_priority(outer) ||
+                                         e->vtime > outer->vtime))
                 continue;
         }
         if (!best || ready_priority(e) < ready_priority(best) ||
@@ -174,6 +184,7 @@ static mts__entry *ready_pick(mts__device *d, bool lane)
     if (d->ready_tail == best) d->ready_tail = best_prev;
     best->in_ready = false;
     best->ready_next = NULL;
+    atomic_fetch_sub_explicit(&d->ready_n, 1, memory_order_relaxed);
     if (best->vtime > d->vclock) d->vclock = best->vtime;
     return best;
 }
@@ -401,20 +412,20 @@ static bool compatible(const mts__version *v, const mts_request *a, const batch_
 
 #define MTS__MAX_BATCH_REQS 256
 
-static void *scratch_get(mts__worker *w, int i, size_t bytes)
+static void *scratch_get(mts__worker *w, int depth, int i, size_t bytes)
 {
-    if (w->scratch_cap[i] < bytes) {
-        free(w->scratch[i]);
+    if (w->scratch_cap[depth][i] < bytes) {
+        free(w->scratch[depth][i]);
         size_t cap = bytes + bytes / 4 + 64;
-        w->scratch[i] = aligned_alloc(64, (cap + 63) / 64 * 64);
-        w->scratch_cap[i] = w->scratch[i] ? cap : 0;
+        w->scratch[depth][i] = aligned_alloc(64, (cap + 63) / 64 * 64);
+        w->scratch_cap[depth][i] = w->scratch[depth][i] ? cap : 0;
     }
-    return w->scratch[i];
+    return w->scratch[depth][i];
 }
 
 /* Runs one batch outside the lock. On failure, status and msg apply to every request. */
 static int run_batch(mts__worker *w, mts__version *v, mts_ctx *ctx, mts_request **reqs, batch_req *br, int n,
-                     int64_t samples, double *input_ms, double *infer_ms, double *output_ms, char *msg, size_t len)
+                     int64_t samples, int depth, double *input_ms, double *infer_ms, double *output_ms, char *msg, size_t len)
 {
     mts_tensor in[MTS_REQ_MAX_TENSORS];
     const mts_tensor *outs[MTS_REQ_MAX_TENSORS];
@@ -425,7 +436,7 @@ static int run_batch(mts__worker *w, mts__version *v, mts_ctx *ctx, mts_request 
         if (n == 1) continue;
         in[i].dims[0] = samples;
         int64_t bytes = mts_tensor_nbytes(&in[i]);
-        char *dst = scratch_get(w, i, (size_t)bytes);
+        char *dst = scratch_get(w, depth, i, (size_t)bytes);
         if (!dst) {
             snprintf(msg, len, "out of memory gathering a batch of %lld", (long long)samples);
             return MTS_ENOMEM;
@@ -436,7 +447,7 @@ static int run_batch(mts__worker *w, mts__version *v, mts_ctx *ctx, mts_request 
             memcpy(dst, src->data, (size_t)b);
             dst += b;
         }
-        in[i].data = w->scratch[i];
+        in[i].data = w->scratch[depth][i];
     }
     int64_t t1 = mts__now_ns();
     int rc = mts_ctx_run(ctx, in, v->n_in, outs, &err);
@@ -537,6 +548,39 @@ static void finish_dropped(mts_request *cancelled, mts_request *expired, mts_req
     }
 }
 
+
+/* One round of a worker, entered and left with the lock held: sweeps expired requests, picks a
+ * model, forms a batch, runs it outside the lock and completes it. Returns 0 when there was
+ * nothing to do. `outer` is the model whose batch is paused (PICK_PREEMPT), else NULL. */
+static int serve_one(mts__worker *w, mts__device *d, int mode, mts__entry *outer, double outer_ns);
+
+/* Preemption between engine steps (MTS_PREEMPT=1; off by default: the short-work lane is the
+ * measured better choice, see docs/server.md): a regular worker's batch estimated to cost more
+ * than PREEMPT_MIN_NS calls preempt_hook between its steps, which runs waiting short batches
+ * (estimated <= LANE_MAX_NS or <= 1/16 of the paused batch, of a priority at least as good and a virtual time no later than
+ * the paused model's) on the same thread, one thread each, before the long batch goes on. */
+#define PREEMPT_MIN_NS 10e6
+
+typedef struct preempt_arg {
+    mts__worker *w;
+    mts__device *d;
+    mts__entry *e; /* the paused model */
+    double ns;     /* its batch's estimated cost */
+} preempt_arg;
+
+static int preempt_hook(void *arg)
+{
+    preempt_arg *pa = arg;
+    mts_server *s = pa->w->s;
+    /* cheap test first: models are ready (the paused one is usually among them) */
+    if (atomic_load_explicit(&pa->d->ready_n, memory_order_relaxed) == 0) return 0;
+    if (pthread_mutex_trylock(&s->lock)) return 0; /* busy: the next step looks again */
+    int ran = 0;
+    while (!s->stop_workers && serve_one(pa->w, pa->d, PICK_PREEMPT, pa->e, pa->ns)) ran++;
+    pthread_mutex_unlock(&s->lock);
+    return ran;
+}
+
 void *mts__worker_main(void *arg)
 {
     mts__worker *w = arg;
@@ -545,241 +589,258 @@ void *mts__worker_main(void *arg)
     bool lane = w->index == d->workers; /* the short-work lane */
     const char *lane_env = getenv("MTS_SHORT_LANE");
     if (lane && lane_env && !strcmp(lane_env, "0")) return NULL; /* off: for comparisons */
-    mts_request *reqs[MTS__MAX_BATCH_REQS];
-    batch_req *br = calloc(MTS__MAX_BATCH_REQS, sizeof *br);
-    char msg[512];
+    for (int k = 0; k < 2; k++) w->br[k] = calloc(MTS__MAX_BATCH_REQS, sizeof(batch_req));
     pthread_mutex_lock(&s->lock);
     while (!s->stop_workers) {
-        mts_request *cancelled = NULL, *expired = NULL, *invalid = NULL;
-        int64_t now = mts__now_ns();
-        if ((s->deadline_reqs > 0 || s->total_queued > 0) && now - s->last_sweep_ns > 20000000) {
-            s->last_sweep_ns = now;
-            sweep(s, &cancelled, &expired);
+        if (w->br[0] && w->br[1] && serve_one(w, d, lane ? PICK_LANE : PICK_REGULAR, NULL, 0)) continue;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 20000000;
+        if (ts.tv_nsec >= 1000000000) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000;
         }
-        if (lane) lane_refill(d, now);
-        mts__entry *e = ready_pick(d, lane);
-        if (!e && !cancelled && !expired) {
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_nsec += 20000000;
-            if (ts.tv_nsec >= 1000000000) {
-                ts.tv_sec++;
-                ts.tv_nsec -= 1000000000;
-            }
-            pthread_cond_timedwait(&d->cv, &s->lock, &ts);
-            continue;
-        }
-        int n = 0;
-        int64_t samples = 0;
-        mts__version *v = e ? e->cur : NULL;
-        int64_t limit = v ? v->max_batch : 1;
-        bool capped = false;
-        if (v && v->batchable && limit > 1 && v->act_samples > 0) {
-            int64_t per = v->act_bytes / v->act_samples, room = d->budget - d->used;
-            /* only a tight device needs the bytes the reused context already holds (a walk
-             * over its buffers, under the lock) */
-            if (per > 0 && room < per * limit && v->n_ctx_free > 0)
-                room += mts_ctx_bytes(v->ctx_free[v->n_ctx_free - 1]);
-            int64_t fit = per > 0 ? room / per : limit;
-            if (fit < limit) {
-                limit = fit < 1 ? 1 : fit;
-                capped = true;
-            }
-        }
-        if (e && v) {
-            mts_request *prev = NULL, *r = e->qh;
-            int scanned = 0;
-            while (r && n < MTS__MAX_BATCH_REQS && scanned++ < 4 * MTS__MAX_BATCH_REQS) {
-                mts_request *next = r->next;
-                if (atomic_load(&r->cancelled)) {
-                    queue_remove(s, e, prev, r);
-                    r->next = cancelled;
-                    cancelled = r;
-                    e->n_cancelled++;
-                    s->cancelled++;
-                } else if (r->deadline_ns && now > r->deadline_ns) {
-                    queue_remove(s, e, prev, r);
-                    r->next = expired;
-                    expired = r;
-                    e->n_timeout++;
-                    s->timed_out++;
-                    mts__win_error(e, now);
-                } else if (validate(v, r, &br[n], msg, sizeof msg)) {
-                    queue_remove(s, e, prev, r);
-                    r->next = invalid;
-                    invalid = r;
-                    e->fail.count++;
-                    s->failed++;
-                    mts__win_error(e, now);
-                    r->reject_msg = strdup(msg);
-                } else if (n == 0 || (v->batchable && r->priority <= reqs[0]->priority &&
-                                      compatible(v, reqs[0], &br[0], r, &br[n]) && samples + r->samples <= limit)) {
-                    queue_remove(s, e, prev, r);
-                    reqs[n++] = r;
-                    samples += r->samples;
-                    if (!v->batchable || samples >= limit) break;
-                } else {
-                    prev = r;
-                }
-                r = next;
-            }
-        }
-        if (n == 0) {
-            if (e) mts__ready_push(s, e);
-            mts__version *to_free = NULL;
-            mts__waiter *notify = NULL;
-            if (e) mts__after_idle(s, e, &to_free, &notify);
-            pthread_cond_broadcast(&s->idle_cv);
-            pthread_mutex_unlock(&s->lock);
-            finish_dropped(cancelled, expired, invalid);
-            mts__notify(notify, 0, "unloaded");
-            mts__version_free_list(&to_free);
-            pthread_mutex_lock(&s->lock);
-            continue;
-        }
-        if (capped && samples >= limit && e->qh) e->mem_capped++; /* work was left for a later batch */
-        e->running++;
-        v->refs++;
-        /* Charged now with the estimate (so the next pick already sees it), corrected with the
-         * measured time when the batch ends. */
-        double charged = e->cost_per_sample * (double)samples;
-        e->vtime += charged / entry_weight(e);
-        mts__ready_push(s, e);
-        int threads = d->ready_head ? (d->cores / (d->workers > 0 ? d->workers : 1)) : d->cores - d->busy_cores;
-        if (threads < 1 || lane) threads = 1;
-        if (!lane) {
-            d->busy_cores += threads;
-            d->busy_workers++;
-        }
-        mts_ctx *ctx = v->n_ctx_free > 0 ? v->ctx_free[--v->n_ctx_free] : NULL;
-        pthread_mutex_unlock(&s->lock);
+        pthread_cond_timedwait(&d->cv, &s->lock, &ts);
+    }
+    pthread_mutex_unlock(&s->lock);
+    for (int k = 0; k < 2; k++) {
+        for (int i = 0; i < MTS_REQ_MAX_TENSORS; i++) free(w->scratch[k][i]);
+        free(w->br[k]);
+    }
+    return NULL;
+}
 
-        finish_dropped(cancelled, expired, invalid);
-        int64_t t_start = mts__now_ns(), cpu_start = thread_cpu_ns();
-        int rc = MTS_OK;
-        mts_err err = {0};
-        msg[0] = '\0';
-        if (!ctx && (rc = mts_ctx_create(v->model, threads, &ctx, &err))) snprintf(msg, sizeof msg, "%s", err.msg);
-        int64_t ctx_before = ctx ? mts_ctx_bytes(ctx) : 0;
-        double in_ms = 0, infer_ms = 0, out_ms = 0;
-        if (!rc) {
-            mts_ctx_set_threads(ctx, threads);
-            mts_crash_set_model(e->cfg->name);
-            rc = run_batch(w, v, ctx, reqs, br, n, samples, &in_ms, &infer_ms, &out_ms, msg, sizeof msg);
-            mts_crash_set_model(NULL);
+static int serve_one(mts__worker *w, mts__device *d, int mode, mts__entry *outer, double outer_ns)
+{
+    mts_server *s = w->s;
+    bool lane = mode != PICK_REGULAR; /* one thread, not counted against the device's cores */
+    int depth = mode == PICK_PREEMPT;
+    mts_request *reqs[MTS__MAX_BATCH_REQS];
+    batch_req *br = w->br[depth];
+    char msg[512];
+    mts_request *cancelled = NULL, *expired = NULL, *invalid = NULL;
+    int64_t now = mts__now_ns();
+    if ((s->deadline_reqs > 0 || s->total_queued > 0) && now - s->last_sweep_ns > 20000000) {
+        s->last_sweep_ns = now;
+        sweep(s, &cancelled, &expired);
+    }
+    if (mode == PICK_LANE) lane_refill(d, now);
+    mts__entry *e = ready_pick(d, mode, outer, outer_ns);
+    if (!e && !cancelled && !expired) return 0;
+    int n = 0;
+    int64_t samples = 0;
+    mts__version *v = e ? e->cur : NULL;
+    int64_t limit = v ? v->max_batch : 1;
+    bool capped = false;
+    if (v && v->batchable && limit > 1 && v->act_samples > 0) {
+        int64_t per = v->act_bytes / v->act_samples, room = d->budget - d->used;
+        /* only a tight device needs the bytes the reused context already holds (a walk
+         * over its buffers, under the lock) */
+        if (per > 0 && room < per * limit && v->n_ctx_free > 0)
+            room += mts_ctx_bytes(v->ctx_free[v->n_ctx_free - 1]);
+        int64_t fit = per > 0 ? room / per : limit;
+        if (fit < limit) {
+            limit = fit < 1 ? 1 : fit;
+            capped = true;
         }
-        int64_t ctx_after = ctx ? mts_ctx_bytes(ctx) : 0;
-        int64_t t_end = mts__now_ns(), cpu_end = thread_cpu_ns();
-
-        pthread_mutex_lock(&s->lock);
-        if (!lane) {
-            d->busy_cores -= threads;
-            d->busy_workers--;
-        }
-        d->w_batches[w->index]++;
-        d->w_busy_ns[w->index] += t_end - t_start;
-        /* CPU time, not wall time: a batch that waited for a core (the OS shares them with the
-         * short-work lane, the front ends and other processes) did not cost more. A team's other
-         * threads are taken to have worked as long as the calling one. */
-        double cost = (double)(cpu_end - cpu_start) * threads;
-        e->vtime += (cost - charged) / entry_weight(e);
-        if (lane) d->lane_credit_ns -= cost;
-        if (!rc && samples > 0) {
-            double per = cost / (double)samples;
-            e->cost_per_sample = e->cost_per_sample > 0 ? e->cost_per_sample + COST_ALPHA * (per - e->cost_per_sample) : per;
-        }
-        if (ctx) {
-            if (v->n_ctx_free == v->cap_ctx_free) {
-                int cap = v->cap_ctx_free ? v->cap_ctx_free * 2 : 4;
-                mts_ctx **nc = realloc(v->ctx_free, sizeof *nc * (size_t)cap);
-                if (nc) {
-                    v->ctx_free = nc;
-                    v->cap_ctx_free = cap;
-                }
-            }
-            if (v->n_ctx_free < v->cap_ctx_free) {
-                v->ctx_free[v->n_ctx_free++] = ctx;
-                ctx = NULL;
-            }
-            v->ctx_bytes += ctx_after - ctx_before;
-            d->used += ctx_after - ctx_before;
-            if (!rc && samples >= v->act_samples && ctx_after > 0) {
-                v->act_samples = samples;
-                v->act_bytes = ctx_after;
-            }
-            if (v->base_bytes + v->ctx_bytes > e->last_bytes) e->last_bytes = v->base_bytes + v->ctx_bytes;
-            if (ctx) {
-                v->ctx_bytes -= ctx_after;
-                d->used -= ctx_after;
-            }
-        }
-        v->refs--;
-        e->running--;
-        int64_t now_ms = mts__wall_ms();
-        e->last_used_ns = t_end;
-        e->last_used_ms = now_ms;
-        e->execution_count++;
-        if (!rc) {
-            e->inference_count += (uint64_t)samples;
-            e->usage_count += (uint64_t)n;
-            e->lfu += (uint64_t)n;
-            e->total_inference_ms += infer_ms;
-            dur_add(&e->compute_input, in_ms);
-            dur_add(&e->compute_infer, infer_ms);
-            dur_add(&e->compute_output, out_ms);
-            if (samples <= MTS_MAX_BATCH_STATS) dur_add(&e->batch_infer[samples], infer_ms);
-            mts__hist_add(&e->h_compute, mts__time_buckets, MTS__HIST_BUCKETS, infer_ms / 1e3);
-            mts__hist_add(&e->h_batch, mts__batch_buckets, MTS__BATCH_BUCKETS, (double)samples);
-            mts__win_batch(e, t_end, samples, infer_ms);
-        }
-        for (int k = 0; k < n; k++) {
-            double q_ms = (double)(t_start - reqs[k]->enqueue_ns) / 1e6;
-            reqs[k]->queue_ms = q_ms;
-            reqs[k]->compute_ms = (double)(t_end - t_start) / 1e6;
-            reqs[k]->device = d->id;
-            reqs[k]->batch_size = (int)samples;
-            dur_add(&e->queue, q_ms);
-            mts__hist_add(&e->h_queue, mts__time_buckets, MTS__HIST_BUCKETS, q_ms / 1e3);
-            if (!rc) {
-                e->req_input_ns += (uint64_t)(in_ms * 1e6);
-                e->req_infer_ns += (uint64_t)(infer_ms * 1e6);
-                e->req_output_ns += (uint64_t)(out_ms * 1e6);
-            }
-            double total_ms = (double)(t_end - reqs[k]->enqueue_ns) / 1e6;
-            mts__win_request(e, t_end, !rc, total_ms);
-            if (!rc) {
-                dur_add(&e->success, total_ms);
-                s->completed++;
-            } else {
-                dur_add(&e->fail, total_ms);
+    }
+    if (e && v) {
+        mts_request *prev = NULL, *r = e->qh;
+        int scanned = 0;
+        while (r && n < MTS__MAX_BATCH_REQS && scanned++ < 4 * MTS__MAX_BATCH_REQS) {
+            mts_request *next = r->next;
+            if (atomic_load(&r->cancelled)) {
+                queue_remove(s, e, prev, r);
+                r->next = cancelled;
+                cancelled = r;
+                e->n_cancelled++;
+                s->cancelled++;
+            } else if (r->deadline_ns && now > r->deadline_ns) {
+                queue_remove(s, e, prev, r);
+                r->next = expired;
+                expired = r;
+                e->n_timeout++;
+                s->timed_out++;
+                mts__win_error(e, now);
+            } else if (validate(v, r, &br[n], msg, sizeof msg)) {
+                queue_remove(s, e, prev, r);
+                r->next = invalid;
+                invalid = r;
+                e->fail.count++;
                 s->failed++;
+                mts__win_error(e, now);
+                r->reject_msg = strdup(msg);
+            } else if (n == 0 || (v->batchable && r->priority <= reqs[0]->priority &&
+                                  compatible(v, reqs[0], &br[0], r, &br[n]) && samples + r->samples <= limit)) {
+                queue_remove(s, e, prev, r);
+                reqs[n++] = r;
+                samples += r->samples;
+                if (!v->batchable || samples >= limit) break;
+            } else {
+                prev = r;
             }
+            r = next;
         }
-        mts__ready_push(s, e);
+    }
+    if (n == 0) {
+        if (e) mts__ready_push(s, e);
         mts__version *to_free = NULL;
         mts__waiter *notify = NULL;
-        mts__after_idle(s, e, &to_free, &notify);
-        if (ctx_after > ctx_before) mts__enforce_budget(s, v->device, e, &to_free);
+        if (e) mts__after_idle(s, e, &to_free, &notify);
         pthread_cond_broadcast(&s->idle_cv);
         pthread_mutex_unlock(&s->lock);
-
-        if (ctx) mts_ctx_free(ctx);
-        if (rc) MTS_WARN("model=%s event=batch_failed batch=%lld error=\"%s\"", e->cfg->name, (long long)samples, msg);
-        for (int k = 0; k < n; k++) {
-            reqs[k]->next = NULL;
-            if (rc) {
-                mts_request_release(reqs[k]);
-                reqs[k]->done(reqs[k], rc == MTS_ESHAPE || rc == MTS_EINVAL ? MTS_EINVAL : rc, msg);
-            } else {
-                reqs[k]->done(reqs[k], MTS_OK, NULL);
-            }
-        }
+        finish_dropped(cancelled, expired, invalid);
         mts__notify(notify, 0, "unloaded");
         mts__version_free_list(&to_free);
         pthread_mutex_lock(&s->lock);
+        return 1;
     }
+    if (capped && samples >= limit && e->qh) e->mem_capped++; /* work was left for a later batch */
+    e->running++;
+    v->refs++;
+    /* Charged now with the estimate (so the next pick already sees it), corrected with the
+     * measured time when the batch ends. */
+    double charged = e->cost_per_sample * (double)samples;
+    e->vtime += charged / entry_weight(e);
+    mts__ready_push(s, e);
+    int threads = d->ready_head ? (d->cores / (d->workers > 0 ? d->workers : 1)) : d->cores - d->busy_cores;
+    if (threads < 1 || lane) threads = 1;
+    if (!lane) {
+        d->busy_cores += threads;
+        d->busy_workers++;
+    }
+    mts_ctx *ctx = v->n_ctx_free > 0 ? v->ctx_free[--v->n_ctx_free] : NULL;
     pthread_mutex_unlock(&s->lock);
-    for (int i = 0; i < MTS_REQ_MAX_TENSORS; i++) free(w->scratch[i]);
-    free(br);
-    return NULL;
+
+    finish_dropped(cancelled, expired, invalid);
+    int64_t t_start = mts__now_ns(), cpu_start = thread_cpu_ns();
+    int rc = MTS_OK;
+    mts_err err = {0};
+    msg[0] = '\0';
+    if (!ctx && (rc = mts_ctx_create(v->model, threads, &ctx, &err))) snprintf(msg, sizeof msg, "%s", err.msg);
+    int64_t ctx_before = ctx ? mts_ctx_bytes(ctx) : 0;
+    double in_ms = 0, infer_ms = 0, out_ms = 0;
+    if (!rc) {
+        mts_ctx_set_threads(ctx, threads);
+        mts_crash_set_model(e->cfg->name);
+        /* A long batch of a regular worker pauses between its steps for short work (preemption,
+         * MTS_PREEMPT=1), which then waits one step, not the batch. */
+        preempt_arg pa = {w, d, e, charged};
+        bool hook = mode == PICK_REGULAR && s->preempt && charged > PREEMPT_MIN_NS;
+        mts_ctx_set_step_hook(ctx, hook ? preempt_hook : NULL, &pa);
+        rc = run_batch(w, v, ctx, reqs, br, n, samples, depth, &in_ms, &infer_ms, &out_ms, msg, sizeof msg);
+        mts_ctx_set_step_hook(ctx, NULL, NULL);
+        mts_crash_set_model(outer ? outer->cfg->name : NULL);
+    }
+    int64_t ctx_after = ctx ? mts_ctx_bytes(ctx) : 0;
+    int64_t t_end = mts__now_ns(), cpu_end = thread_cpu_ns();
+
+    pthread_mutex_lock(&s->lock);
+    if (!lane) {
+        d->busy_cores -= threads;
+        d->busy_workers--;
+    }
+    d->w_batches[w->index]++;
+    d->w_busy_ns[w->index] += t_end - t_start;
+    /* CPU time, not wall time: a batch that waited for a core (the OS shares them with the
+     * short-work lane, the front ends and other processes) did not cost more. A team's other
+     * threads are taken to have worked as long as the calling one. */
+    double cost = (double)(cpu_end - cpu_start) * threads;
+    e->vtime += (cost - charged) / entry_weight(e);
+    if (mode == PICK_LANE) d->lane_credit_ns -= cost;
+    if (mode == PICK_PREEMPT) e->n_preempt++;
+    if (!rc && samples > 0) {
+        double per = cost / (double)samples;
+        e->cost_per_sample = e->cost_per_sample > 0 ? e->cost_per_sample + COST_ALPHA * (per - e->cost_per_sample) : per;
+    }
+    if (ctx) {
+        if (v->n_ctx_free == v->cap_ctx_free) {
+            int cap = v->cap_ctx_free ? v->cap_ctx_free * 2 : 4;
+            mts_ctx **nc = realloc(v->ctx_free, sizeof *nc * (size_t)cap);
+            if (nc) {
+                v->ctx_free = nc;
+                v->cap_ctx_free = cap;
+            }
+        }
+        if (v->n_ctx_free < v->cap_ctx_free) {
+            v->ctx_free[v->n_ctx_free++] = ctx;
+            ctx = NULL;
+        }
+        v->ctx_bytes += ctx_after - ctx_before;
+        d->used += ctx_after - ctx_before;
+        if (!rc && samples >= v->act_samples && ctx_after > 0) {
+            v->act_samples = samples;
+            v->act_bytes = ctx_after;
+        }
+        if (v->base_bytes + v->ctx_bytes > e->last_bytes) e->last_bytes = v->base_bytes + v->ctx_bytes;
+        if (ctx) {
+            v->ctx_bytes -= ctx_after;
+            d->used -= ctx_after;
+        }
+    }
+    v->refs--;
+    e->running--;
+    int64_t now_ms = mts__wall_ms();
+    e->last_used_ns = t_end;
+    e->last_used_ms = now_ms;
+    e->execution_count++;
+    if (!rc) {
+        e->inference_count += (uint64_t)samples;
+        e->usage_count += (uint64_t)n;
+        e->lfu += (uint64_t)n;
+        e->total_inference_ms += infer_ms;
+        dur_add(&e->compute_input, in_ms);
+        dur_add(&e->compute_infer, infer_ms);
+        dur_add(&e->compute_output, out_ms);
+        if (samples <= MTS_MAX_BATCH_STATS) dur_add(&e->batch_infer[samples], infer_ms);
+        mts__hist_add(&e->h_compute, mts__time_buckets, MTS__HIST_BUCKETS, infer_ms / 1e3);
+        mts__hist_add(&e->h_batch, mts__batch_buckets, MTS__BATCH_BUCKETS, (double)samples);
+        mts__win_batch(e, t_end, samples, infer_ms);
+    }
+    for (int k = 0; k < n; k++) {
+        double q_ms = (double)(t_start - reqs[k]->enqueue_ns) / 1e6;
+        reqs[k]->queue_ms = q_ms;
+        reqs[k]->compute_ms = (double)(t_end - t_start) / 1e6;
+        reqs[k]->device = d->id;
+        reqs[k]->batch_size = (int)samples;
+        dur_add(&e->queue, q_ms);
+        mts__hist_add(&e->h_queue, mts__time_buckets, MTS__HIST_BUCKETS, q_ms / 1e3);
+        if (!rc) {
+            e->req_input_ns += (uint64_t)(in_ms * 1e6);
+            e->req_infer_ns += (uint64_t)(infer_ms * 1e6);
+            e->req_output_ns += (uint64_t)(out_ms * 1e6);
+        }
+        double total_ms = (double)(t_end - reqs[k]->enqueue_ns) / 1e6;
+        mts__win_request(e, t_end, !rc, total_ms);
+        if (!rc) {
+            dur_add(&e->success, total_ms);
+            s->completed++;
+        } else {
+            dur_add(&e->fail, total_ms);
+            s->failed++;
+        }
+    }
+    mts__ready_push(s, e);
+    mts__version *to_free = NULL;
+    mts__waiter *notify = NULL;
+    mts__after_idle(s, e, &to_free, &notify);
+    if (ctx_after > ctx_before) mts__enforce_budget(s, v->device, e, &to_free);
+    pthread_cond_broadcast(&s->idle_cv);
+    pthread_mutex_unlock(&s->lock);
+
+    if (ctx) mts_ctx_free(ctx);
+    if (rc) MTS_WARN("model=%s event=batch_failed batch=%lld error=\"%s\"", e->cfg->name, (long long)samples, msg);
+    for (int k = 0; k < n; k++) {
+        reqs[k]->next = NULL;
+        if (rc) {
+            mts_request_release(reqs[k]);
+            reqs[k]->done(reqs[k], rc == MTS_ESHAPE || rc == MTS_EINVAL ? MTS_EINVAL : rc, msg);
+        } else {
+            reqs[k]->done(reqs[k], MTS_OK, NULL);
+        }
+    }
+    mts__notify(notify, 0, "unloaded");
+    mts__version_free_list(&to_free);
+    pthread_mutex_lock(&s->lock);
+    return 1;
 }

@@ -98,6 +98,8 @@ int mts_server_create(const mts_config *cfg, mts_server **out, mts_err *err)
         while (s->name_slots[k] >= 0) k = (k + 1) & (s->name_cap - 1);
         s->name_slots[k] = i;
     }
+    const char *pre = getenv("MTS_PREEMPT");
+    s->preempt = pre && strcmp(pre, "0") != 0;
     int total_workers = 0;
     for (int d = 0; d < s->n_devs; d++) {
         mts__device *dev = &s->devs[d];

@@ -150,6 +150,7 @@ typedef struct mts_model_status {
     double last_load_ms;
     uint64_t loads, unloads, evictions, load_failures;
     uint64_t memory_capped_batches; /* batches cut below max_batch to fit the device's free memory */
+    uint64_t preempting_batches;    /* batches run between two steps of another model's long batch */
     int model_version;         /* the repository version served (mts_server_model_version) */
     int n_inputs, n_outputs;   /* metadata (known once loaded at least once) */
     mts_tensor_meta inputs[MTS_REQ_MAX_TENSORS], outputs[MTS_REQ_MAX_TENSORS];

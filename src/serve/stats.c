@@ -61,6 +61,7 @@ static void snapshot(mts_server *s, const mts__entry *e, mts_model_status *o)
     o->load_failures = e->load_failures;
     o->model_version = e->cfg->version > 0 ? e->cfg->version : 1;
     o->memory_capped_batches = e->mem_capped;
+    o->preempting_batches = e->n_preempt;
     o->n_inputs = e->n_in;
     o->n_outputs = e->n_out;
     memcpy(o->inputs, e->in, sizeof o->inputs);
@@ -344,6 +345,11 @@ char *mts_server_metrics(mts_server *s, size_t *len)
     for (int i = 0; i < s->n_entries; i++)
         outf(&b, "mts_batches_memory_capped_total{model=\"%s\"} %llu\n", s->entries[i].cfg->name,
              (unsigned long long)s->entries[i].mem_capped);
+    outf(&b, "# HELP mts_batches_preempting_total Batches run between two steps of another model's long batch "
+             "(MTS_PREEMPT=1).\n# TYPE mts_batches_preempting_total counter\n");
+    for (int i = 0; i < s->n_entries; i++)
+        outf(&b, "mts_batches_preempting_total{model=\"%s\"} %llu\n", s->entries[i].cfg->name,
+             (unsigned long long)s->entries[i].n_preempt);
     outf(&b, "# HELP mts_model_memory_bytes Bytes held by the resident model.\n# TYPE mts_model_memory_bytes gauge\n");
     for (int i = 0; i < s->n_entries; i++) {
         const mts__entry *e = &s->entries[i];

@@ -4,14 +4,18 @@
  * through max_models 5 and no failed request, queue-full rejection, per-request timeouts,
  * unload with requests in flight, force_reload, failed loads with back-off, memory-aware batch
  * caps, memory budgets with
- * LFU, placement over two devices, idle unloading, statistics and metrics. Runs plain, under ASan+UBSan and under TSan in `make test`.
+ * LFU, placement over two devices, idle unloading, fair sharing, priorities, preemption between
+ * engine steps, statistics and metrics. Runs plain, under ASan+UBSan and under TSan in `make test`.
  */
 #include <math.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <string.h>
+#include <stdlib.h>
 #include <cmocka.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "serve/server.h"
@@ -730,6 +734,143 @@ static void test_load_waits_for_busy_model(void **state)
     mts_config_free(&cfg);
 }
 
+/* Preemption between engine steps (MTS_PREEMPT=1, the short-work lane off, one worker): a short
+ * request of a light model arriving while a long batch of a heavy model (seg_unet, batch 4, tens
+ * of steps) runs is answered between two of its steps, before that batch ends; without
+ * preemption it would wait for the whole batch. The light model's status counts the batch. */
+typedef struct heavy_call {
+    mts_request req;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done, status;
+    float *input;
+} heavy_call;
+
+static void heavy_done(mts_request *r, int status, const char *msg)
+{
+    (void)msg;
+    heavy_call *c = (heavy_call *)r;
+    pthread_mutex_lock(&c->mu);
+    c->status = status;
+    c->done = 1;
+    pthread_cond_signal(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static heavy_call *heavy_new(int batch)
+{
+    heavy_call *c = calloc(1, sizeof *c);
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    c->req.model = "heavy";
+    c->req.n_inputs = 1;
+    c->req.input_names[0] = "image";
+    mts_tensor *t = &c->req.inputs[0];
+    t->dtype = MTS_DTYPE_FLOAT;
+    t->rank = 4;
+    t->dims[0] = batch, t->dims[1] = 3, t->dims[2] = 256, t->dims[3] = 256;
+    size_t n = (size_t)batch * 3 * 256 * 256;
+    c->input = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) c->input[i] = (float)(i % 255) / 255.0f;
+    t->data = c->input;
+    c->req.done = heavy_done;
+    return c;
+}
+
+static int heavy_wait(heavy_call *c)
+{
+    pthread_mutex_lock(&c->mu);
+    while (!c->done) pthread_cond_wait(&c->cv, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+    return c->status;
+}
+
+static int heavy_is_done(heavy_call *c)
+{
+    pthread_mutex_lock(&c->mu);
+    int d = c->done;
+    pthread_mutex_unlock(&c->mu);
+    return d;
+}
+
+static void heavy_free(heavy_call *c)
+{
+    mts_request_release(&c->req);
+    free(c->input);
+    free(c);
+}
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static void test_preemption_between_steps(void **state)
+{
+    (void)state;
+    char heavy_path[4096];
+    test_path(heavy_path, sizeof heavy_path, "models/out/seg_unet.onnx");
+    if (access(heavy_path, R_OK) != 0) fail_msg("%s is missing: run make models", heavy_path);
+    setenv("MTS_SHORT_LANE", "0", 1);
+    setenv("MTS_PREEMPT", "1", 1);
+    mts_config cfg;
+    make_config(&cfg, 2, 4, model_path);
+    cfg.workers_per_device = 1;
+    free(cfg.models[0].name);
+    free(cfg.models[0].model_path);
+    cfg.models[0].name = strdup("heavy");
+    cfg.models[0].model_path = strdup(heavy_path);
+    cfg.models[0].max_batch = 4;
+    cfg.models[1].max_batch = 1;
+    mts_server *s;
+    mts_err err = {0};
+    assert_int_equal(mts_server_create(&cfg, &s, &err), 0);
+    for (int r = 0; r < 2; r++) { /* loaded, planned, costs measured */
+        heavy_call *h = heavy_new(4);
+        call *l = call_new("m01", 1);
+        assert_int_equal(mts_server_submit(s, &h->req, NULL, &err), 0);
+        assert_int_equal(submit(s, l), 0);
+        assert_int_equal(heavy_wait(h), 0);
+        assert_int_equal(call_wait(l), 0);
+        heavy_free(h);
+        call_free(l);
+    }
+    int preempted = 0, rounds = 0;
+    double light_ms = 0, heavy_ms = 0;
+    for (; rounds < 5 && !preempted; rounds++) {
+        heavy_call *h = heavy_new(4);
+        int64_t t0 = now_ns();
+        assert_int_equal(mts_server_submit(s, &h->req, NULL, &err), 0);
+        usleep(20000); /* the heavy batch is under way */
+        call *l = call_new("m01", 1);
+        int64_t t1 = now_ns();
+        assert_int_equal(submit(s, l), 0);
+        assert_int_equal(call_wait(l), 0);
+        int64_t t2 = now_ns();
+        int heavy_still_running = !heavy_is_done(h);
+        assert_int_equal(heavy_wait(h), 0);
+        int64_t t3 = now_ns();
+        light_ms = (double)(t2 - t1) / 1e6;
+        heavy_ms = (double)(t3 - t0) / 1e6;
+        preempted = heavy_still_running;
+        heavy_free(h);
+        call_free(l);
+    }
+    mts_model_status st;
+    mts_server_model_status_by_name(s, "m01", &st);
+    printf("preemption: light request answered in %.1f ms while the heavy batch took %.1f ms (round %d); %llu "
+           "preempting batches\n", light_ms, heavy_ms, rounds, (unsigned long long)st.preempting_batches);
+    assert_true(preempted);
+    assert_true(st.preempting_batches >= 1);
+    mts_server_shutdown(s, 5);
+    mts_server_free(s);
+    mts_config_free(&cfg);
+    unsetenv("MTS_SHORT_LANE");
+    unsetenv("MTS_PREEMPT");
+}
+
 int main(void)
 {
     mts_log_set_level(MTS_LOG_WARN);
@@ -745,6 +886,7 @@ int main(void)
         cmocka_unit_test(test_fair_share_by_compute_time),
         cmocka_unit_test(test_priorities),
         cmocka_unit_test(test_load_waits_for_busy_model),
+        cmocka_unit_test(test_preemption_between_steps),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
