@@ -175,7 +175,7 @@ static void print_config(FILE *f, const instance *ins, int n, int front_http, in
     fprintf(f, "# Check it with `haproxy -c -f FILE`; docs/scale-out.md explains each line.\n");
     fprintf(f, "global\n"
                "    log stderr format short local0 notice\n"
-               "    maxconn 20000\n"
+               "    maxconn 8192\n"
                "\n");
     if (names)
         fprintf(f, "# instance names are resolved at start and re-resolved while running (pods that move)\n"
