@@ -189,6 +189,7 @@ static void print_config(FILE *f, const instance *ins, int n, int front_http, in
             "    log global\n"
             "    option httplog\n"
             "    option dontlog-normal\n"
+            "    option log-separate-errors\n"
             "    timeout connect 3s\n"
             "    timeout client %ds\n"
             "    timeout server %ds\n"
