@@ -206,7 +206,7 @@ def drive(url, names, n_requests=None, seconds=None, threads=8, s=1.0, seed=1, d
     each with its own keep-alive session, until n_requests are answered or `seconds` pass.
     `during(elapsed_s)` is called from the main thread every 50 ms (to kill or restart an
     instance under load). Returns dict(ok, failed, errors (first 10), per_model, reconnects,
-    seconds).
+    latency_ms (every request), seconds).
 
     A keep-alive connection closed without any answer is retried once on a new connection, as
     HTTP clients do for idempotent requests (urllib3, Go's net/http; an inference request can be
@@ -220,7 +220,8 @@ def drive(url, names, n_requests=None, seconds=None, threads=8, s=1.0, seed=1, d
     total = n_requests if n_requests is not None else 10 ** 9
     picks = rng.choice(len(names), size=min(total, 200000), p=zipf_weights(len(names), s))
     lock = threading.Lock()
-    state = {"next": 0, "ok": 0, "failed": 0, "errors": [], "per_model": {}, "reconnects": 0}
+    state = {"next": 0, "ok": 0, "failed": 0, "errors": [], "per_model": {}, "reconnects": 0,
+             "latency_ms": []}
     t0 = time.monotonic()
     stop = threading.Event()
 
@@ -233,6 +234,7 @@ def drive(url, names, n_requests=None, seconds=None, threads=8, s=1.0, seed=1, d
                     return
                 state["next"] += 1
             name = names[picks[k]]
+            t_req = time.monotonic()
             for attempt in (0, 1):
                 try:
                     r = sess.post(f"{url}/v2/models/{name}/infer", json=TINY_BODY, timeout=60)
@@ -247,6 +249,7 @@ def drive(url, names, n_requests=None, seconds=None, threads=8, s=1.0, seed=1, d
                     good, why = False, repr(e)[:200]
                 break
             with lock:
+                state["latency_ms"].append((time.monotonic() - t_req) * 1e3)
                 if good:
                     state["ok"] += 1
                     state["per_model"][name] = state["per_model"].get(name, 0) + 1

@@ -6,7 +6,8 @@ the front door; each instance is asked directly which models it holds.
 
 - Zipf(1.0) traffic: every request answered; no model resident on more than 2 instances
   (consistent hashing, with bounded load letting a hot model spill to a second); the cluster
-  holds at least twice the models one instance can (about 3x: no duplicates but the spilled ones).
+  holds at least twice the models one instance can. Without the load bound (--balance-factor 0)
+  every model is on exactly one instance and the cluster holds about 3x (at least 2.5x).
 - Segmentation uploads are routed by the `model` query parameter or the `mts-model` header (the
   instance takes the model from them: it answers 412 "not a segmentation model" for a tiny copy).
 - gRPC through HAProxy (HTTP/2 both sides): with `mts-model` a model's calls stay on one
@@ -68,6 +69,24 @@ def test_affinity_zipf(cl):
     assert max(per) <= MAX_MODELS
     assert max(copies.values()) <= 2, {m: where[m] for m in spilled}
     assert len(copies) >= 2 * MAX_MODELS, (len(copies), per)
+
+
+def test_affinity_without_load_bound(tmp_path):
+    """--balance-factor 0: pure consistent hashing, every model on exactly one instance, and the
+    cluster holds about 3x the models of one instance (the hash splits the 60 about evenly)."""
+    c = C.Cluster(tmp_path, NAMES, n=3, max_models=MAX_MODELS, balance_factor=0)
+    try:
+        c.start()
+        st = C.drive(c.url, NAMES, n_requests=1500, threads=8, seed=1)
+        assert st["failed"] == 0, st["errors"]
+        where = c.residency()
+        per = [len(i.resident()) for i in c.instances]
+    finally:
+        c.stop()
+    print(f"\naffinity, no load bound: resident per instance {per}; distinct {len(where)} = "
+          f"{len(where) / MAX_MODELS:.2f}x one instance")
+    assert all(len(v) == 1 for v in where.values()), {m: v for m, v in where.items() if len(v) > 1}
+    assert len(where) >= 2.5 * MAX_MODELS, (len(where), per)
 
 
 def png(w=8, h=8):
