@@ -187,3 +187,43 @@ def test_failover_kill9_and_restart(cl):
     print(f"after the restart: {st['ok']} requests, the restarted instance loaded {victim.loads()} models "
           f"and holds {len(back)}")
     assert victim.loads() >= 5 and len(back) >= 5
+
+
+@pytest.mark.parametrize("args,words", [
+    ([], "--instances is required"),
+    (["--instances", ""], "item 1 is empty"),
+    (["--instances", "a:1:2,"], "item 2 is empty"),
+    (["--instances", "a:1"], "want HOST:HTTP_PORT:GRPC_PORT"),
+    (["--instances", "a:0:2"], "want HOST:HTTP_PORT:GRPC_PORT"),
+    (["--instances", "a:1:123456"], "want HOST:HTTP_PORT:GRPC_PORT"),
+    (["--instances", "a:8000:8000"], "the HTTP and gRPC ports are the same"),
+    (["--instances", "a;b:1:2"], "bad character at 2"),
+    (["--instances", "[::1:1:2"], "'[' without ']'"),
+    (["--instances", "[::g]:1:2"], "is not an IPv6 address"),
+    (["--instances", "a:1:2,a:2:3"], "items 1 and 2 share a port"),
+    (["--instances", "h" * 300 + ":1:2"], "1..253 characters"),
+    (["--instances", "a:1:2", "--balance-factor", "100"], "0 (off) or a percentage 101..1000"),
+    (["--instances", "a:1:2", "--balance-factor", "12x"], "an integer 0..1000"),
+    (["--instances", "a:1:2", "--front-http"], "option --front-http needs a value"),
+    (["--instances", "a:1:2", "--front-http", "8080", "--front-grpc", "8080"], "must differ"),
+    (["--instances", "a:1:2", "--bind", "a b"], "--bind wants an address"),
+    (["--instances", "a:1:2", "--nope"], "unknown option '--nope'"),
+])
+def test_cluster_config_rejects_bad_input(args, words):
+    out = subprocess.run([str(C.MTSERVE), "cluster-config", *args], capture_output=True, text=True, timeout=10)
+    assert out.returncode == 2 and words in out.stderr, (out.returncode, out.stderr)
+    assert out.stdout == ""
+
+
+def test_cluster_config_names_and_ipv6_pass_haproxy_check(tmp_path):
+    """DNS names get a resolvers section (a name that does not resolve yet leaves its server
+    down instead of stopping HAProxy); [IPv6] addresses pass through."""
+    out = subprocess.run([str(C.MTSERVE), "cluster-config", "--instances",
+                          "mtserve-0.mtserve.ml.svc.cluster.local:8000:50051,[::1]:8001:50052,10.1.2.3:8000:50051",
+                          "--stats-port", "8404", "--server-timeout=60"], capture_output=True, text=True, check=True)
+    assert "resolvers dns" in out.stdout and "server mts2 [::1]:8001 id 2 check" in out.stdout
+    assert "timeout server 60s" in out.stdout
+    cfg = tmp_path / "h.cfg"
+    cfg.write_text(out.stdout)
+    chk = subprocess.run(["haproxy", "-c", "-f", str(cfg)], capture_output=True, text=True)
+    assert chk.returncode == 0, chk.stdout + chk.stderr
