@@ -27,7 +27,7 @@ const char *mts_cli_grpc_code_name(int code);
 /* The six operations of a unary call (send metadata, message and close; receive metadata,
  * message and status) pointing at the caller's buffers, for callers that run their own call
  * and completion queue (the load generator reuses channels and registered methods). The initial
- * metadata (authorization from $MTSERVE_TOKEN, mts-model when model is not NULL or "") is built
+ * metadata (authorization from $MTSERVE_TOKEN, mts-model when model is printable ASCII) is built
  * in md, which must live until the batch completes. */
 void mts_cli_grpc_unary_ops(grpc_op ops[6], grpc_metadata md[2], const char *model, grpc_byte_buffer *send,
                             grpc_byte_buffer **recv,

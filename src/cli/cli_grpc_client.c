@@ -4,6 +4,7 @@
  * the single batch (send metadata + message + half-close, receive metadata + message + status)
  * completes. Message limits are raised to 1 GiB so large tensors come back whole.
  */
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -43,8 +44,12 @@ void mts_cli_grpc_unary_ops(grpc_op ops[6], grpc_metadata md[2], const char *mod
     size_t n_md = 0;
     memset(md, 0, 2 * sizeof *md);
     if (have) md[n_md++] = auth;
-    if (model && *model) {
-        /* the slice points at the caller's string, which outlives the call */
+    bool printable = model && *model;
+    for (const char *c = model; printable && *c; c++) printable = *c >= 0x20 && *c < 0x7f;
+    if (printable) {
+        /* gRPC metadata values are printable ASCII; a name with other bytes is not sent (its
+         * calls are balanced round-robin). The slice points at the caller's string, which
+         * outlives the call. */
         md[n_md].key = grpc_slice_from_static_string("mts-model");
         md[n_md++].value = grpc_slice_from_static_string(model);
     }
