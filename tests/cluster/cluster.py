@@ -89,15 +89,18 @@ class Instance:
         self._log.close()
 
     def stop(self):
-        if self.proc and self.proc.poll() is None:
+        """SIGTERM; returns the exit status of this run (None when it was killed before)."""
+        if not self.proc or self._log.closed:
+            return None
+        if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        if self.proc:
-            self._log.close()
+        self._log.close()
+        return self.proc.returncode
 
     def resident(self):
         """Models READY on this instance (asked directly, not through the front door)."""
@@ -158,6 +161,8 @@ class Cluster:
         return self
 
     def stop(self):
+        """Stops HAProxy and the instances; returns {instance index: exit status} of those that
+        did not exit 0 on SIGTERM (a sanitizer report at exit, a crash on shutdown)."""
         if self.haproxy and self.haproxy.poll() is None:
             self.haproxy.terminate()
             try:
@@ -166,8 +171,12 @@ class Cluster:
                 self.haproxy.kill()
                 self.haproxy.wait()
             self._hlog.close()
+        bad = {}
         for i in self.instances:
-            i.stop()
+            rc = i.stop()
+            if rc not in (None, 0):
+                bad[i.idx] = rc
+        return bad
 
     def server_states(self, backend="mts_http"):
         """HAProxy's status of each server of a backend, in instance order ("UP", "DOWN", ...)."""

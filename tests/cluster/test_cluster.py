@@ -48,7 +48,8 @@ def cl(tmp_path_factory):
         c.start()
         yield c
     finally:
-        c.stop()
+        bad = c.stop()
+    assert not bad, f"instances exited with {bad} on SIGTERM; logs in {work}"
 
 
 def holders(c, model):
@@ -82,7 +83,8 @@ def test_affinity_without_load_bound(tmp_path):
         where = c.residency()
         per = [len(i.resident()) for i in c.instances]
     finally:
-        c.stop()
+        bad = c.stop()
+    assert not bad, f"instances exited with {bad} on SIGTERM; logs in {tmp_path}"
     print(f"\naffinity, no load bound: resident per instance {per}; distinct {len(where)} = "
           f"{len(where) / MAX_MODELS:.2f}x one instance")
     assert all(len(v) == 1 for v in where.values()), {m: v for m, v in where.items() if len(v) > 1}
