@@ -307,3 +307,50 @@ def tiny_grpc_request(pb2, name):
     req.raw_input_contents.append(np.full(16, 0.5, np.float32).tobytes())
     return req
 
+
+
+def drive_grpc(target, names, pb2, pb2_grpc, seconds, threads=8, s=1.0, seed=1, during=None):
+    """Zipf(s) ModelInfer calls with `mts-model` metadata through `target` for `seconds`, one
+    channel per thread. A call that fails UNAVAILABLE (the gRPC face of the reset case described
+    in drive) is retried once and counted in `retried`. Returns dict(ok, failed, errors, retried)."""
+    import threading
+    import grpc
+    lock = threading.Lock()
+    state = {"ok": 0, "failed": 0, "errors": [], "retried": 0}
+    stop = threading.Event()
+    p = zipf_weights(len(names), s)
+
+    def worker(k):
+        rng = np.random.default_rng(seed * 1000 + k)
+        with grpc.insecure_channel(target) as ch:
+            stub = pb2_grpc.GRPCInferenceServiceStub(ch)
+            while not stop.is_set():
+                name = names[rng.choice(len(names), p=p)]
+                for attempt in (0, 1):
+                    try:
+                        stub.ModelInfer(tiny_grpc_request(pb2, name), metadata=[("mts-model", name)], timeout=30)
+                        good, why = True, ""
+                    except grpc.RpcError as e:
+                        good, why = False, f"{e.code()} {e.details()}"[:200]
+                        if attempt == 0 and e.code() == grpc.StatusCode.UNAVAILABLE:
+                            with lock:
+                                state["retried"] += 1
+                            continue
+                    break
+                with lock:
+                    state["ok" if good else "failed"] += 1
+                    if not good and len(state["errors"]) < 10:
+                        state["errors"].append(f"{name}: {why}")
+
+    ts = [threading.Thread(target=worker, args=(k,), daemon=True) for k in range(threads)]
+    t0 = time.monotonic()
+    for t in ts:
+        t.start()
+    while time.monotonic() - t0 < seconds:
+        if during is not None:
+            during(time.monotonic() - t0)
+        time.sleep(0.05)
+    stop.set()
+    for t in ts:
+        t.join()
+    return state

@@ -15,7 +15,8 @@ the front door; each instance is asked directly which models it holds.
   calls are spread round-robin and still succeed.
 - kill -9 of an instance under load: no failed request (HAProxy retries and redispatches; see
   cluster.drive for the one kind of close a client must retry), HAProxy marks it down, its models
-  load on the survivors; restarted, it passes its health checks and takes traffic again.
+  load on the survivors; restarted, it passes its health checks and takes traffic again. Then
+  kill -9 of another instance under gRPC load: no failed call.
 """
 import io
 import subprocess
@@ -189,6 +190,25 @@ def test_failover_kill9_and_restart(cl):
     print(f"after the restart: {st['ok']} requests, the restarted instance loaded {victim.loads()} models "
           f"and holds {len(back)}")
     assert victim.loads() >= 5 and len(back) >= 5
+
+
+def test_failover_kill9_grpc(cl, tmp_path):
+    """kill -9 of another instance under gRPC load (HTTP/2 both sides, mts-model metadata)."""
+    pb2, pb2_grpc = C.grpc_stubs(tmp_path / "stubs")
+    victim = cl.instances[1]
+    killed = {}
+
+    def during(elapsed):
+        if elapsed >= 1.5 and not killed:
+            victim.kill9()
+            killed["t"] = True
+
+    st = C.drive_grpc(cl.grpc_target, NAMES, pb2, pb2_grpc, seconds=4, threads=8, seed=4, during=during)
+    print(f"\ngRPC failover: {st['ok']} calls, kill -9 at 1.5 s: {st['failed']} failed, "
+          f"{st['retried']} UNAVAILABLE retried by the client")
+    assert killed and st["ok"] > 100
+    assert st["failed"] == 0, st["errors"]
+    assert cl.server_states("mts_grpc")[1] == "DOWN"
 
 
 @pytest.mark.parametrize("args,words", [
