@@ -35,6 +35,9 @@
 #   make bench-zoo       mtserve vs ONNX Runtime on every zoo model that loads (2 threads, 3 rounds)
 #   make bench-grpc      tiny model over gRPC (1/16/64 streams) and gRPC serving efficiency on
 #                        lipsync_unet_w8 vs the bare engine, 3 runs each (~3-4 min)
+#   make cluster         3 instances on the demo repository behind HAProxy routed by model (front door
+#                        on PORT/GRPC_PORT, default 8000/50051; scripts/cluster.sh, docs/scale-out.md)
+#   make bench-cluster   resident models and cold loads: model-affinity vs round-robin routing (~1 min)
 JOBS ?= 2
 PY := /usr/bin/python3
 BUILD := build
@@ -44,7 +47,8 @@ export MTSERVE := $(CURDIR)/$(BUILD)/mtserve
 
 .PHONY: all deps build build-asan build-tsan build-fuzz fuzz models avatar run test test-unit test-conformance \
         bench test-zoo bench-zoo bench-engine bench-ceiling bench-serving bench-capacity bench-capacity-kserve \
-        bench-connections soak bench-churn bench-grpc bench-isolation bench-ab clean install uninstall deb
+        bench-connections soak bench-churn bench-grpc bench-isolation bench-ab clean install uninstall deb \
+        cluster bench-cluster
 
 all: build
 
@@ -137,6 +141,12 @@ bench-grpc: build models
 
 bench-isolation: build models
 	@$(PY) scripts/bench-isolation.py
+
+cluster: build models avatar
+	@bash scripts/cluster.sh
+
+bench-cluster: build models
+	@$(PY) scripts/bench-cluster.py
 
 B ?= $(BUILD)/mtserve
 bench-ab: build models

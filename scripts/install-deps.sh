@@ -11,7 +11,8 @@ DEBS=(build-essential cmake pkg-config libcmocka-dev libyaml-dev libdnnl-dev lib
       libgrpc-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler python3-grpcio python3-grpc-tools
       libpng-dev libjpeg62-turbo-dev python3-pil fonts-dejavu-core openssl libssl-dev
       chromium python3-websocket  # the dashboard test (headless Chromium over the DevTools protocol)
-      clang-14 libclang-rt-14-dev)  # the libFuzzer targets (make fuzz): clang and its fuzzer runtime
+      clang-14 libclang-rt-14-dev  # the libFuzzer targets (make fuzz): clang and its fuzzer runtime
+      haproxy)  # the front door of make cluster and tests/cluster (docs/scale-out.md)
 missing=()
 for p in "${DEBS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

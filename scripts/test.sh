@@ -56,6 +56,7 @@ stage "concurrent dynamic batching on a served model (release server: the crash 
 stage "concurrent batching + stress: 8 models, HTTP + gRPC, evictions, reloads (ASan+UBSan server)" env MTSERVE=$PWD/build-asan/mtserve $PY -m pytest -q -p no:cacheprovider tests/stress
 stage "concurrent dynamic batching on a served model (TSan server)" env MTSERVE=$PWD/build-tsan/mtserve TSAN_OPTIONS="$TSAN_OPTIONS:exitcode=66:suppressions=$PWD/tests/tsan/grpc.supp" $PY -m pytest -q -p no:cacheprovider tests/stress/test_concurrent_batching.py
 stage "load generator tests (mtserve bench against a real server)" $PY -m pytest -q -p no:cacheprovider tests/bench
+stage "scale-out: 3 instances behind HAProxy, routing by model, kill -9 failover (tests/cluster)" timeout 120 $PY -m pytest -q -p no:cacheprovider tests/cluster
 stage "reference models vs ONNX Runtime (default backend)" env MTS_BACKEND=default $PY tests/models/compare_ort.py --models-dir models/out
 stage "reference models vs ONNX Runtime (reference backend)" env MTS_BACKEND=reference $PY tests/models/compare_ort.py --models-dir models/out
 stage "Debian package: install, serve one inference, remove and purge (scripts/test-deb.sh)" timeout 60 bash scripts/test-deb.sh

@@ -359,7 +359,21 @@ static void route_segment(mts_server *srv, mts_http_conn *c, mts_http_req *hr, c
     int fm = field(&form, hr, "model", model, sizeof model);
     int ft = field(&form, hr, "threshold", thr, sizeof thr);
     int fr = field(&form, hr, "response", resp, sizeof resp);
+    /* The Mts-Model header names the model too, so a load balancer that cannot read the form
+     * (HAProxy, docs/scale-out.md) can route on it; it must agree with a form or query field. */
+    const char *hm = mts_http_header(hr, "Mts-Model");
+    char mismatch[160];
+    bool disagree = false;
+    if (hm && fm == 0) {
+        fm = strlen(hm) < sizeof model ? 1 : -1;
+        if (fm > 0) snprintf(model, sizeof model, "%s", hm);
+    } else if (hm && fm > 0 && strcmp(hm, model)) {
+        snprintf(mismatch, sizeof mismatch, "the Mts-Model header names '%.60s' but the model field names '%.60s'", hm,
+                 model);
+        disagree = true;
+    }
     const char *problem = fm <= 0 ? (fm < 0 ? "the model field is too long" : "the form has no 'model' field")
+                          : disagree ? mismatch
                           : ft < 0 ? "the threshold field is too long"
                           : fr < 0 ? "the response field is too long"
                                    : NULL;

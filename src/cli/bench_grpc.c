@@ -97,6 +97,7 @@ void mts_bench_grpc_finish(void)
 
 typedef struct grpc_prepared {
     grpc_slice body;
+    char model[256]; /* sent as mts-model metadata (load balancers route on it) */
 } grpc_prepared;
 
 static int grpc_prepare(const mts_bench_target *t, const mts_bench_call *call, void **out, char *err, size_t errlen)
@@ -138,11 +139,16 @@ static int grpc_prepare(const mts_bench_target *t, const mts_bench_call *call, v
         req.n_parameters = 1;
         req.parameters = entries;
     }
+    if (strlen(call->model) >= sizeof ((grpc_prepared *)0)->model) {
+        snprintf(err, errlen, "model name '%.40s...' is too long (at most 255 bytes)", call->model);
+        return -1;
+    }
     grpc_prepared *p = calloc(1, sizeof *p);
     if (!p) {
         snprintf(err, errlen, "out of memory");
         return -1;
     }
+    snprintf(p->model, sizeof p->model, "%s", call->model);
     size_t n = inference__model_infer_request__get_packed_size(&req);
     p->body = grpc_slice_malloc(n);
     inference__model_infer_request__pack(&req, GRPC_SLICE_START_PTR(p->body));
@@ -226,8 +232,8 @@ static void grpc_close(void *conn)
 /* One unary call on the connection's channel: sends the message made of n_body slices (taken by
  * reference), waits for status and reply. The reply (NULL when none) is returned in *recv for the
  * caller to destroy. */
-static grpc_status_code conn_unary(grpc_conn *k, void *reg, grpc_slice *body, size_t n_body, double timeout_ms,
-                                   grpc_byte_buffer **recv, char *msg, size_t msglen)
+static grpc_status_code conn_unary(grpc_conn *k, void *reg, const char *model, grpc_slice *body, size_t n_body,
+                                   double timeout_ms, grpc_byte_buffer **recv, char *msg, size_t msglen)
 {
     *recv = NULL;
     gpr_timespec deadline =
@@ -245,7 +251,8 @@ static grpc_status_code conn_unary(grpc_conn *k, void *reg, grpc_slice *body, si
     grpc_status_code status = GRPC_STATUS_UNKNOWN;
     grpc_slice details = grpc_empty_slice();
     grpc_op ops[6];
-    mts_cli_grpc_unary_ops(ops, send, recv, &md_initial, &md_trailing, &status, &details);
+    grpc_metadata md[2];
+    mts_cli_grpc_unary_ops(ops, md, model, send, recv, &md_initial, &md_trailing, &status, &details);
     int tag = 1;
     if (grpc_call_start_batch(call, ops, 6, &tag, NULL) != GRPC_CALL_OK) {
         snprintf(msg, msglen, "cannot start the call");
@@ -430,7 +437,7 @@ static void grpc_infer(void *conn, const void *prepared, int64_t start_frame, do
     mts_bench_result_init(res);
     grpc_byte_buffer *recv = NULL;
     grpc_slice body = p->body;
-    grpc_status_code st = conn_unary(k, k->c->reg_infer, &body, 1, timeout_ms, &recv, res->msg, sizeof res->msg);
+    grpc_status_code st = conn_unary(k, k->c->reg_infer, p->model, &body, 1, timeout_ms, &recv, res->msg, sizeof res->msg);
     finish_call(k, st, recv, scan_reply, "ModelInferResponse", res);
 }
 
@@ -444,7 +451,7 @@ static int grpc_model_ready(void *conn, const char *model, double timeout_ms)
     inference__model_ready_request__pack(&req, GRPC_SLICE_START_PTR(body));
     grpc_byte_buffer *recv = NULL;
     char msg[200];
-    grpc_status_code st = conn_unary(k, k->c->reg_ready, &body, 1, timeout_ms, &recv, msg, sizeof msg);
+    grpc_status_code st = conn_unary(k, k->c->reg_ready, model, &body, 1, timeout_ms, &recv, msg, sizeof msg);
     grpc_slice_unref(body);
     int ready = -1;
     if (st == GRPC_STATUS_OK && recv) {
@@ -483,6 +490,7 @@ const mts_bench_transport mts_bench_grpc_transport = {
 typedef struct lip_prepared {
     grpc_slice body;
     bool composite;
+    char model[256]; /* sent as mts-model metadata */
 } lip_prepared;
 
 static int lip_prepare(const mts_bench_target *t, const mts_bench_call *call, void **out, char *err, size_t errlen)
@@ -493,11 +501,16 @@ static int lip_prepare(const mts_bench_target *t, const mts_bench_call *call, vo
                  call->model);
         return -1;
     }
+    if (strlen(call->model) >= sizeof ((lip_prepared *)0)->model) {
+        snprintf(err, errlen, "model name '%.40s...' is too long (at most 255 bytes)", call->model);
+        return -1;
+    }
     lip_prepared *p = calloc(1, sizeof *p);
     if (!p) {
         snprintf(err, errlen, "out of memory");
         return -1;
     }
+    snprintf(p->model, sizeof p->model, "%s", call->model);
     ProtobufCBinaryData visual = {call->inputs[0].nbytes, (uint8_t *)call->inputs[0].data};
     ProtobufCBinaryData audio = {call->inputs[1].nbytes, (uint8_t *)call->inputs[1].data};
     p->composite = call->composite;
@@ -633,7 +646,7 @@ static void lip_infer(void *conn, const void *prepared, int64_t start_frame, dou
         n = 2;
     }
     grpc_byte_buffer *recv = NULL;
-    grpc_status_code st = conn_unary(k, p->composite ? k->c->reg_lip_composite : k->c->reg_lip_infer, parts, n,
+    grpc_status_code st = conn_unary(k, p->composite ? k->c->reg_lip_composite : k->c->reg_lip_infer, p->model, parts, n,
                                      timeout_ms, &recv, res->msg, sizeof res->msg);
     grpc_slice_unref(parts[1]);
     finish_call(k, st, recv, p->composite ? scan_lip_composite : scan_lip_infer,
@@ -658,7 +671,7 @@ int mts_bench_grpc_metadata(const char *target, const char *model, mts_bench_inp
     req.name = (char *)model;
     ProtobufCMessage *resp = NULL;
     char msg[200];
-    int code = mts_cli_grpc_unary(target, M_METADATA, &req.base, &inference__model_metadata_response__descriptor,
+    int code = mts_cli_grpc_unary(target, M_METADATA, model, &req.base, &inference__model_metadata_response__descriptor,
                                   &resp, 120, msg, sizeof msg);
     if (code) {
         snprintf(err, errlen, "%s: %s", mts_cli_grpc_code_name(code), msg);
@@ -685,7 +698,7 @@ int mts_bench_grpc_index(const char *target, char ***names, int *n, char *err, s
     char msg[200];
     *names = NULL;
     *n = 0;
-    int code = mts_cli_grpc_unary(target, M_INDEX, &req.base, &inference__repository_index_response__descriptor,
+    int code = mts_cli_grpc_unary(target, M_INDEX, NULL, &req.base, &inference__repository_index_response__descriptor,
                                   &resp, 30, msg, sizeof msg);
     if (code) {
         snprintf(err, errlen, "repository index: %s: %s", mts_cli_grpc_code_name(code), msg);

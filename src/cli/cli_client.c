@@ -164,7 +164,7 @@ static int random_inputs(const target *t, const char *model, int64_t batch, io_s
         req.name = (char *)model;
         ProtobufCMessage *resp = NULL;
         char err[512];
-        int code = mts_cli_grpc_unary(t->grpc, "/inference.GRPCInferenceService/ModelMetadata", &req.base,
+        int code = mts_cli_grpc_unary(t->grpc, "/inference.GRPCInferenceService/ModelMetadata", model, &req.base,
                                       &inference__model_metadata_response__descriptor, &resp, t->timeout_s, err, sizeof err);
         if (code) {
             fprintf(stderr, "mtserve: metadata of '%s': %s: %s\n", model, mts_cli_grpc_code_name(code), err);
@@ -248,7 +248,7 @@ static int infer_grpc(const target *t, const char *model, const io_set *in, io_s
     ProtobufCMessage *resp = NULL;
     char err[1024];
     double t0 = mts_now_ms();
-    int code = mts_cli_grpc_unary(t->grpc, "/inference.GRPCInferenceService/ModelInfer", &req.base,
+    int code = mts_cli_grpc_unary(t->grpc, "/inference.GRPCInferenceService/ModelInfer", model, &req.base,
                                   &inference__model_infer_response__descriptor, &resp, t->timeout_s, err, sizeof err);
     *ms = mts_now_ms() - t0;
     if (code) {
@@ -489,7 +489,7 @@ static int models_grpc(const target *t, const char *verb, const char *name, bool
         Inference__LoadModelRequest req = INFERENCE__LOAD_MODEL_REQUEST__INIT;
         req.model_id = (char *)name;
         req.force_reload = force;
-        code = mts_cli_grpc_unary(t->grpc, "/inference.InferenceService/LoadModel", &req.base,
+        code = mts_cli_grpc_unary(t->grpc, "/inference.InferenceService/LoadModel", name, &req.base,
                                   &inference__load_model_response__descriptor, &resp, t->timeout_s, err, sizeof err);
         if (!code) {
             Inference__LoadModelResponse *r = (Inference__LoadModelResponse *)resp;
@@ -498,13 +498,13 @@ static int models_grpc(const target *t, const char *verb, const char *name, bool
     } else if (!strcmp(verb, "unload")) {
         Inference__UnloadModelRequest req = INFERENCE__UNLOAD_MODEL_REQUEST__INIT;
         req.model_id = (char *)name;
-        code = mts_cli_grpc_unary(t->grpc, "/inference.InferenceService/UnloadModel", &req.base,
+        code = mts_cli_grpc_unary(t->grpc, "/inference.InferenceService/UnloadModel", name, &req.base,
                                   &inference__unload_model_response__descriptor, &resp, t->timeout_s, err, sizeof err);
         if (!code) printf("%s\n", ((Inference__UnloadModelResponse *)resp)->message);
     } else {
         Inference__GetModelStatsRequest req = INFERENCE__GET_MODEL_STATS_REQUEST__INIT;
         req.model_id = (char *)(name ? name : "");
-        code = mts_cli_grpc_unary(t->grpc, "/inference.InferenceService/GetModelStats", &req.base,
+        code = mts_cli_grpc_unary(t->grpc, "/inference.InferenceService/GetModelStats", name, &req.base,
                                   &inference__get_model_stats_response__descriptor, &resp, t->timeout_s, err, sizeof err);
         if (!code) {
             Inference__GetModelStatsResponse *r = (Inference__GetModelStatsResponse *)resp;

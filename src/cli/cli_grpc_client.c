@@ -4,6 +4,7 @@
  * the single batch (send metadata + message + half-close, receive metadata + message + status)
  * completes. Message limits are raised to 1 GiB so large tensors come back whole.
  */
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -21,7 +22,8 @@ const char *mts_cli_grpc_code_name(int code)
     return mts_proto_grpc_code_name(code); /* the server's table (api/protocol.c) */
 }
 
-void mts_cli_grpc_unary_ops(grpc_op ops[6], grpc_byte_buffer *send, grpc_byte_buffer **recv,
+void mts_cli_grpc_unary_ops(grpc_op ops[6], grpc_metadata md[2], const char *model, grpc_byte_buffer *send,
+                            grpc_byte_buffer **recv,
                             grpc_metadata_array *md_initial, grpc_metadata_array *md_trailing,
                             grpc_status_code *status, grpc_slice *details)
 {
@@ -39,10 +41,20 @@ void mts_cli_grpc_unary_ops(grpc_op ops[6], grpc_byte_buffer *send, grpc_byte_bu
             auth.value = grpc_slice_from_static_string(value);
         }
     }
-    if (have) {
-        ops[0].data.send_initial_metadata.count = 1;
-        ops[0].data.send_initial_metadata.metadata = &auth;
+    size_t n_md = 0;
+    memset(md, 0, 2 * sizeof *md);
+    if (have) md[n_md++] = auth;
+    bool printable = model && *model;
+    for (const char *c = model; printable && *c; c++) printable = *c >= 0x20 && *c < 0x7f;
+    if (printable) {
+        /* gRPC metadata values are printable ASCII; a name with other bytes is not sent (its
+         * calls are balanced round-robin). The slice points at the caller's string, which
+         * outlives the call. */
+        md[n_md].key = grpc_slice_from_static_string("mts-model");
+        md[n_md++].value = grpc_slice_from_static_string(model);
     }
+    ops[0].data.send_initial_metadata.count = n_md;
+    ops[0].data.send_initial_metadata.metadata = n_md ? md : NULL;
     ops[1].op = GRPC_OP_SEND_MESSAGE;
     ops[1].data.send_message.send_message = send;
     ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
@@ -56,7 +68,7 @@ void mts_cli_grpc_unary_ops(grpc_op ops[6], grpc_byte_buffer *send, grpc_byte_bu
     ops[5].data.recv_status_on_client.status_details = details;
 }
 
-int mts_cli_grpc_unary(const char *target, const char *method, const ProtobufCMessage *req,
+int mts_cli_grpc_unary(const char *target, const char *method, const char *model, const ProtobufCMessage *req,
                        const ProtobufCMessageDescriptor *resp_desc, ProtobufCMessage **resp, double timeout_s,
                        char *err, size_t err_len)
 {
@@ -90,7 +102,8 @@ int mts_cli_grpc_unary(const char *target, const char *method, const ProtobufCMe
     grpc_status_code status = GRPC_STATUS_UNKNOWN;
     grpc_slice details = grpc_empty_slice();
     grpc_op ops[6];
-    mts_cli_grpc_unary_ops(ops, send, &recv, &md_initial, &md_trailing, &status, &details);
+    grpc_metadata md[2];
+    mts_cli_grpc_unary_ops(ops, md, model, send, &recv, &md_initial, &md_trailing, &status, &details);
     int tag = 1;
     if (grpc_call_start_batch(call, ops, 6, &tag, NULL) == GRPC_CALL_OK)
         grpc_completion_queue_pluck(cq, &tag, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
