@@ -423,8 +423,9 @@ static bool is_tracked(const poller *p, const char *name)
 }
 
 /* A served model of the repository: a new version folder is switched to (once its file stays
- * unchanged for one interval), a folder without a model any more removes the model. Returns
- * false when the model was removed (and untracked). */
+ * unchanged for one interval, or at once when the served version's file is gone), a folder
+ * without a model any more removes the model. Returns false when the model was removed (and
+ * untracked). */
 static bool rescan_model(poller *p, int i)
 {
     tracked *t = &p->models[i];
@@ -450,8 +451,11 @@ static bool rescan_model(poller *p, int i)
         mts_model_config_free(m);
         return true;
     }
-    file_sig now = sig_of(m->model_path);
-    if (!t->cand_path || strcmp(t->cand_path, m->model_path) || !sig_same(&now, &t->cand_sig)) {
+    file_sig now = sig_of(m->model_path), served = sig_of(t->path);
+    /* the served version's folder is gone: switch at once (nothing else could load) */
+    bool settled = !served.exists ||
+                   (t->cand_path && !strcmp(t->cand_path, m->model_path) && sig_same(&now, &t->cand_sig));
+    if (!settled) {
         free(t->cand_path);
         t->cand_path = strdup(m->model_path); /* settles for one interval */
         t->cand_sig = now;
@@ -459,13 +463,20 @@ static bool rescan_model(poller *p, int i)
         return true;
     }
     int version = m->version;
+    char *path = strdup(m->model_path);
+    if (!path) {
+        mts_model_config_free(m);
+        return true; /* out of memory: the next poll tries again */
+    }
     MTS_INFO("event=poll_version model=%s version=%d previous=%d", t->name, version, t->version);
     if (mts_server_update_model(p->srv, m, &err)) { /* takes m */
         MTS_WARN("model=%s event=poll_version_failed error=\"%s\"", t->name, err.msg);
+        free(path);
         return true;
     }
     free(t->path);
-    t->path = t->cand_path;
+    t->path = path;
+    free(t->cand_path);
     t->cand_path = NULL;
     t->version = version;
     t->sig = now;
@@ -521,7 +532,10 @@ static void poll_once(poller *p)
         if (p->models[i].in_repo && p->repo && !rescan_model(p, i)) continue; /* removed: slot i refilled */
         tracked *t = &p->models[i++];
         file_sig now = sig_of(t->path);
-        if (!sig_same(&now, &t->sig)) {
+        /* a repository model's file that went away was handled by its rescan (version switch or
+         * removal); the version loaded keeps serving until then */
+        bool rescanned_gone = t->in_repo && p->repo && !now.exists;
+        if (!rescanned_gone && !sig_same(&now, &t->sig)) {
             bool was = t->sig.exists;
             t->sig = now;
             mts_model_status st;
