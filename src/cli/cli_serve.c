@@ -2,7 +2,9 @@
  * `mtserve serve`: loads the configuration (a design-document config.yaml and/or a model
  * repository folder), starts the server core and the KServe v2 HTTP front end, and runs until
  * SIGTERM or SIGINT. Shutdown is graceful: stop accepting connections, finish queued work within
- * server.shutdown_grace_s, fail what is left, exit 0.
+ * server.shutdown_grace_s, fail what is left, exit 0. With --model-control-mode poll a poller
+ * thread rescans the repository: changed model files reload, new model and version folders are
+ * served, removed ones dropped, and lip-sync asset folders rechecked (docs/server.md, "Poll mode").
  */
 #include <dirent.h>
 #include <errno.h>

@@ -3,7 +3,10 @@
  * loader threads, placement on devices, eviction by policy when max_models or a device's memory
  * budget would be exceeded, idle unloading, explicit load/unload with force_reload, and load
  * failures with exponential back-off. One log line per load, unload and eviction, with the
- * duration and bytes.
+ * duration and bytes. Poll mode changes the model set at run time: models are added into free
+ * slots of the entry table, switched to another version's configuration (the loaded version
+ * answers until the new one is loaded), removed (hidden from lookups, then drained), and marked
+ * unavailable while a lip-sync asset folder is missing.
  *
  * Memory is accounted from real sizes: a version's bytes are the engine's own allocations
  * (IR, copied weights, plans), the mapped weight bytes and its contexts' activation buffers
