@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Smoke test of the Debian package (a stage of scripts/test.sh; needs root, as the CI has): installs
 # build/mtserve_<version>_<arch>.deb with dpkg -i, checks the installed files, the system user,
-# `mtserve --version` and the man page, starts the installed server (a plain background process:
-# no systemd here) on a temporary repository holding models/out/tiny.onnx and on the packaged
-# /etc/mtserve/config.yaml, sends one KServe v2 inference over HTTP with curl, stops it, then
-# removes and purges the package and checks that everything it created is gone. The machine is
-# left as it was found: the test refuses to run where mtserve is already installed or a user or
-# group named mtserve already exists, and cleans up on any exit.
+# `mtserve --version`, the man page and the systemd unit (systemd-analyze verify, when installed),
+# starts the installed server (a plain background process: no systemd here) on a temporary
+# repository holding models/out/tiny.onnx and on the packaged /etc/mtserve/config.yaml, sends one
+# KServe v2 inference over HTTP with curl, stops it, then removes and purges the package and checks
+# that everything it created is gone. The machine is left as it was found: the test refuses to run
+# where mtserve is already installed or a user or group named mtserve already exists, and cleans up
+# on any exit.
 #
 #   scripts/test-deb.sh [PACKAGE.deb]      (default: the package in build/)
 set -uo pipefail
@@ -89,6 +90,18 @@ bash -c 'source /usr/share/bash-completion/completions/mtserve && complete -p mt
 getent passwd mtserve > /dev/null || fail "postinst created no user mtserve"
 [ "$(stat -c %U /var/lib/mtserve/models)" = mtserve ] || fail "/var/lib/mtserve/models is not owned by mtserve"
 dpkg-query -W -f='${Conffiles}' mtserve | grep -q /etc/mtserve/config.yaml || fail "config.yaml is not a conffile"
+# The installed unit passes systemd's own checks (directives, the ExecStart binary, the man page
+# its Documentation= names when man-db is there); no running systemd is needed for that.
+if command -v systemd-analyze > /dev/null; then
+  man_opt=--man=no
+  [ -n "${page:-}" ] && man_opt=--man=yes
+  out=$(systemd-analyze verify "$man_opt" /lib/systemd/system/mtserve.service 2>&1) ||
+    fail "systemd-analyze verify /lib/systemd/system/mtserve.service: $out"
+  echo "$out" | grep -q 'mtserve' && fail "systemd-analyze verify warns about the unit: $out"
+  note "systemd-analyze verify $man_opt: the unit is valid"
+else
+  note "systemd-analyze verify: SKIPPED, not counted as passed (systemd-analyze is missing: apt-get install systemd)"
+fi
 
 # The packaged configuration parses and serves (as the unit would run it, minus systemd; ports 0
 # so that a server already on 8000/50051 does not matter; setpriv execs, so SRV_PID is the server).

@@ -2,7 +2,9 @@
  * `mtserve serve`: loads the configuration (a design-document config.yaml and/or a model
  * repository folder), starts the server core and the KServe v2 HTTP front end, and runs until
  * SIGTERM or SIGINT. Shutdown is graceful: stop accepting connections, finish queued work within
- * server.shutdown_grace_s, fail what is left, exit 0.
+ * server.shutdown_grace_s, fail what is left, exit 0. With --model-control-mode poll a poller
+ * thread rescans the repository: changed model files reload, new model and version folders are
+ * served, removed ones dropped, and lip-sync asset folders rechecked (docs/server.md, "Poll mode").
  */
 #include <dirent.h>
 #include <errno.h>
@@ -62,7 +64,8 @@ static void usage(FILE *f)
                "  --model-control-mode: default, a model loads on its first request (or at start with preload/pin)\n"
                "  and is evicted by capacity; none: every model loads at start; explicit: models load only through\n"
                "  the load API (and preload/pin at start); poll: the default plus a rescan of the repository every\n"
-               "  --repository-poll-secs (default 15).\n"
+               "  --repository-poll-secs (default 15): changed model files reload, new model and version folders\n"
+               "  are served and removed ones dropped, without a restart.\n"
                "  --metrics-port PORT: also serve GET /metrics (only) on PORT, as Triton does; /metrics stays on\n"
                "  the HTTP port.\n"
                "  --log-verbose N: 0 info, 1 or more debug (Triton's meaning). --log-format json: one JSON object\n"
@@ -291,13 +294,34 @@ typedef struct file_sig {
     struct timespec mtime;
 } file_sig;
 
+/* A served model the poller watches. */
+typedef struct tracked {
+    char *name;
+    bool in_repo;     /* its folder is in the repository: rescanned each poll (versions, removal) */
+    char *path;       /* the model file served */
+    int version;
+    file_sig sig;
+    char *cand_path;  /* another version's file the rescan found, added once it stays unchanged */
+    file_sig cand_sig;
+    char msg[256];    /* the folder's problem last logged (logged once) */
+} tracked;
+
+/* A repository folder that serves no model (yet). */
+typedef struct pending_dir {
+    char *name;
+    bool have_sig, seen;
+    file_sig sig;     /* its model file at the last poll: added once unchanged for one interval */
+    char msg[256];    /* the problem last logged (logged once) */
+} pending_dir;
+
 typedef struct poller {
     mts_server *srv;
     const mts_config *cfg;
     const char *repo; /* NULL: only the configured model files are watched */
-    file_sig *sigs;   /* per configured model */
-    char **seen;      /* repository folders already reported as new */
-    int n_seen;
+    tracked *models;
+    int n_models, cap_models;
+    pending_dir *dirs;
+    int n_dirs, cap_dirs;
     pthread_t thread;
     pthread_mutex_t lock;
     pthread_cond_t cv;
@@ -324,50 +348,233 @@ static bool sig_same(const file_sig *a, const file_sig *b)
            a->mtime.tv_sec == b->mtime.tv_sec && a->mtime.tv_nsec == b->mtime.tv_nsec;
 }
 
+/* Keeps the first configuration warning of a folder scan (the poller logs it once). */
+static void collect_cb(void *user, const char *msg)
+{
+    char *buf = user;
+    if (!buf[0]) snprintf(buf, 256, "%s", msg);
+}
+
+/* Logs a folder's problem when it differs from the one logged last; "" clears it. */
+static void note_once(char *last, const char *folder, const char *event, const char *msg)
+{
+    if (!strcmp(last, msg)) return;
+    snprintf(last, 256, "%s", msg);
+    if (msg[0]) MTS_WARN("event=%s folder=%s error=\"%s\"", event, folder, msg);
+}
+
+static tracked *track(poller *p, const char *name, bool in_repo, const char *path, int version)
+{
+    if (p->n_models == p->cap_models) {
+        int cap = p->cap_models ? p->cap_models * 2 : 16;
+        tracked *t = realloc(p->models, sizeof *t * (size_t)cap);
+        if (!t) return NULL;
+        p->models = t;
+        p->cap_models = cap;
+    }
+    tracked *t = &p->models[p->n_models];
+    memset(t, 0, sizeof *t);
+    if (!(t->name = strdup(name)) || !(t->path = strdup(path))) {
+        free(t->name);
+        return NULL;
+    }
+    t->in_repo = in_repo;
+    t->version = version;
+    t->sig = sig_of(path);
+    p->n_models++;
+    return t;
+}
+
+static void untrack(poller *p, int i)
+{
+    free(p->models[i].name);
+    free(p->models[i].path);
+    free(p->models[i].cand_path);
+    p->models[i] = p->models[--p->n_models];
+}
+
+static pending_dir *pending_get(poller *p, const char *name)
+{
+    for (int i = 0; i < p->n_dirs; i++)
+        if (!strcmp(p->dirs[i].name, name)) return &p->dirs[i];
+    if (p->n_dirs == p->cap_dirs) {
+        int cap = p->cap_dirs ? p->cap_dirs * 2 : 16;
+        pending_dir *d = realloc(p->dirs, sizeof *d * (size_t)cap);
+        if (!d) return NULL;
+        p->dirs = d;
+        p->cap_dirs = cap;
+    }
+    pending_dir *d = &p->dirs[p->n_dirs];
+    memset(d, 0, sizeof *d);
+    if (!(d->name = strdup(name))) return NULL;
+    p->n_dirs++;
+    return d;
+}
+
+static void pending_drop(poller *p, int i)
+{
+    free(p->dirs[i].name);
+    p->dirs[i] = p->dirs[--p->n_dirs];
+}
+
+static bool is_tracked(const poller *p, const char *name)
+{
+    for (int i = 0; i < p->n_models; i++)
+        if (!strcmp(p->models[i].name, name)) return true;
+    return false;
+}
+
+/* A served model of the repository: a new version folder is switched to (once its file stays
+ * unchanged for one interval, or at once when the served version's file is gone), a folder
+ * without a model any more removes the model. Returns false when the model was removed (and
+ * untracked). */
+static bool rescan_model(poller *p, int i)
+{
+    tracked *t = &p->models[i];
+    char warn[256] = "", folder[1100];
+    snprintf(folder, sizeof folder, "%s/%s", p->repo, t->name);
+    mts_model_config *m = NULL;
+    mts_err err = {0};
+    if (mts_config_scan_model(p->cfg, p->repo, t->name, env_get, &m, collect_cb, warn, &err)) {
+        note_once(t->msg, folder, "poll_config_error", err.msg); /* the served version stays */
+        return true;
+    }
+    if (!m) {
+        MTS_INFO("event=poll_removed model=%s reason=\"%s\"", t->name, warn[0] ? warn : "folder removed");
+        if (mts_server_remove_model(p->srv, t->name, &err))
+            MTS_WARN("model=%s event=poll_remove_failed error=\"%s\"", t->name, err.msg);
+        untrack(p, i);
+        return false;
+    }
+    note_once(t->msg, folder, "poll_config_error", "");
+    if (!strcmp(m->model_path, t->path)) {
+        free(t->cand_path);
+        t->cand_path = NULL;
+        mts_model_config_free(m);
+        return true;
+    }
+    file_sig now = sig_of(m->model_path), served = sig_of(t->path);
+    /* the served version's folder is gone: switch at once (nothing else could load) */
+    bool settled = !served.exists ||
+                   (t->cand_path && !strcmp(t->cand_path, m->model_path) && sig_same(&now, &t->cand_sig));
+    if (!settled) {
+        free(t->cand_path);
+        t->cand_path = strdup(m->model_path); /* settles for one interval */
+        t->cand_sig = now;
+        mts_model_config_free(m);
+        return true;
+    }
+    int version = m->version;
+    char *path = strdup(m->model_path);
+    if (!path) {
+        mts_model_config_free(m);
+        return true; /* out of memory: the next poll tries again */
+    }
+    MTS_INFO("event=poll_version model=%s version=%d previous=%d", t->name, version, t->version);
+    if (mts_server_update_model(p->srv, m, &err)) { /* takes m */
+        MTS_WARN("model=%s event=poll_version_failed error=\"%s\"", t->name, err.msg);
+        free(path);
+        return true;
+    }
+    free(t->path);
+    t->path = path;
+    free(t->cand_path);
+    t->cand_path = NULL;
+    t->version = version;
+    t->sig = now;
+    return true;
+}
+
+/* A folder not served yet: added once its model file stays unchanged for one interval. */
+static void rescan_dir(poller *p, pending_dir *d)
+{
+    char warn[256] = "", folder[1100];
+    snprintf(folder, sizeof folder, "%s/%s", p->repo, d->name);
+    mts_model_config *m = NULL;
+    mts_err err = {0};
+    if (mts_config_scan_model(p->cfg, p->repo, d->name, env_get, &m, collect_cb, warn, &err)) {
+        note_once(d->msg, folder, "poll_config_error", err.msg);
+        d->have_sig = false;
+        return;
+    }
+    if (!m) {
+        note_once(d->msg, folder, "poll_skipped", warn);
+        d->have_sig = false;
+        return;
+    }
+    file_sig now = sig_of(m->model_path);
+    if (!d->have_sig || !sig_same(&now, &d->sig)) {
+        d->have_sig = true;
+        d->sig = now;
+        mts_model_config_free(m);
+        return;
+    }
+    int version = m->version;
+    bool pin = m->pin || m->preload;
+    char *path = strdup(m->model_path);
+    if (!path) {
+        mts_model_config_free(m);
+        return;
+    }
+    if (mts_server_add_model(p->srv, m, &err)) { /* takes m */
+        note_once(d->msg, folder, "poll_skipped", err.msg);
+        free(path);
+        return;
+    }
+    MTS_INFO("event=poll_added model=%s version=%d load=%s%s%s", d->name, version, pin ? "now" : "on_use",
+             warn[0] ? " warning=" : "", warn);
+    if (!track(p, d->name, true, path, version)) MTS_WARN("model=%s event=poll_untracked: out of memory", d->name);
+    free(path);
+    d->name[0] = '\0'; /* dropped by the caller */
+}
+
 static void poll_once(poller *p)
 {
-    const mts_config *c = p->cfg;
-    for (int i = 0; i < c->n_models; i++) {
-        const mts_model_config *m = &c->models[i];
-        file_sig now = sig_of(m->model_path);
-        if (sig_same(&now, &p->sigs[i])) continue;
-        bool was = p->sigs[i].exists;
-        p->sigs[i] = now;
-        mts_model_status st;
-        if (mts_server_model_status_by_name(p->srv, m->name, &st)) continue;
-        bool resident = st.state == MTS_MODEL_READY || st.state == MTS_MODEL_LOADING;
-        mts_err err = {0};
-        if (!now.exists) {
-            MTS_WARN("model=%s event=repository_changed change=removed action=%s path=%s", m->name,
-                     resident ? "unload" : "none", m->model_path);
-            if (resident && mts_server_unload(p->srv, m->name, NULL, NULL, &err))
-                MTS_WARN("model=%s event=poll_unload_failed error=\"%s\"", m->name, err.msg);
-        } else {
-            MTS_INFO("model=%s event=repository_changed change=%s action=%s path=%s", m->name,
-                     was ? "modified" : "added", resident ? "reload" : "none (loads on use)", m->model_path);
-            if (resident && mts_server_load(p->srv, m->name, true, NULL, NULL, &err))
-                MTS_WARN("model=%s event=poll_reload_failed error=\"%s\"", m->name, err.msg);
+    for (int i = 0; i < p->n_models;) {
+        if (p->models[i].in_repo && p->repo && !rescan_model(p, i)) continue; /* removed: slot i refilled */
+        tracked *t = &p->models[i++];
+        file_sig now = sig_of(t->path);
+        /* a repository model's file that went away was handled by its rescan (version switch or
+         * removal); the version loaded keeps serving until then */
+        bool rescanned_gone = t->in_repo && p->repo && !now.exists;
+        if (!rescanned_gone && !sig_same(&now, &t->sig)) {
+            bool was = t->sig.exists;
+            t->sig = now;
+            mts_model_status st;
+            if (!mts_server_model_status_by_name(p->srv, t->name, &st)) {
+                bool resident = st.state == MTS_MODEL_READY || st.state == MTS_MODEL_LOADING;
+                mts_err err = {0};
+                if (!now.exists) {
+                    MTS_WARN("model=%s event=repository_changed change=removed action=%s path=%s", t->name,
+                             resident ? "unload" : "none", t->path);
+                    if (resident && mts_server_unload(p->srv, t->name, NULL, NULL, &err))
+                        MTS_WARN("model=%s event=poll_unload_failed error=\"%s\"", t->name, err.msg);
+                } else {
+                    MTS_INFO("model=%s event=repository_changed change=%s action=%s path=%s", t->name,
+                             was ? "modified" : "added", resident ? "reload" : "none (loads on use)", t->path);
+                    if (resident && mts_server_load(p->srv, t->name, true, NULL, NULL, &err))
+                        MTS_WARN("model=%s event=poll_reload_failed error=\"%s\"", t->name, err.msg);
+                }
+            }
         }
+        mts_server_recheck_assets(p->srv, t->name); /* logs a change itself */
     }
     if (!p->repo) return;
     DIR *dp = opendir(p->repo);
     if (!dp) return;
+    for (int i = 0; i < p->n_dirs; i++) p->dirs[i].seen = false;
     struct dirent *e;
     while ((e = readdir(dp))) {
-        if (e->d_name[0] == '.' || mts_config_find_model(c, e->d_name)) continue;
-        bool known = false;
-        for (int k = 0; k < p->n_seen && !known; k++) known = !strcmp(p->seen[k], e->d_name);
-        if (known) continue;
-        char **ns = realloc(p->seen, (size_t)(p->n_seen + 1) * sizeof *ns);
-        if (!ns) break;
-        p->seen = ns;
-        if (!(p->seen[p->n_seen] = strdup(e->d_name))) break;
-        p->n_seen++;
-        MTS_WARN("event=repository_changed change=new_folder folder=%s/%s: new models are served after a restart "
-                 "(poll reloads changed model files and unloads removed ones)",
-                 p->repo, e->d_name);
+        if (e->d_name[0] == '.' || is_tracked(p, e->d_name)) continue;
+        pending_dir *d = pending_get(p, e->d_name);
+        if (!d) break;
+        d->seen = true;
+        rescan_dir(p, d);
     }
     closedir(dp);
+    for (int i = 0; i < p->n_dirs;) /* added, or gone from the repository */
+        if (!p->dirs[i].seen || !p->dirs[i].name[0]) pending_drop(p, i);
+        else i++;
 }
 
 static void *poll_main(void *arg)
@@ -389,29 +596,40 @@ static void *poll_main(void *arg)
     return NULL;
 }
 
+/* True when path lies in the repository folder of model name (<repo>/<name>/...). */
+static bool in_repo_folder(const char *repo, const char *name, const char *path)
+{
+    size_t rl = strlen(repo), nl = strlen(name);
+    while (rl > 1 && repo[rl - 1] == '/') rl--;
+    return !strncmp(path, repo, rl) && path[rl] == '/' && !strncmp(path + rl + 1, name, nl) && path[rl + 1 + nl] == '/';
+}
+
 /* Records the model files and repository folders as they are before anything is announced
- * (a change made after the serving line is then always seen); folders present now are not
- * "new". poller_start starts the rescans. */
+ * (a change made after the serving line is then always seen); the problems of folders that
+ * serve nothing were logged by the start-up scan and are not logged again. poller_start starts
+ * the rescans. */
 static int poller_init(poller *p, mts_server *srv, const mts_config *cfg, const char *repo)
 {
     memset(p, 0, sizeof *p);
     p->srv = srv;
     p->cfg = cfg;
     p->repo = repo;
-    p->sigs = calloc((size_t)(cfg->n_models > 0 ? cfg->n_models : 1), sizeof *p->sigs);
-    if (!p->sigs) return -1;
-    for (int i = 0; i < cfg->n_models; i++) p->sigs[i] = sig_of(cfg->models[i].model_path);
+    for (int i = 0; i < cfg->n_models; i++) {
+        const mts_model_config *m = &cfg->models[i];
+        if (!track(p, m->name, repo && in_repo_folder(repo, m->name, m->model_path), m->model_path, m->version))
+            return -1;
+    }
     DIR *dp = repo ? opendir(repo) : NULL;
     struct dirent *e;
     while (dp && (e = readdir(dp))) {
-        if (e->d_name[0] == '.' || mts_config_find_model(cfg, e->d_name)) continue;
-        char **ns = realloc(p->seen, (size_t)(p->n_seen + 1) * sizeof *ns);
-        if (!ns || !(ns[p->n_seen] = strdup(e->d_name))) {
-            if (ns) p->seen = ns;
-            break;
-        }
-        p->seen = ns;
-        p->n_seen++;
+        if (e->d_name[0] == '.' || is_tracked(p, e->d_name)) continue;
+        pending_dir *d = pending_get(p, e->d_name);
+        if (!d) break;
+        mts_model_config *m = NULL;
+        mts_err err = {0};
+        if (mts_config_scan_model(cfg, repo, e->d_name, env_get, &m, collect_cb, d->msg, &err))
+            snprintf(d->msg, sizeof d->msg, "%s", err.msg);
+        mts_model_config_free(m);
     }
     if (dp) closedir(dp);
     return 0;
@@ -420,7 +638,7 @@ static int poller_init(poller *p, mts_server *srv, const mts_config *cfg, const 
 static int poller_start(poller *p)
 {
     const mts_config *cfg = p->cfg;
-    if (!p->sigs) return -1;
+    if (!p->srv) return -1;
     pthread_mutex_init(&p->lock, NULL);
     pthread_cond_init(&p->cv, NULL);
     if (pthread_create(&p->thread, NULL, poll_main, p)) return -1;
@@ -441,9 +659,10 @@ static void poller_stop(poller *p)
         pthread_mutex_destroy(&p->lock);
         pthread_cond_destroy(&p->cv);
     }
-    for (int i = 0; i < p->n_seen; i++) free(p->seen[i]);
-    free(p->seen);
-    free(p->sigs);
+    while (p->n_models) untrack(p, p->n_models - 1);
+    free(p->models);
+    while (p->n_dirs) pending_drop(p, p->n_dirs - 1);
+    free(p->dirs);
     memset(p, 0, sizeof *p);
 }
 
@@ -630,7 +849,7 @@ int mts_cli_serve(int argc, char **argv)
              cfg.tls_cert_path ? (cfg.tls_client_ca_path ? "mutual" : "on") : "off");
     int unavailable = mts_server_unavailable_at_start(srv), servable = cfg.n_models - unavailable;
     if (unavailable)
-        printf("mtserve: %d model%s unavailable (model file missing; see the log)\n", unavailable,
+        printf("mtserve: %d model%s unavailable (model file or background_dir missing; see the log)\n", unavailable,
                unavailable == 1 ? " is" : "s are");
     printf("mtserve: serving %d model%s on %s://%s:%d (KServe v2)\n", servable, servable == 1 ? "" : "s", scheme,
            cfg.host, bound);

@@ -1295,3 +1295,46 @@ void mts_config_free(mts_config *c)
     free(c->auth_token_file);
     memset(c, 0, sizeof *c);
 }
+
+int mts_config_scan_model(const mts_config *base, const char *dir, const char *name,
+                          const char *(*getenv_fn)(const char *name), mts_model_config **out, mts_config_warn_fn warn,
+                          void *user, mts_err *err)
+{
+    *out = NULL;
+    mts_config t;
+    mts_config_defaults(&t);
+    /* the server-wide values the per-model defaults derive from */
+    t.queue_size = base->queue_size;
+    t.background_cache_frames = base->background_cache_frames;
+    t.workers_per_device = base->workers_per_device;
+    t.worker_count = base->worker_count;
+    t.threads_per_device = base->threads_per_device;
+    t.device_count = base->device_count;
+    t.max_models = base->max_models;
+    t.max_memory_gb = base->max_memory_gb;
+    t.memory_gb_per_device = base->memory_gb_per_device;
+    int rc = scan_one(&t, dir, name, warn, user, err);
+    if (!rc && t.n_models == 1 && getenv_fn) rc = mts_config_apply_env(&t, getenv_fn, NULL, NULL, err);
+    if (!rc && t.n_models == 1) rc = mts_config_finalize(&t, err);
+    if (!rc && t.n_models == 1) {
+        mts_model_config *m = malloc(sizeof *m);
+        if (!m) rc = mts_err_set(err, MTS_ENOMEM, "out of memory");
+        else {
+            *m = t.models[0]; /* the strings move with it */
+            t.n_models = 0;
+            *out = m;
+        }
+    }
+    mts_config_free(&t);
+    return rc;
+}
+
+void mts_model_config_free(mts_model_config *m)
+{
+    if (!m) return;
+    free(m->name);
+    free(m->model_path);
+    free(m->background_dir);
+    free(m->crop_rects_path);
+    free(m);
+}

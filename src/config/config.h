@@ -129,4 +129,15 @@ int mts_config_finalize(mts_config *c, mts_err *err);
 const mts_model_config *mts_config_find_model(const mts_config *c, const char *name);
 void mts_config_free(mts_config *c);
 
+/* Scans the one repository folder <dir>/<name> as mts_config_scan_repository does, with base's
+ * server-wide defaults and getenv_fn's environment (mts_config_apply_env) applied, into a
+ * malloc'd model (free it with mts_model_config_free). *out is NULL with MTS_OK when the folder
+ * holds no model (warn says why); an error names the file and what is wrong. Poll mode uses it
+ * for folders and version folders that appear after start. */
+int mts_config_scan_model(const mts_config *base, const char *dir, const char *name,
+                          const char *(*getenv_fn)(const char *name), mts_model_config **out, mts_config_warn_fn warn,
+                          void *user, mts_err *err);
+/* Frees a model from mts_config_scan_model (its strings and itself); NULL is fine. */
+void mts_model_config_free(mts_model_config *m);
+
 #endif

@@ -99,7 +99,20 @@ typedef struct mts__waiter {
 } mts__waiter;
 
 typedef struct mts__entry {
-    const mts_model_config *cfg;
+    /* The served configuration. Replaced (never freed while the server lives) when poll mode
+     * picks up a new version folder; read without the lock by the name index and version
+     * lookups, hence atomic. */
+    const mts_model_config *_Atomic cfg;
+    /* A newer configuration (another version folder) waiting for its load: the current version
+     * keeps serving until it is loaded (registry.c, mts_server_update_model). */
+    const mts_model_config *pending_cfg;
+    /* Removed from the repository (poll mode): lookups by name no longer see it; the slot and
+     * entry stay (requests in flight keep their pointer) and a folder of the same name that
+     * appears later reuses it. */
+    _Atomic bool removed;
+    /* Marked unavailable (a lip-sync asset folder is missing): requests and loads are refused
+     * with this reason; empty when available. */
+    char unavailable[256];
     mts_model_state state;
     mts__version *cur;
     mts__version *draining;
@@ -174,10 +187,17 @@ typedef struct mts__worker {
 struct mts_server {
     const mts_config *cfg;
     pthread_mutex_t lock;
-    mts__entry *entries;
-    int n_entries;
-    int *name_slots; /* open-addressing index into entries */
+    mts__entry *entries;      /* cap_entries slots, never moved: entries may be added at run time */
+    _Atomic int n_entries;   /* read without the lock by mts_server_model_count */
+    int cap_entries;
+    _Atomic int *name_slots; /* open-addressing index into entries (sized for cap_entries); a slot is
+                              * published with a release store after its entry is filled, so
+                              * lock-free lookups see complete entries */
     size_t name_cap;
+    /* Model configurations handed over at run time (added models, new versions): freed with the
+     * server, since lock-free readers may still hold a replaced one. */
+    mts_model_config **owned_cfgs;
+    int n_owned_cfgs, cap_owned_cfgs;
     mts__device *devs;
     int n_devs;
     pthread_t *worker_threads;
@@ -212,7 +232,12 @@ struct mts_server {
 
 int64_t mts__now_ns(void);
 int64_t mts__wall_ms(void);
+/* The entry named name, NULL when unknown or removed (no lock needed). */
 mts__entry *mts__find(const mts_server *s, const char *name);
+/* Publishes entry index idx under its name (lock held; the entry is filled). */
+void mts__index_add(mts_server *s, int idx);
+/* Like mts__find, removed entries included. */
+mts__entry *mts__find_any(const mts_server *s, const char *name);
 
 /* registry.c */
 void mts__request_load(mts_server *s, mts__entry *e);     /* lock held */

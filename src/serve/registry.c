@@ -3,7 +3,10 @@
  * loader threads, placement on devices, eviction by policy when max_models or a device's memory
  * budget would be exceeded, idle unloading, explicit load/unload with force_reload, and load
  * failures with exponential back-off. One log line per load, unload and eviction, with the
- * duration and bytes.
+ * duration and bytes. Poll mode changes the model set at run time: models are added into free
+ * slots of the entry table, switched to another version's configuration (the loaded version
+ * answers until the new one is loaded), removed (hidden from lookups, then drained), and marked
+ * unavailable while a lip-sync asset folder is missing.
  *
  * Memory is accounted from real sizes: a version's bytes are the engine's own allocations
  * (IR, copied weights, plans), the mapped weight bytes and its contexts' activation buffers
@@ -280,7 +283,10 @@ static void load_one(mts_server *s, mts__entry *e)
 {
     char msg[512] = "";
     mts__version *to_free = NULL;
-    const mts_model_config *cfg = e->cfg;
+    /* a newer version folder waiting to replace the served one (mts_server_update_model) */
+    pthread_mutex_lock(&s->lock);
+    const mts_model_config *cfg = e->pending_cfg ? e->pending_cfg : e->cfg;
+    pthread_mutex_unlock(&s->lock);
     struct stat st;
     int64_t need = stat(cfg->model_path, &st) == 0 ? (int64_t)st.st_size : 0;
     /* Lip-sync assets: open the background cache with the version and reserve its
@@ -394,6 +400,12 @@ static void load_one(mts_server *s, mts__entry *e)
                   (long long)backoff_ms / 1000, msg);
         mts__event_add(s, "load_failed", e, -1, "%s", e->reason);
     } else {
+        if (cfg == e->pending_cfg) { /* the new version serves from now on */
+            MTS_INFO("model=%s event=version_switched version=%d previous=%d", cfg->name, cfg->version,
+                     e->cfg->version);
+            e->cfg = cfg;
+            e->pending_cfg = NULL;
+        }
         mts__device *d = &s->devs[dev];
         d->used += version_bytes(v);
         d->models++;
@@ -426,8 +438,27 @@ static void load_one(mts_server *s, mts__entry *e)
         mts__event_add(s, "loaded", e, dev, "load %d in %.0f ms, %lld bytes%s", v->number, ms,
                        (long long)version_bytes(v), reload ? " (reload)" : "");
         mts__ready_push(s, e);
+        /* removed from the repository or marked unavailable while it loaded: queued work
+         * finishes, then it unloads */
+        if (atomic_load(&e->removed) || e->unavailable[0]) e->state = MTS_MODEL_DRAINING;
         mts__after_idle(s, e, &to_free, &notify);
         mts__enforce_budget(s, dev, e, &to_free);
+    }
+    if (rc && cfg == e->pending_cfg) {
+        e->pending_cfg = NULL;
+        if (!e->cur) e->cfg = cfg; /* nothing else to serve: the new version, failed, is the model */
+        else MTS_WARN("model=%s event=version_kept version=%d: version %d failed to load", cfg->name, e->cfg->version,
+                      cfg->version);
+    }
+    if (e->pending_cfg && e->pending_cfg != cfg) { /* a newer version arrived during this load */
+        if (e->cur && e->state == MTS_MODEL_READY && !e->reload_pending) {
+            e->reload_pending = true;
+            mts__request_load(s, e);
+        } else if (!e->cur && e->state != MTS_MODEL_LOADING) {
+            e->cfg = e->pending_cfg;
+            e->pending_cfg = NULL;
+            e->retry_at_ns = 0;
+        }
     }
     char reason[300];
     snprintf(reason, sizeof reason, "model '%s' failed to load: %s", cfg->name, e->reason);
@@ -481,6 +512,10 @@ void mts__after_idle(mts_server *s, mts__entry *e, mts__version **to_free, mts__
             *to_free = v;
         }
         e->state = MTS_MODEL_UNLOADED;
+        if (e->pending_cfg) { /* a new version folder arrived while it drained: it loads on use */
+            e->cfg = e->pending_cfg;
+            e->pending_cfg = NULL;
+        }
         MTS_INFO("model=%s event=unloaded version=%d load=%d bytes=%lld", e->cfg->name,
                  e->cfg->version > 0 ? e->cfg->version : 1, v ? v->number : e->versions, (long long)bytes);
         mts__event_add(s, "unloaded", e, -1, "unload request, %lld bytes freed", (long long)bytes);
@@ -503,6 +538,7 @@ int mts_server_load(mts_server *s, const char *model, bool force_reload, mts_ser
     bool done_now = false;
     if (!e) rc = mts_err_set(err, MTS_ENOTFOUND, "unknown model '%s'", model);
     else if (s->stopping) rc = mts_err_set(err, MTS_EUNAVAILABLE, "server is shutting down");
+    else if (e->unavailable[0]) rc = mts_err_set(err, MTS_EUNAVAILABLE, "model '%s' is unavailable: %s", model, e->unavailable);
     else if (e->state == MTS_MODEL_DRAINING)
         rc = mts_err_set(err, MTS_EUNAVAILABLE, "model '%s' is being unloaded; load it again when that finishes", model);
     else if (e->state == MTS_MODEL_READY && !force_reload && !e->reload_pending) done_now = true;
@@ -571,6 +607,167 @@ void *mts__janitor_main(void *arg)
     }
     pthread_mutex_unlock(&s->lock);
     return NULL;
+}
+
+/* ---- Run-time changes of the model set (poll mode) ---- */
+
+/* Keeps a configuration handed over at run time until the server is freed (lock held). */
+static int own_cfg(mts_server *s, mts_model_config *m)
+{
+    if (s->n_owned_cfgs == s->cap_owned_cfgs) {
+        int cap = s->cap_owned_cfgs ? s->cap_owned_cfgs * 2 : 16;
+        mts_model_config **o = realloc(s->owned_cfgs, sizeof *o * (size_t)cap);
+        if (!o) return MTS_ENOMEM;
+        s->owned_cfgs = o;
+        s->cap_owned_cfgs = cap;
+    }
+    s->owned_cfgs[s->n_owned_cfgs++] = m;
+    return MTS_OK;
+}
+
+/* Loads an idle model now when its configuration or the control mode says so (lock held). */
+static void load_if_eager(mts_server *s, mts__entry *e)
+{
+    if (s->stopping || e->unavailable[0] || e->state != MTS_MODEL_UNLOADED) return;
+    if (e->cfg->preload || e->cfg->pin || s->cfg->model_control == MTS_CONTROL_NONE) mts__request_load(s, e);
+}
+
+int mts_server_add_model(mts_server *s, mts_model_config *m, mts_err *err)
+{
+    char why[256] = "";
+    bool missing = mts_server_asset_problem(s, m, why, sizeof why);
+    int rc = MTS_OK;
+    pthread_mutex_lock(&s->lock);
+    mts__entry *e = mts__find_any(s, m->name);
+    if (s->stopping) rc = mts_err_set(err, MTS_EUNAVAILABLE, "server is shutting down");
+    else if (e && !atomic_load(&e->removed)) rc = mts_err_set(err, MTS_EINVAL, "model '%s' is served already", m->name);
+    else if (!e && s->n_entries >= s->cap_entries)
+        rc = mts_err_set(err, MTS_ELIMIT,
+                         "the model table is full (%d models, at most %d added after start); restart the server "
+                         "to serve more",
+                         s->n_entries, s->cap_entries - s->cfg->n_models);
+    else if (own_cfg(s, m)) rc = mts_err_set(err, MTS_ENOMEM, "out of memory");
+    if (rc) {
+        pthread_mutex_unlock(&s->lock);
+        mts_model_config_free(m);
+        return rc;
+    }
+    if (e) { /* back in its old entry, which keeps its statistics */
+        e->cfg = m;
+        e->pending_cfg = NULL;
+        e->fails = 0;
+        e->retry_at_ns = 0;
+        e->reason[0] = '\0';
+        if (e->state == MTS_MODEL_FAILED) e->state = MTS_MODEL_UNLOADED;
+        snprintf(e->unavailable, sizeof e->unavailable, "%s", missing ? why : "");
+        atomic_store(&e->removed, false);
+    } else { /* a fresh slot: filled before its index slot is published to lock-free lookups */
+        int idx = s->n_entries;
+        e = &s->entries[idx];
+        e->cfg = m;
+        e->state = MTS_MODEL_UNLOADED;
+        snprintf(e->unavailable, sizeof e->unavailable, "%s", missing ? why : "");
+        mts__index_add(s, idx);
+        s->n_entries = idx + 1;
+    }
+    mts__event_add(s, "added", e, -1, "version %d%s%s", m->version, missing ? ", unavailable: " : "", missing ? why : "");
+    load_if_eager(s, e);
+    pthread_mutex_unlock(&s->lock);
+    return MTS_OK;
+}
+
+int mts_server_update_model(mts_server *s, mts_model_config *m, mts_err *err)
+{
+    int rc = MTS_OK;
+    pthread_mutex_lock(&s->lock);
+    mts__entry *e = mts__find(s, m->name);
+    if (!e) rc = mts_err_set(err, MTS_ENOTFOUND, "unknown model '%s'", m->name);
+    else if (own_cfg(s, m)) rc = mts_err_set(err, MTS_ENOMEM, "out of memory");
+    if (rc) {
+        pthread_mutex_unlock(&s->lock);
+        mts_model_config_free(m);
+        return rc;
+    }
+    if (e->cur || e->state == MTS_MODEL_LOADING || e->state == MTS_MODEL_DRAINING) {
+        /* the served version answers until m's model is loaded (or, draining, m loads on use) */
+        e->pending_cfg = m;
+        if (e->cur && e->state == MTS_MODEL_READY && !e->reload_pending) {
+            e->reload_pending = true;
+            mts__request_load(s, e);
+        }
+    } else { /* nothing loaded: m is the model from now on */
+        e->cfg = m;
+        e->pending_cfg = NULL;
+        e->fails = 0;
+        e->retry_at_ns = 0;
+        e->reason[0] = '\0';
+        if (e->state == MTS_MODEL_FAILED) e->state = MTS_MODEL_UNLOADED;
+        load_if_eager(s, e);
+    }
+    mts__event_add(s, "new_version", e, -1, "version %d", m->version);
+    pthread_mutex_unlock(&s->lock);
+    return MTS_OK;
+}
+
+int mts_server_remove_model(mts_server *s, const char *name, mts_err *err)
+{
+    mts__version *to_free = NULL;
+    mts__waiter *notify = NULL;
+    pthread_mutex_lock(&s->lock);
+    mts__entry *e = mts__find(s, name);
+    if (!e) {
+        pthread_mutex_unlock(&s->lock);
+        return mts_err_set(err, MTS_ENOTFOUND, "unknown model '%s'", name);
+    }
+    atomic_store(&e->removed, true);
+    e->pending_cfg = NULL;
+    /* a load in progress drains when it ends (load_one) */
+    if (e->state == MTS_MODEL_READY && !e->reload_pending) {
+        e->state = MTS_MODEL_DRAINING;
+        mts__after_idle(s, e, &to_free, &notify);
+    }
+    mts__event_add(s, "removed", e, -1, "left the repository");
+    pthread_mutex_unlock(&s->lock);
+    mts__notify(notify, MTS_OK, "unloaded");
+    mts__version_free_list(&to_free);
+    return MTS_OK;
+}
+
+int mts_server_recheck_assets(mts_server *s, const char *name)
+{
+    pthread_mutex_lock(&s->lock);
+    mts__entry *e = mts__find(s, name);
+    const mts_model_config *cfg = e ? e->cfg : NULL;
+    pthread_mutex_unlock(&s->lock);
+    if (!cfg) return 0;
+    char why[256] = "";
+    bool missing = mts_server_asset_problem(s, cfg, why, sizeof why); /* stat outside the lock */
+    mts__version *to_free = NULL;
+    mts__waiter *notify = NULL;
+    int change = 0;
+    pthread_mutex_lock(&s->lock);
+    if (e->cfg == cfg && !atomic_load(&e->removed)) { /* else changed meanwhile: the next poll looks again */
+        if (missing && !e->unavailable[0]) {
+            snprintf(e->unavailable, sizeof e->unavailable, "%s", why);
+            change = 1;
+            MTS_WARN("model=%s event=unavailable background_dir=%s reason=\"%s\"", cfg->name, cfg->background_dir, why);
+            mts__event_add(s, "unavailable", e, -1, "%s", why);
+            if (e->state == MTS_MODEL_READY && !e->reload_pending) { /* queued work finishes, then it unloads */
+                e->state = MTS_MODEL_DRAINING;
+                mts__after_idle(s, e, &to_free, &notify);
+            }
+        } else if (!missing && e->unavailable[0]) {
+            e->unavailable[0] = '\0';
+            change = -1;
+            MTS_INFO("model=%s event=available background_dir=%s", cfg->name, cfg->background_dir);
+            mts__event_add(s, "available", e, -1, "background_dir is back");
+            load_if_eager(s, e);
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+    mts__notify(notify, MTS_OK, "unloaded");
+    mts__version_free_list(&to_free);
+    return change;
 }
 
 /* ---- Lip-sync compositing hooks ---- */

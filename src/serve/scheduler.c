@@ -238,6 +238,8 @@ int mts_server_submit(mts_server *s, mts_request *req, int *retry_after_s, mts_e
         rc = mts_err_set(err, MTS_ENOTFOUND, "unknown model '%s'", req->model);
     } else if (s->stopping) {
         rc = mts_err_set(err, MTS_EUNAVAILABLE, "server is shutting down");
+    } else if (e->unavailable[0]) {
+        rc = mts_err_set(err, MTS_EUNAVAILABLE, "model '%s' is unavailable: %s", req->model, e->unavailable);
     } else if (e->state == MTS_MODEL_DRAINING) {
         rc = mts_err_set(err, MTS_EUNAVAILABLE, "model '%s' is being unloaded", req->model);
     } else if (e->state == MTS_MODEL_FAILED && mts__now_ns() < e->retry_at_ns) {

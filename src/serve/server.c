@@ -35,16 +35,30 @@ static uint64_t hash_name(const char *s)
     return h;
 }
 
-mts__entry *mts__find(const mts_server *s, const char *name)
+mts__entry *mts__find_any(const mts_server *s, const char *name)
 {
     if (!name) return NULL;
     size_t i = hash_name(name) & (s->name_cap - 1);
-    while (s->name_slots[i] >= 0) {
-        mts__entry *e = &s->entries[s->name_slots[i]];
+    int idx;
+    while ((idx = atomic_load_explicit(&s->name_slots[i], memory_order_acquire)) >= 0) {
+        mts__entry *e = &s->entries[idx];
         if (!strcmp(e->cfg->name, name)) return e;
         i = (i + 1) & (s->name_cap - 1);
     }
     return NULL;
+}
+
+mts__entry *mts__find(const mts_server *s, const char *name)
+{
+    mts__entry *e = mts__find_any(s, name);
+    return e && !atomic_load(&e->removed) ? e : NULL;
+}
+
+void mts__index_add(mts_server *s, int idx)
+{
+    size_t k = hash_name(s->entries[idx].cfg->name) & (s->name_cap - 1);
+    while (atomic_load_explicit(&s->name_slots[k], memory_order_relaxed) >= 0) k = (k + 1) & (s->name_cap - 1);
+    atomic_store_explicit(&s->name_slots[k], idx, memory_order_release);
 }
 
 const char *mts_model_state_name(mts_model_state st)
@@ -55,6 +69,7 @@ const char *mts_model_state_name(mts_model_state st)
     case MTS_MODEL_READY: return "READY";
     case MTS_MODEL_FAILED: return "FAILED";
     case MTS_MODEL_DRAINING: return "DRAINING";
+    case MTS_MODEL_UNAVAILABLE: return "UNAVAILABLE";
     }
     return "?";
 }
@@ -75,17 +90,19 @@ int mts_server_create(const mts_config *cfg, mts_server **out, mts_err *err)
     pthread_cond_init(&s->idle_cv, NULL);
     pthread_cond_init(&s->janitor_cv, NULL);
     s->n_entries = cfg->n_models;
-    s->entries = calloc((size_t)cfg->n_models + 1, sizeof *s->entries);
+    /* poll mode may add models later: room for them now, as entries never move */
+    s->cap_entries = cfg->n_models + (cfg->model_control == MTS_CONTROL_POLL ? MTS_SERVER_ADD_HEADROOM : 0);
+    s->entries = calloc((size_t)s->cap_entries + 1, sizeof *s->entries);
     s->name_cap = 16;
-    while (s->name_cap < (size_t)cfg->n_models * 2 + 16) s->name_cap *= 2;
-    s->name_slots = malloc(s->name_cap * sizeof(int));
+    while (s->name_cap < (size_t)s->cap_entries * 2 + 16) s->name_cap *= 2;
+    s->name_slots = malloc(s->name_cap * sizeof *s->name_slots);
     s->n_devs = cfg->device_count > 0 ? cfg->device_count : 1;
     s->devs = calloc((size_t)s->n_devs, sizeof *s->devs);
     if (!s->entries || !s->name_slots || !s->devs) {
         mts_server_free(s);
         return mts_err_set(err, MTS_ENOMEM, "out of memory");
     }
-    memset(s->name_slots, 0xff, s->name_cap * sizeof(int));
+    for (size_t k = 0; k < s->name_cap; k++) atomic_init(&s->name_slots[k], -1);
     for (int i = 0; i < cfg->n_models; i++) {
         mts__entry *e = &s->entries[i];
         e->cfg = &cfg->models[i];
@@ -94,9 +111,7 @@ int mts_server_create(const mts_config *cfg, mts_server **out, mts_err *err)
             mts_server_free(s);
             return mts_err_set(err, MTS_EINVAL, "model '%s' is configured twice", e->cfg->name);
         }
-        size_t k = hash_name(e->cfg->name) & (s->name_cap - 1);
-        while (s->name_slots[k] >= 0) k = (k + 1) & (s->name_cap - 1);
-        s->name_slots[k] = i;
+        mts__index_add(s, i);
     }
     const char *pre = getenv("MTS_PREEMPT");
     s->preempt = pre && strcmp(pre, "0") != 0;
@@ -155,19 +170,25 @@ int mts_server_create(const mts_config *cfg, mts_server **out, mts_err *err)
             MTS_WARN("model=%s event=unavailable path=%s reason=\"%s\"", mc->name, mc->model_path, why);
             continue;
         }
-        const char *asset = NULL, *kind = NULL;
-        if (mc->background_dir && (stat(mc->background_dir, &sb) != 0 || !S_ISDIR(sb.st_mode)))
-            asset = mc->background_dir, kind = "background_dir";
-        else if (mc->crop_rects_path && (stat(mc->crop_rects_path, &sb) != 0 || !S_ISREG(sb.st_mode)))
-            asset = mc->crop_rects_path, kind = "crop_rects_path";
-        if (asset)
-            MTS_WARN("model=%s event=assets_missing %s=%s: %s (inference is served; composites fail)", mc->name,
-                     kind, asset, stat(asset, &sb) != 0 ? strerror(errno) : "wrong file type");
+        /* A missing background folder makes the model unavailable (every request would fail its
+         * composite or serve a model without its avatar); poll mode makes it available again when
+         * the folder appears. A missing crop_rects file only fails composites. */
+        char why[256];
+        if (mts_server_asset_problem(s, mc, why, sizeof why)) {
+            snprintf(e->unavailable, sizeof e->unavailable, "%s", why);
+            s->unavailable_at_start++;
+            MTS_WARN("model=%s event=unavailable background_dir=%s reason=\"%s\"", mc->name, mc->background_dir, why);
+            continue;
+        }
+        if (mc->crop_rects_path && (stat(mc->crop_rects_path, &sb) != 0 || !S_ISREG(sb.st_mode)))
+            MTS_WARN("model=%s event=assets_missing crop_rects_path=%s: %s (inference is served; composites fail)",
+                     mc->name, mc->crop_rects_path, stat(mc->crop_rects_path, &sb) != 0 ? strerror(errno)
+                                                                                  : "wrong file type");
     }
     pthread_mutex_lock(&s->lock);
     for (int i = 0; i < s->n_entries; i++) {
         mts__entry *e = &s->entries[i];
-        if (e->state == MTS_MODEL_FAILED) continue;
+        if (e->state == MTS_MODEL_FAILED || e->unavailable[0]) continue;
         if (e->cfg->preload || e->cfg->pin || cfg->model_control == MTS_CONTROL_NONE) mts__request_load(s, e);
     }
     pthread_mutex_unlock(&s->lock);
@@ -283,6 +304,8 @@ void mts_server_free(mts_server *s)
     free(s->devs);
     free(s->entries);
     free(s->name_slots);
+    for (int i = 0; i < s->n_owned_cfgs; i++) mts_model_config_free(s->owned_cfgs[i]);
+    free(s->owned_cfgs);
     free(s->worker_threads);
     free(s->workers);
     free(s->jobs);
@@ -291,6 +314,34 @@ void mts_server_free(mts_server *s)
     pthread_cond_destroy(&s->janitor_cv);
     pthread_mutex_destroy(&s->lock);
     free(s);
+}
+
+/* The folder a client is shown for path: relative to the model repository when inside it,
+ * else its last component (replies do not reveal where the server keeps its files). */
+static const char *shown_path(const mts_server *s, const char *path)
+{
+    const char *root = s->cfg->model_repository ? s->cfg->model_repository : s->cfg->source;
+    size_t rl = root ? strlen(root) : 0;
+    while (rl > 1 && root[rl - 1] == '/') rl--;
+    if (rl && !strncmp(path, root, rl) && path[rl] == '/' && path[rl + 1]) return path + rl + 1;
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/') n--;
+    const char *b = path + n;
+    while (b > path && b[-1] != '/') b--;
+    return b;
+}
+
+bool mts_server_asset_problem(const mts_server *s, const mts_model_config *mc, char *why, size_t len)
+{
+    struct stat sb;
+    if (!mc->background_dir) return false;
+    if (stat(mc->background_dir, &sb) == 0 && S_ISDIR(sb.st_mode)) return false;
+    const char *err = stat(mc->background_dir, &sb) != 0 ? strerror(errno) : "not a folder";
+    const char *shown = shown_path(s, mc->background_dir);
+    size_t sl = strlen(shown);
+    while (sl > 1 && shown[sl - 1] == '/') sl--;
+    snprintf(why, len, "background_dir '%.*s' is missing (%s)", (int)sl, shown, err);
+    return true;
 }
 
 int mts_server_unavailable_at_start(const mts_server *s)

@@ -105,12 +105,41 @@ int mts_server_load(mts_server *s, const char *model, bool force_reload, mts_ser
                     mts_err *err);
 int mts_server_unload(mts_server *s, const char *model, mts_server_cb cb, void *user, mts_err *err);
 
+/* ---- Run-time changes of the model set (poll mode) ---- */
+
+/* Models that can be added at run time beyond those configured at start (poll mode only; 0
+ * otherwise): the entry table is sized once, since entries never move. */
+#define MTS_SERVER_ADD_HEADROOM 256
+/* Adds a model (a folder that appeared in the repository). Takes ownership of m (malloc'd, freed
+ * with mts_model_config_free) in every case. A removed model of the same name is brought back in
+ * its old entry. It loads on its first request (at once with preload or pin). MTS_EINVAL when
+ * the name is served already, MTS_ELIMIT when the table is full (the message says the cap). */
+int mts_server_add_model(mts_server *s, mts_model_config *m, mts_err *err);
+/* Replaces a model's configuration with m (another version folder; ownership taken in every
+ * case). A resident model keeps serving its current version until m's model is loaded (a failed
+ * load keeps the current one); otherwise m applies at once. */
+int mts_server_update_model(mts_server *s, mts_model_config *m, mts_err *err);
+/* Removes a model from the set (its folder left the repository): new requests get "unknown
+ * model"; queued and running ones finish, then it is unloaded. */
+int mts_server_remove_model(mts_server *s, const char *name, mts_err *err);
+/* Checks a model's lip-sync asset folder again (poll mode): a missing background_dir marks it
+ * unavailable (requests, loads and the index report the folder; a resident version is
+ * unloaded), one that appeared makes it available (it loads on use, or at once with preload or
+ * pin). Returns 1 when it became unavailable, -1 when it became available, 0 otherwise; logs
+ * one line per change. */
+int mts_server_recheck_assets(mts_server *s, const char *name);
+/* Why mc's background_dir is unusable ("background_dir 'm/frames' is missing (...)", named
+ * relative to the model repository), or false when it is fine or not configured. */
+bool mts_server_asset_problem(const mts_server *s, const mts_model_config *mc, char *why, size_t len);
+
 typedef enum mts_model_state {
     MTS_MODEL_UNLOADED = 0,
     MTS_MODEL_LOADING,
     MTS_MODEL_READY,
     MTS_MODEL_FAILED,
     MTS_MODEL_DRAINING,
+    MTS_MODEL_UNAVAILABLE, /* reported only (status snapshots): marked unavailable, e.g. a lip-sync
+                            * asset folder is missing; the reason says which */
 } mts_model_state;
 const char *mts_model_state_name(mts_model_state st);
 

@@ -31,8 +31,8 @@ static void snapshot(mts_server *s, const mts__entry *e, mts_model_status *o)
 {
     memset(o, 0, sizeof *o);
     snprintf(o->name, sizeof o->name, "%s", e->cfg->name);
-    o->state = e->state;
-    snprintf(o->reason, sizeof o->reason, "%s", e->reason);
+    o->state = e->unavailable[0] ? MTS_MODEL_UNAVAILABLE : e->state;
+    snprintf(o->reason, sizeof o->reason, "%s", e->unavailable[0] ? e->unavailable : e->reason);
     o->device = e->cur ? e->cur->device : -1;
     o->version = e->versions;
     o->memory_bytes = e->cur ? e->cur->base_bytes + e->cur->ctx_bytes : 0;
@@ -83,7 +83,7 @@ void mts_server_request_answered(mts_server *s, mts_request *req)
 {
     if (!s || !req || req->answered || req->enqueue_ns <= 0 || !req->model) return;
     req->answered = true;
-    mts__entry *e = mts__find(s, req->model); /* the index is immutable after creation */
+    mts__entry *e = mts__find(s, req->model); /* entries never move or go away */
     if (!e) return;
     int64_t t0 = req->arrival_ns > 0 ? req->arrival_ns : req->enqueue_ns, now = mts__now_ns();
     double sec = now > t0 ? (double)(now - t0) / 1e9 : 0;
@@ -95,7 +95,7 @@ void mts_server_request_answered(mts_server *s, mts_request *req)
 
 bool mts_server_has_model(const mts_server *s, const char *name)
 {
-    return mts__find(s, name) != NULL; /* the index is immutable after creation */
+    return mts__find(s, name) != NULL; /* entries never move or go away */
 }
 
 int mts_server_model_version(const mts_server *s, const char *name)
@@ -117,16 +117,19 @@ bool mts_server_version_ok(const mts_server *s, const char *name, const char *re
 
 int mts_server_model_count(const mts_server *s)
 {
-    return s->n_entries;
+    return s->n_entries; /* atomic: grows at run time */
 }
 
 int mts_server_model_status(mts_server *s, int index, mts_model_status *out)
 {
-    if (index < 0 || index >= s->n_entries) return MTS_ENOTFOUND;
+    int rc = MTS_ENOTFOUND;
     pthread_mutex_lock(&s->lock);
-    snapshot(s, &s->entries[index], out);
+    if (index >= 0 && index < s->n_entries && !atomic_load(&s->entries[index].removed)) {
+        snapshot(s, &s->entries[index], out); /* removed models are not listed */
+        rc = MTS_OK;
+    }
     pthread_mutex_unlock(&s->lock);
-    return MTS_OK;
+    return rc;
 }
 
 int mts_server_model_status_by_name(mts_server *s, const char *name, mts_model_status *out)

@@ -136,12 +136,12 @@ def test_missing_model_file_is_unavailable(tmp_path, servers):
                    f"  tiny2:\n    model_path: {TINY}\n    background_dir: {tmp_path}/no_frames\n")
     srv = Server(tmp_path, ["--config", str(cfg)], 10)
     servers.append(srv)
-    assert srv.n_models == 2  # tiny and tiny2 are servable; ghost is not
+    assert srv.n_models == 1  # tiny is servable; ghost (model file) and tiny2 (background_dir) are not
     out = srv.stdout_path.read_text()
-    assert "1 model is unavailable" in out, out
+    assert "2 models are unavailable" in out, out
     log = srv.log()
     assert re.search(r"model=ghost event=unavailable path=\S*ghost.onnx", log), log
-    assert "model=tiny2 event=assets_missing background_dir=" in log, log
+    assert "model=tiny2 event=unavailable background_dir=" in log, log
     entry = next(m for m in srv.post("/v2/repository/index").json() if m["name"] == "ghost")
     assert entry["state"] == "FAILED" and "missing" in entry["reason"], entry
     assert str(tmp_path) not in entry["reason"]
@@ -149,7 +149,10 @@ def test_missing_model_file_is_unavailable(tmp_path, servers):
     assert r.status_code == 503, r.text
     assert "ghost" in r.text
     assert srv.infer("tiny", GOOD).status_code == 200
-    assert srv.infer("tiny2", GOOD).status_code == 200
+    entry = next(m for m in srv.post("/v2/repository/index").json() if m["name"] == "tiny2")
+    assert entry["state"] == "UNAVAILABLE" and "background_dir 'no_frames' is missing" in entry["reason"], entry
+    r = srv.infer("tiny2", GOOD)
+    assert r.status_code == 503 and "no_frames" in r.text and str(tmp_path) not in r.text, r.text
 
 
 def test_resource_warnings_and_key_suggestion(tmp_path, servers):

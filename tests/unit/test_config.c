@@ -841,6 +841,72 @@ static void test_repository_scan(void **state)
     rmdir(dir);
 }
 
+/* One folder scanned at run time (poll mode): the version picked as at start, the base
+ * configuration's defaults and the environment applied, errors and empty folders reported. */
+static void test_scan_model(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/mts_scanone_XXXXXX", p[600];
+    assert_non_null(mkdtemp(dir));
+    const char *paths[] = {"tri", "tri/1", "tri/2", "flat", "empty", "bad"};
+    for (int i = 0; i < 6; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, paths[i]);
+        assert_int_equal(mkdir(p, 0700), 0);
+    }
+    const char *files[] = {"tri/1/model.onnx", "tri/2/model.onnx", "flat/model.onnx", "bad/model.onnx"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, files[i]);
+        write_file(p, "onnx");
+    }
+    snprintf(p, sizeof p, "%s/tri/config.pbtxt", dir);
+    write_file(p, "max_batch_size: 4\n");
+    snprintf(p, sizeof p, "%s/flat/config.yaml", dir);
+    write_file(p, "background_dir: frames\npreload: true\n");
+    snprintf(p, sizeof p, "%s/bad/config.pbtxt", dir);
+    write_file(p, "max_batch_size: -5\n");
+    mts_config base;
+    mts_config_defaults(&base);
+    base.queue_size = 7;
+    base.workers_per_device = 3;
+    mts_err err = {0};
+    assert_int_equal(mts_config_finalize(&base, &err), MTS_OK);
+    memset(fake_env, 0, sizeof fake_env);
+    fake_env[0][0] = "ML_ENABLE_PARALLEL_INFERENCE";
+    fake_env[0][1] = "false";
+    warns w = {0};
+    mts_model_config *m = NULL;
+    assert_int_equal(mts_config_scan_model(&base, dir, "tri", fake_getenv, &m, on_warn, &w, &err), MTS_OK);
+    assert_non_null(m);
+    snprintf(p, sizeof p, "%s/tri/2/model.onnx", dir);
+    assert_string_equal(m->model_path, p);
+    assert_int_equal(m->version, 2);
+    assert_int_equal(m->max_batch, 4);
+    assert_int_equal(m->queue_size, 7); /* base's server.queue_size */
+    assert_int_equal(m->instances, 1);  /* ML_ENABLE_PARALLEL_INFERENCE=false */
+    mts_model_config_free(m);
+    memset(fake_env, 0, sizeof fake_env);
+    assert_int_equal(mts_config_scan_model(&base, dir, "flat", fake_getenv, &m, on_warn, &w, &err), MTS_OK);
+    assert_non_null(m);
+    assert_int_equal(m->instances, 3);
+    assert_true(m->preload);
+    snprintf(p, sizeof p, "%s/flat/frames", dir);
+    assert_string_equal(m->background_dir, p); /* relative to the folder */
+    mts_model_config_free(m);
+    w.n = 0;
+    assert_int_equal(mts_config_scan_model(&base, dir, "empty", fake_getenv, &m, on_warn, &w, &err), MTS_OK);
+    assert_null(m);
+    assert_int_equal(count_warns(&w, "no model.onnx in this folder"), 1);
+    assert_int_equal(mts_config_scan_model(&base, dir, "gone", fake_getenv, &m, on_warn, &w, &err), MTS_OK);
+    assert_null(m);
+    assert_int_equal(mts_config_scan_model(&base, dir, "bad", fake_getenv, &m, on_warn, &w, &err), MTS_EINVAL);
+    assert_null(m);
+    assert_non_null(strstr(err.msg, "bad/config.pbtxt:1: max_batch_size must be an integer"));
+    mts_model_config_free(NULL);
+    mts_config_free(&base);
+    snprintf(p, sizeof p, "rm -rf '%s'", dir);
+    assert_int_equal(system(p), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -858,6 +924,7 @@ int main(void)
         cmocka_unit_test(test_repository_scan),
         cmocka_unit_test(test_triton_pbtxt),
         cmocka_unit_test(test_triton_repository),
+        cmocka_unit_test(test_scan_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
