@@ -210,6 +210,10 @@ static int fold_bn(qstate *q, int c, mts_err *err)
     cn->in[2] = bname;
     cn->out[0] = bn->out[0];
     bn->dropped = 1;
+    for (int i = 1; i < 5; i++) { /* parameters nothing else reads go with the node */
+        int t = find_init(d, bn->in[i]), r;
+        if (t >= 0 && readers(d, bn->in[i], &r) == 0 && !is_graph_input(d, bn->in[i])) d->inits[t].dropped = 1;
+    }
     q->n_bn++;
 out:
     for (int i = 0; i < 4; i++) free(p[i]);
