@@ -886,6 +886,16 @@ static void im2col_u8(const qconv_desc *d, int64_t n, int64_t gi, int64_t p0, in
     }
 }
 
+/* The int32 bias of output channel oc (0 without one; a float bias requantized with
+ * x_scale * w_scale[oc], rounded and saturated). */
+static int32_t qconv_bias(const qconv_desc *d, int64_t oc)
+{
+    if (!d->qlinear || !d->bias) return 0;
+    if (!d->float_bias) return ((const int32_t *)d->bias->data)[oc];
+    double v = rint((double)((const float *)d->bias->data)[oc] / ((double)sc_at(d->xs, 0) * sc_at(d->ws, oc)));
+    return v >= -2147483648.0 && v <= 2147483647.0 ? (int32_t)v : v > 0 ? INT32_MAX : INT32_MIN; /* NaN: min */
+}
+
 /* Writes one unit's results (acc: Mg rows of nc) into y. */
 static void qconv_store(const qconv_desc *d, const int32_t *acc, void *y, int64_t n, int64_t gi, int64_t p0,
                         int64_t nc)
@@ -897,14 +907,93 @@ static void qconv_store(const qconv_desc *d, const int32_t *acc, void *y, int64_
             memcpy((int32_t *)y + yoff, a, sizeof(int32_t) * (size_t)nc);
             continue;
         }
-        int32_t b = d->bias && !d->float_bias ? ((const int32_t *)d->bias->data)[oc] : 0;
-        if (d->bias && d->float_bias) { /* bias / (x_scale * w_scale), rounded and saturated */
-            double v = rint((double)((const float *)d->bias->data)[oc] / ((double)sc_at(d->xs, 0) * sc_at(d->ws, oc)));
-            b = v >= -2147483648.0 && v <= 2147483647.0 ? (int32_t)v : v > 0 ? INT32_MAX : INT32_MIN; /* NaN: min */
-        }
+        int32_t b = qconv_bias(d, oc);
         float s = sc_at(d->xs, 0) * sc_at(d->ws, oc) / sc_at(d->ys, 0);
         requant_row(a, nc, b, s, zp_at(d->yzp, 0), d->y_sgn, (uint8_t *)y + yoff);
     }
+}
+
+/* Depthwise 2-D convolutions (one input and one output channel per group) run directly, one
+ * output row at a time: for each tap, acc[ow] += (w - w_zp) * (x - x_zp) over the output columns
+ * whose input column is inside the image (padding contributes x_zp - x_zp = 0), then the row is
+ * requantized like qconv_store's. Same exact integer sums as the im2col path, without packing a
+ * one-row GEMM per 256 pixels. Units are (image, channel) planes. */
+typedef struct qdw_job {
+    const qconv_desc *d;
+    void *y;
+    int failed;
+} qdw_job;
+
+/* acc[o] += w * (x[o] - xz) for o < n: uint8 x, |w| and |x - xz| <= 255, so the 16-bit
+ * operands' 32-bit products are exact. */
+static void dw_axpy_u8(int32_t *acc, const uint8_t *x, int64_t n, int32_t w, int32_t xz)
+{
+    int64_t o = 0;
+#ifdef QR_SSE2
+    const __m128i wv = _mm_set1_epi16((int16_t)w), zv = _mm_set1_epi16((int16_t)xz), z = _mm_setzero_si128();
+    for (; o + 8 <= n; o += 8) {
+        __m128i xv = _mm_sub_epi16(_mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)(x + o)), z), zv);
+        __m128i lo = _mm_mullo_epi16(xv, wv), hi = _mm_mulhi_epi16(xv, wv);
+        __m128i *a = (__m128i *)(acc + o);
+        _mm_storeu_si128(a, _mm_add_epi32(_mm_loadu_si128(a), _mm_unpacklo_epi16(lo, hi)));
+        _mm_storeu_si128(a + 1, _mm_add_epi32(_mm_loadu_si128(a + 1), _mm_unpackhi_epi16(lo, hi)));
+    }
+#endif
+    for (; o < n; o++) acc[o] += w * ((int32_t)x[o] - xz);
+}
+
+static bool qconv_is_dw(const qconv_desc *d)
+{
+    return d->g.nsp == 2 && d->Cg == 1 && d->Mg == 1 && d->g.group > 1;
+}
+
+static void qconv_dw_part(void *ctx, int ithr, int nthr)
+{
+    qdw_job *j = ctx;
+    const qconv_desc *d = j->d;
+    const mts_conv_geom *g = &d->g;
+    int64_t units = g->N * g->M, u0 = units * ithr / nthr, u1 = units * (ithr + 1) / nthr;
+    if (u0 >= u1) return;
+    int64_t OH = g->out[1], OW = g->out[2], IH = g->in[1], IW = g->in[2], KH = g->k[1], KW = g->k[2];
+    int32_t *acc = malloc(sizeof(int32_t) * (size_t)(OW + (KH * KW)));
+    if (!acc) {
+        j->failed = 1;
+        return;
+    }
+    int32_t *wv = acc + OW, xz = zp_at(d->xzp, 0);
+    for (int64_t u = u0; u < u1; u++) {
+        int64_t n = u / g->M, c = u % g->M;
+        int32_t wz = zp_at(d->wzp, c), b = qconv_bias(d, c);
+        for (int64_t t = 0; t < KH * KW; t++) wv[t] = q8_get(d->w->data, d->w_sgn, c * KH * KW + t) - wz;
+        float s = d->qlinear ? sc_at(d->xs, 0) * sc_at(d->ws, c) / sc_at(d->ys, 0) : 0;
+        const uint8_t *xp = (const uint8_t *)d->x->data + (n * g->C + c) * d->IP;
+        for (int64_t oh = 0; oh < OH; oh++) {
+            memset(acc, 0, sizeof(int32_t) * (size_t)OW);
+            for (int64_t kh = 0; kh < KH; kh++) {
+                int64_t ih = oh * g->s[1] - g->pb[1] + kh * g->d[1];
+                if (ih < 0 || ih >= IH) continue;
+                const uint8_t *xr = xp + ih * IW;
+                for (int64_t kw = 0; kw < KW; kw++) {
+                    int32_t w = wv[kh * KW + kw];
+                    if (!w) continue;
+                    int64_t off = kw * g->d[2] - g->pb[2], sw = g->s[2], lo, hi;
+                    valid_range(off, sw, IW, OW, &lo, &hi);
+                    if (d->x_sgn) {
+                        const int8_t *xs = (const int8_t *)xr;
+                        for (int64_t o = lo; o < hi; o++) acc[o] += w * ((int32_t)xs[o * sw + off] - xz);
+                    } else if (sw == 1) {
+                        if (hi > lo) dw_axpy_u8(acc + lo, xr + off + lo, hi - lo, w, xz);
+                    } else {
+                        for (int64_t o = lo; o < hi; o++) acc[o] += w * ((int32_t)xr[o * sw + off] - xz);
+                    }
+                }
+            }
+            int64_t yoff = (n * g->M + c) * d->P + oh * OW;
+            if (!d->qlinear) memcpy((int32_t *)j->y + yoff, acc, sizeof(int32_t) * (size_t)OW);
+            else requant_row(acc, OW, b, s, zp_at(d->yzp, 0), d->y_sgn, (uint8_t *)j->y + yoff);
+        }
+    }
+    free(acc);
 }
 
 static void qconv_part(void *ctx, int ithr, int nthr)
@@ -966,6 +1055,14 @@ static int qconv_run_common(mts_kctx *k, bool qlinear, bool fast)
     if (rc) return rc;
     const mts_conv_geom *g = &d.g;
     if (g->N == 0 || d.P == 0) return MTS_OK;
+    if (fast && qconv_is_dw(&d)) {
+        qdw_job dj = {&d, k->out[0].data, 0};
+        int64_t units = g->N * g->M;
+        int nthr = units < k->threads ? (int)units : k->threads;
+        if ((double)g->N * (double)g->M * (double)d.P * (double)d.K < 1e5) nthr = 1;
+        mts_parallel(nthr < 1 ? 1 : nthr, qconv_dw_part, &dj);
+        return dj.failed ? mts_err_set(k->err, MTS_ENOMEM, "out of memory") : MTS_OK;
+    }
     qconv_job j = {.d = &d, .y = k->out[0].data, .fast = fast};
     j.nchunks = (d.P + QC_CHUNK - 1) / QC_CHUNK;
     j.units = g->N * g->group * j.nchunks;
