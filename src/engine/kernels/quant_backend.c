@@ -23,7 +23,7 @@
 #include "engine/rewrite.h"
 
 extern const mts_op mts_quant_fast_matmulinteger, mts_quant_fast_qlinearmatmul, mts_quant_fast_convinteger,
-    mts_quant_fast_qlinearconv;
+    mts_quant_fast_qlinearconv, mts_quant_fast_qunary, mts_quant_fast_qadd;
 
 static bool quant_enabled(int kind)
 {
@@ -143,6 +143,79 @@ static int fuse_qdq(mts__opt *o, int s, mts_err *err)
     return MTS_OK;
 }
 
+/* Removes DequantizeLinear steps that fusion left without readers. */
+static void drop_dead_dq(mts__opt *o)
+{
+    mts__plan *p = o->p;
+    for (int s = 0; s < p->n_steps; s++) {
+        if (!plain_step(o, s, "DequantizeLinear")) continue;
+        int v = p->steps[s].out[0];
+        if (v >= 0 && o->nuse[v] == 0 && !o->is_out[v]) {
+            o->removed[s] = 1;
+            p->state[v] = MTS__V_UNUSED;
+        }
+    }
+    mts__count_uses(o);
+}
+
+/* QuantizeLinear step qs reading the only output of a Relu / LeakyRelu of a DequantizeLinear,
+ * or of an Add of two same-shape DequantizeLinears (all per tensor, constant parameters),
+ * becomes one MtsQLinearUnary / MtsQLinearAdd step on the quantized tensors (ref_quant.c). */
+static int fuse_qdq_eltwise(mts__opt *o, int qs, mts_err *err)
+{
+    mts__plan *p = o->p;
+    const mts__step *qst = &p->steps[qs];
+    if (qst->nhwc || qst->n_in < 3 || qst->in[2] < 0 || qst->out[0] < 0 || mts_attr_int(qst->nd, "block_size", 0) != 0)
+        return MTS_OK;
+    int y = qst->in[0], ys = qst->in[1], yz = qst->in[2];
+    if (!const_param(p, ys, MTS_DTYPE_FLOAT, 0) || !const_param(p, yz, p->vals[yz].dtype, 0) ||
+        !q8_type(p->vals[yz].dtype) || y < 0 || p->state[y] != MTS__V_STATIC || sole_reader(o, y) != qs)
+        return MTS_OK;
+    int u = o->prod[y];
+    if (u < 0 || o->removed[u] || p->steps[u].kind != MTS__S_KERNEL || p->steps[u].dynamic || p->steps[u].nhwc ||
+        p->steps[u].n_out != 1)
+        return MTS_OK;
+    mts__step *ust = &p->steps[u];
+    int kind = is_op(ust, "Relu") ? 1 : is_op(ust, "LeakyRelu") ? 2 : is_op(ust, "Add") ? 3 : 0;
+    if (!kind || ust->n_in != (kind == 3 ? 2 : 1)) return MTS_OK;
+    int in[8], n = 0;
+    for (int i = 0; i < ust->n_in; i++) {
+        int q, sc, zp, st;
+        if (!dq_source(o, ust->in[i], false, 0, 0, &q, &sc, &zp, &st) || st < 0 ||
+            !mts_shape_equal(&p->vals[ust->in[i]], &p->vals[y]))
+            return MTS_OK;
+        in[n++] = q;
+        in[n++] = sc;
+        in[n++] = zp;
+    }
+    in[n++] = ys;
+    in[n++] = yz;
+    mts_attr a = {0};
+    a.name = "mts_qop";
+    a.type = MTS_ATTR_INT;
+    a.i = kind;
+    mts_node *nd = mts__node_with_attr(p, ust, kind == 3 ? "MtsQLinearAdd" : "MtsQLinearUnary", a);
+    if (!nd) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+    const mts_op *op = kind == 3 ? &mts_quant_fast_qadd : &mts_quant_fast_qunary;
+    const mts_tensor *kin[8];
+    for (int i = 0; i < n; i++) kin[i] = in[i] >= 0 ? &p->vals[in[i]] : NULL;
+    mts_tensor kout = {0};
+    mts_err e = {0};
+    mts_kctx k = {nd, kin, n, &kout, 1, &e, 1, NULL};
+    const mts_tensor *qy = &p->vals[qst->out[0]];
+    if (op->infer(&k) || kout.dtype != qy->dtype || !mts_shape_equal(&kout, qy)) return MTS_OK;
+    ust->nd = nd;
+    ust->n_in = n;
+    memcpy(ust->in, in, sizeof(int) * (size_t)n);
+    ust->out[0] = qst->out[0];
+    ust->op = op;
+    o->removed[qs] = 1;
+    p->state[y] = MTS__V_UNUSED;
+    mts__count_uses(o);
+    drop_dead_dq(o);
+    return MTS_OK;
+}
+
 static int quant_claim(mts__opt *o, int self, void **mstate, mts_err *err)
 {
     (void)self, (void)mstate;
@@ -153,6 +226,9 @@ static int quant_claim(mts__opt *o, int self, void **mstate, mts_err *err)
         if (o->removed[s] || st->kind != MTS__S_KERNEL || st->dynamic || st->nhwc) continue;
         if ((is_op(st, "Conv") || is_op(st, "MatMul")) && (rc = fuse_qdq(o, s, err))) return rc;
     }
+    for (int s = 0; s < p->n_steps; s++)
+        if (plain_step(o, s, "QuantizeLinear") && (rc = fuse_qdq_eltwise(o, s, err))) return rc;
+    drop_dead_dq(o);
     return MTS_OK;
 }
 

@@ -1121,6 +1121,152 @@ static int qlconv_run_fast(mts_kctx *k)
 
 /* ------------------------------------------------------------------------------------------ */
 
+/* ------------------------------------------------------------------------------------------ */
+/* Fused QDQ elementwise steps (quant_backend.c)                                               */
+/* ------------------------------------------------------------------------------------------ */
+
+/* MtsQLinearUnary (attribute mts_qop: 1 Relu, 2 LeakyRelu with its alpha) computes
+ * QuantizeLinear(op(DequantizeLinear(x))) for inputs x, x_scale, x_zero_point, y_scale,
+ * y_zero_point (per tensor) through a 256-entry table built with the float ops of the unfused
+ * steps, so every result is the unfused one. MtsQLinearAdd does the same for
+ * Q(DQ(a) + DQ(b)) on same-shape a and b (inputs a, a_scale, a_zp, b, b_scale, b_zp, y_scale,
+ * y_zp), element by element with the unfused float operations in the same order. */
+static int qelt_param(mts_kctx *k, int i, const char *name, bool zp, const mts_tensor *like)
+{
+    const mts_tensor *t = mts_kin(k, i);
+    if (!t) return zp ? MTS_OK : mts_err_set(k->err, MTS_EINVAL, "missing %s", name);
+    if (mts_tensor_numel(t) != 1 || !t->data)
+        return mts_err_set(k->err, MTS_EUNSUPPORTED, "%s must be a constant scalar", name);
+    if (zp && like && t->dtype != like->dtype)
+        return mts_err_set(k->err, MTS_EINVAL, "%s has type %s, expected %s", name, mts_dtype_name(t->dtype),
+                           mts_dtype_name(like->dtype));
+    if (!zp && t->dtype != MTS_DTYPE_FLOAT) return mts_err_set(k->err, MTS_EINVAL, "%s must be float", name);
+    return MTS_OK;
+}
+
+static int qelt_infer(mts_kctx *k, bool add)
+{
+    int n = add ? 8 : 5, rc;
+    if (k->n_in != n) return mts_err_set(k->err, MTS_EINVAL, "expected %d inputs, got %d", n, k->n_in);
+    if ((rc = chk_outs(k, 1))) return rc;
+    const mts_tensor *a = mts_kin(k, 0), *b = add ? mts_kin(k, 3) : NULL, *yz = mts_kin(k, n - 1);
+    if (!a || (add && !b) || !yz) return mts_err_set(k->err, MTS_EINVAL, "missing input");
+    if ((rc = need_q8(k, a, "x")) || (add && (rc = need_q8(k, b, "b"))) || (rc = need_q8(k, yz, "y_zero_point")))
+        return rc;
+    if ((rc = qelt_param(k, 1, "x_scale", false, NULL)) || (rc = qelt_param(k, 2, "x_zero_point", true, a)) ||
+        (add && ((rc = qelt_param(k, 4, "b_scale", false, NULL)) || (rc = qelt_param(k, 5, "b_zero_point", true, b)))) ||
+        (rc = qelt_param(k, n - 2, "y_scale", false, NULL)) || (rc = qelt_param(k, n - 1, "y_zero_point", true, yz)))
+        return rc;
+    if (add && !mts_shape_equal(a, b)) return mts_err_set(k->err, MTS_ESHAPE, "a and b differ in shape");
+    set_shape(&k->out[0], yz->dtype, a);
+    return MTS_OK;
+}
+
+static int qunary_infer(mts_kctx *k)
+{
+    return qelt_infer(k, false);
+}
+
+static int qadd_infer(mts_kctx *k)
+{
+    return qelt_infer(k, true);
+}
+
+typedef struct qelt_job {
+    const uint8_t *a, *b;
+    uint8_t *y;
+    int64_t n;
+    uint8_t lut[256];
+    bool a_sgn, b_sgn, y_sgn;
+    int32_t az, bz, yz;
+    float as, bs, ys;
+} qelt_job;
+
+static void qunary_part(void *ctx, int ithr, int nthr)
+{
+    const qelt_job *j = ctx;
+    int64_t i0 = j->n * ithr / nthr, i1 = j->n * (ithr + 1) / nthr;
+    for (int64_t i = i0; i < i1; i++) j->y[i] = j->lut[j->a[i]];
+}
+
+static int qunary_run(mts_kctx *k)
+{
+    int rc = qelt_infer(k, false);
+    if (rc) return rc;
+    const mts_tensor *x = mts_kin(k, 0);
+    qelt_job j = {.a = x->data, .y = k->out[0].data, .n = mts_tensor_numel(x)};
+    int op = (int)mts_attr_int(k->node, "mts_qop", 0);
+    float alpha = mts_attr_float(k->node, "alpha", 0.01f), xs = sc_at(mts_kin(k, 1), 0), ys = sc_at(mts_kin(k, 3), 0);
+    int32_t xz = zp_at(mts_kin(k, 2), 0), yz = zp_at(mts_kin(k, 4), 0);
+    bool xsg = x->dtype == MTS_DTYPE_INT8, ysg = k->out[0].dtype == MTS_DTYPE_INT8;
+    if (op != 1 && op != 2) return mts_err_set(k->err, MTS_EINVAL, "unknown mts_qop %d", op);
+    for (int v = 0; v < 256; v++) {
+        int32_t q = xsg ? (int32_t)(int8_t)v : v;
+        float f = (float)(q - xz) * xs;
+        f = op == 1 ? (f < 0 ? 0.0f : f) : (f < 0.0f ? f * alpha : f);
+        q8_store(j.lut, ysg, v, f / ys, yz);
+    }
+    mts_parallel(threads_for(k, j.n), qunary_part, &j);
+    return MTS_OK;
+}
+
+static void qadd_part(void *ctx, int ithr, int nthr)
+{
+    const qelt_job *j = ctx;
+    int64_t i0 = j->n * ithr / nthr, i1 = j->n * (ithr + 1) / nthr, i = i0;
+#ifdef QR_SSE2
+    if (!j->a_sgn && !j->b_sgn) {
+        const __m128 lo = _mm_set1_ps(-2097152.0f), hi = _mm_set1_ps(2097152.0f), mg = _mm_set1_ps(12582912.0f);
+        const __m128 asv = _mm_set1_ps(j->as), bsv = _mm_set1_ps(j->bs), ysv = _mm_set1_ps(j->ys);
+        const __m128 zv = _mm_set1_ps((float)j->yz);
+        const __m128i azv = _mm_set1_epi32(j->az), bzv = _mm_set1_epi32(j->bz), z = _mm_setzero_si128();
+        for (; i + 16 <= i1; i += 16) {
+            __m128i av = _mm_loadu_si128((const __m128i *)(j->a + i)), bv = _mm_loadu_si128((const __m128i *)(j->b + i));
+            __m128i a16[2] = {_mm_unpacklo_epi8(av, z), _mm_unpackhi_epi8(av, z)};
+            __m128i b16[2] = {_mm_unpacklo_epi8(bv, z), _mm_unpackhi_epi8(bv, z)};
+            __m128i q[4];
+            for (int t = 0; t < 4; t++) {
+                __m128i a32 = t & 1 ? _mm_unpackhi_epi16(a16[t >> 1], z) : _mm_unpacklo_epi16(a16[t >> 1], z);
+                __m128i b32 = t & 1 ? _mm_unpackhi_epi16(b16[t >> 1], z) : _mm_unpacklo_epi16(b16[t >> 1], z);
+                __m128 fa = _mm_mul_ps(_mm_cvtepi32_ps(_mm_sub_epi32(a32, azv)), asv);
+                __m128 fb = _mm_mul_ps(_mm_cvtepi32_ps(_mm_sub_epi32(b32, bzv)), bsv);
+                __m128 v = _mm_div_ps(_mm_add_ps(fa, fb), ysv);
+                v = _mm_min_ps(_mm_max_ps(v, lo), hi);
+                v = _mm_add_ps(_mm_sub_ps(_mm_add_ps(v, mg), mg), zv);
+                q[t] = _mm_cvtps_epi32(v);
+            }
+            __m128i h0 = _mm_packs_epi32(q[0], q[1]), h1 = _mm_packs_epi32(q[2], q[3]);
+            __m128i r = j->y_sgn ? _mm_packs_epi16(h0, h1) : _mm_packus_epi16(h0, h1);
+            _mm_storeu_si128((__m128i *)(j->y + i), r);
+        }
+    }
+#endif
+    for (; i < i1; i++) {
+        float fa = (float)(q8_get(j->a, j->a_sgn, i) - j->az) * j->as;
+        float fb = (float)(q8_get(j->b, j->b_sgn, i) - j->bz) * j->bs;
+        q8_store(j->y, j->y_sgn, i, (fa + fb) / j->ys, j->yz);
+    }
+}
+
+static int qadd_run(mts_kctx *k)
+{
+    int rc = qelt_infer(k, true);
+    if (rc) return rc;
+    const mts_tensor *a = mts_kin(k, 0), *b = mts_kin(k, 3);
+    qelt_job j = {.a = a->data, .b = b->data, .y = k->out[0].data, .n = mts_tensor_numel(a)};
+    j.a_sgn = a->dtype == MTS_DTYPE_INT8;
+    j.b_sgn = b->dtype == MTS_DTYPE_INT8;
+    j.y_sgn = k->out[0].dtype == MTS_DTYPE_INT8;
+    j.as = sc_at(mts_kin(k, 1), 0);
+    j.az = zp_at(mts_kin(k, 2), 0);
+    j.bs = sc_at(mts_kin(k, 4), 0);
+    j.bz = zp_at(mts_kin(k, 5), 0);
+    j.ys = sc_at(mts_kin(k, 6), 0);
+    j.yz = zp_at(mts_kin(k, 7), 0);
+    mts_parallel(threads_for(k, j.n), qadd_part, &j);
+    return MTS_OK;
+}
+
 const mts_op mts_ref_ops_quant[] = {
     {"QuantizeLinear", quant_infer, quant_run},
     {"DequantizeLinear", dequant_infer, dequant_run},
@@ -1136,3 +1282,5 @@ const mts_op mts_quant_fast_matmulinteger = {"MatMulInteger", mmint_infer, mmint
 const mts_op mts_quant_fast_qlinearmatmul = {"QLinearMatMul", qlmm_infer, qlmm_run_fast};
 const mts_op mts_quant_fast_convinteger = {"ConvInteger", convint_infer, convint_run_fast};
 const mts_op mts_quant_fast_qlinearconv = {"QLinearConv", qlconv_infer, qlconv_run_fast};
+const mts_op mts_quant_fast_qunary = {"MtsQLinearUnary", qunary_infer, qunary_run};
+const mts_op mts_quant_fast_qadd = {"MtsQLinearAdd", qadd_infer, qadd_run};
