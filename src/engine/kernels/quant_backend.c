@@ -23,7 +23,8 @@
 #include "engine/rewrite.h"
 
 extern const mts_op mts_quant_fast_matmulinteger, mts_quant_fast_qlinearmatmul, mts_quant_fast_convinteger,
-    mts_quant_fast_qlinearconv, mts_quant_fast_qunary, mts_quant_fast_qadd;
+    mts_quant_fast_qlinearconv, mts_quant_fast_qunary, mts_quant_fast_qadd, mts_quant_fast_qconcat,
+    mts_quant_fast_qupsample;
 
 static bool quant_enabled(int kind)
 {
@@ -159,8 +160,10 @@ static void drop_dead_dq(mts__opt *o)
 }
 
 /* QuantizeLinear step qs reading the only output of a Relu / LeakyRelu of a DequantizeLinear,
- * or of an Add of two same-shape DequantizeLinears (all per tensor, constant parameters),
- * becomes one MtsQLinearUnary / MtsQLinearAdd step on the quantized tensors (ref_quant.c). */
+ * of an Add of two same-shape DequantizeLinears, of a two-input Concat of DequantizeLinears or
+ * of a nearest integer-factor upsampling (Resize) of one (all per tensor, constant parameters)
+ * becomes one MtsQLinearUnary / MtsQLinearAdd / MtsQLinearConcat / MtsQLinearUpsample step on
+ * the quantized tensors (ref_quant.c), with the unfused steps' results. */
 static int fuse_qdq_eltwise(mts__opt *o, int qs, mts_err *err)
 {
     mts__plan *p = o->p;
@@ -176,13 +179,15 @@ static int fuse_qdq_eltwise(mts__opt *o, int qs, mts_err *err)
         p->steps[u].n_out != 1)
         return MTS_OK;
     mts__step *ust = &p->steps[u];
-    int kind = is_op(ust, "Relu") ? 1 : is_op(ust, "LeakyRelu") ? 2 : is_op(ust, "Add") ? 3 : 0;
-    if (!kind || ust->n_in != (kind == 3 ? 2 : 1)) return MTS_OK;
+    int kind = is_op(ust, "Relu") ? 1 : is_op(ust, "LeakyRelu") ? 2 : is_op(ust, "Add") ? 3 : is_op(ust, "Concat") ? 4
+             : is_op(ust, "Resize") && mts__nearest_upsample(p, ust) ? 5 : 0;
+    int n_data = kind == 3 || kind == 4 ? 2 : 1;
+    if (!kind || (kind != 5 && ust->n_in != n_data) || ust->n_in < 1) return MTS_OK;
     int in[8], n = 0;
-    for (int i = 0; i < ust->n_in; i++) {
+    for (int i = 0; i < n_data; i++) {
         int q, sc, zp, st;
         if (!dq_source(o, ust->in[i], false, 0, 0, &q, &sc, &zp, &st) || st < 0 ||
-            !mts_shape_equal(&p->vals[ust->in[i]], &p->vals[y]))
+            (kind <= 3 && !mts_shape_equal(&p->vals[ust->in[i]], &p->vals[y])))
             return MTS_OK;
         in[n++] = q;
         in[n++] = sc;
@@ -194,9 +199,26 @@ static int fuse_qdq_eltwise(mts__opt *o, int qs, mts_err *err)
     a.name = "mts_qop";
     a.type = MTS_ATTR_INT;
     a.i = kind;
-    mts_node *nd = mts__node_with_attr(p, ust, kind == 3 ? "MtsQLinearAdd" : "MtsQLinearUnary", a);
+    static const char *const names[] = {"", "MtsQLinearUnary", "MtsQLinearUnary", "MtsQLinearAdd",
+                                        "MtsQLinearConcat", "MtsQLinearUpsample"};
+    static const mts_op *const ops[] = {NULL, &mts_quant_fast_qunary, &mts_quant_fast_qunary, &mts_quant_fast_qadd,
+                                        &mts_quant_fast_qconcat, &mts_quant_fast_qupsample};
+    mts_node *nd = mts__node_with_attr(p, ust, names[kind], a);
+    if (nd && kind == 5) { /* the integer factors, for the kernel */
+        const mts_tensor *xv = &p->vals[ust->in[0]], *yv = &p->vals[y];
+        mts__step tmp = *ust;
+        tmp.nd = nd;
+        a.name = "mts_up_h";
+        a.i = yv->dims[2] / xv->dims[2];
+        if ((nd = mts__node_with_attr(p, &tmp, NULL, a))) {
+            tmp.nd = nd;
+            a.name = "mts_up_w";
+            a.i = yv->dims[3] / xv->dims[3];
+            nd = mts__node_with_attr(p, &tmp, NULL, a);
+        }
+    }
     if (!nd) return mts_err_set(err, MTS_ENOMEM, "out of memory");
-    const mts_op *op = kind == 3 ? &mts_quant_fast_qadd : &mts_quant_fast_qunary;
+    const mts_op *op = ops[kind];
     const mts_tensor *kin[8];
     for (int i = 0; i < n; i++) kin[i] = in[i] >= 0 ? &p->vals[in[i]] : NULL;
     mts_tensor kout = {0};

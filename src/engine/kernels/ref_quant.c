@@ -1267,6 +1267,101 @@ static int qadd_run(mts_kctx *k)
     return MTS_OK;
 }
 
+/* MtsQLinearConcat: Q(Concat(DQ(a), DQ(b))) along the Concat's axis (inputs a, a_scale, a_zp,
+ * b, b_scale, b_zp, y_scale, y_zp) and MtsQLinearUpsample: Q(nearest upsampling of DQ(x)) by
+ * the integer factors mts_up_h, mts_up_w of a 4-D x (inputs x, x_scale, x_zp, y_scale, y_zp).
+ * Both only move values, so each input byte maps through its own 256-entry table
+ * q -> Q(DQ(q)), computed with the unfused float operations: the unfused results exactly. */
+static void requant_lut(const mts_tensor *x, const mts_tensor *xs, const mts_tensor *xz, const mts_tensor *ys,
+                        const mts_tensor *yz, bool ysg, uint8_t *lut)
+{
+    bool xsg = x->dtype == MTS_DTYPE_INT8;
+    float sx = sc_at(xs, 0), sy = sc_at(ys, 0);
+    int32_t zx = zp_at(xz, 0), zy = zp_at(yz, 0);
+    for (int v = 0; v < 256; v++) {
+        int32_t q = xsg ? (int32_t)(int8_t)v : v;
+        q8_store(lut, ysg, v, (float)(q - zx) * sx / sy, zy);
+    }
+}
+
+static int qconcat_infer(mts_kctx *k)
+{
+    int rc = qelt_infer(k, true); /* same operands as MtsQLinearAdd; shapes checked below */
+    if (rc && rc != MTS_ESHAPE) return rc;
+    const mts_tensor *a = mts_kin(k, 0), *b = mts_kin(k, 3);
+    int64_t ax = mts_attr_int(k->node, "axis", 0);
+    if (ax < 0) ax += a->rank;
+    if (a->rank != b->rank || ax < 0 || ax >= a->rank) return mts_err_set(k->err, MTS_ESHAPE, "bad concat axis");
+    for (int i = 0; i < a->rank; i++)
+        if (i != ax && a->dims[i] != b->dims[i]) return mts_err_set(k->err, MTS_ESHAPE, "concat shapes differ");
+    set_shape(&k->out[0], mts_kin(k, 7)->dtype, a);
+    k->out[0].dims[ax] = a->dims[ax] + b->dims[ax];
+    return MTS_OK;
+}
+
+static int qconcat_run(mts_kctx *k)
+{
+    int rc = qconcat_infer(k);
+    if (rc) return rc;
+    const mts_tensor *in[2] = {mts_kin(k, 0), mts_kin(k, 3)};
+    bool ysg = k->out[0].dtype == MTS_DTYPE_INT8;
+    uint8_t lut[2][256];
+    for (int i = 0; i < 2; i++)
+        requant_lut(in[i], mts_kin(k, 3 * i + 1), mts_kin(k, 3 * i + 2), mts_kin(k, 6), mts_kin(k, 7), ysg, lut[i]);
+    int64_t ax = mts_attr_int(k->node, "axis", 0);
+    if (ax < 0) ax += in[0]->rank;
+    int64_t outer = 1, inner = 1;
+    for (int i = 0; i < ax; i++) outer *= in[0]->dims[i];
+    for (int i = (int)ax + 1; i < in[0]->rank; i++) inner *= in[0]->dims[i];
+    uint8_t *y = k->out[0].data;
+    for (int64_t o = 0; o < outer; o++)
+        for (int i = 0; i < 2; i++) {
+            int64_t len = in[i]->dims[ax] * inner;
+            const uint8_t *x = (const uint8_t *)in[i]->data + o * len;
+            for (int64_t e = 0; e < len; e++) y[e] = lut[i][x[e]];
+            y += len;
+        }
+    return MTS_OK;
+}
+
+static int qup_infer(mts_kctx *k)
+{
+    int rc = qelt_infer(k, false);
+    if (rc) return rc;
+    const mts_tensor *x = mts_kin(k, 0);
+    int64_t fh = mts_attr_int(k->node, "mts_up_h", 0), fw = mts_attr_int(k->node, "mts_up_w", 0);
+    if (x->rank != 4 || fh < 1 || fw < 1 || fh > 64 || fw > 64)
+        return mts_err_set(k->err, MTS_EINVAL, "MtsQLinearUpsample wants a 4-D input and factors in 1..64");
+    k->out[0].dims[2] = x->dims[2] * fh;
+    k->out[0].dims[3] = x->dims[3] * fw;
+    return MTS_OK;
+}
+
+static int qup_run(mts_kctx *k)
+{
+    int rc = qup_infer(k);
+    if (rc) return rc;
+    const mts_tensor *x = mts_kin(k, 0);
+    uint8_t lut[256];
+    requant_lut(x, mts_kin(k, 1), mts_kin(k, 2), mts_kin(k, 3), mts_kin(k, 4), k->out[0].dtype == MTS_DTYPE_INT8,
+                lut);
+    int64_t fh = mts_attr_int(k->node, "mts_up_h", 0), fw = mts_attr_int(k->node, "mts_up_w", 0);
+    int64_t planes = x->dims[0] * x->dims[1], H = x->dims[2], W = x->dims[3], OW = W * fw;
+    const uint8_t *src = x->data;
+    uint8_t *y = k->out[0].data;
+    for (int64_t pl = 0; pl < planes; pl++)
+        for (int64_t h = 0; h < H; h++) {
+            const uint8_t *xr = src + (pl * H + h) * W;
+            uint8_t *row = y + (pl * H + h) * fh * OW;
+            for (int64_t w = 0; w < W; w++) {
+                uint8_t v = lut[xr[w]];
+                for (int64_t f = 0; f < fw; f++) row[w * fw + f] = v;
+            }
+            for (int64_t f = 1; f < fh; f++) memcpy(row + f * OW, row, (size_t)OW);
+        }
+    return MTS_OK;
+}
+
 const mts_op mts_ref_ops_quant[] = {
     {"QuantizeLinear", quant_infer, quant_run},
     {"DequantizeLinear", dequant_infer, dequant_run},
@@ -1284,3 +1379,5 @@ const mts_op mts_quant_fast_convinteger = {"ConvInteger", convint_infer, convint
 const mts_op mts_quant_fast_qlinearconv = {"QLinearConv", qlconv_infer, qlconv_run_fast};
 const mts_op mts_quant_fast_qunary = {"MtsQLinearUnary", qunary_infer, qunary_run};
 const mts_op mts_quant_fast_qadd = {"MtsQLinearAdd", qadd_infer, qadd_run};
+const mts_op mts_quant_fast_qconcat = {"MtsQLinearConcat", qconcat_infer, qconcat_run};
+const mts_op mts_quant_fast_qupsample = {"MtsQLinearUpsample", qup_infer, qup_run};
