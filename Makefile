@@ -35,6 +35,8 @@
 #   make bench-zoo       mtserve vs ONNX Runtime on every zoo model that loads (2 threads, 3 rounds)
 #   make bench-grpc      tiny model over gRPC (1/16/64 streams) and gRPC serving efficiency on
 #                        lipsync_unet_w8 vs the bare engine, 3 runs each (~3-4 min)
+#   make bench-int8      mtserve quantize on lipsync_unet_w8: fp32 / int8 / ONNX Runtime int8
+#                        throughput ratios and the int8 output error (~1 min)
 JOBS ?= 2
 PY := /usr/bin/python3
 BUILD := build
@@ -44,7 +46,7 @@ export MTSERVE := $(CURDIR)/$(BUILD)/mtserve
 
 .PHONY: all deps build build-asan build-tsan build-fuzz fuzz models avatar run test test-unit test-conformance \
         bench test-zoo bench-zoo bench-engine bench-ceiling bench-serving bench-capacity bench-capacity-kserve \
-        bench-connections soak bench-churn bench-grpc bench-isolation bench-ab clean install uninstall deb
+        bench-connections soak bench-churn bench-grpc bench-isolation bench-ab bench-int8 clean install uninstall deb
 
 all: build
 
@@ -137,6 +139,9 @@ bench-grpc: build models
 
 bench-isolation: build models
 	@$(PY) scripts/bench-isolation.py
+
+bench-int8: build models
+	@bash scripts/bench-int8.sh
 
 B ?= $(BUILD)/mtserve
 bench-ab: build models
