@@ -827,6 +827,7 @@ typedef struct qconv_job {
     bool fast;
     int16_t *wref;        /* reference: w - w_zero_point, [M, K] */
     mts_qpack_a *wpack;   /* fast: one packed A per group */
+    bool pointwise;       /* 1x1 kernel, stride 1, no padding: output pixel p reads input pixel p */
     int64_t nchunks, units;
     int failed;
 } qconv_job;
@@ -1020,6 +1021,15 @@ static void qconv_part(void *ctx, int ithr, int nthr)
     for (int64_t u = u0; u < u1; u++) {
         int64_t ch = u % j->nchunks, gi = (u / j->nchunks) % ng, n = u / (j->nchunks * ng);
         int64_t p0 = ch * QC_CHUNK, nc = d->P - p0 < QC_CHUNK ? d->P - p0 : QC_CHUNK;
+        if (j->fast && j->pointwise) { /* the im2col matrix is x itself: pack straight from it */
+            pb.N = nc;
+            pb.np = (nc + MTS_QGEMM_NR - 1) / MTS_QGEMM_NR;
+            const uint8_t *xs = (const uint8_t *)d->x->data + (n * d->g.C + gi * d->Cg) * d->IP + p0;
+            mts_qpack_b_fill(&pb, xs, d->x_sgn, d->IP, &xz, 0);
+            mts_qgemm(&j->wpack[gi], &pb, 0, d->Mg, acc, nc);
+            qconv_store(d, acc, j->y, n, gi, p0, nc);
+            continue;
+        }
         im2col_u8(d, n, gi, p0, nc, (uint8_t)xz, buf);
         if (j->fast) {
             pb.N = nc;
@@ -1064,6 +1074,9 @@ static int qconv_run_common(mts_kctx *k, bool qlinear, bool fast)
         return dj.failed ? mts_err_set(k->err, MTS_ENOMEM, "out of memory") : MTS_OK;
     }
     qconv_job j = {.d = &d, .y = k->out[0].data, .fast = fast};
+    j.pointwise = d.ksz == 1 && d.P == d.IP;
+    for (int i = 0; i < 3; i++)
+        if (g->s[i] != 1 || g->pb[i] != 0) j.pointwise = false;
     j.nchunks = (d.P + QC_CHUNK - 1) / QC_CHUNK;
     j.units = g->N * g->group * j.nchunks;
     if (fast) {
