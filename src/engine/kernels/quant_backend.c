@@ -13,6 +13,10 @@
  *     x_scale * w_scale at run time: node attribute "mts_float_bias"). The DequantizeLinear of
  *     the data goes too when nothing else reads it. Results can differ from the float path by
  *     one quantization step where the float rounding differs.
+ *   - Then the float ops between quantized tensors (fuse_qdq_eltwise): Q(Relu / LeakyRelu(DQ)),
+ *     Q(Add(DQ, DQ)), Q(Concat(DQ, DQ)) and Q(nearest integer upsample(DQ)) become integer steps
+ *     (MtsQLinearUnary / Add / Concat / Upsample in ref_quant.c) that compute exactly what the
+ *     unfused float steps would; DequantizeLinear steps left without readers are dropped.
  *   - Substitution: the packed integer-GEMM kernels (qgemm.h, AVX-512 VNNI where the CPU has
  *     it) replace the reference MatMulInteger, QLinearMatMul, ConvInteger and QLinearConv
  *     kernels (ref_quant.c); both share their validation and requantization, so only the
