@@ -38,6 +38,8 @@
 #   make cluster         3 instances on the demo repository behind HAProxy routed by model (front door
 #                        on PORT/GRPC_PORT, default 8000/50051; scripts/cluster.sh, docs/scale-out.md)
 #   make bench-cluster   resident models and cold loads: model-affinity vs round-robin routing (~1 min)
+#   make bench-int8      mtserve quantize on lipsync_unet_w8: fp32 / int8 / ONNX Runtime int8
+#                        throughput ratios and the int8 output error (~1 min)
 JOBS ?= 2
 PY := /usr/bin/python3
 BUILD := build
@@ -47,7 +49,7 @@ export MTSERVE := $(CURDIR)/$(BUILD)/mtserve
 
 .PHONY: all deps build build-asan build-tsan build-fuzz fuzz models avatar run test test-unit test-conformance \
         bench test-zoo bench-zoo bench-engine bench-ceiling bench-serving bench-capacity bench-capacity-kserve \
-        bench-connections soak bench-churn bench-grpc bench-isolation bench-ab clean install uninstall deb \
+        bench-connections soak bench-churn bench-grpc bench-isolation bench-ab bench-int8 clean install uninstall deb \
         cluster bench-cluster
 
 all: build
@@ -147,6 +149,8 @@ cluster: build models avatar
 
 bench-cluster: build models
 	@$(PY) scripts/bench-cluster.py
+bench-int8: build models
+	@bash scripts/bench-int8.sh
 
 B ?= $(BUILD)/mtserve
 bench-ab: build models

