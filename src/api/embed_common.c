@@ -439,3 +439,34 @@ int mts_embed_submit(mts_server *s, const char *model, const mts_embed_input *in
     }
     return MTS_OK;
 }
+
+int mts_embed_split_bytes(const uint8_t *p, size_t len, mts_embed_input *out, int cap, char *msg, size_t msglen)
+{
+    size_t off = 0;
+    int n = 0;
+    while (off < len) {
+        if (len - off < 4) {
+            snprintf(msg, msglen, "BYTES element %d at byte %zu: truncated length prefix (%zu bytes left)", n, off,
+                     len - off);
+            return -1;
+        }
+        uint32_t l = (uint32_t)p[off] | (uint32_t)p[off + 1] << 8 | (uint32_t)p[off + 2] << 16 |
+                     (uint32_t)p[off + 3] << 24;
+        off += 4;
+        if (l > len - off) {
+            snprintf(msg, msglen, "BYTES element %d at byte %zu: length %u runs past the end of the data (%zu bytes "
+                     "left)", n, off - 4, l, len - off);
+            return -1;
+        }
+        if (n == cap) {
+            snprintf(msg, msglen, "more than %d BYTES elements; at most %d texts per request", cap, cap);
+            return -1;
+        }
+        out[n].text = (const char *)p + off;
+        out[n].len = l;
+        out[n].ids = NULL;
+        n++;
+        off += l;
+    }
+    return n;
+}

@@ -39,6 +39,11 @@ bool mts_embed_is_model(const mts_server *s, const char *model);
 int mts_embed_submit(mts_server *s, const char *model, const mts_embed_input *in, int n, int64_t arrival_ns,
                      mts_embed_done done, void *user, char *msg, size_t msglen);
 
+/* Splits a KServe BYTES tensor's binary form (each element a 4-byte little-endian length and
+ * that many bytes) into texts pointing into p: returns the count, or -1 with msg saying which
+ * element is truncated or too long. At most cap elements. */
+int mts_embed_split_bytes(const uint8_t *p, size_t len, mts_embed_input *out, int cap, char *msg, size_t msglen);
+
 /* Frees the tokenizers kept for the server's models (at shutdown). */
 void mts_embed_shutdown(void);
 

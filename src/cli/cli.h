@@ -15,6 +15,7 @@ int mts_cli_serve(int argc, char **argv);
 const char *mts_version_string(void);
 int mts_cli_tune(int argc, char **argv);
 int mts_cli_bench(int argc, char **argv);
+int mts_cli_embed(int argc, char **argv);
 
 /* Named overrides of symbolic dimensions, from `--dim NAME=VALUE`. */
 typedef struct mts_cli_dims {

@@ -21,6 +21,7 @@ static void usage(FILE *f)
             "  tune MODEL        throughput and latency over workers x threads x batch; recommends a setting\n"
             "  infer MODEL       send one inference request to a running server (--url http://... | --grpc host:port)\n"
             "  models list|load|unload|stats   manage a running server's models (--url | --grpc)\n"
+            "  embed MODEL TEXT  sentence embeddings of texts with an embedding model, locally (no server)\n"
             "  bench             load generator for a running server: closed/open loop, conversational users\n"
             "\n"
             "`mtserve COMMAND --help` describes each command; `mtserve --version` prints the version.\n");
@@ -41,6 +42,7 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "infer")) return mts_cli_infer(argc - 1, argv + 1);
     if (!strcmp(cmd, "models")) return mts_cli_models(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) return mts_cli_bench(argc - 1, argv + 1);
+    if (!strcmp(cmd, "embed")) return mts_cli_embed(argc - 1, argv + 1);
     if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
         printf("mtserve %s\n", mts_version_string());
         return 0;
