@@ -79,7 +79,7 @@ typedef struct embed_call {
     const mts_model_config *cfg;
     char model[256];
     int n;
-    int64_t **ids, **types; /* per text, into arena */
+    int64_t **ids, **types; /* per text, into arena (ids then type ids, back to back) */
     int *nt;                /* tokens per text */
     int64_t *arena;
     int64_t tokens;
@@ -374,26 +374,37 @@ int mts_embed_submit(mts_server *s, const char *model, const mts_embed_input *in
     c->ids = calloc((size_t)n, sizeof *c->ids);
     c->types = calloc((size_t)n, sizeof *c->types);
     c->nt = calloc((size_t)n, sizeof *c->nt);
-    c->arena = malloc(sizeof(int64_t) * 2 * (size_t)n * (size_t)max_tokens);
-    if (!c->ids || !c->types || !c->nt || !c->arena) {
+    /* one text's tokens into scratch, then appended to the arena (ids then type ids): memory
+     * follows the texts' real lengths, not n x max_tokens */
+    int64_t *scratch = malloc(sizeof(int64_t) * 2 * (size_t)max_tokens);
+    size_t *off = malloc(sizeof(size_t) * (size_t)n), used = 0, cap = 0;
+    if (!c->ids || !c->types || !c->nt || !scratch || !off) {
+        free(scratch);
+        free(off);
         call_free(c);
         return snprintf(msg, msglen, "out of memory"), MTS_ENOMEM;
     }
+#define FAIL_TEXT(status)                                                                                             \
+    do {                                                                                                               \
+        free(scratch);                                                                                                 \
+        free(off);                                                                                                     \
+        call_free(c);                                                                                                  \
+        return (status);                                                                                               \
+    } while (0)
     for (int i = 0; i < n; i++) {
-        int64_t *ids = c->arena + (size_t)2 * i * max_tokens, *types = ids + max_tokens;
+        int64_t *ids = scratch, *types = scratch + max_tokens;
         int cnt;
         if (in[i].ids) {
             if (in[i].n_ids < 1 || in[i].n_ids > max_tokens) {
                 snprintf(msg, msglen, "input %d has %d token ids; the model takes 1 to %d", i, in[i].n_ids, max_tokens);
-                call_free(c);
-                return MTS_EINVAL;
+                FAIL_TEXT(MTS_EINVAL);
             }
+            int vocab = mts_tokenizer_vocab_size(tok);
             for (int j = 0; j < in[i].n_ids; j++)
-                if (in[i].ids[j] < 0) {
-                    snprintf(msg, msglen, "input %d: token id %lld at position %d is negative", i,
-                             (long long)in[i].ids[j], j);
-                    call_free(c);
-                    return MTS_EINVAL;
+                if (in[i].ids[j] < 0 || (vocab > 0 && in[i].ids[j] >= vocab)) {
+                    snprintf(msg, msglen, "input %d: token id %lld at position %d is outside the vocabulary (0 to %d)",
+                             i, (long long)in[i].ids[j], j, vocab - 1);
+                    FAIL_TEXT(MTS_EINVAL);
                 }
             memcpy(ids, in[i].ids, sizeof(int64_t) * (size_t)in[i].n_ids);
             memset(types, 0, sizeof(int64_t) * (size_t)in[i].n_ids);
@@ -401,22 +412,39 @@ int mts_embed_submit(mts_server *s, const char *model, const mts_embed_input *in
         } else {
             if (in[i].len > MTS_EMBED_MAX_TEXT_BYTES) {
                 snprintf(msg, msglen, "input %d is %zu bytes; at most %d", i, in[i].len, MTS_EMBED_MAX_TEXT_BYTES);
-                call_free(c);
-                return MTS_EINVAL;
+                FAIL_TEXT(MTS_EINVAL);
             }
             char err[256] = "";
             cnt = mts_tokenize(tok, in[i].text, in[i].len, max_tokens, ids, types, max_tokens, err, sizeof err);
             if (cnt < 1) {
                 snprintf(msg, msglen, "input %d: %s", i, err[0] ? err : "the tokenizer gave no tokens");
-                call_free(c);
-                return MTS_EINVAL;
+                FAIL_TEXT(MTS_EINVAL);
             }
         }
-        c->ids[i] = ids;
-        c->types[i] = types;
+        if (used + 2 * (size_t)cnt > cap) {
+            size_t nc = cap ? cap * 2 : 1024;
+            while (nc < used + 2 * (size_t)cnt) nc *= 2;
+            int64_t *na = realloc(c->arena, sizeof(int64_t) * nc);
+            if (!na) {
+                snprintf(msg, msglen, "out of memory");
+                FAIL_TEXT(MTS_ENOMEM);
+            }
+            c->arena = na, cap = nc;
+        }
+        memcpy(c->arena + used, ids, sizeof(int64_t) * (size_t)cnt);
+        memcpy(c->arena + used + cnt, types, sizeof(int64_t) * (size_t)cnt);
+        off[i] = used;
+        used += 2 * (size_t)cnt;
         c->nt[i] = cnt;
         c->tokens += cnt;
     }
+#undef FAIL_TEXT
+    for (int i = 0; i < n; i++) {
+        c->ids[i] = c->arena + off[i];
+        c->types[i] = c->arena + off[i] + c->nt[i];
+    }
+    free(scratch);
+    free(off);
     c->pending = 1; /* dispatch's own reference */
     mts_model_status *st = malloc(sizeof *st);
     bool known = st && !mts_server_model_status_by_name(s, model, st) && st->n_inputs > 0;

@@ -240,6 +240,7 @@ def test_errors(server):
     err({"model": "minilm", "input": "x", "encoding_format": "int8"}, 400, "encoding_format")
     err({"model": "minilm", "input": "x", "dimensions": 128}, 400, "gives vectors of 384")
     err({"model": "minilm", "input": [[101, -5, 102]]}, 400, "non-negative")
+    err({"model": "minilm", "input": [[101, 30522, 102]]}, 400, "outside the vocabulary (0 to 30521)")
     err('{"model": "minilm", "input": ["a"', 400, "malformed JSON")
     # invalid UTF-8 inside a JSON string cannot be sent through json; send raw bytes
     r = server.post("/v1/embeddings", data=b'{"model":"minilm","input":"bad \xff byte"}')
