@@ -24,7 +24,8 @@ import numpy as np
 import pytest
 import requests
 
-from conftest import MODELS, MTSERVE, PY, ROOT, TINY
+from conftest import MODELS, MTSERVE, PY, ROOT, TINY, Server, _ensure_models
+from yamlcfg import to_yaml
 
 GEN = ROOT / "models" / "gen"
 CACHE = Path(os.environ.get("MTS_ZOO_CACHE") or Path.home() / ".cache" / "mtserve-zoo")
@@ -76,11 +77,21 @@ def pb(tmp_path_factory):
         sys.path.remove(str(out))
 
 
-@pytest.fixture
-def server(start_server, assets):
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, assets):
+    """One server for the module: minilm (the embedding model) and tiny (a tensor model)."""
+    _ensure_models()
     model, vocab = assets
-    cfg = dict(EMB_CFG, tokenizer=str(vocab))
-    return start_server(models={"minilm": (str(model), cfg), "tiny": str(TINY)})
+    work = tmp_path_factory.mktemp("emb_server")
+    for name, path, cfg in (("minilm", model, dict(EMB_CFG, tokenizer=str(vocab))), ("tiny", TINY, None)):
+        d = work / "repo" / name
+        d.mkdir(parents=True)
+        os.symlink(path, d / "model.onnx")
+        if cfg:
+            (d / "config.yaml").write_text(to_yaml(cfg) + "\n")
+    srv = Server(work, ["--model-repository", str(work / "repo")], 10)
+    yield srv
+    srv.stop()
 
 
 def embed(srv, inp, **extra):
