@@ -15,6 +15,8 @@
 #include "text/embed.h"
 #include "util/json.h"
 
+#define MAX_TOTAL_IDS (1 << 20) /* token ids in one request (8 MiB as int64) */
+
 typedef struct emb_call {
     mts_http_conn *conn;
     char model[256];
@@ -265,8 +267,8 @@ static void route_embeddings(mts_server *srv, mts_http_conn *c, mts_http_req *hr
                      i, xt == MTS_JSON_ARRAY ? "an empty array" : mts_json_type_name(xt));
         }
     }
-    if (!problem[0] && total_ids > (size_t)MTS_EMBED_MAX_TEXTS * 65536)
-        snprintf(problem, sizeof problem, "too many token ids");
+    if (!problem[0] && total_ids > MAX_TOTAL_IDS)
+        snprintf(problem, sizeof problem, "%zu token ids in one request; at most %d", total_ids, MAX_TOTAL_IDS);
     if (!problem[0] && total_ids && !(ids = malloc(sizeof(int64_t) * total_ids)))
         snprintf(problem, sizeof problem, "out of memory");
     size_t off = 0;
