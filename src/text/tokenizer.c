@@ -160,16 +160,21 @@ static void canonical_order(uint32_t *v, size_t n)
                 v[b] = x;
             }
         } else {
-            /* stable counting sort by class over the run: 255 classes, one scratch pass */
+            /* stable counting sort by class: linear in the run's length */
             uint32_t *tmp = malloc(len * sizeof *tmp);
-            if (tmp) {
-                size_t k = 0;
-                for (int cls = 1; cls < 256; cls++)
-                    for (size_t a = i; a < j; a++)
-                        if (mts_uc_ccc(v[a]) == cls) tmp[k++] = v[a];
+            uint8_t *cls = malloc(len);
+            if (tmp && cls) {
+                size_t start[257] = {0};
+                for (size_t a = 0; a < len; a++) {
+                    cls[a] = (uint8_t)mts_uc_ccc(v[i + a]);
+                    start[cls[a] + 1]++;
+                }
+                for (int c = 1; c <= 256; c++) start[c] += start[c - 1];
+                for (size_t a = 0; a < len; a++) tmp[start[cls[a]]++] = v[i + a];
                 memcpy(v + i, tmp, len * sizeof *tmp);
-                free(tmp);
             }
+            free(tmp);
+            free(cls);
         }
         i = j;
     }

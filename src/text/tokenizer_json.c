@@ -116,9 +116,13 @@ typedef struct sym {
 static int bpe_word(const mts_tokenizer *t, const bpe *b, const uint32_t *w, size_t n, mts_ids *out)
 {
     size_t plen = b->prefix ? strlen(b->prefix) : 0, slen = b->suffix ? strlen(b->suffix) : 0;
-    char *u8 = malloc(4 * n + plen + slen + 1);
-    sym *s = malloc((4 * n + 1) * sizeof *s);
-    qitem *q = malloc((8 * n + 8) * sizeof *q);
+    /* at most one symbol per UTF-8 byte (byte fallback); the queue gets the initial pairs plus
+     * at most two per merge, and there are fewer merges than symbols */
+    size_t bytes = 0;
+    for (size_t i = 0; i < n; i++) bytes += w[i] < 0x80 ? 1 : w[i] < 0x800 ? 2 : w[i] < 0x10000 ? 3 : 4;
+    char *u8 = malloc(bytes + plen + slen + 4);
+    sym *s = malloc((bytes + 1) * sizeof *s);
+    qitem *q = malloc(3 * (bytes + 1) * sizeof *q);
     int rc = -1;
     if (!u8 || !s || !q) goto done;
     memset(u8, 0, 4);
