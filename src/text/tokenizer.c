@@ -160,16 +160,21 @@ static void canonical_order(uint32_t *v, size_t n)
                 v[b] = x;
             }
         } else {
-            /* stable counting sort by class over the run: 255 classes, one scratch pass */
+            /* stable counting sort by class: linear in the run's length */
             uint32_t *tmp = malloc(len * sizeof *tmp);
-            if (tmp) {
-                size_t k = 0;
-                for (int cls = 1; cls < 256; cls++)
-                    for (size_t a = i; a < j; a++)
-                        if (mts_uc_ccc(v[a]) == cls) tmp[k++] = v[a];
+            uint8_t *cls = malloc(len);
+            if (tmp && cls) {
+                size_t start[257] = {0};
+                for (size_t a = 0; a < len; a++) {
+                    cls[a] = (uint8_t)mts_uc_ccc(v[i + a]);
+                    start[cls[a] + 1]++;
+                }
+                for (int c = 1; c <= 256; c++) start[c] += start[c - 1];
+                for (size_t a = 0; a < len; a++) tmp[start[cls[a]]++] = v[i + a];
                 memcpy(v + i, tmp, len * sizeof *tmp);
-                free(tmp);
             }
+            free(tmp);
+            free(cls);
         }
         i = j;
     }
@@ -216,6 +221,12 @@ int mts_norm_apply(const mts_norm_step *s, mts_cps *in, mts_cps *out)
         for (size_t i = 0; i < in->n; i++)
             if (!mts_uc_is_mn(in->v[i]) && mts_cps_push(out, in->v[i])) return -1;
         return 0;
+    case MTS_NORM_STRIP_M:
+        for (size_t i = 0; i < in->n; i++) {
+            int k = mts_uc_category(in->v[i]);
+            if (k != MTS_UC_Mn && k != MTS_UC_Mc && k != MTS_UC_Me && mts_cps_push(out, in->v[i])) return -1;
+        }
+        return 0;
     case MTS_NORM_LOWER:
         for (size_t i = 0; i < in->n; i++) {
             int k = mts_uc_lower_full(in->v[i], buf);
@@ -228,32 +239,318 @@ int mts_norm_apply(const mts_norm_step *s, mts_cps *in, mts_cps *out)
     }
 }
 
-/* ---- pre-tokenizer: BERT ---------------------------------------------------------------------- */
+/* ---- pre-tokenizer ------------------------------------------------------------------------------ */
 
-/* Splits v[0..n) into words: runs between White_Space characters, each punctuation character a
- * word of its own. Calls fn for each; stops early when fn returns non-zero (returned). */
-static int bert_words(const uint32_t *v, size_t n, mts_word_fn fn, void *arg)
+/* Pieces of text: one code-point buffer, piece i is buf[off[i]..off[i+1]); first[i] marks the
+ * piece that starts the text (Metaspace's prepend_scheme "first"). */
+typedef struct pieces {
+    mts_cps buf;
+    size_t *off;
+    uint8_t *first;
+    size_t n, cap;
+} pieces;
+
+static void pieces_free(pieces *p)
+{
+    free(p->buf.v);
+    free(p->off);
+    free(p->first);
+}
+
+static int pieces_add(pieces *p, const uint32_t *v, size_t n, int first)
+{
+    if (n == 0) return 0; /* empty pieces are dropped, as the reference does */
+    if (p->n + 2 > p->cap) {
+        size_t cap = p->cap ? p->cap * 2 : 64;
+        size_t *o = realloc(p->off, cap * sizeof *o);
+        if (!o) return -1;
+        p->off = o;
+        uint8_t *f = realloc(p->first, cap);
+        if (!f) return -1;
+        p->first = f;
+        p->cap = cap;
+    }
+    if (p->n == 0) p->off[0] = 0;
+    if (mts_cps_reserve(&p->buf, p->buf.n + n)) return -1;
+    memcpy(p->buf.v + p->buf.n, v, n * sizeof *v);
+    p->buf.n += n;
+    p->first[p->n] = (uint8_t)first;
+    p->off[++p->n] = p->buf.n;
+    return 0;
+}
+
+/* Delimiter spans [s, e) of one piece, in order, not overlapping. */
+typedef struct spans {
+    size_t *v; /* s0, e0, s1, e1, ... */
+    size_t n, cap;
+} spans;
+
+static int spans_add(spans *s, size_t a, size_t b)
+{
+    if (s->n + 2 > s->cap) {
+        size_t cap = s->cap ? s->cap * 2 : 64;
+        size_t *p = realloc(s->v, cap * sizeof *p);
+        if (!p) return -1;
+        s->v = p;
+        s->cap = cap;
+    }
+    s->v[s->n++] = a;
+    s->v[s->n++] = b;
+    return 0;
+}
+
+/* Emits the pieces of v[0..n) given its delimiter spans, per behavior (SplitDelimiterBehavior). */
+static int split_by_spans(const uint32_t *v, size_t n, int first, const spans *sp, int behavior, pieces *out)
+{
+    size_t pos = 0;   /* start of the pending text */
+    size_t k = 0;
+    int f = first;
+    while (k < sp->n) {
+        size_t a = sp->v[k], b = sp->v[k + 1];
+        k += 2;
+        if (behavior == MTS_SPLIT_CONTIGUOUS)
+            while (k < sp->n && sp->v[k] == b) b = sp->v[k + 1], k += 2;
+        switch (behavior) {
+        case MTS_SPLIT_REMOVED:
+            if (pieces_add(out, v + pos, a - pos, f && pos == 0)) return -1;
+            pos = b;
+            break;
+        case MTS_SPLIT_ISOLATED:
+        case MTS_SPLIT_CONTIGUOUS:
+            if (pieces_add(out, v + pos, a - pos, f && pos == 0) || pieces_add(out, v + a, b - a, f && a == 0)) return -1;
+            pos = b;
+            break;
+        case MTS_SPLIT_PREV:
+            if (pieces_add(out, v + pos, b - pos, f && pos == 0)) return -1;
+            pos = b;
+            break;
+        case MTS_SPLIT_NEXT:
+            if (pieces_add(out, v + pos, a - pos, f && pos == 0)) return -1;
+            pos = a; /* the delimiter starts the next piece */
+            break;
+        }
+    }
+    return pieces_add(out, v + pos, n - pos, f && pos == 0);
+}
+
+static bool is_numeric(uint32_t c)
+{
+    int k = mts_uc_category(c);
+    return k == MTS_UC_Nd || k == MTS_UC_Nl || k == MTS_UC_No;
+}
+
+static bool is_letter(uint32_t c)
+{
+    int k = mts_uc_category(c);
+    return k >= MTS_UC_Lu && k <= MTS_UC_Lo;
+}
+
+/* \w: alphabetic, marks, decimal digits, connector punctuation, joiners. Alphabetic is letters,
+ * Nl and Other_Alphabetic (marks, plus the circled and squared Latin letters). */
+static bool is_word_char(uint32_t c)
+{
+    if (c < 128) return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+    int k = mts_uc_category(c);
+    if ((k >= MTS_UC_Lu && k <= MTS_UC_Lo) || k == MTS_UC_Mn || k == MTS_UC_Mc || k == MTS_UC_Me || k == MTS_UC_Nd ||
+        k == MTS_UC_Nl || k == MTS_UC_Pc)
+        return true;
+    return c == 0x200C || c == 0x200D || (c >= 0x24B6 && c <= 0x24E9) || (c >= 0x1F130 && c <= 0x1F149) ||
+           (c >= 0x1F150 && c <= 0x1F169) || (c >= 0x1F170 && c <= 0x1F189);
+}
+
+/* Matches of GPT-2's pattern
+ *     's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+ * over v[0..n): they tile the text, so they are returned as spans. */
+static int gpt2_spans(const uint32_t *v, size_t n, spans *sp)
 {
     size_t i = 0;
     while (i < n) {
         uint32_t c = v[i];
-        if (mts_uc_is_white_space(c)) {
-            i++;
-            continue;
+        size_t j = i;
+        if (c == '\'' && i + 1 < n) {
+            uint32_t d = v[i + 1];
+            if (d == 's' || d == 't' || d == 'm' || d == 'd') j = i + 2;
+            else if (i + 2 < n && ((d == 'r' && v[i + 2] == 'e') || (d == 'v' && v[i + 2] == 'e') ||
+                                   (d == 'l' && v[i + 2] == 'l')))
+                j = i + 3;
         }
-        if (mts_uc_is_bert_punct(c)) {
-            int r = fn(arg, v + i, 1);
-            if (r) return r;
-            i++;
-            continue;
+        if (j == i) {
+            size_t s = (c == ' ' && i + 1 < n) ? i + 1 : i;
+            uint32_t e = v[s];
+            if (is_letter(e)) {
+                j = s + 1;
+                while (j < n && is_letter(v[j])) j++;
+            } else if (mts_uc_category(e) >= MTS_UC_Nd && mts_uc_category(e) <= MTS_UC_No) {
+                j = s + 1;
+                while (j < n && is_numeric(v[j])) j++;
+            } else if (!mts_uc_is_white_space(e)) {
+                j = s + 1;
+                while (j < n && !mts_uc_is_white_space(v[j]) && !is_letter(v[j]) && !is_numeric(v[j])) j++;
+            } else {
+                /* c is white space (if c was ' ' followed by more white space, e is too) */
+                size_t k = i;
+                while (k < n && mts_uc_is_white_space(v[k])) k++;
+                if (k == n) j = n;
+                else if (k - i >= 2) j = k - 1;
+                else j = i + 1;
+            }
         }
-        size_t j = i + 1;
-        while (j < n && !mts_uc_is_white_space(v[j]) && !mts_uc_is_bert_punct(v[j])) j++;
-        int r = fn(arg, v + i, j - i);
-        if (r) return r;
+        if (spans_add(sp, i, j)) return -1;
         i = j;
     }
     return 0;
+}
+
+/* GPT-2's bytes_to_unicode: printable bytes stand for themselves, the other 68 bytes take
+ * U+0100, U+0101, ... in byte order (0x00-0x20, then 0x7F-0xA0, then 0xAD). */
+static uint32_t byte_char(unsigned b)
+{
+    if ((b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF)) return b;
+    if (b <= 0x20) return 256 + b;
+    if (b >= 0x7F && b <= 0xA0) return 256 + 33 + (b - 0x7F);
+    return 256 + 33 + 34; /* 0xAD */
+}
+
+static int pre_step(const mts_pre_step *s, const uint32_t *v, size_t n, int first, pieces *out, spans *sp,
+                    mts_cps *tmp)
+{
+    sp->n = 0;
+    switch (s->kind) {
+    case MTS_PRE_BERT: {
+        size_t i = 0;
+        while (i < n) {
+            if (mts_uc_is_white_space(v[i])) {
+                i++;
+                continue;
+            }
+            size_t j = i + 1;
+            if (!mts_uc_is_bert_punct(v[i]))
+                while (j < n && !mts_uc_is_white_space(v[j]) && !mts_uc_is_bert_punct(v[j])) j++;
+            if (pieces_add(out, v + i, j - i, first && i == 0)) return -1;
+            i = j;
+        }
+        return 0;
+    }
+    case MTS_PRE_WHITESPACE: {
+        size_t i = 0;
+        while (i < n) {
+            if (mts_uc_is_white_space(v[i]) && !is_word_char(v[i])) {
+                i++;
+                continue;
+            }
+            bool w = is_word_char(v[i]);
+            size_t j = i + 1;
+            while (j < n && is_word_char(v[j]) == w && (w || !mts_uc_is_white_space(v[j]))) j++;
+            if (pieces_add(out, v + i, j - i, first && i == 0)) return -1;
+            i = j;
+        }
+        return 0;
+    }
+    case MTS_PRE_WS_SPLIT:
+    case MTS_PRE_PUNCT:
+    case MTS_PRE_DIGITS:
+        for (size_t i = 0; i < n; i++) {
+            bool d = s->kind == MTS_PRE_WS_SPLIT ? mts_uc_is_white_space(v[i])
+                     : s->kind == MTS_PRE_PUNCT  ? mts_uc_is_bert_punct(v[i])
+                                                 : is_numeric(v[i]);
+            if (d && spans_add(sp, i, i + 1)) return -1;
+        }
+        return split_by_spans(v, n, first, sp,
+                              s->kind == MTS_PRE_WS_SPLIT ? MTS_SPLIT_REMOVED
+                              : s->kind == MTS_PRE_PUNCT  ? s->behavior
+                              : s->flag1                  ? MTS_SPLIT_ISOLATED
+                                                          : MTS_SPLIT_CONTIGUOUS,
+                              out);
+    case MTS_PRE_METASPACE: {
+        tmp->n = 0;
+        int prepend = s->flag1 == 1 || (s->flag1 == 2 && first);
+        if (prepend && (n == 0 || (v[0] != ' ' && v[0] != s->repl)) && mts_cps_push(tmp, s->repl)) return -1;
+        for (size_t i = 0; i < n; i++)
+            if (mts_cps_push(tmp, v[i] == ' ' ? s->repl : v[i])) return -1;
+        if (!s->flag2) return pieces_add(out, tmp->v, tmp->n, first);
+        for (size_t i = 0; i < tmp->n; i++)
+            if (tmp->v[i] == s->repl && spans_add(sp, i, i + 1)) return -1;
+        return split_by_spans(tmp->v, tmp->n, first, sp, MTS_SPLIT_NEXT, out);
+    }
+    case MTS_PRE_BYTELEVEL: {
+        tmp->n = 0;
+        if (s->flag1 && (n == 0 || v[0] != ' ') && mts_cps_push(tmp, ' ')) return -1;
+        for (size_t i = 0; i < n; i++)
+            if (mts_cps_push(tmp, v[i])) return -1;
+        if (s->flag2) {
+            if (gpt2_spans(tmp->v, tmp->n, sp)) return -1;
+        } else if (spans_add(sp, 0, tmp->n)) {
+            return -1;
+        }
+        /* each span's UTF-8 bytes, as printable characters */
+        mts_cps bytes = {0};
+        for (size_t k = 0; k < sp->n; k += 2) {
+            bytes.n = 0;
+            for (size_t i = sp->v[k]; i < sp->v[k + 1]; i++) {
+                char u[4];
+                int m = mts_utf8_encode(tmp->v[i], u);
+                for (int j = 0; j < m; j++)
+                    if (mts_cps_push(&bytes, byte_char((unsigned char)u[j]))) {
+                        free(bytes.v);
+                        return -1;
+                    }
+            }
+            if (pieces_add(out, bytes.v, bytes.n, first && sp->v[k] == 0)) {
+                free(bytes.v);
+                return -1;
+            }
+        }
+        free(bytes.v);
+        return 0;
+    }
+    case MTS_PRE_SPLIT_STR:
+        if (s->pat_n)
+            for (size_t i = 0; i + s->pat_n <= n;) {
+                if (memcmp(v + i, s->pat, s->pat_n * sizeof *v) == 0) {
+                    if (spans_add(sp, i, i + s->pat_n)) return -1;
+                    i += s->pat_n;
+                } else {
+                    i++;
+                }
+            }
+        return split_by_spans(v, n, first, sp, s->behavior, out);
+    case MTS_PRE_SPLIT_GPT2:
+        if (gpt2_spans(v, n, sp)) return -1;
+        return split_by_spans(v, n, first, sp, MTS_SPLIT_ISOLATED, out);
+    default:
+        return -1;
+    }
+}
+
+/* Runs the pre-tokenizer steps over v[0..n) and the model over each resulting piece. */
+static int pretok_and_model(const mts_tokenizer *t, const uint32_t *v, size_t n, int first, mts_ids *out,
+                            size_t limit)
+{
+    if (t->n_pre == 0) return n ? mts_tok_model_word(t, v, n, out) : 0;
+    pieces a = {0}, b = {0};
+    spans sp = {0};
+    mts_cps tmp = {0};
+    int rc = -1;
+    if (pieces_add(&a, v, n, first)) goto done;
+    for (int k = 0; k < t->n_pre; k++) {
+        b.n = 0;
+        b.buf.n = 0;
+        for (size_t i = 0; i < a.n; i++)
+            if (pre_step(&t->pre[k], a.buf.v + a.off[i], a.off[i + 1] - a.off[i], a.first[i], &b, &sp, &tmp))
+                goto done;
+        pieces x = a;
+        a = b;
+        b = x;
+    }
+    for (size_t i = 0; i < a.n && out->n < limit; i++)
+        if (mts_tok_model_word(t, a.buf.v + a.off[i], a.off[i + 1] - a.off[i], out)) goto done;
+    rc = 0;
+done:
+    pieces_free(&a);
+    pieces_free(&b);
+    free(sp.v);
+    free(tmp.v);
+    return rc;
 }
 
 /* ---- WordPiece ---------------------------------------------------------------------------------- */
@@ -328,27 +625,89 @@ int mts_ids_push(mts_ids *o, int64_t id)
 
 /* ---- encoding ------------------------------------------------------------------------------------- */
 
-typedef struct word_ctx {
-    const mts_tokenizer *t;
-    mts_ids *out;
-    size_t limit; /* stop once this many tokens are out */
-    int failed;
-} word_ctx;
-
-static int on_word(void *arg, const uint32_t *w, size_t n)
-{
-    word_ctx *c = arg;
-    if (mts_tok_model_word(c->t, w, n, c->out)) {
-        c->failed = 1;
-        return 1;
-    }
-    return c->out->n >= c->limit ? 2 : 0;
-}
-
 int mts_tok_model_word(const mts_tokenizer *t, const uint32_t *w, size_t n, mts_ids *out)
 {
     if (t->kind == MTS_TOK_WORDPIECE) return mts_wordpiece_word(t, w, n, out);
     return mts_tok_model_word_ext(t, w, n, out);
+}
+
+/* The longest added token (of the given normalized kind) starting at v[i], or NULL. The table
+ * is sorted by first code point, so only the tokens sharing v[i] are compared. */
+static const mts_added *added_at(const mts_tokenizer *t, const uint32_t *v, size_t n, size_t i, int normalized)
+{
+    int lo = 0, hi = t->n_added;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (t->added[mid].cps[0] < v[i]) lo = mid + 1;
+        else hi = mid;
+    }
+    const mts_added *best = NULL;
+    for (int k = lo; k < t->n_added && t->added[k].cps[0] == v[i]; k++) {
+        const mts_added *a = &t->added[k];
+        if (a->normalized != normalized || a->n > n - i || (best && a->n <= best->n)) continue;
+        if (memcmp(a->cps, v + i, a->n * sizeof *v) == 0) best = a;
+    }
+    return best;
+}
+
+typedef struct enc_ctx {
+    const mts_tokenizer *t;
+    mts_ids *out;
+    size_t limit; /* stop once this many tokens are out */
+} enc_ctx;
+
+/* Splits v[0..n) on added tokens of one kind: the text between them goes to fn, the tokens'
+ * ids to the output. lstrip / rstrip tokens take the white space beside them. */
+static int split_added(enc_ctx *c, const uint32_t *v, size_t n, int first, int normalized,
+                       int (*fn)(enc_ctx *, const uint32_t *, size_t, int))
+{
+    const mts_tokenizer *t = c->t;
+    size_t pos = 0;
+    for (size_t i = 0; i < n && c->out->n < c->limit;) {
+        const mts_added *a = t->n_added ? added_at(t, v, n, i, normalized) : NULL;
+        if (!a) {
+            i++;
+            continue;
+        }
+        size_t s = i, e = i + a->n;
+        if (a->lstrip)
+            while (s > pos && mts_uc_is_white_space(v[s - 1])) s--;
+        if (a->rstrip)
+            while (e < n && mts_uc_is_white_space(v[e])) e++;
+        if (s > pos && fn(c, v + pos, s - pos, first && pos == 0)) return -1;
+        if (c->out->n < c->limit && mts_ids_push(c->out, a->id)) return -1;
+        pos = i = e;
+    }
+    if (pos < n && c->out->n < c->limit && fn(c, v + pos, n - pos, first && pos == 0)) return -1;
+    return 0;
+}
+
+static int do_pieces(enc_ctx *c, const uint32_t *v, size_t n, int first)
+{
+    return pretok_and_model(c->t, v, n, first, c->out, c->limit);
+}
+
+/* One stretch of the original text between added tokens: normalize, then split on the
+ * normalized added tokens. */
+static int do_segment(enc_ctx *c, const uint32_t *v, size_t n, int first)
+{
+    const mts_tokenizer *t = c->t;
+    mts_cps a = {0}, b = {0};
+    int rc = -1;
+    if (mts_cps_reserve(&a, n + 1)) goto done;
+    memcpy(a.v, v, n * sizeof *v);
+    a.n = n;
+    for (int i = 0; i < t->n_norm; i++) {
+        if (mts_norm_apply(&t->norm[i], &a, &b)) goto done;
+        mts_cps x = a;
+        a = b;
+        b = x;
+    }
+    rc = split_added(c, a.v, a.n, first, 1, do_pieces);
+done:
+    free(a.v);
+    free(b.v);
+    return rc;
 }
 
 int mts_tokenize(const mts_tokenizer *t, const char *text, size_t len, int max_tokens,
@@ -356,6 +715,7 @@ int mts_tokenize(const mts_tokenizer *t, const char *text, size_t len, int max_t
 {
     if (!t) return mts_tok_err(err, errlen, "tokenize: no tokenizer");
     if (!text && len) return mts_tok_err(err, errlen, "tokenize: no text");
+    if (cap < 0 || (!ids && cap > 0)) return mts_tok_err(err, errlen, "tokenize: no output array");
     if (len > MTS_TOK_MAX_TEXT)
         return mts_tok_err(err, errlen, "tokenize: text of %zu bytes is longer than the limit of %d bytes", len,
                            MTS_TOK_MAX_TEXT);
@@ -366,7 +726,7 @@ int mts_tokenize(const mts_tokenizer *t, const char *text, size_t len, int max_t
         return mts_tok_err(err, errlen, "tokenize: max_tokens %d leaves no room for the %d special tokens", max_tokens,
                            n_special);
     const unsigned char *s = (const unsigned char *)text;
-    mts_cps a = {0}, b = {0};
+    mts_cps a = {0};
     mts_ids out = {0};
     int rc = -1;
     if (mts_cps_reserve(&a, len + 1)) goto oom;
@@ -380,22 +740,18 @@ int mts_tokenize(const mts_tokenizer *t, const char *text, size_t len, int max_t
         a.v[a.n++] = cp;
         i += (size_t)k;
     }
-    for (int i = 0; i < t->n_norm; i++) {
-        if (mts_norm_apply(&t->norm[i], &a, &b)) goto oom;
-        mts_cps tmp = a;
-        a = b;
-        b = tmp;
-    }
     size_t budget = (size_t)(max_tokens - n_special);
-    word_ctx c = {t, &out, budget, 0};
-    if (t->n_pre == 0 && t->pre_bert) {
-        bert_words(a.v, a.n, on_word, &c);
-    } else {
-        if (mts_pretok_run(t, &a, on_word, &c)) goto oom;
+    /* Truncation on the right stops the work once the budget is spent; on the left every token
+     * is needed (the last ones are kept). */
+    enc_ctx c = {t, &out, t->trunc_left ? SIZE_MAX : budget};
+    if (split_added(&c, a.v, a.n, 1, 0, do_segment)) goto oom;
+    const int64_t *seq = out.v;
+    size_t nseq = out.n;
+    if (nseq > budget) {
+        if (t->trunc_left) seq += nseq - budget;
+        nseq = budget;
     }
-    if (c.failed) goto oom;
-    if (out.n > budget) out.n = budget;
-    int total = (int)out.n + n_special;
+    int total = (int)nseq + n_special;
     if (total > cap) {
         mts_tok_err(err, errlen, "tokenize: the encoding has %d tokens but the output holds only %d", total, cap);
         goto fail;
@@ -404,8 +760,8 @@ int mts_tokenize(const mts_tokenizer *t, const char *text, size_t len, int max_t
     for (int i = 0; i < t->post.n_single; i++) {
         const mts_post_piece *p = &t->post.single[i];
         if (p->is_seq) {
-            for (size_t j = 0; j < out.n; j++) {
-                ids[k] = out.v[j];
+            for (size_t j = 0; j < nseq; j++) {
+                ids[k] = seq[j];
                 if (type_ids) type_ids[k] = p->type_id;
                 k++;
             }
@@ -421,9 +777,50 @@ oom:
     mts_tok_err(err, errlen, "tokenize: out of memory (text of %zu bytes)", len);
 fail:
     free(a.v);
-    free(b.v);
     free(out.v);
     return rc;
+}
+
+/* ---- added tokens ----------------------------------------------------------------------------------- */
+
+int mts_tok_add_added(mts_tokenizer *t, const char *s, size_t n, int64_t id, int normalized, int lstrip, int rstrip)
+{
+    if (n == 0) return 0; /* an empty added token never matches */
+    mts_added *p = realloc(t->added, (size_t)(t->n_added + 1) * sizeof *p);
+    if (!p) return -1;
+    t->added = p;
+    mts_added *a = &p[t->n_added];
+    memset(a, 0, sizeof *a);
+    a->cps = malloc(n * sizeof *a->cps);
+    if (!a->cps) return -1;
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        int k = mts_utf8_decode((const unsigned char *)s + i, n - i, &cp);
+        if (!k) { /* callers pass valid UTF-8 (JSON strings are checked) */
+            free(a->cps);
+            return -1;
+        }
+        a->cps[a->n++] = cp;
+        i += (size_t)k;
+    }
+    a->id = id;
+    a->normalized = normalized;
+    a->lstrip = lstrip;
+    a->rstrip = rstrip;
+    t->n_added++;
+    return 0;
+}
+
+static int added_cmp(const void *x, const void *y)
+{
+    const mts_added *a = x, *b = y;
+    if (a->cps[0] != b->cps[0]) return a->cps[0] < b->cps[0] ? -1 : 1;
+    return a->id < b->id ? -1 : a->id > b->id;
+}
+
+void mts_tok_sort_added(mts_tokenizer *t)
+{
+    if (t->n_added > 1) qsort(t->added, (size_t)t->n_added, sizeof *t->added, added_cmp);
 }
 
 /* ---- vocab.txt -------------------------------------------------------------------------------------- */
@@ -497,7 +894,18 @@ static mts_tokenizer *load_vocab_txt(const char *data, size_t len, int lowercase
         t->norm[t->n_norm++].kind = MTS_NORM_STRIP_ACCENTS_NFD;
         t->norm[t->n_norm++].kind = MTS_NORM_LOWER;
     }
-    t->pre_bert = 1;
+    t->pre[t->n_pre++].kind = MTS_PRE_BERT;
+    /* As transformers' BertTokenizerFast: the special tokens are matched in the text. */
+    static const char *const specials[] = {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"};
+    for (int k = 0; k < 5; k++) {
+        int64_t sid = mts_vocab_get(&t->vocab, specials[k], strlen(specials[k]));
+        if (sid >= 0 && mts_tok_add_added(t, specials[k], strlen(specials[k]), sid, 0, 0, 0)) {
+            mts_tokenizer_free(t);
+            mts_tok_err(err, errlen, "vocab.txt: out of memory");
+            return NULL;
+        }
+    }
+    mts_tok_sort_added(t);
     snprintf(t->wp_prefix, sizeof t->wp_prefix, "##");
     t->wp_max_chars = 100;
     t->max_len = 512;
@@ -586,6 +994,13 @@ void mts_tokenizer_free(mts_tokenizer *t)
 {
     if (!t) return;
     mts_vocab_free(&t->vocab);
+    for (int i = 0; i < t->n_added; i++) free(t->added[i].cps);
+    free(t->added);
+    for (int i = 0; i < t->n_norm; i++) {
+        free(t->norm[i].pat);
+        free(t->norm[i].rep);
+    }
+    for (int i = 0; i < t->n_pre; i++) free(t->pre[i].pat);
     mts_tokenizer_free_ext(t);
     free(t);
 }

@@ -55,7 +55,8 @@ enum {
     MTS_NORM_BERT_CJK,            /* ' ' around CJK ideographs */
     MTS_NORM_NFD,                 /* canonical decomposition + ordering */
     MTS_NORM_STRIP_ACCENTS_NFD,   /* NFD, then drop Mn (BERT's strip_accents) */
-    MTS_NORM_STRIP_MN,            /* drop Mn (StripAccents) */
+    MTS_NORM_STRIP_MN,            /* drop Mn */
+    MTS_NORM_STRIP_M,             /* drop M* (StripAccents) */
     MTS_NORM_LOWER,               /* per-character full lower-case mapping */
     MTS_NORM_EXT = 100,           /* steps implemented in tokenizer_json.c from here on */
     MTS_NORM_STRIP,
@@ -91,15 +92,35 @@ typedef struct mts_post {
 
 void mts_post_bert(mts_post *p, int64_t cls, int64_t sep);
 
-/* Called for each word the pre-tokenizer produces; non-zero stops the split (and is returned). */
-typedef int (*mts_word_fn)(void *arg, const uint32_t *w, size_t n);
+/* Pre-tokenizer steps: each splits every piece of the previous step's output. */
+enum {
+    MTS_PRE_BERT = 1,      /* White_Space removed, punctuation isolated */
+    MTS_PRE_WHITESPACE,    /* \w+|[^\w\s]+ */
+    MTS_PRE_WS_SPLIT,      /* White_Space removed */
+    MTS_PRE_PUNCT,         /* punctuation, per behavior */
+    MTS_PRE_DIGITS,        /* digits isolated (flag1: one by one) */
+    MTS_PRE_METASPACE,     /* ' ' -> repl, prepend (flag1: 0 never, 1 always, 2 first), split (flag2) */
+    MTS_PRE_BYTELEVEL,     /* prefix space (flag1), GPT-2 regex (flag2), bytes -> printable chars */
+    MTS_PRE_SPLIT_STR,     /* literal pattern, per behavior */
+    MTS_PRE_SPLIT_GPT2,    /* GPT-2 regex, isolated */
+};
+enum { MTS_SPLIT_REMOVED, MTS_SPLIT_ISOLATED, MTS_SPLIT_PREV, MTS_SPLIT_NEXT, MTS_SPLIT_CONTIGUOUS };
 
 typedef struct mts_pre_step {
     int kind;
-    int flag1, flag2;      /* per kind: add_prefix_space, use_regex, prepend_scheme, ... */
-    int behavior;          /* Split / Punctuation: removed, isolated, merged_with_previous, ... */
+    int flag1, flag2;
+    int behavior;
     uint32_t repl;         /* Metaspace replacement */
+    uint32_t *pat;         /* Split: literal pattern */
+    size_t pat_n;
 } mts_pre_step;
+
+typedef struct mts_added {
+    uint32_t *cps;         /* content (normalized when `normalized`) */
+    size_t n;
+    int64_t id;
+    int normalized, lstrip, rstrip;
+} mts_added;
 
 struct mts_tokenizer {
     int kind;
@@ -109,9 +130,11 @@ struct mts_tokenizer {
     int max_len;           /* truncation limit from the file; 0: none */
     mts_norm_step norm[MTS_TOK_MAX_STEPS];
     int n_norm;
-    int pre_bert;          /* BERT pre-tokenizer (only step) */
     mts_pre_step pre[MTS_TOK_MAX_STEPS];
     int n_pre;
+    mts_added *added;      /* sorted by first code point */
+    int n_added;
+    int trunc_left;        /* truncation keeps the last tokens */
     /* WordPiece */
     char wp_prefix[32];
     int wp_max_chars;
@@ -124,10 +147,13 @@ int mts_tok_err(char *err, size_t errlen, const char *fmt, ...) __attribute__((f
 int mts_wordpiece_word(const mts_tokenizer *t, const uint32_t *w, size_t n, mts_ids *out);
 int mts_tok_model_word(const mts_tokenizer *t, const uint32_t *w, size_t n, mts_ids *out);
 
+/* Adds an added token (UTF-8 content); sort once all are in. */
+int mts_tok_add_added(mts_tokenizer *t, const char *s, size_t n, int64_t id, int normalized, int lstrip, int rstrip);
+void mts_tok_sort_added(mts_tokenizer *t);
+
 /* tokenizer_json.c */
 mts_tokenizer *mts_tokenizer_load_json(const char *data, size_t len, int lowercase, char *err, size_t errlen);
 int mts_tok_model_word_ext(const mts_tokenizer *t, const uint32_t *w, size_t n, mts_ids *out);
-int mts_pretok_run(const mts_tokenizer *t, const mts_cps *text, mts_word_fn fn, void *arg);
 void mts_tokenizer_free_ext(mts_tokenizer *t);
 
 #endif

