@@ -94,7 +94,16 @@ typedef struct embed_call {
     char msg[MTS_ERR_MSG_MAX];
     float *vecs;
     int64_t dim;
+    /* the parts (bucket spans of the length order), submitted MAX_PARTS_IN_FLIGHT at a time */
+    int *order;
+    struct { int from, to, len; } *spans;
+    int n_spans, next_span;
 } embed_call;
+
+/* Parts of one request queued or running at once: a large request takes a bounded share of
+ * its model's queue (queue_size) and the next part is submitted as one completes, while
+ * concurrent requests' parts still batch together. */
+#define MAX_PARTS_IN_FLIGHT 4
 
 typedef struct embed_part {
     mts_request req;
@@ -112,6 +121,8 @@ static void call_free(embed_call *c)
     free(c->nt);
     free(c->arena);
     free(c->vecs);
+    free(c->order);
+    free(c->spans);
     free(c);
 }
 
@@ -141,6 +152,17 @@ static void call_fail(embed_call *c, int status, const char *fmt, const char *de
         snprintf(c->msg, sizeof c->msg, fmt, detail);
     }
     pthread_mutex_unlock(&c->lock);
+}
+
+static void submit_part(embed_call *c, const int *order, int from, int to, int len);
+
+/* Submits the next part when one is left and nothing failed. */
+static void submit_next(embed_call *c)
+{
+    pthread_mutex_lock(&c->lock);
+    int k = !c->status && c->next_span < c->n_spans ? c->next_span++ : -1;
+    pthread_mutex_unlock(&c->lock);
+    if (k >= 0) submit_part(c, c->order, c->spans[k].from, c->spans[k].to, c->spans[k].len);
 }
 
 static void part_done(mts_request *req, int status, const char *msg)
@@ -186,6 +208,7 @@ static void part_done(mts_request *req, int status, const char *msg)
     free(p->n);
     free(p->buf);
     free(p);
+    submit_next(c); /* before dropping this part's reference: the call stays alive */
     call_unref(c);
 }
 
@@ -308,15 +331,22 @@ static void dispatch(embed_call *c)
         call_unref(c);
         return;
     }
-    int i = 0;
-    while (i < c->n) {
+    c->order = order;
+    c->spans = malloc(sizeof *c->spans * (size_t)c->n);
+    if (!c->spans) {
+        call_fail(c, MTS_ENOMEM, "%s", "out of memory");
+        call_unref(c);
+        return;
+    }
+    for (int i = 0; i < c->n;) {
         int len = mts_embed_bucket(&c->e, c->nt[order[i]]);
         int j = i;
         while (j < c->n && j - i < max_batch && c->nt[order[j]] <= len) j++;
-        submit_part(c, order, i, j, len);
+        c->spans[c->n_spans].from = i, c->spans[c->n_spans].to = j, c->spans[c->n_spans].len = len;
+        c->n_spans++;
         i = j;
     }
-    free(order);
+    for (int k = 0; k < MAX_PARTS_IN_FLIGHT; k++) submit_next(c);
     call_unref(c);
 }
 

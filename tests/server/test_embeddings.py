@@ -79,11 +79,14 @@ def pb(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, assets):
-    """One server for the module: minilm (the embedding model) and tiny (a tensor model)."""
+    """One server for the module: minilm (the embedding model), minilm_q8 (the same with
+    max_batch 8 and a queue of 8 requests) and tiny (a tensor model)."""
     _ensure_models()
     model, vocab = assets
     work = tmp_path_factory.mktemp("emb_server")
-    for name, path, cfg in (("minilm", model, dict(EMB_CFG, tokenizer=str(vocab))), ("tiny", TINY, None)):
+    for name, path, cfg in (("minilm", model, dict(EMB_CFG, tokenizer=str(vocab))),
+                            ("minilm_q8", model, dict(EMB_CFG, tokenizer=str(vocab), max_batch=8, queue_size=8)),
+                            ("tiny", TINY, None)):
         d = work / "repo" / name
         d.mkdir(parents=True)
         os.symlink(path, d / "model.onnx")
@@ -230,6 +233,30 @@ def test_concurrent_mixed_lengths_batch_like_one_by_one(server):
     samples = after["inference_count"] - before["inference_count"]
     assert samples == len(texts)
     assert runs < samples, f"{samples} concurrent texts ran in {runs} batches: no batching across requests"
+
+
+def test_large_requests_share_a_small_queue(server):
+    """Two concurrent requests of 96 texts (12 parts of up to 8 texts each) to a model whose
+    queue holds 8 requests: a request keeps a few parts in flight, so neither is refused as
+    queue-full, and the vectors are the ones the texts get alone."""
+    texts = [("tok " * (1 + i % 3)).strip() + f" {i}" for i in range(96)]
+    got = [None, None]
+
+    def one(k):
+        r = requests.post(server.url + "/v1/embeddings", json={"model": "minilm_q8", "input": texts}, timeout=120)
+        assert r.status_code == 200, r.text
+        got[k] = vectors(r.json())
+
+    threads = [threading.Thread(target=one, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got[0] is not None and got[1] is not None
+    assert got[0].shape == (96, 384) and np.allclose(got[0], got[1], atol=2e-6)
+    for i in (0, 5, 77, 95):
+        r = embed(server, texts[i], model="minilm_q8")
+        assert np.allclose(got[0][i], vectors(r)[0], atol=2e-6)
 
 
 def test_errors(server):
