@@ -6,6 +6,7 @@
 #include "api/embed_common.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -98,6 +99,7 @@ typedef struct embed_call {
     int *order;
     struct { int from, to, len; } *spans;
     int n_spans, next_span;
+    const mts_request *cancel; /* the front end's: cancelled when the client went away */
 } embed_call;
 
 /* Parts of one request queued or running at once: a large request takes a bounded share of
@@ -159,6 +161,8 @@ static void submit_part(embed_call *c, const int *order, int from, int to, int l
 /* Submits the next part when one is left and nothing failed. */
 static void submit_next(embed_call *c)
 {
+    if (c->cancel && atomic_load(&c->cancel->cancelled))
+        call_fail(c, MTS_ECANCELLED, "%s", "request cancelled: the client went away");
     pthread_mutex_lock(&c->lock);
     int k = !c->status && c->next_span < c->n_spans ? c->next_span++ : -1;
     pthread_mutex_unlock(&c->lock);
@@ -368,7 +372,7 @@ bool mts_embed_is_model(const mts_server *s, const char *model)
 }
 
 int mts_embed_submit(mts_server *s, const char *model, const mts_embed_input *in, int n, int64_t arrival_ns,
-                     mts_embed_done done, void *user, char *msg, size_t msglen)
+                     const mts_request *cancel, mts_embed_done done, void *user, char *msg, size_t msglen)
 {
     const mts_model_config *m = mts_config_find_model(mts_server_config(s), model);
     if (!m) {
@@ -400,6 +404,7 @@ int mts_embed_submit(mts_server *s, const char *model, const mts_embed_input *in
     c->arrival_ns = arrival_ns ? arrival_ns : mts_server_clock_ns();
     c->done = done;
     c->user = user;
+    c->cancel = cancel;
     c->pad_id = mts_tokenizer_pad_id(tok);
     c->ids = calloc((size_t)n, sizeof *c->ids);
     c->types = calloc((size_t)n, sizeof *c->types);

@@ -35,9 +35,12 @@ bool mts_embed_is_model(const mts_server *s, const char *model);
 /* Starts embedding n texts with model (the texts are read before it returns). Returns 0 when
  * done will be called, or an MTS_E* status with msg set and done not called: MTS_ENOTFOUND
  * unknown model, MTS_EINVAL not an embedding model / no texts / too many / a text too long or
- * not valid for the tokenizer, MTS_EUNAVAILABLE the tokenizer does not load. */
+ * not valid for the tokenizer, MTS_EUNAVAILABLE the tokenizer does not load. cancel (may be
+ * NULL) is a request the front end marks cancelled when its client goes away (mts_request_cancel):
+ * parts not yet submitted are then dropped and done gets MTS_ECANCELLED; it must stay valid until
+ * done has run. */
 int mts_embed_submit(mts_server *s, const char *model, const mts_embed_input *in, int n, int64_t arrival_ns,
-                     mts_embed_done done, void *user, char *msg, size_t msglen);
+                     const mts_request *cancel, mts_embed_done done, void *user, char *msg, size_t msglen);
 
 /* Splits a KServe BYTES tensor's binary form (each element a 4-byte little-endian length and
  * that many bytes) into texts pointing into p: returns the count, or -1 with msg saying which

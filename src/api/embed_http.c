@@ -2,7 +2,7 @@
  * POST /v1/embeddings (embed_http.h): the I/O thread parses and checks the JSON body and hands
  * the texts to the shared embedding path (embed_common.h), which tokenizes them before it
  * returns; the answer is encoded on the thread that completes the last part and written by the
- * I/O thread, which frees it.
+ * I/O thread, which frees it. A client that goes away stops the parts not yet submitted.
  */
 #include "api/embed_http.h"
 
@@ -18,6 +18,7 @@
 #define MAX_TOTAL_IDS (1 << 20) /* token ids in one request (8 MiB as int64) */
 
 typedef struct emb_call {
+    mts_request cancel; /* first: the front end's on_cancel marks it through hr->user (never submitted) */
     mts_http_conn *conn;
     char model[256];
     bool b64;
@@ -302,11 +303,14 @@ static void route_embeddings(mts_server *srv, mts_http_conn *c, mts_http_req *hr
     ec->b64 = !strcmp(fmt, "base64");
     ec->dims_wanted = dims;
     char msg[MTS_ERR_MSG_MAX];
-    int rc = mts_embed_submit(srv, ec->model, in, (int)n, mts_server_clock_ns(), embed_done, ec, msg, sizeof msg);
+    hr->user = ec; /* before submitting: the answer may go out (and ec be freed) inside it */
+    int rc = mts_embed_submit(srv, ec->model, in, (int)n, mts_server_clock_ns(), &ec->cancel, embed_done, ec, msg,
+                              sizeof msg);
     free(in);
     free(ids);
     mts_json_free(doc);
     if (rc) {
+        hr->user = NULL;
         free(ec);
         mts_route_error(c, rc, "%s", msg);
     }
@@ -417,10 +421,12 @@ bool mts_embed_kserve_infer(mts_server *srv, mts_http_conn *c, mts_http_req *hr,
     const mts_json *bo = mts_json_get(mts_json_get(o0, "parameters"), "binary_data");
     if (!bo) bo = mts_json_get(params, "binary_data_output");
     ec->binary_out = mts_json_type(bo) == MTS_JSON_BOOL && mts_json_bool(bo);
-    int rc = mts_embed_submit(srv, ec->model, in, n, arrival_ns, embed_done, ec, msg, sizeof msg);
+    hr->user = ec; /* before submitting: the answer may go out (and ec be freed) inside it */
+    int rc = mts_embed_submit(srv, ec->model, in, n, arrival_ns, &ec->cancel, embed_done, ec, msg, sizeof msg);
     free(in);
     mts_json_free(doc);
     if (rc) {
+        hr->user = NULL;
         free(ec->id);
         free(ec);
         mts_route_error(c, rc, "%s", msg);

@@ -113,7 +113,7 @@ bool mts__grpc_embed_infer(mts__grpc_call *c, Inference__ModelInferRequest *m, i
     g->msg = m;
     snprintf(g->out_name, sizeof g->out_name, "%s", m->n_outputs ? m->outputs[0]->name : "embedding");
     mts__grpc_call_ref(c);
-    int rc = mts_embed_submit(c->srv, m->model_name, in, n, arrival_ns, gemb_done, g, msg, sizeof msg);
+    int rc = mts_embed_submit(c->srv, m->model_name, in, n, arrival_ns, NULL, gemb_done, g, msg, sizeof msg);
     free(in);
     if (rc) {
         mts__grpc_fail_status(c, rc, msg);

@@ -18,6 +18,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -257,6 +258,26 @@ def test_large_requests_share_a_small_queue(server):
     for i in (0, 5, 77, 95):
         r = embed(server, texts[i], model="minilm_q8")
         assert np.allclose(got[0][i], vectors(r)[0], atol=2e-6)
+
+
+def test_client_gone_stops_the_rest(server):
+    """A client that gives up on a request of 800 texts (100 parts of 8): the parts not yet
+    submitted are dropped, so far fewer than 800 texts run, and the server goes on answering."""
+    texts = [("word " * 20).strip() + f" {i}" for i in range(800)]
+    before = server.model_stats("minilm_q8")["inference_count"]
+    with pytest.raises(requests.exceptions.Timeout):
+        requests.post(server.url + "/v1/embeddings", json={"model": "minilm_q8", "input": texts}, timeout=0.5)
+    # wait until the count stops moving (the parts in flight when the client left finish)
+    last, deadline = -1, time.monotonic() + 20
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = server.model_stats("minilm_q8")["inference_count"]
+        if now == last:
+            break
+        last = now
+    ran = last - before
+    assert 0 < ran < 400, f"{ran} of 800 texts ran after the client went away"
+    assert vectors(embed(server, "still answering", model="minilm_q8")).shape == (1, 384)
 
 
 def test_errors(server):
