@@ -861,6 +861,13 @@ static mts_tokenizer *load_json(ld *L, const char *data, size_t len)
     t->post.n_special_single = 0;
     int have = 0;
     if (parse_post(L, mts_json_get(root, "post_processor"), 0, &have)) goto fail;
+    /* the ids a model is fed must index its embedding table */
+    for (int i = 0; i < t->post.n_single; i++)
+        if (!t->post.single[i].is_seq && (t->post.single[i].id < 0 || t->post.single[i].id >= t->vocab.n_ids)) {
+            FAIL("post_processor: special token id %lld is outside the vocabulary (%d ids)",
+                 (long long)t->post.single[i].id, t->vocab.n_ids);
+            goto fail;
+        }
     const mts_json *tr = mts_json_get(root, "truncation");
     if (tr && mts_json_type(tr) != MTS_JSON_NULL) {
         int64_t ml;

@@ -123,6 +123,8 @@ static void test_errors(void **state)
          "\"merges\":[]}}", 1, "pre_tokenizer UnicodeScripts"},
         {"{\"post_processor\":{\"type\":\"Nope\"},\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]}}", 1,
          "post_processor Nope"},
+        {"{\"post_processor\":{\"type\":\"BertProcessing\",\"sep\":[\"a\",0],\"cls\":[\"b\",7]},\"model\":{"
+         "\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]}}", 1, "outside the vocabulary"},
         {"{\"added_tokens\":[{\"id\":0,\"content\":\"a\",\"single_word\":true}],\"model\":{\"type\":\"BPE\","
          "\"vocab\":{\"a\":0},\"merges\":[]}}", 1, "single_word"},
         {"{\"normalizer\":{\"type\":\"Sequence\",\"normalizers\":[{\"type\":\"Sequence\",\"normalizers\":[{\"type\":"

@@ -1,0 +1,73 @@
+"""Pipeline variants for the tokenizer oracle test: tokenizer.json documents built from the real
+vocabularies (BERT WordPiece, GPT-2 byte-level BPE, the 32k byte-fallback BPE) with other
+normalizers, pre-tokenizers, post-processors and truncation settings, so that every implemented
+step is compared with the reference library, which loads the same documents.
+
+usage: variants.py BERT.json GPT2.json LLAMA.json OUTDIR   (writes OUTDIR/<name>.json)
+"""
+import copy
+import json
+import os
+import sys
+
+
+GPT2_RE = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
+
+
+def variants(bert, gpt2, llama):
+    out = {}
+    def v(name, base, **kw):
+        d = copy.deepcopy(base)
+        d.update(kw)
+        out[name] = d
+    tmpl = {"type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": "[CLS]", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 1}},
+                       {"SpecialToken": {"id": "[SEP]", "type_id": 1}}],
+            "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {"[CLS]": {"id": "[CLS]", "ids": [101], "tokens": ["[CLS]"]},
+                               "[SEP]": {"id": "[SEP]", "ids": [102], "tokens": ["[SEP]"]}}}
+    v("wp_whitespace", bert, normalizer={"type": "Sequence", "normalizers": [
+        {"type": "NFD"}, {"type": "Lowercase"}, {"type": "StripAccents"}, {"type": "Strip", "strip_left": True, "strip_right": True}]},
+      pre_tokenizer={"type": "Whitespace"}, post_processor=tmpl)
+    v("wp_punct_digits", bert, normalizer={"type": "BertNormalizer", "clean_text": True, "handle_chinese_chars": False,
+                                           "strip_accents": True, "lowercase": False},
+      pre_tokenizer={"type": "Sequence", "pretokenizers": [{"type": "WhitespaceSplit"},
+                                                            {"type": "Punctuation", "behavior": "Contiguous"},
+                                                            {"type": "Digits", "individual_digits": True}]})
+    v("wp_chardelim_left", bert, normalizer={"type": "Lowercase"},
+      pre_tokenizer={"type": "Sequence", "pretokenizers": [{"type": "CharDelimiterSplit", "delimiter": " "},
+                                                            {"type": "Punctuation", "behavior": "MergedWithPrevious"},
+                                                            {"type": "Digits", "individual_digits": False}]},
+      truncation={"direction": "Left", "max_length": 20, "strategy": "LongestFirst", "stride": 0})
+    v("bpe_gpt2_split_roberta", gpt2, pre_tokenizer={"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": GPT2_RE}, "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": False}]},
+      post_processor={"type": "RobertaProcessing", "sep": ["<|endoftext|>", 50256], "cls": ["<|endoftext|>", 50256],
+                      "trim_offsets": True, "add_prefix_space": True})
+    v("bpe_metaspace_first", llama, normalizer={"type": "Replace", "pattern": {"String": "\t"}, "content": " "},
+      pre_tokenizer={"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first", "split": True})
+    v("bpe_metaspace_always_nosplit", llama, normalizer={"type": "Sequence", "normalizers": [
+        {"type": "Strip", "strip_left": True, "strip_right": False}, {"type": "Prepend", "prepend": "\u2581"}]},
+      pre_tokenizer={"type": "Sequence", "pretokenizers": [
+          {"type": "Split", "pattern": {"String": "-"}, "behavior": "MergedWithNext", "invert": False},
+          {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always", "split": False}]})
+    return out
+
+
+def write(bert_path, gpt2_path, llama_path, outdir):
+    """Writes every variant; returns {name: path}."""
+    docs = []
+    for p in (bert_path, gpt2_path, llama_path):
+        with open(p) as f:
+            docs.append(json.load(f))
+    paths = {}
+    for name, d in variants(*docs).items():
+        paths[name] = os.path.join(outdir, name + ".json")
+        with open(paths[name], "w") as f:
+            json.dump(d, f)
+    return paths
+
+
+if __name__ == "__main__":
+    for name, path in write(*sys.argv[1:5]).items():
+        print(name, path)
