@@ -721,10 +721,12 @@ int mts_tokenize(const mts_tokenizer *t, const char *text, size_t len, int max_t
                            MTS_TOK_MAX_TEXT);
     if (max_tokens < 0) return mts_tok_err(err, errlen, "tokenize: max_tokens %d is negative", max_tokens);
     if (max_tokens == 0) max_tokens = t->max_len > 0 ? t->max_len : 512;
+    /* the output array bounds the encoding too: it is truncated (special tokens kept) to fit */
+    if (max_tokens > cap) max_tokens = cap;
     int n_special = t->post.n_special_single;
     if (max_tokens < n_special)
-        return mts_tok_err(err, errlen, "tokenize: max_tokens %d leaves no room for the %d special tokens", max_tokens,
-                           n_special);
+        return mts_tok_err(err, errlen, "tokenize: a limit of %d tokens (max_tokens or the output's size) leaves no "
+                           "room for the %d special tokens", max_tokens, n_special);
     const unsigned char *s = (const unsigned char *)text;
     mts_cps a = {0};
     mts_ids out = {0};
@@ -750,11 +752,6 @@ int mts_tokenize(const mts_tokenizer *t, const char *text, size_t len, int max_t
     if (nseq > budget) {
         if (t->trunc_left) seq += nseq - budget;
         nseq = budget;
-    }
-    int total = (int)nseq + n_special;
-    if (total > cap) {
-        mts_tok_err(err, errlen, "tokenize: the encoding has %d tokens but the output holds only %d", total, cap);
-        goto fail;
     }
     int k = 0;
     for (int i = 0; i < t->post.n_single; i++) {

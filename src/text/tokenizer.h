@@ -35,7 +35,10 @@ void mts_tokenizer_free(mts_tokenizer *t);
  * special tokens the tokenizer adds ([CLS] ... [SEP] for BERT), truncated to max_tokens (0: the
  * tokenizer's own limit or 512). Writes up to cap ids / type ids (type_ids may be NULL) and
  * returns the number written, or -1 with a message. Thread-safe (a loaded tokenizer is
- * read-only). No padding: callers pad with mts_tokenizer_pad_id. */
+ * read-only). No padding: callers pad with mts_tokenizer_pad_id.
+ * (cap acts as one more truncation limit: a longer encoding is truncated like max_tokens does,
+ * keeping the special tokens, so [SEP] is never cut off; a limit below the number of special
+ * tokens is an error.) */
 int mts_tokenize(const mts_tokenizer *t, const char *text, size_t len, int max_tokens,
                  int64_t *ids, int64_t *type_ids, int cap, char *err, size_t errlen);
 int64_t mts_tokenizer_pad_id(const mts_tokenizer *t);
