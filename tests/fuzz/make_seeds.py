@@ -278,6 +278,10 @@ def tokenizer(d):
           '"model":{"type":"WordPiece","unk_token":"[UNK]","vocab":{"[UNK]":0,"_a":1,"##b":2}},'
           '"post_processor":{"type":"BertProcessing","sep":["[UNK]",0],"cls":["[UNK]",0]},"truncation":{"max_length":4}}')
     put(d, "json_wp", b"json\n" + wp.encode() + b"\0A b ab")
+    uni = ('{"model":{"type":"Unigram","unk_id":0,"byte_fallback":true,"vocab":[["<unk>",0],["a",-1],["b",-1],'
+           '["ab",-1.5],["<0x78>",-2]]},"normalizer":{"type":"StripAccents"},"pre_tokenizer":{"type":"Metaspace",'
+           '"replacement":"_","prepend_scheme":"always","split":true}}')
+    put(d, "json_unigram", b"json\n" + uni.encode() + b"\0ab xyz b\xc3\xa1")
 
 
 def main():

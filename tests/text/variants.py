@@ -51,6 +51,18 @@ def variants(bert, gpt2, llama):
       pre_tokenizer={"type": "Sequence", "pretokenizers": [
           {"type": "Split", "pattern": {"String": "-"}, "behavior": "MergedWithNext", "invert": False},
           {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always", "split": False}]})
+    # Unigram over the 32k vocabulary with made-up scores (no real Unigram tokenizer.json was
+    # found on npm): deterministic, spread over [-17, -1], so Viterbi has real choices to make.
+    # They are multiples of 1/64, exact in binary: the reference reads JSON numbers with
+    # serde_json's fast float parser, which can be one unit in the last place off the correctly
+    # rounded value this project's parser gives, and that would decide exact ties differently.
+    toks = sorted(llama["model"]["vocab"].items(), key=lambda kv: kv[1])
+    uvocab = [[tok, -1.0 - ((i * 2654435761) % 1024) / 64.0] for tok, i in toks]
+    uni = {"type": "Unigram", "unk_id": 0, "vocab": uvocab, "byte_fallback": True}
+    v("unigram_bytefallback", llama, model=uni)
+    uni2 = dict(uni, byte_fallback=False)
+    v("unigram_metaspace_fuse_unk", llama, model=uni2, normalizer={"type": "NFD"},
+      pre_tokenizer={"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always", "split": True})
     return out
 
 

@@ -1,5 +1,5 @@
 /*
- * Tokenizer unit tests (src/text): a small hand-made WordPiece vocabulary and BPE tokenizer.json
+ * Tokenizer unit tests (src/text): small hand-made WordPiece, BPE and Unigram tokenizers
  * with known encodings; the errors a caller meets (invalid UTF-8 with its byte offset, an output
  * array or max_tokens below the special tokens; a short array truncates); rejected files (empty or malformed
  * vocab.txt, malformed JSON, and every declined tokenizer.json construct, which must name
@@ -106,7 +106,8 @@ static void test_errors(void **state)
         {"{", 1, "JSON"},
         {"[]", 1, "not an object"},
         {"{}", 1, "model"},
-        {"{\"model\":{\"type\":\"Unigram\",\"vocab\":[[\"a\",0.0]]}}", 1, "model Unigram is not supported"},
+        {"{\"model\":{\"type\":\"Unigram\",\"vocab\":[[\"a\",0.0]]}}", 1, "no unk_id"},
+        {"{\"model\":{\"type\":\"Unigram\",\"unk_id\":0,\"vocab\":[[\"a\",\"x\"]]}}", 1, "vocab entry 0"},
         {"{\"model\":{\"type\":\"WordLevel\",\"vocab\":{\"a\":0},\"unk_token\":\"a\"}}", 1, "model WordLevel"},
         {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1},\"merges\":[\"a b\"]}}", 1, "not in the vocabulary"},
         {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[\"a\"]}}", 1, "merge 0"},
@@ -175,6 +176,22 @@ static void test_bpe(void **state)
     assert_int_equal(mts_tokenize(t, "hello", 5, 0, ids, types, 8, err, sizeof err), 2);
     assert_int_equal(types[0], 0);
     assert_int_equal(types[1], 1);
+    mts_tokenizer_free(t);
+}
+
+static void test_unigram(void **state)
+{
+    (void)state;
+    static const char J[] = "{\"model\":{\"type\":\"Unigram\",\"unk_id\":0,\"vocab\":[[\"<unk>\",0],[\"a\",-1],"
+                            "[\"b\",-1],[\"ab\",-1.5],[\"abc\",-9],[\"c\",-3]]},"
+                            "\"pre_tokenizer\":{\"type\":\"WhitespaceSplit\"}}";
+    char err[256];
+    mts_tokenizer *t = mts_tokenizer_load_mem(J, strlen(J), 1, -1, err, sizeof err);
+    if (!t) fail_msg("%s", err);
+    assert_string_equal(mts_tokenizer_kind(t), "unigram");
+    expect(t, "ab", (int64_t[]){3}, 1);        /* -1.5 beats a + b = -2 */
+    expect(t, "abc", (int64_t[]){3, 5}, 2);    /* ab + c = -4.5 beats abc = -9 */
+    expect(t, "axyb a", (int64_t[]){1, 0, 2, 1}, 4); /* x, y: one fused unknown */
     mts_tokenizer_free(t);
 }
 
@@ -287,6 +304,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_wordpiece), cmocka_unit_test(test_errors),  cmocka_unit_test(test_bpe),
+        cmocka_unit_test(test_unigram),
         cmocka_unit_test(test_hostile),   cmocka_unit_test(test_unicode), cmocka_unit_test(test_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
