@@ -10,7 +10,8 @@
  * characters, or one that cannot be matched, becomes [UNK]. The result is wrapped as
  * [CLS] ... [SEP]. A Hugging Face `tokenizer.json` (recognised by content: it starts with '{')
  * describes the pipeline itself (normalizer, pre-tokenizer, model, post-processor, truncation);
- * see tokenizer.c for what of it is implemented. A construct that is not implemented makes the
+ * tokenizer_json.c and docs/tokenizers.md list what of it is implemented; for such a file the
+ * `lowercase` argument is ignored (the file decides). A construct that is not implemented makes the
  * load fail with a message naming it, so that a tokenizer never silently produces ids different
  * from the reference implementation.
  *
