@@ -1013,6 +1013,7 @@ const char *mts_tokenizer_kind(const mts_tokenizer *t)
     case MTS_TOK_WORDPIECE: return "wordpiece";
     case MTS_TOK_BPE: return "bpe";
     case MTS_TOK_UNIGRAM: return "unigram";
+    case MTS_TOK_WORDLEVEL: return "wordlevel";
     default: return "unknown";
     }
 }

@@ -44,6 +44,6 @@ int mts_tokenize(const mts_tokenizer *t, const char *text, size_t len, int max_t
                  int64_t *ids, int64_t *type_ids, int cap, char *err, size_t errlen);
 int64_t mts_tokenizer_pad_id(const mts_tokenizer *t);
 int mts_tokenizer_vocab_size(const mts_tokenizer *t);
-const char *mts_tokenizer_kind(const mts_tokenizer *t);   /* "wordpiece", "bpe", "unigram" */
+const char *mts_tokenizer_kind(const mts_tokenizer *t);   /* "wordpiece", "bpe", "unigram" (or "wordlevel") */
 
 #endif

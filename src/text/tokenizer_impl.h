@@ -17,7 +17,7 @@
 #define MTS_TOK_MAX_STEPS 16          /* normalizer or pre-tokenizer steps */
 #define MTS_TOK_MAX_POST 16           /* pieces of a post-processor template */
 
-enum { MTS_TOK_WORDPIECE = 1, MTS_TOK_BPE, MTS_TOK_UNIGRAM };
+enum { MTS_TOK_WORDPIECE = 1, MTS_TOK_BPE, MTS_TOK_UNIGRAM, MTS_TOK_WORDLEVEL };
 
 /* Token bytes <-> id: open addressing over ids; the token texts live in one arena. */
 typedef struct mts_vocab {

@@ -10,11 +10,11 @@
  *                  GPT-2 regex exactly), Sequence
  *   model          WordPiece, BPE (merges in either spelling, byte_fallback, fuse_unk,
  *                  ignore_merges, continuing_subword_prefix, end_of_word_suffix), Unigram
- *                  (Viterbi over the scores, unknowns fused, byte_fallback)
+ *                  (Viterbi over the scores, unknowns fused, byte_fallback), WordLevel
  *   post_processor TemplateProcessing, BertProcessing, RobertaProcessing, ByteLevel, Sequence
  *   added_tokens   matched in the raw text (normalized: false) or in the normalized text, with
  *                  lstrip / rstrip; truncation (max_length, direction); padding (pad_id)
- * Declined, with a message naming the construct: the WordLevel model, NFC / NFKC /
+ * Declined, with a message naming the construct: NFC / NFKC /
  * NFKD, Precompiled and Nmt normalizers (they need composition or compatibility tables that are
  * not generated), regular expressions other than GPT-2's, UnicodeScripts, BPE dropout,
  * single_word added tokens, inverted splits. Every size read from the file is checked (ids below
@@ -309,6 +309,16 @@ int mts_tok_model_word_ext(const mts_tokenizer *t, const uint32_t *w, size_t n, 
 {
     if (t->kind == MTS_TOK_BPE) return bpe_word(t, t->ext, w, n, out);
     if (t->kind == MTS_TOK_UNIGRAM) return n ? unigram_word(t, t->ext, w, n, out) : 0;
+    if (t->kind == MTS_TOK_WORDLEVEL) {
+        /* the whole word or <unk> */
+        char *u8 = malloc(4 * n + 1);
+        if (!u8) return -1;
+        size_t m = 0;
+        for (size_t i = 0; i < n; i++) m += (size_t)mts_utf8_encode(w[i], u8 + m);
+        int64_t id = mts_vocab_get(&t->vocab, u8, m);
+        free(u8);
+        return mts_ids_push(out, id >= 0 ? id : t->unk_id);
+    }
     return -1;
 }
 
@@ -917,7 +927,20 @@ static int parse_model(ld *L, const mts_json *m, int64_t min_ids)
         return parse_bpe(L, m);
     }
     if (!strcmp(type, "Unigram")) return parse_unigram(L, m, min_ids);
-    return FAIL("model %s is not supported (implemented: WordPiece, BPE, Unigram)", type);
+    if (!strcmp(type, "WordLevel")) {
+        if (load_vocab_map(L, vocab, min_ids)) return -1;
+        t->kind = MTS_TOK_WORDLEVEL;
+        const mts_json *u = mts_json_get(m, "unk_token");
+        size_t un = 5;
+        const char *us = u ? mts_json_str(u, &un) : "<unk>";
+        if (!us) return FAIL("model WordLevel: unk_token is not a string");
+        t->unk_id = mts_vocab_get(&t->vocab, us, un);
+        if (t->unk_id < 0)
+            return FAIL("model WordLevel: unk_token \"%.40s\" is not in the vocabulary (the reference fails on "
+                        "unknown words)", us);
+        return 0;
+    }
+    return FAIL("model %s is not supported (implemented: WordPiece, BPE, Unigram, WordLevel)", type);
 }
 
 static mts_tokenizer *load_json(ld *L, const char *data, size_t len)

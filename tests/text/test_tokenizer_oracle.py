@@ -7,8 +7,8 @@ on 1,200 generated texts (tests/text/gen_texts.py, seeded): every text must give
   - a 32,000-token byte-fallback BPE tokenizer.json (SentencePiece style),
   - GPT-2's byte-level BPE (vocabulary and merges from npm, written out by the reference library),
   - six variants of those over other normalizers, pre-tokenizers, post-processors and left
-    truncation, and two Unigram models over the 32k vocabulary with made-up scores
-    (tests/text/variants.py),
+    truncation, two Unigram models over the 32k vocabulary with made-up scores and a WordLevel
+    model over BERT's (tests/text/variants.py),
 at the 512-token limit and truncated to 16 tokens.
 
 The tokenizer files come from npm (tests/text/fetch_tokenizers.py, cached); the oracle from
@@ -105,6 +105,7 @@ CASES = [
     ("bpe-split-metaspace-always", "variant:bpe_metaspace_always_nosplit", ["--max", "512"], ["--max", "512"]),
     ("unigram-byte-fallback", "variant:unigram_bytefallback", ["--max", "512", "--types"], ["--max", "512", "--types"]),
     ("unigram-nfd-metaspace-fuse-unk", "variant:unigram_metaspace_fuse_unk", ["--max", "512"], ["--max", "512"]),
+    ("wordlevel-whitespace", "variant:wordlevel_whitespace", [], []),
 ]
 
 

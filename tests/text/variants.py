@@ -63,6 +63,9 @@ def variants(bert, gpt2, llama):
     uni2 = dict(uni, byte_fallback=False)
     v("unigram_metaspace_fuse_unk", llama, model=uni2, normalizer={"type": "NFD"},
       pre_tokenizer={"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always", "split": True})
+    # WordLevel: BERT's vocabulary, whole words only
+    wl = {"type": "WordLevel", "vocab": bert["model"]["vocab"], "unk_token": "[UNK]"}
+    v("wordlevel_whitespace", bert, model=wl, pre_tokenizer={"type": "Whitespace"})
     return out
 
 

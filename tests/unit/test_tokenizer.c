@@ -108,7 +108,7 @@ static void test_errors(void **state)
         {"{}", 1, "model"},
         {"{\"model\":{\"type\":\"Unigram\",\"vocab\":[[\"a\",0.0]]}}", 1, "no unk_id"},
         {"{\"model\":{\"type\":\"Unigram\",\"unk_id\":0,\"vocab\":[[\"a\",\"x\"]]}}", 1, "vocab entry 0"},
-        {"{\"model\":{\"type\":\"WordLevel\",\"vocab\":{\"a\":0},\"unk_token\":\"a\"}}", 1, "model WordLevel"},
+        {"{\"model\":{\"type\":\"WordLevel\",\"vocab\":{\"a\":0},\"unk_token\":\"b\"}}", 1, "model WordLevel"},
         {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1},\"merges\":[\"a b\"]}}", 1, "not in the vocabulary"},
         {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[\"a\"]}}", 1, "merge 0"},
         {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":-1},\"merges\":[]}}", 1, "vocab entry 0"},
