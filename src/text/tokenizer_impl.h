@@ -103,6 +103,7 @@ enum {
     MTS_PRE_BYTELEVEL,     /* prefix space (flag1), GPT-2 regex (flag2), bytes -> printable chars */
     MTS_PRE_SPLIT_STR,     /* literal pattern, per behavior */
     MTS_PRE_SPLIT_GPT2,    /* GPT-2 regex, isolated */
+    MTS_PRE_SPLIT_CL100K,  /* cl100k / Llama 3 regex (flag1: digits per match, 3; Qwen 2: 1), isolated */
 };
 enum { MTS_SPLIT_REMOVED, MTS_SPLIT_ISOLATED, MTS_SPLIT_PREV, MTS_SPLIT_NEXT, MTS_SPLIT_CONTIGUOUS };
 

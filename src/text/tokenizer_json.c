@@ -6,8 +6,8 @@
  *   normalizer     BertNormalizer, Lowercase, NFD, StripAccents, Strip, Replace (string pattern),
  *                  Prepend, Sequence
  *   pre_tokenizer  BertPreTokenizer, Whitespace, WhitespaceSplit, Punctuation, Digits, Metaspace,
- *                  ByteLevel (GPT-2 pattern), CharDelimiterSplit, Split (string pattern, or the
- *                  GPT-2 regex exactly), Sequence
+ *                  ByteLevel (GPT-2 pattern), CharDelimiterSplit, Split (string pattern, or
+ *                  exactly the GPT-2, cl100k / Llama 3 or Qwen 2 regex), Sequence
  *   model          WordPiece, BPE (merges in either spelling, byte_fallback, fuse_unk,
  *                  ignore_merges, continuing_subword_prefix, end_of_word_suffix), Unigram
  *                  (Viterbi over the scores, unknowns fused, byte_fallback), WordLevel
@@ -16,7 +16,7 @@
  *                  lstrip / rstrip; truncation (max_length, direction); padding (pad_id)
  * Declined, with a message naming the construct: NFC / NFKC /
  * NFKD, Precompiled and Nmt normalizers (they need composition or compatibility tables that are
- * not generated), regular expressions other than GPT-2's, UnicodeScripts, BPE dropout,
+ * not generated), other regular expressions, UnicodeScripts, BPE dropout,
  * single_word added tokens, inverted splits. Every size read from the file is checked (ids below
  * MTS_TOK_MAX_VOCAB, step counts below MTS_TOK_MAX_STEPS) before it is used.
  */
@@ -30,6 +30,13 @@
 #include "util/json.h"
 
 #define GPT2_PATTERN "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
+/* cl100k_base's pattern (GPT-3.5/4, Llama 3), and Qwen 2's, which takes digits one at a time */
+#define CL100K_PATTERN                                                                            \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|" \
+    "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+#define QWEN2_PATTERN                                                                             \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|" \
+    "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 
 /* ---- BPE ---------------------------------------------------------------------------------------- */
 
@@ -600,11 +607,17 @@ static int parse_pre(ld *L, const mts_json *n, int depth)
         int inv = jbool(n, "invert", 0);
         if (inv != 0) return FAIL("pre_tokenizer Split: invert is not supported");
         if (re) {
-            if (strlen(GPT2_PATTERN) != pn || memcmp(p, GPT2_PATTERN, pn) != 0)
-                return FAIL("pre_tokenizer Split: regular expression \"%.80s\" is not supported (only GPT-2's "
-                            "pattern is)", p);
-            if (b != MTS_SPLIT_ISOLATED) return FAIL("pre_tokenizer Split: GPT-2 pattern with a behavior other than Isolated");
-            return add_pre(L, MTS_PRE_SPLIT_GPT2, &st);
+            int kind = 0, digits = 0;
+            if (strlen(GPT2_PATTERN) == pn && memcmp(p, GPT2_PATTERN, pn) == 0) kind = MTS_PRE_SPLIT_GPT2;
+            else if (strlen(CL100K_PATTERN) == pn && memcmp(p, CL100K_PATTERN, pn) == 0) kind = MTS_PRE_SPLIT_CL100K, digits = 3;
+            else if (strlen(QWEN2_PATTERN) == pn && memcmp(p, QWEN2_PATTERN, pn) == 0) kind = MTS_PRE_SPLIT_CL100K, digits = 1;
+            else
+                return FAIL("pre_tokenizer Split: regular expression \"%.80s\" is not supported (only the GPT-2, "
+                            "cl100k / Llama 3 and Qwen 2 patterns are)", p);
+            if (b != MTS_SPLIT_ISOLATED) return FAIL("pre_tokenizer Split: a regex pattern with a behavior other than Isolated");
+            if (add_pre(L, kind, &st)) return -1;
+            st->flag1 = digits;
+            return 0;
         }
         if (add_pre(L, MTS_PRE_SPLIT_STR, &st)) return -1;
         st->behavior = b;

