@@ -401,6 +401,73 @@ static int gpt2_spans(const uint32_t *v, size_t n, spans *sp)
     return 0;
 }
 
+static bool is_cr_lf(uint32_t c) { return c == '\r' || c == '\n'; }
+
+/* Case-insensitive contraction at v[i] ('s 't 're 've 'm 'll 'd, the (?i:...) group of the
+ * cl100k pattern): its length, or 0. Unicode simple case folding adds U+017F (long s) as an
+ * 's' and U+212A (Kelvin) is irrelevant here. */
+static size_t contraction_ci(const uint32_t *v, size_t n, size_t i)
+{
+    if (v[i] != '\'' || i + 1 >= n) return 0;
+    uint32_t a = v[i + 1] | 0x20, b = i + 2 < n ? (v[i + 2] | 0x20) : 0;
+    if (v[i + 1] == 0x17F) a = 's';
+    if (v[i + 1] > 0x7F && v[i + 1] != 0x17F) return 0;
+    if (a == 's' || a == 't' || a == 'm' || a == 'd') return 2;
+    if (i + 2 < n && v[i + 2] <= 0x7F && ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')))
+        return 3;
+    return 0;
+}
+
+/* Matches of the pattern of cl100k / Llama 3 (digits = 3) and Qwen 2 (digits = 1):
+ *     (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,D}| ?[^\s\p{L}\p{N}]+[\r\n]*|
+ *     \s*[\r\n]+|\s+(?!\S)|\s+
+ * over v[0..n), alternatives tried in order at each position (leftmost-first); the matches
+ * tile the text. */
+static int cl100k_spans(const uint32_t *v, size_t n, int digits, spans *sp)
+{
+    size_t i = 0;
+    while (i < n) {
+        uint32_t c = v[i];
+        size_t j = i + contraction_ci(v, n, i);
+        if (j == i) {
+            size_t s = i;
+            if (!is_cr_lf(c) && !is_letter(c) && !is_numeric(c) && i + 1 < n && is_letter(v[i + 1])) s = i + 1;
+            if (is_letter(v[s])) {
+                j = s + 1;
+                while (j < n && is_letter(v[j])) j++;
+            }
+        }
+        if (j == i && is_numeric(c)) {
+            j = i + 1;
+            while (j < n && (int)(j - i) < digits && is_numeric(v[j])) j++;
+        }
+        if (j == i) {
+            size_t s = (c == ' ' && i + 1 < n) ? i + 1 : i;
+            uint32_t e = v[s];
+            if (!mts_uc_is_white_space(e) && !is_letter(e) && !is_numeric(e)) {
+                j = s + 1;
+                while (j < n && !mts_uc_is_white_space(v[j]) && !is_letter(v[j]) && !is_numeric(v[j])) j++;
+                while (j < n && is_cr_lf(v[j])) j++;
+            }
+        }
+        if (j == i && mts_uc_is_white_space(c)) {
+            size_t k = i;
+            while (k < n && mts_uc_is_white_space(v[k])) k++;
+            size_t last = SIZE_MAX; /* \s*[\r\n]+: up to the last CR/LF of the run */
+            for (size_t q = i; q < k; q++)
+                if (is_cr_lf(v[q])) last = q;
+            if (last != SIZE_MAX) j = last + 1;
+            else if (k == n) j = n;
+            else if (k - i >= 2) j = k - 1;
+            else j = i + 1;
+        }
+        if (j == i) j = i + 1; /* not reached: every character matches one alternative */
+        if (spans_add(sp, i, j)) return -1;
+        i = j;
+    }
+    return 0;
+}
+
 /* GPT-2's bytes_to_unicode: printable bytes stand for themselves, the other 68 bytes take
  * U+0100, U+0101, ... in byte order (0x00-0x20, then 0x7F-0xA0, then 0xAD). */
 static uint32_t byte_char(unsigned b)
@@ -516,6 +583,9 @@ static int pre_step(const mts_pre_step *s, const uint32_t *v, size_t n, int firs
         return split_by_spans(v, n, first, sp, s->behavior, out);
     case MTS_PRE_SPLIT_GPT2:
         if (gpt2_spans(v, n, sp)) return -1;
+        return split_by_spans(v, n, first, sp, MTS_SPLIT_ISOLATED, out);
+    case MTS_PRE_SPLIT_CL100K:
+        if (cl100k_spans(v, n, s->flag1, sp)) return -1;
         return split_by_spans(v, n, first, sp, MTS_SPLIT_ISOLATED, out);
     default:
         return -1;
@@ -721,10 +791,12 @@ int mts_tokenize(const mts_tokenizer *t, const char *text, size_t len, int max_t
                            MTS_TOK_MAX_TEXT);
     if (max_tokens < 0) return mts_tok_err(err, errlen, "tokenize: max_tokens %d is negative", max_tokens);
     if (max_tokens == 0) max_tokens = t->max_len > 0 ? t->max_len : 512;
+    /* the output array bounds the encoding too: it is truncated (special tokens kept) to fit */
+    if (max_tokens > cap) max_tokens = cap;
     int n_special = t->post.n_special_single;
     if (max_tokens < n_special)
-        return mts_tok_err(err, errlen, "tokenize: max_tokens %d leaves no room for the %d special tokens", max_tokens,
-                           n_special);
+        return mts_tok_err(err, errlen, "tokenize: a limit of %d tokens (max_tokens or the output's size) leaves no "
+                           "room for the %d special tokens", max_tokens, n_special);
     const unsigned char *s = (const unsigned char *)text;
     mts_cps a = {0};
     mts_ids out = {0};
@@ -750,11 +822,6 @@ int mts_tokenize(const mts_tokenizer *t, const char *text, size_t len, int max_t
     if (nseq > budget) {
         if (t->trunc_left) seq += nseq - budget;
         nseq = budget;
-    }
-    int total = (int)nseq + n_special;
-    if (total > cap) {
-        mts_tok_err(err, errlen, "tokenize: the encoding has %d tokens but the output holds only %d", total, cap);
-        goto fail;
     }
     int k = 0;
     for (int i = 0; i < t->post.n_single; i++) {
@@ -1016,6 +1083,7 @@ const char *mts_tokenizer_kind(const mts_tokenizer *t)
     case MTS_TOK_WORDPIECE: return "wordpiece";
     case MTS_TOK_BPE: return "bpe";
     case MTS_TOK_UNIGRAM: return "unigram";
+    case MTS_TOK_WORDLEVEL: return "wordlevel";
     default: return "unknown";
     }
 }

@@ -10,7 +10,8 @@
  * characters, or one that cannot be matched, becomes [UNK]. The result is wrapped as
  * [CLS] ... [SEP]. A Hugging Face `tokenizer.json` (recognised by content: it starts with '{')
  * describes the pipeline itself (normalizer, pre-tokenizer, model, post-processor, truncation);
- * see tokenizer.c for what of it is implemented. A construct that is not implemented makes the
+ * tokenizer_json.c and docs/tokenizers.md list what of it is implemented; for such a file the
+ * `lowercase` argument is ignored (the file decides). A construct that is not implemented makes the
  * load fail with a message naming it, so that a tokenizer never silently produces ids different
  * from the reference implementation.
  *
@@ -35,11 +36,14 @@ void mts_tokenizer_free(mts_tokenizer *t);
  * special tokens the tokenizer adds ([CLS] ... [SEP] for BERT), truncated to max_tokens (0: the
  * tokenizer's own limit or 512). Writes up to cap ids / type ids (type_ids may be NULL) and
  * returns the number written, or -1 with a message. Thread-safe (a loaded tokenizer is
- * read-only). No padding: callers pad with mts_tokenizer_pad_id. */
+ * read-only). No padding: callers pad with mts_tokenizer_pad_id.
+ * (cap acts as one more truncation limit: a longer encoding is truncated like max_tokens does,
+ * keeping the special tokens, so [SEP] is never cut off; a limit below the number of special
+ * tokens is an error.) */
 int mts_tokenize(const mts_tokenizer *t, const char *text, size_t len, int max_tokens,
                  int64_t *ids, int64_t *type_ids, int cap, char *err, size_t errlen);
 int64_t mts_tokenizer_pad_id(const mts_tokenizer *t);
 int mts_tokenizer_vocab_size(const mts_tokenizer *t);
-const char *mts_tokenizer_kind(const mts_tokenizer *t);   /* "wordpiece", "bpe", "unigram" */
+const char *mts_tokenizer_kind(const mts_tokenizer *t);   /* "wordpiece", "bpe", "unigram" (or "wordlevel") */
 
 #endif

@@ -17,7 +17,7 @@
 #define MTS_TOK_MAX_STEPS 16          /* normalizer or pre-tokenizer steps */
 #define MTS_TOK_MAX_POST 16           /* pieces of a post-processor template */
 
-enum { MTS_TOK_WORDPIECE = 1, MTS_TOK_BPE, MTS_TOK_UNIGRAM };
+enum { MTS_TOK_WORDPIECE = 1, MTS_TOK_BPE, MTS_TOK_UNIGRAM, MTS_TOK_WORDLEVEL };
 
 /* Token bytes <-> id: open addressing over ids; the token texts live in one arena. */
 typedef struct mts_vocab {
@@ -103,6 +103,7 @@ enum {
     MTS_PRE_BYTELEVEL,     /* prefix space (flag1), GPT-2 regex (flag2), bytes -> printable chars */
     MTS_PRE_SPLIT_STR,     /* literal pattern, per behavior */
     MTS_PRE_SPLIT_GPT2,    /* GPT-2 regex, isolated */
+    MTS_PRE_SPLIT_CL100K,  /* cl100k / Llama 3 regex (flag1: digits per match, 3; Qwen 2: 1), isolated */
 };
 enum { MTS_SPLIT_REMOVED, MTS_SPLIT_ISOLATED, MTS_SPLIT_PREV, MTS_SPLIT_NEXT, MTS_SPLIT_CONTIGUOUS };
 

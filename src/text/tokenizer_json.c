@@ -6,16 +6,17 @@
  *   normalizer     BertNormalizer, Lowercase, NFD, StripAccents, Strip, Replace (string pattern),
  *                  Prepend, Sequence
  *   pre_tokenizer  BertPreTokenizer, Whitespace, WhitespaceSplit, Punctuation, Digits, Metaspace,
- *                  ByteLevel (GPT-2 pattern), CharDelimiterSplit, Split (string pattern, or the
- *                  GPT-2 regex exactly), Sequence
+ *                  ByteLevel (GPT-2 pattern), CharDelimiterSplit, Split (string pattern, or
+ *                  exactly the GPT-2, cl100k / Llama 3 or Qwen 2 regex), Sequence
  *   model          WordPiece, BPE (merges in either spelling, byte_fallback, fuse_unk,
- *                  ignore_merges, continuing_subword_prefix, end_of_word_suffix)
+ *                  ignore_merges, continuing_subword_prefix, end_of_word_suffix), Unigram
+ *                  (Viterbi over the scores, unknowns fused, byte_fallback), WordLevel
  *   post_processor TemplateProcessing, BertProcessing, RobertaProcessing, ByteLevel, Sequence
  *   added_tokens   matched in the raw text (normalized: false) or in the normalized text, with
  *                  lstrip / rstrip; truncation (max_length, direction); padding (pad_id)
- * Declined, with a message naming the construct: the Unigram and WordLevel models, NFC / NFKC /
+ * Declined, with a message naming the construct: NFC / NFKC /
  * NFKD, Precompiled and Nmt normalizers (they need composition or compatibility tables that are
- * not generated), regular expressions other than GPT-2's, UnicodeScripts, BPE dropout,
+ * not generated), other regular expressions, UnicodeScripts, BPE dropout,
  * single_word added tokens, inverted splits. Every size read from the file is checked (ids below
  * MTS_TOK_MAX_VOCAB, step counts below MTS_TOK_MAX_STEPS) before it is used.
  */
@@ -29,6 +30,13 @@
 #include "util/json.h"
 
 #define GPT2_PATTERN "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
+/* cl100k_base's pattern (GPT-3.5/4, Llama 3), and Qwen 2's, which takes digits one at a time */
+#define CL100K_PATTERN                                                                            \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|" \
+    "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+#define QWEN2_PATTERN                                                                             \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|" \
+    "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 
 /* ---- BPE ---------------------------------------------------------------------------------------- */
 
@@ -211,9 +219,113 @@ done:
     return rc;
 }
 
+/* ---- Unigram ------------------------------------------------------------------------------------ */
+
+typedef struct unigram {
+    double *score;         /* per id */
+    double unk_score;      /* lowest score - 10, as the reference's K_UNK_PENALTY */
+    int byte_fallback;
+    int32_t byte_ids[256];
+} unigram;
+
+static void unigram_free(unigram *u)
+{
+    if (!u) return;
+    free(u->score);
+    free(u);
+}
+
+/* Viterbi over the characters of w: the best-scoring segmentation into vocabulary tokens, a
+ * character without a token of its own costing unk_score; ties keep the first (shortest)
+ * candidate, consecutive unknowns fuse into one, as the reference does. */
+static int unigram_word(const mts_tokenizer *t, const unigram *u, const uint32_t *w, size_t n, mts_ids *out)
+{
+    size_t *off = malloc((n + 1) * sizeof *off);
+    double *best = malloc((n + 1) * sizeof *best);
+    int64_t *id = malloc((n + 1) * sizeof *id);
+    size_t *from = malloc((n + 1) * sizeof *from);
+    char *u8 = malloc(4 * n + 4);
+    int rc = -1;
+    if (!off || !best || !id || !from || !u8) goto done;
+    off[0] = 0;
+    for (size_t i = 0; i < n; i++) off[i + 1] = off[i] + (size_t)mts_utf8_encode(w[i], u8 + off[i]);
+    for (size_t i = 0; i <= n; i++) from[i] = SIZE_MAX;
+    best[0] = 0;
+    for (size_t i = 0; i < n; i++) {
+        int single = 0;
+        for (size_t e = i + 1; e <= n && off[e] - off[i] <= t->vocab.max_len; e++) {
+            int64_t k = mts_vocab_get(&t->vocab, u8 + off[i], off[e] - off[i]);
+            if (k < 0) continue;
+            double c = u->score[k] + best[i];
+            if (from[e] == SIZE_MAX || c > best[e]) best[e] = c, from[e] = i, id[e] = k;
+            if (e == i + 1) single = 1;
+        }
+        if (!single) {
+            double c = u->unk_score + best[i];
+            if (from[i + 1] == SIZE_MAX || c > best[i + 1]) best[i + 1] = c, from[i + 1] = i, id[i + 1] = t->unk_id;
+        }
+    }
+    /* back from the end: collect pieces (reversed), fusing runs of unknowns */
+    size_t np = 0;
+    size_t *ps = malloc((n + 1) * sizeof *ps), *pe = malloc((n + 1) * sizeof *pe);
+    int64_t *pid = malloc((n + 1) * sizeof *pid);
+    if (!ps || !pe || !pid) {
+        free(ps), free(pe), free(pid);
+        goto done;
+    }
+    for (size_t e = n; e > 0;) {
+        size_t b = from[e];
+        if (id[e] == t->unk_id && np > 0 && pid[np - 1] == t->unk_id && ps[np - 1] == e) {
+            ps[np - 1] = b; /* extend the fused unknown leftwards */
+        } else {
+            ps[np] = b, pe[np] = e, pid[np] = id[e];
+            np++;
+        }
+        e = b;
+    }
+    rc = 0;
+    for (size_t k = np; k-- > 0 && !rc;) {
+        int64_t x = pid[k];
+        if (x == t->unk_id) {
+            /* a fused run: its text may still be a token; else bytes, else <unk> */
+            int64_t y = mts_vocab_get(&t->vocab, u8 + off[ps[k]], off[pe[k]] - off[ps[k]]);
+            if (y >= 0) {
+                rc = mts_ids_push(out, y);
+                continue;
+            }
+            if (u->byte_fallback) {
+                int ok = 1;
+                for (size_t j = off[ps[k]]; j < off[pe[k]]; j++)
+                    if (u->byte_ids[(unsigned char)u8[j]] < 0) ok = 0;
+                if (ok) {
+                    for (size_t j = off[ps[k]]; j < off[pe[k]] && !rc; j++)
+                        rc = mts_ids_push(out, u->byte_ids[(unsigned char)u8[j]]);
+                    continue;
+                }
+            }
+        }
+        rc = mts_ids_push(out, x);
+    }
+    free(ps), free(pe), free(pid);
+done:
+    free(off), free(best), free(id), free(from), free(u8);
+    return rc;
+}
+
 int mts_tok_model_word_ext(const mts_tokenizer *t, const uint32_t *w, size_t n, mts_ids *out)
 {
     if (t->kind == MTS_TOK_BPE) return bpe_word(t, t->ext, w, n, out);
+    if (t->kind == MTS_TOK_UNIGRAM) return n ? unigram_word(t, t->ext, w, n, out) : 0;
+    if (t->kind == MTS_TOK_WORDLEVEL) {
+        /* the whole word or <unk> */
+        char *u8 = malloc(4 * n + 1);
+        if (!u8) return -1;
+        size_t m = 0;
+        for (size_t i = 0; i < n; i++) m += (size_t)mts_utf8_encode(w[i], u8 + m);
+        int64_t id = mts_vocab_get(&t->vocab, u8, m);
+        free(u8);
+        return mts_ids_push(out, id >= 0 ? id : t->unk_id);
+    }
     return -1;
 }
 
@@ -258,6 +370,7 @@ int mts_norm_apply_ext(const mts_norm_step *s, mts_cps *in, mts_cps *out)
 void mts_tokenizer_free_ext(mts_tokenizer *t)
 {
     if (t->kind == MTS_TOK_BPE) bpe_free(t->ext);
+    if (t->kind == MTS_TOK_UNIGRAM) unigram_free(t->ext);
     t->ext = NULL;
 }
 
@@ -494,11 +607,17 @@ static int parse_pre(ld *L, const mts_json *n, int depth)
         int inv = jbool(n, "invert", 0);
         if (inv != 0) return FAIL("pre_tokenizer Split: invert is not supported");
         if (re) {
-            if (strlen(GPT2_PATTERN) != pn || memcmp(p, GPT2_PATTERN, pn) != 0)
-                return FAIL("pre_tokenizer Split: regular expression \"%.80s\" is not supported (only GPT-2's "
-                            "pattern is)", p);
-            if (b != MTS_SPLIT_ISOLATED) return FAIL("pre_tokenizer Split: GPT-2 pattern with a behavior other than Isolated");
-            return add_pre(L, MTS_PRE_SPLIT_GPT2, &st);
+            int kind = 0, digits = 0;
+            if (strlen(GPT2_PATTERN) == pn && memcmp(p, GPT2_PATTERN, pn) == 0) kind = MTS_PRE_SPLIT_GPT2;
+            else if (strlen(CL100K_PATTERN) == pn && memcmp(p, CL100K_PATTERN, pn) == 0) kind = MTS_PRE_SPLIT_CL100K, digits = 3;
+            else if (strlen(QWEN2_PATTERN) == pn && memcmp(p, QWEN2_PATTERN, pn) == 0) kind = MTS_PRE_SPLIT_CL100K, digits = 1;
+            else
+                return FAIL("pre_tokenizer Split: regular expression \"%.80s\" is not supported (only the GPT-2, "
+                            "cl100k / Llama 3 and Qwen 2 patterns are)", p);
+            if (b != MTS_SPLIT_ISOLATED) return FAIL("pre_tokenizer Split: a regex pattern with a behavior other than Isolated");
+            if (add_pre(L, kind, &st)) return -1;
+            st->flag1 = digits;
+            return 0;
         }
         if (add_pre(L, MTS_PRE_SPLIT_STR, &st)) return -1;
         st->behavior = b;
@@ -730,6 +849,63 @@ static int parse_bpe(ld *L, const mts_json *m)
     return 0;
 }
 
+static int parse_unigram(ld *L, const mts_json *m, int64_t min_ids)
+{
+    mts_tokenizer *t = L->t;
+    const mts_json *v = mts_json_get(m, "vocab");
+    if (mts_json_type(v) != MTS_JSON_ARRAY) return FAIL("model Unigram: \"vocab\" is not an array");
+    size_t n = mts_json_len(v), bytes = 0;
+    if (n == 0) return FAIL("model Unigram: empty vocabulary");
+    if (n >= MTS_TOK_MAX_VOCAB) return FAIL("model Unigram: more than %d tokens", MTS_TOK_MAX_VOCAB);
+    for (size_t i = 0; i < n; i++) {
+        const mts_json *e = mts_json_at(v, i);
+        size_t k;
+        if (mts_json_len(e) != 2 || !mts_json_str(mts_json_at(e, 0), &k) ||
+            mts_json_type(mts_json_at(e, 1)) != MTS_JSON_NUMBER)
+            return FAIL("model Unigram: vocab entry %zu is not [token, score]", i);
+        bytes += k;
+    }
+    unigram *u = calloc(1, sizeof *u);
+    if (!u) return FAIL("out of memory");
+    t->ext = u;
+    t->kind = MTS_TOK_UNIGRAM;
+    int64_t ids = (int64_t)n > min_ids ? (int64_t)n : min_ids;
+    u->score = malloc((size_t)ids * sizeof *u->score);
+    if (!u->score || mts_vocab_init(&t->vocab, (int)ids, bytes)) return FAIL("out of memory");
+    double lo = 0;
+    for (size_t i = 0; i < n; i++) {
+        const mts_json *e = mts_json_at(v, i);
+        size_t k;
+        const char *tok = mts_json_str(mts_json_at(e, 0), &k);
+        double sc = mts_json_num(mts_json_at(e, 1));
+        u->score[i] = sc;
+        if (i == 0 || sc < lo) lo = sc;
+        /* a repeated token keeps its first id (the reference's map is filled in order and only
+         * inserts new tokens) */
+        if (mts_vocab_get(&t->vocab, tok, k) >= 0) {
+            t->vocab.tok_off[i] = 0, t->vocab.tok_len[i] = 0;
+            continue;
+        }
+        if (mts_vocab_add(&t->vocab, tok, k, (int32_t)i)) return FAIL("out of memory");
+    }
+    for (int64_t i = (int64_t)n; i < ids; i++) u->score[i] = lo;
+    u->unk_score = lo - 10.0;
+    const mts_json *uk = mts_json_get(m, "unk_id");
+    t->unk_id = -1;
+    if (uk && mts_json_type(uk) != MTS_JSON_NULL &&
+        (mts_json_int(uk, &t->unk_id) || t->unk_id < 0 || t->unk_id >= (int64_t)n))
+        return FAIL("model Unigram: unk_id is not an id of the vocabulary");
+    if (t->unk_id < 0) return FAIL("model Unigram: no unk_id (the reference fails on unknown characters)");
+    u->byte_fallback = jbool(m, "byte_fallback", 0);
+    if (u->byte_fallback < 0) return FAIL("model Unigram: byte_fallback is not a bool");
+    for (int i = 0; i < 256; i++) {
+        char name[8];
+        snprintf(name, sizeof name, "<0x%02X>", i);
+        u->byte_ids[i] = (int32_t)mts_vocab_get(&t->vocab, name, 6);
+    }
+    return 0;
+}
+
 static int parse_model(ld *L, const mts_json *m, int64_t min_ids)
 {
     mts_tokenizer *t = L->t;
@@ -763,7 +939,21 @@ static int parse_model(ld *L, const mts_json *m, int64_t min_ids)
         if (load_vocab_map(L, vocab, min_ids)) return -1;
         return parse_bpe(L, m);
     }
-    return FAIL("model %s is not supported (implemented: WordPiece, BPE)", type);
+    if (!strcmp(type, "Unigram")) return parse_unigram(L, m, min_ids);
+    if (!strcmp(type, "WordLevel")) {
+        if (load_vocab_map(L, vocab, min_ids)) return -1;
+        t->kind = MTS_TOK_WORDLEVEL;
+        const mts_json *u = mts_json_get(m, "unk_token");
+        size_t un = 5;
+        const char *us = u ? mts_json_str(u, &un) : "<unk>";
+        if (!us) return FAIL("model WordLevel: unk_token is not a string");
+        t->unk_id = mts_vocab_get(&t->vocab, us, un);
+        if (t->unk_id < 0)
+            return FAIL("model WordLevel: unk_token \"%.40s\" is not in the vocabulary (the reference fails on "
+                        "unknown words)", us);
+        return 0;
+    }
+    return FAIL("model %s is not supported (implemented: WordPiece, BPE, Unigram, WordLevel)", type);
 }
 
 static mts_tokenizer *load_json(ld *L, const char *data, size_t len)
@@ -861,6 +1051,13 @@ static mts_tokenizer *load_json(ld *L, const char *data, size_t len)
     t->post.n_special_single = 0;
     int have = 0;
     if (parse_post(L, mts_json_get(root, "post_processor"), 0, &have)) goto fail;
+    /* the ids a model is fed must index its embedding table */
+    for (int i = 0; i < t->post.n_single; i++)
+        if (!t->post.single[i].is_seq && (t->post.single[i].id < 0 || t->post.single[i].id >= t->vocab.n_ids)) {
+            FAIL("post_processor: special token id %lld is outside the vocabulary (%d ids)",
+                 (long long)t->post.single[i].id, t->vocab.n_ids);
+            goto fail;
+        }
     const mts_json *tr = mts_json_get(root, "truncation");
     if (tr && mts_json_type(tr) != MTS_JSON_NULL) {
         int64_t ml;

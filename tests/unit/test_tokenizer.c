@@ -1,7 +1,7 @@
 /*
- * Tokenizer unit tests (src/text): a small hand-made WordPiece vocabulary and BPE tokenizer.json
+ * Tokenizer unit tests (src/text): small hand-made WordPiece, BPE and Unigram tokenizers
  * with known encodings; the errors a caller meets (invalid UTF-8 with its byte offset, an output
- * array too small, max_tokens below the special tokens); rejected files (empty or malformed
+ * array or max_tokens below the special tokens; a short array truncates); rejected files (empty or malformed
  * vocab.txt, malformed JSON, and every declined tokenizer.json construct, which must name
  * itself); hostile texts (256 KiB runs of one character or of combining marks) in bounded
  * time; and 8 threads sharing one tokenizer getting identical ids. The comparison with the
@@ -85,8 +85,11 @@ static void test_errors(void **state)
     assert_non_null(strstr(err, "at byte 2"));
     assert_int_equal(mts_tokenize(t, "\xed\xa0\x80", 3, 0, ids, NULL, 8, err, sizeof err), -1); /* surrogate */
     assert_int_equal(mts_tokenize(t, "\xc0\xaf", 2, 0, ids, NULL, 8, err, sizeof err), -1);     /* overlong */
-    assert_int_equal(enc(t, "hello world hello", 0, ids, 3, err), -1);
-    assert_non_null(strstr(err, "holds only 3"));
+    /* a short output array truncates like max_tokens (special tokens kept) */
+    assert_int_equal(enc(t, "hello world hello", 0, ids, 3, err), 3);
+    assert_int_equal(ids[1], 5);
+    assert_int_equal(ids[2], 3);
+    assert_int_equal(enc(t, "hello", 0, ids, 1, err), -1);
     assert_int_equal(enc(t, "hello", 1, ids, 8, err), -1);
     assert_non_null(strstr(err, "special tokens"));
     assert_int_equal(enc(t, "hello", -1, ids, 8, err), -1);
@@ -103,8 +106,9 @@ static void test_errors(void **state)
         {"{", 1, "JSON"},
         {"[]", 1, "not an object"},
         {"{}", 1, "model"},
-        {"{\"model\":{\"type\":\"Unigram\",\"vocab\":[[\"a\",0.0]]}}", 1, "model Unigram is not supported"},
-        {"{\"model\":{\"type\":\"WordLevel\",\"vocab\":{\"a\":0},\"unk_token\":\"a\"}}", 1, "model WordLevel"},
+        {"{\"model\":{\"type\":\"Unigram\",\"vocab\":[[\"a\",0.0]]}}", 1, "no unk_id"},
+        {"{\"model\":{\"type\":\"Unigram\",\"unk_id\":0,\"vocab\":[[\"a\",\"x\"]]}}", 1, "vocab entry 0"},
+        {"{\"model\":{\"type\":\"WordLevel\",\"vocab\":{\"a\":0},\"unk_token\":\"b\"}}", 1, "model WordLevel"},
         {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1},\"merges\":[\"a b\"]}}", 1, "not in the vocabulary"},
         {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[\"a\"]}}", 1, "merge 0"},
         {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":-1},\"merges\":[]}}", 1, "vocab entry 0"},
@@ -123,6 +127,8 @@ static void test_errors(void **state)
          "\"merges\":[]}}", 1, "pre_tokenizer UnicodeScripts"},
         {"{\"post_processor\":{\"type\":\"Nope\"},\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]}}", 1,
          "post_processor Nope"},
+        {"{\"post_processor\":{\"type\":\"BertProcessing\",\"sep\":[\"a\",0],\"cls\":[\"b\",7]},\"model\":{"
+         "\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]}}", 1, "outside the vocabulary"},
         {"{\"added_tokens\":[{\"id\":0,\"content\":\"a\",\"single_word\":true}],\"model\":{\"type\":\"BPE\","
          "\"vocab\":{\"a\":0},\"merges\":[]}}", 1, "single_word"},
         {"{\"normalizer\":{\"type\":\"Sequence\",\"normalizers\":[{\"type\":\"Sequence\",\"normalizers\":[{\"type\":"
@@ -170,6 +176,22 @@ static void test_bpe(void **state)
     assert_int_equal(mts_tokenize(t, "hello", 5, 0, ids, types, 8, err, sizeof err), 2);
     assert_int_equal(types[0], 0);
     assert_int_equal(types[1], 1);
+    mts_tokenizer_free(t);
+}
+
+static void test_unigram(void **state)
+{
+    (void)state;
+    static const char J[] = "{\"model\":{\"type\":\"Unigram\",\"unk_id\":0,\"vocab\":[[\"<unk>\",0],[\"a\",-1],"
+                            "[\"b\",-1],[\"ab\",-1.5],[\"abc\",-9],[\"c\",-3]]},"
+                            "\"pre_tokenizer\":{\"type\":\"WhitespaceSplit\"}}";
+    char err[256];
+    mts_tokenizer *t = mts_tokenizer_load_mem(J, strlen(J), 1, -1, err, sizeof err);
+    if (!t) fail_msg("%s", err);
+    assert_string_equal(mts_tokenizer_kind(t), "unigram");
+    expect(t, "ab", (int64_t[]){3}, 1);        /* -1.5 beats a + b = -2 */
+    expect(t, "abc", (int64_t[]){3, 5}, 2);    /* ab + c = -4.5 beats abc = -9 */
+    expect(t, "axyb a", (int64_t[]){1, 0, 2, 1}, 4); /* x, y: one fused unknown */
     mts_tokenizer_free(t);
 }
 
@@ -282,6 +304,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_wordpiece), cmocka_unit_test(test_errors),  cmocka_unit_test(test_bpe),
+        cmocka_unit_test(test_unigram),
         cmocka_unit_test(test_hostile),   cmocka_unit_test(test_unicode), cmocka_unit_test(test_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
