@@ -147,25 +147,23 @@ static void embed_done(void *user, int status, const char *msg, float *vecs, int
     mts_jw_begin_array(&w);
     size_t b64_len = ((size_t)dim * 4 + 2) / 3 * 4;
     char *b64 = ec->b64 ? malloc(b64_len) : NULL;
-    for (int i = 0; i < n; i++) {
+    uint8_t *bytes = ec->b64 ? malloc((size_t)dim * 4) : NULL;
+    bool oom = ec->b64 && (!b64 || !bytes);
+    for (int i = 0; i < n && !oom; i++) {
         const float *v = vecs + (size_t)i * dim;
         mts_jw_begin_object(&w);
         mts_jw_key(&w, "object");
         mts_jw_string(&w, "embedding");
         mts_jw_key(&w, "embedding");
-        if (ec->b64 && b64) {
-            uint8_t le[4];
+        if (ec->b64) {
             /* little-endian float32 bytes, whatever the host order */
-            uint8_t *bytes = malloc((size_t)dim * 4);
-            if (!bytes) break;
             for (int64_t j = 0; j < dim; j++) {
                 uint32_t u;
                 memcpy(&u, &v[j], 4);
-                le[0] = (uint8_t)u, le[1] = (uint8_t)(u >> 8), le[2] = (uint8_t)(u >> 16), le[3] = (uint8_t)(u >> 24);
-                memcpy(bytes + 4 * j, le, 4);
+                bytes[4 * j] = (uint8_t)u, bytes[4 * j + 1] = (uint8_t)(u >> 8);
+                bytes[4 * j + 2] = (uint8_t)(u >> 16), bytes[4 * j + 3] = (uint8_t)(u >> 24);
             }
             base64(bytes, (size_t)dim * 4, b64);
-            free(bytes);
             mts_jw_string_n(&w, b64, b64_len);
         } else {
             mts_jw_begin_array(&w);
@@ -188,8 +186,9 @@ static void embed_done(void *user, int status, const char *msg, float *vecs, int
     mts_jw_end_object(&w);
     mts_jw_end_object(&w);
     free(b64);
+    free(bytes);
     free(vecs);
-    ec->answer = (ec->b64 && !b64) ? NULL : mts_jw_take(&w, &ec->answer_len);
+    ec->answer = oom ? NULL : mts_jw_take(&w, &ec->answer_len);
     mts_jw_free(&w);
     if (!ec->answer) {
         mts_route_fail(ec->conn, &ec->answer, response_sent, ec, MTS_ENOMEM, "out of memory encoding the answer");
