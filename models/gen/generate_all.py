@@ -24,11 +24,12 @@ import bert_tiny  # noqa: E402
 import cbam_resunet  # noqa: E402
 import common  # noqa: E402
 import lipsync_unet  # noqa: E402
+import minilm_like  # noqa: E402
 import mobilenetv3  # noqa: E402
 import seg_unet  # noqa: E402
 import tiny  # noqa: E402
 
-FAMILIES = [lipsync_unet, seg_unet, cbam_resunet, mobilenetv3, bert_tiny, tiny]
+FAMILIES = [lipsync_unet, seg_unet, cbam_resunet, mobilenetv3, bert_tiny, tiny, minilm_like]
 DEFAULT_OUT = os.path.normpath(os.path.join(HERE, "..", "out"))
 
 

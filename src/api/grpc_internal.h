@@ -119,6 +119,12 @@ bool mts__grpc_shutting_down(const mts__grpc_call *c);
 bool mts__grpc_watch_add(mts__grpc_call *c, void (*on_shutdown)(mts__grpc_call *c));
 void mts__grpc_watch_remove(mts__grpc_call *c);
 
+/* ---- texts to an embedding model (grpc_embed.c) ---- */
+/* ModelInfer with a BYTES first input on an embedding model: answers the call (now or later),
+ * owns and frees m, and returns true; false (nothing done) for any other request. */
+struct Inference__ModelInferRequest;
+bool mts__grpc_embed_infer(mts__grpc_call *c, struct Inference__ModelInferRequest *m, int64_t arrival_ns);
+
 /* ---- the request checks without a call or a client (the fuzzer, tests/fuzz/fuzz_grpc.c) ---- */
 /* Unpacks a ModelInferRequest and turns it into a server request exactly as ModelInfer does,
  * without submitting it: MTS_OK when it would be submitted, else a status with msg. */

@@ -327,6 +327,11 @@ static void model_infer(mts__grpc_call *c, const uint8_t *data, size_t len)
         kinfer_free(k);
         return;
     }
+    if (mts__grpc_embed_infer(c, k->msg, k->req.arrival_ns)) { /* texts to an embedding model */
+        k->msg = NULL;
+        kinfer_free(k);
+        return;
+    }
     char msg[512];
     int rc = parse_infer(c, k, msg, sizeof msg);
     if (rc) {

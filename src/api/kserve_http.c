@@ -22,6 +22,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "api/embed_common.h"
+#include "api/embed_http.h"
 #include "api/protocol.h"
 #include "util/json.h"
 #include "util/log.h"
@@ -443,6 +445,7 @@ static void handle_infer(mts_server *srv, mts_http_conn *c, mts_http_req *hr, co
         respond_unknown_model(c, model);
         return;
     }
+    if (mts_embed_is_model(srv, model) && mts_embed_kserve_infer(srv, c, hr, model, arrival)) return; /* texts */
     infer_call *ic = calloc(1, sizeof *ic);
     if (!ic) {
         mts_route_error_text(c, MTS_ENOMEM, "out of memory", 0);

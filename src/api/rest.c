@@ -1,6 +1,6 @@
 /*
  * The REST front end (rest.h): starts the HTTP server with the route tables of the REST modules
- * (the dashboard's included) and the front end's own /metrics route, dispatches every request
+ * (the dashboard's and the embeddings endpoint's included) and the front end's own /metrics route, dispatches every request
  * through the router, and cancels the request of a client that went away.
  */
 #include "api/rest.h"
@@ -8,6 +8,7 @@
 #include <stdlib.h>
 
 #include "api/dashboard_http.h"
+#include "api/embed_http.h"
 #include "api/http.h"
 #include "api/kserve_http.h"
 #include "api/lipsync_http.h"
@@ -41,7 +42,8 @@ static const mts_route metrics_routes[] = {
 
 /* Inference first: the table is walked in order, and /v2 requests are the common case. */
 static const mts_route *const route_tables[] = {
-    mts_kserve_routes, mts_segment_routes, mts_lipsync_routes, metrics_routes, mts_dashboard_routes, NULL,
+    mts_kserve_routes, mts_segment_routes, mts_lipsync_routes, metrics_routes, mts_dashboard_routes, mts_embed_routes,
+    NULL,
 };
 static const mts_route_hint *const route_hints[] = {mts_lipsync_hints, NULL};
 static const mts_router router = {route_tables, route_hints};

@@ -17,6 +17,7 @@ int mts_cli_tune(int argc, char **argv);
 int mts_cli_bench(int argc, char **argv);
 int mts_cli_cluster_config(int argc, char **argv);
 int mts_cli_quantize(int argc, char **argv);
+int mts_cli_embed(int argc, char **argv);
 
 /* Named overrides of symbolic dimensions, from `--dim NAME=VALUE`. */
 typedef struct mts_cli_dims {

@@ -21,6 +21,7 @@ static void usage(FILE *f)
             "  tune MODEL        throughput and latency over workers x threads x batch; recommends a setting\n"
             "  infer MODEL       send one inference request to a running server (--url http://... | --grpc host:port)\n"
             "  models list|load|unload|stats   manage a running server's models (--url | --grpc)\n"
+            "  embed MODEL TEXT  sentence embeddings of texts with an embedding model, locally (no server)\n"
             "  bench             load generator for a running server: closed/open loop, conversational users\n"
             "  cluster-config    print an HAProxy configuration for several instances (model-affinity routing)\n"
             "  quantize MODEL    post-training int8 quantization into a QDQ ONNX model (--calibration DIR|random:N -o OUT)\n"
@@ -45,6 +46,7 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "bench")) return mts_cli_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "cluster-config")) return mts_cli_cluster_config(argc - 1, argv + 1);
     if (!strcmp(cmd, "quantize")) return mts_cli_quantize(argc - 1, argv + 1);
+    if (!strcmp(cmd, "embed")) return mts_cli_embed(argc - 1, argv + 1);
     if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
         printf("mtserve %s\n", mts_version_string());
         return 0;

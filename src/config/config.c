@@ -319,7 +319,8 @@ static const char *const capacity_keys[] = {"max_models", "max_memory_gb", "evic
 static const char *const model_keys[] = {
     "model_path", "background_dir", "crop_rects_path", "num_frames", "preload", "pin", "preferred_gpu",
     "preferred_device", "max_batch", "max_queue_delay_us", "max_queue_delay_ms", "queue_size", "instances",
-    "weight", "priority", "background_cache_frames"};
+    "weight", "priority", "background_cache_frames", "tokenizer", "pooling", "normalize", "lowercase",
+    "max_tokens", "input_ids_name", "attention_mask_name", "token_type_ids_name", "output_name"};
 static const char *const top_keys[] = {"server", "gpus", "capacity", "onnx", "models", "model_repository"};
 #define KEYS(a) a, sizeof a / sizeof a[0]
 
@@ -710,6 +711,24 @@ static int model_key(pctx *x, const char *key, const char *full, const ynode *k,
     else if (strcmp(key, "priority") == 0) rc = get_int32(x, v, full, 1, MTS_PRIORITY_LEVELS, &m->priority);
     else if (strcmp(key, "background_cache_frames") == 0)
         rc = get_int32(x, v, full, 0, 1000000, &m->background_cache_frames);
+    else if (strcmp(key, "tokenizer") == 0) rc = get_path(x, v, full, &m->tokenizer_path);
+    else if (strcmp(key, "pooling") == 0) {
+        static const char *const names[] = {"mean", "cls", "last"};
+        rc = get_enum(x, v, full, names, 3, &m->pooling);
+    } else if (strcmp(key, "normalize") == 0) rc = get_bool(x, v, full, &m->normalize);
+    else if (strcmp(key, "lowercase") == 0) {
+        bool lc = true;
+        rc = get_bool(x, v, full, &lc);
+        if (rc == 1) m->lowercase = lc ? 1 : 2;
+    } else if (strcmp(key, "max_tokens") == 0) rc = get_int32(x, v, full, 2, 65536, &m->max_tokens);
+    else if (strcmp(key, "input_ids_name") == 0 || strcmp(key, "attention_mask_name") == 0 ||
+             strcmp(key, "token_type_ids_name") == 0 || strcmp(key, "output_name") == 0) {
+        const char *s = NULL;
+        char **dst = key[0] == 'i' ? &m->input_ids_name : key[0] == 'a' ? &m->attention_mask_name
+                     : key[0] == 't' ? &m->token_type_ids_name : &m->output_name;
+        rc = get_str(x, v, full, &s);
+        if (rc == 1 && set_string(dst, s)) return mts_err_set(x->err, MTS_ENOMEM, "%s: out of memory", x->name);
+    }
     else warn_unknown(x, k, full, KEYS(model_keys));
     if (rc < 0) return rc;
     if (st->us_node && st->ms_node) {
@@ -990,8 +1009,59 @@ static long long pick_version(const char *folder, const char *file, const mts_pb
 
 /* Applies max_batch_size, dynamic_batching.max_queue_delay_microseconds and instance_group
  * counts; warns about fields that would change behaviour elsewhere. */
-static int apply_pbtxt(mts_model_config *m, const mts_pbtxt *pb, const char *file, mts_config_warn_fn warn,
-                       void *user, mts_err *err)
+/* One `parameters { key: "K" value: { string_value: "V" } }` entry: the embedding keys (the
+ * same as in config.yaml; a relative tokenizer path is taken from the model folder). */
+static int apply_pb_param(mts_model_config *m, const mts_pbtxt *p, const char *folder, const char *file,
+                          mts_config_warn_fn warn, void *user, mts_err *err)
+{
+    const mts_pbtxt *k = mts_pbtxt_get(p, "key"), *v = mts_pbtxt_get(p, "value");
+    const mts_pbtxt *sv = v ? mts_pbtxt_get(v, "string_value") : NULL;
+    if (!k || !k->scalar || !sv || !sv->scalar)
+        return mts_err_set(err, MTS_EINVAL, "%s:%d: parameters needs key: \"...\" and value: { string_value: \"...\" }",
+                           file, p->line);
+    const char *key = k->scalar, *val = sv->scalar;
+    char **str = !strcmp(key, "tokenizer")             ? &m->tokenizer_path
+                 : !strcmp(key, "input_ids_name")      ? &m->input_ids_name
+                 : !strcmp(key, "attention_mask_name") ? &m->attention_mask_name
+                 : !strcmp(key, "token_type_ids_name") ? &m->token_type_ids_name
+                 : !strcmp(key, "output_name")         ? &m->output_name
+                                                       : NULL;
+    if (str) {
+        if (!val[0]) return mts_err_set(err, MTS_EINVAL, "%s:%d: parameter '%s' must not be empty", file, sv->line, key);
+        char *r = str == &m->tokenizer_path ? resolve_path(folder, val) : strdup(val);
+        if (!r) return mts_err_set(err, MTS_ENOMEM, "%s: out of memory", file);
+        free(*str);
+        *str = r;
+    } else if (!strcmp(key, "pooling")) {
+        if (!strcasecmp(val, "mean")) m->pooling = MTS_POOL_MEAN;
+        else if (!strcasecmp(val, "cls")) m->pooling = MTS_POOL_CLS;
+        else if (!strcasecmp(val, "last")) m->pooling = MTS_POOL_LAST;
+        else return mts_err_set(err, MTS_EINVAL, "%s:%d: parameter 'pooling' must be mean, cls or last, got '%.60s'",
+                                file, sv->line, val);
+    } else if (!strcmp(key, "normalize") || !strcmp(key, "lowercase")) {
+        bool yes = !strcasecmp(val, "true") || !strcasecmp(val, "yes") || !strcasecmp(val, "on");
+        if (!yes && strcasecmp(val, "false") && strcasecmp(val, "no") && strcasecmp(val, "off"))
+            return mts_err_set(err, MTS_EINVAL, "%s:%d: parameter '%s' must be true or false, got '%.60s'", file,
+                               sv->line, key, val);
+        if (key[0] == 'n') m->normalize = yes;
+        else m->lowercase = yes ? 1 : 2;
+    } else if (!strcmp(key, "max_tokens")) {
+        char *end;
+        long n = strtol(val, &end, 10);
+        if (*end || end == val || n < 2 || n > 65536)
+            return mts_err_set(err, MTS_EINVAL, "%s:%d: parameter 'max_tokens' must be an integer from 2 to 65536, got "
+                               "'%.60s'", file, sv->line, val);
+        m->max_tokens = (int)n;
+    } else if (warn) {
+        char msg[MTS_ERR_MSG_MAX];
+        snprintf(msg, sizeof msg, "%s:%d: parameter '%.100s' does not apply to mtserve; ignored", file, k->line, key);
+        warn(user, msg);
+    }
+    return MTS_OK;
+}
+
+static int apply_pbtxt(mts_model_config *m, const mts_pbtxt *pb, const char *folder, const char *file,
+                       mts_config_warn_fn warn, void *user, mts_err *err)
 {
     static const char *quiet[] = {"name", "platform", "backend", "input", "output", "version_policy",
                                   "max_batch_size", "dynamic_batching", "instance_group", "default_model_filename"};
@@ -1030,7 +1100,10 @@ static int apply_pbtxt(mts_model_config *m, const mts_pbtxt *pb, const char *fil
             bool known = false;
             for (size_t q = 0; q < sizeof quiet / sizeof quiet[0]; q++) known |= !strcmp(k->name, quiet[q]);
             const char *near = known ? NULL : mts_suggest(k->name, quiet, sizeof quiet / sizeof quiet[0]);
-            if (!known && warn && near) {
+            if (!strcmp(k->name, "parameters")) {
+                int prc = apply_pb_param(m, k, folder, file, warn, user, err);
+                if (prc) return prc;
+            } else if (!known && warn && near) {
                 snprintf(msg, sizeof msg, "%s:%d: unknown field '%s'; ignored (did you mean '%s'?)", file, k->line,
                          k->name, near);
                 warn(user, msg);
@@ -1111,7 +1184,7 @@ static int scan_one(mts_config *c, const char *dir, const char *sub, mts_config_
         goto done;
     }
     m->version = (int)version;
-    if (pb.n_kids && (rc = apply_pbtxt(m, &pb, pbpath, warn, user, err))) goto done;
+    if (pb.n_kids && (rc = apply_pbtxt(m, &pb, folder, pbpath, warn, user, err))) goto done;
     if (stat(cfg, &sb) != 0) goto done;
     size_t len;
     rc = read_small_file(cfg, CFG_MAX_FILE_BYTES, &text, &len, err);
@@ -1283,6 +1356,11 @@ void mts_config_free(mts_config *c)
         free(m->name);
         free(m->model_path);
         free(m->background_dir);
+        free(m->tokenizer_path);
+        free(m->input_ids_name);
+        free(m->attention_mask_name);
+        free(m->token_type_ids_name);
+        free(m->output_name);
         free(m->crop_rects_path);
     }
     free(c->models);

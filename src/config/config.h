@@ -49,7 +49,20 @@ typedef struct mts_model_config {
     char *crop_rects_path;
     int num_frames;
     int background_cache_frames; /* default capacity.background_cache_frames */
+    /* text embeddings (docs/embeddings.md): a model with a tokenizer takes texts */
+    char *tokenizer_path;      /* tokenizer: vocab.txt (WordPiece) or tokenizer.json; NULL: not an
+                                * embedding model */
+    int pooling;               /* pooling: MTS_POOL_MEAN (default), _CLS or _LAST */
+    bool normalize;            /* normalize: L2-normalize the vectors (default false) */
+    int lowercase;             /* lowercase: 0 = the tokenizer's own default, 1 = true, 2 = false */
+    int max_tokens;            /* max_tokens: tokens per text, [CLS]/[SEP] included; 0: 512 or the
+                                * model's fixed sequence length */
+    char *input_ids_name, *attention_mask_name, *token_type_ids_name; /* NULL: detected */
+    char *output_name;         /* output_name: NULL = the model's first output */
 } mts_model_config;
+
+/* Pooling of an embedding model's per-token output (mts_model_config.pooling). */
+enum { MTS_POOL_MEAN = 0, MTS_POOL_CLS = 1, MTS_POOL_LAST = 2 };
 
 typedef struct mts_config {
     char *source;              /* file or folder the configuration came from */

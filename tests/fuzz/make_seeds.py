@@ -263,13 +263,34 @@ def tensor_pb(d):
     put(d, "bool.pb", numpy_helper.from_array(np.array([True, False]), "b").SerializeToString())
 
 
+def tokenizer(d):
+    put(d, "text_ascii", b"text\nHello, worlds! unaffable [MASK] hello<s>hello")
+    put(d, "text_unicode", "text\ncaf\u00e9 \u4e2d\u6587 \u00cf\u0301\u0323 \U0001F600 \u200b\u00a0x 12,3!!".encode())
+    put(d, "text_invalid", b"text\nab\xe4\xb8 \xff\xc0\xaf")
+    put(d, "vocab", b"vocab\n[UNK]\n[CLS]\n[SEP]\nhello\n##s\nab\n\0Hello abs")
+    bpe = ('{"model":{"type":"BPE","unk_token":"<unk>","byte_fallback":true,"vocab":{"<unk>":0,"a":1,"b":2,'
+           '"ab":3,"<0x41>":4},"merges":[["a","b"]]},"pre_tokenizer":{"type":"ByteLevel","add_prefix_space":false},'
+           '"post_processor":{"type":"RobertaProcessing","sep":["b",2],"cls":["a",1]},'
+           '"added_tokens":[{"id":3,"content":"ab","special":true,"normalized":false}]}')
+    put(d, "json_bpe", b"json\n" + bpe.encode() + b"\0abab A ab")
+    wp = ('{"normalizer":{"type":"BertNormalizer","lowercase":true},"pre_tokenizer":{"type":"Sequence",'
+          '"pretokenizers":[{"type":"WhitespaceSplit"},{"type":"Metaspace","replacement":"_","prepend_scheme":"first"}]},'
+          '"model":{"type":"WordPiece","unk_token":"[UNK]","vocab":{"[UNK]":0,"_a":1,"##b":2}},'
+          '"post_processor":{"type":"BertProcessing","sep":["[UNK]",0],"cls":["[UNK]",0]},"truncation":{"max_length":4}}')
+    put(d, "json_wp", b"json\n" + wp.encode() + b"\0A b ab")
+    uni = ('{"model":{"type":"Unigram","unk_id":0,"byte_fallback":true,"vocab":[["<unk>",0],["a",-1],["b",-1],'
+           '["ab",-1.5],["<0x78>",-2]]},"normalizer":{"type":"StripAccents"},"pre_tokenizer":{"type":"Metaspace",'
+           '"replacement":"_","prepend_scheme":"always","split":true}}')
+    put(d, "json_unigram", b"json\n" + uni.encode() + b"\0ab xyz b\xc3\xa1")
+
+
 def main():
     root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
     for name, fn in (("fuzz_http", http), ("fuzz_json", json_), ("fuzz_multipart", multipart), ("fuzz_pbtxt", pbtxt),
                      ("fuzz_yaml_config", yaml), ("fuzz_npy", npy), ("fuzz_image", image), ("fuzz_onnx", onnx_),
                      ("fuzz_tensor_pb", tensor_pb), ("fuzz_grpc", grpc),
                      ("fuzz_kserve_infer", kserve_infer),
-                     ("fuzz_triton_repo", pbtxt)):
+                     ("fuzz_triton_repo", pbtxt), ("fuzz_tokenizer", tokenizer)):
         fn(os.path.join(root, name))
 
 

@@ -907,6 +907,71 @@ static void test_scan_model(void **state)
     assert_int_equal(system(p), 0);
 }
 
+/* Embedding-model keys: YAML (models: entries) and config.pbtxt parameters, with their errors. */
+static void test_embedding_keys(void **state)
+{
+    (void)state;
+    mts_config c;
+    warns w = {0};
+    mts_err err = {0};
+    const char *y = "models:\n  emb:\n    model_path: /m/model.onnx\n    tokenizer: tok/vocab.txt\n    pooling: CLS\n"
+                    "    normalize: true\n    lowercase: false\n    max_tokens: 256\n    input_ids_name: ids\n"
+                    "    output_name: pooled\n  plain:\n    model_path: /m/p.onnx\n";
+    assert_int_equal(mts_config_parse_yaml(y, strlen(y), "/etc/mts/c.yaml", &c, on_warn, &w, &err), MTS_OK);
+    const mts_model_config *e = mts_config_find_model(&c, "emb"), *p = mts_config_find_model(&c, "plain");
+    assert_string_equal(e->tokenizer_path, "/etc/mts/tok/vocab.txt"); /* relative to the config file */
+    assert_int_equal(e->pooling, MTS_POOL_CLS);
+    assert_true(e->normalize);
+    assert_int_equal(e->lowercase, 2);
+    assert_int_equal(e->max_tokens, 256);
+    assert_string_equal(e->input_ids_name, "ids");
+    assert_string_equal(e->output_name, "pooled");
+    assert_null(e->attention_mask_name);
+    assert_null(p->tokenizer_path);
+    assert_int_equal(p->pooling, MTS_POOL_MEAN);
+    assert_int_equal(w.n, 0);
+    mts_config_free(&c);
+    expect_error("models:\n  e:\n    model_path: m.onnx\n    pooling: max\n", MTS_EINVAL, "t.yaml:4",
+                 "'mean', 'cls', 'last'");
+    expect_error("models:\n  e:\n    model_path: m.onnx\n    max_tokens: 1\n", MTS_EINVAL, "max_tokens", NULL);
+    expect_error("models:\n  e:\n    model_path: m.onnx\n    normalize: maybe\n", MTS_EINVAL, "true or false", NULL);
+
+    char dir[] = "/tmp/mts_embcfg_XXXXXX", path[600];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/enc", dir);
+    assert_int_equal(mkdir(path, 0700), 0);
+    snprintf(path, sizeof path, "%s/enc/model.onnx", dir);
+    write_file(path, "onnx");
+    snprintf(path, sizeof path, "%s/enc/config.pbtxt", dir);
+    write_file(path, "max_batch_size: 8\n"
+                     "parameters { key: \"tokenizer\" value: { string_value: \"vocab.txt\" } }\n"
+                     "parameters { key: \"pooling\" value: { string_value: \"last\" } }\n"
+                     "parameters { key: \"normalize\" value: { string_value: \"yes\" } }\n"
+                     "parameters { key: \"max_tokens\" value: { string_value: \"128\" } }\n"
+                     "parameters { key: \"foo\" value: { string_value: \"1\" } }\n");
+    mts_config_defaults(&c);
+    w.n = 0;
+    assert_int_equal(mts_config_scan_repository(&c, dir, on_warn, &w, &err), MTS_OK);
+    e = mts_config_find_model(&c, "enc");
+    assert_non_null(e);
+    snprintf(path, sizeof path, "%s/enc/vocab.txt", dir);
+    assert_string_equal(e->tokenizer_path, path); /* relative to the model folder */
+    assert_int_equal(e->pooling, MTS_POOL_LAST);
+    assert_true(e->normalize);
+    assert_int_equal(e->max_tokens, 128);
+    assert_int_equal(count_warns(&w, "parameter 'foo' does not apply"), 1);
+    mts_config_free(&c);
+    snprintf(path, sizeof path, "%s/enc/config.pbtxt", dir);
+    write_file(path, "parameters { key: \"max_tokens\" value: { string_value: \"lots\" } }\n");
+    mts_config_defaults(&c);
+    err = (mts_err){0};
+    assert_int_equal(mts_config_scan_repository(&c, dir, on_warn, &w, &err), MTS_EINVAL);
+    assert_non_null(strstr(err.msg, "config.pbtxt:1: parameter 'max_tokens' must be an integer"));
+    mts_config_free(&c);
+    snprintf(path, sizeof path, "rm -rf '%s'", dir);
+    assert_int_equal(system(path), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -925,6 +990,7 @@ int main(void)
         cmocka_unit_test(test_triton_pbtxt),
         cmocka_unit_test(test_triton_repository),
         cmocka_unit_test(test_scan_model),
+        cmocka_unit_test(test_embedding_keys),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
