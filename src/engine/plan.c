@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "engine/model.h"
+#include "engine/seqval.h"
 #include "engine/weights.h"
 
 #define MTS__FOLD_MAX_BYTES ((int64_t)256 << 20)
@@ -31,7 +32,9 @@ static bool sig_match(const mts__plan *p, const mts_tensor *in, int n)
 {
     if (p->n_sig != n) return false;
     for (int i = 0; i < n; i++)
-        if (p->sig[i].dtype != in[i].dtype || !mts_shape_equal(&p->sig[i], &in[i])) return false;
+        if (p->sig[i].dtype != in[i].dtype ||
+            (!mts_dtype_is_seq(in[i].dtype) && !mts_shape_equal(&p->sig[i], &in[i])))
+            return false; /* sequences match by type: their readers are dynamic steps */
     return true;
 }
 
@@ -229,6 +232,14 @@ static int build(mts_model *m, const mts_tensor *inputs, int n_in, mts__plan **o
             kin[j] = v >= 0 ? &p->vals[v] : NULL;
             if (v < 0) continue;
             if (p->state[v] == MTS__V_DYNAMIC) dynamic = true;
+            if (mts_dtype_is_seq(p->vals[v].dtype) && p->state[v] != MTS__V_DYNAMIC) {
+                if (!mts_seq_op_accepts(n->domain, n->op_type)) {
+                    rc = mts_err_set(err, MTS_EUNSUPPORTED, "input '%s' is a %s, which %s does not take",
+                                     m->values[v].name, mts_dtype_name(p->vals[v].dtype), n->op_type);
+                    goto node_fail;
+                }
+                if (p->state[v] == MTS__V_INPUT) dynamic = true; /* its size varies per run */
+            }
             if (p->state[v] != MTS__V_CONST && !dims_only) all_const = false;
             if (p->state[v] != MTS__V_DYNAMIC && !mts_dtype_supported(p->vals[v].dtype)) {
                 rc = mts_err_set(err, MTS_EUNSUPPORTED, "input '%s' has unsupported type %s", m->values[v].name,

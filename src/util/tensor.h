@@ -30,6 +30,10 @@ typedef enum mts_dtype {
     MTS_DTYPE_COMPLEX64 = 14,
     MTS_DTYPE_COMPLEX128 = 15,
     MTS_DTYPE_BFLOAT16 = 16,
+    /* Not ONNX element types: the engine's sequence and optional values, held as byte blobs
+     * (rank 1, dims[0] bytes; engine/seqval.h). */
+    MTS_DTYPE_SEQUENCE = 100,
+    MTS_DTYPE_OPTIONAL = 101,
 } mts_dtype;
 
 #define MTS_MAX_RANK 8

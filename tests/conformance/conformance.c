@@ -21,6 +21,7 @@
 #include <sys/stat.h>
 
 #include "engine/engine.h"
+#include "engine/seqval.h"
 
 enum outcome { PASS, FAIL, UNSUP };
 
@@ -121,12 +122,14 @@ static int read_file(const char *path, void **data, size_t *len)
     return 0;
 }
 
-static int load_pb(const char *path, mts_tensor *t, mts_err *err)
+/* A TensorProto, or a SequenceProto / OptionalProto where the model declares that type. */
+static int load_pb(const char *path, const mts_value *decl, mts_tensor *t, mts_err *err)
 {
     void *data;
     size_t len;
     if (read_file(path, &data, &len)) return mts_err_set(err, MTS_EIO, "cannot read %s", path);
-    int rc = mts_tensor_parse_pb(data, len, t, NULL, err);
+    int rc = decl && mts_dtype_is_seq(decl->dtype) ? mts_seq_parse_pb(data, len, decl->dtype, t, err)
+                                                   : mts_tensor_parse_pb(data, len, t, NULL, err);
     free(data);
     if (rc) mts_err_prefix(err, "%s: ", path);
     return rc;
@@ -144,8 +147,42 @@ static bool exists(const char *p)
     return stat(p, &st) == 0;
 }
 
-/* Compares one output; writes the first mismatch into msg. */
+static bool compare_tensor(const mts_tensor *got, const mts_tensor *want, char *msg, size_t len);
+
+/* Compares one output (a tensor, or a sequence / optional element by element); writes the first
+ * mismatch into msg. */
 static bool compare(const mts_tensor *got, const mts_tensor *want, char *msg, size_t len)
+{
+    if (!mts_dtype_is_seq(want->dtype) && !mts_dtype_is_seq(got->dtype)) return compare_tensor(got, want, msg, len);
+    mts_seqv gv, wv;
+    mts_err err = {0};
+    if (got->dtype != want->dtype) {
+        snprintf(msg, len, "got a %s, expected a %s", mts_dtype_name(got->dtype), mts_dtype_name(want->dtype));
+        return false;
+    }
+    if (mts_seq_view(got, &gv, &err) || mts_seq_view(want, &wv, &err)) {
+        snprintf(msg, len, "%s", err.msg);
+        return false;
+    }
+    if (gv.kind != wv.kind || gv.count != wv.count) {
+        snprintf(msg, len, "kind %d with %lld elements, expected kind %d with %lld", gv.kind, (long long)gv.count,
+                 wv.kind, (long long)wv.count);
+        return false;
+    }
+    for (int64_t i = 0; i < wv.count; i++) {
+        mts_tensor ge, we;
+        char sub[200];
+        mts_seq_item(&gv, i, &ge);
+        mts_seq_item(&wv, i, &we);
+        if (!compare_tensor(&ge, &we, sub, sizeof sub)) {
+            snprintf(msg, len, "element %lld: %s", (long long)i, sub);
+            return false;
+        }
+    }
+    return true;
+}
+
+static bool compare_tensor(const mts_tensor *got, const mts_tensor *want, char *msg, size_t len)
 {
     char a[128], b[128];
     if (got->dtype != want->dtype) {
@@ -209,7 +246,7 @@ static enum outcome run_test_inner(const char *dir, char *why, size_t wlen, mts_
         for (; n_in < 64; n_in++) {
             snprintf(path, sizeof path, "%s/input_%d.pb", dsdir, n_in);
             if (!exists(path)) break;
-            if ((rc = load_pb(path, &in[n_in], &err))) {
+            if ((rc = load_pb(path, n_in < info.n_inputs ? mts_model_input(m, n_in) : NULL, &in[n_in], &err))) {
                 snprintf(why, wlen, "%s", err.msg);
                 result = rc == MTS_EUNSUPPORTED ? UNSUP : FAIL;
                 break;
@@ -218,7 +255,8 @@ static enum outcome run_test_inner(const char *dir, char *why, size_t wlen, mts_
         for (; result == PASS && n_want < 64; n_want++) {
             snprintf(path, sizeof path, "%s/output_%d.pb", dsdir, n_want);
             if (!exists(path)) break;
-            if ((rc = load_pb(path, &want[n_want], &err))) {
+            if ((rc = load_pb(path, n_want < info.n_outputs ? mts_model_output(m, n_want) : NULL, &want[n_want],
+                              &err))) {
                 snprintf(why, wlen, "%s", err.msg);
                 result = rc == MTS_EUNSUPPORTED ? UNSUP : FAIL;
                 break;

@@ -148,6 +148,7 @@ extern const mts_op mts_ref_ops_control[];   /* If, Loop, Scan (ref_control.c) *
 extern const mts_op mts_ref_ops_rnn[];       /* LSTM, GRU, RNN */
 extern const mts_op mts_ref_ops_loss[];      /* NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss */
 extern const mts_op mts_ref_ops_text[];      /* TfIdfVectorizer */
+extern const mts_op mts_ref_ops_seq[];       /* sequence and optional ops (ref_seq.c) */
 
 /* Conv/ConvTranspose geometry for the fast backends (ref_conv.c): validated like the reference
  * kernels; spatial arrays normalized to 3 entries with the real dims last (leading entries are
