@@ -116,17 +116,6 @@ void mts_seq_write(void *dst, int kind, mts_dtype elem, int64_t count, const mts
     }
 }
 
-bool mts_seq_op_accepts(const char *domain, const char *op_type)
-{
-    static const char *const ok[] = {"Identity", "If", "Loop", "ConcatFromSequence", "Optional",
-                                     "OptionalHasElement", "OptionalGetElement"};
-    if (domain && domain[0]) return false;
-    if (!strncmp(op_type, "Sequence", 8)) return true;
-    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
-        if (!strcmp(op_type, ok[i])) return true;
-    return false;
-}
-
 /* ---- SequenceProto / OptionalProto ---- */
 
 typedef struct rd {
@@ -168,6 +157,168 @@ static int rd_field(rd *r, uint32_t *num, uint32_t *wt, uint64_t *val, const uin
     }
     default: return -1;
     }
+}
+
+bool mts_blob_op_accepts(const char *domain, const char *op_type, mts_dtype dt)
+{
+    static const char *const seq_ok[] = {"Identity", "If", "Loop", "ConcatFromSequence", "Optional",
+                                         "OptionalHasElement", "OptionalGetElement"};
+    static const char *const str_ok[] = {"Identity", "If", "Loop", "Cast", "CastLike", "StringNormalizer"};
+    if (domain && domain[0]) return false;
+    if (dt == MTS_DTYPE_STRINGS) {
+        for (size_t i = 0; i < sizeof str_ok / sizeof str_ok[0]; i++)
+            if (!strcmp(op_type, str_ok[i])) return true;
+        return false;
+    }
+    if (!strncmp(op_type, "Sequence", 8)) return true;
+    for (size_t i = 0; i < sizeof seq_ok / sizeof seq_ok[0]; i++)
+        if (!strcmp(op_type, seq_ok[i])) return true;
+    return false;
+}
+
+/* ---- string tensors ---- */
+
+#define STR_MAGIC ((int64_t)0x3152545353544dLL) /* "MTSSTR1" */
+#define STR_HDR ((3 + MTS_MAX_RANK) * 8)
+
+int64_t mts_str_bytes(int64_t count, int64_t total)
+{
+    if (count < 0 || total < 0 || count > (INT64_MAX / 4) / 8 || total > INT64_MAX / 4) return -1;
+    return STR_HDR + (count + 1) * 8 + total;
+}
+
+int mts_str_view(const mts_tensor *t, mts_strv *v, mts_err *err)
+{
+    if (t->dtype != MTS_DTYPE_STRINGS)
+        return mts_err_set(err, MTS_EINVAL, "expected a string tensor, got %s", mts_dtype_name(t->dtype));
+    if (t->rank != 1 || !t->data || t->dims[0] < STR_HDR + 8)
+        return mts_err_set(err, MTS_EINVAL, "malformed string tensor (no header)");
+    const uint8_t *b = t->data;
+    int64_t size = t->dims[0], h[3 + MTS_MAX_RANK];
+    memcpy(h, b, sizeof h);
+    if (h[0] != STR_MAGIC || h[1] < 0 || h[1] > MTS_MAX_RANK)
+        return mts_err_set(err, MTS_EINVAL, "malformed string tensor (bad header)");
+    mts_tensor shp = {MTS_DTYPE_UINT8, (int)h[1], {0}, NULL};
+    memcpy(shp.dims, h + 2, sizeof shp.dims);
+    int64_t count = h[2 + MTS_MAX_RANK];
+    if (mts_tensor_numel(&shp) != count || count < 0 || count > (size - STR_HDR) / 8 - 1)
+        return mts_err_set(err, MTS_EINVAL, "malformed string tensor (count does not match the shape)");
+    const uint8_t *offs = b + STR_HDR;
+    int64_t avail = size - STR_HDR - (count + 1) * 8, prev = 0, o;
+    for (int64_t i = 0; i <= count; i++) {
+        memcpy(&o, offs + i * 8, 8);
+        if ((i == 0 && o != 0) || o < prev || o > avail)
+            return mts_err_set(err, MTS_EINVAL, "malformed string tensor (offset %lld out of order)", (long long)i);
+        prev = o;
+    }
+    if (prev != avail) return mts_err_set(err, MTS_EINVAL, "malformed string tensor (length mismatch)");
+    v->rank = shp.rank;
+    memcpy(v->dims, shp.dims, sizeof v->dims);
+    v->count = count;
+    v->base = b;
+    return MTS_OK;
+}
+
+const char *mts_str_at(const mts_strv *v, int64_t i, int64_t *len)
+{
+    int64_t a, z;
+    const uint8_t *offs = v->base + STR_HDR;
+    memcpy(&a, offs + i * 8, 8);
+    memcpy(&z, offs + (i + 1) * 8, 8);
+    *len = z - a;
+    return (const char *)offs + (v->count + 1) * 8 + a;
+}
+
+void mts_str_begin(void *dst, int rank, const int64_t *dims, int64_t count)
+{
+    int64_t h[3 + MTS_MAX_RANK] = {0};
+    h[0] = STR_MAGIC;
+    h[1] = rank;
+    for (int d = 0; d < rank; d++) h[2 + d] = dims[d];
+    h[2 + MTS_MAX_RANK] = count;
+    memcpy(dst, h, sizeof h);
+    int64_t zero = 0;
+    memcpy((uint8_t *)dst + STR_HDR, &zero, 8);
+}
+
+char *mts_str_put(void *dst, int64_t count, int64_t i, int64_t len)
+{
+    uint8_t *offs = (uint8_t *)dst + STR_HDR;
+    int64_t a;
+    memcpy(&a, offs + i * 8, 8);
+    int64_t z = a + len;
+    memcpy(offs + (i + 1) * 8, &z, 8);
+    return (char *)offs + (count + 1) * 8 + a;
+}
+
+void mts_str_write(void *dst, int rank, const int64_t *dims, int64_t count, const char *const *s, const int64_t *len)
+{
+    mts_str_begin(dst, rank, dims, count);
+    for (int64_t i = 0; i < count; i++) {
+        char *p = mts_str_put(dst, count, i, len[i]);
+        if (len[i] > 0) memcpy(p, s[i], (size_t)len[i]);
+    }
+}
+
+/* TensorProto of strings: dims (1), data_type (2), string_data (6). */
+int mts_str_parse_pb(const void *data, size_t len, mts_tensor *t, mts_err *err)
+{
+    const uint8_t *p = data;
+    int rank = 0;
+    int64_t dims[MTS_MAX_RANK] = {0}, count = 0, total = 0;
+    uint64_t dtype = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        rd r = {p, p + len};
+        uint32_t num, wt;
+        uint64_t val = 0;
+        const uint8_t *sub = NULL;
+        size_t sl = 0;
+        int f;
+        int64_t i = 0;
+        while ((f = rd_field(&r, &num, &wt, &val, &sub, &sl)) > 0) {
+            if (pass == 0 && num == 1 && wt == 0) {
+                if (rank >= MTS_MAX_RANK || val > (uint64_t)INT64_MAX)
+                    return mts_err_set(err, MTS_EUNSUPPORTED, "string tensor of rank above %d", MTS_MAX_RANK);
+                dims[rank++] = (int64_t)val;
+            } else if (pass == 0 && num == 1 && wt == 2) {
+                rd q = {sub, sub + sl};
+                while (q.p < q.end) {
+                    if (rd_varint(&q, &val) || rank >= MTS_MAX_RANK || val > (uint64_t)INT64_MAX)
+                        return mts_err_set(err, MTS_EFORMAT, "malformed dims in a string TensorProto");
+                    dims[rank++] = (int64_t)val;
+                }
+            } else if (pass == 0 && num == 2 && wt == 0) {
+                dtype = val;
+            } else if (num == 6 && wt == 2) {
+                if (pass == 0) {
+                    count++;
+                    total += (int64_t)sl;
+                } else {
+                    char *dst = mts_str_put(t->data, count, i++, (int64_t)sl);
+                    if (sl) memcpy(dst, sub, sl);
+                }
+            } else if (pass == 0 && (num == 9 || num == 13 || num == 14)) {
+                return mts_err_set(err, MTS_EUNSUPPORTED, "string tensor with raw or external data");
+            }
+        }
+        if (f < 0) return mts_err_set(err, MTS_EFORMAT, "malformed string TensorProto at byte %zu", (size_t)(r.p - p));
+        if (pass == 1) break;
+        mts_tensor shp = {MTS_DTYPE_UINT8, rank, {0}, NULL};
+        memcpy(shp.dims, dims, sizeof dims);
+        if (dtype != MTS_DTYPE_STRING) return mts_err_set(err, MTS_EINVAL, "tensor is not of type string");
+        if (mts_tensor_numel(&shp) != count)
+            return mts_err_set(err, MTS_EFORMAT, "string tensor holds %lld strings, its shape %lld", (long long)count,
+                               (long long)mts_tensor_numel(&shp));
+        int64_t nb = mts_str_bytes(count, total);
+        if (nb < 0) return mts_err_set(err, MTS_ELIMIT, "string tensor too large");
+        memset(t, 0, sizeof *t);
+        t->dtype = MTS_DTYPE_STRINGS;
+        t->rank = 1;
+        t->dims[0] = nb;
+        if (!(t->data = malloc((size_t)nb))) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+        mts_str_begin(t->data, rank, dims, count);
+    }
+    return MTS_OK;
 }
 
 typedef struct parsed {

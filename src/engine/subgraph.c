@@ -255,7 +255,7 @@ int mts_subgraph_shapes(mts_kctx *k, mts_model *g, const mts_tensor *formal, int
     for (int i = 0; i < g->n_outputs; i++) {
         int v = g->outputs[i];
         /* A sequence's blob size is only known from its value (plans match sequences by type). */
-        known[i] = p->state[v] != MTS__V_DYNAMIC && !mts_dtype_is_seq(p->vals[v].dtype);
+        known[i] = p->state[v] != MTS__V_DYNAMIC && !mts_dtype_is_blob(p->vals[v].dtype);
         out[i] = p->vals[v];
         out[i].data = NULL;
     }

@@ -128,8 +128,9 @@ static int load_pb(const char *path, const mts_value *decl, mts_tensor *t, mts_e
     void *data;
     size_t len;
     if (read_file(path, &data, &len)) return mts_err_set(err, MTS_EIO, "cannot read %s", path);
-    int rc = decl && mts_dtype_is_seq(decl->dtype) ? mts_seq_parse_pb(data, len, decl->dtype, t, err)
-                                                   : mts_tensor_parse_pb(data, len, t, NULL, err);
+    int rc = decl && mts_dtype_is_seq(decl->dtype)       ? mts_seq_parse_pb(data, len, decl->dtype, t, err)
+             : decl && decl->dtype == MTS_DTYPE_STRINGS ? mts_str_parse_pb(data, len, t, err)
+                                                        : mts_tensor_parse_pb(data, len, t, NULL, err);
     free(data);
     if (rc) mts_err_prefix(err, "%s: ", path);
     return rc;
@@ -153,9 +154,34 @@ static bool compare_tensor(const mts_tensor *got, const mts_tensor *want, char *
  * mismatch into msg. */
 static bool compare(const mts_tensor *got, const mts_tensor *want, char *msg, size_t len)
 {
-    if (!mts_dtype_is_seq(want->dtype) && !mts_dtype_is_seq(got->dtype)) return compare_tensor(got, want, msg, len);
-    mts_seqv gv, wv;
     mts_err err = {0};
+    if (want->dtype == MTS_DTYPE_STRINGS && got->dtype == MTS_DTYPE_STRINGS) {
+        mts_strv gs, ws;
+        char a[128], b[128];
+        if (mts_str_view(got, &gs, &err) || mts_str_view(want, &ws, &err)) {
+            snprintf(msg, len, "%s", err.msg);
+            return false;
+        }
+        mts_tensor gsh = {MTS_DTYPE_UINT8, gs.rank, {0}, NULL}, wsh = {MTS_DTYPE_UINT8, ws.rank, {0}, NULL};
+        memcpy(gsh.dims, gs.dims, sizeof gsh.dims);
+        memcpy(wsh.dims, ws.dims, sizeof wsh.dims);
+        if (!mts_shape_equal(&gsh, &wsh)) {
+            snprintf(msg, len, "shape %s, expected %s", mts_shape_str(&gsh, a, sizeof a), mts_shape_str(&wsh, b, sizeof b));
+            return false;
+        }
+        for (int64_t i = 0; i < ws.count; i++) {
+            int64_t gl, wl;
+            const char *gp = mts_str_at(&gs, i, &gl), *wp = mts_str_at(&ws, i, &wl);
+            if (gl != wl || memcmp(gp, wp, (size_t)gl)) {
+                snprintf(msg, len, "string %lld is '%.*s', expected '%.*s'", (long long)i, (int)(gl > 60 ? 60 : gl), gp,
+                         (int)(wl > 60 ? 60 : wl), wp);
+                return false;
+            }
+        }
+        return true;
+    }
+    if (!mts_dtype_is_blob(want->dtype) && !mts_dtype_is_blob(got->dtype)) return compare_tensor(got, want, msg, len);
+    mts_seqv gv, wv;
     if (got->dtype != want->dtype) {
         snprintf(msg, len, "got a %s, expected a %s", mts_dtype_name(got->dtype), mts_dtype_name(want->dtype));
         return false;

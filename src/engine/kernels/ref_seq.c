@@ -80,9 +80,9 @@ static int in_seq(mts_kctx *k, int i, mts_seqv *v)
 /* Checks that tensor t may be an element of a sequence of type elem (UNDEFINED: any). */
 static int chk_elem(mts_kctx *k, const mts_tensor *t, mts_dtype elem, const char *what)
 {
-    if (mts_dtype_is_seq(t->dtype))
-        return mts_err_set(k->err, MTS_EUNSUPPORTED, "%s: sequences of sequences or optionals are not supported",
-                           what);
+    if (mts_dtype_is_blob(t->dtype))
+        return mts_err_set(k->err, MTS_EUNSUPPORTED, "%s: sequences of sequences, optionals or strings are not "
+                           "supported", what);
     if (!mts_dtype_supported(t->dtype))
         return mts_err_set(k->err, MTS_EUNSUPPORTED, "%s has unsupported type %s", what, mts_dtype_name(t->dtype));
     if (elem != MTS_DTYPE_UNDEFINED && t->dtype != elem)
