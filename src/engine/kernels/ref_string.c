@@ -3,7 +3,8 @@
  * from string (called by the Cast kernels in ref_math.c), and StringNormalizer.
  *
  * Number to string follows the ONNX test data (numpy's str()): the shortest decimal that reads
- * back to the same float (or double), "NaN", "INF" and "-INF"; integers in decimal. String to
+ * back to the same float (or double), positional for 1e-4 <= |x| < 1e16 ("100.0", "0.5"),
+ * scientific otherwise ("1e-05"); "NaN", "INF" and "-INF"; integers in decimal. String to
  * number reads with strtod/strtoll and accepts "NaN", "INF", "+INF", "-INF" in any case; a
  * string that is not a number is an error. float16/bfloat16 and bool are declined both ways.
  * StringNormalizer changes case for ASCII and the Latin-1 letters of UTF-8 (U+00C0..U+00FE),
@@ -29,22 +30,58 @@ static bool str_num_type(mts_dtype t)
            t == MTS_DTYPE_INT64 || t == MTS_DTYPE_UINT64;
 }
 
-/* Formats element i of x into buf (>= 40 bytes); returns the length. */
+/* The shortest decimal that reads back to d (as a float when is_float), written like numpy's
+ * str(): positional for 1e-4 <= |d| < 1e16 with at least one fractional digit ("100.0",
+ * "0.00012"), scientific otherwise ("1e-05", "1.5e+20"). buf holds >= 48 bytes. */
+static int fmt_real(double d, bool is_float, char *buf)
+{
+    if (isnan(d)) return snprintf(buf, 48, "NaN");
+    if (isinf(d)) return snprintf(buf, 48, d < 0 ? "-INF" : "INF");
+    char e[48];
+    int o = 0;
+    if (signbit(d)) buf[o++] = '-', d = -d;
+    if (d == 0) return o + snprintf(buf + o, (size_t)(48 - o), "0.0");
+    int maxp = is_float ? 9 : 17;
+    for (int p = 1; p <= maxp; p++) {
+        snprintf(e, sizeof e, "%.*e", p - 1, d);
+        if (is_float ? strtof(e, NULL) == (float)d : strtod(e, NULL) == d) break;
+    }
+    char dig[24];
+    int nd = 0;
+    const char *q = e;
+    for (; *q && *q != 'e'; q++)
+        if (*q >= '0' && *q <= '9' && nd < 23) dig[nd++] = *q;
+    int x = *q == 'e' ? atoi(q + 1) : 0;
+    while (nd > 1 && dig[nd - 1] == '0') nd--;
+    if (x >= -4 && x < 16) {
+        if (x < 0) {
+            o += snprintf(buf + o, (size_t)(48 - o), "0.");
+            for (int i = 0; i < -x - 1; i++) buf[o++] = '0';
+            for (int i = 0; i < nd; i++) buf[o++] = dig[i];
+        } else {
+            for (int i = 0; i <= x; i++) buf[o++] = i < nd ? dig[i] : '0';
+            buf[o++] = '.';
+            if (nd <= x + 1) buf[o++] = '0';
+            for (int i = x + 1; i < nd; i++) buf[o++] = dig[i];
+        }
+        buf[o] = '\0';
+        return o;
+    }
+    buf[o++] = dig[0];
+    if (nd > 1) {
+        buf[o++] = '.';
+        for (int i = 1; i < nd; i++) buf[o++] = dig[i];
+    }
+    return o + snprintf(buf + o, (size_t)(48 - o), "e%c%02d", x < 0 ? '-' : '+', x < 0 ? -x : x);
+}
+
+/* Formats element i of x into buf (>= 48 bytes); returns the length. */
 static int fmt_elem(const mts_tensor *x, int64_t i, char *buf)
 {
-    if (x->dtype == MTS_DTYPE_FLOAT || x->dtype == MTS_DTYPE_DOUBLE) {
-        double d = mts_tensor_get_f64(x, i);
-        if (isnan(d)) return snprintf(buf, 40, "NaN");
-        if (isinf(d)) return snprintf(buf, 40, d < 0 ? "-INF" : "INF");
-        int maxp = x->dtype == MTS_DTYPE_FLOAT ? 9 : 17, n = 0;
-        for (int p = 1; p <= maxp; p++) { /* the shortest form that reads back the same */
-            n = snprintf(buf, 40, "%.*g", p, d);
-            if (x->dtype == MTS_DTYPE_FLOAT ? strtof(buf, NULL) == (float)d : strtod(buf, NULL) == d) break;
-        }
-        return n;
-    }
-    if (x->dtype == MTS_DTYPE_UINT64) return snprintf(buf, 40, "%llu", (unsigned long long)((const uint64_t *)x->data)[i]);
-    return snprintf(buf, 40, "%lld", (long long)mts_tensor_get_int(x, i));
+    if (x->dtype == MTS_DTYPE_FLOAT || x->dtype == MTS_DTYPE_DOUBLE)
+        return fmt_real(mts_tensor_get_f64(x, i), x->dtype == MTS_DTYPE_FLOAT, buf);
+    if (x->dtype == MTS_DTYPE_UINT64) return snprintf(buf, 48, "%llu", (unsigned long long)((const uint64_t *)x->data)[i]);
+    return snprintf(buf, 48, "%lld", (long long)mts_tensor_get_int(x, i));
 }
 
 static int parse_elem(mts_kctx *k, const char *s, int64_t len, mts_dtype to, void *y, int64_t i)
@@ -106,7 +143,7 @@ static int cast_str_do(mts_kctx *k, mts_dtype to, bool write)
                                mts_dtype_name(x->dtype));
         if (!x->data) return MTS_EDYNAMIC;
         int64_t n = mts_tensor_numel(x), total = 0;
-        char buf[40];
+        char buf[48];
         if (!write) {
             for (int64_t i = 0; i < n; i++) total += fmt_elem(x, i, buf);
             int64_t nb = mts_str_bytes(n, total), dims[1] = {nb};
