@@ -63,8 +63,7 @@ static int put_blob(mts_kctx *k, int j, int kind, mts_dtype elem, const items *i
     return mts_kset_out(k, j, mts_seq_dtype(kind), 1, dims);
 }
 
-/* Input i as a validated sequence (kind SEQ; with opt_ok an optional holding one is taken
- * too); MTS_EDYNAMIC while its data is unknown. */
+/* Input i as a validated sequence (kind SEQ); MTS_EDYNAMIC while its data is unknown. */
 static int in_seq(mts_kctx *k, int i, mts_seqv *v)
 {
     const mts_tensor *t = mts_kin(k, i);
