@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "engine/model.h"
+#include "engine/seqval.h"
 #include "engine/team.h"
 #include "util/par_items.h"
 
@@ -506,6 +507,11 @@ static int run_steps(mts_ctx *c, const mts__plan *p, const mts_tensor **outputs,
                 *v = *t;
                 v->dims[1] = t->dims[2], v->dims[2] = t->dims[3], v->dims[3] = t->dims[1];
                 t = v;
+            }
+            if (t && mts_dtype_is_blob(t->dtype) && !mts_blob_op_accepts(n->domain, n->op_type, t->dtype)) {
+                rc = mts_err_set(err, MTS_EUNSUPPORTED, "input %d is a %s, which this op does not take", j,
+                                 mts_dtype_name(t->dtype));
+                goto node_fail;
             }
             c->kin[j] = t;
         }

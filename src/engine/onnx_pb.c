@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "engine/model.h"
+#include "engine/seqval.h"
 #include "engine/weights.h"
 
 typedef struct pb {
@@ -341,7 +342,7 @@ int mts__parse_tensor(const mts__pb_src *s, const uint8_t *p, size_t len, mts_po
                                (long long)dims[i]);
         t->dims[i] = dims[i];
     }
-    if (!mts_dtype_supported(t->dtype))
+    if (!mts_dtype_supported(t->dtype) || mts_dtype_is_blob(t->dtype))
         return mts_err_set(err, MTS_EUNSUPPORTED, "%s: tensor '%s' has element type %s, which mtserve does not support",
                            s->file, name, mts_dtype_name(t->dtype));
     int64_t numel = mts_tensor_numel(t), nbytes = mts_tensor_nbytes(t);
@@ -480,15 +481,18 @@ static int parse_value_info(const mts__pb_src *s, pb b, mts_pool *pool, mts_valu
             pb_field g;
             while ((rc = pb_next(s, &tb, &g, "TypeProto", err)) > 0) {
                 if (g.num != 1) {
-                    if (g.wt == WT_LEN && (g.num == 4 || g.num == 5 || g.num == 8 || g.num == 9))
-                        v->dtype = (mts_dtype)-1; /* sequence/map/optional/sparse: not a tensor */
+                    /* sequence and optional values are blobs (engine/seqval.h); map/sparse: declined */
+                    if (g.wt == WT_LEN && g.num == 4) v->dtype = MTS_DTYPE_SEQUENCE;
+                    else if (g.wt == WT_LEN && g.num == 9) v->dtype = MTS_DTYPE_OPTIONAL;
+                    else if (g.wt == WT_LEN && (g.num == 5 || g.num == 8)) v->dtype = (mts_dtype)-1;
                     continue;
                 }
                 if (g.wt != WT_LEN) continue;
                 pb tt = g.sub;
                 pb_field h;
                 while ((rc = pb_next(s, &tt, &h, "TypeProto.Tensor", err)) > 0) {
-                    if (h.num == 1 && h.wt == WT_VARINT) v->dtype = (mts_dtype)h.v;
+                    if (h.num == 1 && h.wt == WT_VARINT)
+                        v->dtype = h.v == MTS_DTYPE_STRING ? MTS_DTYPE_STRINGS : (mts_dtype)h.v; /* strings: blobs */
                     if (h.num == 2 && h.wt == WT_LEN) {
                         pb sh = h.sub;
                         pb_field d;

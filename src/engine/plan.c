@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "engine/model.h"
+#include "engine/seqval.h"
 #include "engine/weights.h"
 
 #define MTS__FOLD_MAX_BYTES ((int64_t)256 << 20)
@@ -31,7 +32,9 @@ static bool sig_match(const mts__plan *p, const mts_tensor *in, int n)
 {
     if (p->n_sig != n) return false;
     for (int i = 0; i < n; i++)
-        if (p->sig[i].dtype != in[i].dtype || !mts_shape_equal(&p->sig[i], &in[i])) return false;
+        if (p->sig[i].dtype != in[i].dtype ||
+            (!mts_dtype_is_blob(in[i].dtype) && !mts_shape_equal(&p->sig[i], &in[i])))
+            return false; /* blobs match by type: their readers are dynamic steps */
     return true;
 }
 
@@ -49,10 +52,24 @@ int mts__check_inputs(const mts_model *m, const mts_tensor *in, int n, mts_err *
                                mts_dtype_name(in[i].dtype), mts_dtype_name(v->dtype));
         if (in[i].rank < 0 || in[i].rank > MTS_MAX_RANK || mts_tensor_numel(&in[i]) < 0)
             return mts_err_set(err, MTS_ESHAPE, "input '%s' has an invalid shape", v->name);
-        if (v->rank < 0) continue;
-        bool ok = in[i].rank == v->rank;
+        if (v->rank < 0 || mts_dtype_is_seq(v->dtype)) continue;
+        const mts_tensor *x = &in[i];
+        mts_tensor shp = {MTS_DTYPE_UINT8, 0, {0}, NULL};
+        if (v->dtype == MTS_DTYPE_STRINGS) { /* a blob: its shape is inside (checked when it has data) */
+            mts_strv sv;
+            if (!in[i].data) continue;
+            int rc = mts_str_view(&in[i], &sv, err);
+            if (rc) {
+                mts_err_prefix(err, "input '%s': ", v->name);
+                return rc;
+            }
+            shp.rank = sv.rank;
+            memcpy(shp.dims, sv.dims, sizeof shp.dims);
+            x = &shp;
+        }
+        bool ok = x->rank == v->rank;
         for (int d = 0; ok && d < v->rank; d++)
-            if (v->dims[d] >= 0 && v->dims[d] != in[i].dims[d]) ok = false;
+            if (v->dims[d] >= 0 && v->dims[d] != x->dims[d]) ok = false;
         if (!ok) {
             size_t o = 0;
             o += (size_t)snprintf(want + o, sizeof want - o, "[");
@@ -65,7 +82,7 @@ int mts__check_inputs(const mts_model *m, const mts_tensor *in, int n, mts_err *
             }
             if (o < sizeof want) snprintf(want + o, sizeof want - o, "]");
             return mts_err_set(err, MTS_ESHAPE, "input '%s' has shape %s, the model expects %s", v->name,
-                               mts_shape_str(&in[i], got, sizeof got), want);
+                               mts_shape_str(x, got, sizeof got), want);
         }
     }
     return MTS_OK;
@@ -229,6 +246,14 @@ static int build(mts_model *m, const mts_tensor *inputs, int n_in, mts__plan **o
             kin[j] = v >= 0 ? &p->vals[v] : NULL;
             if (v < 0) continue;
             if (p->state[v] == MTS__V_DYNAMIC) dynamic = true;
+            if (mts_dtype_is_blob(p->vals[v].dtype) && p->state[v] != MTS__V_DYNAMIC) {
+                if (!mts_blob_op_accepts(n->domain, n->op_type, p->vals[v].dtype)) {
+                    rc = mts_err_set(err, MTS_EUNSUPPORTED, "input '%s' is a %s, which %s does not take",
+                                     m->values[v].name, mts_dtype_name(p->vals[v].dtype), n->op_type);
+                    goto node_fail;
+                }
+                if (p->state[v] == MTS__V_INPUT) dynamic = true; /* its size varies per run */
+            }
             if (p->state[v] != MTS__V_CONST && !dims_only) all_const = false;
             if (p->state[v] != MTS__V_DYNAMIC && !mts_dtype_supported(p->vals[v].dtype)) {
                 rc = mts_err_set(err, MTS_EUNSUPPORTED, "input '%s' has unsupported type %s", m->values[v].name,

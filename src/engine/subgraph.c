@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "engine/model.h"
+#include "engine/seqval.h"
 #include "engine/subgraph.h"
 
 typedef struct cf_entry {
@@ -62,7 +63,8 @@ int mts__subgraph_check(const mts_model *m, const mts_node *n, const char *file,
         const mts_attr *at = &n->attrs[a];
         if (at->type != MTS_ATTR_GRAPH) continue;
         bool known = (!strcmp(op, "If") && (!strcmp(at->name, "then_branch") || !strcmp(at->name, "else_branch"))) ||
-                     ((!strcmp(op, "Loop") || !strcmp(op, "Scan")) && !strcmp(at->name, "body"));
+                     ((!strcmp(op, "Loop") || !strcmp(op, "Scan") || !strcmp(op, "SequenceMap")) &&
+                      !strcmp(at->name, "body"));
         if (!known)
             return mts_err_set(err, MTS_EUNSUPPORTED, "%s: node '%s' (%s): graph attribute '%s' is not supported", file,
                                n->name, op, at->name);
@@ -124,6 +126,15 @@ int mts__subgraph_check(const mts_model *m, const mts_node *n, const char *file,
         if (n->n_out > b->n_outputs)
             return mts_err_set(err, MTS_EFORMAT, "%s: node '%s' (Scan) has %d outputs but its body only %d", file,
                                n->name, n->n_out, b->n_outputs);
+        return MTS_OK;
+    }
+    if (!strcmp(op, "SequenceMap")) {
+        const mts_model *b = mts_subgraph(n, "body");
+        if (!b) return mts_err_set(err, MTS_EFORMAT, "%s: node '%s' (SequenceMap) has no body", file, n->name);
+        if (n_exp < 1 || b->n_formal != n_exp || b->n_outputs != n->n_out)
+            return mts_err_set(err, MTS_EFORMAT,
+                               "%s: node '%s' (SequenceMap): the body takes %d inputs and gives %d outputs, the node "
+                               "has %d and %d", file, n->name, b->n_formal, b->n_outputs, n_exp, n->n_out);
         return MTS_OK;
     }
     return mts_err_set(err, MTS_EUNSUPPORTED, "%s: node '%s' (%s): subgraph attributes of this op are not supported",
@@ -243,7 +254,8 @@ int mts_subgraph_shapes(mts_kctx *k, mts_model *g, const mts_tensor *formal, int
     if (rc) return rc;
     for (int i = 0; i < g->n_outputs; i++) {
         int v = g->outputs[i];
-        known[i] = p->state[v] != MTS__V_DYNAMIC;
+        /* A sequence's blob size is only known from its value (plans match sequences by type). */
+        known[i] = p->state[v] != MTS__V_DYNAMIC && !mts_dtype_is_blob(p->vals[v].dtype);
         out[i] = p->vals[v];
         out[i].data = NULL;
     }

@@ -12,6 +12,7 @@ bool mts_dtype_supported(mts_dtype t)
     case MTS_DTYPE_INT16: case MTS_DTYPE_INT32: case MTS_DTYPE_INT64: case MTS_DTYPE_BOOL:
     case MTS_DTYPE_FLOAT16: case MTS_DTYPE_DOUBLE: case MTS_DTYPE_UINT32: case MTS_DTYPE_UINT64:
     case MTS_DTYPE_BFLOAT16:
+    case MTS_DTYPE_SEQUENCE: case MTS_DTYPE_OPTIONAL: case MTS_DTYPE_STRINGS: /* blobs (engine/seqval.h) */
         return true;
     default:
         return false;

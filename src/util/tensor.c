@@ -13,6 +13,7 @@ size_t mts_dtype_size(mts_dtype t)
     switch (t) {
     case MTS_DTYPE_FLOAT: case MTS_DTYPE_INT32: case MTS_DTYPE_UINT32: return 4;
     case MTS_DTYPE_UINT8: case MTS_DTYPE_INT8: case MTS_DTYPE_BOOL: return 1;
+    case MTS_DTYPE_SEQUENCE: case MTS_DTYPE_OPTIONAL: case MTS_DTYPE_STRINGS: return 1; /* blob bytes */
     case MTS_DTYPE_UINT16: case MTS_DTYPE_INT16: case MTS_DTYPE_FLOAT16: case MTS_DTYPE_BFLOAT16: return 2;
     case MTS_DTYPE_INT64: case MTS_DTYPE_DOUBLE: case MTS_DTYPE_UINT64: return 8;
     default: return 0;
@@ -38,6 +39,9 @@ const char *mts_dtype_name(mts_dtype t)
     case MTS_DTYPE_COMPLEX64: return "complex64";
     case MTS_DTYPE_COMPLEX128: return "complex128";
     case MTS_DTYPE_BFLOAT16: return "bfloat16";
+    case MTS_DTYPE_SEQUENCE: return "sequence";
+    case MTS_DTYPE_OPTIONAL: return "optional";
+    case MTS_DTYPE_STRINGS: return "string";
     default: return "undefined";
     }
 }

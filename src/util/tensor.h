@@ -30,6 +30,12 @@ typedef enum mts_dtype {
     MTS_DTYPE_COMPLEX64 = 14,
     MTS_DTYPE_COMPLEX128 = 15,
     MTS_DTYPE_BFLOAT16 = 16,
+    /* Not ONNX element types: the engine's sequence, optional and string-tensor values, held as
+     * byte blobs (rank 1, dims[0] bytes; engine/seqval.h). A model's string (8) tensors are
+     * MTS_DTYPE_STRINGS values. */
+    MTS_DTYPE_SEQUENCE = 100,
+    MTS_DTYPE_OPTIONAL = 101,
+    MTS_DTYPE_STRINGS = 102,
 } mts_dtype;
 
 #define MTS_MAX_RANK 8

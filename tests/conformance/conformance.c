@@ -21,6 +21,7 @@
 #include <sys/stat.h>
 
 #include "engine/engine.h"
+#include "engine/seqval.h"
 
 enum outcome { PASS, FAIL, UNSUP };
 
@@ -121,12 +122,15 @@ static int read_file(const char *path, void **data, size_t *len)
     return 0;
 }
 
-static int load_pb(const char *path, mts_tensor *t, mts_err *err)
+/* A TensorProto, or a SequenceProto / OptionalProto where the model declares that type. */
+static int load_pb(const char *path, const mts_value *decl, mts_tensor *t, mts_err *err)
 {
     void *data;
     size_t len;
     if (read_file(path, &data, &len)) return mts_err_set(err, MTS_EIO, "cannot read %s", path);
-    int rc = mts_tensor_parse_pb(data, len, t, NULL, err);
+    int rc = decl && mts_dtype_is_seq(decl->dtype)       ? mts_seq_parse_pb(data, len, decl->dtype, t, err)
+             : decl && decl->dtype == MTS_DTYPE_STRINGS ? mts_str_parse_pb(data, len, t, err)
+                                                        : mts_tensor_parse_pb(data, len, t, NULL, err);
     free(data);
     if (rc) mts_err_prefix(err, "%s: ", path);
     return rc;
@@ -144,8 +148,67 @@ static bool exists(const char *p)
     return stat(p, &st) == 0;
 }
 
-/* Compares one output; writes the first mismatch into msg. */
+static bool compare_tensor(const mts_tensor *got, const mts_tensor *want, char *msg, size_t len);
+
+/* Compares one output (a tensor, or a sequence / optional element by element); writes the first
+ * mismatch into msg. */
 static bool compare(const mts_tensor *got, const mts_tensor *want, char *msg, size_t len)
+{
+    mts_err err = {0};
+    if (want->dtype == MTS_DTYPE_STRINGS && got->dtype == MTS_DTYPE_STRINGS) {
+        mts_strv gs, ws;
+        char a[128], b[128];
+        if (mts_str_view(got, &gs, &err) || mts_str_view(want, &ws, &err)) {
+            snprintf(msg, len, "%s", err.msg);
+            return false;
+        }
+        mts_tensor gsh = {MTS_DTYPE_UINT8, gs.rank, {0}, NULL}, wsh = {MTS_DTYPE_UINT8, ws.rank, {0}, NULL};
+        memcpy(gsh.dims, gs.dims, sizeof gsh.dims);
+        memcpy(wsh.dims, ws.dims, sizeof wsh.dims);
+        if (!mts_shape_equal(&gsh, &wsh)) {
+            snprintf(msg, len, "shape %s, expected %s", mts_shape_str(&gsh, a, sizeof a), mts_shape_str(&wsh, b, sizeof b));
+            return false;
+        }
+        for (int64_t i = 0; i < ws.count; i++) {
+            int64_t gl, wl;
+            const char *gp = mts_str_at(&gs, i, &gl), *wp = mts_str_at(&ws, i, &wl);
+            if (gl != wl || memcmp(gp, wp, (size_t)gl)) {
+                snprintf(msg, len, "string %lld is '%.*s', expected '%.*s'", (long long)i, (int)(gl > 60 ? 60 : gl), gp,
+                         (int)(wl > 60 ? 60 : wl), wp);
+                return false;
+            }
+        }
+        return true;
+    }
+    if (!mts_dtype_is_blob(want->dtype) && !mts_dtype_is_blob(got->dtype)) return compare_tensor(got, want, msg, len);
+    mts_seqv gv, wv;
+    if (got->dtype != want->dtype) {
+        snprintf(msg, len, "got a %s, expected a %s", mts_dtype_name(got->dtype), mts_dtype_name(want->dtype));
+        return false;
+    }
+    if (mts_seq_view(got, &gv, &err) || mts_seq_view(want, &wv, &err)) {
+        snprintf(msg, len, "%s", err.msg);
+        return false;
+    }
+    if (gv.kind != wv.kind || gv.count != wv.count) {
+        snprintf(msg, len, "kind %d with %lld elements, expected kind %d with %lld", gv.kind, (long long)gv.count,
+                 wv.kind, (long long)wv.count);
+        return false;
+    }
+    for (int64_t i = 0; i < wv.count; i++) {
+        mts_tensor ge, we;
+        char sub[200];
+        mts_seq_item(&gv, i, &ge);
+        mts_seq_item(&wv, i, &we);
+        if (!compare_tensor(&ge, &we, sub, sizeof sub)) {
+            snprintf(msg, len, "element %lld: %s", (long long)i, sub);
+            return false;
+        }
+    }
+    return true;
+}
+
+static bool compare_tensor(const mts_tensor *got, const mts_tensor *want, char *msg, size_t len)
 {
     char a[128], b[128];
     if (got->dtype != want->dtype) {
@@ -209,7 +272,7 @@ static enum outcome run_test_inner(const char *dir, char *why, size_t wlen, mts_
         for (; n_in < 64; n_in++) {
             snprintf(path, sizeof path, "%s/input_%d.pb", dsdir, n_in);
             if (!exists(path)) break;
-            if ((rc = load_pb(path, &in[n_in], &err))) {
+            if ((rc = load_pb(path, n_in < info.n_inputs ? mts_model_input(m, n_in) : NULL, &in[n_in], &err))) {
                 snprintf(why, wlen, "%s", err.msg);
                 result = rc == MTS_EUNSUPPORTED ? UNSUP : FAIL;
                 break;
@@ -218,7 +281,8 @@ static enum outcome run_test_inner(const char *dir, char *why, size_t wlen, mts_
         for (; result == PASS && n_want < 64; n_want++) {
             snprintf(path, sizeof path, "%s/output_%d.pb", dsdir, n_want);
             if (!exists(path)) break;
-            if ((rc = load_pb(path, &want[n_want], &err))) {
+            if ((rc = load_pb(path, n_want < info.n_outputs ? mts_model_output(m, n_want) : NULL, &want[n_want],
+                              &err))) {
                 snprintf(why, wlen, "%s", err.msg);
                 result = rc == MTS_EUNSUPPORTED ? UNSUP : FAIL;
                 break;

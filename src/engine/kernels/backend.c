@@ -13,7 +13,7 @@ static const mts_op *const *ref_tables(void)
     static const mts_op *const tables[] = {mts_ref_ops_conv,   mts_ref_ops_math,   mts_ref_ops_shape,
                                            mts_ref_ops_math2,  mts_ref_ops_signal, mts_ref_ops_random,
                                            mts_ref_ops_quant,  mts_ref_ops_index,  mts_ref_ops_control,
-                                           mts_ref_ops_rnn,    mts_ref_ops_loss,   mts_ref_ops_text,   NULL};
+                                           mts_ref_ops_rnn,    mts_ref_ops_loss,   mts_ref_ops_text,   mts_ref_ops_seq,    mts_ref_ops_string, NULL};
     return tables;
 }
 

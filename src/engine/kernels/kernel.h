@@ -148,6 +148,11 @@ extern const mts_op mts_ref_ops_control[];   /* If, Loop, Scan (ref_control.c) *
 extern const mts_op mts_ref_ops_rnn[];       /* LSTM, GRU, RNN */
 extern const mts_op mts_ref_ops_loss[];      /* NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss */
 extern const mts_op mts_ref_ops_text[];      /* TfIdfVectorizer */
+extern const mts_op mts_ref_ops_seq[];       /* sequence and optional ops (ref_seq.c) */
+extern const mts_op mts_ref_ops_string[];    /* StringNormalizer (ref_string.c) */
+/* Cast / CastLike to or from string tensors (ref_string.c; `to` may be MTS_DTYPE_STRING). */
+int mts_str_cast_infer(mts_kctx *k, mts_dtype to);
+int mts_str_cast_run(mts_kctx *k, mts_dtype to);
 
 /* Conv/ConvTranspose geometry for the fast backends (ref_conv.c): validated like the reference
  * kernels; spatial arrays normalized to 3 entries with the real dims last (leading entries are

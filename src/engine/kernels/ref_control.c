@@ -186,6 +186,9 @@ static int stack(mts_kctx *k, mts_cf_state *st, int e, int64_t iter, int64_t pos
                  const mts_tensor *src, mts_tensor *first, const char *what)
 {
     char a[128], b[128];
+    if (src->dtype == MTS_DTYPE_SEQUENCE || src->dtype == MTS_DTYPE_OPTIONAL || src->dtype == MTS_DTYPE_STRINGS)
+        return mts_err_set(k->err, MTS_EUNSUPPORTED, "%s: stacking %s values is not supported", what,
+                           mts_dtype_name(src->dtype));
     if (iter == 0) {
         if (src->rank + 1 > MTS_MAX_RANK)
             return mts_err_set(k->err, MTS_EUNSUPPORTED, "%s: per-iteration rank %d leaves no room to stack", what,

@@ -993,9 +993,17 @@ static int cast_check_target(mts_kctx *k, mts_dtype to, const mts_tensor *x)
     return MTS_OK;
 }
 
+/* Whether a cast from x to `to` involves strings (kernels/ref_string.c does those). */
+static bool cast_is_str(const mts_kctx *k, mts_dtype to)
+{
+    const mts_tensor *x = mts_kin(k, 0);
+    return to == MTS_DTYPE_STRING || to == MTS_DTYPE_STRINGS || (x && x->dtype == MTS_DTYPE_STRINGS);
+}
+
 static int cast_infer(mts_kctx *k)
 {
     const mts_tensor *x;
+    if (k->n_in == 1 && cast_is_str(k, cast_target(k->node))) return mts_str_cast_infer(k, cast_target(k->node));
     int rc = check_arity(k, 1, 1);
     if (!rc) rc = check_in(k, 0, M_ALL, &x);
     if (rc) return rc;
@@ -1103,6 +1111,7 @@ static void cast_elems(const mts_tensor *x, mts_dtype to, void *yv)
 
 static int cast_run(mts_kctx *k)
 {
+    if (cast_is_str(k, cast_target(k->node))) return mts_str_cast_run(k, cast_target(k->node));
     cast_elems(k->in[0], cast_target(k->node), k->out[0].data);
     return MTS_OK;
 }
@@ -1112,6 +1121,7 @@ static int cast_run(mts_kctx *k)
 static int castlike_infer(mts_kctx *k)
 {
     const mts_tensor *x, *like;
+    if (k->n_in == 2 && k->in[1] && cast_is_str(k, k->in[1]->dtype)) return mts_str_cast_infer(k, k->in[1]->dtype);
     int rc = check_arity(k, 2, 2);
     if (!rc) rc = check_in(k, 0, M_ALL, &x);
     if (!rc) rc = check_in(k, 1, M_ALL, &like);
@@ -1121,6 +1131,7 @@ static int castlike_infer(mts_kctx *k)
 
 static int castlike_run(mts_kctx *k)
 {
+    if (cast_is_str(k, k->in[1]->dtype)) return mts_str_cast_run(k, k->in[1]->dtype);
     cast_elems(k->in[0], k->in[1]->dtype, k->out[0].data);
     return MTS_OK;
 }
