@@ -279,6 +279,30 @@ static void fill_meta(mts__version *v, const mts_model_config *cfg)
     v->max_batch = v->batchable ? (cfg->max_batch > 0 ? cfg->max_batch : 1) : 1;
 }
 
+/* The engine holds sequence, optional and string values inside a graph; the protocols carry
+ * tensors of numbers (KServe BYTES reach models through the embeddings path, tokenized), so a
+ * model whose graph inputs or outputs are of those kinds is refused at load with the reason. */
+static int check_io_kinds(const mts_model *m, char *msg, size_t len)
+{
+    mts_model_info info;
+    mts_model_get_info(m, &info);
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < (pass ? info.n_outputs : info.n_inputs); i++) {
+            const mts_value *val = pass ? mts_model_output(m, i) : mts_model_input(m, i);
+            const char *kind = val->dtype == MTS_DTYPE_SEQUENCE   ? "a sequence"
+                               : val->dtype == MTS_DTYPE_OPTIONAL ? "an optional value"
+                               : val->dtype == MTS_DTYPE_STRINGS || val->dtype == MTS_DTYPE_STRING
+                                   ? "a string tensor"
+                                   : NULL;
+            if (kind) {
+                snprintf(msg, len, "graph %s '%s' is %s: the server exchanges numeric tensors over its "
+                         "protocols (such values may live inside the graph)", pass ? "output" : "input", val->name, kind);
+                return MTS_EUNSUPPORTED;
+            }
+        }
+    return MTS_OK;
+}
+
 static void load_one(mts_server *s, mts__entry *e)
 {
     char msg[512] = "";
@@ -327,6 +351,7 @@ static void load_one(mts_server *s, mts__entry *e)
         mts_model *m = NULL;
         rc = mts_model_load(cfg->model_path, NULL, &m, &err);
         if (rc) snprintf(msg, sizeof msg, "%s", err.msg);
+        else if ((rc = check_io_kinds(m, msg, sizeof msg))) mts_model_free(m);
         else if (!(v = calloc(1, sizeof *v))) {
             mts_model_free(m);
             rc = MTS_ENOMEM;

@@ -206,3 +206,27 @@ def test_integer_and_bf16_types(start_server):
         r = srv.infer("types", req)
         assert r.status_code == 400, (name, r.text)
         assert words in error_of(r) and f"input '{name}'" in error_of(r), (name, error_of(r))
+
+
+def test_string_and_sequence_io_refused_at_load(start_server, tmp_path):
+    """The engine runs string tensors and sequences inside a graph, but the protocols carry numeric
+    tensors: a model whose graph input or output is of such a kind fails to load with the reason
+    (and the other models keep serving)."""
+    import onnx
+    from onnx import TensorProto, helper
+    g = helper.make_graph([helper.make_node("Cast", ["s"], ["y"], to=TensorProto.FLOAT)], "g",
+                          [helper.make_tensor_value_info("s", TensorProto.STRING, [2])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    strm = tmp_path / "strin.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(strm))
+    g = helper.make_graph([helper.make_node("SequenceConstruct", ["x", "x"], ["q"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                          [helper.make_tensor_sequence_value_info("q", TensorProto.FLOAT, None)])
+    seqm = tmp_path / "seqout.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(seqm))
+    srv = start_server({"strin": strm, "seqout": seqm, "dbl": DOUBLE})
+    for name, what in (("strin", "graph input 's' is a string tensor"), ("seqout", "graph output 'q' is a sequence")):
+        r = srv.infer(name, {"inputs": [{"name": "x", "shape": [2], "datatype": "FP32", "data": [1, 2]}]})
+        assert r.status_code == 503 and what in error_of(r), r.text
+    r = srv.infer("dbl", {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP64", "data": [1, 2, 3, 4]}]})
+    assert r.status_code == 200, r.text
