@@ -197,6 +197,9 @@ static bool conv_eligible(mts__opt *o, int s, const uint8_t *no_dnnl, void **cac
         return false;
     memset(c, 0, sizeof *c);
     c->step = s;
+    const mts_model *root = o->m;
+    while (root->root) root = root->root;
+    c->spec.bf16 = root->bf16;
     c->spec.key = st->node;
     c->spec.cache = cache;
     mts_err e = {0};
@@ -511,6 +514,7 @@ static int dnnl_commit(mts__opt *o, int self, mts_err *err)
         st->kind = MTS__S_BACKEND;
         st->backend = (uint8_t)self;
         st->impl = d->ci[i].dc;
+        if (mts_dconv_bf16(d->ci[i].dc)) p->n_bf16++;
         d->ci[i].dc = NULL;
     }
     return MTS_OK;
