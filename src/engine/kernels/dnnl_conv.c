@@ -702,7 +702,7 @@ static int create_one(const mts_dconv_spec *s, mts_dconv **out, mts_err *err)
         case MTS_DPOST_ADD: {
             int e = c->n_edges++;
             act_md(&c->md[e], g, g->M, g->out, true, dnnl_f32);
-            act_md(&c->user_md[e], g, g->M, g->out, p->nhwc && g->nsp != 3, dnnl_f32);
+            act_md(&c->user_md[e], g, g->M, g->out, p->nhwc && g->nsp != 3, p->bf16 ? dnnl_bf16 : dnnl_f32);
             c->resid_po[e - 2] = mts_dnnl.dnnl_post_ops_len(po);
             DN(mts_dnnl.dnnl_post_ops_append_binary(po, dnnl_binary_add, &c->md[e]), "add post-op");
             break;
@@ -732,6 +732,10 @@ static int create_one(const mts_dconv_spec *s, mts_dconv **out, mts_err *err)
         atomic_store(&c->var[1], v);
     }
     c->spec.w = NULL;
+    if (s->src_bf16 || s->dst_bf16) { /* tensors handed on in bf16 (MTS_PLAN_VERBOSE) */
+        size_t l = strlen(c->impl);
+        snprintf(c->impl + l, sizeof c->impl - l, "%s%s", s->src_bf16 ? " <bf16" : "", s->dst_bf16 ? " >bf16" : "");
+    }
 done:
     if (po) mts_dnnl.dnnl_post_ops_destroy(po);
     if (rc) {

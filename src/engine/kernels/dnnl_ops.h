@@ -34,6 +34,7 @@ typedef struct mts_dpost {
     int kind;
     float alpha, beta;
     bool nhwc; /* MTS_DPOST_ADD: layout of the residual */
+    bool bf16; /* MTS_DPOST_ADD: the residual holds bf16 values (converted inside the step) */
 } mts_dpost;
 
 enum mts_dprim_kind {
