@@ -44,7 +44,8 @@ export MTSERVE := $(CURDIR)/$(BUILD)/mtserve
 
 .PHONY: all deps build build-asan build-tsan build-fuzz fuzz models avatar run test test-unit test-conformance \
         bench test-zoo bench-zoo bench-engine bench-ceiling bench-serving bench-capacity bench-capacity-kserve \
-        bench-connections soak bench-churn bench-grpc bench-isolation bench-ab clean install uninstall deb
+        bench-connections soak bench-churn bench-grpc bench-isolation bench-ab clean install uninstall deb \
+        bench-precision
 
 all: build
 
@@ -109,6 +110,9 @@ bench: build models
 
 bench-engine: build models
 	@bash scripts/bench-engine.sh
+
+bench-precision: build models
+	@bash scripts/bench-precision.sh
 
 bench-serving: build models
 	@bash scripts/bench-serving.sh
