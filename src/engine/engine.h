@@ -38,7 +38,7 @@ typedef struct mts_load_opts {
      * in fp32). Only the default backend computes in bf16. */
     const char *precision;
     /* The guard: calibration inputs (calibration_dir, default calibration/ beside the model,
-     * else seeded random inputs in [0, 1)) run in fp32 and bf16; bf16 is kept when the relative
+     * else one seeded random batch in [0, 1)) run in fp32 and bf16; bf16 is kept when the relative
      * L2 error of every output is <= max_error (0 = 1e-2), otherwise the model runs in fp32. */
     double max_error;
     const char *calibration_dir;
