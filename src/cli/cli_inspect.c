@@ -129,6 +129,9 @@ int mts_cli_inspect(int argc, char **argv)
         printf("precision   %s (requested %s: %s", pi->effective, pi->requested, pi->reason);
         if (pi->guard_error >= 0) printf("; guard rel_l2 %.3g, max %.3g", pi->guard_error, pi->max_error);
         printf(")\n");
+        if (!strcmp(pi->effective, "bf16"))
+            printf("bf16 steps  %d oneDNN steps compute in bf16 (MTS_PLAN_VERBOSE=1 names each implementation)\n",
+                   mts_model_bf16_steps(m));
         for (int i = 0; i < info.n_inputs; i++) {
             const mts_value *v = mts_model_input(m, i);
             shape_of(v, shp, sizeof shp);

@@ -84,6 +84,9 @@ typedef struct mts_precision_info {
     const char *guard_inputs; /* "calibration" (.npy files) or "random" */
 } mts_precision_info;
 const mts_precision_info *mts_model_precision(const mts_model *m);
+/* oneDNN steps computing in bf16 in the model's plans built so far (the most of any one plan,
+ * subgraphs' plans added; 0 for an fp32 model). */
+int mts_model_bf16_steps(const mts_model *m);
 /* Whether this CPU computes bf16 natively ("avx512_bf16", "amx_bf16") or NULL. */
 const char *mts_cpu_bf16_native(void);
 /* Checks a precision name; NULL when valid, else a message naming the accepted values. */

@@ -235,11 +235,19 @@ out:
     return rc;
 }
 
+static int bf16_steps(mts_model *m);
+
+int mts_model_bf16_steps(const mts_model *m)
+{
+    while (m->root) m = m->root;
+    return bf16_steps((mts_model *)m); /* takes the plan locks only */
+}
+
 static int bf16_steps(mts_model *m)
 {
     int n = 0;
     pthread_mutex_lock(&m->plan_lock);
-    for (const mts__plan *p = m->plans; p; p = p->next) n += p->n_bf16;
+    for (const mts__plan *p = m->plans; p; p = p->next) n = p->n_bf16 > n ? p->n_bf16 : n;
     pthread_mutex_unlock(&m->plan_lock);
     for (int i = 0; i < m->n_subs; i++) n += bf16_steps(m->subs[i]);
     return n;

@@ -89,6 +89,8 @@ static void test_lipsync_bf16_pixels(void **state)
         if (!strcmp(pi->effective, "bf16")) {
             assert_true(pi->guard_error >= 0 && pi->guard_error <= 1e-2);
             double d = max_abs_diff(fp, bf, 2);
+            assert_true(mts_model_bf16_steps(bf) > 0);
+            assert_int_equal(mts_model_bf16_steps(fp), 0);
             printf("precision: %s bf16 guard rel_l2 %.4g, max abs diff %.5f (limit %.5f)\n", names[k], pi->guard_error,
                    d, 2.0 / 255);
             assert_true(d <= 2.0 / 255);
