@@ -51,7 +51,7 @@ export MTSERVE := $(CURDIR)/$(BUILD)/mtserve
 .PHONY: all deps build build-asan build-tsan build-fuzz fuzz models avatar run test test-unit test-conformance \
         bench test-zoo bench-zoo bench-engine bench-ceiling bench-serving bench-capacity bench-capacity-kserve \
         bench-connections soak bench-churn bench-grpc bench-isolation bench-ab bench-int8 clean install uninstall deb \
-        cluster bench-cluster bench-embed
+        cluster bench-cluster bench-embed bench-precision
 
 all: build
 
@@ -116,6 +116,9 @@ bench: build models
 
 bench-engine: build models
 	@bash scripts/bench-engine.sh
+
+bench-precision: build models
+	@bash scripts/bench-precision.sh
 
 bench-serving: build models
 	@bash scripts/bench-serving.sh

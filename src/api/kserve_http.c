@@ -718,6 +718,17 @@ static void write_model_stats(mts_jw *w, const mts_model_status *st)
     mts_jw_uint(w, st->load_failures);
     mts_jw_key(w, "last_load_ms");
     mts_jw_double(w, st->last_load_ms);
+    if (st->precision[0]) { /* resident: the arithmetic it runs in and why */
+        mts_jw_key(w, "precision");
+        mts_jw_string(w, st->precision);
+        mts_jw_key(w, "precision_requested");
+        mts_jw_string(w, st->precision_requested);
+        mts_jw_key(w, "precision_reason");
+        mts_jw_string(w, st->precision_reason);
+        mts_jw_key(w, "precision_guard_error");
+        if (st->guard_error >= 0) mts_jw_double(w, st->guard_error);
+        else mts_jw_null(w);
+    }
     mts_jw_end_object(w);
 }
 

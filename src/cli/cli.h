@@ -38,6 +38,14 @@ double mts_cli_now_ms(void);
  * client command (infer, models, bench) sends it on HTTP and as gRPC `authorization` metadata. */
 const char *mts_cli_token(void);
 const char *mts_cli_auth_header(void);
+/* Loads a model with the precision of --precision / --max-error (mts_cli_precision, NULL =
+ * $MTS_PRECISION or fp32; mts_cli_max_error, 0 = default) and prints one line on stderr saying
+ * which precision it runs in and why, unless that is plain fp32 as requested. */
+extern const char *mts_cli_precision;
+extern double mts_cli_max_error;
 int mts_cli_load(const char *path, mts_model **m, double *load_ms);
+/* Handles --precision P and --max-error E at argv[*i] (advancing *i): 1 when consumed, 0 when
+ * argv[*i] is another option, -1 (message printed) on a bad value. */
+int mts_cli_precision_arg(const char *cmd, int argc, char **argv, int *i);
 
 #endif

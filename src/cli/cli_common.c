@@ -34,14 +34,58 @@ const char *mts_cli_auth_header(void)
     return line;
 }
 
+const char *mts_cli_precision;
+double mts_cli_max_error;
+
 int mts_cli_load(const char *path, mts_model **m, double *load_ms)
 {
     mts_err err = {0};
     double t0 = mts_cli_now_ms();
-    int rc = mts_model_load(path, NULL, m, &err);
+    mts_load_opts o = {0};
+    o.precision = mts_cli_precision;
+    o.max_error = mts_cli_max_error;
+    int rc = mts_model_load(path, &o, m, &err);
     *load_ms = mts_cli_now_ms() - t0;
-    if (rc) fprintf(stderr, "mtserve: %s (%s)\n", err.msg, mts_status_name(rc));
+    if (rc) {
+        fprintf(stderr, "mtserve: %s (%s)\n", err.msg, mts_status_name(rc));
+        return rc;
+    }
+    const mts_precision_info *pi = mts_model_precision(*m);
+    if (strcmp(pi->requested, "fp32") || strcmp(pi->effective, "fp32")) {
+        fprintf(stderr, "precision   %s (requested %s: %s", pi->effective, pi->requested, pi->reason);
+        if (pi->guard_error >= 0)
+            fprintf(stderr, "; guard rel_l2 %.3g <= %.3g? %s, %d %s batch%s", pi->guard_error, pi->max_error,
+                    pi->guard_error <= pi->max_error ? "yes" : "no", pi->guard_runs, pi->guard_inputs,
+                    pi->guard_runs == 1 ? "" : "es");
+        fprintf(stderr, ")\n");
+    }
     return rc;
+}
+
+int mts_cli_precision_arg(const char *cmd, int argc, char **argv, int *i)
+{
+    const char *a = argv[*i];
+    if (*i + 1 >= argc) return 0;
+    if (!strcmp(a, "--precision")) {
+        const char *v = argv[++*i];
+        if (mts_precision_check(v)) {
+            fprintf(stderr, "mtserve %s: bad --precision '%s' (%s)\n", cmd, v, mts_precision_check(v));
+            return -1;
+        }
+        mts_cli_precision = v;
+        return 1;
+    }
+    if (!strcmp(a, "--max-error")) {
+        char *end;
+        double v = strtod(argv[++*i], &end);
+        if (*end || !(v > 0) || v > 1e6) {
+            fprintf(stderr, "mtserve %s: bad --max-error '%s' (a number > 0)\n", cmd, argv[*i]);
+            return -1;
+        }
+        mts_cli_max_error = v;
+        return 1;
+    }
+    return 0;
 }
 
 int mts_cli_parse_dim(mts_cli_dims *d, const char *arg)

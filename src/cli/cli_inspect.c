@@ -44,6 +44,9 @@ int mts_cli_inspect(int argc, char **argv)
     int json = 0;
     mts_cli_dims dims = {0};
     for (int i = 1; i < argc; i++) {
+        int pa = mts_cli_precision_arg("inspect", argc, argv, &i);
+        if (pa < 0) return 2;
+        if (pa > 0) continue;
         if (!strcmp(argv[i], "--json")) json = 1;
         else if (!strcmp(argv[i], "--dim") && i + 1 < argc) {
             if (mts_cli_parse_dim(&dims, argv[++i])) {
@@ -51,7 +54,7 @@ int mts_cli_inspect(int argc, char **argv)
                 return 2;
             }
         } else if (!strcmp(argv[i], "--help")) {
-            printf("usage: mtserve inspect MODEL [--json] [--dim NAME=VALUE ...]\n"
+            printf("usage: mtserve inspect MODEL [--json] [--dim NAME=VALUE ...] [--precision P] [--max-error E]\n"
                    "  Symbolic dims: the first of each input is the batch (1 for GFLOP per sample);\n"
                    "  others default to 1 unless given with --dim.\n");
             return 0;
@@ -110,13 +113,25 @@ int mts_cli_inspect(int argc, char **argv)
         printf("],\n \"ops\": {");
         for (int i = 0; i < n_ops; i++) printf("%s\"%s\": %d", i ? ", " : "", ops[i], counts[i]);
         printf("},\n \"param_bytes\": %lld, \"mapped_param_bytes\": %lld, \"resident_bytes\": %lld, \"gflop_per_sample\": %.4f, \"activation_bytes_batch1\": %lld, "
-               "\"activation_bytes_batch8\": %lld}\n",
+               "\"activation_bytes_batch8\": %lld, ",
                (long long)info.param_bytes, (long long)info.mapped_bytes, (long long)info.resident_bytes, flops1 / 1e9, (long long)act1, (long long)act8);
+        const mts_precision_info *pi = mts_model_precision(m);
+        printf("\"precision\": \"%s\", \"precision_requested\": \"%s\", \"precision_reason\": \"%s\", "
+               "\"precision_guard_error\": ", pi->effective, pi->requested, pi->reason);
+        if (pi->guard_error >= 0) printf("%.6g}\n", pi->guard_error);
+        else printf("null}\n");
     } else {
         printf("model       %s\n", path);
         printf("format      IR %d, opset %d, %d nodes%s%s\n", info.ir_version, info.opset, info.n_nodes,
                info.producer[0] ? ", producer " : "", info.producer);
         printf("load        %.1f ms\n", load_ms);
+        const mts_precision_info *pi = mts_model_precision(m);
+        printf("precision   %s (requested %s: %s", pi->effective, pi->requested, pi->reason);
+        if (pi->guard_error >= 0) printf("; guard rel_l2 %.3g, max %.3g", pi->guard_error, pi->max_error);
+        printf(")\n");
+        if (!strcmp(pi->effective, "bf16"))
+            printf("bf16 steps  %d oneDNN steps compute in bf16 (MTS_PLAN_VERBOSE=1 names each implementation)\n",
+                   mts_model_bf16_steps(m));
         for (int i = 0; i < info.n_inputs; i++) {
             const mts_value *v = mts_model_input(m, i);
             shape_of(v, shp, sizeof shp);

@@ -54,6 +54,7 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: mtserve run MODEL [--batch N] [--threads T] [--iters K] [--warmup W] [--json]\n"
                "                 [--input NAME=FILE.npy ...] [--output DIR] [--dim NAME=VALUE ...]\n"
+               "                 [--precision auto|fp32|bf16|int8] [--max-error E]\n"
                "  Inputs not given with --input are random (floats in [0,1), integers 0/1), with the\n"
                "  first symbolic dimension set to --batch (default 1).\n");
 }
@@ -69,6 +70,9 @@ int mts_cli_run(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool has = i + 1 < argc;
+        int pa = mts_cli_precision_arg("run", argc, argv, &i);
+        if (pa < 0) return 2;
+        if (pa > 0) continue;
         if (!strcmp(a, "--json")) json = 1;
         else if (!strcmp(a, "--batch") && has) batch = atoll(argv[++i]);
         else if (!strcmp(a, "--threads") && has) threads = atoi(argv[++i]);

@@ -78,6 +78,9 @@ int mts_cli_tune(int argc, char **argv)
     int json = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
+        int pa = mts_cli_precision_arg("tune", argc, argv, &i);
+        if (pa < 0) return 2;
+        if (pa > 0) continue;
         bool has = i + 1 < argc;
         if (!strcmp(a, "--cores") && has) cores = atoi(argv[++i]);
         else if (!strcmp(a, "--seconds") && has) seconds = atof(argv[++i]);
@@ -94,7 +97,7 @@ int mts_cli_tune(int argc, char **argv)
             }
         } else if (!strcmp(a, "--help")) {
             printf("usage: mtserve tune MODEL [--cores N] [--batches 1,2,4,8] [--seconds S] [--max-latency-ms L]\n"
-                   "                  [--dim NAME=VALUE] [--json]\n"
+                   "                  [--dim NAME=VALUE] [--json] [--precision auto|fp32|bf16|int8] [--max-error E]\n"
                    "  Measures throughput and latency over workers x threads x batch sizes and recommends a setting.\n");
             return 0;
         } else if (a[0] == '-') {

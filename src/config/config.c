@@ -320,7 +320,8 @@ static const char *const model_keys[] = {
     "model_path", "background_dir", "crop_rects_path", "num_frames", "preload", "pin", "preferred_gpu",
     "preferred_device", "max_batch", "max_queue_delay_us", "max_queue_delay_ms", "queue_size", "instances",
     "weight", "priority", "background_cache_frames", "tokenizer", "pooling", "normalize", "lowercase",
-    "max_tokens", "input_ids_name", "attention_mask_name", "token_type_ids_name", "output_name"};
+    "max_tokens", "input_ids_name", "attention_mask_name", "token_type_ids_name", "output_name", "precision",
+    "max_error"};
 static const char *const top_keys[] = {"server", "gpus", "capacity", "onnx", "models", "model_repository"};
 #define KEYS(a) a, sizeof a / sizeof a[0]
 
@@ -729,6 +730,13 @@ static int model_key(pctx *x, const char *key, const char *full, const ynode *k,
         rc = get_str(x, v, full, &s);
         if (rc == 1 && set_string(dst, s)) return mts_err_set(x->err, MTS_ENOMEM, "%s: out of memory", x->name);
     }
+    else if (strcmp(key, "precision") == 0) {
+        static const char *const names[] = {"auto", "fp32", "bf16", "int8"};
+        int i;
+        rc = get_enum(x, v, full, names, 4, &i);
+        if (rc == 1 && set_string(&m->precision, names[i])) return mts_err_set(x->err, MTS_ENOMEM, "out of memory");
+    } else if (strcmp(key, "max_error") == 0)
+        rc = get_num(x, v, full, false, 1e6, &m->max_error);
     else warn_unknown(x, k, full, KEYS(model_keys));
     if (rc < 0) return rc;
     if (st->us_node && st->ms_node) {
@@ -1007,6 +1015,46 @@ static long long pick_version(const char *folder, const char *file, const mts_pb
     return best;
 }
 
+/* parameters { key: "precision" value: { string_value: "bf16" } } and key "max_error". */
+static int pb_parameter(mts_model_config *m, const mts_pbtxt *k, const char *file, mts_config_warn_fn warn,
+                        void *user, mts_err *err)
+{
+    const mts_pbtxt *key = mts_pbtxt_get(k, "key"), *val = mts_pbtxt_get(k, "value");
+    const mts_pbtxt *sv = val ? mts_pbtxt_get(val, "string_value") : NULL;
+    if (!key || !key->scalar) return MTS_OK;
+    bool prec = !strcmp(key->scalar, "precision"), merr = !strcmp(key->scalar, "max_error");
+    if (!prec && !merr) {
+        char msg[MTS_ERR_MSG_MAX];
+        snprintf(msg, sizeof msg, "%s:%d: parameter '%.60s' does not apply to mtserve; ignored", file, k->line,
+                 key->scalar);
+        if (warn) warn(user, msg);
+        return MTS_OK;
+    }
+    if (!sv || !sv->scalar)
+        return mts_err_set(err, MTS_EINVAL, "%s:%d: parameter '%s' needs value { string_value: \"...\" }", file, k->line,
+                           key->scalar);
+    if (prec) {
+        static const char *const names[] = {"auto", "fp32", "bf16", "int8"};
+        for (int i = 0; i < 4; i++)
+            if (!strcasecmp(sv->scalar, names[i])) {
+                char *d = strdup(names[i]);
+                if (!d) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+                free(m->precision);
+                m->precision = d;
+                return MTS_OK;
+            }
+        return mts_err_set(err, MTS_EINVAL, "%s:%d: parameter 'precision': expected auto, fp32, bf16 or int8, got '%.40s'",
+                           file, sv->line, sv->scalar);
+    }
+    char *end;
+    double d = strtod(sv->scalar, &end);
+    if (end == sv->scalar || *end || !(d > 0) || d > 1e6)
+        return mts_err_set(err, MTS_EINVAL, "%s:%d: parameter 'max_error': expected a positive number, got '%.40s'", file,
+                           sv->line, sv->scalar);
+    m->max_error = d;
+    return MTS_OK;
+}
+
 /* Applies max_batch_size, dynamic_batching.max_queue_delay_microseconds and instance_group
  * counts; warns about fields that would change behaviour elsewhere. */
 /* One `parameters { key: "K" value: { string_value: "V" } }` entry: the embedding keys (the
@@ -1087,6 +1135,9 @@ static int apply_pbtxt(mts_model_config *m, const mts_pbtxt *pb, const char *fol
             v = 1;
             if (cnt && pb_int(cnt, file, 1, 1024, &v, err)) return MTS_EINVAL;
             instances += (int)v;
+        } else if (!strcmp(k->name, "parameters")) {
+            int prc = pb_parameter(m, k, file, warn, user, err);
+            if (prc) return prc;
         } else if (!strcmp(k->name, "name") && k->scalar && strcmp(k->scalar, m->name)) {
             snprintf(msg, sizeof msg, "%s:%d: name '%.100s' differs from the folder name; the model is served as '%s'",
                      file, k->line, k->scalar, m->name);
@@ -1362,6 +1413,7 @@ void mts_config_free(mts_config *c)
         free(m->token_type_ids_name);
         free(m->output_name);
         free(m->crop_rects_path);
+        free(m->precision);
     }
     free(c->models);
     free(c->source);

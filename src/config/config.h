@@ -43,6 +43,9 @@ typedef struct mts_model_config {
     double weight;             /* share of a device's compute time under contention; default 1 */
     int priority;              /* 1 (first) .. 9 (last): ready models of a better level run
                                 * first; default MTS_DEFAULT_PRIORITY */
+    char *precision;           /* "auto", "fp32", "bf16", "int8" (engine.h mts_load_opts.precision);
+                                * NULL = $MTS_PRECISION, else fp32 */
+    double max_error;          /* bf16 accuracy guard: relative L2 bound; 0 = default (1e-2) */
     int version;               /* the version served (Triton layout <name>/<N>/model.onnx); default 1 */
     /* lip-sync assets (compositing issue) */
     char *background_dir;

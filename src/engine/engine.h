@@ -30,6 +30,18 @@ typedef struct mts_load_opts {
      * sanitizer builds included); "default" = oneDNN with graph optimizations, the reference
      * kernels for everything else; "reference" = the plain-C reference kernels only, no fusion. */
     const char *backend;
+    /* Arithmetic (engine/precision.c): NULL or "" = $MTS_PRECISION when set, else "fp32";
+     * "bf16" = convolutions and MatMul/Gemm with constant weights in bfloat16 on oneDNN (fp32
+     * bias, accumulation, softmax, normalizations and reductions) after an accuracy guard;
+     * "auto" = "bf16" when the CPU computes bf16 natively (AVX512-BF16 or AMX) and the guard
+     * passes, else "fp32"; "int8" = the quantized kernels of a QDQ model (a float model runs
+     * in fp32). Only the default backend computes in bf16. */
+    const char *precision;
+    /* The guard: calibration inputs (calibration_dir, default calibration/ beside the model,
+     * else one seeded random batch in [0, 1)) run in fp32 and bf16; bf16 is kept when the relative
+     * L2 error of every output is <= max_error (0 = 1e-2), otherwise the model runs in fp32. */
+    double max_error;
+    const char *calibration_dir;
 } mts_load_opts;
 
 /* Loads path (an .onnx file; external data files are looked up beside it). On error returns a
@@ -59,6 +71,26 @@ const char *mts_model_backend(const mts_model *m);
 const mts_value *mts_model_input(const mts_model *m, int i);
 const mts_value *mts_model_output(const mts_model *m, int i);
 const mts_node *mts_model_node(const mts_model *m, int i);  /* topological order */
+
+/* The arithmetic a model runs in and why (mts_load_opts.precision). */
+typedef struct mts_precision_info {
+    const char *requested;  /* "fp32", "bf16", "auto" or "int8" */
+    const char *effective;  /* "fp32", "bf16" or "int8" */
+    const char *reason;     /* one phrase: "requested", "auto: cpu has avx512_bf16, guard passed",
+                             * "guard failed", "cpu lacks native bf16", "not a QDQ model", ... */
+    double guard_error;     /* worst relative L2 error of the outputs, bf16 vs fp32; < 0: not measured */
+    double max_error;       /* the guard's threshold */
+    int guard_runs;         /* calibration batches run */
+    const char *guard_inputs; /* "calibration" (.npy files) or "random" */
+} mts_precision_info;
+const mts_precision_info *mts_model_precision(const mts_model *m);
+/* oneDNN steps computing in bf16 in the model's plans built so far (the most of any one plan,
+ * subgraphs' plans added; 0 for an fp32 model). */
+int mts_model_bf16_steps(const mts_model *m);
+/* Whether this CPU computes bf16 natively ("avx512_bf16", "amx_bf16") or NULL. */
+const char *mts_cpu_bf16_native(void);
+/* Checks a precision name; NULL when valid, else a message naming the accepted values. */
+const char *mts_precision_check(const char *name);
 
 /* Shape-level analysis for one input signature (compiles and caches the plan): FLOPs of
  * Conv/ConvTranspose/MatMul/Gemm (2 × multiply-adds) and the bytes of all intermediate

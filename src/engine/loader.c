@@ -155,6 +155,23 @@ static mts_model *model_new(void)
 }
 
 
+static int reload_path(void *arg, const mts_load_opts *opts, mts_model **out, mts_err *err)
+{
+    return mts_model_load(arg, opts, out, err);
+}
+
+typedef struct buf_arg {
+    const void *data;
+    size_t len;
+    const char *name;
+} buf_arg;
+
+static int reload_buffer(void *arg, const mts_load_opts *opts, mts_model **out, mts_err *err)
+{
+    const buf_arg *b = arg;
+    return mts_model_load_buffer(b->data, b->len, b->name, opts, out, err);
+}
+
 int mts_model_load(const char *path, const mts_load_opts *opts, mts_model **out, mts_err *err)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -192,6 +209,7 @@ int mts_model_load(const char *path, const mts_load_opts *opts, mts_model **out,
     m->n_maps = 1;
     int rc = load_common(m, addr, (size_t)st.st_size, path, dirname(dircopy), opts, err);
     free(dircopy);
+    if (!rc) rc = mts__apply_precision(&m, opts, reload_path, (void *)path, err);
     if (rc) {
         mts_model_free(m);
         return rc;
@@ -214,6 +232,8 @@ int mts_model_load_buffer(const void *data, size_t len, const char *name, const 
     }
     memcpy(m->owned_copy, data, len);
     int rc = load_common(m, m->owned_copy, len, name, NULL, opts, err);
+    buf_arg ba = {data, len, name};
+    if (!rc) rc = mts__apply_precision(&m, opts, reload_buffer, &ba, err);
     if (rc) {
         mts_model_free(m);
         return rc;

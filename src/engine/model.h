@@ -79,6 +79,7 @@ typedef struct mts__plan {
     int n_fused;           /* nodes folded into other steps */
     double flops;
     int64_t activation_bytes;
+    int n_bf16;            /* backend steps computing in bf16 */
     mts_pool pool;         /* folded constants and the arrays above */
 } mts__plan;
 
@@ -106,6 +107,9 @@ struct mts_model {
     int n_copies, cap_copies;
     int64_t copy_bytes;    /* bytes of copies held now */
     int backend;           /* mts_backend_kind */
+    bool bf16;             /* oneDNN steps compute in bf16 (the root's flag holds for subgraphs) */
+    mts_precision_info prec; /* precision.c */
+    char prec_reason[160];
     void *bstate[MTS_MAX_BACKENDS]; /* per backend of mts_backends[]: its per-model state (the
                                      * oneDNN packed-weight cache), shared by all plans (under
                                      * plan_lock); freed by the backend's model_free */
@@ -126,6 +130,11 @@ int mts__plan_get(mts_model *m, const mts_tensor *inputs, int n, const mts__plan
 void mts__plan_free_all(mts_model *m);
 /* Graph optimizer and layout pass (optimize.c): rewrites p->steps for the enabled backends. */
 int mts__optimize(mts_model *m, mts__plan *p, mts_err *err);
+/* Applies opts->precision to a freshly loaded model (precision.c): may run the accuracy guard,
+ * which loads the model a second time with load(); on a failed guard *m is replaced by that
+ * fp32 instance. */
+typedef int (*mts__reload_fn)(void *arg, const mts_load_opts *opts, mts_model **out, mts_err *err);
+int mts__apply_precision(mts_model **m, const mts_load_opts *opts, mts__reload_fn load, void *arg, mts_err *err);
 /* Resolves the backend for a model from the load options, $MTS_BACKEND and the build default. */
 int mts__resolve_backend(const mts_load_opts *opts, mts_err *err);
 int mts__check_inputs(const mts_model *m, const mts_tensor *in, int n, mts_err *err);

@@ -196,8 +196,9 @@ static void write_model(mts_jw *w, const mts_model_status *st, const mts_model_c
     } else {
         mts_jw_null(w);
     }
-    /* The engine runs every model in float32 today; no status field records another precision. */
-    jw_kv_str(w, "precision", "fp32");
+    /* The resident version's arithmetic (fp32, bf16 or int8) and why; configured when not resident. */
+    jw_kv_str(w, "precision", st->precision[0] ? st->precision : cfg && cfg->precision ? cfg->precision : "fp32");
+    jw_kv_str(w, "precision_reason", st->precision_reason);
     jw_kv_int(w, "memory_bytes", st->memory_bytes);
     jw_kv_int(w, "queue_depth", st->queue_depth);
     jw_kv_int(w, "running", st->running);

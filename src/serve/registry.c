@@ -349,7 +349,14 @@ static void load_one(mts_server *s, mts__entry *e)
     if (!rc) {
         mts_err err = {0};
         mts_model *m = NULL;
-        rc = mts_model_load(cfg->model_path, NULL, &m, &err);
+        mts_load_opts lo = {0};
+        lo.precision = cfg->precision;
+        lo.max_error = cfg->max_error;
+        rc = mts_model_load(cfg->model_path, &lo, &m, &err);
+        const mts_precision_info *pi = rc ? NULL : mts_model_precision(m);
+        if (pi && (strcmp(pi->requested, "fp32") || strcmp(pi->effective, "fp32")))
+            MTS_INFO("model=%s event=precision precision=%s requested=%s reason=\"%s\" guard_error=%.3g max_error=%.3g",
+                     cfg->name, pi->effective, pi->requested, pi->reason, pi->guard_error, pi->max_error);
         if (rc) snprintf(msg, sizeof msg, "%s", err.msg);
         else if ((rc = check_io_kinds(m, msg, sizeof msg))) mts_model_free(m);
         else if (!(v = calloc(1, sizeof *v))) {

@@ -188,6 +188,10 @@ typedef struct mts_model_status {
     bool has_bgcache;
     mts_bgcache_stats bgcache;
     char bg_error[384];
+    /* Arithmetic of the resident version (engine.h mts_precision_info); "" when not resident. */
+    char precision[8], precision_requested[8];
+    char precision_reason[160];
+    double guard_error;        /* bf16 guard's relative L2 error; < 0 when not measured */
 } mts_model_status;
 
 int mts_server_model_count(const mts_server *s);

@@ -71,6 +71,14 @@ static void snapshot(mts_server *s, const mts__entry *e, mts_model_status *o)
         mts_bgcache_stats_get(e->cur->bg, &o->bgcache);
     }
     if (e->cur) snprintf(o->bg_error, sizeof o->bg_error, "%s", e->cur->bg_error);
+    o->guard_error = -1;
+    if (e->cur) {
+        const mts_precision_info *pi = mts_model_precision(e->cur->model);
+        snprintf(o->precision, sizeof o->precision, "%s", pi->effective);
+        snprintf(o->precision_requested, sizeof o->precision_requested, "%s", pi->requested);
+        snprintf(o->precision_reason, sizeof o->precision_reason, "%s", pi->reason);
+        o->guard_error = pi->guard_error;
+    }
     (void)s;
 }
 
@@ -358,6 +366,28 @@ char *mts_server_metrics(mts_server *s, size_t *len)
         const mts__entry *e = &s->entries[i];
         outf(&b, "mts_model_memory_bytes{model=\"%s\"} %lld\n", e->cfg->name,
              (long long)(e->cur ? e->cur->base_bytes + e->cur->ctx_bytes : 0));
+    }
+    outf(&b, "# HELP mts_model_precision Arithmetic of the resident model (1 per model: precision, requested, "
+             "reason).\n# TYPE mts_model_precision gauge\n");
+    for (int i = 0; i < s->n_entries; i++) {
+        const mts__entry *e = &s->entries[i];
+        if (!e->cur) continue;
+        const mts_precision_info *pi = mts_model_precision(e->cur->model);
+        char reason[160];
+        size_t k = 0;
+        for (const char *q = pi->reason; *q && k + 1 < sizeof reason; q++) /* label value: no quotes, backslashes */
+            reason[k++] = *q == '"' || *q == '\\' || *q == '\n' ? '\'' : *q;
+        reason[k] = 0;
+        outf(&b, "mts_model_precision{model=\"%s\",precision=\"%s\",requested=\"%s\",reason=\"%s\"} 1\n",
+             e->cfg->name, pi->effective, pi->requested, reason);
+    }
+    outf(&b, "# HELP mts_model_precision_guard_error Relative L2 error of bf16 against fp32 measured at load.\n"
+             "# TYPE mts_model_precision_guard_error gauge\n");
+    for (int i = 0; i < s->n_entries; i++) {
+        const mts__entry *e = &s->entries[i];
+        if (!e->cur || mts_model_precision(e->cur->model)->guard_error < 0) continue;
+        outf(&b, "mts_model_precision_guard_error{model=\"%s\"} %.6g\n", e->cfg->name,
+             mts_model_precision(e->cur->model)->guard_error);
     }
     /* Background frame caches of lip-sync models (resident versions with assets). */
     static const char *bg_names[][2] = {

@@ -396,6 +396,20 @@ static void test_errors(void **state)
                  "t.yaml:4: key 'models.a.preferred_gpu'", "from -1 to 1023");
     expect_error("models:\n  a:\n    num_frames: 10\n", MTS_EINVAL, "t.yaml:2: key 'models.a'", "no model_path");
     expect_error("models:\n  a:\n", MTS_EINVAL, "t.yaml:2: key 'models.a'", "no model_path");
+    expect_error("models:\n  a:\n    model_path: a.onnx\n    precision: fp16\n", MTS_EINVAL,
+                 "t.yaml:4: key 'models.a.precision'", "'auto', 'fp32', 'bf16', 'int8', got 'fp16'");
+    expect_error("models:\n  a:\n    model_path: a.onnx\n    max_error: 0\n", MTS_EINVAL,
+                 "t.yaml:4: key 'models.a.max_error'", "positive number");
+    {
+        mts_config c;
+        warns w = {0};
+        mts_err err = {0};
+        assert_int_equal(parse("models:\n  a:\n    model_path: a.onnx\n    precision: BF16\n    max_error: 0.02\n",
+                               "t.yaml", &c, &w, &err), MTS_OK);
+        assert_string_equal(c.models[0].precision, "bf16");
+        assert_true(c.models[0].max_error == 0.02);
+        mts_config_free(&c);
+    }
     expect_error("models:\n  a:\n    model_path: \"\"\n", MTS_EINVAL, "t.yaml:3: key 'models.a.model_path'",
                  "non-empty string");
     expect_error("models:\n  a:\n    model_path: x\n  b:\n    model_path: y\n  a:\n    model_path: z\n", MTS_EINVAL,

@@ -148,7 +148,7 @@
       if (m.reason) state.appendChild(el("div", { cls: "muted why", text: m.reason, title: m.reason }));
       return el("tr", { "data-model": m.name }, [
         td(m.name + (m.pinned ? " (pinned)" : ""), null, "name"), state, td(m.device || "–", null, "device"),
-        td(m.precision, null, "precision"), td(fmtBytes(m.memory_bytes), "num", "memory"),
+        el("td", { text: m.precision, "data-field": "precision", title: m.precision_reason || "" }), td(fmtBytes(m.memory_bytes), "num", "memory"),
         td(fmtInt(m.queue_depth), "num", "queue"), td(fmtNum(m.rates.requests_per_s), "num", "rps"),
         td(fmtNum(m.rates.errors_per_s), "num", "eps"), td(fmtNum(m.latency_ms.p50), "num", "p50"),
         td(fmtNum(m.latency_ms.p99), "num", "p99"),

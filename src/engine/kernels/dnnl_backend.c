@@ -197,6 +197,9 @@ static bool conv_eligible(mts__opt *o, int s, const uint8_t *no_dnnl, void **cac
         return false;
     memset(c, 0, sizeof *c);
     c->step = s;
+    const mts_model *root = o->m;
+    while (root->root) root = root->root;
+    c->spec.bf16 = root->bf16;
     c->spec.key = st->node;
     c->spec.cache = cache;
     mts_err e = {0};
@@ -396,7 +399,7 @@ static int dnnl_claim(mts__opt *o, int self, void **mstate, mts_err *err)
             if (c->spec.n_post < MTS_DPOST_MAX - 1) {
                 int gy = gelu_pattern(o, cur);
                 if (gy >= 0) {
-                    c->spec.post[c->spec.n_post++] = (mts_dpost){MTS_DPOST_GELU, 0, 0, false};
+                    c->spec.post[c->spec.n_post++] = (mts_dpost){MTS_DPOST_GELU, 0, 0, false, false};
                     cur = gy;
                     continue;
                 }
@@ -459,6 +462,62 @@ static bool dnnl_layout_anchor(const mts__opt *o, int self, int s)
     return d && d->cstep[s] >= 0 && d->ci[d->cstep[s]].spec.kind != MTS_DPRIM_MATMUL;
 }
 
+/* Whether a bf16 step may write its destination as bf16: a plain convolution (the
+ * depth-to-space and upsampling forms scatter floats) whose output is no graph output and is
+ * read only by bf16 convolutions or MatMuls, as their source. */
+static bool bf16_out_ok(const mts__opt *o, const dnnl_opt *d, const cinfo *c)
+{
+    const mts__plan *p = o->p;
+    int v = p->steps[c->step].out[0], readers = 0;
+    if (!c->spec.bf16 || c->spec.kind != MTS_DPRIM_CONV || c->spec.up[0] * c->spec.up[1] > 1 || v < 0 ||
+        o->is_out[v] || p->state[v] != MTS__V_STATIC)
+        return false;
+    for (int s = 0; s < p->n_steps; s++) {
+        if (o->removed[s]) continue;
+        const mts__step *st = &p->steps[s];
+        for (int k = 0; k < st->n_in; k++) {
+            if (st->in[k] != v) continue;
+            const cinfo *r = d->cstep[s] >= 0 ? &d->ci[d->cstep[s]] : NULL;
+            /* in[1..] of a claimed step are its residuals: kept fp32 (a bf16 residual costs
+             * accuracy: lip-sync w8 max abs error 0.0062 -> 0.0067 of a 0.0078 budget) */
+            if (!r || k != 0 || !r->spec.bf16 || mts_dprim_is_pool(r->spec.kind)) return false;
+            readers++;
+        }
+    }
+    for (int i = 0; i < d->nci; i++) /* residual readers (also in[1..] above) */
+        for (int r = 0; r < d->ci[i].n_resid; r++)
+            if (d->ci[i].resid[r] == v) return false;
+    return readers > 0;
+}
+
+/* bf16 activations between oneDNN steps: a chain of bf16 convolutions hands bf16 tensors on
+ * (half the memory traffic, no conversion at each step's source); fp32 where any other kernel
+ * reads the tensor. */
+static void bf16_handoff(mts__opt *o, dnnl_opt *d)
+{
+    mts__plan *p = o->p;
+    uint8_t *vb = calloc((size_t)o->nv + 1, 1);
+    if (!vb) return; /* all fp32 hand-offs: correct, only slower */
+    for (int i = 0; i < d->nci; i++) {
+        cinfo *c = &d->ci[i];
+        c->spec.src_bf16 = c->spec.dst_bf16 = false;
+        for (int j = 0; j < c->spec.n_post; j++) c->spec.post[j].bf16 = false;
+    }
+    if (!getenv("MTS_BF16_NO_HANDOFF"))
+        for (int i = 0; i < d->nci; i++)
+            if (bf16_out_ok(o, d, &d->ci[i])) {
+                d->ci[i].spec.dst_bf16 = true;
+                vb[p->steps[d->ci[i].step].out[0]] = 1;
+            }
+    for (int i = 0; i < d->nci; i++) {
+        cinfo *c = &d->ci[i];
+        c->spec.src_bf16 = vb[p->steps[c->step].in[0]];
+        for (int j = 0, r = 0; j < c->spec.n_post; j++)
+            if (c->spec.post[j].kind == MTS_DPOST_ADD) c->spec.post[j].bf16 = vb[c->resid[r++]];
+    }
+    free(vb);
+}
+
 /* Primitives: layouts first (in order), then the creations, which are independent and mostly
  * oneDNN's JIT compilation, on up to CREATE_THREADS threads. */
 static int dnnl_commit(mts__opt *o, int self, mts_err *err)
@@ -481,6 +540,7 @@ static int dnnl_commit(mts__opt *o, int self, mts_err *err)
                 c->spec.post[j].nhwc = !mm && t->rank == 4 && (p->nhwc[rv] || is_neutral(t));
             }
     }
+    bf16_handoff(o, d);
     create_all(d->ci, d->nci);
     int failed = -1;
     for (int i = 0; i < d->nci; i++) {
@@ -511,6 +571,7 @@ static int dnnl_commit(mts__opt *o, int self, mts_err *err)
         st->kind = MTS__S_BACKEND;
         st->backend = (uint8_t)self;
         st->impl = d->ci[i].dc;
+        if (mts_dconv_bf16(d->ci[i].dc)) p->n_bf16++;
         d->ci[i].dc = NULL;
     }
     return MTS_OK;

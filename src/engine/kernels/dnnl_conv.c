@@ -103,19 +103,20 @@ static bool good_impl(const char *s)
     return strstr(s, "ref") == NULL && strstr(s, "gemm") == NULL;
 }
 
-static void act_md(dnnl_memory_desc_t *md, const mts_conv_geom *g, int64_t ch, const int64_t *sp, bool nhwc)
+static void act_md(dnnl_memory_desc_t *md, const mts_conv_geom *g, int64_t ch, const int64_t *sp, bool nhwc,
+                   dnnl_data_type_t dt)
 {
     if (g->nsp == 0) { /* matmul: [rows, ch] */
         dnnl_dims_t d = {g->N, ch};
-        mts_dnnl.dnnl_memory_desc_init_by_tag(md, 2, d, dnnl_f32, dnnl_ab);
+        mts_dnnl.dnnl_memory_desc_init_by_tag(md, 2, d, dt, dnnl_ab);
         return;
     }
     if (g->nsp == 3) {
         dnnl_dims_t d = {g->N, ch, sp[0], sp[1], sp[2]};
-        mts_dnnl.dnnl_memory_desc_init_by_tag(md, 5, d, dnnl_f32, nhwc ? dnnl_ndhwc : dnnl_ncdhw);
+        mts_dnnl.dnnl_memory_desc_init_by_tag(md, 5, d, dt, nhwc ? dnnl_ndhwc : dnnl_ncdhw);
     } else {
         dnnl_dims_t d = {g->N, ch, sp[1], sp[2]};
-        mts_dnnl.dnnl_memory_desc_init_by_tag(md, 4, d, dnnl_f32, nhwc ? dnnl_nhwc : dnnl_nchw);
+        mts_dnnl.dnnl_memory_desc_init_by_tag(md, 4, d, dt, nhwc ? dnnl_nhwc : dnnl_nchw);
     }
 }
 
@@ -127,7 +128,7 @@ static dnnl_status_t make_pd(const mts_dconv_spec *s, dnnl_primitive_attr_t attr
     if (s->kind == MTS_DPRIM_MATMUL) {
         dnnl_memory_desc_t w_md, b_md;
         dnnl_dims_t wd = {g->C, g->M}, bd = {1, g->M};
-        mts_dnnl.dnnl_memory_desc_init_by_tag(&w_md, 2, wd, dnnl_f32, dnnl_format_tag_any);
+        mts_dnnl.dnnl_memory_desc_init_by_tag(&w_md, 2, wd, s->bf16 ? dnnl_bf16 : dnnl_f32, dnnl_format_tag_any);
         mts_dnnl.dnnl_memory_desc_init_by_tag(&b_md, 2, bd, dnnl_f32, dnnl_ab);
         dnnl_matmul_desc_t md;
         dnnl_status_t st = mts_dnnl.dnnl_matmul_desc_init(&md, src_md, &w_md, s->b ? &b_md : NULL, dst_md);
@@ -147,7 +148,7 @@ static dnnl_status_t make_pd(const mts_dconv_spec *s, dnnl_primitive_attr_t attr
         wd[0] = g->group, wd[1] = g->M / g->group, wd[2] = g->C / g->group;
         for (int i = 0; i < sd; i++) wd[3 + i] = g->k[o + i];
     }
-    mts_dnnl.dnnl_memory_desc_init_by_tag(&w_md, wn, wd, dnnl_f32, dnnl_format_tag_any);
+    mts_dnnl.dnnl_memory_desc_init_by_tag(&w_md, wn, wd, s->bf16 ? dnnl_bf16 : dnnl_f32, dnnl_format_tag_any);
     dnnl_dims_t bd = {g->M};
     mts_dnnl.dnnl_memory_desc_init_by_tag(&b_md, 1, bd, dnnl_f32, dnnl_x);
     for (int i = 0; i < sd; i++) {
@@ -242,6 +243,7 @@ struct mts_dconv {
     wcache *base;                      /* weights packed at creation */
     variant *_Atomic var[MTS_DNNL_MAX_THREADS + 1];
     char impl[64];
+    bool bf16;                         /* computes in bf16 (spec.bf16 and a fast bf16 implementation) */
     /* ConvTranspose with kernel == stride and no padding: a 1x1 convolution to k*k*M channels
      * (inner, into scratch) followed by a depth-to-space scatter into the destination. */
     struct mts_dconv *inner;
@@ -436,6 +438,7 @@ static int s2d_create(const mts_dconv_spec *s, mts_dconv **out, mts_err *err)
     in.w = w;
     in.b = b;
     in.dst_nhwc = true;
+    in.dst_bf16 = false; /* into fp32 scratch, scattered as floats */
     in.g.M = kk * M;
     for (int i = 0; i < 3; i++) in.g.k[i] = in.g.s[i] = 1, in.g.out[i] = g->in[i];
     int rc = mts_dconv_create(&in, &c->inner, err);
@@ -449,6 +452,7 @@ static int s2d_create(const mts_dconv_spec *s, mts_dconv **out, mts_err *err)
     c->s2d_bias = b;
     c->s2d_k[0] = kh, c->s2d_k[1] = kw;
     c->s2d_tmp = (size_t)(g->N * g->in[0] * g->in[1] * g->in[2] * kk * M) * sizeof(float);
+    c->bf16 = c->inner->bf16;
     snprintf(c->impl, sizeof c->impl, "%s+d2s", c->inner->impl);
     *out = c;
     return MTS_OK;
@@ -559,6 +563,7 @@ static int up_create(const mts_dconv_spec *s, mts_dconv **out, mts_err *err)
             ps.up[0] = ps.up[1] = 0;
             ps.w = w;
             ps.dst_nhwc = true;
+            ps.dst_bf16 = false; /* into fp32 scratch, interleaved as floats */
             ps.key = -(s->key * 16 + (int)(py * fw + px)) - 1; /* its own packed weights */
             ps.g.in[1] = H, ps.g.in[2] = W;
             ps.g.out[1] = H, ps.g.out[2] = W;
@@ -574,6 +579,7 @@ static int up_create(const mts_dconv_spec *s, mts_dconv **out, mts_err *err)
         return rc;
     }
     c->phase_tmp = ((size_t)(g->N * H * W * M) * sizeof(float) + 63) / 64 * 64;
+    c->bf16 = c->phase[0]->bf16;
     snprintf(c->impl, sizeof c->impl, "%s+up%lldx%lld", c->phase[0]->impl, (long long)fh, (long long)fw);
     *out = c;
     return MTS_OK;
@@ -613,7 +619,7 @@ static void up_scatter_part(void *arg, int ithr, int nthr)
     }
 }
 
-int mts_dconv_create(const mts_dconv_spec *s, mts_dconv **out, mts_err *err)
+static int create_one(const mts_dconv_spec *s, mts_dconv **out, mts_err *err)
 {
     int rc = MTS_OK;
     dnnl_post_ops_t po = NULL;
@@ -655,10 +661,15 @@ int mts_dconv_create(const mts_dconv_spec *s, mts_dconv **out, mts_err *err)
         memcpy(c->s2d_bias, s->b, sizeof(float) * (size_t)g->M);
         c->spec.b = c->s2d_bias;
     }
-    act_md(&c->md[0], g, g->C, g->in, true);
-    act_md(&c->user_md[0], g, g->C, g->in, s->src_nhwc && g->nsp != 3);
-    act_md(&c->md[1], g, g->M, g->out, true);
-    act_md(&c->user_md[1], g, g->M, g->out, s->dst_nhwc && g->nsp != 3);
+    /* bf16: the primitive reads bf16 (the source edge's reorder converts an fp32 source) and
+     * writes fp32 unless the planner keeps the destination in bf16 for bf16 readers. */
+    bool bf = s->bf16 && !mts_dprim_is_pool(s->kind);
+    c->spec.bf16 = c->bf16 = bf;
+    dnnl_data_type_t src_dt = bf ? dnnl_bf16 : dnnl_f32, dst_dt = bf && s->dst_bf16 ? dnnl_bf16 : dnnl_f32;
+    act_md(&c->md[0], g, g->C, g->in, true, src_dt);
+    act_md(&c->user_md[0], g, g->C, g->in, s->src_nhwc && g->nsp != 3, s->src_bf16 ? dnnl_bf16 : dnnl_f32);
+    act_md(&c->md[1], g, g->M, g->out, true, dst_dt);
+    act_md(&c->user_md[1], g, g->M, g->out, s->dst_nhwc && g->nsp != 3, s->dst_bf16 ? dnnl_bf16 : dnnl_f32);
     c->n_edges = 2;
     DN(mts_dnnl.dnnl_primitive_attr_create(&c->attr), "attr");
     DN(mts_dnnl.dnnl_primitive_attr_set_scratchpad_mode(c->attr, dnnl_scratchpad_mode_user), "scratchpad mode");
@@ -690,8 +701,8 @@ int mts_dconv_create(const mts_dconv_spec *s, mts_dconv **out, mts_err *err)
             break;
         case MTS_DPOST_ADD: {
             int e = c->n_edges++;
-            act_md(&c->md[e], g, g->M, g->out, true);
-            act_md(&c->user_md[e], g, g->M, g->out, p->nhwc && g->nsp != 3);
+            act_md(&c->md[e], g, g->M, g->out, true, dnnl_f32);
+            act_md(&c->user_md[e], g, g->M, g->out, p->nhwc && g->nsp != 3, p->bf16 ? dnnl_bf16 : dnnl_f32);
             c->resid_po[e - 2] = mts_dnnl.dnnl_post_ops_len(po);
             DN(mts_dnnl.dnnl_post_ops_append_binary(po, dnnl_binary_add, &c->md[e]), "add post-op");
             break;
@@ -706,12 +717,13 @@ int mts_dconv_create(const mts_dconv_spec *s, mts_dconv **out, mts_err *err)
         variant *v = NULL;
         /* A first layer (few input channels) reads NCHW directly when oneDNN has a fast kernel
          * for it, saving the conversion of the input. */
-        bool direct = s->kind == MTS_DPRIM_CONV && !s->src_nhwc && g->nsp < 3 && g->C <= 8 && g->group == 1;
+        bool direct = s->kind == MTS_DPRIM_CONV && !s->src_nhwc && g->nsp < 3 && g->C <= 8 && g->group == 1 &&
+                      c->md[0].data_type == c->user_md[0].data_type;
         if (direct) {
             c->md[0] = c->user_md[0];
             mts_err e2 = {0};
             if (variant_create(c, 1, s->w, &v, &e2) != MTS_OK) {
-                act_md(&c->md[0], g, g->C, g->in, true);
+                act_md(&c->md[0], g, g->C, g->in, true, src_dt);
                 direct = false;
             }
         }
@@ -720,6 +732,10 @@ int mts_dconv_create(const mts_dconv_spec *s, mts_dconv **out, mts_err *err)
         atomic_store(&c->var[1], v);
     }
     c->spec.w = NULL;
+    if (s->src_bf16 || s->dst_bf16) { /* tensors handed on in bf16 (MTS_PLAN_VERBOSE) */
+        size_t l = strlen(c->impl);
+        snprintf(c->impl + l, sizeof c->impl - l, "%s%s", s->src_bf16 ? " <bf16" : "", s->dst_bf16 ? " >bf16" : "");
+    }
 done:
     if (po) mts_dnnl.dnnl_post_ops_destroy(po);
     if (rc) {
@@ -728,6 +744,19 @@ done:
     }
     *out = c;
     return MTS_OK;
+}
+
+/* bf16 first when asked for; fp32 when oneDNN has no fast bf16 implementation for the step
+ * (a CPU without AVX-512: oneDNN 2.x then offers only reference bf16 kernels). The step's
+ * tensors keep the dtypes the planner gave them either way (the edges' reorders convert). */
+int mts_dconv_create(const mts_dconv_spec *s, mts_dconv **out, mts_err *err)
+{
+    if (!s->bf16 || mts_dprim_is_pool(s->kind)) return create_one(s, out, err);
+    mts_err e2 = {0};
+    if (create_one(s, out, &e2) == MTS_OK) return MTS_OK;
+    mts_dconv_spec f = *s;
+    f.bf16 = false;
+    return create_one(&f, out, err);
 }
 
 void mts_dconv_free(mts_dconv *c)
@@ -817,6 +846,11 @@ bool mts_dconv_ready(const mts_dconv *c, int threads)
 const char *mts_dconv_impl(const mts_dconv *c)
 {
     return c->impl;
+}
+
+bool mts_dconv_bf16(const mts_dconv *c)
+{
+    return c->bf16;
 }
 
 void *mts_dnnl_stream_create(void)
@@ -933,7 +967,8 @@ int mts_dconv_run(const mts_dconv *c, int threads, void *stream, const float *sr
         args[na++] = (dnnl_exec_arg_t){DNNL_ARG_ATTR_MULTIPLE_POST_OP(c->resid_po[e - 2]) | DNNL_ARG_SRC_1, mr};
     }
     DN(mts_dnnl.dnnl_primitive_execute(v->prim, stream, na, args), "execute");
-    if (v->reorder[1] && c->spec.g.nsp < 3 && c->spec.g.M <= 16) {
+    if (v->reorder[1] && c->spec.g.nsp < 3 && c->spec.g.M <= 16 && c->md[1].data_type == dnnl_f32 &&
+        c->user_md[1].data_type == dnnl_f32) {
         /* Few channels to NCHW (a network's output layer): oneDNN's generic reorder is slow for
          * this shape; a plain transpose over the context's threads is not. */
         DN(mts_dnnl.dnnl_stream_wait(stream), "wait");

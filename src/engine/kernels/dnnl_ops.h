@@ -34,6 +34,7 @@ typedef struct mts_dpost {
     int kind;
     float alpha, beta;
     bool nhwc; /* MTS_DPOST_ADD: layout of the residual */
+    bool bf16; /* MTS_DPOST_ADD: the residual holds bf16 values (converted inside the step) */
 } mts_dpost;
 
 enum mts_dprim_kind {
@@ -61,6 +62,12 @@ typedef struct mts_dconv_spec {
     int64_t up[2];       /* > 1: the source is read through a nearest upsampling by these (H, W)
                           * factors first; g describes the conv on the upsampled source (see
                           * mts_dconv_up_ok) */
+    bool bf16;           /* compute in bfloat16: bf16 source (converted inside the step) and weights
+                          * (packed once), fp32 bias, accumulation and destination; falls back
+                          * to fp32 when oneDNN has no fast bf16 implementation (mts_dconv_bf16) */
+    bool src_bf16;       /* bf16: the source tensor already holds bf16 values (written by a bf16
+                          * step with dst_bf16), in the planner's layout */
+    bool dst_bf16;       /* bf16: write the destination as bf16 (its readers are bf16 steps) */
     int key;             /* weight cache key (the node index; unique per model) */
     void **cache;        /* model-level packed-weight cache (caller holds the plan lock) */
 } mts_dconv_spec;
@@ -88,6 +95,8 @@ int mts_dconv_prepare(const mts_dconv *c, int threads, size_t *scratch, mts_err 
 bool mts_dconv_ready(const mts_dconv *c, int threads);
 /* oneDNN's implementation name ("brg:avx512_core", ...), for `mtserve inspect` and tests. */
 const char *mts_dconv_impl(const mts_dconv *c);
+/* Whether c computes in bf16 (spec.bf16 asked for it and oneDNN had a fast implementation). */
+bool mts_dconv_bf16(const mts_dconv *c);
 /* Runs on the calling thread's OpenMP team. resid: the MTS_DPOST_ADD tensors in post-op order. */
 int mts_dconv_run(const mts_dconv *c, int threads, void *stream, const float *src, float *dst, const float *const *resid,
                   void *scratch, mts_err *err);
