@@ -1055,8 +1055,6 @@ static int pb_parameter(mts_model_config *m, const mts_pbtxt *k, const char *fil
     return MTS_OK;
 }
 
-/* Applies max_batch_size, dynamic_batching.max_queue_delay_microseconds and instance_group
- * counts; warns about fields that would change behaviour elsewhere. */
 /* One `parameters { key: "K" value: { string_value: "V" } }` entry: the embedding keys (the
  * same as in config.yaml; a relative tokenizer path is taken from the model folder). */
 static int apply_pb_param(mts_model_config *m, const mts_pbtxt *p, const char *folder, const char *file,
@@ -1108,6 +1106,8 @@ static int apply_pb_param(mts_model_config *m, const mts_pbtxt *p, const char *f
     return MTS_OK;
 }
 
+/* Applies max_batch_size, dynamic_batching.max_queue_delay_microseconds, instance_group counts
+ * and parameters; warns about fields that would change behaviour elsewhere. */
 static int apply_pbtxt(mts_model_config *m, const mts_pbtxt *pb, const char *folder, const char *file,
                        mts_config_warn_fn warn, void *user, mts_err *err)
 {
@@ -1136,7 +1136,10 @@ static int apply_pbtxt(mts_model_config *m, const mts_pbtxt *pb, const char *fol
             if (cnt && pb_int(cnt, file, 1, 1024, &v, err)) return MTS_EINVAL;
             instances += (int)v;
         } else if (!strcmp(k->name, "parameters")) {
-            int prc = pb_parameter(m, k, file, warn, user, err);
+            /* precision keys here, the embedding keys (and the warning for others) there */
+            const mts_pbtxt *pk = mts_pbtxt_get(k, "key");
+            bool prec = pk && pk->scalar && (!strcmp(pk->scalar, "precision") || !strcmp(pk->scalar, "max_error"));
+            int prc = prec ? pb_parameter(m, k, file, warn, user, err) : apply_pb_param(m, k, folder, file, warn, user, err);
             if (prc) return prc;
         } else if (!strcmp(k->name, "name") && k->scalar && strcmp(k->scalar, m->name)) {
             snprintf(msg, sizeof msg, "%s:%d: name '%.100s' differs from the folder name; the model is served as '%s'",
@@ -1151,10 +1154,7 @@ static int apply_pbtxt(mts_model_config *m, const mts_pbtxt *pb, const char *fol
             bool known = false;
             for (size_t q = 0; q < sizeof quiet / sizeof quiet[0]; q++) known |= !strcmp(k->name, quiet[q]);
             const char *near = known ? NULL : mts_suggest(k->name, quiet, sizeof quiet / sizeof quiet[0]);
-            if (!strcmp(k->name, "parameters")) {
-                int prc = apply_pb_param(m, k, folder, file, warn, user, err);
-                if (prc) return prc;
-            } else if (!known && warn && near) {
+            if (!known && warn && near) {
                 snprintf(msg, sizeof msg, "%s:%d: unknown field '%s'; ignored (did you mean '%s'?)", file, k->line,
                          k->name, near);
                 warn(user, msg);
