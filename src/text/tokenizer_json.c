@@ -3,8 +3,8 @@
  * with the project's JSON parser into the steps tokenizer.c runs, and implements the BPE model.
  *
  * Implemented (the constructs common sentence-embedding and LLM tokenizers use):
- *   normalizer     BertNormalizer, Lowercase, NFD, StripAccents, Strip, Replace (string pattern),
- *                  Prepend, Sequence
+ *   normalizer     BertNormalizer, Lowercase, NFD, NFC, NFKC, NFKD, StripAccents, Strip, Replace
+ *                  (string pattern), Prepend, Sequence
  *   pre_tokenizer  BertPreTokenizer, Whitespace, WhitespaceSplit, Punctuation, Digits, Metaspace,
  *                  ByteLevel (GPT-2 pattern), CharDelimiterSplit, Split (string pattern, or
  *                  exactly the GPT-2, cl100k / Llama 3 or Qwen 2 regex), Sequence
@@ -14,10 +14,9 @@
  *   post_processor TemplateProcessing, BertProcessing, RobertaProcessing, ByteLevel, Sequence
  *   added_tokens   matched in the raw text (normalized: false) or in the normalized text, with
  *                  lstrip / rstrip; truncation (max_length, direction); padding (pad_id)
- * Declined, with a message naming the construct: NFC / NFKC /
- * NFKD, Precompiled and Nmt normalizers (they need composition or compatibility tables that are
- * not generated), other regular expressions, UnicodeScripts, BPE dropout,
- * single_word added tokens, inverted splits. Every size read from the file is checked (ids below
+ * Declined, with a message naming the construct: the Precompiled normalizer (SentencePiece's
+ * character map, applied per grapheme cluster) and Nmt, other regular expressions,
+ * UnicodeScripts, BPE dropout, single_word added tokens, inverted splits. Every size read from the file is checked (ids below
  * MTS_TOK_MAX_VOCAB, step counts below MTS_TOK_MAX_STEPS) before it is used.
  */
 #include <math.h>
@@ -463,6 +462,9 @@ static int parse_normalizer(ld *L, const mts_json *n, int depth)
     }
     if (!strcmp(type, "Lowercase")) return add_norm(L, MTS_NORM_LOWER, &st);
     if (!strcmp(type, "NFD")) return add_norm(L, MTS_NORM_NFD, &st);
+    if (!strcmp(type, "NFC")) return add_norm(L, MTS_NORM_NFC, &st);
+    if (!strcmp(type, "NFKC")) return add_norm(L, MTS_NORM_NFKC, &st);
+    if (!strcmp(type, "NFKD")) return add_norm(L, MTS_NORM_NFKD, &st);
     if (!strcmp(type, "StripAccents")) return add_norm(L, MTS_NORM_STRIP_M, &st);
     if (!strcmp(type, "Strip")) {
         int l = jbool(n, "strip_left", 1), r = jbool(n, "strip_right", 1);
@@ -492,8 +494,8 @@ static int parse_normalizer(ld *L, const mts_json *n, int depth)
         if (utf8_to_cps(p, pn, &st->rep, &st->rep_n)) return FAIL("normalizer Prepend: out of memory");
         return 0;
     }
-    return FAIL("normalizer %s is not supported (implemented: BertNormalizer, Lowercase, NFD, StripAccents, Strip, "
-                "Replace, Prepend, Sequence)", type);
+    return FAIL("normalizer %s is not supported (implemented: BertNormalizer, Lowercase, NFD, NFC, NFKC, NFKD, "
+                "StripAccents, Strip, Replace, Prepend, Sequence)", type);
 }
 
 static int behavior_of(ld *L, const mts_json *o, const char *where, int def, int *out)
