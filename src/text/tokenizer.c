@@ -355,7 +355,8 @@ static int split_by_spans(const uint32_t *v, size_t n, int first, const spans *s
             break;
         case MTS_SPLIT_ISOLATED:
         case MTS_SPLIT_CONTIGUOUS:
-            if (pieces_add(out, v + pos, a - pos, f && pos == 0) || pieces_add(out, v + a, b - a, f && a == 0)) return -1;
+            if (pieces_add(out, v + pos, a - pos, f && pos == 0) || pieces_add(out, v + a, b - a, f && a == 0))
+                return -1;
             pos = b;
             break;
         case MTS_SPLIT_PREV:

@@ -38,7 +38,8 @@ static void expect(const mts_tokenizer *t, const char *s, const int64_t *want, i
     int got = enc(t, s, 0, ids, 64, err);
     if (got != n) fail_msg("\"%s\": %d ids, expected %d (%s)", s, got, n, err);
     for (int i = 0; i < n; i++)
-        if (ids[i] != want[i]) fail_msg("\"%s\": id %d is %lld, expected %lld", s, i, (long long)ids[i], (long long)want[i]);
+        if (ids[i] != want[i])
+            fail_msg("\"%s\": id %d is %lld, expected %lld", s, i, (long long)ids[i], (long long)want[i]);
 }
 
 static void test_wordpiece(void **state)
