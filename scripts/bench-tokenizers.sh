@@ -28,7 +28,8 @@ node tools/tok/gpt2_json.js "$gpt2_encodings_ts" "$gpt2_bpe_vocab_ts" "$tmp/gpt2
 rate() { sed -n 's/.* \([0-9][0-9]*\) tokens\/s.*/\1/p' | head -1; }
 printf '%-26s %12s %14s %14s %8s %8s\n' tokenizer mtserve/s "ref batch/s" "ref single/s" x-batch x-single
 for spec in "bert vocab.txt:$bert_uncased_vocab_txt:--vocab-txt" "llama2 BPE (byte fallback):$llama2_tokenizer_json:" \
-            "gpt2 byte-level BPE:$tmp/gpt2.json:"; do
+            "gpt2 byte-level BPE:$tmp/gpt2.json:" "llama3 (cl100k regex) BPE:$llama3_tokenizer_json:" \
+            "qwen3 (NFC, regex) BPE:$qwen3_tokenizer_json:"; do
   IFS=: read -r name file oflag <<<"$spec"
   c=$("$BIN" --max 512 --bench "$ROUNDS" "$file" "$tmp/texts.jsonl" 2>&1 >/dev/null | rate)
   o=$(node tools/tok/tok_oracle.js $oflag --max 512 --bench "$ROUNDS" "$file" "$tmp/texts.jsonl" 2>&1 >/dev/null)

@@ -47,7 +47,7 @@ stage "ONNX conformance (reference backend)" build/mts-conformance --backend ref
 stage "ONNX node conformance under ASan+UBSan" bash -o pipefail -c "build-asan/mts-conformance --tolerances tests/conformance/tolerances.txt $TESTDATA/node | tail -1"
 stage "CLI: inspect and run --json on every generated model" cli_checks
 stage "fuzz targets: the seed corpora and 20,000 mutations from a fixed seed each (libFuzzer + ASan/UBSan/LeakSanitizer)" env FUZZ_RUNS=20000 bash scripts/fuzz.sh 30
-stage "tokenizers vs Hugging Face tokenizers: 1,200 texts, WordPiece + BPE (tests/text)" env MTS_TOKENIZE=$PWD/build/mts-tokenize $PY -m pytest -q -p no:cacheprovider tests/text
+stage "tokenizers vs Hugging Face tokenizers: 1,200 texts x 26 tokenizer files (tests/text)" env MTS_TOKENIZE=$PWD/build/mts-tokenize $PY -m pytest -q -p no:cacheprovider tests/text
 stage "server black-box tests (KServe v2 HTTP, real server process)" $PY -m pytest -q -p no:cacheprovider tests/server
 stage "gRPC tests (grpcio clients against a real server)" $PY -m pytest -q -p no:cacheprovider tests/grpc
 stage "lip-sync composite (gRPC + HTTP) against the TSan-built server" env MTSERVE=$PWD/build-tsan/mtserve TSAN_OPTIONS="$TSAN_OPTIONS:exitcode=66:suppressions=$PWD/tests/tsan/grpc.supp" $PY -m pytest -q -p no:cacheprovider tests/grpc/test_composite.py

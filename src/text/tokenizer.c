@@ -180,6 +180,30 @@ static void canonical_order(uint32_t *v, size_t n)
     }
 }
 
+/* Canonical composition of a decomposed, canonically ordered string, in place (the algorithm of
+ * UAX #15: a character combines with the last starter unless a character of the same or a
+ * higher class sits between them). */
+static void compose(mts_cps *c)
+{
+    if (c->n == 0) return;
+    uint32_t *v = c->v;
+    size_t starter = 0, k = 1;
+    int last = mts_uc_ccc(v[0]) ? 256 : 0;
+    for (size_t i = 1; i < c->n; i++) {
+        uint32_t ch = v[i];
+        int cls = mts_uc_ccc(ch);
+        uint32_t comp = mts_uc_compose(v[starter], ch);
+        if (comp && (last < cls || last == 0)) {
+            v[starter] = comp;
+            continue;
+        }
+        if (cls == 0) starter = k;
+        last = cls;
+        v[k++] = ch;
+    }
+    c->n = k;
+}
+
 int mts_norm_apply(const mts_norm_step *s, mts_cps *in, mts_cps *out)
 {
     out->n = 0;
@@ -234,6 +258,20 @@ int mts_norm_apply(const mts_norm_step *s, mts_cps *in, mts_cps *out)
                 if (mts_cps_push(out, buf[j])) return -1;
         }
         return 0;
+    case MTS_NORM_NFKD:
+    case MTS_NORM_NFC:
+    case MTS_NORM_NFKC: {
+        uint32_t kb[MTS_UC_KDECOMP_MAX];
+        int compat = s->kind != MTS_NORM_NFC;
+        for (size_t i = 0; i < in->n; i++) {
+            int k = compat ? mts_uc_decompose_compat(in->v[i], kb) : mts_uc_decompose(in->v[i], kb);
+            for (int j = 0; j < k; j++)
+                if (mts_cps_push(out, kb[j])) return -1;
+        }
+        canonical_order(out->v, out->n);
+        if (s->kind != MTS_NORM_NFKD) compose(out);
+        return 0;
+    }
     default:
         return mts_norm_apply_ext(s, in, out);
     }
@@ -317,7 +355,8 @@ static int split_by_spans(const uint32_t *v, size_t n, int first, const spans *s
             break;
         case MTS_SPLIT_ISOLATED:
         case MTS_SPLIT_CONTIGUOUS:
-            if (pieces_add(out, v + pos, a - pos, f && pos == 0) || pieces_add(out, v + a, b - a, f && a == 0)) return -1;
+            if (pieces_add(out, v + pos, a - pos, f && pos == 0) || pieces_add(out, v + a, b - a, f && a == 0))
+                return -1;
             pos = b;
             break;
         case MTS_SPLIT_PREV:

@@ -1,10 +1,11 @@
 /*
  * Hugging Face tokenizer.json for the tokenizers (tokenizer.h): reads the pipeline description
- * with the project's JSON parser into the steps tokenizer.c runs, and implements the BPE model.
+ * with the project's JSON parser into the steps tokenizer.c runs, and implements the BPE,
+ * Unigram and WordLevel models.
  *
  * Implemented (the constructs common sentence-embedding and LLM tokenizers use):
- *   normalizer     BertNormalizer, Lowercase, NFD, StripAccents, Strip, Replace (string pattern),
- *                  Prepend, Sequence
+ *   normalizer     BertNormalizer, Lowercase, NFD, NFC, NFKC, NFKD, StripAccents, Strip, Replace
+ *                  (string pattern), Prepend, Sequence
  *   pre_tokenizer  BertPreTokenizer, Whitespace, WhitespaceSplit, Punctuation, Digits, Metaspace,
  *                  ByteLevel (GPT-2 pattern), CharDelimiterSplit, Split (string pattern, or
  *                  exactly the GPT-2, cl100k / Llama 3 or Qwen 2 regex), Sequence
@@ -14,11 +15,11 @@
  *   post_processor TemplateProcessing, BertProcessing, RobertaProcessing, ByteLevel, Sequence
  *   added_tokens   matched in the raw text (normalized: false) or in the normalized text, with
  *                  lstrip / rstrip; truncation (max_length, direction); padding (pad_id)
- * Declined, with a message naming the construct: NFC / NFKC /
- * NFKD, Precompiled and Nmt normalizers (they need composition or compatibility tables that are
- * not generated), other regular expressions, UnicodeScripts, BPE dropout,
- * single_word added tokens, inverted splits. Every size read from the file is checked (ids below
- * MTS_TOK_MAX_VOCAB, step counts below MTS_TOK_MAX_STEPS) before it is used.
+ * Declined, with a message naming the construct: the Precompiled normalizer (SentencePiece's
+ * character map, applied per grapheme cluster) and Nmt, other regular expressions,
+ * UnicodeScripts, BPE dropout, single_word added tokens, inverted splits, special-token ids
+ * outside the vocabulary. Every size read from the file is checked (ids below MTS_TOK_MAX_VOCAB,
+ * step counts below MTS_TOK_MAX_STEPS) before it is used.
  */
 #include <math.h>
 #include <stdio.h>
@@ -453,7 +454,8 @@ static int parse_normalizer(ld *L, const mts_json *n, int depth)
     if (!strcmp(type, "BertNormalizer")) {
         int clean = jbool(n, "clean_text", 1), cjk = jbool(n, "handle_chinese_chars", 1);
         int lower = jbool(n, "lowercase", 1), strip = jbool(n, "strip_accents", -2);
-        if (clean < 0 || cjk < 0 || lower < 0 || strip == -1) return FAIL("normalizer BertNormalizer: a flag is not a bool");
+        if (clean < 0 || cjk < 0 || lower < 0 || strip == -1)
+            return FAIL("normalizer BertNormalizer: a flag is not a bool");
         if (strip == -2) strip = lower;
         if (clean && add_norm(L, MTS_NORM_BERT_CLEAN, &st)) return -1;
         if (cjk && add_norm(L, MTS_NORM_BERT_CJK, &st)) return -1;
@@ -463,6 +465,9 @@ static int parse_normalizer(ld *L, const mts_json *n, int depth)
     }
     if (!strcmp(type, "Lowercase")) return add_norm(L, MTS_NORM_LOWER, &st);
     if (!strcmp(type, "NFD")) return add_norm(L, MTS_NORM_NFD, &st);
+    if (!strcmp(type, "NFC")) return add_norm(L, MTS_NORM_NFC, &st);
+    if (!strcmp(type, "NFKC")) return add_norm(L, MTS_NORM_NFKC, &st);
+    if (!strcmp(type, "NFKD")) return add_norm(L, MTS_NORM_NFKD, &st);
     if (!strcmp(type, "StripAccents")) return add_norm(L, MTS_NORM_STRIP_M, &st);
     if (!strcmp(type, "Strip")) {
         int l = jbool(n, "strip_left", 1), r = jbool(n, "strip_right", 1);
@@ -492,8 +497,8 @@ static int parse_normalizer(ld *L, const mts_json *n, int depth)
         if (utf8_to_cps(p, pn, &st->rep, &st->rep_n)) return FAIL("normalizer Prepend: out of memory");
         return 0;
     }
-    return FAIL("normalizer %s is not supported (implemented: BertNormalizer, Lowercase, NFD, StripAccents, Strip, "
-                "Replace, Prepend, Sequence)", type);
+    return FAIL("normalizer %s is not supported (implemented: BertNormalizer, Lowercase, NFD, NFC, NFKC, NFKD, "
+                "StripAccents, Strip, Replace, Prepend, Sequence)", type);
 }
 
 static int behavior_of(ld *L, const mts_json *o, const char *where, int def, int *out)
@@ -608,13 +613,17 @@ static int parse_pre(ld *L, const mts_json *n, int depth)
         if (inv != 0) return FAIL("pre_tokenizer Split: invert is not supported");
         if (re) {
             int kind = 0, digits = 0;
-            if (strlen(GPT2_PATTERN) == pn && memcmp(p, GPT2_PATTERN, pn) == 0) kind = MTS_PRE_SPLIT_GPT2;
-            else if (strlen(CL100K_PATTERN) == pn && memcmp(p, CL100K_PATTERN, pn) == 0) kind = MTS_PRE_SPLIT_CL100K, digits = 3;
-            else if (strlen(QWEN2_PATTERN) == pn && memcmp(p, QWEN2_PATTERN, pn) == 0) kind = MTS_PRE_SPLIT_CL100K, digits = 1;
+            if (strlen(GPT2_PATTERN) == pn && memcmp(p, GPT2_PATTERN, pn) == 0)
+                kind = MTS_PRE_SPLIT_GPT2;
+            else if (strlen(CL100K_PATTERN) == pn && memcmp(p, CL100K_PATTERN, pn) == 0)
+                kind = MTS_PRE_SPLIT_CL100K, digits = 3;
+            else if (strlen(QWEN2_PATTERN) == pn && memcmp(p, QWEN2_PATTERN, pn) == 0)
+                kind = MTS_PRE_SPLIT_CL100K, digits = 1;
             else
                 return FAIL("pre_tokenizer Split: regular expression \"%.80s\" is not supported (only the GPT-2, "
                             "cl100k / Llama 3 and Qwen 2 patterns are)", p);
-            if (b != MTS_SPLIT_ISOLATED) return FAIL("pre_tokenizer Split: a regex pattern with a behavior other than Isolated");
+            if (b != MTS_SPLIT_ISOLATED)
+                return FAIL("pre_tokenizer Split: a regex pattern with a behavior other than Isolated");
             if (add_pre(L, kind, &st)) return -1;
             st->flag1 = digits;
             return 0;
@@ -684,7 +693,8 @@ static int parse_post(ld *L, const mts_json *n, int depth, int *have)
     }
     if (!strcmp(type, "TemplateProcessing")) {
         const mts_json *single = mts_json_get(n, "single"), *sp = mts_json_get(n, "special_tokens");
-        if (mts_json_type(single) != MTS_JSON_ARRAY) return FAIL("post_processor TemplateProcessing: no \"single\" array");
+        if (mts_json_type(single) != MTS_JSON_ARRAY)
+            return FAIL("post_processor TemplateProcessing: no \"single\" array");
         int seqs = 0;
         for (size_t i = 0; i < mts_json_len(single); i++) {
             const mts_json *e = mts_json_at(single, i), *x;
@@ -701,7 +711,8 @@ static int parse_post(ld *L, const mts_json *n, int depth, int *have)
                 if (ti && mts_json_int(ti, &type_id)) return FAIL("post_processor TemplateProcessing: bad type_id");
                 const mts_json *ids = mts_json_get(mts_json_get(sp, name), "ids");
                 if (mts_json_type(ids) != MTS_JSON_ARRAY)
-                    return FAIL("post_processor TemplateProcessing: special token \"%.40s\" not in special_tokens", name);
+                    return FAIL("post_processor TemplateProcessing: special token \"%.40s\" not in special_tokens",
+                                name);
                 for (size_t k = 0; k < mts_json_len(ids); k++) {
                     int64_t id;
                     if (mts_json_int(mts_json_at(ids, k), &id) || id < 0 || id >= MTS_TOK_MAX_VOCAB)

@@ -1,8 +1,8 @@
 /*
- * Unicode helpers for the tokenizers: strict UTF-8 decoding and encoding, lower-case mapping and
- * canonical decomposition over the generated tables (binary search; Hangul syllables are
- * decomposed arithmetically as the standard specifies), and the character classes BERT's basic
- * tokenizer uses.
+ * Unicode helpers for the tokenizers: strict UTF-8 decoding and encoding, lower-case mapping,
+ * canonical and compatibility decomposition and canonical composition over the generated tables
+ * (binary search; Hangul syllables are handled arithmetically as the standard specifies), and
+ * the character classes BERT's basic tokenizer uses.
  */
 #include "text/unicode.h"
 
@@ -113,6 +113,36 @@ int mts_uc_decompose(uint32_t cp, uint32_t out[MTS_UC_DECOMP_MAX])
     uint32_t off = mts_uc_decomp[i][1] >> 3, n = mts_uc_decomp[i][1] & 7;
     for (uint32_t k = 0; k < n; k++) out[k] = mts_uc_decomp_data[off + k];
     return (int)n;
+}
+
+int mts_uc_decompose_compat(uint32_t cp, uint32_t out[MTS_UC_KDECOMP_MAX])
+{
+    if (cp >= 0xA0) {
+        int i = pair_find(mts_uc_kdecomp, mts_uc_kdecomp_n, cp);
+        if (i >= 0) {
+            uint32_t off = mts_uc_kdecomp[i][1] >> 5, n = mts_uc_kdecomp[i][1] & 31;
+            for (uint32_t k = 0; k < n; k++) out[k] = mts_uc_decomp_data[off + k];
+            return (int)n;
+        }
+    }
+    return mts_uc_decompose(cp, out);
+}
+
+uint32_t mts_uc_compose(uint32_t a, uint32_t b)
+{
+    if (a >= LBASE && a < LBASE + 19 && b >= VBASE && b < VBASE + 21)
+        return SBASE + ((a - LBASE) * 21 + (b - VBASE)) * TCOUNT;
+    if (a >= SBASE && a < SBASE + SCOUNT && (a - SBASE) % TCOUNT == 0 && b > TBASE && b < TBASE + TCOUNT)
+        return a + (b - TBASE);
+    int lo = 0, hi = mts_uc_comp_n - 1;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2;
+        const uint32_t *c = mts_uc_comp[mid];
+        if (c[0] == a && c[1] == b) return c[2];
+        if (c[0] < a || (c[0] == a && c[1] < b)) lo = mid + 1;
+        else hi = mid - 1;
+    }
+    return 0;
 }
 
 bool mts_uc_is_white_space(uint32_t cp)

@@ -1,7 +1,8 @@
 /*
  * Unicode character properties and UTF-8 decoding for the tokenizers: general category,
  * canonical combining class, lower-case mapping and canonical decomposition (NFD) of a code
- * point, from tables generated out of the Unicode Character Database (unicode_tables.c, made by
+ * point, compatibility decomposition and canonical composition, from tables generated out of the
+ * Unicode Character Database (unicode_tables.c, made by
  * scripts/gen-unicode-tables.py), plus the derived predicates the tokenizers use (White_Space,
  * BERT's punctuation, control and CJK tests).
  */
@@ -30,6 +31,10 @@ extern const uint32_t mts_uc_lower[][2];
 extern const int mts_uc_decomp_n;
 extern const uint32_t mts_uc_decomp[][2];
 extern const uint32_t mts_uc_decomp_data[];
+extern const int mts_uc_kdecomp_n;
+extern const uint32_t mts_uc_kdecomp[][2];
+extern const int mts_uc_comp_n;
+extern const uint32_t mts_uc_comp[][3];
 
 static inline int mts_uc_category(uint32_t cp)
 {
@@ -54,6 +59,13 @@ int mts_uc_lower_full(uint32_t cp, uint32_t out[3]);
  * (at most MTS_UC_DECOMP_MAX); 1 and out[0] == cp when the code point does not decompose. */
 #define MTS_UC_DECOMP_MAX 8
 int mts_uc_decompose(uint32_t cp, uint32_t out[MTS_UC_DECOMP_MAX]);
+
+/* Compatibility decomposition (NFKD, recursive, without reordering) into out; returns the count
+ * (at most MTS_UC_KDECOMP_MAX: U+FDFA has 18). */
+#define MTS_UC_KDECOMP_MAX 18
+int mts_uc_decompose_compat(uint32_t cp, uint32_t out[MTS_UC_KDECOMP_MAX]);
+/* The primary composite of a + b (canonical composition, Hangul included), or 0 if none. */
+uint32_t mts_uc_compose(uint32_t a, uint32_t b);
 
 /* The White_Space property (Rust's char::is_whitespace). */
 bool mts_uc_is_white_space(uint32_t cp);

