@@ -640,6 +640,23 @@ void *mts__worker_main(void *arg)
         if (capped && samples >= limit && e->qh) e->mem_capped++; /* work was left for a later batch */
         e->running++;
         v->refs++;
+        /* A batch of a size not run before builds a plan, which holds the unpacked weights
+         * beside the packed ones until it is built: reserve that (the first batch uses the
+         * load's reservation), making room by eviction before the build, not after. */
+        int size_bit = samples < 63 ? (int)samples : 63;
+        int64_t plan_reserve = 0;
+        mts__version *pre_free = NULL;
+        if (!(v->sizes_run & (1ULL << size_bit))) {
+            if (v->load_transient) {
+                v->load_transient = false;
+                plan_reserve = v->file_bytes; /* this batch releases the load's part */
+            } else if (v->file_bytes > 0) {
+                plan_reserve = v->file_bytes;
+                v->transient_bytes += plan_reserve;
+                d->used += plan_reserve;
+                mts__enforce_budget(s, v->device, e, &pre_free);
+            }
+        }
         /* Charged now with the estimate (so the next pick already sees it), corrected with the
          * measured time when the batch ends. */
         double charged = e->cost_per_sample * (double)samples;
@@ -655,6 +672,7 @@ void *mts__worker_main(void *arg)
         pthread_mutex_unlock(&s->lock);
 
         finish_dropped(cancelled, expired, invalid);
+        mts__version_free_list(&pre_free);
         int64_t t_start = mts__now_ns(), cpu_start = thread_cpu_ns();
         int rc = MTS_OK;
         mts_err err = {0};
@@ -669,6 +687,10 @@ void *mts__worker_main(void *arg)
             mts_crash_set_model(NULL);
         }
         int64_t ctx_after = ctx ? mts_ctx_bytes(ctx) : 0;
+        /* plans for a new batch size, oneDNN primitives for a new team size: the model grew */
+        mts_model_info minfo;
+        mts_model_get_info(v->model, &minfo);
+        int64_t engine_after = minfo.resident_bytes + minfo.mapped_bytes;
         int64_t t_end = mts__now_ns(), cpu_end = thread_cpu_ns();
 
         pthread_mutex_lock(&s->lock);
@@ -687,6 +709,18 @@ void *mts__worker_main(void *arg)
         if (!rc && samples > 0) {
             double per = cost / (double)samples;
             e->cost_per_sample = e->cost_per_sample > 0 ? e->cost_per_sample + COST_ALPHA * (per - e->cost_per_sample) : per;
+        }
+        if (plan_reserve) { /* the plan is built and its weights packed */
+            v->sizes_run |= 1ULL << size_bit;
+            v->transient_bytes -= plan_reserve;
+            d->used -= plan_reserve;
+        }
+        bool grew = engine_after > v->engine_bytes;
+        if (engine_after != v->engine_bytes) {
+            v->base_bytes += engine_after - v->engine_bytes;
+            d->used += engine_after - v->engine_bytes;
+            v->engine_bytes = engine_after;
+            if (v->base_bytes + v->ctx_bytes > e->last_bytes) e->last_bytes = v->base_bytes + v->ctx_bytes;
         }
         if (ctx) {
             if (v->n_ctx_free == v->cap_ctx_free) {
@@ -759,7 +793,7 @@ void *mts__worker_main(void *arg)
         mts__version *to_free = NULL;
         mts__waiter *notify = NULL;
         mts__after_idle(s, e, &to_free, &notify);
-        if (ctx_after > ctx_before) mts__enforce_budget(s, v->device, e, &to_free);
+        if (ctx_after > ctx_before || grew) mts__enforce_budget(s, v->device, e, &to_free);
         pthread_cond_broadcast(&s->idle_cv);
         pthread_mutex_unlock(&s->lock);
 
