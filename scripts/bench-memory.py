@@ -99,11 +99,14 @@ def make_repo(tmp, n_models, tiny):
     return repo, models
 
 
-def infer_body(inp, shape, rng):
+def infer_body(inp, shape, rng, timeout_ms=0):
     data = rng.standard_normal(shape).astype(np.float32).tobytes()
+    params = {"binary_data_output": True}
+    if timeout_ms > 0:
+        params["timeout"] = timeout_ms * 1000  # microseconds: the request's own deadline
     hdr = json.dumps({"inputs": [{"name": inp, "datatype": "FP32", "shape": shape,
                                   "parameters": {"binary_data_size": len(data)}}],
-                      "parameters": {"binary_data_output": True}}).encode()
+                      "parameters": params}).encode()
     return hdr + data, len(hdr)
 
 
@@ -246,7 +249,7 @@ def main():
         # Zipf traffic.
         weights = np.array([1.0 / (i + 1) ** a.zipf for i in range(len(models))])
         weights /= weights.sum()
-        bodies = {n: infer_body(inp, shape, rng) for n, inp, shape in models}
+        bodies = {n: infer_body(inp, shape, rng, a.timeout_ms) for n, inp, shape in models}
         counts = {"ok": 0, "failed": 0}
         fail_reasons = {}
         lock = threading.Lock()

@@ -30,7 +30,8 @@
 
 #define MTS__HIST_BUCKETS 16
 /* Longest a load blocked by busy, loading or pinned models waits for room (its requests stay
- * queued, each also bounded by its own timeout) before its requests are failed. */
+ * queued, each also bounded by its own timeout) before its requests are failed; a queued
+ * request whose own deadline is later extends the wait to that deadline. */
 #define MTS__ROOM_WAIT_NS (10 * 1000000000LL)
 extern const double mts__time_buckets[MTS__HIST_BUCKETS];
 #define MTS__BATCH_BUCKETS 8

@@ -399,7 +399,12 @@ static void load_one(mts_server *s, mts__entry *e)
             MTS_INFO("model=%s event=load_waiting queued=%d reason=\"%s\"", cfg->name, e->qlen, msg);
             mts__event_add(s, "load_waiting", e, -1, "%s", msg);
         }
-        wait = (e->qlen > 0 || notify) && now - e->room_wait_since_ns < MTS__ROOM_WAIT_NS && !s->stopping;
+        /* A queued request with its own deadline is waited for until that deadline (its timeout
+         * fails it then, as any queued request); without one, MTS__ROOM_WAIT_NS. */
+        int64_t until = e->room_wait_since_ns + MTS__ROOM_WAIT_NS;
+        for (const mts_request *r = e->qh; r; r = r->next)
+            if (r->deadline_ns > until) until = r->deadline_ns;
+        wait = (e->qlen > 0 || notify) && now < until && !s->stopping;
     }
     if (!wait && e->room_wait_since_ns) {
         e->room_wait_since_ns = 0;

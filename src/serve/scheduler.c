@@ -687,11 +687,11 @@ void *mts__worker_main(void *arg)
             mts_crash_set_model(NULL);
         }
         int64_t ctx_after = ctx ? mts_ctx_bytes(ctx) : 0;
+        int64_t t_end = mts__now_ns(), cpu_end = thread_cpu_ns();
         /* plans for a new batch size, oneDNN primitives for a new team size: the model grew */
         mts_model_info minfo;
         mts_model_get_info(v->model, &minfo);
         int64_t engine_after = minfo.resident_bytes + minfo.mapped_bytes;
-        int64_t t_end = mts__now_ns(), cpu_end = thread_cpu_ns();
 
         pthread_mutex_lock(&s->lock);
         if (!lane) {
