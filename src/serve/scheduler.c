@@ -710,15 +710,18 @@ void *mts__worker_main(void *arg)
             double per = cost / (double)samples;
             e->cost_per_sample = e->cost_per_sample > 0 ? e->cost_per_sample + COST_ALPHA * (per - e->cost_per_sample) : per;
         }
+        /* A version replaced during the batch (force_reload) left the device's bytes with what
+         * it held then; only the current version's changes move them. */
+        bool live = e->cur == v;
         if (plan_reserve) { /* the plan is built and its weights packed */
             v->sizes_run |= 1ULL << size_bit;
             v->transient_bytes -= plan_reserve;
-            d->used -= plan_reserve;
+            if (live) d->used -= plan_reserve;
         }
-        bool grew = engine_after > v->engine_bytes;
+        bool grew = live && engine_after > v->engine_bytes;
         if (engine_after != v->engine_bytes) {
             v->base_bytes += engine_after - v->engine_bytes;
-            d->used += engine_after - v->engine_bytes;
+            if (live) d->used += engine_after - v->engine_bytes;
             v->engine_bytes = engine_after;
             if (v->base_bytes + v->ctx_bytes > e->last_bytes) e->last_bytes = v->base_bytes + v->ctx_bytes;
         }
