@@ -319,6 +319,7 @@ def main():
             "loads": loads, "evictions": evictions, "loads_per_s": round(loads / elapsed, 2),
             "evictions_per_s": round(evictions / elapsed, 2), "samples": len(rows),
             "fail_reasons": fail_reasons, "cpu": cpu, "env": a.env,
+            "series": [[round(r[0], 2), r[1], r[2], r[3], r[4]] for r in rows],  # t, rss, anon, file, accounted
         }
         if a.json:
             Path(a.json).write_text(json.dumps(res, indent=1) + "\n")

@@ -77,10 +77,11 @@ typedef struct mts__version {
     int64_t ctx_bytes;    /* activation buffers of its contexts */
     int64_t engine_bytes; /* of base_bytes, the engine's (held + mapped): plans, packed weights and
                            * oneDNN primitives made on first use add to it after a batch */
-    int64_t transient_bytes; /* plan builds in progress: a load's (the file size, until its first
-                              * batch ends; parsing reads the mapping beside the copies, the first
-                              * plan packs weights beside them) and those of batches of a size
-                              * not run before (a plan build restores the unpacked copies) */
+    int64_t transient_bytes; /* plan builds in progress: a load's (the rest of its reservation,
+                              * at least the file size, until its first batch ends; parsing reads
+                              * the mapping beside the copies, the first plan packs weights beside
+                              * them) and those of batches of a size not run before (a plan build
+                              * restores the unpacked copies) */
     int64_t file_bytes;      /* the model file's size: what one plan build holds at most */
     uint64_t sizes_run;      /* bit b: a batch of b samples (63: 63 or more) has run */
     bool load_transient;     /* transient_bytes holds the load's part */

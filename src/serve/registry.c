@@ -372,6 +372,9 @@ static void load_one(mts_server *s, mts__entry *e)
             mts_model_get_info(m, &info);
             v->base_bytes = v->engine_bytes = info.resident_bytes + info.mapped_bytes;
             v->transient_bytes = v->file_bytes = file_bytes;
+            /* the first batch builds the plan, its primitives and activations: keep what was
+             * reserved for the model (what it reached before, on a reload) until it ends */
+            if (need - v->base_bytes > v->transient_bytes) v->transient_bytes = need - v->base_bytes;
             v->load_transient = true;
             fill_meta(v, cfg);
             v->bg = bg; /* the cache's capacity counts in the version's bytes */

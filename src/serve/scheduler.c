@@ -649,7 +649,7 @@ void *mts__worker_main(void *arg)
         if (!(v->sizes_run & (1ULL << size_bit))) {
             if (v->load_transient) {
                 v->load_transient = false;
-                plan_reserve = v->file_bytes; /* this batch releases the load's part */
+                plan_reserve = v->transient_bytes; /* this batch releases the load's part */
             } else if (v->file_bytes > 0) {
                 plan_reserve = v->file_bytes;
                 v->transient_bytes += plan_reserve;
