@@ -84,6 +84,7 @@ typedef struct mts__version {
                               * restores the unpacked copies) */
     int64_t file_bytes;      /* the model file's size: what one plan build holds at most */
     uint64_t sizes_run;      /* bit b: a batch of b samples (63: 63 or more) has run */
+    uint64_t teams_run;      /* bit t: a batch with a team of t threads (63: 63 or more) has run */
     bool load_transient;     /* transient_bytes holds the load's part */
     int refs;             /* running batches */
     mts_ctx **ctx_free;

@@ -664,6 +664,9 @@ void *mts__worker_main(void *arg)
         mts__ready_push(s, e);
         int threads = d->ready_head ? (d->cores / (d->workers > 0 ? d->workers : 1)) : d->cores - d->busy_cores;
         if (threads < 1 || lane) threads = 1;
+        /* the model can only grow in a batch that may build a plan or a team size's primitives */
+        int team_bit = threads < 63 ? threads : 63;
+        bool may_grow = plan_reserve || !(v->teams_run & (1ULL << team_bit));
         if (!lane) {
             d->busy_cores += threads;
             d->busy_workers++;
@@ -689,9 +692,12 @@ void *mts__worker_main(void *arg)
         int64_t ctx_after = ctx ? mts_ctx_bytes(ctx) : 0;
         int64_t t_end = mts__now_ns(), cpu_end = thread_cpu_ns();
         /* plans for a new batch size, oneDNN primitives for a new team size: the model grew */
-        mts_model_info minfo;
-        mts_model_get_info(v->model, &minfo);
-        int64_t engine_after = minfo.resident_bytes + minfo.mapped_bytes;
+        int64_t engine_after = -1; /* not measured: unchanged */
+        if (may_grow) { /* (the plan lock: only then may it wait for another batch's build) */
+            mts_model_info minfo;
+            mts_model_get_info(v->model, &minfo);
+            engine_after = minfo.resident_bytes + minfo.mapped_bytes;
+        }
 
         pthread_mutex_lock(&s->lock);
         if (!lane) {
@@ -713,13 +719,14 @@ void *mts__worker_main(void *arg)
         /* A version replaced during the batch (force_reload) left the device's bytes with what
          * it held then; only the current version's changes move them. */
         bool live = e->cur == v;
+        if (may_grow) v->teams_run |= 1ULL << team_bit;
         if (plan_reserve) { /* the plan is built and its weights packed */
             v->sizes_run |= 1ULL << size_bit;
             v->transient_bytes -= plan_reserve;
             if (live) d->used -= plan_reserve;
         }
         bool grew = live && engine_after > v->engine_bytes;
-        if (engine_after != v->engine_bytes) {
+        if (engine_after >= 0 && engine_after != v->engine_bytes) {
             v->base_bytes += engine_after - v->engine_bytes;
             if (live) d->used += engine_after - v->engine_bytes;
             v->engine_bytes = engine_after;
