@@ -21,6 +21,7 @@
 #                        replaced, floods: RSS and descriptor drift (SOAK_MINUTES=10)
 #   make bench-connections  10,000 idle + 4,000 slowloris connections held: a new client's latency (~1 min)
 #   make bench-churn     1,000 small models, max_models 100, Zipf(1.0): hit rate, loads/s, latency (~2 min)
+#   make bench-memory    100 MB budget, Zipf churn over 10 models: RSS vs accounted bytes vs baseline (~90 s)
 #   make bench-isolation light tenant's latency beside a heavy tenant (HTTP and gRPC; ~7 min)
 #   make bench-embed     sentence-embedding texts/s vs ONNX Runtime at batch 1, 8, 32 (~30 s)
 #   make install         install build/mtserve, the man page mtserve(1) and the bash completion under
@@ -50,8 +51,8 @@ export MTSERVE := $(CURDIR)/$(BUILD)/mtserve
 
 .PHONY: all deps build build-asan build-tsan build-fuzz fuzz models avatar run test test-unit test-conformance \
         bench test-zoo bench-zoo bench-engine bench-ceiling bench-serving bench-capacity bench-capacity-kserve \
-        bench-connections soak bench-churn bench-grpc bench-isolation bench-ab bench-int8 clean install uninstall deb \
-        cluster bench-cluster bench-embed bench-precision
+        bench-connections soak bench-churn bench-memory bench-grpc bench-isolation bench-ab bench-int8 clean install \
+        uninstall deb cluster bench-cluster bench-embed bench-precision
 
 all: build
 
@@ -144,6 +145,9 @@ bench-ceiling: build models
 
 bench-churn: build
 	@bash scripts/bench-churn.sh
+
+bench-memory: build models
+	@$(PY) scripts/bench-memory.py --mtserve $(MTSERVE)
 
 bench-grpc: build models
 	@bash scripts/bench-grpc.sh

@@ -54,6 +54,7 @@ stage "lip-sync composite (gRPC + HTTP) against the TSan-built server" env MTSER
 stage "server black-box tests (HTTP) against the ASan+UBSan-built server (LeakSanitizer at exit)" env MTSERVE=$PWD/build-asan/mtserve $PY -m pytest -q -p no:cacheprovider tests/server --deselect tests/server/test_leaks.py::test_load_infer_unload_cycles_do_not_leak
 stage "gRPC tests against the ASan+UBSan-built server" env MTSERVE=$PWD/build-asan/mtserve $PY -m pytest -q -p no:cacheprovider tests/grpc
 stage "concurrent dynamic batching on a served model (release server: the crash regression)" $PY -m pytest -q -p no:cacheprovider tests/stress/test_concurrent_batching.py
+stage "memory budget under churn: RSS <= 100 MB budget + baseline, < 1 % failed (release server)" $PY -m pytest -q -p no:cacheprovider tests/stress/test_memory_budget.py
 stage "concurrent batching + stress: 8 models, HTTP + gRPC, evictions, reloads (ASan+UBSan server)" env MTSERVE=$PWD/build-asan/mtserve $PY -m pytest -q -p no:cacheprovider tests/stress
 stage "concurrent dynamic batching on a served model (TSan server)" env MTSERVE=$PWD/build-tsan/mtserve TSAN_OPTIONS="$TSAN_OPTIONS:exitcode=66:suppressions=$PWD/tests/tsan/grpc.supp" $PY -m pytest -q -p no:cacheprovider tests/stress/test_concurrent_batching.py
 stage "load generator tests (mtserve bench against a real server)" $PY -m pytest -q -p no:cacheprovider tests/bench

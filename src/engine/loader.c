@@ -214,6 +214,7 @@ int mts_model_load(const char *path, const mts_load_opts *opts, mts_model **out,
         mts_model_free(m);
         return rc;
     }
+    mts__drop_map_pages(m); /* parsing touched every page; the copies are what is read now */
     *out = m;
     return MTS_OK;
 }

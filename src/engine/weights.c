@@ -9,6 +9,7 @@
  * (mts_model.copy_bytes) and owns the mappings and copies until the model is freed.
  */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,6 +71,37 @@ static void *copy_alloc(size_t len)
     return p == MAP_FAILED ? NULL : p;
 }
 
+/* Drops the whole pages of a copied range of a file mapping from the resident set right after
+ * it is copied: the copy is what is read from now on, and a model's load or plan build would
+ * otherwise hold its weights twice (copies and mapped pages) until it ends. Pages shared with
+ * an in-place initializer fault back in from the page cache when read. */
+static void drop_src_pages(const mts_model *m, const void *src, size_t len)
+{
+    long page = sysconf(_SC_PAGESIZE);
+    if (ENGINE_MALLOC_ONLY || page <= 0 || len < (size_t)page * 2) return;
+    bool mapped = false; /* only ever a file mapping's pages: dropped heap pages would read zero */
+    for (int i = 0; i < m->n_maps && !mapped; i++)
+        mapped = (const uint8_t *)src >= (const uint8_t *)m->maps[i].addr &&
+                 (const uint8_t *)src + len <= (const uint8_t *)m->maps[i].addr + m->maps[i].len;
+    if (!mapped) return;
+    uintptr_t a = ((uintptr_t)src + (uintptr_t)page - 1) / (uintptr_t)page * (uintptr_t)page;
+    uintptr_t e = ((uintptr_t)src + len) / (uintptr_t)page * (uintptr_t)page;
+    if (e > a) madvise((void *)a, e - a, MADV_DONTNEED);
+}
+
+/* Copies len bytes out of m's file mapping in 1 MB pieces, dropping each piece's mapped pages
+ * once copied: a large initializer's file pages never all sit beside its copy (two loader
+ * threads copying 26 MB tensors held 50 MB of file pages for a moment before). */
+static void copy_out(const mts_model *m, void *dst, const void *src, size_t len)
+{
+    const size_t piece = (size_t)1 << 20;
+    for (size_t off = 0; off < len; off += piece) {
+        size_t n = len - off < piece ? len - off : piece;
+        memcpy((uint8_t *)dst + off, (const uint8_t *)src + off, n);
+        drop_src_pages(m, (const uint8_t *)src + off, n);
+    }
+}
+
 static void copy_free(void *p, size_t len)
 {
     if (!p) return;
@@ -88,7 +120,7 @@ mts__copy *mts__add_copy(mts_model *m, const void *src, size_t len)
     }
     void *d = copy_alloc(len);
     if (!d) return NULL;
-    if (len) memcpy(d, src, len);
+    copy_out(m, d, src, len);
     mts__copy *c = &m->copies[m->n_copies++];
     *c = (mts__copy){d, src, len, -1};
     m->copy_bytes += (int64_t)len;
@@ -117,7 +149,6 @@ void mts__release_weights(mts_model *m, const mts__plan *p, const int *values, i
     mark_reads(p, used);
     for (const mts__plan *q = m->plans; q; q = q->next) mark_reads(q, used);
     for (int i = 0; i < m->n_outputs; i++) used[m->outputs[i]] = 1;
-    long page = sysconf(_SC_PAGESIZE);
     for (int i = 0; i < n; i++) {
         int v = values[i];
         if (v < 0 || v >= m->n_values || used[v]) continue;
@@ -132,9 +163,16 @@ void mts__release_weights(mts_model *m, const mts__plan *p, const int *values, i
             }
     }
     free(used);
-    /* The file mapping was touched by parsing and copying; drop it from this process's resident
-     * set. Pages still read by kernels (in-place initializers, biases) fault back in from the
-     * page cache on their next use; the released weights never do. */
+    mts__drop_map_pages(m);
+}
+
+/* The file mapping was touched by parsing and copying; drop it from this process's resident
+ * set. Pages still read by kernels (in-place initializers, biases) fault back in from the page
+ * cache on their next use; copied and released weights never do. Without this the pages of
+ * every copied initializer stay resident twice (the copy is accounted, the mapping is not). */
+void mts__drop_map_pages(mts_model *m)
+{
+    long page = sysconf(_SC_PAGESIZE);
     for (int i = 0; i < m->n_maps && !ENGINE_MALLOC_ONLY; i++) {
         uintptr_t a = ((uintptr_t)m->maps[i].addr + (uintptr_t)page - 1) / (uintptr_t)page * (uintptr_t)page;
         uintptr_t e = ((uintptr_t)m->maps[i].addr + m->maps[i].len) / (uintptr_t)page * (uintptr_t)page;
@@ -148,7 +186,7 @@ int mts__restore_weights(mts_model *m, mts_err *err)
         mts__copy *cp = &m->copies[c];
         if (cp->data || cp->value < 0) continue;
         if (!(cp->data = copy_alloc(cp->len))) return mts_err_set(err, MTS_ENOMEM, "out of memory");
-        if (cp->len) memcpy(cp->data, cp->src, cp->len);
+        copy_out(m, cp->data, cp->src, cp->len);
         m->copy_bytes += (int64_t)cp->len;
         m->values[cp->value].init.data = cp->data;
     }

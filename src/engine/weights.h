@@ -23,6 +23,9 @@ mts__copy *mts__add_copy(mts_model *m, const void *src, size_t len);
  * copies before another plan is built. Both run under the plan lock. */
 void mts__release_weights(mts_model *m, const mts__plan *p, const int *values, int n);
 int mts__restore_weights(mts_model *m, mts_err *err);
+/* Drops m's file mappings from the resident set (MADV_DONTNEED; pages fault back from the page
+ * cache when read): after loading, and after mts__release_weights. */
+void mts__drop_map_pages(mts_model *m);
 /* Frees every copy and unmaps every mapping of m (mts_model_free). */
 void mts__weights_free(mts_model *m);
 

@@ -30,7 +30,8 @@
 
 #define MTS__HIST_BUCKETS 16
 /* Longest a load blocked by busy, loading or pinned models waits for room (its requests stay
- * queued, each also bounded by its own timeout) before its requests are failed. */
+ * queued, each also bounded by its own timeout) before its requests are failed; a queued
+ * request whose own deadline is later extends the wait to that deadline. */
 #define MTS__ROOM_WAIT_NS (10 * 1000000000LL)
 extern const double mts__time_buckets[MTS__HIST_BUCKETS];
 #define MTS__BATCH_BUCKETS 8
@@ -74,6 +75,17 @@ typedef struct mts__version {
     int device;
     int64_t base_bytes;   /* model pool + plans + mapped weights at load */
     int64_t ctx_bytes;    /* activation buffers of its contexts */
+    int64_t engine_bytes; /* of base_bytes, the engine's (held + mapped): plans, packed weights and
+                           * oneDNN primitives made on first use add to it after a batch */
+    int64_t transient_bytes; /* plan builds in progress: a load's (the rest of its reservation,
+                              * at least the file size, until its first batch ends; parsing reads
+                              * the mapping beside the copies, the first plan packs weights beside
+                              * them) and those of batches of a size not run before (a plan build
+                              * restores the unpacked copies) */
+    int64_t file_bytes;      /* the model file's size: what one plan build holds at most */
+    uint64_t sizes_run;      /* bit b: a batch of b samples (63: 63 or more) has run */
+    uint64_t teams_run;      /* bit t: a batch with a team of t threads (63: 63 or more) has run */
+    bool load_transient;     /* transient_bytes holds the load's part */
     int refs;             /* running batches */
     mts_ctx **ctx_free;
     int n_ctx_free, cap_ctx_free;
@@ -247,6 +259,7 @@ void *mts__janitor_main(void *arg);
 void mts__version_free(mts__version *v);
 /* Frees a chain of versions linked through ->next (outside the lock) and empties *list. */
 void mts__version_free_list(mts__version **list);
+void mts__alloc_policy(void); /* registry.c: allocator settings for churn, at server creation */
 /* After a batch ended or a queue emptied: completes an unload if the entry is draining and idle,
  * and detaches a superseded version. Returns versions to free (outside the lock) via *to_free. */
 void mts__after_idle(mts_server *s, mts__entry *e, mts__version **to_free, mts__waiter **to_notify);

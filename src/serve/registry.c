@@ -9,13 +9,19 @@
  * unavailable while a lip-sync asset folder is missing.
  *
  * Memory is accounted from real sizes: a version's bytes are the engine's own allocations
- * (IR, copied weights, plans), the mapped weight bytes and its contexts' activation buffers
- * (added as workers grow them). Before a load, the file size is reserved on the device so
- * concurrent loads cannot overcommit; eviction happens before the load, never after a failure
- * to allocate.
+ * (IR, copied weights, plans, packed weights, a constant per oneDNN primitive), the mapped
+ * weight bytes and its contexts' activation buffers, refreshed after each batch (plans and
+ * primitives are made on first use), plus a file size while a plan is being built (the load's
+ * until its first batch ends; a batch of a new size reserves its own). Before a load, that
+ * much and the file size are reserved on the device so concurrent loads cannot overcommit;
+ * eviction happens before the load, never after a failure to allocate. Freed versions go back
+ * to the system at once (mts__alloc_policy: large blocks mmapped, heaps trimmed).
  */
 #include <stdio.h>
 #include <stdlib.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -54,20 +60,47 @@ void mts__version_free(mts__version *v)
     free(v);
 }
 
+/* The allocator's policy for a server whose models come and go. glibc's default mmap threshold
+ * is dynamic: once a large mmapped block is freed, blocks up to that size (32 MB at most) come
+ * from the heaps instead, and a heap keeps what is freed inside it. Under churn an evicted
+ * model's activation buffers and plans then stay in the process (measured by
+ * scripts/bench-memory.py: RSS 424 MB under a 100 MB budget). A fixed threshold of 128 KB
+ * sends every large buffer to its own mapping, returned to the system on free, and
+ * malloc_trim after an unload hands back the free pages inside the heaps.
+ * MTS_MALLOC_TUNE=0 keeps glibc's defaults (to measure the difference). */
+static bool g_trim = false;
+
+void mts__alloc_policy(void)
+{
+#ifdef __GLIBC__
+    const char *t = getenv("MTS_MALLOC_TUNE");
+    if (t && !strcmp(t, "0")) return;
+    mallopt(M_MMAP_THRESHOLD, 128 * 1024);
+    mallopt(M_TRIM_THRESHOLD, 1024 * 1024);
+    g_trim = true;
+#endif
+}
+
 void mts__version_free_list(mts__version **list)
 {
     mts__version *v = *list;
+    bool freed = v != NULL;
     while (v) {
         mts__version *next = v->next;
         mts__version_free(v);
         v = next;
     }
     *list = NULL; /* callers keep using the variable for later batches of work */
+#ifdef __GLIBC__
+    if (freed && g_trim) malloc_trim(0); /* free pages inside the heaps go back to the system */
+#else
+    (void)freed;
+#endif
 }
 
 static int64_t version_bytes(const mts__version *v)
 {
-    return v->base_bytes + v->ctx_bytes;
+    return v->base_bytes + v->ctx_bytes + v->transient_bytes;
 }
 
 void mts__request_load(mts_server *s, mts__entry *e)
@@ -143,7 +176,7 @@ static void evict(mts_server *s, mts__entry *e, const char *why, mts__version **
 {
     mts__version *v = e->cur;
     int64_t bytes = version_bytes(v);
-    if (bytes > e->last_bytes) e->last_bytes = bytes;
+    if (bytes - v->transient_bytes > e->last_bytes) e->last_bytes = bytes - v->transient_bytes;
     int dev = v->device;
     detach(s, e);
     e->evictions++;
@@ -312,7 +345,7 @@ static void load_one(mts_server *s, mts__entry *e)
     const mts_model_config *cfg = e->pending_cfg ? e->pending_cfg : e->cfg;
     pthread_mutex_unlock(&s->lock);
     struct stat st;
-    int64_t need = stat(cfg->model_path, &st) == 0 ? (int64_t)st.st_size : 0;
+    int64_t file_bytes = stat(cfg->model_path, &st) == 0 ? (int64_t)st.st_size : 0, need = file_bytes;
     /* Lip-sync assets: open the background cache with the version and reserve its
      * capacity (background_cache_frames decoded frames) in the device budget. Asset problems do
      * not fail the load: the model serves InferBatch and composites report bg_error. */
@@ -334,8 +367,14 @@ static void load_one(mts_server *s, mts__entry *e)
     /* A model seen before is expected to need what it reached then (weights, plans and
      * activations), not just its file size. */
     if (e->last_bytes > need) need = e->last_bytes;
+    /* Parsing reads the whole file mapping beside the weights it copies, and the first batch's
+     * plan packs weights beside those copies: the load holds about a file size more than the
+     * model keeps, so that is reserved too and charged until the first batch ends. */
     bool reload = e->reload_pending;
     int dev = choose_device(s, e);
+    /* (a model that fits the device only without it still loads, with the whole budget) */
+    need = need <= s->devs[dev].budget && need + file_bytes > s->devs[dev].budget ? s->devs[dev].budget
+                                                                                     : need + file_bytes;
     int rc = make_room(s, e, dev, need, &to_free, msg, sizeof msg);
     /* no room now, but the model fits the device: the models in the way are busy, loading or
      * pinned, which is not a failure of this model */
@@ -369,7 +408,12 @@ static void load_one(mts_server *s, mts__entry *e)
             v->device = dev;
             mts_model_info info;
             mts_model_get_info(m, &info);
-            v->base_bytes = info.resident_bytes + info.mapped_bytes;
+            v->base_bytes = v->engine_bytes = info.resident_bytes + info.mapped_bytes;
+            v->transient_bytes = v->file_bytes = file_bytes;
+            /* the first batch builds the plan, its primitives and activations: keep what was
+             * reserved for the model (what it reached before, on a reload) until it ends */
+            if (need - v->base_bytes > v->transient_bytes) v->transient_bytes = need - v->base_bytes;
+            v->load_transient = true;
             fill_meta(v, cfg);
             v->bg = bg; /* the cache's capacity counts in the version's bytes */
             bg = NULL;
@@ -396,7 +440,12 @@ static void load_one(mts_server *s, mts__entry *e)
             MTS_INFO("model=%s event=load_waiting queued=%d reason=\"%s\"", cfg->name, e->qlen, msg);
             mts__event_add(s, "load_waiting", e, -1, "%s", msg);
         }
-        wait = (e->qlen > 0 || notify) && now - e->room_wait_since_ns < MTS__ROOM_WAIT_NS && !s->stopping;
+        /* A queued request with its own deadline is waited for until that deadline (its timeout
+         * fails it then, as any queued request); without one, MTS__ROOM_WAIT_NS. */
+        int64_t until = e->room_wait_since_ns + MTS__ROOM_WAIT_NS;
+        for (const mts_request *r = e->qh; r; r = r->next)
+            if (r->deadline_ns > until) until = r->deadline_ns;
+        wait = (e->qlen > 0 || notify) && now < until && !s->stopping;
     }
     if (!wait && e->room_wait_since_ns) {
         e->room_wait_since_ns = 0;

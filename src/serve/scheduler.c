@@ -700,6 +700,23 @@ static int serve_one(mts__worker *w, mts__device *d, int mode, mts__entry *outer
     if (capped && samples >= limit && e->qh) e->mem_capped++; /* work was left for a later batch */
     e->running++;
     v->refs++;
+    /* A batch of a size not run before builds a plan, which holds the unpacked weights
+     * beside the packed ones until it is built: reserve that (the first batch uses the
+     * load's reservation), making room by eviction before the build, not after. */
+    int size_bit = samples < 63 ? (int)samples : 63;
+    int64_t plan_reserve = 0;
+    mts__version *pre_free = NULL;
+    if (!(v->sizes_run & (1ULL << size_bit))) {
+        if (v->load_transient) {
+            v->load_transient = false;
+            plan_reserve = v->transient_bytes; /* this batch releases the load's part */
+        } else if (v->file_bytes > 0) {
+            plan_reserve = v->file_bytes;
+            v->transient_bytes += plan_reserve;
+            d->used += plan_reserve;
+            mts__enforce_budget(s, v->device, e, &pre_free);
+        }
+    }
     /* Charged now with the estimate (so the next pick already sees it), corrected with the
      * measured time when the batch ends. */
     double charged = e->cost_per_sample * (double)samples;
@@ -707,6 +724,9 @@ static int serve_one(mts__worker *w, mts__device *d, int mode, mts__entry *outer
     mts__ready_push(s, e);
     int threads = d->ready_head ? (d->cores / (d->workers > 0 ? d->workers : 1)) : d->cores - d->busy_cores;
     if (threads < 1 || lane) threads = 1;
+    /* the model can only grow in a batch that may build a plan or a team size's primitives */
+    int team_bit = threads < 63 ? threads : 63;
+    bool may_grow = plan_reserve || !(v->teams_run & (1ULL << team_bit));
     if (!lane) {
         d->busy_cores += threads;
         d->busy_workers++;
@@ -715,6 +735,7 @@ static int serve_one(mts__worker *w, mts__device *d, int mode, mts__entry *outer
     pthread_mutex_unlock(&s->lock);
 
     finish_dropped(cancelled, expired, invalid);
+    mts__version_free_list(&pre_free);
     int64_t t_start = mts__now_ns(), cpu_start = thread_cpu_ns();
     int rc = MTS_OK;
     mts_err err = {0};
@@ -736,6 +757,13 @@ static int serve_one(mts__worker *w, mts__device *d, int mode, mts__entry *outer
     }
     int64_t ctx_after = ctx ? mts_ctx_bytes(ctx) : 0;
     int64_t t_end = mts__now_ns(), cpu_end = thread_cpu_ns();
+    /* plans for a new batch size, oneDNN primitives for a new team size: the model grew */
+    int64_t engine_after = -1; /* not measured: unchanged */
+    if (may_grow) { /* (the plan lock: only then may it wait for another batch's build) */
+        mts_model_info minfo;
+        mts_model_get_info(v->model, &minfo);
+        engine_after = minfo.resident_bytes + minfo.mapped_bytes;
+    }
 
     pthread_mutex_lock(&s->lock);
     if (!lane) {
@@ -754,6 +782,22 @@ static int serve_one(mts__worker *w, mts__device *d, int mode, mts__entry *outer
     if (!rc && samples > 0) {
         double per = cost / (double)samples;
         e->cost_per_sample = e->cost_per_sample > 0 ? e->cost_per_sample + COST_ALPHA * (per - e->cost_per_sample) : per;
+    }
+    /* A version replaced during the batch (force_reload) left the device's bytes with what
+     * it held then; only the current version's changes move them. */
+    bool live = e->cur == v;
+    if (may_grow) v->teams_run |= 1ULL << team_bit;
+    if (plan_reserve) { /* the plan is built and its weights packed */
+        v->sizes_run |= 1ULL << size_bit;
+        v->transient_bytes -= plan_reserve;
+        if (live) d->used -= plan_reserve;
+    }
+    bool grew = live && engine_after > v->engine_bytes;
+    if (engine_after >= 0 && engine_after != v->engine_bytes) {
+        v->base_bytes += engine_after - v->engine_bytes;
+        if (live) d->used += engine_after - v->engine_bytes;
+        v->engine_bytes = engine_after;
+        if (v->base_bytes + v->ctx_bytes > e->last_bytes) e->last_bytes = v->base_bytes + v->ctx_bytes;
     }
     if (ctx) {
         if (v->n_ctx_free == v->cap_ctx_free) {
@@ -826,7 +870,7 @@ static int serve_one(mts__worker *w, mts__device *d, int mode, mts__entry *outer
     mts__version *to_free = NULL;
     mts__waiter *notify = NULL;
     mts__after_idle(s, e, &to_free, &notify);
-    if (ctx_after > ctx_before) mts__enforce_budget(s, v->device, e, &to_free);
+    if (ctx_after > ctx_before || grew) mts__enforce_budget(s, v->device, e, &to_free);
     pthread_cond_broadcast(&s->idle_cv);
     pthread_mutex_unlock(&s->lock);
 

@@ -81,6 +81,7 @@ const mts_config *mts_server_config(const mts_server *s)
 
 int mts_server_create(const mts_config *cfg, mts_server **out, mts_err *err)
 {
+    mts__alloc_policy(); /* before the workers' threads make their heaps */
     mts_server *s = calloc(1, sizeof *s);
     if (!s) return mts_err_set(err, MTS_ENOMEM, "out of memory");
     s->cfg = cfg;

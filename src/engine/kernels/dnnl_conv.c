@@ -17,6 +17,7 @@
  * thread's own team size (omp_set_num_threads affects only the calling thread's ICVs). Contexts
  * of one thread never start an OpenMP team.
  */
+#include <limits.h>
 #include <stdatomic.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -74,11 +75,57 @@ void mts_dnnl_cache_free(void *cache)
     }
 }
 
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER; /* the weight caches */
+
 int64_t mts_dnnl_cache_bytes(const void *cache)
 {
     int64_t b = 0;
+    pthread_mutex_lock(&g_lock); /* variants add to the cache at run time */
     for (const wcache *e = cache; e; e = e->next) b += (int64_t)e->bytes + (int64_t)sizeof *e;
+    pthread_mutex_unlock(&g_lock);
     return b;
+}
+
+/* What a primitive holds beyond the bytes anyone reports: oneDNN's JIT code, the primitive and
+ * its descriptor, the kernel's tables. oneDNN has no query for it (scratchpads are queried and
+ * supplied by the contexts, packed weights are in this cache), so it is charged as a constant
+ * per primitive kept, measured as the growth of anonymous RSS beyond the accounted bytes when
+ * models with many primitives are loaded and run once (scripts/bench-memory.py --probe:
+ * mobilenetv3, 130 primitives). MTS_DNNL_PRIM_BYTES overrides it. */
+#define PRIM_KEY INT_MIN /* never a node key: those are >= 0, phases -(16 key + i) - 1 */
+#define PRIM_BYTES_DEFAULT ((size_t)64 << 10)
+
+static size_t g_prim_bytes = PRIM_BYTES_DEFAULT;
+static pthread_once_t g_prim_once = PTHREAD_ONCE_INIT;
+
+static void prim_bytes_init(void)
+{
+    const char *e = getenv("MTS_DNNL_PRIM_BYTES");
+    char *end;
+    long long n = e ? strtoll(e, &end, 10) : -1;
+    if (e && *e && !*end && n >= 0 && n < (1LL << 30)) g_prim_bytes = (size_t)n;
+}
+
+static size_t prim_bytes(void)
+{
+    pthread_once(&g_prim_once, prim_bytes_init);
+    return g_prim_bytes;
+}
+
+/* Charges n more primitives to the model whose cache this is (g_lock held): one node with key
+ * PRIM_KEY and no data carries the charge, so the model's bytes (mts_dnnl_cache_bytes) and the
+ * server's budget see it. Charges stay until the model is freed (plans live as long). */
+static void charge_prims(void **cache, int n)
+{
+    wcache *q = *(wcache **)cache;
+    while (q && q->key != PRIM_KEY) q = q->next;
+    if (!q) {
+        if (!(q = calloc(1, sizeof *q))) return;
+        q->key = PRIM_KEY;
+        q->next = *(wcache **)cache;
+        *(wcache **)cache = q;
+    }
+    q->bytes += (size_t)n * prim_bytes();
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -257,8 +304,6 @@ struct mts_dconv {
     size_t phase_tmp;                  /* bytes of one phase's output */
 };
 
-static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER; /* the weight caches */
-
 /* Variant creation for one thread count of a convolution already in use (mts_dconv_prepare): one
  * of a few striped locks, by address, so that contexts preparing different steps (or a plan's
  * steps created in parallel) do not wait for each other's JIT compilation. */
@@ -392,6 +437,13 @@ static int variant_create(mts_dconv *c, int threads, const float *w, variant **o
         v->total_scratch += (mts_dnnl.dnnl_memory_desc_get_size(&c->md[i]) + 63) / 64 * 64;
     }
     DN(mts_dnnl.dnnl_primitive_create(&v->prim, pd), "primitive");
+    {
+        int n = 1;
+        for (int i = 0; i < N_EDGES; i++) n += v->reorder[i] != NULL;
+        pthread_mutex_lock(&g_lock);
+        charge_prims(c->spec.cache, n);
+        pthread_mutex_unlock(&g_lock);
+    }
 done:
     mts_dnnl.omp_set_num_threads(saved);
     if (pd) mts_dnnl.dnnl_primitive_desc_destroy(pd);
