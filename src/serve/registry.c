@@ -67,7 +67,10 @@ void mts__version_free(mts__version *v)
  * scripts/bench-memory.py: RSS 424 MB under a 100 MB budget). A fixed threshold of 128 KB
  * sends every large buffer to its own mapping, returned to the system on free, and
  * malloc_trim after an unload hands back the free pages inside the heaps.
- * MTS_MALLOC_TUNE=0 keeps glibc's defaults (to measure the difference). */
+ * MTS_MALLOC_TUNE=0 keeps glibc's defaults, MTS_MALLOC_TUNE=trim keeps them but trims after
+ * unloads, MTS_MMAP_THRESHOLD / MTS_TRIM_THRESHOLD (bytes) override the two values (to measure
+ * the trade-off: with 128 KB every multi-megabyte request buffer is a fresh mapping, which
+ * costs the HTTP front end under a flood of large requests; docs/benchmarks.md). */
 static bool g_trim = false;
 
 void mts__alloc_policy(void)
@@ -75,8 +78,13 @@ void mts__alloc_policy(void)
 #ifdef __GLIBC__
     const char *t = getenv("MTS_MALLOC_TUNE");
     if (t && !strcmp(t, "0")) return;
-    mallopt(M_MMAP_THRESHOLD, 128 * 1024);
-    mallopt(M_TRIM_THRESHOLD, 1024 * 1024);
+    if (t && !strcmp(t, "trim")) {
+        g_trim = true;
+        return;
+    }
+    const char *mt = getenv("MTS_MMAP_THRESHOLD"), *tt = getenv("MTS_TRIM_THRESHOLD");
+    mallopt(M_MMAP_THRESHOLD, mt ? atoi(mt) : 128 * 1024);
+    mallopt(M_TRIM_THRESHOLD, tt ? atoi(tt) : 1024 * 1024);
     g_trim = true;
 #endif
 }
