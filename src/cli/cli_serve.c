@@ -303,6 +303,8 @@ typedef struct tracked {
     file_sig sig;
     char *cand_path;  /* another version's file the rescan found, added once it stays unchanged */
     file_sig cand_sig;
+    bool cfg_known;   /* cfg_sig holds the folder's config.yaml and config.pbtxt as served */
+    file_sig cfg_sig[2];
     char msg[256];    /* the folder's problem last logged (logged once) */
 } tracked;
 
@@ -447,10 +449,29 @@ static bool rescan_model(poller *p, int i)
         return false;
     }
     note_once(t->msg, folder, "poll_config_error", "");
+    /* the folder's configuration files: an edit applies the new configuration (the model reloads
+     * with it when loaded; the loaded one answers until then) */
+    file_sig cfg_now[2];
+    char cpath[1200];
+    static const char *const cfg_files[2] = {"config.yaml", "config.pbtxt"};
+    for (int k = 0; k < 2; k++) {
+        snprintf(cpath, sizeof cpath, "%s/%s", folder, cfg_files[k]);
+        cfg_now[k] = sig_of(cpath);
+    }
+    bool cfg_changed = t->cfg_known && (!sig_same(&cfg_now[0], &t->cfg_sig[0]) || !sig_same(&cfg_now[1], &t->cfg_sig[1]));
+    t->cfg_known = true;
+    t->cfg_sig[0] = cfg_now[0];
+    t->cfg_sig[1] = cfg_now[1];
     if (!strcmp(m->model_path, t->path)) {
         free(t->cand_path);
         t->cand_path = NULL;
-        mts_model_config_free(m);
+        if (!cfg_changed) {
+            mts_model_config_free(m);
+            return true;
+        }
+        MTS_INFO("event=poll_config_changed model=%s version=%d", t->name, t->version);
+        if (mts_server_update_model(p->srv, m, &err)) /* takes m */
+            MTS_WARN("model=%s event=poll_config_failed error=\"%s\"", t->name, err.msg);
         return true;
     }
     file_sig now = sig_of(m->model_path), served = sig_of(t->path);

@@ -2,7 +2,7 @@
 a model folder copied in after start is served without a restart while a background client keeps
 inferring the models already there with no failure; a new version folder of a Triton model
 replaces the served version (the old one answers until the new one is loaded, then its version
-number is refused) and removing it again brings version 1 back; a removed folder makes the model unknown (404) and a folder of that name
+number is refused) and removing it again brings version 1 back; an edited config.pbtxt applies; a removed folder makes the model unknown (404) and a folder of that name
 copied back serves again; a folder with a broken config.pbtxt is logged once and skipped. A
 lip-sync model whose background_dir is missing is UNAVAILABLE with the folder named in the
 repository index and its requests get 503, and it serves once the folder appears.
@@ -127,6 +127,13 @@ def test_poll_adds_versions_removes_and_assets(poll_server, tmp_path):
                      what="tri back to version 1")
         assert infer(srv, "tri", version=2).status_code == 404
 
+        # the served model's config.pbtxt edited: the new configuration applies (reloaded in place)
+        assert srv.get("/v2/models/tri/config").json()["max_batch_size"] == 4
+        (repo / "tri" / "config.pbtxt").write_text(PBTXT.replace("max_batch_size: 4", "max_batch_size: 2"))
+        srv.wait_for(lambda: srv.get("/v2/models/tri/config").json().get("max_batch_size") == 2, timeout=10,
+                     interval=0.1, what="tri config applied")
+        assert infer(srv, "tri").json()["model_version"] == "1"
+
         # a removed folder: the model is unknown; copied back, it serves again
         shutil.rmtree(repo / "tiny2")
         srv.wait_for(lambda: infer(srv, "tiny2").status_code == 404, timeout=10, interval=0.1, what="tiny2 gone")
@@ -153,6 +160,7 @@ def test_poll_adds_versions_removes_and_assets(poll_server, tmp_path):
     assert "event=poll_version model=tri version=2 previous=1" in log
     assert "event=poll_version model=tri version=1 previous=2" in log
     assert "event=poll_removed model=tiny2" in log
+    assert "event=poll_config_changed model=tri version=1" in log
     assert len(re.findall(r"event=poll_config_error folder=\S*/bad ", log)) == 1, log[-3000:]
     assert "model=lips event=available" in log
     assert added_s < 5, added_s
