@@ -43,22 +43,6 @@ static void response_sent(void *arg)
 }
 
 /* Base64 of n bytes into out (4 * ceil(n / 3) characters, no NUL). */
-static void base64(const uint8_t *p, size_t n, char *out)
-{
-    static const char tab[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    size_t i = 0;
-    for (; i + 3 <= n; i += 3) {
-        uint32_t v = (uint32_t)p[i] << 16 | (uint32_t)p[i + 1] << 8 | p[i + 2];
-        *out++ = tab[v >> 18], *out++ = tab[(v >> 12) & 63], *out++ = tab[(v >> 6) & 63], *out++ = tab[v & 63];
-    }
-    if (i < n) {
-        uint32_t v = (uint32_t)p[i] << 16 | (i + 1 < n ? (uint32_t)p[i + 1] << 8 : 0);
-        *out++ = tab[v >> 18], *out++ = tab[(v >> 12) & 63];
-        *out++ = i + 1 < n ? tab[(v >> 6) & 63] : '=';
-        *out++ = '=';
-    }
-}
-
 static void kserve_done(emb_call *ec, float *vecs, int n, int64_t dim)
 {
     mts_jw w;
@@ -138,58 +122,8 @@ static void embed_done(void *user, int status, const char *msg, float *vecs, int
                        (long long)ec->dims_wanted, ec->model, (long long)dim);
         return;
     }
-    mts_jw w;
-    mts_jw_init(&w);
-    mts_jw_begin_object(&w);
-    mts_jw_key(&w, "object");
-    mts_jw_string(&w, "list");
-    mts_jw_key(&w, "data");
-    mts_jw_begin_array(&w);
-    size_t b64_len = ((size_t)dim * 4 + 2) / 3 * 4;
-    char *b64 = ec->b64 ? malloc(b64_len) : NULL;
-    uint8_t *bytes = ec->b64 ? malloc((size_t)dim * 4) : NULL;
-    bool oom = ec->b64 && (!b64 || !bytes);
-    for (int i = 0; i < n && !oom; i++) {
-        const float *v = vecs + (size_t)i * dim;
-        mts_jw_begin_object(&w);
-        mts_jw_key(&w, "object");
-        mts_jw_string(&w, "embedding");
-        mts_jw_key(&w, "embedding");
-        if (ec->b64) {
-            /* little-endian float32 bytes, whatever the host order */
-            for (int64_t j = 0; j < dim; j++) {
-                uint32_t u;
-                memcpy(&u, &v[j], 4);
-                bytes[4 * j] = (uint8_t)u, bytes[4 * j + 1] = (uint8_t)(u >> 8);
-                bytes[4 * j + 2] = (uint8_t)(u >> 16), bytes[4 * j + 3] = (uint8_t)(u >> 24);
-            }
-            base64(bytes, (size_t)dim * 4, b64);
-            mts_jw_string_n(&w, b64, b64_len);
-        } else {
-            mts_jw_begin_array(&w);
-            for (int64_t j = 0; j < dim; j++) mts_jw_float(&w, v[j]);
-            mts_jw_end_array(&w);
-        }
-        mts_jw_key(&w, "index");
-        mts_jw_int(&w, i);
-        mts_jw_end_object(&w);
-    }
-    mts_jw_end_array(&w);
-    mts_jw_key(&w, "model");
-    mts_jw_string(&w, ec->model);
-    mts_jw_key(&w, "usage");
-    mts_jw_begin_object(&w);
-    mts_jw_key(&w, "prompt_tokens");
-    mts_jw_int(&w, tokens);
-    mts_jw_key(&w, "total_tokens");
-    mts_jw_int(&w, tokens);
-    mts_jw_end_object(&w);
-    mts_jw_end_object(&w);
-    free(b64);
-    free(bytes);
+    ec->answer = mts_embed_openai_json(ec->model, vecs, n, dim, tokens, ec->b64, &ec->answer_len);
     free(vecs);
-    ec->answer = oom ? NULL : mts_jw_take(&w, &ec->answer_len);
-    mts_jw_free(&w);
     if (!ec->answer) {
         mts_route_fail(ec->conn, &ec->answer, response_sent, ec, MTS_ENOMEM, "out of memory encoding the answer");
         return;

@@ -363,39 +363,8 @@ int mts_cli_embed(int argc, char **argv)
         goto done;
     }
     if (json) {
-        mts_jw w;
-        mts_jw_init(&w);
-        mts_jw_begin_object(&w);
-        mts_jw_key(&w, "object");
-        mts_jw_string(&w, "list");
-        mts_jw_key(&w, "data");
-        mts_jw_begin_array(&w);
-        for (int i = 0; i < n; i++) {
-            mts_jw_begin_object(&w);
-            mts_jw_key(&w, "object");
-            mts_jw_string(&w, "embedding");
-            mts_jw_key(&w, "embedding");
-            mts_jw_begin_array(&w);
-            for (int64_t d = 0; d < dim; d++) mts_jw_float(&w, vecs[(size_t)i * dim + d]);
-            mts_jw_end_array(&w);
-            mts_jw_key(&w, "index");
-            mts_jw_int(&w, i);
-            mts_jw_end_object(&w);
-        }
-        mts_jw_end_array(&w);
-        mts_jw_key(&w, "model");
-        mts_jw_string(&w, mc->name);
-        mts_jw_key(&w, "usage");
-        mts_jw_begin_object(&w);
-        mts_jw_key(&w, "prompt_tokens");
-        mts_jw_int(&w, tokens);
-        mts_jw_key(&w, "total_tokens");
-        mts_jw_int(&w, tokens);
-        mts_jw_end_object(&w);
-        mts_jw_end_object(&w);
         size_t len = 0;
-        char *text = mts_jw_take(&w, &len);
-        mts_jw_free(&w);
+        char *text = mts_embed_openai_json(mc->name, vecs, n, dim, tokens, false, &len);
         if (!text) goto done;
         fwrite(text, 1, len, stdout);
         fputc('\n', stdout);

@@ -71,4 +71,11 @@ int64_t mts_embed_output_dim(const mts_tensor *t, int k, int len, char *err, siz
  * when configured. */
 void mts_embed_pool(const mts_embedder *e, const mts_tensor *t, int k, int len, const int *n, float *dst);
 
+/* The OpenAI embeddings document ({"object": "list", "data": [{"object": "embedding",
+ * "embedding", "index"}...], "model", "usage"}) of n vectors of dim floats; b64: each embedding
+ * as base64 of its little-endian float32 bytes. A malloc'd text (its length in *len), or NULL
+ * when out of memory. Used by POST /v1/embeddings and `mtserve embed --json`. */
+char *mts_embed_openai_json(const char *model, const float *vecs, int n, int64_t dim, int64_t tokens, bool b64,
+                            size_t *len);
+
 #endif
