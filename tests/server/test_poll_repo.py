@@ -13,13 +13,16 @@ import shutil
 import threading
 import time
 
+import sys
+
 import numpy as np
 import pytest
 import requests
 
-from conftest import MODELS, TINY, Server, _ensure_models, json_input
+from conftest import ROOT, TINY, Server, _ensure_models, json_input
 
-AVATAR = MODELS / "avatar"
+sys.path.insert(0, str(ROOT / "models" / "gen"))
+import avatar  # noqa: E402
 X = np.random.default_rng(3).standard_normal((1, 16)).astype(np.float32)
 BODY = {"inputs": [json_input("x", X)]}
 PBTXT = ('name: "tri"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 4\n'
@@ -70,11 +73,13 @@ def test_poll_adds_versions_removes_and_assets(poll_server, tmp_path):
     repo = tmp_path / "repo"
     repo.mkdir()
     (tmp_path / "srv").mkdir()
+    assets = tmp_path / "avatar"  # a small synthetic avatar of this test's own
+    avatar.make_assets(str(assets), frames=4, width=160, height=120, crop=64, level=1)
     add_folder(repo, "tiny")
     add_folder(repo, "tri", PBTXT, version=1)
     add_folder(repo, "lips")
     (repo / "lips" / "config.yaml").write_text(
-        f"background_dir: frames\ncrop_rects_path: {AVATAR / 'crop_rects.json'}\nnum_frames: 100\n")
+        f"background_dir: frames\ncrop_rects_path: {assets / 'crop_rects.json'}\nnum_frames: 4\n")
     srv = poll_server(repo)
     assert srv.n_models == 2  # lips is unavailable
 
@@ -142,7 +147,7 @@ def test_poll_adds_versions_removes_and_assets(poll_server, tmp_path):
         srv.wait_for(lambda: infer(srv, "tiny2").status_code == 200, timeout=10, interval=0.1, what="tiny2 back")
 
         # the asset folder appears: available
-        os.symlink(AVATAR / "frames", repo / "lips" / "frames")
+        os.symlink(assets / "frames", repo / "lips" / "frames")
         srv.wait_for(lambda: index(srv)["lips"]["state"] != "UNAVAILABLE", timeout=10, interval=0.1,
                      what="lips available")
         r = infer(srv, "lips")
