@@ -116,7 +116,11 @@ def test_segmentation_routed_by_query_or_header(cl, how):
         r = requests.post(url, files=files, headers=headers, timeout=60)
         assert r.status_code == 412, r.text
         assert requests.post(f"{cl.url}/v2/models/{model}/infer", json=C.TINY_BODY, timeout=60).status_code == 200
-    assert holders(cl, model) == first  # uploads and KServe infers of the model: the same instance
+    # uploads and KServe infers of the model go where the hash puts it; bounded-load hashing may
+    # spill it to one more instance when that one is busier than the average (round-robin would
+    # spread these 9 requests over all 3)
+    now = holders(cl, model)
+    assert set(first) <= set(now) and len(now) <= 2, (first, now)
 
 
 def test_segmentation_header_must_agree_with_form(cl):
