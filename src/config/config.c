@@ -1016,20 +1016,11 @@ static long long pick_version(const char *folder, const char *file, const mts_pb
 }
 
 /* parameters { key: "precision" value: { string_value: "bf16" } } and key "max_error". */
-static int pb_parameter(mts_model_config *m, const mts_pbtxt *k, const char *file, mts_config_warn_fn warn,
-                        void *user, mts_err *err)
+static int pb_parameter(mts_model_config *m, const mts_pbtxt *k, const char *file, mts_err *err)
 {
     const mts_pbtxt *key = mts_pbtxt_get(k, "key"), *val = mts_pbtxt_get(k, "value");
     const mts_pbtxt *sv = val ? mts_pbtxt_get(val, "string_value") : NULL;
-    if (!key || !key->scalar) return MTS_OK;
-    bool prec = !strcmp(key->scalar, "precision"), merr = !strcmp(key->scalar, "max_error");
-    if (!prec && !merr) {
-        char msg[MTS_ERR_MSG_MAX];
-        snprintf(msg, sizeof msg, "%s:%d: parameter '%.60s' does not apply to mtserve; ignored", file, k->line,
-                 key->scalar);
-        if (warn) warn(user, msg);
-        return MTS_OK;
-    }
+    bool prec = !strcmp(key->scalar, "precision"); /* else max_error: the caller routes only these */
     if (!sv || !sv->scalar)
         return mts_err_set(err, MTS_EINVAL, "%s:%d: parameter '%s' needs value { string_value: \"...\" }", file, k->line,
                            key->scalar);
@@ -1139,7 +1130,7 @@ static int apply_pbtxt(mts_model_config *m, const mts_pbtxt *pb, const char *fol
             /* precision keys here, the embedding keys (and the warning for others) there */
             const mts_pbtxt *pk = mts_pbtxt_get(k, "key");
             bool prec = pk && pk->scalar && (!strcmp(pk->scalar, "precision") || !strcmp(pk->scalar, "max_error"));
-            int prc = prec ? pb_parameter(m, k, file, warn, user, err) : apply_pb_param(m, k, folder, file, warn, user, err);
+            int prc = prec ? pb_parameter(m, k, file, err) : apply_pb_param(m, k, folder, file, warn, user, err);
             if (prc) return prc;
         } else if (!strcmp(k->name, "name") && k->scalar && strcmp(k->scalar, m->name)) {
             snprintf(msg, sizeof msg, "%s:%d: name '%.100s' differs from the folder name; the model is served as '%s'",
