@@ -25,18 +25,7 @@ command -v haproxy >/dev/null || { echo "make cluster: haproxy is not installed 
 case "$INSTANCES" in ''|*[!0-9]*) echo "make cluster: INSTANCES must be a number 1..16" >&2; exit 1 ;; esac
 if [ "$INSTANCES" -lt 1 ] || [ "$INSTANCES" -gt 16 ]; then echo "make cluster: INSTANCES must be 1..16" >&2; exit 1; fi
 
-port_taken() {
-  /usr/bin/python3 - "$1" <<'PY'
-import socket, sys
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-try:
-    s.bind(("127.0.0.1", int(sys.argv[1])))
-except OSError:
-    sys.exit(0)
-sys.exit(1)
-PY
-}
+. scripts/ports.sh
 ports=("$PORT" "$GRPC_PORT" "$STATS_PORT")
 for i in $(seq 1 "$INSTANCES"); do ports+=($((HTTP_BASE + i)) $((GRPC_BASE + i))); done
 if [ "$(printf '%s\n' "${ports[@]}" | sort | uniq -d)" ]; then

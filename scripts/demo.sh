@@ -8,18 +8,7 @@ cd "$(dirname "$0")/.."
 PORT=${PORT:-8000}
 GRPC_PORT=${GRPC_PORT:-50051}
 # Both ports must be free (and distinct) before the banner promises them.
-port_taken() {
-  /usr/bin/python3 - "$1" <<'PY'
-import socket, sys
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-try:
-    s.bind(("127.0.0.1", int(sys.argv[1])))
-except OSError:
-    sys.exit(0)
-sys.exit(1)
-PY
-}
+. scripts/ports.sh
 if [ "$PORT" = "$GRPC_PORT" ]; then
   echo "make run: PORT and GRPC_PORT are both $PORT; give them different values" >&2
   exit 1
