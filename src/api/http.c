@@ -25,6 +25,7 @@
 #include "api/http.h"
 #include "api/http_tls.h"
 #include "api/http_internal.h"
+#include "util/iobuf.h"
 
 #include <errno.h>
 #include <netdb.h>
@@ -372,7 +373,7 @@ static void conn_free(mts_http_conn *c)
         c->out_head = ch->next;
         chunk_free(ch);
     }
-    free(c->rbuf);
+    mts_iobuf_free(c->rbuf);
     free(c);
 }
 
@@ -600,7 +601,7 @@ static void complete_response(mts_http_conn *c, out_chunk *ch)
     if (c->req_start == c->rlen) {
         c->req_start = c->rlen = 0;
         if (c->rcap > RBUF_KEEP) {
-            free(c->rbuf);
+            mts_iobuf_free(c->rbuf);
             c->rbuf = NULL;
             c->rcap = 0;
         }
@@ -691,12 +692,39 @@ static bool rbuf_room(mts_http_conn *c)
         }
         if (c->rcap - c->rlen < RBUF_MIN_READ) {
             size_t ncap = c->rcap ? c->rcap * 2 : RBUF_INIT;
-            char *nb = realloc(c->rbuf, ncap);
+            char *nb = mts_iobuf_grow(c->rbuf, c->rlen, ncap);
             if (!nb) return false;
             c->rbuf = nb;
-            c->rcap = ncap;
+            c->rcap = mts_iobuf_capacity(nb);
         }
     }
+    return true;
+}
+
+/* Called once a request head with Content-Length is parsed: makes room for the whole request
+ * (`need` bytes from its start, plus RBUF_MIN_READ) in one step instead of doubling the buffer as
+ * the body arrives, and, when align_at is not SIZE_MAX, moves the request so that its byte
+ * align_at lands on a 64-byte boundary (the buffer itself is 64-byte aligned): the application
+ * can then use tensor bytes in the body where they are instead of copying them to realign. The
+ * new buffer's pages are touched only as bytes arrive. Returns false when out of memory. */
+static bool rbuf_place(mts_http_conn *c, size_t need, size_t align_at)
+{
+    size_t have = c->rlen - c->req_start; /* this request's bytes so far, and any pipelined after */
+    if (have > need) need = have;
+    size_t start = align_at == SIZE_MAX ? c->req_start : (64 - align_at % 64) % 64;
+    if (c->rbuf && c->rcap >= start + need + RBUF_MIN_READ) {
+        if (start != c->req_start) memmove(c->rbuf + start, c->rbuf + c->req_start, have);
+    } else {
+        if (align_at == SIZE_MAX) start = 0;
+        char *nb = mts_iobuf_alloc(start + need + RBUF_MIN_READ);
+        if (!nb) return false;
+        if (have) memcpy(nb + start, c->rbuf + c->req_start, have);
+        mts_iobuf_free(c->rbuf);
+        c->rbuf = nb;
+        c->rcap = mts_iobuf_capacity(nb);
+    }
+    c->req_start = start;
+    c->rlen = start + have;
     return true;
 }
 
@@ -795,7 +823,7 @@ static int parse_head(mts_http_conn *c)
     int te_count = 0;
     bool te_bad = false;
     char te_val[64] = "";
-    size_t cl = 0;
+    size_t cl = 0, align_at = SIZE_MAX; /* body offset the application wants 64-byte aligned */
     size_t pos = (size_t)(eol - b) + 1;
     while (pos < end) {
         char *ls = b + pos;
@@ -862,6 +890,11 @@ static int parse_head(mts_http_conn *c)
                 if (ieq(s, (size_t)(p - s), "close")) conn_close = true;
                 else if (ieq(s, (size_t)(p - s), "keep-alive")) conn_ka = true;
             }
+        } else if (srv->o.align_header && ieq(ls, nl_, srv->o.align_header)) {
+            size_t x = 0, k = 0;
+            while (k < vlen && val[k] >= '0' && val[k] <= '9' && x < ((size_t)1 << 40))
+                x = x * 10 + (size_t)(val[k++] - '0');
+            if (k == vlen && k > 0) align_at = x; /* else the application reports the bad value */
         } else if (ieq(ls, nl_, "expect")) {
             if (!ieq(val, vlen, "100-continue"))
                 return http_error(c, 417, "unsupported Expect value \"%.60s\"", val);
@@ -893,6 +926,10 @@ static int parse_head(mts_http_conn *c)
         c->body_start = end;
         c->content_length = cl;
         need_more_body = avail_bytes(c) - end < cl;
+        if (!rbuf_place(c, end + cl, align_at <= cl ? end + align_at : SIZE_MAX)) {
+            conn_abort(c);
+            return P_ERROR;
+        }
     } else {
         c->state = RS_READY;
         c->body_start = end;
@@ -1880,7 +1917,7 @@ int mts_http_parse_stream(const void *data, size_t len, size_t read_size, size_t
     }
     if (c->fd >= 0) close(c->fd);
     close(sv[1]);
-    free(c->rbuf);
+    mts_iobuf_free(c->rbuf);
     free(c);
     return n;
 }

@@ -87,6 +87,10 @@ typedef struct mts_http_opts {
     /* TLS (OpenSSL): with tls_cert (and tls_key) every connection speaks TLS 1.2+; tls_client_ca
      * (optional) makes clients present a certificate it signed. NULL: plaintext. */
     const char *tls_cert, *tls_key, *tls_client_ca;
+    /* Optional: a request header whose integer value N asks that byte N of the body start on a
+     * 64-byte boundary in memory (KServe's Inference-Header-Content-Length: the binary tensors
+     * follow the JSON header), so typed data can be read in place. NULL: no such header. */
+    const char *align_header;
     mts_http_handler handler; /* required */
     mts_http_cancel_fn on_cancel; /* optional */
     void *user;               /* first argument of handler and on_cancel */

@@ -25,6 +25,7 @@
 #include "api/embed_common.h"
 #include "api/embed_http.h"
 #include "api/protocol.h"
+#include "util/iobuf.h"
 #include "util/json.h"
 #include "util/log.h"
 
@@ -90,7 +91,7 @@ typedef struct infer_call {
 
 static void call_free(infer_call *ic)
 {
-    for (int i = 0; i < MTS_REQ_MAX_TENSORS; i++) free(ic->owned[i]);
+    for (int i = 0; i < MTS_REQ_MAX_TENSORS; i++) mts_iobuf_free(ic->owned[i]);
     mts_json_free(ic->doc);
     free(ic->response_json);
     free(ic);
@@ -361,7 +362,7 @@ static int parse_infer(infer_call *ic, const mts_http_req *hr, char *msg, size_t
             const char *p = body + bin_off;
             size_t es = mts_dtype_size(t->dtype);
             if (((uintptr_t)p % es) != 0) { /* kernels read typed pointers: realign */
-                ic->owned[i] = malloc(size ? (size_t)size : 1);
+                ic->owned[i] = mts_iobuf_alloc(size ? (size_t)size : 1);
                 if (!ic->owned[i]) {
                     snprintf(msg, len, "out of memory");
                     return MTS_ENOMEM;
@@ -374,7 +375,7 @@ static int parse_infer(infer_call *ic, const mts_http_req *hr, char *msg, size_t
         } else if (data) {
             rc = mts_proto_input_count(name, t, NULL, "data has", mts_json_numel(data), "elements", msg, len);
             if (rc) return rc;
-            ic->owned[i] = malloc(nbytes ? (size_t)nbytes : 1);
+            ic->owned[i] = mts_iobuf_alloc(nbytes ? (size_t)nbytes : 1);
             if (!ic->owned[i]) {
                 snprintf(msg, len, "out of memory");
                 return MTS_ENOMEM;

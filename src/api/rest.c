@@ -82,6 +82,7 @@ int mts_rest_start(mts_server *srv, const mts_rest_opts *o, mts_rest **out, mts_
     ho.tls_cert = o->tls_cert;
     ho.tls_key = o->tls_key;
     ho.tls_client_ca = o->tls_client_ca;
+    ho.align_header = "Inference-Header-Content-Length"; /* binary tensors read in place */
     ho.handler = handler;
     ho.on_cancel = on_cancel;
     ho.user = r;

@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "serve/internal.h"
+#include "util/iobuf.h"
 #include "util/log.h"
 
 void mts__notify(mts__waiter *w, int status, const char *msg)
@@ -69,8 +70,8 @@ void mts__version_free(mts__version *v)
  * malloc_trim after an unload hands back the free pages inside the heaps.
  * MTS_MALLOC_TUNE=0 keeps glibc's defaults, MTS_MALLOC_TUNE=trim keeps them but trims after
  * unloads, MTS_MMAP_THRESHOLD / MTS_TRIM_THRESHOLD (bytes) override the two values (to measure
- * the trade-off: with 128 KB every multi-megabyte request buffer is a fresh mapping, which
- * costs the HTTP front end under a flood of large requests; docs/benchmarks.md). */
+ * the trade-off). Request and response buffers, which a flood of large requests would otherwise
+ * map and unmap once each, come from the bounded cache of util/iobuf.h instead. */
 static bool g_trim = false;
 
 void mts__alloc_policy(void)
@@ -101,9 +102,8 @@ void mts__version_free_list(mts__version **list)
     *list = NULL; /* callers keep using the variable for later batches of work */
 #ifdef __GLIBC__
     if (freed && g_trim) malloc_trim(0); /* free pages inside the heaps go back to the system */
-#else
-    (void)freed;
 #endif
+    if (freed) mts_iobuf_trim(); /* and the cached request/response buffers */
 }
 
 static int64_t version_bytes(const mts__version *v)

@@ -33,15 +33,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "serve/internal.h"
 #include "util/crash.h"
+#include "util/iobuf.h"
 #include "util/log.h"
 
 void mts_request_release(mts_request *req)
 {
     for (int i = 0; i < req->n_outputs; i++) {
-        free(req->outputs[i].data);
+        mts_iobuf_free(req->outputs[i].data);
         req->outputs[i].data = NULL;
     }
     req->n_outputs = 0;
@@ -479,7 +483,7 @@ static int run_batch(mts__worker *w, mts__version *v, mts_ctx *ctx, mts_request 
                 t.dims[0] = r->samples;
             }
             int64_t bytes = n > 1 ? per_sample * r->samples : total;
-            t.data = malloc(bytes > 0 ? (size_t)bytes : 1);
+            t.data = mts_iobuf_alloc(bytes > 0 ? (size_t)bytes : 1);
             if (!t.data) {
                 mts_request_release(r);
                 snprintf(msg, len, "out of memory for outputs");
@@ -592,6 +596,9 @@ void *mts__worker_main(void *arg)
     const char *lane_env = getenv("MTS_SHORT_LANE");
     if (lane && lane_env && !strcmp(lane_env, "0")) return NULL; /* off: for comparisons */
     for (int k = 0; k < 2; k++) w->br[k] = calloc(MTS__MAX_BATCH_REQS, sizeof(batch_req));
+    const char *nice_env = getenv("MTS_WORKER_NICE");
+    int nice = nice_env ? atoi(nice_env) : 0;
+    if (!lane && nice > 0 && nice < 20) setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), nice);
     pthread_mutex_lock(&s->lock);
     while (!s->stop_workers) {
         if (w->br[0] && w->br[1] && serve_one(w, d, lane ? PICK_LANE : PICK_REGULAR, NULL, 0)) continue;

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "serve/internal.h"
+#include "util/iobuf.h"
 
 const double mts__time_buckets[MTS__HIST_BUCKETS] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
                                                      0.05,   0.1,     0.25,   0.5,   1,      2.5,   5,     10};
@@ -449,6 +450,14 @@ char *mts_server_metrics(mts_server *s, size_t *len)
          s->total_queued);
     triton_metrics(&b, s);
     pthread_mutex_unlock(&s->lock);
+    unsigned long long io_reused, io_mapped;
+    mts_iobuf_counts(&io_reused, &io_mapped);
+    outf(&b, "# HELP mts_io_buffer_cached_bytes Freed request/response buffers kept for reuse.\n"
+             "# TYPE mts_io_buffer_cached_bytes gauge\nmts_io_buffer_cached_bytes %zu\n"
+             "# HELP mts_io_buffers_total Large request/response buffers by source (reused from the cache or "
+             "newly mapped).\n# TYPE mts_io_buffers_total counter\nmts_io_buffers_total{source=\"reused\"} %llu\n"
+             "mts_io_buffers_total{source=\"mapped\"} %llu\n",
+         mts_iobuf_cached_bytes(), io_reused, io_mapped);
     outf(&b, "# HELP mts_uptime_seconds Seconds since start.\n# TYPE mts_uptime_seconds gauge\nmts_uptime_seconds %.3f\n",
          (double)(mts__now_ns() - s->start_ns) / 1e9);
     if (b.oom) {

@@ -11,6 +11,7 @@
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <string.h>
 #include <stdlib.h>
@@ -874,6 +875,107 @@ static void test_preemption_between_steps(void **state)
     unsetenv("MTS_PREEMPT");
 }
 
+/* Preemption with two regular workers under concurrent load (the sanitizer builds run it): one
+ * thread keeps both workers busy with heavy batches while two threads send light requests for as
+ * long as it runs, so light batches run inside preempted heavy batches on both workers at once.
+ * Every request must succeed, every light answer must equal the first, and light batches must
+ * have preempted. */
+static atomic_int heavy_running;
+
+typedef struct stress_arg {
+    mts_server *s;
+    int n, errors, mismatches;
+    float ref[16];
+    int have_ref;
+} stress_arg;
+
+static void *stress_light(void *arg)
+{
+    stress_arg *a = arg;
+    for (int i = 0; i < 5000 && (i < a->n || atomic_load(&heavy_running)); i++) {
+        call *l = call_new("m01", 1);
+        if (submit(a->s, l) || call_wait(l)) {
+            a->errors++;
+        } else {
+            const float *o = l->req.outputs[0].data;
+            int64_t n = mts_tensor_numel(&l->req.outputs[0]);
+            if (n > 16) n = 16;
+            if (!a->have_ref) {
+                memcpy(a->ref, o, (size_t)n * sizeof(float));
+                a->have_ref = 1;
+            } else {
+                for (int64_t k = 0; k < n; k++)
+                    if (fabsf(o[k] - a->ref[k]) > 1e-4f * (1.0f + fabsf(a->ref[k]))) a->mismatches++;
+            }
+        }
+        call_free(l);
+    }
+    return NULL;
+}
+
+static void *stress_heavy(void *arg)
+{
+    stress_arg *a = arg;
+    for (int i = 0; i < a->n; i++) {
+        heavy_call *h[2];
+        for (int k = 0; k < 2; k++) {
+            h[k] = heavy_new(1);
+            mts_err err = {0};
+            if (mts_server_submit(a->s, &h[k]->req, NULL, &err)) h[k]->status = -1, h[k]->done = 1;
+        }
+        for (int k = 0; k < 2; k++) {
+            if (heavy_wait(h[k])) a->errors++;
+            heavy_free(h[k]);
+        }
+    }
+    atomic_store(&heavy_running, 0);
+    return NULL;
+}
+
+static void test_preemption_with_lane_two_workers(void **state)
+{
+    (void)state;
+    char heavy_path[4096];
+    test_path(heavy_path, sizeof heavy_path, "models/out/seg_unet.onnx");
+    if (access(heavy_path, R_OK) != 0) fail_msg("%s is missing: run make models", heavy_path);
+    setenv("MTS_SHORT_LANE", "0", 1);
+    setenv("MTS_PREEMPT", "1", 1);
+    mts_config cfg;
+    make_config(&cfg, 2, 4, model_path);
+    free(cfg.models[0].name);
+    free(cfg.models[0].model_path);
+    cfg.models[0].name = strdup("heavy");
+    cfg.models[0].model_path = strdup(heavy_path);
+    cfg.models[0].max_batch = 1; /* two heavy requests: one batch on each worker */
+    cfg.models[1].max_batch = 4;
+    mts_server *s;
+    mts_err err = {0};
+    assert_int_equal(mts_server_create(&cfg, &s, &err), 0);
+    stress_arg warm = {.s = s, .n = 1}, warm_light = {.s = s, .n = 2};
+    stress_heavy(&warm); /* loaded and costs measured before the load starts */
+    stress_light(&warm_light);
+    assert_int_equal(warm.errors + warm_light.errors, 0);
+    atomic_store(&heavy_running, 1);
+    stress_arg heavy = {.s = s, .n = 3}, light[2] = {{.s = s, .n = 10}, {.s = s, .n = 10}};
+    pthread_t th[3];
+    pthread_create(&th[0], NULL, stress_heavy, &heavy);
+    for (int i = 0; i < 2; i++) pthread_create(&th[1 + i], NULL, stress_light, &light[i]);
+    for (int i = 0; i < 3; i++) pthread_join(th[i], NULL);
+    mts_model_status st;
+    mts_server_model_status_by_name(s, "m01", &st);
+    printf("preemption on 2 workers under load: %llu preempting batches of the light model\n",
+           (unsigned long long)st.preempting_batches);
+    assert_int_equal(heavy.errors + light[0].errors + light[1].errors, 0);
+    assert_int_equal(light[0].mismatches + light[1].mismatches, 0);
+    assert_true(st.preempting_batches >= 1);
+    for (int k = 0; k < 16; k++) assert_true(fabsf(light[0].ref[k] - light[1].ref[k]) <= 1e-4f * (1.0f + fabsf(light[0].ref[k])));
+    mts_server_shutdown(s, 5);
+    mts_server_free(s);
+    mts_config_free(&cfg);
+    unsetenv("MTS_SHORT_LANE");
+    unsetenv("MTS_PREEMPT");
+}
+
 int main(void)
 {
     mts_log_set_level(MTS_LOG_WARN);
@@ -894,6 +996,7 @@ int main(void)
         cmocka_unit_test(test_priorities),
         cmocka_unit_test(test_load_waits_for_busy_model),
         cmocka_unit_test(test_preemption_between_steps),
+        cmocka_unit_test(test_preemption_with_lane_two_workers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
