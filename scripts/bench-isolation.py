@@ -25,8 +25,10 @@ LIGHT_RATE (default 200), PARTS (default "light,two-heavy": which parts to run; 
 the scheduler comparison below), MTSERVE (binary, default build/mtserve); MTS_SHORT_LANE=0 runs the
 server without its short-work lane (fair sharing alone), MTS_PREEMPT=1 with preemption between
 engine steps. PARTS=modes compares the ways of bounding the light tenant's wait side by side
-(MODES, default "lane,preempt,none"; also "lane+preempt"): one server per mode, the light tenant
-beside the heavy one at concurrency 4 and 32, rounds interleaved across the servers.
+(MODES, default "lane,preempt,none"; also "lane+preempt", and "nice0" / "nice10": the regular
+workers at nice 0 or 10, MTS_WORKER_NICE): one server per mode, the light tenant beside the heavy
+one at concurrency 4 and 32 and an open-loop flood of FLOOD_RATE/s (default 230, about 5x the
+heavy capacity), rounds interleaved across the servers.
 """
 import json
 import os
@@ -128,7 +130,9 @@ def two_heavy(url, grpc):
 # Ways the scheduler keeps a light tenant from waiting behind a heavy one (PARTS=modes):
 # server environment per mode.
 MODES = {"lane": {}, "preempt": {"MTS_SHORT_LANE": "0", "MTS_PREEMPT": "1"},
-         "lane+preempt": {"MTS_PREEMPT": "1"}, "none": {"MTS_SHORT_LANE": "0"}}
+         "lane+preempt": {"MTS_PREEMPT": "1"}, "none": {"MTS_SHORT_LANE": "0"},
+         "nice0": {"MTS_WORKER_NICE": "0"}, "nice10": {"MTS_WORKER_NICE": "10"}}
+FLOOD_RATE = float(os.environ.get("FLOOD_RATE", "230"))  # the open-loop row of PARTS=modes
 
 
 def modes(tmp):
@@ -148,7 +152,8 @@ def modes(tmp):
                   "heavy req/s | heavy vs lane |")
             print("|---|---|---|---|---|---|---|---|")
             for label, hargs in (("closed loop, concurrency 4", ("--concurrency", 4)),
-                                 ("closed loop, concurrency 32", ("--concurrency", 32))):
+                                 ("closed loop, concurrency 32", ("--concurrency", 32)),
+                                 (f"open loop, {FLOOD_RATE:.0f}/s", ("--rate", FLOOD_RATE))):
                 res = {m: [] for m in names}
                 for _ in range(ROUNDS):
                     for m in names:
