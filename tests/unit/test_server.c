@@ -811,26 +811,45 @@ static int64_t now_ns(void)
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-static void test_preemption_between_steps(void **state)
+/* A server for the preemption tests (the short-work lane off, preemption on): "heavy" is
+ * seg_unet with max_batch heavy_batch, m01 the small test model; the environment is restored by
+ * preempt_server_free. */
+static mts_server *preempt_server(mts_config *cfg, int workers, int heavy_batch, int light_batch)
 {
-    (void)state;
     char heavy_path[4096];
     test_path(heavy_path, sizeof heavy_path, "models/out/seg_unet.onnx");
     if (access(heavy_path, R_OK) != 0) fail_msg("%s is missing: run make models", heavy_path);
     setenv("MTS_SHORT_LANE", "0", 1);
     setenv("MTS_PREEMPT", "1", 1);
-    mts_config cfg;
-    make_config(&cfg, 2, 4, model_path);
-    cfg.workers_per_device = 1;
-    free(cfg.models[0].name);
-    free(cfg.models[0].model_path);
-    cfg.models[0].name = strdup("heavy");
-    cfg.models[0].model_path = strdup(heavy_path);
-    cfg.models[0].max_batch = 4;
-    cfg.models[1].max_batch = 1;
+    make_config(cfg, 2, 4, model_path);
+    cfg->workers_per_device = workers;
+    free(cfg->models[0].name);
+    free(cfg->models[0].model_path);
+    cfg->models[0].name = strdup("heavy");
+    cfg->models[0].model_path = strdup(heavy_path);
+    cfg->models[0].max_batch = heavy_batch;
+    cfg->models[1].max_batch = light_batch;
     mts_server *s;
     mts_err err = {0};
-    assert_int_equal(mts_server_create(&cfg, &s, &err), 0);
+    assert_int_equal(mts_server_create(cfg, &s, &err), 0);
+    return s;
+}
+
+static void preempt_server_free(mts_server *s, mts_config *cfg)
+{
+    mts_server_shutdown(s, 5);
+    mts_server_free(s);
+    mts_config_free(cfg);
+    unsetenv("MTS_SHORT_LANE");
+    unsetenv("MTS_PREEMPT");
+}
+
+static void test_preemption_between_steps(void **state)
+{
+    (void)state;
+    mts_config cfg;
+    mts_server *s = preempt_server(&cfg, 1, 4, 1);
+    mts_err err = {0};
     for (int r = 0; r < 2; r++) { /* loaded, planned, costs measured */
         heavy_call *h = heavy_new(4);
         call *l = call_new("m01", 1);
@@ -868,11 +887,7 @@ static void test_preemption_between_steps(void **state)
            "preempting batches\n", light_ms, heavy_ms, rounds, (unsigned long long)st.preempting_batches);
     assert_true(preempted);
     assert_true(st.preempting_batches >= 1);
-    mts_server_shutdown(s, 5);
-    mts_server_free(s);
-    mts_config_free(&cfg);
-    unsetenv("MTS_SHORT_LANE");
-    unsetenv("MTS_PREEMPT");
+    preempt_server_free(s, &cfg);
 }
 
 /* Preemption with two regular workers under concurrent load (the sanitizer builds run it): one
@@ -932,25 +947,11 @@ static void *stress_heavy(void *arg)
     return NULL;
 }
 
-static void test_preemption_with_lane_two_workers(void **state)
+static void test_preemption_two_workers_under_load(void **state)
 {
     (void)state;
-    char heavy_path[4096];
-    test_path(heavy_path, sizeof heavy_path, "models/out/seg_unet.onnx");
-    if (access(heavy_path, R_OK) != 0) fail_msg("%s is missing: run make models", heavy_path);
-    setenv("MTS_SHORT_LANE", "0", 1);
-    setenv("MTS_PREEMPT", "1", 1);
     mts_config cfg;
-    make_config(&cfg, 2, 4, model_path);
-    free(cfg.models[0].name);
-    free(cfg.models[0].model_path);
-    cfg.models[0].name = strdup("heavy");
-    cfg.models[0].model_path = strdup(heavy_path);
-    cfg.models[0].max_batch = 1; /* two heavy requests: one batch on each worker */
-    cfg.models[1].max_batch = 4;
-    mts_server *s;
-    mts_err err = {0};
-    assert_int_equal(mts_server_create(&cfg, &s, &err), 0);
+    mts_server *s = preempt_server(&cfg, 2, 1, 4); /* two heavy requests: a batch on each worker */
     stress_arg warm = {.s = s, .n = 1}, warm_light = {.s = s, .n = 2};
     stress_heavy(&warm); /* loaded and costs measured before the load starts */
     stress_light(&warm_light);
@@ -969,11 +970,7 @@ static void test_preemption_with_lane_two_workers(void **state)
     assert_int_equal(light[0].mismatches + light[1].mismatches, 0);
     assert_true(st.preempting_batches >= 1);
     for (int k = 0; k < 16; k++) assert_true(fabsf(light[0].ref[k] - light[1].ref[k]) <= 1e-4f * (1.0f + fabsf(light[0].ref[k])));
-    mts_server_shutdown(s, 5);
-    mts_server_free(s);
-    mts_config_free(&cfg);
-    unsetenv("MTS_SHORT_LANE");
-    unsetenv("MTS_PREEMPT");
+    preempt_server_free(s, &cfg);
 }
 
 int main(void)
@@ -996,7 +993,7 @@ int main(void)
         cmocka_unit_test(test_priorities),
         cmocka_unit_test(test_load_waits_for_busy_model),
         cmocka_unit_test(test_preemption_between_steps),
-        cmocka_unit_test(test_preemption_with_lane_two_workers),
+        cmocka_unit_test(test_preemption_two_workers_under_load),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
