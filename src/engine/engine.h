@@ -42,6 +42,12 @@ typedef struct mts_load_opts {
      * L2 error of every output is <= max_error (0 = 1e-2), otherwise the model runs in fp32. */
     double max_error;
     const char *calibration_dir;
+    /* The verdict of an earlier guard of the same file with the same settings (the server keeps
+     * it across evictions, so a reload costs no second model and no guard runs): "bf16" or
+     * "fp32" applies it without running the guard, guard_error being the error measured then;
+     * NULL or "" runs the guard. */
+    const char *guard_verdict;
+    double guard_error;
 } mts_load_opts;
 
 /* Loads path (an .onnx file; external data files are looked up beside it). On error returns a
@@ -81,7 +87,8 @@ typedef struct mts_precision_info {
     double guard_error;     /* worst relative L2 error of the outputs, bf16 vs fp32; < 0: not measured */
     double max_error;       /* the guard's threshold */
     int guard_runs;         /* calibration batches run */
-    const char *guard_inputs; /* "calibration" (.npy files) or "random" */
+    const char *guard_inputs; /* "calibration" (.npy files), "random", or "remembered" (the verdict
+                               * of an earlier load: mts_load_opts.guard_verdict) */
 } mts_precision_info;
 const mts_precision_info *mts_model_precision(const mts_model *m);
 /* oneDNN steps computing in bf16 in the model's plans built so far (the most of any one plan,

@@ -283,7 +283,18 @@ int mts__apply_precision(mts_model **pm, const mts_load_opts *opts, mts__reload_
         set(m, "fp32", "auto: cpu lacks native bf16", NULL);
         return MTS_OK;
     }
-    /* bf16 (asked for, or auto on a native CPU): guard it. */
+    /* bf16 (asked for, or auto on a native CPU): guard it, unless an earlier load did. */
+    if (opts && opts->guard_verdict && *opts->guard_verdict) {
+        bool bf = !strcmp(opts->guard_verdict, "bf16");
+        m->prec.guard_error = opts->guard_error;
+        m->prec.guard_inputs = "remembered";
+        m->bf16 = bf;
+        if (!bf) set(m, "fp32", "guard failed (at an earlier load of this file)", NULL);
+        else if (!strcmp(req, "auto")) set(m, "bf16", "auto: cpu has %s, guard passed (at an earlier load)", native);
+        else set(m, "bf16", native ? "requested, guard passed (at an earlier load)"
+                                   : "requested (cpu emulates bf16), guard passed (at an earlier load)", NULL);
+        return MTS_OK;
+    }
     mts_load_opts fo = opts ? *opts : (mts_load_opts){0};
     fo.precision = "fp32";
     mts_model *fp = NULL;

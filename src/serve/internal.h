@@ -154,6 +154,11 @@ typedef struct mts__entry {
     /* statistics */
     int64_t last_used_ns, last_used_ms, loaded_at_ms;
     int64_t last_bytes;     /* largest size a version of this model reached: the next load's estimate */
+    /* the precision guard's verdict at the last load ("bf16"/"fp32", "" = none) and what it
+     * depends on: a reload with the same key applies it instead of guarding again (registry.c) */
+    char guard_verdict[8];
+    double guard_error;
+    char guard_key[160];
     uint64_t lfu;
     uint64_t usage_count, inference_count, execution_count;
     double total_inference_ms, last_load_ms;

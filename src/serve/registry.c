@@ -106,6 +106,25 @@ void mts__version_free_list(mts__version **list)
     if (freed) mts_iobuf_trim(); /* and the cached request/response buffers */
 }
 
+/* What a precision guard's verdict depends on: the precision asked for (config or
+ * MTS_PRECISION), the threshold, the model file (size, modification time) and the calibration
+ * folder beside it (modification time: .npy files added or removed). Loads run on the loader
+ * threads one at a time per model, so the entry's verdict needs no lock. */
+static void guard_key(const mts_model_config *cfg, char *key, size_t len)
+{
+    struct stat st = {0}, cs = {0};
+    stat(cfg->model_path, &st);
+    const char *slash = strrchr(cfg->model_path, '/');
+    char calib[4096];
+    snprintf(calib, sizeof calib, "%.*s/calibration", slash ? (int)(slash - cfg->model_path) : 1,
+             slash ? cfg->model_path : ".");
+    stat(calib, &cs);
+    const char *req = cfg->precision && *cfg->precision ? cfg->precision : getenv("MTS_PRECISION");
+    snprintf(key, len, "%.16s|%.9g|%lld|%lld.%09ld|%lld.%09ld", req ? req : "", cfg->max_error,
+             (long long)st.st_size, (long long)st.st_mtim.tv_sec, st.st_mtim.tv_nsec,
+             (long long)cs.st_mtim.tv_sec, cs.st_mtim.tv_nsec);
+}
+
 static int64_t version_bytes(const mts__version *v)
 {
     return v->base_bytes + v->ctx_bytes + v->transient_bytes;
@@ -399,8 +418,20 @@ static void load_one(mts_server *s, mts__entry *e)
         mts_load_opts lo = {0};
         lo.precision = cfg->precision;
         lo.max_error = cfg->max_error;
+        char gkey[sizeof e->guard_key];
+        guard_key(cfg, gkey, sizeof gkey);
+        if (e->guard_verdict[0] && !strcmp(e->guard_key, gkey)) {
+            lo.guard_verdict = e->guard_verdict;
+            lo.guard_error = e->guard_error;
+        }
         rc = mts_model_load(cfg->model_path, &lo, &m, &err);
         const mts_precision_info *pi = rc ? NULL : mts_model_precision(m);
+        e->guard_verdict[0] = '\0';
+        if (pi && pi->guard_error >= 0 && (!strcmp(pi->effective, "bf16") || !strcmp(pi->effective, "fp32"))) {
+            snprintf(e->guard_verdict, sizeof e->guard_verdict, "%s", pi->effective);
+            e->guard_error = pi->guard_error;
+            snprintf(e->guard_key, sizeof e->guard_key, "%s", gkey);
+        }
         if (pi && (strcmp(pi->requested, "fp32") || strcmp(pi->effective, "fp32")))
             MTS_INFO("model=%s event=precision precision=%s requested=%s reason=\"%s\" guard_error=%.3g max_error=%.3g",
                      cfg->name, pi->effective, pi->requested, pi->reason, pi->guard_error, pi->max_error);
