@@ -222,7 +222,8 @@ static void print_config(FILE *f, const instance *ins, int n, int front_http, in
             "    default_backend mts_http\n"
             "\n"
             "backend mts_http\n"
-            "    balance hash var(txn.model)\n",
+            "    balance hash var(txn.model)\n"
+            "    option http-buffer-request\n",
             bind, front_http);
     for (int i = 0; i < n; i++)
         fprintf(f, "    server mts%d %s:%d id %d check\n", i + 1, ins[i].host, ins[i].http, i + 1);
@@ -234,7 +235,8 @@ static void print_config(FILE *f, const instance *ins, int n, int front_http, in
             "    default_backend mts_grpc\n"
             "\n"
             "backend mts_grpc\n"
-            "    balance hdr(mts-model)\n",
+            "    balance hdr(mts-model)\n"
+            "    http-request wait-for-body time 30s unless { path_end /ModelStreamInfer }\n",
             bind, front_grpc);
     for (int i = 0; i < n; i++)
         fprintf(f, "    server mts%d %s:%d id %d proto h2 check port %d check-proto h1\n", i + 1, ins[i].host, ins[i].grpc,

@@ -13,10 +13,15 @@ the front door; each instance is asked directly which models it holds.
 - gRPC through HAProxy (HTTP/2 both sides): with `mts-model` a model's calls stay on one
   instance, the same one its HTTP requests go to, also from `mtserve infer --grpc`; without it
   calls are spread round-robin and still succeed.
-- kill -9 of an instance under load: no failed request (HAProxy retries and redispatches; see
-  cluster.drive for the one kind of close a client must retry), HAProxy marks it down, its models
-  load on the survivors; restarted, it passes its health checks and takes traffic again. Then
-  kill -9 of another instance under gRPC load: no failed call.
+- A request (HTTP, head and body in separate segments) or a unary gRPC call in flight on an
+  instance that is stopped and then killed is answered by another instance (HAProxy's L7 retry,
+  which needs the whole request buffered first: `option http-buffer-request`, gRPC
+  `wait-for-body`); a ModelStreamInfer stream is not buffered (its first answer comes back
+  before its second request is sent).
+- kill -9 of an instance under load: no failed request, and the clients never retry (HAProxy
+  retries and redispatches), HAProxy marks it down, its models load on the survivors;
+  restarted, it passes its health checks and takes traffic again. Then kill -9 of another
+  instance under gRPC load: no failed call.
 """
 import io
 import subprocess
@@ -34,7 +39,7 @@ import cluster as C  # noqa: E402
 
 MAX_MODELS = 20
 NAMES = [f"m{i:02d}" for i in range(60)]
-PROBES = ["q_probe", "h_probe", "g_probe", "g_nohdr", "c_probe"]
+PROBES = ["q_probe", "h_probe", "g_probe", "g_nohdr", "c_probe", "k_probe", "k_grpc"]
 
 
 @pytest.fixture(scope="module")
@@ -160,6 +165,94 @@ def test_grpc_through_haproxy(cl, tmp_path):
     assert holders(cl, "c_probe") == cli
 
 
+def restart(c, victim):
+    """Brings a killed (or stopped) instance back and waits until HAProxy has it UP again."""
+    if victim.proc.poll() is None:
+        victim.kill9()
+    victim.start()
+    c.wait_servers(["UP"] * len(c.instances))
+
+
+def test_inflight_request_of_killed_instance_is_retried(cl):
+    """A request already sent to an instance that dies before answering is answered by another
+    one: HAProxy repeats it (retry-on empty-response) only if it held the whole request when it
+    first sent it, which `option http-buffer-request` makes sure of. Here the client sends the
+    head and the body in two segments (as urllib3 does with TCP_NODELAY), the instance is
+    stopped so it cannot answer, then killed: without the option HAProxy forwards the head at
+    once, gives up the retry and closes the client's keep-alive connection without an answer."""
+    import json
+    import signal
+    import socket
+    body = json.dumps(C.TINY_BODY).encode()
+    head = (f"POST /v2/models/k_probe/infer HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    with socket.create_connection(("127.0.0.1", cl.front_http), timeout=20) as s:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        s.sendall(head + body)
+        assert s.recv(65536).startswith(b"HTTP/1.1 200 "), "first request"
+        owner = holders(cl, "k_probe")
+        assert len(owner) == 1, owner
+        victim = cl.instances[owner[0] - 1]
+        try:
+            victim.proc.send_signal(signal.SIGSTOP)  # takes the request, never answers
+            s.sendall(head)
+            time.sleep(0.1)
+            s.sendall(body)
+            time.sleep(0.3)
+            victim.kill9()  # its sockets are reset with the request unread
+            answer = s.recv(65536)
+            assert answer.startswith(b"HTTP/1.1 200 "), answer[:200] or "closed without an answer"
+            assert any("k_probe" in i.resident() for i in cl.instances if i is not victim)
+        finally:
+            restart(cl, victim)
+
+
+def test_inflight_grpc_call_of_killed_instance_is_retried(cl, tmp_path):
+    """The same over gRPC: a unary call in flight on a stopped, then killed instance succeeds
+    (answered by another instance); a ModelStreamInfer stream is not held back by the
+    wait-for-body rule (a response comes back before the client sends its next request)."""
+    import queue
+    import signal
+    import threading
+    pb2, pb2_grpc = C.grpc_stubs(tmp_path / "stubs")
+    md = [("mts-model", "k_grpc")]
+    with grpc.insecure_channel(cl.grpc_target) as ch:
+        stub = pb2_grpc.GRPCInferenceServiceStub(ch)
+        stub.ModelInfer(C.tiny_grpc_request(pb2, "k_grpc"), metadata=md, timeout=30)
+        owner = holders(cl, "k_grpc")
+        assert len(owner) == 1, owner
+        victim = cl.instances[owner[0] - 1]
+        try:
+            victim.proc.send_signal(signal.SIGSTOP)
+            fut = stub.ModelInfer.future(C.tiny_grpc_request(pb2, "k_grpc"), metadata=md, timeout=30)
+            time.sleep(0.4)
+            victim.kill9()
+            r = fut.result()
+            assert list(r.outputs[0].shape) == [1, 16]
+        finally:
+            restart(cl, victim)
+
+        reqs = queue.Queue()
+        reqs.put(C.tiny_grpc_request(pb2, "k_grpc"))
+        got = []
+
+        def read():
+            for resp in stub.ModelStreamInfer(iter(reqs.get, None), metadata=md, timeout=30):
+                got.append(resp)
+
+        t = threading.Thread(target=read)
+        t.start()
+        deadline = time.monotonic() + 10
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.02)
+        first_back = len(got)
+        reqs.put(C.tiny_grpc_request(pb2, "k_grpc"))
+        reqs.put(None)
+        t.join(30)
+    assert first_back == 1, "the stream's first response did not come back before its second request"
+    assert len(got) == 2 and all(not g.error_message for g in got), got
+
+
 def test_failover_kill9_and_restart(cl):
     victim = cl.instances[0]
     before = victim.resident() & set(NAMES)
@@ -171,8 +264,8 @@ def test_failover_kill9_and_restart(cl):
             killed["t"] = time.monotonic()
 
     st = C.drive(cl.url, NAMES, seconds=6, threads=8, seed=2, during=during)
-    print(f"\nfailover: {st['ok']} requests in {st['seconds']:.1f} s, kill -9 at 1.5 s: {st['failed']} failed, "
-          f"{st['reconnects']} closed without an answer and retried by the client")
+    print(f"\nfailover: {st['ok']} requests in {st['seconds']:.1f} s, kill -9 at 1.5 s: {st['failed']} failed "
+          f"({st['closed']} closed without an answer); no client retries")
     assert killed
     assert st["failed"] == 0, st["errors"]
     assert cl.server_states("mts_http")[0] == "DOWN" and cl.server_states("mts_grpc")[0] == "DOWN"
@@ -208,8 +301,8 @@ def test_failover_kill9_grpc(cl, tmp_path):
             killed["t"] = True
 
     st = C.drive_grpc(cl.grpc_target, NAMES, pb2, pb2_grpc, seconds=4, threads=8, seed=4, during=during)
-    print(f"\ngRPC failover: {st['ok']} calls, kill -9 at 1.5 s: {st['failed']} failed, "
-          f"{st['retried']} UNAVAILABLE retried by the client")
+    print(f"\ngRPC failover: {st['ok']} calls, kill -9 at 1.5 s: {st['failed']} failed "
+          f"({st['unavailable']} UNAVAILABLE); no client retries")
     assert killed and st["ok"] > 100
     assert st["failed"] == 0, st["errors"]
     assert cl.server_states("mts_grpc")[1] == "DOWN"
