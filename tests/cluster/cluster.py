@@ -114,17 +114,17 @@ class Instance:
 
 
 class Cluster:
-    """Instances plus HAProxy. routing="affinity" is cluster-config's output as printed;
-    "roundrobin" is the same configuration with `balance roundrobin` in both backends (the
-    reference that bench-cluster compares with)."""
+    """Instances plus HAProxy. routing="affinity" is cluster-config's output as printed
+    (balance_factor None: its default --balance-factor); "roundrobin" is the same configuration
+    with `balance roundrobin` in both backends (the reference that bench-cluster compares with)."""
 
-    def __init__(self, work, names, n=3, max_models=20, routing="affinity", balance_factor=150):
+    def __init__(self, work, names, n=3, max_models=20, routing="affinity", balance_factor=None, env=None):
         self.work = Path(work)
         self.work.mkdir(parents=True, exist_ok=True)
         self.repo = make_repo(self.work, names)
         ports = free_ports(2 * n + 3)
         self.front_http, self.front_grpc, self.stats_port = ports[2 * n:]
-        env = {"ML_CONCURRENT_MODELS": str(max_models)}
+        env = {"ML_CONCURRENT_MODELS": str(max_models), **(env or {})}
         self.instances = [Instance(i + 1, self.repo, self.work, ports[2 * i], ports[2 * i + 1], env)
                           for i in range(n)]
         self.url = f"http://127.0.0.1:{self.front_http}"
@@ -137,7 +137,8 @@ class Cluster:
         inst = ",".join(f"127.0.0.1:{i.http_port}:{i.grpc_port}" for i in self.instances)
         out = subprocess.run([str(MTSERVE), "cluster-config", "--instances", inst, "--bind", "127.0.0.1",
                               "--front-http", str(self.front_http), "--front-grpc", str(self.front_grpc),
-                              "--stats-port", str(self.stats_port), "--balance-factor", str(self.balance_factor)],
+                              "--stats-port", str(self.stats_port)] +
+                             ([] if self.balance_factor is None else ["--balance-factor", str(self.balance_factor)]),
                              check=True, capture_output=True, text=True).stdout
         if self.routing == "roundrobin":
             out = out.replace("balance hash var(txn.model)", "balance roundrobin")
@@ -215,7 +216,8 @@ def drive(url, names, n_requests=None, seconds=None, threads=8, s=1.0, seed=1, d
     each with its own keep-alive session, until n_requests are answered or `seconds` pass.
     `during(elapsed_s)` is called from the main thread every 50 ms (to kill or restart an
     instance under load). Returns dict(ok, failed, errors (first 10), per_model, closed (of the
-    failed: connections closed without an answer), latency_ms (every request), seconds).
+    failed: connections closed without an answer), latency_ms (every request), latency_model
+    (the model of each latency_ms entry), done_s (when each ended, seconds from the start), seconds).
 
     Each request is sent once: a connection closed without an answer or an error answer is a
     failed request. Killing an instance must not fail any (HAProxy retries the requests that
@@ -226,7 +228,7 @@ def drive(url, names, n_requests=None, seconds=None, threads=8, s=1.0, seed=1, d
     picks = rng.choice(len(names), size=min(total, 200000), p=zipf_weights(len(names), s))
     lock = threading.Lock()
     state = {"next": 0, "ok": 0, "failed": 0, "errors": [], "per_model": {}, "closed": 0,
-             "latency_ms": []}
+             "latency_ms": [], "latency_model": [], "done_s": []}
     t0 = time.monotonic()
     stop = threading.Event()
 
@@ -250,6 +252,8 @@ def drive(url, names, n_requests=None, seconds=None, threads=8, s=1.0, seed=1, d
                         state["closed"] += 1
             with lock:
                 state["latency_ms"].append((time.monotonic() - t_req) * 1e3)
+                state["latency_model"].append(name)
+                state["done_s"].append(time.monotonic() - t0)
                 if good:
                     state["ok"] += 1
                     state["per_model"][name] = state["per_model"].get(name, 0) + 1

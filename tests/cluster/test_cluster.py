@@ -5,9 +5,13 @@ HAProxy configured by `mtserve cluster-config` (the CLI's output as printed). Tr
 the front door; each instance is asked directly which models it holds.
 
 - Zipf(1.0) traffic: every request answered; no model resident on more than 2 instances
-  (consistent hashing, with bounded load letting a hot model spill to a second); the cluster
-  holds at least twice the models one instance can. Without the load bound (--balance-factor 0)
-  every model is on exactly one instance and the cluster holds about 3x (at least 2.5x).
+  (consistent hashing; the load bound, default factor 250, lets a request leave an instance
+  that has 2.5 times the average requests in flight); the cluster holds at least 2.5x the models
+  one instance can (about 2.7-2.8x measured). Without the load bound (--balance-factor 0) every
+  model is on exactly one instance and the cluster holds what the hash split of the 60 names
+  allows (19 + 18 + 20 of 23: 2.85x).
+- An instance that stops answering (SIGSTOP for 1 s) under that traffic does not stop the
+  cluster: the load bound moves the requests that would queue on it to the others.
 - Segmentation uploads are routed by the `model` query parameter or the `mts-model` header (the
   instance takes the model from them: it answers 412 "not a segmentation model" for a tiny copy).
 - gRPC through HAProxy (HTTP/2 both sides): with `mts-model` a model's calls stay on one
@@ -75,12 +79,44 @@ def test_affinity_zipf(cl):
           f"loads {[i.loads() for i in cl.instances]}")
     assert max(per) <= MAX_MODELS
     assert max(copies.values()) <= 2, {m: where[m] for m in spilled}
-    assert len(copies) >= 2 * MAX_MODELS, (len(copies), per)
+    assert len(copies) >= 2.5 * MAX_MODELS, (len(copies), per)
+
+
+def test_stalled_instance_does_not_stall_the_cluster(cl):
+    """The reason for keeping a load bound: the instance holding the hottest model stops
+    answering for 1 s (SIGSTOP: a stalled or saturated machine) under 8 client threads. Without
+    the bound every thread soon waits on it (measured: 1-5 % of the usual requests answered
+    during the stall); with factor 250 the requests that would queue there go to the next
+    instance on the ring once it holds 2.5 times the average in flight."""
+    import signal
+    victim = cl.instances[holders(cl, NAMES[0])[0] - 1]
+    ev = {}
+
+    def during(el):
+        if el >= 1.0 and "stop" not in ev:
+            victim.proc.send_signal(signal.SIGSTOP)
+            ev["stop"] = time.monotonic()
+        if el >= 2.0 and "cont" not in ev:
+            victim.proc.send_signal(signal.SIGCONT)
+            ev["cont"] = True
+
+    try:
+        st = C.drive(cl.url, NAMES, seconds=2.5, threads=8, seed=6, during=during)
+    finally:
+        victim.proc.send_signal(signal.SIGCONT)
+    done = st["done_s"]
+    before = sum(1 for t in done if 0.0 <= t < 1.0)
+    stalled = sum(1 for t in done if 1.0 <= t < 2.0)
+    print(f"\nmts{victim.idx} stopped for 1 s: {stalled} requests answered during the stall, {before} in the "
+          f"second before")
+    assert st["failed"] == 0, st["errors"]
+    assert stalled >= 0.3 * before, (stalled, before)
 
 
 def test_affinity_without_load_bound(tmp_path):
     """--balance-factor 0: pure consistent hashing, every model on exactly one instance, and the
-    cluster holds about 3x the models of one instance (the hash splits the 60 about evenly)."""
+    cluster holds about 3x the models of one instance: the hash puts 19, 18 and 23 of the 60 names
+    on the instances (HAProxy's sdbm + avalanche on the name, servers placed by id), so 57 fit."""
     c = C.Cluster(tmp_path, NAMES, n=3, max_models=MAX_MODELS, balance_factor=0)
     try:
         c.start()
@@ -94,7 +130,7 @@ def test_affinity_without_load_bound(tmp_path):
     print(f"\naffinity, no load bound: resident per instance {per}; distinct {len(where)} = "
           f"{len(where) / MAX_MODELS:.2f}x one instance")
     assert all(len(v) == 1 for v in where.values()), {m: v for m, v in where.items() if len(v) > 1}
-    assert len(where) >= 2.5 * MAX_MODELS, (len(where), per)
+    assert len(where) >= 2.75 * MAX_MODELS, (len(where), per)
 
 
 def png(w=8, h=8):
