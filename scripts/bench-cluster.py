@@ -82,9 +82,10 @@ def run_stall(factor, a, names):
     with tempfile.TemporaryDirectory(prefix="mts-bench-cluster-") as work:
         cl = C.Cluster(work, names, n=3, max_models=a.max_models, balance_factor=factor,
                        env=instance_env(a)).start()
+        victim = None
         try:
             C.drive(cl.url, names, n_requests=a.warmup, threads=a.threads, s=a.s, seed=1)
-            victim = next(i for i in cl.instances if names[0] in i.resident())
+            victim = cl.owner(names[0])
             t_stop, t_cont, ev = 2.0, 2.0 + a.stall, {}
 
             def during(el):
@@ -97,7 +98,7 @@ def run_stall(factor, a, names):
 
             st = C.drive(cl.url, names, seconds=t_cont + 2, threads=a.threads, s=a.s, seed=5, during=during)
         finally:
-            if victim.proc.poll() is None:
+            if victim is not None and victim.proc.poll() is None:
                 victim.proc.send_signal(signal.SIGCONT)
             cl.stop()
     done = np.array(st["done_s"])

@@ -195,6 +195,23 @@ class Cluster:
         raise AssertionError(f"HAProxy servers are {self.server_states()} / {self.server_states('mts_grpc')}, "
                              f"want {want}")
 
+    def owner(self, model):
+        """The instance the hash gives `model`: the one whose inference_count grows when one
+        request is sent with nothing else in flight (a spilled model is resident on two)."""
+        def count(inst):
+            r = requests.get(f"{inst.url}/v2/models/{model}/stats", timeout=10)
+            if r.status_code != 200:
+                return 0
+            return sum(int(m.get("inference_count", 0)) for m in r.json().get("model_stats", [])
+                       if m.get("name") == model)
+
+        before = [count(i) for i in self.instances]
+        r = requests.post(f"{self.url}/v2/models/{model}/infer", json=TINY_BODY, timeout=60)
+        assert r.status_code == 200, r.text
+        grew = [i for i, b in zip(self.instances, before) if count(i) > b]
+        assert len(grew) == 1, [i.idx for i in grew]
+        return grew[0]
+
     def residency(self, alive=None):
         """{model: [instance indices holding it READY]} over the instances that are running."""
         where = {}

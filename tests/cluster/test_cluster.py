@@ -66,25 +66,6 @@ def holders(c, model):
     return [i.idx for i in c.instances if model in i.resident()]
 
 
-def inferences(inst, model):
-    """The model's inference_count on one instance (0 when it never ran there)."""
-    r = requests.get(f"{inst.url}/v2/models/{model}/stats", timeout=10)
-    if r.status_code != 200:
-        return 0
-    return sum(int(m.get("inference_count", 0)) for m in r.json().get("model_stats", [])
-               if m.get("name") == model)
-
-
-def owner(c, model):
-    """The instance the hash gives the model: the one a request goes to when nothing is in flight
-    (the model may also be resident on a second instance after a spill)."""
-    before = [inferences(i, model) for i in c.instances]
-    assert requests.post(f"{c.url}/v2/models/{model}/infer", json=C.TINY_BODY, timeout=60).status_code == 200
-    grew = [i for i, b in zip(c.instances, before) if inferences(i, model) > b]
-    assert len(grew) == 1, grew
-    return grew[0]
-
-
 def test_affinity_zipf(cl):
     st = C.drive(cl.url, NAMES, n_requests=1500, threads=8, seed=1)
     assert st["failed"] == 0, st["errors"]
@@ -112,7 +93,7 @@ def test_stalled_instance_does_not_stall_the_cluster(cl):
     instance on the ring (measured 0.23-1.2 of the usual rate, the spread being this shared
     machine's load; 0 without the bound)."""
     import signal
-    victim = owner(cl, NAMES[0])
+    victim = cl.owner(NAMES[0])
     ev = {}
 
     def during(el):
