@@ -8,7 +8,7 @@
 # Knobs: PORT / GRPC_PORT (front door, default 8000 / 50051, as make run), STATS_PORT (HAProxy's
 # statistics, default 8404), INSTANCES (default 3), INSTANCE_HTTP_BASE / INSTANCE_GRPC_BASE
 # (instance i listens on BASE+i; default 8100 / 50150), INSTANCE_MEMORY_GB (each instance's
-# budget, default 2), BALANCE_FACTOR (default 150).
+# budget, default 2), BALANCE_FACTOR (default 250, as cluster-config).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PORT=${PORT:-8000}
@@ -18,7 +18,7 @@ INSTANCES=${INSTANCES:-3}
 HTTP_BASE=${INSTANCE_HTTP_BASE:-8100}
 GRPC_BASE=${INSTANCE_GRPC_BASE:-50150}
 MEMORY_GB=${INSTANCE_MEMORY_GB:-2}
-BALANCE_FACTOR=${BALANCE_FACTOR:-150}
+BALANCE_FACTOR=${BALANCE_FACTOR:-250}
 BIN=${MTSERVE:-build/mtserve}
 
 command -v haproxy >/dev/null || { echo "make cluster: haproxy is not installed (scripts/install-deps.sh installs it)" >&2; exit 1; }

@@ -4,11 +4,13 @@
  * a consistent hash of the model name (taken from the KServe, lip-sync and repository-control
  * paths, else the `model` query parameter, else the `mts-model` header; on gRPC the `mts-model`
  * metadata) picks the instance, so each model is resident on one instance and the cluster holds
- * about N times the models one instance can; bounded-load hashing (hash-balance-factor) lets a
- * hot model spill onto a second instance. Requests that name no model (health, index, metrics)
- * go round-robin. Failed connections, connections closed without an answer and 503 answers are
- * retried on another instance; health checks on GET /v2/health/ready take a dead or starting
- * instance out and put it back. docs/scale-out.md explains the output line by line.
+ * about N times the models one instance can; bounded-load hashing (hash-balance-factor) lets
+ * requests leave an instance that holds far more than its share of the requests in flight (a
+ * stalled or saturated one). Requests that name no model (health, index, metrics) go
+ * round-robin. Failed connections, connections closed without an answer and 503 answers are
+ * retried on another instance (requests are buffered whole so that HAProxy keeps the copy a
+ * retry needs); health checks on GET /v2/health/ready take a dead or starting instance out and
+ * put it back. docs/scale-out.md explains the output line by line.
  */
 #include <ctype.h>
 #include <stdbool.h>
@@ -41,7 +43,8 @@ static void usage(FILE *f)
             "  --front-grpc PORT     the front door's gRPC port (HTTP/2 cleartext; default 50050)\n"
             "  --bind ADDR           the front door's listen address (default: all addresses)\n"
             "  --balance-factor N    hash-balance-factor: no instance takes more than N %% of the\n"
-            "                        average concurrent requests (default 150; 0 turns it off; else 101..1000)\n"
+            "                        average concurrent requests (default 250; 0 turns it off; else 101..1000;\n"
+            "                        N >= 100 x instances never spills)\n"
             "  --stats-port P        HAProxy's statistics page on P (/ : HTML, /metrics : Prometheus)\n"
             "  --server-timeout S    how long a request may wait for its answer (default 300)\n"
             "\n"
@@ -222,7 +225,8 @@ static void print_config(FILE *f, const instance *ins, int n, int front_http, in
             "    default_backend mts_http\n"
             "\n"
             "backend mts_http\n"
-            "    balance hash var(txn.model)\n",
+            "    balance hash var(txn.model)\n"
+            "    option http-buffer-request\n",
             bind, front_http);
     for (int i = 0; i < n; i++)
         fprintf(f, "    server mts%d %s:%d id %d check\n", i + 1, ins[i].host, ins[i].http, i + 1);
@@ -234,7 +238,8 @@ static void print_config(FILE *f, const instance *ins, int n, int front_http, in
             "    default_backend mts_grpc\n"
             "\n"
             "backend mts_grpc\n"
-            "    balance hdr(mts-model)\n",
+            "    balance hdr(mts-model)\n"
+            "    http-request wait-for-body time 30s unless { path_end /ModelStreamInfer }\n",
             bind, front_grpc);
     for (int i = 0; i < n; i++)
         fprintf(f, "    server mts%d %s:%d id %d proto h2 check port %d check-proto h1\n", i + 1, ins[i].host, ins[i].grpc,
@@ -280,7 +285,7 @@ static const char *opt_value(int argc, char **argv, int *i, const char *name)
 int mts_cli_cluster_config(int argc, char **argv)
 {
     static instance ins[MAX_INSTANCES];
-    int n = 0, front_http = 8080, front_grpc = 50050, factor = 150, stats_port = 0, server_timeout = 300;
+    int n = 0, front_http = 8080, front_grpc = 50050, factor = 250, stats_port = 0, server_timeout = 300;
     const char *bind = "", *list = NULL;
     for (int i = 1; i < argc; i++) {
         const char *v;

@@ -114,17 +114,17 @@ class Instance:
 
 
 class Cluster:
-    """Instances plus HAProxy. routing="affinity" is cluster-config's output as printed;
-    "roundrobin" is the same configuration with `balance roundrobin` in both backends (the
-    reference that bench-cluster compares with)."""
+    """Instances plus HAProxy. routing="affinity" is cluster-config's output as printed
+    (balance_factor None: its default --balance-factor); "roundrobin" is the same configuration
+    with `balance roundrobin` in both backends (the reference that bench-cluster compares with)."""
 
-    def __init__(self, work, names, n=3, max_models=20, routing="affinity", balance_factor=150):
+    def __init__(self, work, names, n=3, max_models=20, routing="affinity", balance_factor=None, env=None):
         self.work = Path(work)
         self.work.mkdir(parents=True, exist_ok=True)
         self.repo = make_repo(self.work, names)
         ports = free_ports(2 * n + 3)
         self.front_http, self.front_grpc, self.stats_port = ports[2 * n:]
-        env = {"ML_CONCURRENT_MODELS": str(max_models)}
+        env = {"ML_CONCURRENT_MODELS": str(max_models), **(env or {})}
         self.instances = [Instance(i + 1, self.repo, self.work, ports[2 * i], ports[2 * i + 1], env)
                           for i in range(n)]
         self.url = f"http://127.0.0.1:{self.front_http}"
@@ -137,7 +137,8 @@ class Cluster:
         inst = ",".join(f"127.0.0.1:{i.http_port}:{i.grpc_port}" for i in self.instances)
         out = subprocess.run([str(MTSERVE), "cluster-config", "--instances", inst, "--bind", "127.0.0.1",
                               "--front-http", str(self.front_http), "--front-grpc", str(self.front_grpc),
-                              "--stats-port", str(self.stats_port), "--balance-factor", str(self.balance_factor)],
+                              "--stats-port", str(self.stats_port)] +
+                             ([] if self.balance_factor is None else ["--balance-factor", str(self.balance_factor)]),
                              check=True, capture_output=True, text=True).stdout
         if self.routing == "roundrobin":
             out = out.replace("balance hash var(txn.model)", "balance roundrobin")
@@ -194,6 +195,23 @@ class Cluster:
         raise AssertionError(f"HAProxy servers are {self.server_states()} / {self.server_states('mts_grpc')}, "
                              f"want {want}")
 
+    def owner(self, model):
+        """The instance the hash gives `model`: the one whose inference_count grows when one
+        request is sent with nothing else in flight (a spilled model is resident on two)."""
+        def count(inst):
+            r = requests.get(f"{inst.url}/v2/models/{model}/stats", timeout=10)
+            if r.status_code != 200:
+                return 0
+            return sum(int(m.get("inference_count", 0)) for m in r.json().get("model_stats", [])
+                       if m.get("name") == model)
+
+        before = [count(i) for i in self.instances]
+        r = requests.post(f"{self.url}/v2/models/{model}/infer", json=TINY_BODY, timeout=60)
+        assert r.status_code == 200, r.text
+        grew = [i for i, b in zip(self.instances, before) if count(i) > b]
+        assert len(grew) == 1, [i.idx for i in grew]
+        return grew[0]
+
     def residency(self, alive=None):
         """{model: [instance indices holding it READY]} over the instances that are running."""
         where = {}
@@ -214,23 +232,20 @@ def drive(url, names, n_requests=None, seconds=None, threads=8, s=1.0, seed=1, d
     """Zipf(s) traffic over `names` (rank order) through `url` from `threads` client threads,
     each with its own keep-alive session, until n_requests are answered or `seconds` pass.
     `during(elapsed_s)` is called from the main thread every 50 ms (to kill or restart an
-    instance under load). Returns dict(ok, failed, errors (first 10), per_model, reconnects,
-    latency_ms (every request), seconds).
+    instance under load). Returns dict(ok, failed, errors (first 10), per_model, closed (of the
+    failed: connections closed without an answer), latency_ms (every request), latency_model
+    (the model of each latency_ms entry), done_s (when each ended, seconds from the start), seconds).
 
-    A keep-alive connection closed without any answer is retried once on a new connection, as
-    HTTP clients do for idempotent requests (urllib3, Go's net/http; an inference request can be
-    repeated): when the connection to an instance is reset while the request waits for its answer,
-    HAProxy 2.6 does not count that as an empty response (no retry-on event applies) and closes
-    the client's connection without an answer, mirroring the server, so that the client may
-    retry. Those are counted in `reconnects`; a request is failed only when it gets an error
-    answer or fails again."""
+    Each request is sent once: a connection closed without an answer or an error answer is a
+    failed request. Killing an instance must not fail any (HAProxy retries the requests that
+    were in flight on it, see the configuration's `option http-buffer-request`)."""
     import threading
     rng = np.random.default_rng(seed)
     total = n_requests if n_requests is not None else 10 ** 9
     picks = rng.choice(len(names), size=min(total, 200000), p=zipf_weights(len(names), s))
     lock = threading.Lock()
-    state = {"next": 0, "ok": 0, "failed": 0, "errors": [], "per_model": {}, "reconnects": 0,
-             "latency_ms": []}
+    state = {"next": 0, "ok": 0, "failed": 0, "errors": [], "per_model": {}, "closed": 0,
+             "latency_ms": [], "latency_model": [], "done_s": []}
     t0 = time.monotonic()
     stop = threading.Event()
 
@@ -244,21 +259,18 @@ def drive(url, names, n_requests=None, seconds=None, threads=8, s=1.0, seed=1, d
                 state["next"] += 1
             name = names[picks[k]]
             t_req = time.monotonic()
-            for attempt in (0, 1):
-                try:
-                    r = sess.post(f"{url}/v2/models/{name}/infer", json=TINY_BODY, timeout=60)
-                    good, why = r.status_code == 200, f"{r.status_code} {r.text[:200]}"
-                except requests.ConnectionError as e:
-                    good, why = False, repr(e)[:200]
-                    if attempt == 0 and "RemoteDisconnected" in why:
-                        with lock:
-                            state["reconnects"] += 1
-                        continue
-                except requests.RequestException as e:
-                    good, why = False, repr(e)[:200]
-                break
+            try:
+                r = sess.post(f"{url}/v2/models/{name}/infer", json=TINY_BODY, timeout=60)
+                good, why = r.status_code == 200, f"{r.status_code} {r.text[:200]}"
+            except requests.RequestException as e:
+                good, why = False, repr(e)[:200]
+                if "RemoteDisconnected" in why:
+                    with lock:
+                        state["closed"] += 1
             with lock:
                 state["latency_ms"].append((time.monotonic() - t_req) * 1e3)
+                state["latency_model"].append(name)
+                state["done_s"].append(time.monotonic() - t0)
                 if good:
                     state["ok"] += 1
                     state["per_model"][name] = state["per_model"].get(name, 0) + 1
@@ -311,12 +323,12 @@ def tiny_grpc_request(pb2, name):
 
 def drive_grpc(target, names, pb2, pb2_grpc, seconds, threads=8, s=1.0, seed=1, during=None):
     """Zipf(s) ModelInfer calls with `mts-model` metadata through `target` for `seconds`, one
-    channel per thread. A call that fails UNAVAILABLE (the gRPC face of the reset case described
-    in drive) is retried once and counted in `retried`. Returns dict(ok, failed, errors, retried)."""
+    channel per thread. Each call is made once (no client retry); a call that fails UNAVAILABLE
+    is also counted in `unavailable`. Returns dict(ok, failed, errors, unavailable)."""
     import threading
     import grpc
     lock = threading.Lock()
-    state = {"ok": 0, "failed": 0, "errors": [], "retried": 0}
+    state = {"ok": 0, "failed": 0, "errors": [], "unavailable": 0}
     stop = threading.Event()
     p = zipf_weights(len(names), s)
 
@@ -326,19 +338,15 @@ def drive_grpc(target, names, pb2, pb2_grpc, seconds, threads=8, s=1.0, seed=1, 
             stub = pb2_grpc.GRPCInferenceServiceStub(ch)
             while not stop.is_set():
                 name = names[rng.choice(len(names), p=p)]
-                for attempt in (0, 1):
-                    try:
-                        stub.ModelInfer(tiny_grpc_request(pb2, name), metadata=[("mts-model", name)], timeout=30)
-                        good, why = True, ""
-                    except grpc.RpcError as e:
-                        good, why = False, f"{e.code()} {e.details()}"[:200]
-                        if attempt == 0 and e.code() == grpc.StatusCode.UNAVAILABLE:
-                            with lock:
-                                state["retried"] += 1
-                            continue
-                    break
+                try:
+                    stub.ModelInfer(tiny_grpc_request(pb2, name), metadata=[("mts-model", name)], timeout=30)
+                    good, why, unavailable = True, "", 0
+                except grpc.RpcError as e:
+                    good, why = False, f"{e.code()} {e.details()}"[:200]
+                    unavailable = int(e.code() == grpc.StatusCode.UNAVAILABLE)
                 with lock:
                     state["ok" if good else "failed"] += 1
+                    state["unavailable"] += unavailable
                     if not good and len(state["errors"]) < 10:
                         state["errors"].append(f"{name}: {why}")
 

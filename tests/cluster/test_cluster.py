@@ -5,18 +5,27 @@ HAProxy configured by `mtserve cluster-config` (the CLI's output as printed). Tr
 the front door; each instance is asked directly which models it holds.
 
 - Zipf(1.0) traffic: every request answered; no model resident on more than 2 instances
-  (consistent hashing, with bounded load letting a hot model spill to a second); the cluster
-  holds at least twice the models one instance can. Without the load bound (--balance-factor 0)
-  every model is on exactly one instance and the cluster holds about 3x (at least 2.5x).
+  (consistent hashing; the load bound, default factor 250, lets a request leave an instance
+  that has 2.5 times the average requests in flight); the cluster holds at least 2.2x the models
+  one instance can (2.7-2.85x measured on a quiet machine, down to 2.25x on a busy one). Without the load bound (--balance-factor 0) every
+  model is on exactly one instance and the cluster holds what the hash split of the 60 names
+  allows (19 + 18 + 20 of 23: 2.85x).
+- An instance that stops answering (SIGSTOP for 1 s) under that traffic does not stop the
+  cluster: the load bound moves the requests that would queue on it to the others.
 - Segmentation uploads are routed by the `model` query parameter or the `mts-model` header (the
   instance takes the model from them: it answers 412 "not a segmentation model" for a tiny copy).
 - gRPC through HAProxy (HTTP/2 both sides): with `mts-model` a model's calls stay on one
   instance, the same one its HTTP requests go to, also from `mtserve infer --grpc`; without it
   calls are spread round-robin and still succeed.
-- kill -9 of an instance under load: no failed request (HAProxy retries and redispatches; see
-  cluster.drive for the one kind of close a client must retry), HAProxy marks it down, its models
-  load on the survivors; restarted, it passes its health checks and takes traffic again. Then
-  kill -9 of another instance under gRPC load: no failed call.
+- A request (HTTP, head and body in separate segments) or a unary gRPC call in flight on an
+  instance that is stopped and then killed is answered by another instance (HAProxy's L7 retry,
+  which needs the whole request buffered first: `option http-buffer-request`, gRPC
+  `wait-for-body`); a ModelStreamInfer stream is not buffered (its first answer comes back
+  before its second request is sent).
+- kill -9 of an instance under load: no failed request, and the clients never retry (HAProxy
+  retries and redispatches), HAProxy marks it down, its models load on the survivors;
+  restarted, it passes its health checks and takes traffic again. Then kill -9 of another
+  instance under gRPC load: no failed call.
 """
 import io
 import subprocess
@@ -34,7 +43,7 @@ import cluster as C  # noqa: E402
 
 MAX_MODELS = 20
 NAMES = [f"m{i:02d}" for i in range(60)]
-PROBES = ["q_probe", "h_probe", "g_probe", "g_nohdr", "c_probe"]
+PROBES = ["q_probe", "h_probe", "g_probe", "g_nohdr", "c_probe", "k_probe", "k_grpc"]
 
 
 @pytest.fixture(scope="module")
@@ -70,12 +79,48 @@ def test_affinity_zipf(cl):
           f"loads {[i.loads() for i in cl.instances]}")
     assert max(per) <= MAX_MODELS
     assert max(copies.values()) <= 2, {m: where[m] for m in spilled}
-    assert len(copies) >= 2 * MAX_MODELS, (len(copies), per)
+    # factor 250: 54-57 distinct on a quiet machine, 45-57 with the 2 cores shared by a load
+    # average of 17-19 (a descheduled instance sheds requests like a stalled one); 150: 45-47 quiet
+    assert len(copies) >= 2.2 * MAX_MODELS, (len(copies), per)
+
+
+def test_stalled_instance_does_not_stall_the_cluster(cl):
+    """The reason for keeping a load bound: the instance holding the hottest model stops
+    answering for 1 s (SIGSTOP: a stalled or saturated machine) under 8 client threads. Without
+    the bound every thread soon waits on it and the cluster answers nothing in the second half
+    of the stall; with factor 250 the stalled instance takes at most 2.5 times the average in
+    flight (7 of the 8 requests) and the requests of the remaining thread go to the next
+    instance on the ring (measured 0.23-1.2 of the usual rate, the spread being this shared
+    machine's load; 0 without the bound)."""
+    import signal
+    victim = cl.owner(NAMES[0])
+    ev = {}
+
+    def during(el):
+        if el >= 1.0 and "stop" not in ev:
+            victim.proc.send_signal(signal.SIGSTOP)
+            ev["stop"] = time.monotonic()
+        if el >= 2.0 and "cont" not in ev:
+            victim.proc.send_signal(signal.SIGCONT)
+            ev["cont"] = True
+
+    try:
+        st = C.drive(cl.url, NAMES, seconds=2.5, threads=8, seed=6, during=during)
+    finally:
+        victim.proc.send_signal(signal.SIGCONT)
+    done = st["done_s"]
+    before = sum(1 for t in done if 0.5 <= t < 1.0)
+    stalled = sum(1 for t in done if 1.5 <= t < 2.0)
+    print(f"\nmts{victim.idx} stopped for 1 s: {stalled} requests answered in the second half of the stall, "
+          f"{before} in the half second before it")
+    assert st["failed"] == 0, st["errors"]
+    assert stalled >= 0.1 * before, (stalled, before)
 
 
 def test_affinity_without_load_bound(tmp_path):
     """--balance-factor 0: pure consistent hashing, every model on exactly one instance, and the
-    cluster holds about 3x the models of one instance (the hash splits the 60 about evenly)."""
+    cluster holds about 3x the models of one instance: the hash puts 19, 18 and 23 of the 60 names
+    on the instances (HAProxy's sdbm + avalanche on the name, servers placed by id), so 57 fit."""
     c = C.Cluster(tmp_path, NAMES, n=3, max_models=MAX_MODELS, balance_factor=0)
     try:
         c.start()
@@ -89,7 +134,7 @@ def test_affinity_without_load_bound(tmp_path):
     print(f"\naffinity, no load bound: resident per instance {per}; distinct {len(where)} = "
           f"{len(where) / MAX_MODELS:.2f}x one instance")
     assert all(len(v) == 1 for v in where.values()), {m: v for m, v in where.items() if len(v) > 1}
-    assert len(where) >= 2.5 * MAX_MODELS, (len(where), per)
+    assert len(where) >= 2.75 * MAX_MODELS, (len(where), per)
 
 
 def png(w=8, h=8):
@@ -160,6 +205,117 @@ def test_grpc_through_haproxy(cl, tmp_path):
     assert holders(cl, "c_probe") == cli
 
 
+def restart(c, victim):
+    """Brings a killed (or stopped) instance back and waits until HAProxy has it UP again."""
+    if victim.proc.poll() is None:
+        victim.kill9()
+    victim.start()
+    c.wait_servers(["UP"] * len(c.instances))
+
+
+def read_response(sock):
+    """One HTTP/1.1 response with a Content-Length from sock: (status line, body), or (b"", b"")
+    when the connection is closed before any byte of it."""
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        chunk = sock.recv(65536)
+        if not chunk:
+            assert not buf, f"connection closed in the middle of a response head: {buf[:200]!r}"
+            return b"", b""
+        buf += chunk
+    head, body = buf.split(b"\r\n\r\n", 1)
+    lines = head.split(b"\r\n")
+    fields = (ln.partition(b":") for ln in lines[1:])
+    length = next(int(v) for k, _, v in fields if k.strip().lower() == b"content-length")
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        assert chunk, "connection closed in the middle of a response body"
+        body += chunk
+    return lines[0], body
+
+
+def test_inflight_request_of_killed_instance_is_retried(cl):
+    """A request already sent to an instance that dies before answering is answered by another
+    one: HAProxy repeats it (retry-on empty-response) only if it held the whole request when it
+    first sent it, which `option http-buffer-request` makes sure of. Here the client sends the
+    head and the body in two segments (as urllib3 does with TCP_NODELAY), the instance is
+    stopped so it cannot answer, then killed: without the option HAProxy forwards the head at
+    once, gives up the retry and closes the client's keep-alive connection without an answer."""
+    import json
+    import signal
+    import socket
+    body = json.dumps(C.TINY_BODY).encode()
+    head = (f"POST /v2/models/k_probe/infer HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    with socket.create_connection(("127.0.0.1", cl.front_http), timeout=20) as s:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        s.sendall(head + body)
+        status, _ = read_response(s)
+        assert status.startswith(b"HTTP/1.1 200 "), status
+        owner = holders(cl, "k_probe")
+        assert len(owner) == 1, owner
+        victim = cl.instances[owner[0] - 1]
+        try:
+            victim.proc.send_signal(signal.SIGSTOP)  # takes the request, never answers
+            s.sendall(head)
+            time.sleep(0.1)
+            s.sendall(body)
+            time.sleep(0.3)
+            victim.kill9()  # its sockets are reset with the request unread
+            status, answer = read_response(s)
+            assert status.startswith(b"HTTP/1.1 200 "), status or "closed without an answer"
+            assert b'"outputs"' in answer, answer[:200]
+            assert any("k_probe" in i.resident() for i in cl.instances if i is not victim)
+        finally:
+            restart(cl, victim)
+
+
+def test_inflight_grpc_call_of_killed_instance_is_retried(cl, tmp_path):
+    """The same over gRPC: a unary call in flight on a stopped, then killed instance succeeds
+    (answered by another instance); a ModelStreamInfer stream is not held back by the
+    wait-for-body rule (a response comes back before the client sends its next request)."""
+    import queue
+    import signal
+    import threading
+    pb2, pb2_grpc = C.grpc_stubs(tmp_path / "stubs")
+    md = [("mts-model", "k_grpc")]
+    with grpc.insecure_channel(cl.grpc_target) as ch:
+        stub = pb2_grpc.GRPCInferenceServiceStub(ch)
+        stub.ModelInfer(C.tiny_grpc_request(pb2, "k_grpc"), metadata=md, timeout=30)
+        owner = holders(cl, "k_grpc")
+        assert len(owner) == 1, owner
+        victim = cl.instances[owner[0] - 1]
+        try:
+            victim.proc.send_signal(signal.SIGSTOP)
+            fut = stub.ModelInfer.future(C.tiny_grpc_request(pb2, "k_grpc"), metadata=md, timeout=30)
+            time.sleep(0.4)
+            victim.kill9()
+            r = fut.result()
+            assert list(r.outputs[0].shape) == [1, 16]
+        finally:
+            restart(cl, victim)
+
+        reqs = queue.Queue()
+        reqs.put(C.tiny_grpc_request(pb2, "k_grpc"))
+        got = []
+
+        def read():
+            for resp in stub.ModelStreamInfer(iter(reqs.get, None), metadata=md, timeout=30):
+                got.append(resp)
+
+        t = threading.Thread(target=read)
+        t.start()
+        deadline = time.monotonic() + 10
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.02)
+        first_back = len(got)
+        reqs.put(C.tiny_grpc_request(pb2, "k_grpc"))
+        reqs.put(None)
+        t.join(30)
+    assert first_back == 1, "the stream's first response did not come back before its second request"
+    assert len(got) == 2 and all(not g.error_message for g in got), got
+
+
 def test_failover_kill9_and_restart(cl):
     victim = cl.instances[0]
     before = victim.resident() & set(NAMES)
@@ -171,8 +327,8 @@ def test_failover_kill9_and_restart(cl):
             killed["t"] = time.monotonic()
 
     st = C.drive(cl.url, NAMES, seconds=6, threads=8, seed=2, during=during)
-    print(f"\nfailover: {st['ok']} requests in {st['seconds']:.1f} s, kill -9 at 1.5 s: {st['failed']} failed, "
-          f"{st['reconnects']} closed without an answer and retried by the client")
+    print(f"\nfailover: {st['ok']} requests in {st['seconds']:.1f} s, kill -9 at 1.5 s: {st['failed']} failed "
+          f"({st['closed']} closed without an answer); no client retries")
     assert killed
     assert st["failed"] == 0, st["errors"]
     assert cl.server_states("mts_http")[0] == "DOWN" and cl.server_states("mts_grpc")[0] == "DOWN"
@@ -208,8 +364,8 @@ def test_failover_kill9_grpc(cl, tmp_path):
             killed["t"] = True
 
     st = C.drive_grpc(cl.grpc_target, NAMES, pb2, pb2_grpc, seconds=4, threads=8, seed=4, during=during)
-    print(f"\ngRPC failover: {st['ok']} calls, kill -9 at 1.5 s: {st['failed']} failed, "
-          f"{st['retried']} UNAVAILABLE retried by the client")
+    print(f"\ngRPC failover: {st['ok']} calls, kill -9 at 1.5 s: {st['failed']} failed "
+          f"({st['unavailable']} UNAVAILABLE); no client retries")
     assert killed and st["ok"] > 100
     assert st["failed"] == 0, st["errors"]
     assert cl.server_states("mts_grpc")[1] == "DOWN"
