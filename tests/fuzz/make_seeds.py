@@ -254,6 +254,13 @@ def kserve_infer(d):
     put(d, "bad_types", "-\n" + '{"inputs":[{"name":"x","shape":[2,-1],"datatype":"FP64","data":["a"]}],"id":3}')
     put(d, "uint8_range", "-\n" + '{"inputs":[{"name":"x","shape":[2],"datatype":"UINT8","data":[255,256]}],'
         '"outputs":[{"name":"y"},{"name":"y"}]}')
+    put(d, "bytes_json", "-\n" + '{"inputs":[{"name":"s","shape":[2,2],"datatype":"BYTES",'
+        '"data":[["a","\\u00e9"],["","\\u0000z"]]}],"outputs":[{"name":"y","parameters":{"binary_data":false}}]}')
+    strs = b"".join(struct.pack("<I", len(x)) + x for x in (b"ab", b"", b"\xff\xfe"))
+    hdr = ('{"inputs":[{"name":"s","shape":[3],"datatype":"BYTES","parameters":{"binary_data_size":%d}}],'
+           '"parameters":{"binary_data_output":true}}' % len(strs))
+    put(d, "bytes_binary", ("%d\n" % len(hdr)).encode() + hdr.encode() + strs)
+    put(d, "bytes_binary_past_end", ("%d\n" % len(hdr)).encode() + hdr.encode() + strs[:-3] + b"\xff\xff\xff")
 
 
 def tensor_pb(d):
