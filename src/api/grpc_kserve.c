@@ -81,6 +81,12 @@ static int typed_contents(kinfer *k, int i, const Inference__InferTensorContents
                  dt);
         return MTS_EINVAL;
     case MTS_DTYPE_STRINGS: { /* BYTES: contents.bytes_contents, one entry per string */
+        if ((uint64_t)ct->n_bytes_contents != (uint64_t)mts_tensor_numel(t)) {
+            char shp[128];
+            snprintf(msg, len, "input '%s': contents.bytes_contents has %zu values, shape %s of BYTES needs %lld", name,
+                     ct->n_bytes_contents, mts_shape_str(t, shp, sizeof shp), (long long)mts_tensor_numel(t));
+            return MTS_EINVAL;
+        }
         mts_bytes_elem *e = malloc((ct->n_bytes_contents + 1) * sizeof *e);
         if (!e) {
             snprintf(msg, len, "out of memory");
@@ -90,11 +96,6 @@ static int typed_contents(kinfer *k, int i, const Inference__InferTensorContents
             e[j] = (mts_bytes_elem){(const char *)ct->bytes_contents[j].data, ct->bytes_contents[j].len};
         int rc = mts_bytes_in_elems(name, t, e, (int64_t)ct->n_bytes_contents, &k->owned[i], msg, len);
         free(e);
-        if (rc && strstr(msg, "the data has")) { /* name the field */
-            char shp[128];
-            snprintf(msg, len, "input '%s': contents.bytes_contents has %zu values, shape %s of BYTES needs %lld", name,
-                     ct->n_bytes_contents, mts_shape_str(t, shp, sizeof shp), (long long)mts_tensor_numel(t));
-        }
         return rc;
     }
     default: snprintf(msg, len, "input '%s': datatype %s cannot be sent as typed contents", name, dt); return MTS_EINVAL;
