@@ -229,6 +229,11 @@ def grpc(d):
         'model_name: "tiny" inputs { name: "x" datatype: "UINT8" shape: [3] contents { uint_contents: [1, 300, 2] } }'
         ' parameters { key: "priority" value { uint64_param: 18446744073709551615 } }', 0)
     enc("kserve_unknown_model", "ModelInferRequest", 'model_name: "nope" inputs { name: "x" datatype: "BOOL" shape: [1] }', 0)
+    enc("kserve_bytes_raw", "ModelInferRequest",
+        'model_name: "tiny" inputs { name: "x" datatype: "BYTES" shape: [1, 3] } '
+        'raw_input_contents: "\\002\\000\\000\\000ab\\000\\000\\000\\000\\002\\000\\000\\000\\377\\376"', 0)
+    enc("kserve_bytes_typed", "ModelInferRequest",
+        'model_name: "tiny" inputs { name: "x" datatype: "BYTES" shape: [2] contents { bytes_contents: ["a", ""] } }', 0)
     vis = '\\000' * (6 * 16 * 4)
     aud = '\\000' * (8 * 4)
     enc("infer_batch", "InferBatchRequest", 'model_id: "lip" visual_frames: "%s" audio_features: "%s" batch_size: 1'
