@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "api/bytes_tensor.h"
 #include "api/grpc_internal.h"
 #include "inference_kserve.pb-c.h"
 
@@ -24,7 +25,10 @@ typedef struct kinfer {
     mts_request req; /* first: the completion callback casts back */
     mts__grpc_call *call;
     Inference__ModelInferRequest *msg; /* input tensors point into it */
-    void *owned[MTS_REQ_MAX_TENSORS];  /* converted typed contents */
+    void *owned[MTS_REQ_MAX_TENSORS];  /* converted typed contents, string blobs */
+    void *out_bin[MTS_REQ_MAX_TENSORS]; /* string outputs in the binary BYTES form */
+    size_t out_bin_len[MTS_REQ_MAX_TENSORS];
+    mts_bytes_out str[MTS_REQ_MAX_TENSORS]; /* string outputs' shapes */
     stream_state *stream;              /* NULL for ModelInfer */
     bool done;                         /* stream: completed, waiting for its turn */
     int status;
@@ -43,7 +47,10 @@ static void kinfer_free(kinfer *k)
 {
     if (!k) return;
     mts_request_release(&k->req);
-    for (int i = 0; i < MTS_REQ_MAX_TENSORS; i++) free(k->owned[i]);
+    for (int i = 0; i < MTS_REQ_MAX_TENSORS; i++) {
+        free(k->owned[i]);
+        free(k->out_bin[i]);
+    }
     if (k->msg) inference__model_infer_request__free_unpacked(k->msg, NULL);
     free(k->error);
     free(k);
@@ -73,6 +80,24 @@ static int typed_contents(kinfer *k, int i, const Inference__InferTensorContents
         snprintf(msg, len, "input '%s': datatype %s has no typed contents field; send it in raw_input_contents", name,
                  dt);
         return MTS_EINVAL;
+    case MTS_DTYPE_STRINGS: { /* BYTES: contents.bytes_contents, one entry per string */
+        if ((uint64_t)ct->n_bytes_contents != (uint64_t)mts_tensor_numel(t)) {
+            char shp[128];
+            snprintf(msg, len, "input '%s': contents.bytes_contents has %zu values, shape %s of BYTES needs %lld", name,
+                     ct->n_bytes_contents, mts_shape_str(t, shp, sizeof shp), (long long)mts_tensor_numel(t));
+            return MTS_EINVAL;
+        }
+        mts_bytes_elem *e = malloc((ct->n_bytes_contents + 1) * sizeof *e);
+        if (!e) {
+            snprintf(msg, len, "out of memory");
+            return MTS_ENOMEM;
+        }
+        for (size_t j = 0; j < ct->n_bytes_contents; j++)
+            e[j] = (mts_bytes_elem){(const char *)ct->bytes_contents[j].data, ct->bytes_contents[j].len};
+        int rc = mts_bytes_in_elems(name, t, e, (int64_t)ct->n_bytes_contents, &k->owned[i], msg, len);
+        free(e);
+        return rc;
+    }
     default: snprintf(msg, len, "input '%s': datatype %s cannot be sent as typed contents", name, dt); return MTS_EINVAL;
     }
     char what[64];
@@ -161,6 +186,14 @@ static int parse_infer(mts__grpc_call *c, kinfer *k, char *msg, size_t len)
             }
             const ProtobufCBinaryData *b = &m->raw_input_contents[i];
             char what[64];
+            if (t->dtype == MTS_DTYPE_STRINGS) { /* BYTES: length-prefixed strings */
+                snprintf(what, sizeof what, "raw_input_contents[%zu]", i);
+                rc = mts_bytes_in_binary(name, t, b->data, b->len, what, &k->owned[i], msg, len);
+                if (rc) return rc;
+                k->req.input_names[i] = name;
+                k->req.n_inputs++;
+                continue;
+            }
             snprintf(what, sizeof what, "raw_input_contents[%zu] has", i);
             rc = mts_proto_input_count(name, t, in->datatype, what, (int64_t)b->len, "bytes", msg, len);
             if (rc) return rc;
@@ -264,12 +297,14 @@ static Inference__ModelInferResponse *build_response(mts__grpc_arena *a, kinfer 
         ot->name = (char *)req->output_names[o];
         const char *dt = mts_kserve_datatype(t->dtype);
         ot->datatype = (char *)(dt ? dt : "FP32");
-        ot->n_shape = (size_t)t->rank;
-        ot->shape = mts__grpc_alloc(a, sizeof(int64_t) * (size_t)(t->rank + 1));
-        for (int d = 0; d < t->rank; d++) ot->shape[d] = t->dims[d];
+        bool is_str = t->dtype == MTS_DTYPE_STRINGS; /* shape inside the blob, binary form out */
+        int rank = is_str ? k->str[o].rank : t->rank;
+        ot->n_shape = (size_t)rank;
+        ot->shape = mts__grpc_alloc(a, sizeof(int64_t) * (size_t)(rank + 1));
+        for (int d = 0; d < rank; d++) ot->shape[d] = is_str ? k->str[o].dims[d] : t->dims[d];
         r->outputs[o] = ot;
-        r->raw_output_contents[o].data = t->data;
-        r->raw_output_contents[o].len = (size_t)mts_tensor_nbytes(t);
+        r->raw_output_contents[o].data = is_str ? k->out_bin[o] : t->data;
+        r->raw_output_contents[o].len = is_str ? k->out_bin_len[o] : (size_t)mts_tensor_nbytes(t);
     }
     return r;
 }
@@ -290,10 +325,30 @@ static void send_reply(void *arg)
     mts__grpc_call_unref(c);
 }
 
+/* String outputs go back in raw_output_contents in the binary BYTES form (each string a 4-byte
+ * little-endian length and its bytes), as Triton sends them. Returns a status with msg. */
+static int string_outputs(kinfer *k, char *msg, size_t len)
+{
+    mts_request *req = &k->req;
+    for (int o = 0; o < req->n_outputs; o++) {
+        if (req->outputs[o].dtype != MTS_DTYPE_STRINGS) continue;
+        if (mts_bytes_out_view(req->output_names[o], &req->outputs[o], &k->str[o], msg, len)) return MTS_EIO;
+        k->out_bin_len[o] = mts_bytes_out_binary_size(&k->str[o]);
+        if (!(k->out_bin[o] = malloc(k->out_bin_len[o] ? k->out_bin_len[o] : 1))) {
+            snprintf(msg, len, "out of memory encoding output '%s'", req->output_names[o]);
+            return MTS_ENOMEM;
+        }
+        mts_bytes_out_binary(&k->str[o], k->out_bin[o]);
+    }
+    return MTS_OK;
+}
+
 static void unary_done(mts_request *req, int status, const char *err)
 {
     kinfer *k = (kinfer *)req;
     mts__grpc_call *c = k->call;
+    char smsg[512];
+    if (!status && (status = string_outputs(k, smsg, sizeof smsg)) != 0) err = smsg;
     pthread_mutex_lock(&c->lock);
     c->state = NULL;
     pthread_mutex_unlock(&c->lock);
@@ -444,6 +499,8 @@ static void stream_done(mts_request *req, int status, const char *err)
 {
     kinfer *k = (kinfer *)req;
     mts__grpc_call *c = k->call;
+    char smsg[512];
+    if (!status && (status = string_outputs(k, smsg, sizeof smsg)) != 0) err = smsg;
     stream_complete(c, k, status, err);
     mts__grpc_call_unref(c);
 }
@@ -615,6 +672,7 @@ static int config_datatype(mts_dtype t)
     case MTS_DTYPE_UINT16: return INFERENCE__DATA_TYPE__TYPE_UINT16;
     case MTS_DTYPE_UINT32: return INFERENCE__DATA_TYPE__TYPE_UINT32;
     case MTS_DTYPE_UINT64: return INFERENCE__DATA_TYPE__TYPE_UINT64;
+    case MTS_DTYPE_STRINGS: return INFERENCE__DATA_TYPE__TYPE_STRING;
     default: return INFERENCE__DATA_TYPE__TYPE_INVALID;
     }
 }
@@ -664,7 +722,8 @@ static void send_metadata(mts__grpc_call *c, const char *model, int kind)
         const mts_config *cfg = mts_server_config(c->srv);
         const mts_model_config *mc = mts_config_find_model(cfg, model);
         /* max_batch_size 0 (config.pbtxt): the leading dimension is the model's own */
-        bool batchable = st.n_inputs > 0 && st.inputs[0].rank > 0 && st.inputs[0].dims[0] < 0 && !st.no_batching;
+        bool batchable = st.n_inputs > 0 && st.inputs[0].rank > 0 && st.inputs[0].dims[0] < 0 && !st.no_batching &&
+                         !mts_bytes_status_has_strings(&st); /* string models run unbatched */
         Inference__ModelConfig *mcfg = MTS__GRPC_NEW(&a, Inference__ModelConfig, INFERENCE__MODEL_CONFIG__INIT);
         mcfg->name = st.name;
         mcfg->platform = "onnxruntime_onnx";

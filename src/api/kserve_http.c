@@ -22,10 +22,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "api/bytes_tensor.h"
 #include "api/embed_common.h"
 #include "api/embed_http.h"
 #include "api/protocol.h"
-#include "util/iobuf.h"
 #include "util/json.h"
 #include "util/log.h"
 
@@ -79,7 +79,9 @@ typedef struct infer_call {
     mts_server *srv;
     mts_http_conn *conn;
     mts_json_doc *doc;
-    void *owned[MTS_REQ_MAX_TENSORS]; /* flattened JSON data / realigned binary data */
+    void *owned[MTS_REQ_MAX_TENSORS]; /* flattened JSON data / realigned binary data / string blobs */
+    void *out_bin[MTS_REQ_MAX_TENSORS]; /* string outputs in the binary BYTES form */
+    size_t out_bin_len[MTS_REQ_MAX_TENSORS];
     bool binary_out_default;
     bool binary_out[MTS_REQ_MAX_TENSORS]; /* per requested output */
     bool binary_out_set[MTS_REQ_MAX_TENSORS];
@@ -91,7 +93,10 @@ typedef struct infer_call {
 
 static void call_free(infer_call *ic)
 {
-    for (int i = 0; i < MTS_REQ_MAX_TENSORS; i++) mts_iobuf_free(ic->owned[i]);
+    for (int i = 0; i < MTS_REQ_MAX_TENSORS; i++) {
+        free(ic->owned[i]);
+        free(ic->out_bin[i]);
+    }
     mts_json_free(ic->doc);
     free(ic->response_json);
     free(ic);
@@ -136,14 +141,50 @@ static void respond_call(infer_call *ic, int http_status, const char *type, cons
     int n = 0;
     iov[n++] = (struct iovec){json, jlen};
     for (int o = 0; with_binary && o < ic->req.n_outputs; o++)
-        if (wants_binary(ic, ic->req.output_names[o]))
-            iov[n++] = (struct iovec){ic->req.outputs[o].data, (size_t)mts_tensor_nbytes(&ic->req.outputs[o])};
+        if (wants_binary(ic, ic->req.output_names[o])) {
+            if (ic->req.outputs[o].dtype == MTS_DTYPE_STRINGS)
+                iov[n++] = (struct iovec){ic->out_bin[o], ic->out_bin_len[o]};
+            else
+                iov[n++] = (struct iovec){ic->req.outputs[o].data, (size_t)mts_tensor_nbytes(&ic->req.outputs[o])};
+        }
     mts_http_respondv(ic->conn, http_status, type, extra, iov, n, response_sent, ic);
+}
+
+/* String outputs: their shapes and strings into str[], and the binary form of those asked for
+ * in binary; a string that is not UTF-8 cannot be a JSON string, so asking for it as JSON is
+ * refused (binary carries any bytes). Returns a status with msg. */
+static int string_outputs(infer_call *ic, mts_bytes_out *str, char *msg, size_t len)
+{
+    mts_request *req = &ic->req;
+    for (int o = 0; o < req->n_outputs; o++) {
+        if (req->outputs[o].dtype != MTS_DTYPE_STRINGS) continue;
+        if (mts_bytes_out_view(req->output_names[o], &req->outputs[o], &str[o], msg, len)) return MTS_EIO;
+        if (wants_binary(ic, req->output_names[o])) {
+            ic->out_bin_len[o] = mts_bytes_out_binary_size(&str[o]);
+            if (!(ic->out_bin[o] = malloc(ic->out_bin_len[o] ? ic->out_bin_len[o] : 1))) {
+                snprintf(msg, len, "out of memory encoding output '%s'", req->output_names[o]);
+                return MTS_ENOMEM;
+            }
+            mts_bytes_out_binary(&str[o], ic->out_bin[o]);
+            continue;
+        }
+        int64_t bad = mts_bytes_out_non_utf8(&str[o]);
+        if (bad >= 0) {
+            snprintf(msg, len, "output '%s': string %lld is not valid UTF-8, which a JSON string cannot carry; ask "
+                     "for the output in binary (parameters.binary_data or binary_data_output)", req->output_names[o],
+                     (long long)bad);
+            return MTS_EINVAL;
+        }
+    }
+    return MTS_OK;
 }
 
 static void infer_done(mts_request *req, int status, const char *msg)
 {
     infer_call *ic = (infer_call *)req;
+    mts_bytes_out str[MTS_REQ_MAX_TENSORS];
+    char smsg[512];
+    if (!status && (status = string_outputs(ic, str, smsg, sizeof smsg)) != 0) msg = smsg;
     if (status) {
         mts_jw e;
         mts_jw_init(&e);
@@ -192,18 +233,28 @@ static void infer_done(mts_request *req, int status, const char *msg)
         mts_jw_string(&w, req->output_names[o]);
         mts_jw_key(&w, "datatype");
         mts_jw_string(&w, mts_kserve_datatype(t->dtype) ? mts_kserve_datatype(t->dtype) : "FP32");
+        bool is_str = t->dtype == MTS_DTYPE_STRINGS;
         mts_jw_key(&w, "shape");
         mts_jw_begin_array(&w);
-        for (int d = 0; d < t->rank; d++) mts_jw_int(&w, t->dims[d]);
+        for (int d = 0; d < (is_str ? str[o].rank : t->rank); d++) mts_jw_int(&w, is_str ? str[o].dims[d] : t->dims[d]);
         mts_jw_end_array(&w);
         if (wants_binary(ic, req->output_names[o])) {
-            int64_t nb = mts_tensor_nbytes(t);
+            int64_t nb = is_str ? (int64_t)ic->out_bin_len[o] : mts_tensor_nbytes(t);
             mts_jw_key(&w, "parameters");
             mts_jw_begin_object(&w);
             mts_jw_key(&w, "binary_data_size");
             mts_jw_int(&w, nb);
             mts_jw_end_object(&w);
             binary_total += (size_t)nb;
+        } else if (is_str) {
+            mts_jw_key(&w, "data");
+            mts_jw_begin_array(&w);
+            for (int64_t i = 0; i < str[o].count; i++) {
+                size_t n;
+                const char *sp = mts_bytes_out_at(&str[o], i, &n);
+                mts_jw_string_n(&w, sp, n);
+            }
+            mts_jw_end_array(&w);
         } else {
             mts_jw_key(&w, "data");
             mts_jw_tensor_data(&w, t->dtype, t->data, mts_tensor_numel(t));
@@ -352,7 +403,8 @@ static int parse_infer(infer_call *ic, const mts_http_req *hr, char *msg, size_t
                                    "Inference-Header-Content-Length header", name);
                 return MTS_EINVAL;
             }
-            rc = mts_proto_input_count(name, t, dt, "binary_data_size is", size, "bytes", msg, len);
+            bool is_str = t->dtype == MTS_DTYPE_STRINGS; /* BYTES: length-prefixed strings, any size */
+            rc = is_str ? MTS_OK : mts_proto_input_count(name, t, dt, "binary_data_size is", size, "bytes", msg, len);
             if (rc) return rc;
             if ((uint64_t)size > body_len - bin_off) {
                 snprintf(msg, len, "input '%s': the binary section is truncated (needs %lld bytes at offset %zu, "
@@ -360,9 +412,18 @@ static int parse_infer(infer_call *ic, const mts_http_req *hr, char *msg, size_t
                 return MTS_EINVAL;
             }
             const char *p = body + bin_off;
+            if (is_str) {
+                rc = mts_bytes_in_binary(name, t, (const uint8_t *)p, (size_t)size, "the binary data",
+                                         &ic->owned[i], msg, len);
+                if (rc) return rc;
+                bin_off += (size_t)size;
+                ic->req.input_names[i] = name;
+                ic->req.n_inputs++;
+                continue;
+            }
             size_t es = mts_dtype_size(t->dtype);
             if (((uintptr_t)p % es) != 0) { /* kernels read typed pointers: realign */
-                ic->owned[i] = mts_iobuf_alloc(size ? (size_t)size : 1);
+                ic->owned[i] = malloc(size ? (size_t)size : 1);
                 if (!ic->owned[i]) {
                     snprintf(msg, len, "out of memory");
                     return MTS_ENOMEM;
@@ -372,10 +433,13 @@ static int parse_infer(infer_call *ic, const mts_http_req *hr, char *msg, size_t
             }
             t->data = (void *)p;
             bin_off += (size_t)size;
+        } else if (data && t->dtype == MTS_DTYPE_STRINGS) {
+            rc = mts_bytes_in_json(name, t, data, &ic->owned[i], msg, len);
+            if (rc) return rc;
         } else if (data) {
             rc = mts_proto_input_count(name, t, NULL, "data has", mts_json_numel(data), "elements", msg, len);
             if (rc) return rc;
-            ic->owned[i] = mts_iobuf_alloc(nbytes ? (size_t)nbytes : 1);
+            ic->owned[i] = malloc(nbytes ? (size_t)nbytes : 1);
             if (!ic->owned[i]) {
                 snprintf(msg, len, "out of memory");
                 return MTS_ENOMEM;
@@ -488,7 +552,7 @@ static void write_tensor_meta(mts_jw *w, const mts_tensor_meta *m, bool config_s
     mts_jw_string(w, m->name);
     const char *dt = mts_kserve_datatype(m->dtype);
     char type[32];
-    snprintf(type, sizeof type, "TYPE_%s", dt ? dt : "UNKNOWN");
+    snprintf(type, sizeof type, "TYPE_%s", m->dtype == MTS_DTYPE_STRINGS ? "STRING" : dt ? dt : "UNKNOWN");
     if (config_style) {
         mts_jw_key(w, "data_type");
         mts_jw_string(w, type);
@@ -544,7 +608,8 @@ static void send_metadata(mts_server *srv, mts_http_conn *c, const char *model, 
         mts_jw_end_array(&w);
     } else {
         /* max_batch_size 0 (config.pbtxt): the leading dimension is the model's own */
-        bool batchable = st.n_inputs > 0 && st.inputs[0].rank > 0 && st.inputs[0].dims[0] < 0 && !st.no_batching;
+        bool batchable = st.n_inputs > 0 && st.inputs[0].rank > 0 && st.inputs[0].dims[0] < 0 && !st.no_batching &&
+                         !mts_bytes_status_has_strings(&st); /* string models run unbatched */
         mts_jw_key(&w, "platform");
         mts_jw_string(&w, "onnxruntime_onnx");
         mts_jw_key(&w, "backend");

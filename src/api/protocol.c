@@ -25,6 +25,7 @@ static const struct {
     {"FP16", MTS_DTYPE_FLOAT16}, {"BF16", MTS_DTYPE_BFLOAT16}, {"FP64", MTS_DTYPE_DOUBLE},
     {"INT16", MTS_DTYPE_INT16}, {"UINT16", MTS_DTYPE_UINT16}, {"UINT32", MTS_DTYPE_UINT32},
     {"UINT64", MTS_DTYPE_UINT64},
+    {"BYTES", MTS_DTYPE_STRINGS}, /* string tensors (api/bytes_tensor.h) */
 };
 
 const char *mts_kserve_datatype(mts_dtype t)
@@ -119,14 +120,9 @@ int mts_proto_input_decl(const mts_request *req, const char *name, const char *d
             return MTS_EINVAL;
         }
     memset(t, 0, sizeof *t);
-    if (!strcmp(datatype, "BYTES")) {
-        snprintf(msg, len, "input '%s': datatype BYTES is not supported: mtserve models take no string tensors",
-                 name);
-        return MTS_EINVAL;
-    }
     if (mts_kserve_parse_datatype(datatype, &t->dtype)) {
         snprintf(msg, len, "input '%s': datatype '%s' is not supported (FP32, FP16, BF16, FP64, INT64, INT32, INT16, "
-                 "INT8, UINT64, UINT32, UINT16, UINT8, BOOL are)", name, datatype);
+                 "INT8, UINT64, UINT32, UINT16, UINT8, BOOL, BYTES are)", name, datatype);
         return MTS_EINVAL;
     }
     if (rank > MTS_MAX_RANK) {

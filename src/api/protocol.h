@@ -75,7 +75,9 @@ int mts_proto_find_model(const mts_server *srv, const char *model, const char *v
 /* Checks the declaration of req's next input (index req->n_inputs): name given once, datatype
  * supported, rank within MTS_MAX_RANK, dimensions non-negative, size representable; fills t's
  * dtype, rank and dims (t is zeroed first). dims has rank entries (read only when rank is
- * within the limit). Returns MTS_OK or MTS_EINVAL with msg naming the input. */
+ * within the limit). Returns MTS_OK or MTS_EINVAL with msg naming the input. BYTES gives
+ * MTS_DTYPE_STRINGS with the client's shape; the front end then builds the string blob
+ * (api/bytes_tensor.h). */
 int mts_proto_input_decl(const mts_request *req, const char *name, const char *datatype, const int64_t *dims,
                          size_t rank, mts_tensor *t, char *msg, size_t len);
 

@@ -334,14 +334,16 @@ static void fill_meta(mts__version *v, const mts_model_config *cfg)
             m->rank = val->rank < 0 ? 0 : val->rank;
             for (int d = 0; d < m->rank; d++) m->dims[d] = val->dims[d] >= 0 ? val->dims[d] : -1;
             if (val->rank < 1 || val->dims[0] >= 0) v->batchable = false;
+            /* string tensors are blobs with their shape inside: each request runs alone */
+            if (val->dtype == MTS_DTYPE_STRINGS) v->batchable = false;
         }
     }
     v->max_batch = v->batchable ? (cfg->max_batch > 0 ? cfg->max_batch : 1) : 1;
 }
 
-/* The engine holds sequence, optional and string values inside a graph; the protocols carry
- * tensors of numbers (KServe BYTES reach models through the embeddings path, tokenized), so a
- * model whose graph inputs or outputs are of those kinds is refused at load with the reason. */
+/* The engine holds sequence and optional values inside a graph; the protocols carry tensors
+ * (numbers, and strings as KServe BYTES: api/bytes_tensor.h), so a model whose graph inputs or
+ * outputs are sequences or optionals is refused at load with the reason. */
 static int check_io_kinds(const mts_model *m, char *msg, size_t len)
 {
     mts_model_info info;
@@ -351,12 +353,11 @@ static int check_io_kinds(const mts_model *m, char *msg, size_t len)
             const mts_value *val = pass ? mts_model_output(m, i) : mts_model_input(m, i);
             const char *kind = val->dtype == MTS_DTYPE_SEQUENCE   ? "a sequence"
                                : val->dtype == MTS_DTYPE_OPTIONAL ? "an optional value"
-                               : val->dtype == MTS_DTYPE_STRINGS || val->dtype == MTS_DTYPE_STRING
-                                   ? "a string tensor"
-                                   : NULL;
+                                                                  : NULL;
             if (kind) {
-                snprintf(msg, len, "graph %s '%s' is %s: the server exchanges numeric tensors over its "
-                         "protocols (such values may live inside the graph)", pass ? "output" : "input", val->name, kind);
+                snprintf(msg, len, "graph %s '%s' is %s: the server exchanges tensors (numbers, and strings as "
+                         "BYTES) over its protocols (such values may live inside the graph)", pass ? "output" : "input",
+                         val->name, kind);
                 return MTS_EUNSUPPORTED;
             }
         }

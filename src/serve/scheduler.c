@@ -14,6 +14,8 @@
  * model back if work remains — so one model's flood cannot starve the others — and runs the
  * batch outside the lock with an execution context taken from the model version's pool. A
  * model's queue is in priority order: a request may lower its level below its model's.
+ * A model with string inputs or outputs (engine blobs with their shape inside) is not batched:
+ * each of its requests runs alone.
  *
  * Each device also has a short-work lane, an extra worker for batches measured to be short
  * (see LANE_MAX_NS), so light tenants do not wait behind heavy batches.
@@ -37,6 +39,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "engine/seqval.h"
 #include "serve/internal.h"
 #include "util/crash.h"
 #include "util/iobuf.h"
@@ -346,6 +349,24 @@ static int validate(const mts__version *v, mts_request *r, batch_req *b, char *m
             return MTS_EINVAL;
         }
         const mts_tensor *t = &r->inputs[found];
+        if ((t->dtype == MTS_DTYPE_STRINGS) != (m->dtype == MTS_DTYPE_STRINGS)) {
+            snprintf(msg, len, "input '%s' %s, the model expects %s%s", m->name,
+                     t->dtype == MTS_DTYPE_STRINGS ? "holds strings (datatype BYTES)" : "holds numbers",
+                     mts_dtype_name(m->dtype), m->dtype == MTS_DTYPE_STRINGS ? "s (datatype BYTES)" : "");
+            return MTS_EINVAL;
+        }
+        mts_tensor shp;
+        if (t->dtype == MTS_DTYPE_STRINGS) { /* a string blob: the shape is inside */
+            mts_strv sv;
+            mts_err err = {0};
+            if (mts_str_view(t, &sv, &err)) {
+                snprintf(msg, len, "input '%s': %s", m->name, err.msg);
+                return MTS_EINVAL;
+            }
+            shp = (mts_tensor){MTS_DTYPE_STRINGS, sv.rank, {0}, NULL};
+            memcpy(shp.dims, sv.dims, sizeof shp.dims);
+            t = &shp;
+        }
         if (v->batchable && t->rank >= 1 && t->dims[0] == 0) {
             snprintf(msg, len, "input '%s' has an empty batch (dimension 0 is 0); send at least one sample", m->name);
             return MTS_EINVAL;

@@ -229,6 +229,11 @@ def grpc(d):
         'model_name: "tiny" inputs { name: "x" datatype: "UINT8" shape: [3] contents { uint_contents: [1, 300, 2] } }'
         ' parameters { key: "priority" value { uint64_param: 18446744073709551615 } }', 0)
     enc("kserve_unknown_model", "ModelInferRequest", 'model_name: "nope" inputs { name: "x" datatype: "BOOL" shape: [1] }', 0)
+    enc("kserve_bytes_raw", "ModelInferRequest",
+        'model_name: "tiny" inputs { name: "x" datatype: "BYTES" shape: [1, 3] } '
+        'raw_input_contents: "\\002\\000\\000\\000ab\\000\\000\\000\\000\\002\\000\\000\\000\\377\\376"', 0)
+    enc("kserve_bytes_typed", "ModelInferRequest",
+        'model_name: "tiny" inputs { name: "x" datatype: "BYTES" shape: [2] contents { bytes_contents: ["a", ""] } }', 0)
     vis = '\\000' * (6 * 16 * 4)
     aud = '\\000' * (8 * 4)
     enc("infer_batch", "InferBatchRequest", 'model_id: "lip" visual_frames: "%s" audio_features: "%s" batch_size: 1'
@@ -254,6 +259,13 @@ def kserve_infer(d):
     put(d, "bad_types", "-\n" + '{"inputs":[{"name":"x","shape":[2,-1],"datatype":"FP64","data":["a"]}],"id":3}')
     put(d, "uint8_range", "-\n" + '{"inputs":[{"name":"x","shape":[2],"datatype":"UINT8","data":[255,256]}],'
         '"outputs":[{"name":"y"},{"name":"y"}]}')
+    put(d, "bytes_json", "-\n" + '{"inputs":[{"name":"s","shape":[2,2],"datatype":"BYTES",'
+        '"data":[["a","\\u00e9"],["","\\u0000z"]]}],"outputs":[{"name":"y","parameters":{"binary_data":false}}]}')
+    strs = b"".join(struct.pack("<I", len(x)) + x for x in (b"ab", b"", b"\xff\xfe"))
+    hdr = ('{"inputs":[{"name":"s","shape":[3],"datatype":"BYTES","parameters":{"binary_data_size":%d}}],'
+           '"parameters":{"binary_data_output":true}}' % len(strs))
+    put(d, "bytes_binary", ("%d\n" % len(hdr)).encode() + hdr.encode() + strs)
+    put(d, "bytes_binary_past_end", ("%d\n" % len(hdr)).encode() + hdr.encode() + strs[:-3] + b"\xff\xff\xff")
 
 
 def tensor_pb(d):

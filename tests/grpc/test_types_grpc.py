@@ -3,7 +3,8 @@ contents, as the KServe v2 protocol has no typed field for it), a double-precisi
 fp64_contents and raw contents, and a model with one uint16, int16, uint32, uint64 and bfloat16
 input/output each (int_contents, uint_contents, uint64_contents, raw), checked against numpy;
 model metadata and configuration report the declared types; malformed data (raw byte counts that
-do not fit the datatype, FP16 in typed contents, out-of-range 16-bit values, BYTES) gets
+do not fit the datatype, FP16 in typed contents, out-of-range 16-bit values, BYTES for a numeric
+input) gets
 INVALID_ARGUMENT with a message. Models come from tests/models/make_test_models.py."""
 import subprocess
 from pathlib import Path
@@ -117,10 +118,10 @@ def test_double_typed_and_raw(start_server, pb):
     code, msg = code_of(lambda: stub.ModelInfer(bad))
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "fp64_contents has 3" in msg, msg
     bad = pb.ks.ModelInferRequest(model_name="dbl")
-    t = bad.inputs.add(name="x", datatype="BYTES", shape=[1])
-    t.contents.bytes_contents.append(b"abc")
+    t = bad.inputs.add(name="x", datatype="BYTES", shape=[1, 4])
+    t.contents.bytes_contents.extend([b"a", b"b", b"c", b"d"])
     code, msg = code_of(lambda: stub.ModelInfer(bad))
-    assert code == grpc.StatusCode.INVALID_ARGUMENT and "BYTES is not supported" in msg, msg
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "input 'x' holds strings (datatype BYTES)" in msg, msg
 
 
 def test_integer_and_bf16_contents(start_server, pb):
