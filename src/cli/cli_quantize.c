@@ -1172,6 +1172,9 @@ static int search_keep(qstate *q, mts_model *m, const calib_set *cs, int threads
             goto out;
     }
     qsort(sv, (size_t)q->n_qnodes, sizeof *sv, sens_cmp);
+    for (int i = 0; i < q->n_qnodes; i++)
+        printf("sensitivity node=%s max_error_if_float=%g mean_error_if_float=%g (all quantized: %g, %g)\n",
+               sv[i].name, sv[i].emax, sv[i].emean, *emax, *emean);
     snprintf(keep, cap, "%s", base);
     for (int i = 0; i < q->n_qnodes && *emax > target; i++) {
         size_t l = strlen(keep);
