@@ -348,7 +348,6 @@ static bool list_has(const char *list, const char *name)
 static bool keep_fp32(const qstate *q, const mts_model *m, int node)
 {
     const mts_onnx_node *n = &q->d->nodes[node];
-    if (list_has(q->keep, "none")) return false;
     if ((n->name && n->name[0] && list_has(q->keep, n->name)) || list_has(q->keep, n->out[0])) return true;
     if (!list_has(q->keep, "auto")) return false;
     return is_head(q->d, node) || is_pixel_conv(q->d, m, node);

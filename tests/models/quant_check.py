@@ -77,7 +77,9 @@ def main():
         with open(tiny, "rb") as f, open(bad, "wb") as g:
             g.write(f.read()[:5000])
         for cmd, want in (([tiny, "--calibration", work], "no "), ([tiny, "--calibration", "random:0"], "random:N"),
-                          ([bad, "--calibration", "random:1"], "truncated")):
+                          ([bad, "--calibration", "random:1"], "truncated"),
+                          ([tiny, "--calibration", "random:1", "--calibrate", "max"], "--calibrate wants"),
+                          ([tiny, "--calibration", "random:1", "--target-error", "-1"], "--target-error wants")):
             r = subprocess.run([mtserve, "quantize"] + cmd + ["-o", os.path.join(work, "x.onnx")],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             if r.returncode == 0 or want not in r.stderr:
