@@ -10,7 +10,8 @@
 # drifts within minutes, so only ratios measured side by side mean much), the int8 output's max
 # and mean abs error against fp32 on the calibration samples (tests/models/quant_check.py) and
 # the CPU. Env knobs: INT8_MODEL (name in models/out), INT8_BATCH=8, INT8_THREADS=2,
-# INT8_ROUNDS=3, INT8_ITERS=5, INT8_CAL=4, MTSERVE (binary).
+# INT8_ROUNDS=3, INT8_ITERS=5, INT8_CAL=4, INT8_QARGS (extra `mtserve quantize` options, e.g.
+# "--target-error 0.0156"), MTSERVE (binary).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,6 +22,7 @@ THREADS=${INT8_THREADS:-2}
 ROUNDS=${INT8_ROUNDS:-3}
 ITERS=${INT8_ITERS:-5}
 CAL=${INT8_CAL:-4}
+QARGS=${INT8_QARGS:-}
 PY=/usr/bin/python3
 
 jget() { printf '%s' "$2" | tr -d '\n' | grep -o "\"$1\": *[-0-9.eE+]*" | head -n1 | sed 's/.*: *//'; }
@@ -33,7 +35,8 @@ src=models/out/$MODEL.onnx
 work=$(mktemp -d /tmp/mts-int8.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 q=$work/${MODEL}_int8.onnx
-"$MTSERVE" quantize "$src" --calibration "random:$CAL" -o "$q" || exit 1
+# shellcheck disable=SC2086  # QARGS is a list of options
+"$MTSERVE" quantize "$src" --calibration "random:$CAL" -o "$q" $QARGS || exit 1
 
 fp=(); i8=(); ort=(); r_fp=(); r_ort=()
 for r in $(seq "$ROUNDS"); do
@@ -50,7 +53,7 @@ done
 err=$(MTSERVE=$MTSERVE $PY tests/models/quant_check.py "$MODEL.onnx" 2>&1 | grep -E '^(PASS|FAIL) ')
 echo "CPU: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores, flags:$(grep -o -w -E 'avx512f|avx512_vnni|avx512_bf16|amx_int8' /proc/cpuinfo | sort -u | tr '\n' ' ' | sed 's/^/ /')"
 echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "model $MODEL, batch $BATCH, $THREADS threads, $ROUNDS rounds x $ITERS iterations"
+echo "model $MODEL, batch $BATCH, $THREADS threads, $ROUNDS rounds x $ITERS iterations, quantize options: ${QARGS:-(defaults)}"
 echo
 echo "| engine | samples/s (median) |"
 echo "|---|---|"

@@ -24,6 +24,17 @@
  * Inputs: `DIR/NAME.npy` (one sample, any batch) or `DIR/NAME_0.npy`, `DIR/NAME_1.npy`, ... per
  * model input NAME (every input the same number of samples), or `random:N` for N seeded samples
  * of batch 1 uniform in [0, 1).
+ *
+ * Accuracy controls (standard post-training methods): --calibrate picks the activation range
+ * (min/max, a percentile, or the MSE-optimal range from a histogram collected in a second pass);
+ * bias correction takes each Conv's expected output shift from its rounded weights, computed
+ * from the calibrated per-channel input means, off its bias; --keep-fp32 leaves nodes float
+ * (automatically the output head and a first Conv on raw pixels, the steps measured most
+ * sensitive on the lip-sync models); --target-error measures every quantized node's sensitivity
+ * (the output error with that node alone kept float) on the calibration set and keeps nodes in
+ * float, most sensitive first, until the output's max abs error is within the target. The
+ * search re-quantizes from the same cached ranges each time, so it costs one run of the QDQ
+ * model on the calibration set per candidate.
  */
 #include <errno.h>
 #include <math.h>
@@ -44,14 +55,37 @@ typedef struct actq {
     const char *src;  /* the tensor the QuantizeLinear reads: name, or a dropped Relu's input */
     double lo, hi;
     bool seen;
+    /* per-channel means (channel axis 1) of the float tensor, for bias correction */
+    double *csum;
+    int64_t nch;
+    double ccount;
+    /* histogram over [min(0,lo), max(0,hi)] (second calibration pass), exact zeros apart */
+    double *hist, zeros;
+    char *own_name;   /* cached ranges: the name, owned */
     float scale;
     uint8_t zp;
     int q_node, dq_node;
     int after_node;   /* original node whose output src is; -1 for a graph input */
 } actq;
 
+enum { CAL_MINMAX, CAL_PERCENTILE, CAL_MSE };
+#define HBINS 2048
+
 typedef struct qstate {
     mts_onnx_doc *d;
+    int method;            /* CAL_* */
+    bool bias_correct;
+    const char *keep;      /* --keep-fp32 list: node or output names, "auto", "none" */
+    int n_kept, n_bias_corr;
+    /* ranges cached from the first build (the search re-quantizes with other nodes kept) */
+    actq *cache;
+    int n_cache;
+    bool borrowed;         /* acts' csum / hist point into the cache */
+    bool make_cache;
+    char **qnodes;         /* make_cache: output names of the quantized nodes */
+    int n_qnodes;
+    int64_t opset_out;
+    int n_acts_out;
     actq *acts;
     int n_acts, cap_acts;
     int n_orig_nodes;
@@ -61,10 +95,21 @@ typedef struct qstate {
 static void usage(FILE *f)
 {
     fprintf(f, "usage: mtserve quantize MODEL --calibration DIR|random:N -o OUT.onnx [--threads T] [--seed S]\n"
+               "                [--calibrate minmax|percentile|mse] [--bias-correction on|off]\n"
+               "                [--keep-fp32 auto|none|NAME,...] [--target-error E]\n"
                "  Post-training static int8 quantization into a QDQ ONNX model: int8 per-channel\n"
                "  weights for Conv, ConvTranspose, MatMul and Gemm, uint8 activations calibrated on\n"
                "  DIR/NAME.npy or DIR/NAME_0.npy, DIR/NAME_1.npy, ... per model input NAME, or on N\n"
-               "  seeded random inputs in [0,1) of batch 1.\n");
+               "  seeded random inputs in [0,1) of batch 1.\n"
+               "  --calibrate        activation ranges: min/max seen (default), 99.99th percentile,\n"
+               "                     or the range minimizing the expected squared error\n"
+               "  --bias-correction  subtract the weights' rounding error times the calibrated input\n"
+               "                     channel means from each Conv's bias (default on)\n"
+               "  --keep-fp32        nodes (node or output names) left in float; auto (default) keeps\n"
+               "                     the output head and a first Conv on raw pixels; none keeps nothing\n"
+               "  --target-error E   measure each layer's sensitivity on the calibration set and keep\n"
+               "                     the most sensitive layers in float until the outputs' max abs\n"
+               "                     error against the float model is at most E\n");
 }
 
 static int find_init(const mts_onnx_doc *d, const char *name)
@@ -251,10 +296,67 @@ static int producer(const mts_onnx_doc *d, const char *name, int limit)
     return -1;
 }
 
+/* The output head: a node whose output is a graph output, or reaches one through a chain of
+ * single-reader, one-output activation / layout ops (the final Sigmoid's input). */
+static bool is_head(const mts_onnx_doc *d, int node)
+{
+    static const char *const pass[] = {"Sigmoid", "Tanh", "HardSigmoid", "Softmax", "Clip", "Relu",
+                                       "Identity", "Reshape", "Transpose", NULL};
+    const char *name = d->nodes[node].out[0];
+    for (int step = 0; step < 8; step++) {
+        if (is_graph_output(d, name)) return true;
+        int r;
+        if (readers(d, name, &r) != 1 || d->nodes[r].n_out != 1 || d->nodes[r].domain[0]) return false;
+        bool ok = false;
+        for (int i = 0; pass[i]; i++) ok = ok || !strcmp(d->nodes[r].op_type, pass[i]);
+        if (!ok) return false;
+        name = d->nodes[r].out[0];
+    }
+    return false;
+}
+
+/* The first convolution on raw pixels: a Conv reading a 4-D graph input of at most 6 channels
+ * (RGB / stacked RGB frames), whose integer rounding of the pixels and of its wide-range output
+ * is the most sensitive step of the lip-sync models (docs/engine.md). */
+static bool is_pixel_conv(const mts_onnx_doc *d, const mts_model *m, int node)
+{
+    const mts_onnx_node *n = &d->nodes[node];
+    if (!plain_op(n, "Conv") || !is_graph_input(d, n->in[0])) return false;
+    mts_model_info info;
+    mts_model_get_info(m, &info);
+    for (int i = 0; i < info.n_inputs; i++) {
+        const mts_value *io = mts_model_input(m, i);
+        if (strcmp(io->name, n->in[0])) continue;
+        return io->rank == 4 && io->dims[1] >= 1 && io->dims[1] <= 6;
+    }
+    return false;
+}
+
+static bool list_has(const char *list, const char *name)
+{
+    size_t ln = strlen(name);
+    for (const char *p = list; p && *p;) {
+        const char *e = strchr(p, ',');
+        size_t l = e ? (size_t)(e - p) : strlen(p);
+        if (l == ln && !strncmp(p, name, l)) return true;
+        p = e ? e + 1 : NULL;
+    }
+    return false;
+}
+
+/* Whether node stays float (no weight quantization, no Q/DQ on its input or output). */
+static bool keep_fp32(const qstate *q, const mts_model *m, int node)
+{
+    const mts_onnx_node *n = &q->d->nodes[node];
+    if ((n->name && n->name[0] && list_has(q->keep, n->name)) || list_has(q->keep, n->out[0])) return true;
+    if (!list_has(q->keep, "auto")) return false;
+    return is_head(q->d, node) || is_pixel_conv(q->d, m, node);
+}
+
 /* Symmetric int8 per-channel quantization of weight initializer t along axis; adds the int8
  * tensor, its scales and zero points and a DequantizeLinear producing the weight's name.
  * Returns the scales (malloc'd, C of them) or NULL. */
-static float *quant_weight(qstate *q, int t, int axis, int64_t *C_out, mts_err *err)
+static float *quant_weight(qstate *q, int t, int axis, int64_t *C_out, float **werr, mts_err *err)
 {
     mts_onnx_doc *d = q->d;
     mts_onnx_init w0 = d->inits[t];
@@ -281,6 +383,14 @@ static float *quant_weight(qstate *q, int t, int axis, int64_t *C_out, mts_err *
                 float v = nearbyintf(w[i] / scale[c]);
                 qw[i] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
             }
+    if (werr) { /* the dequantized weight's error, in place of the float weight */
+        for (int64_t o = 0; o < outer; o++)
+            for (int64_t c = 0; c < C; c++)
+                for (int64_t k = 0; k < inner; k++) {
+                    int64_t i = (o * C + c) * inner + k;
+                    w[i] = qw[i] * scale[c] - w[i];
+                }
+    }
     const char *qn = cat2(d, w0.name, "_quantized"), *sn = cat2(d, w0.name, "_scale"),
                *zn = cat2(d, w0.name, "_zero_point");
     int64_t cd[1] = {C};
@@ -291,7 +401,8 @@ static float *quant_weight(qstate *q, int t, int axis, int64_t *C_out, mts_err *
     const char *in[3] = {qn, sn, zn}, *out[1] = {w0.name};
     if (!mts_onnx_add_node(d, "DequantizeLinear", in, 3, out, 1, axis)) goto oom;
     d->inits[t].dropped = 1;
-    free(w);
+    if (werr) *werr = w;
+    else free(w);
     free(qw);
     free(zp);
     *C_out = C;
@@ -415,6 +526,112 @@ static void range_update(actq *a, const mts_tensor *t)
     a->lo = lo;
     a->hi = hi;
     a->seen = true;
+    /* per-channel sums along axis 1 (the same channel count in every sample, else none) */
+    if (t->rank < 2 || t->dims[1] < 1 || (a->csum && a->nch != t->dims[1]) || a->nch < 0) {
+        free(a->csum);
+        a->csum = NULL;
+        a->nch = -1;
+        return;
+    }
+    int64_t C = t->dims[1], outer = t->dims[0], inner = outer > 0 && C > 0 ? n / outer / C : 0;
+    if (!a->csum) {
+        if (!(a->csum = calloc((size_t)C, sizeof(double)))) {
+            a->nch = -1;
+            return;
+        }
+        a->nch = C;
+    }
+    for (int64_t o = 0; o < outer; o++)
+        for (int64_t c = 0; c < C; c++) {
+            const float *p = x + (o * C + c) * inner;
+            double sum = 0;
+            for (int64_t i = 0; i < inner; i++) sum += p[i];
+            a->csum[c] += sum;
+        }
+    a->ccount += (double)(outer * inner);
+}
+
+/* Second pass: histogram of the values over the min/max range of the first. */
+static void hist_update(actq *a, const mts_tensor *t)
+{
+    int64_t n = mts_tensor_numel(t);
+    if (t->dtype != MTS_DTYPE_FLOAT || n <= 0 || !t->data || !a->seen) return;
+    double L = fmin(0, a->lo), H = fmax(0, a->hi);
+    if (!(H > L)) return;
+    if (!a->hist && !(a->hist = calloc(HBINS, sizeof(double)))) return;
+    const float *x = t->data;
+    double k = HBINS / (H - L);
+    for (int64_t i = 0; i < n; i++) {
+        if (x[i] == 0.0f) {
+            a->zeros += 1;
+            continue;
+        }
+        int b = (int)((x[i] - L) * k);
+        a->hist[b < 0 ? 0 : b >= HBINS ? HBINS - 1 : b] += 1;
+    }
+}
+
+/* The activation range to quantize over: the calibrated min/max, or a narrower one chosen from
+ * the histogram. percentile: 0.01 % of the values cut, half at either end (an end at 0 stays).
+ * mse: the [lo, hi] from a grid of shrunk ends that minimizes the expected squared error, taken
+ * as step^2/12 for every non-zero value inside the range (exact zeros are exact) plus the squared
+ * distance to the range for the values clipped. */
+static void choose_range(const qstate *q, const actq *a, double *lo_out, double *hi_out)
+{
+    double L = fmin(0, a->lo), H = fmax(0, a->hi);
+    *lo_out = L;
+    *hi_out = H;
+    if (q->method == CAL_MINMAX || !a->hist || !(H > L)) return;
+    double w = (H - L) / HBINS, total = 0;
+    for (int b = 0; b < HBINS; b++) total += a->hist[b];
+    if (total <= 0) return;
+    if (q->method == CAL_PERCENTILE) {
+        double cut = total * 5e-5, acc = 0;
+        if (L < 0)
+            for (int b = 0; b < HBINS; b++) {
+                acc += a->hist[b];
+                if (acc > cut) {
+                    *lo_out = fmin(0, L + b * w);
+                    break;
+                }
+            }
+        acc = 0;
+        if (H > 0)
+            for (int b = HBINS - 1; b >= 0; b--) {
+                acc += a->hist[b];
+                if (acc > cut) {
+                    *hi_out = fmax(0, L + (b + 1) * w);
+                    break;
+                }
+            }
+        return;
+    }
+    enum { G = 64 };
+    double best = INFINITY;
+    for (int i = G / 5; i <= G; i++) {
+        double lo = L < 0 ? L * i / G : 0;
+        for (int j = G / 5; j <= G; j++) {
+            double hi = H > 0 ? H * j / G : 0;
+            if (!(hi > lo)) continue;
+            double step = (hi - lo) / 255.0, e = 0, in = 0;
+            for (int b = 0; b < HBINS; b++) {
+                double c = a->hist[b];
+                if (c == 0) continue;
+                double x = L + (b + 0.5) * w;
+                if (x < lo) e += c * (lo - x) * (lo - x);
+                else if (x > hi) e += c * (x - hi) * (x - hi);
+                else in += c;
+            }
+            e += in * step * step / 12.0;
+            if (e < best) {
+                best = e;
+                *lo_out = lo;
+                *hi_out = hi;
+            }
+            if (H <= 0) break;
+        }
+        if (L >= 0) break;
+    }
 }
 
 /* Runs the float model with every activation to quantize as an extra output. */
@@ -448,21 +665,22 @@ static int calibrate(qstate *q, const mts_model *m0, const calib_set *cs, int th
     mts_model_info info;
     mts_model_get_info(m, &info);
     if (!(outs = calloc((size_t)info.n_outputs, sizeof *outs))) goto oom;
-    for (int k = 0; k < cs->n_samples; k++) {
-        const mts_tensor *in = &cs->t[k * cs->n_inputs];
-        if ((rc = mts_ctx_run(c, in, cs->n_inputs, outs, err))) {
-            mts_err_prefix(err, "calibration sample %d: ", k);
-            goto out;
-        }
-        for (int i = 0; i < q->n_acts; i++) {
-            if (slot[i] >= 0) {
-                range_update(&q->acts[i], outs[slot[i]]);
-                continue;
+    for (int pass = 0; pass < (q->method == CAL_MINMAX ? 1 : 2); pass++)
+        for (int k = 0; k < cs->n_samples; k++) {
+            const mts_tensor *in = &cs->t[k * cs->n_inputs];
+            if ((rc = mts_ctx_run(c, in, cs->n_inputs, outs, err))) {
+                mts_err_prefix(err, "calibration sample %d: ", k);
+                goto out;
             }
-            for (int j = 0; j < cs->n_inputs; j++)
-                if (!strcmp(mts_model_input(m0, j)->name, q->acts[i].name)) range_update(&q->acts[i], &in[j]);
+            for (int i = 0; i < q->n_acts; i++) {
+                const mts_tensor *t = NULL;
+                if (slot[i] >= 0) t = outs[slot[i]];
+                for (int j = 0; !t && j < cs->n_inputs; j++)
+                    if (!strcmp(mts_model_input(m0, j)->name, q->acts[i].name)) t = &in[j];
+                if (t && pass == 0) range_update(&q->acts[i], t);
+                else if (t) hist_update(&q->acts[i], t);
+            }
         }
-    }
     rc = MTS_OK;
     goto out;
 oom:
@@ -524,6 +742,10 @@ static int quantize(qstate *q, const mts_model *m, const calib_set *cs, int thre
         int axis = -1;
         int t = own_weight(d, i, 1);
         if (t < 0 || n->n_out != 1 || !n->in[0][0] || find_init(d, n->in[0]) >= 0) continue;
+        if (keep_fp32(q, m, i)) {
+            q->n_kept++;
+            continue;
+        }
         int rank = d->inits[t].rank;
         if (plain_op(n, "Conv") && rank >= 3) axis = 0;
         else if (plain_op(n, "ConvTranspose") && rank >= 3 && attr_int(n, "group", 1) == 1) axis = 1;
@@ -549,11 +771,49 @@ static int quantize(qstate *q, const mts_model *m, const calib_set *cs, int thre
         }
         if (add_act(q, name, n->out[0], i) < 0) goto oom;
     }
-    /* 3. calibration ranges */
-    if ((rc = calibrate(q, m, cs, threads, err))) goto out;
+    /* 3. calibration ranges (from the cache when it has every activation) */
+    bool cached = q->cache != NULL;
+    for (int i = 0; cached && i < q->n_acts; i++) {
+        int c = -1;
+        for (int k = 0; k < q->n_cache && c < 0; k++)
+            if (!strcmp(q->cache[k].own_name, q->acts[i].name)) c = k;
+        if (c < 0) cached = false;
+    }
+    if (cached) {
+        for (int i = 0; i < q->n_acts; i++)
+            for (int k = 0; k < q->n_cache; k++)
+                if (!strcmp(q->cache[k].own_name, q->acts[i].name)) {
+                    actq *a = &q->acts[i];
+                    const actq *c = &q->cache[k];
+                    a->lo = c->lo;
+                    a->hi = c->hi;
+                    a->seen = c->seen;
+                    a->csum = c->csum;
+                    a->nch = c->nch;
+                    a->ccount = c->ccount;
+                    a->hist = c->hist;
+                    a->zeros = c->zeros;
+                    break;
+                }
+        q->borrowed = true;
+    } else {
+        q->borrowed = false;
+        if ((rc = calibrate(q, m, cs, threads, err))) goto out;
+    }
+    if (q->make_cache) {
+        for (int i = 0; i < q->n_orig_nodes; i++) {
+            if (!wnode[i]) continue;
+            char **nq = realloc(q->qnodes, sizeof(char *) * (size_t)(q->n_qnodes + 1));
+            if (!nq) goto oom;
+            q->qnodes = nq;
+            if (!(q->qnodes[q->n_qnodes] = strdup(d->nodes[i].out[0]))) goto oom;
+            q->n_qnodes++;
+        }
+    }
     for (int i = 0; i < q->n_acts; i++) {
         actq *a = &q->acts[i];
-        double lo = fmin(0, a->lo), hi = fmax(0, a->hi);
+        double lo, hi;
+        choose_range(q, a, &lo, &hi);
         double s = (hi - lo) / 255.0;
         if (!a->seen || !(s > 0) || !isfinite(s)) s = 1.0;
         a->scale = (float)s;
@@ -566,12 +826,75 @@ static int quantize(qstate *q, const mts_model *m, const calib_set *cs, int thre
         mts_onnx_node *n = &d->nodes[i];
         int t = own_weight(d, i, 1);
         int64_t C = 0;
-        float *ws = quant_weight(q, t, wnode[i] - 1, &C, err);
+        float *werr = NULL;
+        bool conv = plain_op(n, "Conv");
+        float *ws = quant_weight(q, t, wnode[i] - 1, &C, conv && q->bias_correct ? &werr : NULL, err);
         n = &d->nodes[i]; /* the node array may have moved */
         if (!ws) {
             rc = err->code ? err->code : mts_err_set(err, MTS_EFORMAT, "weight '%s' has no float data", n->in[1]);
             goto out;
         }
+        /* Bias correction: the expected output shift of the rounded weights, sum over the
+         * kernel of (w_q - w) * E[x channel], is taken off the bias (a zero bias is added to a
+         * Conv that has none). Per-channel means come from the calibration pass. */
+        const actq *xa0 = NULL;
+        for (int a = 0; a < q->n_acts; a++)
+            if (!strcmp(q->acts[a].name, n->in[0])) xa0 = &q->acts[a];
+        if (werr && xa0 && xa0->csum && xa0->ccount > 0 && C > 0) {
+            int64_t group = attr_int(n, "group", 1), Cg = d->inits[t].dims[1], per = 1;
+            for (int r = 1; r < d->inits[t].rank; r++) per *= d->inits[t].dims[r];
+            int64_t ksz = Cg > 0 ? per / Cg : 0;
+            double *delta = calloc((size_t)C, sizeof(double));
+            bool ok = delta && group >= 1 && C % group == 0 && Cg * group == xa0->nch && ksz > 0;
+            for (int64_t c = 0; ok && c < C; c++) {
+                int64_t g = c / (C / group);
+                for (int64_t ic = 0; ic < Cg; ic++) {
+                    double mean = xa0->csum[g * Cg + ic] / xa0->ccount, sw = 0;
+                    for (int64_t k = 0; k < ksz; k++) sw += werr[(c * Cg + ic) * ksz + k];
+                    delta[c] += sw * mean;
+                }
+            }
+            if (ok) {
+                if (n->n_in < 3 || !n->in[2][0]) {
+                    const char **in = mts_pool_calloc(&d->pool, 3, sizeof(char *));
+                    const char *bname = cat2(d, n->in[1], "_bias");
+                    float *zb = calloc((size_t)C, sizeof(float));
+                    int64_t bd[1] = {C};
+                    if (!in || !bname || !zb || !mts_onnx_add_init(d, bname, MTS_DTYPE_FLOAT, 1, bd, zb, (size_t)C * 4)) {
+                        free(zb);
+                        free(delta);
+                        free(werr);
+                        free(ws);
+                        goto oom;
+                    }
+                    free(zb);
+                    n = &d->nodes[i];
+                    in[0] = n->in[0];
+                    in[1] = n->in[1];
+                    in[2] = bname;
+                    n->in = (const char **)in;
+                    n->n_in = 3;
+                }
+                int bt0 = own_weight(d, i, 2);
+                int64_t nb0 = 0;
+                float *b0 = bt0 >= 0 ? mts_onnx_init_floats(&d->inits[bt0], &nb0) : NULL;
+                if (b0 && nb0 == C) {
+                    for (int64_t c = 0; c < C; c++) b0[c] = (float)(b0[c] - delta[c]);
+                    int64_t bd[1] = {C};
+                    if (replace_floats(d, bt0, b0, 1, bd)) {
+                        free(b0);
+                        free(delta);
+                        free(werr);
+                        free(ws);
+                        goto oom;
+                    }
+                    q->n_bias_corr++;
+                }
+                free(b0);
+            }
+            free(delta);
+        }
+        free(werr);
         if (plain_op(n, "Conv")) q->n_conv++;
         else if (plain_op(n, "ConvTranspose")) q->n_convt++;
         else q->n_mm++;
@@ -672,6 +995,204 @@ static int *node_order(const qstate *q, int *n_order)
     return order;
 }
 
+static void free_acts(qstate *q)
+{
+    for (int i = 0; i < q->n_acts; i++)
+        if (!q->borrowed) {
+            free(q->acts[i].csum);
+            free(q->acts[i].hist);
+        }
+    free(q->acts);
+    q->acts = NULL;
+    q->n_acts = q->cap_acts = 0;
+}
+
+/* One quantization of the model in bytes with q's settings into w (freed first). With
+ * q->make_cache, the calibrated ranges are kept in q->cache for the builds that follow. */
+static int build(qstate *q, const mts_model *m, const calib_set *cs, int threads, const uint8_t *bytes, size_t len,
+                 const char *file, mts_pbw *w, mts_err *err)
+{
+    mts_onnx_doc doc = {0};
+    int *order = NULL, n_order = 0;
+    free_acts(q);
+    q->n_orig_nodes = q->n_conv = q->n_convt = q->n_mm = q->n_bn = q->n_relu = q->n_bias = 0;
+    q->n_kept = q->n_bias_corr = 0;
+    mts_pbw_free(w);
+    memset(w, 0, sizeof *w);
+    int rc = mts_onnx_doc_read(&doc, bytes, len, file, err);
+    if (rc) goto out;
+    q->d = &doc;
+    if ((rc = quantize(q, m, cs, threads, err))) goto out;
+    if (!(order = node_order(q, &n_order))) {
+        rc = mts_err_set(err, MTS_ENOMEM, "out of memory");
+        goto out;
+    }
+    if ((rc = mts_onnx_doc_write(&doc, order, n_order, w, err))) goto out;
+    q->opset_out = doc.new_opset > doc.opset ? doc.new_opset : doc.opset;
+    q->n_acts_out = q->n_acts;
+    if (q->make_cache && !q->borrowed) { /* the ranges move to the cache, names copied */
+        for (int i = 0; i < q->n_acts; i++)
+            if (!(q->acts[i].own_name = strdup(q->acts[i].name))) {
+                rc = mts_err_set(err, MTS_ENOMEM, "out of memory");
+                goto out;
+            }
+        q->cache = q->acts;
+        q->n_cache = q->n_acts;
+        q->acts = NULL;
+        q->n_acts = q->cap_acts = 0;
+        q->make_cache = false;
+    }
+out:
+    free(order);
+    q->d = NULL;
+    mts_onnx_doc_free(&doc);
+    return rc;
+}
+
+/* The float outputs of model m on every calibration sample (copies), [sample * n_out + o]. */
+typedef struct out_set {
+    int n_out, n_samples;
+    float **v;
+    int64_t *n;
+} out_set;
+
+static void outs_free(out_set *o)
+{
+    if (o->v)
+        for (int i = 0; i < o->n_out * o->n_samples; i++) free(o->v[i]);
+    free(o->v);
+    free(o->n);
+    memset(o, 0, sizeof *o);
+}
+
+static int run_outputs(mts_model *m, const calib_set *cs, int threads, out_set *o, mts_err *err)
+{
+    mts_model_info info;
+    mts_model_get_info(m, &info);
+    mts_ctx *c = NULL;
+    const mts_tensor **outs = calloc((size_t)info.n_outputs + 1, sizeof *outs);
+    int rc = MTS_OK;
+    o->n_out = info.n_outputs;
+    o->n_samples = cs->n_samples;
+    o->v = calloc((size_t)(o->n_out * o->n_samples) + 1, sizeof(float *));
+    o->n = calloc((size_t)(o->n_out * o->n_samples) + 1, sizeof(int64_t));
+    if (!outs || !o->v || !o->n) {
+        rc = mts_err_set(err, MTS_ENOMEM, "out of memory");
+        goto out;
+    }
+    if ((rc = mts_ctx_create(m, threads, &c, err))) goto out;
+    for (int k = 0; k < cs->n_samples; k++) {
+        if ((rc = mts_ctx_run(c, &cs->t[k * cs->n_inputs], cs->n_inputs, outs, err))) goto out;
+        for (int j = 0; j < o->n_out; j++) {
+            int64_t ne = mts_tensor_numel(outs[j]);
+            if (outs[j]->dtype != MTS_DTYPE_FLOAT || ne <= 0 || !outs[j]->data) continue;
+            float *cp = malloc((size_t)ne * sizeof(float));
+            if (!cp) {
+                rc = mts_err_set(err, MTS_ENOMEM, "out of memory");
+                goto out;
+            }
+            memcpy(cp, outs[j]->data, (size_t)ne * sizeof(float));
+            o->v[k * o->n_out + j] = cp;
+            o->n[k * o->n_out + j] = ne;
+        }
+    }
+out:
+    if (c) mts_ctx_free(c);
+    free(outs);
+    return rc;
+}
+
+/* Max and mean abs difference of the quantized model in w from the float outputs ref. */
+static int eval_error(const mts_pbw *w, const calib_set *cs, const out_set *ref, int threads, double *emax,
+                      double *emean, mts_err *err)
+{
+    mts_model *m = NULL;
+    out_set o = {0};
+    int rc = mts_model_load_buffer(w->p, w->len, "quantized model", NULL, &m, err);
+    if (!rc) rc = run_outputs(m, cs, threads, &o, err);
+    double mx = 0, sum = 0, cnt = 0;
+    for (int i = 0; !rc && i < ref->n_out * ref->n_samples && i < o.n_out * o.n_samples; i++) {
+        if (!ref->v[i] || !o.v[i] || ref->n[i] != o.n[i]) continue;
+        for (int64_t e = 0; e < o.n[i]; e++) {
+            double dd = fabs((double)o.v[i][e] - ref->v[i][e]);
+            if (!(dd <= mx)) mx = isnan(dd) ? INFINITY : dd;
+            sum += dd;
+        }
+        cnt += (double)o.n[i];
+    }
+    *emax = mx;
+    *emean = cnt > 0 ? sum / cnt : 0;
+    outs_free(&o);
+    if (m) mts_model_free(m);
+    return rc;
+}
+
+typedef struct sens {
+    const char *name;
+    double emax, emean;
+} sens;
+
+static int sens_cmp(const void *a, const void *b)
+{
+    const sens *x = a, *y = b;
+    return x->emean < y->emean ? -1 : x->emean > y->emean ? 1 : 0;
+}
+
+/* --target-error E: per-layer sensitivity on the calibration set (the output error with each
+ * quantized node alone kept in float), then the most sensitive nodes kept in float one by one,
+ * most sensitive first, until the max abs output error is at most E. Leaves the chosen model in
+ * w and the keep list (owned) in *keep_out. */
+static int search_keep(qstate *q, mts_model *m, const calib_set *cs, int threads, const uint8_t *bytes, size_t len,
+                       const char *file, double target, mts_pbw *w, char **keep_out, double *emax, double *emean,
+                       int *n_added, mts_err *err)
+{
+    out_set ref = {0};
+    sens *sv = NULL;
+    char *keep = NULL;
+    const char *base = q->keep;
+    int rc = run_outputs(m, cs, threads, &ref, err);
+    *n_added = 0;
+    q->make_cache = true;
+    if (!rc) rc = build(q, m, cs, threads, bytes, len, file, w, err);
+    if (!rc) rc = eval_error(w, cs, &ref, threads, emax, emean, err);
+    if (rc || *emax <= target || q->n_qnodes == 0) goto out;
+    size_t cap = strlen(base) + 2;
+    for (int i = 0; i < q->n_qnodes; i++) cap += strlen(q->qnodes[i]) + 1;
+    if (!(sv = calloc((size_t)q->n_qnodes, sizeof *sv)) || !(keep = malloc(cap))) {
+        rc = mts_err_set(err, MTS_ENOMEM, "out of memory");
+        goto out;
+    }
+    for (int i = 0; i < q->n_qnodes; i++) {
+        snprintf(keep, cap, "%s,%s", base, q->qnodes[i]);
+        q->keep = keep;
+        sv[i].name = q->qnodes[i];
+        if ((rc = build(q, m, cs, threads, bytes, len, file, w, err)) ||
+            (rc = eval_error(w, cs, &ref, threads, &sv[i].emax, &sv[i].emean, err)))
+            goto out;
+    }
+    qsort(sv, (size_t)q->n_qnodes, sizeof *sv, sens_cmp);
+    for (int i = 0; i < q->n_qnodes; i++)
+        printf("sensitivity node=%s max_error_if_float=%g mean_error_if_float=%g (all quantized: %g, %g)\n",
+               sv[i].name, sv[i].emax, sv[i].emean, *emax, *emean);
+    snprintf(keep, cap, "%s", base);
+    for (int i = 0; i < q->n_qnodes && *emax > target; i++) {
+        size_t l = strlen(keep);
+        snprintf(keep + l, cap - l, ",%s", sv[i].name);
+        q->keep = keep;
+        if ((rc = build(q, m, cs, threads, bytes, len, file, w, err)) ||
+            (rc = eval_error(w, cs, &ref, threads, emax, emean, err)))
+            goto out;
+        ++*n_added;
+    }
+out:
+    q->keep = base;
+    outs_free(&ref);
+    free(sv);
+    if (!rc && keep) *keep_out = keep;
+    else free(keep);
+    return rc;
+}
+
 static int read_file(const char *path, uint8_t **buf, size_t *len, mts_err *err)
 {
     FILE *f = fopen(path, "rb");
@@ -698,6 +1219,11 @@ int mts_cli_quantize(int argc, char **argv)
     const char *model = NULL, *calib = NULL, *outp = NULL;
     int threads = 2;
     uint64_t seed = 0;
+    double target = -1;
+    qstate q = {0};
+    q.method = CAL_MINMAX;
+    q.bias_correct = true;
+    q.keep = "auto";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool has = i + 1 < argc;
@@ -710,6 +1236,35 @@ int mts_cli_quantize(int argc, char **argv)
             outp = argv[++i];
         } else if (!strcmp(a, "--threads") && has) {
             threads = atoi(argv[++i]);
+        } else if (!strcmp(a, "--calibrate") && has) {
+            const char *v = argv[++i];
+            if (!strcmp(v, "minmax")) q.method = CAL_MINMAX;
+            else if (!strcmp(v, "percentile")) q.method = CAL_PERCENTILE;
+            else if (!strcmp(v, "mse")) q.method = CAL_MSE;
+            else {
+                fprintf(stderr, QPFX "--calibrate wants minmax, percentile or mse (got '%s')\n", v);
+                return 2;
+            }
+        } else if (!strcmp(a, "--bias-correction") && has) {
+            const char *v = argv[++i];
+            if (strcmp(v, "on") && strcmp(v, "off")) {
+                fprintf(stderr, QPFX "--bias-correction wants on or off (got '%s')\n", v);
+                return 2;
+            }
+            q.bias_correct = !strcmp(v, "on");
+        } else if (!strcmp(a, "--keep-fp32") && has) {
+            q.keep = argv[++i];
+            if (strlen(q.keep) > 65536) {
+                fprintf(stderr, QPFX "--keep-fp32: list too long\n");
+                return 2;
+            }
+        } else if (!strcmp(a, "--target-error") && has) {
+            char *end;
+            target = strtod(argv[++i], &end);
+            if (*end || !(target >= 0) || !isfinite(target)) {
+                fprintf(stderr, QPFX "--target-error wants a number >= 0 (got '%s')\n", argv[i]);
+                return 2;
+            }
         } else if (!strcmp(a, "--seed") && has) {
             seed = strtoull(argv[++i], NULL, 10);
         } else if (a[0] != '-' && !model) {
@@ -728,24 +1283,22 @@ int mts_cli_quantize(int argc, char **argv)
     mts_model *m = NULL;
     uint8_t *bytes = NULL;
     size_t len = 0;
-    mts_onnx_doc doc = {0};
     calib_set cs = {0};
-    qstate q = {0};
-    int *order = NULL, rc;
+    int rc, n_added = 0;
+    char *keep_found = NULL;
+    double emax = 0, emean = 0;
     mts_pbw w = {0};
     double t0 = mts_cli_now_ms();
     if ((rc = mts_model_load(model, NULL, &m, &err))) goto fail;
     if ((rc = read_file(model, &bytes, &len, &err))) goto fail;
-    if ((rc = mts_onnx_doc_read(&doc, bytes, len, model, &err))) goto fail;
     if ((rc = calib_load(m, calib, seed, &cs, &err))) goto fail;
-    q.d = &doc;
-    if ((rc = quantize(&q, m, &cs, threads, &err))) goto fail;
-    int n_order = 0;
-    if (!(order = node_order(&q, &n_order))) {
-        rc = mts_err_set(&err, MTS_ENOMEM, "out of memory");
+    if (target >= 0) {
+        if ((rc = search_keep(&q, m, &cs, threads, bytes, len, model, target, &w, &keep_found, &emax, &emean,
+                              &n_added, &err)))
+            goto fail;
+    } else if ((rc = build(&q, m, &cs, threads, bytes, len, model, &w, &err))) {
         goto fail;
     }
-    if ((rc = mts_onnx_doc_write(&doc, order, n_order, &w, &err))) goto fail;
     FILE *f = fopen(outp, "wb");
     if (!f || fwrite(w.p, 1, w.len, f) != w.len) {
         if (f) fclose(f);
@@ -763,10 +1316,16 @@ int mts_cli_quantize(int argc, char **argv)
         goto fail;
     }
     mts_model_free(check);
+    if (target >= 0)
+        printf("search target_error=%g max_error=%g mean_error=%g kept_fp32_added=%d keep=%s%s\n", target, emax,
+               emean, n_added, keep_found ? keep_found : q.keep, emax > target ? " (target not reached)" : "");
     printf("quantized model=%s out=%s conv=%d conv_transpose=%d matmul_gemm=%d activations=%d int32_bias=%d "
-           "bn_folded=%d relu_dropped=%d calibration_samples=%d opset=%lld bytes=%zu ms=%.0f\n",
-           model, outp, q.n_conv, q.n_convt, q.n_mm, q.n_acts, q.n_bias, q.n_bn, q.n_relu, cs.n_samples,
-           (long long)(doc.new_opset > doc.opset ? doc.new_opset : doc.opset), w.len, mts_cli_now_ms() - t0);
+           "bn_folded=%d relu_dropped=%d calibrate=%s bias_corrected=%d kept_fp32=%d calibration_samples=%d "
+           "opset=%lld bytes=%zu ms=%.0f\n",
+           model, outp, q.n_conv, q.n_convt, q.n_mm, q.n_acts_out, q.n_bias, q.n_bn, q.n_relu,
+           q.method == CAL_MINMAX ? "minmax" : q.method == CAL_PERCENTILE ? "percentile" : "mse", q.n_bias_corr,
+           q.n_kept, cs.n_samples,
+           (long long)q.opset_out, w.len, mts_cli_now_ms() - t0);
     rc = 0;
     goto done;
 fail:
@@ -774,10 +1333,17 @@ fail:
     rc = 1;
 done:
     mts_pbw_free(&w);
-    free(order);
-    free(q.acts);
+    free_acts(&q);
+    for (int i = 0; i < q.n_cache; i++) {
+        free(q.cache[i].csum);
+        free(q.cache[i].hist);
+        free(q.cache[i].own_name);
+    }
+    free(q.cache);
+    for (int i = 0; i < q.n_qnodes; i++) free(q.qnodes[i]);
+    free(q.qnodes);
+    free(keep_found);
     calib_free(&cs);
-    mts_onnx_doc_free(&doc);
     free(bytes);
     if (m) mts_model_free(m);
     return rc;

@@ -29,15 +29,27 @@ REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
 ORT_RUN = os.path.join(REPO, "tools", "ort", "ort_run.js")
 
 # model -> (calibration samples, bounds in units of 1/255 on the sigmoid outputs in [0,1]:
-# int8-vs-fp32 max abs and mean abs, mtserve-vs-ORT max abs and mean abs). lipsync_unet_w8 is
-# integer end to end between quantized tensors, so the two engines agree exactly; seg_unet's
+# int8-vs-fp32 max abs and mean abs, mtserve-vs-ORT max abs and mean abs). Where both engines
+# run integer kernels between quantized tensors they agree exactly; lipsync_unet_w8's layers kept
+# in float run as float convolutions in both, whose summation order flips some requantized
+# values by one step downstream (both engines are equally close to fp32: 3.96 and 3.84/255 max,
+# 0.365 and 0.364/255 mean), so its engine bound is 4/255; seg_unet's
 # ConvTransposes run in float in both engines (dequantize, float deconvolution, quantize), where
 # summation order flips a few values by one step (0.05 % at the first one) and the untrained
 # decoder amplifies that, so its engine bound is wide. Measured figures are in docs/engine.md.
+#
+# lipsync_unet_w8 is quantized with `--target-error` (4/255 on the calibration set, a little
+# under): the quantizer measures each layer's sensitivity and keeps the most sensitive ones in
+# float until its own measurement meets the target; this check re-measures with separate
+# `mtserve run` processes on the calibration samples (bound 4/255) and on held-out samples
+# (another seed, bound HELD_MAX, looser: the target is set on the calibration set).
 MODELS = {
-    "lipsync_unet_w8.onnx": (4, 10.0, 1.5, 0.05, 0.01),
-    "seg_unet.onnx": (3, 24.0, 3.0, 16.0, 2.0),
+    "lipsync_unet_w8.onnx": (4, 4.0, 0.6, 4.0, 0.3, ["--target-error", "0.0156"]),
+    "seg_unet.onnx": (3, 24.0, 3.0, 16.0, 2.0, []),
 }
+HELD = 2            # held-out samples per model
+HELD_MAX = 7.0      # their max abs bound (1/255), lipsync_unet_w8
+
 
 
 def run(cmd):
@@ -65,7 +77,9 @@ def main():
         with open(tiny, "rb") as f, open(bad, "wb") as g:
             g.write(f.read()[:5000])
         for cmd, want in (([tiny, "--calibration", work], "no "), ([tiny, "--calibration", "random:0"], "random:N"),
-                          ([bad, "--calibration", "random:1"], "truncated")):
+                          ([bad, "--calibration", "random:1"], "truncated"),
+                          ([tiny, "--calibration", "random:1", "--calibrate", "max"], "--calibrate wants"),
+                          ([tiny, "--calibration", "random:1", "--target-error", "-1"], "--target-error wants")):
             r = subprocess.run([mtserve, "quantize"] + cmd + ["-o", os.path.join(work, "x.onnx")],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             if r.returncode == 0 or want not in r.stderr:
@@ -75,7 +89,7 @@ def main():
             else:
                 print("ok   quantize rejects %s: %s" % (" ".join(cmd[1:]), r.stderr.strip()[:110]))
         for name in names:
-            n_cal, b_max, b_mean, o_max, o_mean = MODELS.get(name, (3, 24.0, 3.0, 16.0, 2.0))
+            n_cal, b_max, b_mean, o_max, o_mean, qargs = MODELS.get(name, (3, 24.0, 3.0, 16.0, 2.0, []))
             path = os.path.join(args.models_dir, name)
             stem = name.rsplit(".", 1)[0]
             cal = os.path.join(work, stem + "_cal")
@@ -84,12 +98,16 @@ def main():
             inits = {t.name for t in model.graph.initializer}
             rng = np.random.default_rng(1234)
             inputs = [vi for vi in model.graph.input if vi.name not in inits]
-            for k in range(n_cal):
+            held = os.path.join(work, stem + "_held")
+            os.makedirs(held, exist_ok=True)
+            rng_held = np.random.default_rng(4321)
+            for k in range(n_cal + HELD):
+                d, r, j = (cal, rng, k) if k < n_cal else (held, rng_held, k - n_cal)
                 for vi in inputs:
-                    shape = [d.dim_value if d.dim_value > 0 else 1 for d in vi.type.tensor_type.shape.dim]
-                    np.save(os.path.join(cal, "%s_%d.npy" % (vi.name, k)), rng.random(shape, dtype=np.float32))
+                    shape = [x.dim_value if x.dim_value > 0 else 1 for x in vi.type.tensor_type.shape.dim]
+                    np.save(os.path.join(d, "%s_%d.npy" % (vi.name, j)), r.random(shape, dtype=np.float32))
             out = os.path.join(work, stem + "_int8.onnx")
-            print(run([mtserve, "quantize", path, "--calibration", cal, "-o", out]).strip())
+            print(run([mtserve, "quantize", path, "--calibration", cal, "-o", out] + qargs).strip())
             q = onnx.load(out)
             onnx.checker.check_model(q)
             ops = [n.op_type for n in q.graph.node]
@@ -97,11 +115,14 @@ def main():
             int8_w = sum(1 for t in q.graph.initializer if t.data_type == onnx.TensorProto.INT8 and len(t.dims) >= 2)
             assert opset >= 13 and "QuantizeLinear" in ops and "DequantizeLinear" in ops and int8_w > 0, \
                 "%s: not a QDQ model (opset %d, %d int8 weights)" % (out, opset, int8_w)
-            err = {"fp32_max": 0.0, "fp32_mean": 0.0, "ort_max": 0.0, "ort_mean": 0.0}
-            for k in range(n_cal):
-                feeds = ["%s=%s" % (vi.name, os.path.join(cal, "%s_%d.npy" % (vi.name, k))) for vi in inputs]
+            err = {"fp32_max": 0.0, "fp32_mean": 0.0, "ort_max": 0.0, "ort_mean": 0.0, "held_max": 0.0,
+                   "held_mean": 0.0}
+            for k in range(n_cal + HELD):
+                d, j = (cal, k) if k < n_cal else (held, k - n_cal)
+                feeds = ["%s=%s" % (vi.name, os.path.join(d, "%s_%d.npy" % (vi.name, j))) for vi in inputs]
                 res = {}
-                for tag, mpath, ort in (("fp32", path, False), ("int8", out, False), ("ort", out, True)):
+                tags = (("fp32", path, False), ("int8", out, False), ("ort", out, True))
+                for tag, mpath, ort in tags if k < n_cal else tags[:2]:
                     od = os.path.join(work, "%s_%s_%d" % (stem, tag, k))
                     os.makedirs(od, exist_ok=True)
                     if ort:
@@ -112,6 +133,12 @@ def main():
                             cmd += ["--input", f]
                         run(cmd)
                     res[tag] = [np.load(os.path.join(od, o.name + ".npy")) for o in model.graph.output]
+                if k >= n_cal:
+                    for a, b in zip(res["fp32"], res["int8"]):
+                        d1 = np.abs(a.astype(np.float64) - b) * 255
+                        err["held_max"] = max(err["held_max"], float(d1.max()))
+                        err["held_mean"] = max(err["held_mean"], float(d1.mean()))
+                    continue
                 for a, b, c in zip(res["fp32"], res["int8"], res["ort"]):
                     d1 = np.abs(a.astype(np.float64) - b) * 255
                     d2 = np.abs(b.astype(np.float64) - c) * 255
@@ -119,13 +146,15 @@ def main():
                     err["fp32_mean"] = max(err["fp32_mean"], float(d1.mean()))
                     err["ort_max"] = max(err["ort_max"], float(d2.max()))
                     err["ort_mean"] = max(err["ort_mean"], float(d2.mean()))
+            held_max = HELD_MAX if qargs else b_max
             ok = (err["fp32_max"] <= b_max and err["fp32_mean"] <= b_mean and err["ort_max"] <= o_max and
-                  err["ort_mean"] <= o_mean)
+                  err["ort_mean"] <= o_mean and err["held_max"] <= held_max)
             failed += not ok
             print("%s %-22s int8 vs fp32: max %.2f/255 mean %.3f/255 (bounds %g, %g)   mtserve vs ORT (same "
-                  "QDQ file): max %.2f/255 mean %.4f/255 (bounds %g, %g)   samples %d" %
+                  "QDQ file): max %.2f/255 mean %.4f/255 (bounds %g, %g)   samples %d   held-out (%d): max "
+                  "%.2f/255 mean %.3f/255 (bound %g)" %
                   ("PASS" if ok else "FAIL", name, err["fp32_max"], err["fp32_mean"], b_max, b_mean, err["ort_max"],
-                   err["ort_mean"], o_max, o_mean, n_cal))
+                   err["ort_mean"], o_max, o_mean, n_cal, HELD, err["held_max"], err["held_mean"], held_max))
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
