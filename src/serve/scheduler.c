@@ -730,8 +730,8 @@ static int serve_one(mts__worker *w, mts__device *d, int mode, mts__entry *outer
     mts__ready_push(s, e);
     int threads = d->ready_head ? (d->cores / (d->workers > 0 ? d->workers : 1)) : d->cores - d->busy_cores;
     if (threads < 1 || lane) threads = 1;
-    bool hinted = !lane && reqs[0]->threads > 0;
-    if (hinted) threads = reqs[0]->threads < d->cores ? reqs[0]->threads : d->cores;
+    bool hinted = reqs[0]->threads > 0; /* (the lane takes only hints of 1 thread: ready_pick) */
+    if (hinted && !lane) threads = reqs[0]->threads < d->cores ? reqs[0]->threads : d->cores;
     /* the model can only grow in a batch that may build a plan or a team size's primitives */
     int team_bit = threads < 63 ? threads : 63;
     bool may_grow = plan_reserve || !(v->teams_run & (1ULL << team_bit));
