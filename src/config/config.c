@@ -816,8 +816,9 @@ static int parse_policy(pctx *x, const ynode *v, const char *full, mts_model_con
             return key_err(x, v, full, "%s", msg);
         return 1;
     }
-    if (v->kind != YN_SEQ || v->n < 1)
-        return type_err(x, v, full, "a non-empty sequence of {max_batch, workers, threads} entries");
+    if (v->kind == YN_SEQ && v->n < 1)
+        return key_err(x, v, full, "the sequence is empty: give at least one {max_batch, workers, threads} entry");
+    if (v->kind != YN_SEQ) return type_err(x, v, full, "a sequence of {max_batch, workers, threads} entries");
     if (v->n > MTS_EMBED_POLICY_MAX)
         return key_err(x, v, full, "%d entries; at most %d", v->n, MTS_EMBED_POLICY_MAX);
     for (int i = 0; i < v->n; i++) {

@@ -9,6 +9,7 @@ Three models share one minilm_like file: `plain` (no policy), `pol` (config.yaml
 1 text -> one batch with 2 threads; more -> 2 sub-batches of 1 thread) and `pol3` (config.pbtxt
 parameter, compact form "64:3x1": 3 sub-batches).
 """
+import json
 import os
 import re
 import subprocess
@@ -154,6 +155,10 @@ def test_tune_writes_a_policy_the_config_accepts(tmp_path, assets):  # noqa: F81
     r = subprocess.run([str(MTSERVE), "embed", str(d), "hello"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert len(r.stdout.split()) == 384
+    # and `mtserve inspect FOLDER` shows the policy in force
+    r = subprocess.run([str(MTSERVE), "inspect", str(d), "--json"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["embedding_policy"] == ",".join(f"{b}:{w}x{t}" for b, w, t in entries)
 
 
 @pytest.mark.parametrize("policy, message", [
@@ -167,7 +172,9 @@ def test_tune_writes_a_policy_the_config_accepts(tmp_path, assets):  # noqa: F81
      r"embedding_policy\[1\]': disable_matmul_parallel: true runs 1 thread per sub-batch, but threads is 2"),
     ("4:1x2,32:2x", r"embedding_policy': entry 2 \('32:2x'\): expected threads"),
     ("4:1x2,,8:1", r"embedding_policy': entry 2 \(''\): expected max_batch"),
-    ([], r"embedding_policy': expected a non-empty sequence"),
+    ([], r"embedding_policy': the sequence is empty"),
+    ({"max_batch": 4}, r"embedding_policy': expected a sequence of \{max_batch, workers, threads\} entries, got a "
+     r"mapping"),
 ])
 def test_malformed_policy_refused_at_load(tmp_path, assets, policy, message):  # noqa: F811
     model, vocab = assets
