@@ -36,6 +36,8 @@ typedef struct mts_tune_embed_opts {
     int n_batches;
     const char *texts_file;    /* one text per line; NULL: the built-in corpus */
     const char *out_path;      /* the policy YAML to write; NULL: printed only */
+    const char *policy;        /* compact policy ("4:1x2,32:2x1"): measure only it against one
+                                * worker with every core (the server without a policy, idle) */
     int json;
 } mts_tune_embed_opts;
 int mts_cli_tune_embed(const char *model, const mts_tune_embed_opts *o);

@@ -16,6 +16,10 @@
  * same winner are merged into one entry, and the policy (config.h mts_embed_policy) is printed
  * and, with -o FILE, written as a config.yaml fragment. Progress goes to stderr, one line per
  * setting.
+ *
+ * --policy SPEC measures a given policy instead of sweeping: per batch size only the policy's
+ * (W, T) and one worker with every core (what the server runs without a policy on an idle
+ * device), and prints texts/s with and without it (scripts/bench-embed.sh uses this).
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -242,6 +246,24 @@ static const char *mode_name(int w, int t)
     return w == 1 && t == 1 ? "serial" : w == 1 ? "fine" : t == 1 ? "coarse" : "mixed";
 }
 
+/* The (W, T) a policy entry runs for a batch of b texts: W capped at b, T 0 taken as cores / W. */
+static void policy_wt(const mts_embed_policy *p, int b, int cores, int *w, int *t)
+{
+    *w = p->workers < b ? p->workers : b;
+    *t = p->threads > 0 ? p->threads : cores / *w > 0 ? cores / *w : 1;
+    if (*w * *t > cores) *t = cores / *w > 0 ? cores / *w : 1;
+}
+
+/* Whether setting (w, t) at batch b is measured: every one in a sweep; with --policy, the
+ * policy's and one worker with every core. */
+static int measured(const mts_tune_embed_opts *o, const mts_model_config *given, int b, int w, int t)
+{
+    if (!o->policy) return 1;
+    int pw, pt;
+    policy_wt(mts_embed_policy_for(given, b), b, o->cores, &pw, &pt);
+    return (w == 1 && t == (o->cores < 64 ? o->cores : 64)) || (w == pw && t == pt);
+}
+
 /* Reads one text per line (empty lines skipped) into t; 0 or 1 (message printed). */
 static int read_texts(const char *path, tune_ctx *t)
 {
@@ -327,6 +349,12 @@ int mts_cli_tune_embed(const char *model, const mts_tune_embed_opts *o)
     char err[400] = "";
     if (!t) goto done;
     for (int i = 0; i < o->n_batches; i++) max_b = o->batches[i] > max_b ? o->batches[i] : max_b;
+    mts_model_config given = {0};
+    if (o->policy &&
+        mts_embed_policy_parse(o->policy, given.embed_policy, &given.n_embed_policy, err, sizeof err)) {
+        fprintf(stderr, "mtserve tune: --policy: %s\n", err);
+        goto done;
+    }
     if (o->texts_file) {
         if (read_texts(o->texts_file, t)) goto done;
     } else {
@@ -393,7 +421,8 @@ int mts_cli_tune_embed(const char *model, const mts_tune_embed_opts *o)
 
     int total = 0;
     for (int bi = 0; bi < o->n_batches; bi++)
-        for (int w = 1; w <= nw && w <= o->batches[bi]; w++) total += o->cores / w;
+        for (int w = 1; w <= nw && w <= o->batches[bi]; w++)
+            for (int th = 1; w * th <= o->cores; th++) total += measured(o, &given, o->batches[bi], w, th);
     rows = calloc((size_t)total + 1, sizeof *rows);
     if (!rows) goto done;
     char cpu[128] = "";
@@ -407,9 +436,16 @@ int mts_cli_tune_embed(const char *model, const mts_tune_embed_opts *o)
             }
         fclose(ci);
     }
+    double load1 = -1;
+    FILE *la = fopen("/proc/loadavg", "r");
+    if (la) {
+        if (fscanf(la, "%lf", &load1) != 1) load1 = -1;
+        fclose(la);
+    }
     if (!o->json) {
-        printf("embedding model %s, %d cores (%s), %d texts, %.2f s per setting, tokenization included\n\n", model,
-               o->cores, cpu[0] ? cpu : "CPU unknown", t->n_texts, o->seconds);
+        printf("embedding model %s, %d cores (%s), %d texts, %.2f s per setting, tokenization included; "
+               "load average %.1f at start\n\n", model, o->cores, cpu[0] ? cpu : "CPU unknown", t->n_texts, o->seconds,
+               load1);
         printf("%5s %7s %7s %-6s %10s %9s %9s\n", "batch", "workers", "threads", "mode", "texts/s", "p50 ms",
                "p99 ms");
         fflush(stdout);
@@ -422,6 +458,7 @@ int mts_cli_tune_embed(const char *model, const mts_tune_embed_opts *o)
         int B = o->batches[bi];
         for (int W = 1; W <= nw && W <= B && !rc; W++) {
             for (int T = 1; W * T <= o->cores && !rc; T++) {
+                if (!measured(o, &given, B, W, T)) continue;
                 t->batch = B, t->workers = W;
                 for (int k = 0; k < W; k++) mts_ctx_set_threads(t->w[k].ctx, T);
                 fprintf(stderr, "tune: [%d/%d] batch %d, %d worker%s x %d thread%s ...\n", ++done_n, total, B, W,
@@ -457,6 +494,32 @@ int mts_cli_tune_embed(const char *model, const mts_tune_embed_opts *o)
     }
     free(lat);
     if (rc) goto done;
+    if (o->policy) { /* with vs without, per batch size */
+        if (!o->json) printf("\n%5s %-18s %16s %16s %8s\n", "batch", "policy (W x T)", "with texts/s",
+                             "without texts/s", "ratio");
+        else printf("{\"model\": \"%s\", \"cores\": %d, \"policy\": \"%s\", \"compare\": [", model, o->cores,
+                    o->policy);
+        for (int bi = 0; bi < o->n_batches; bi++) {
+            int B = o->batches[bi], pw, pt;
+            policy_wt(mts_embed_policy_for(&given, B), B, o->cores, &pw, &pt);
+            const erow *with = NULL, *without = NULL;
+            for (int i = 0; i < n_rows; i++) {
+                if (rows[i].batch != B) continue;
+                if (rows[i].workers == pw && rows[i].threads == pt) with = &rows[i];
+                if (rows[i].workers == 1 && rows[i].threads == (o->cores < 64 ? o->cores : 64)) without = &rows[i];
+            }
+            if (!with || !without) continue;
+            double ratio = without->texts_s > 0 ? with->texts_s / without->texts_s : 0;
+            if (!o->json)
+                printf("%5d %dx%-16d %16.1f %16.1f %7.2fx\n", B, pw, pt, with->texts_s, without->texts_s, ratio);
+            else
+                printf("%s{\"batch\": %d, \"workers\": %d, \"threads\": %d, \"with_texts_per_s\": %.3f, "
+                       "\"without_texts_per_s\": %.3f, \"with_p50_ms\": %.3f, \"without_p50_ms\": %.3f}",
+                       bi ? ", " : "", B, pw, pt, with->texts_s, without->texts_s, with->p50, without->p50);
+        }
+        if (o->json) printf("]}\n");
+        goto done;
+    }
     /* the winner per batch size, then consecutive equal winners merged */
     mts_embed_policy pol[64];
     int n_pol = 0;
@@ -497,10 +560,10 @@ int mts_cli_tune_embed(const char *model, const mts_tune_embed_opts *o)
     char when[32];
     strftime(when, sizeof when, "%Y-%m-%d %H:%M UTC", &tm);
     yo += (size_t)snprintf(yaml + yo, sizeof yaml - yo,
-                           "# mtserve tune --embedding: %d cores (%s), %.2f s per setting, %s\n"
+                           "# mtserve tune --embedding: %d cores (%s), %.2f s per setting, load average %.1f, %s\n"
                            "# for a request of n texts the first entry with n <= max_batch applies (the last beyond)\n"
                            "embedding_policy:\n",
-                           o->cores, cpu[0] ? cpu : "CPU unknown", o->seconds, when);
+                           o->cores, cpu[0] ? cpu : "CPU unknown", o->seconds, load1, when);
     for (int i = 0; i < n_pol && yo < sizeof yaml; i++)
         yo += (size_t)snprintf(yaml + yo, sizeof yaml - yo, "  - {max_batch: %d, workers: %d, threads: %d}\n",
                                pol[i].max_batch, pol[i].workers, pol[i].threads);
