@@ -31,7 +31,8 @@ int mts_cli_is_embedding_folder(const char *path);
 /* `mtserve tune MODEL --embedding` (cli_tune_embed.c), called by mts_cli_tune with its options. */
 typedef struct mts_tune_embed_opts {
     int cores;
-    double seconds;
+    double seconds;            /* measuring time per setting, in `rounds` round-robin slices */
+    int rounds;
     const int *batches;
     int n_batches;
     const char *texts_file;    /* one text per line; NULL: the built-in corpus */

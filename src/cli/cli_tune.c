@@ -77,7 +77,7 @@ int mts_cli_tune(int argc, char **argv)
     double seconds = 1.0, max_latency = 0;
     int batches[8] = {1, 2, 4, 8}, n_batches = 4;
     mts_cli_dims dims = {0};
-    int json = 0, embedding = 0, batches_given = 0;
+    int json = 0, embedding = 0, batches_given = 0, rounds = 3;
     const char *texts_file = NULL, *out_path = NULL, *policy = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -92,6 +92,13 @@ int mts_cli_tune(int argc, char **argv)
         else if (!strcmp(a, "--embedding")) embedding = 1;
         else if (!strcmp(a, "--texts") && has) texts_file = argv[++i];
         else if (!strcmp(a, "--policy") && has) policy = argv[++i];
+        else if (!strcmp(a, "--rounds") && has) {
+            rounds = atoi(argv[++i]);
+            if (rounds < 1 || rounds > 100) {
+                fprintf(stderr, "mtserve tune: --rounds takes 1 to 100\n");
+                return 2;
+            }
+        }
         else if ((!strcmp(a, "-o") || !strcmp(a, "--output")) && has) out_path = argv[++i];
         else if (!strcmp(a, "--batches") && has) {
             n_batches = 0;
@@ -114,7 +121,7 @@ int mts_cli_tune(int argc, char **argv)
             printf("usage: mtserve tune MODEL [--cores N] [--batches 1,2,4,8] [--seconds S] [--max-latency-ms L]\n"
                    "                  [--dim NAME=VALUE] [--json] [--precision auto|fp32|bf16|int8] [--max-error E]\n"
                    "       mtserve tune MODEL_FOLDER --embedding [--texts FILE] [-o policy.yaml] [--batches 1,2,4,8,16,32]\n"
-                   "                  [--policy 4:1x2,32:2x1 (measure this policy against one worker with every core)]\n"
+                   "                  [--rounds 3] [--policy 4:1x2,32:2x1 (measure it against one worker with every core)]\n"
                    "  Measures throughput and latency over workers x threads x batch sizes and recommends a setting.\n"
                    "  --embedding (automatic for a folder whose config names a tokenizer): requests of B texts,\n"
                    "  tokenization included, split over W workers of T threads; writes an embedding_policy.\n");
@@ -130,7 +137,7 @@ int mts_cli_tune(int argc, char **argv)
     }
     if (embedding || mts_cli_is_embedding_folder(path)) {
         static const int emb_default[] = {1, 2, 4, 8, 16, 32};
-        mts_tune_embed_opts eo = {cores, seconds, batches_given ? batches : emb_default, batches_given ? n_batches : 6,
+        mts_tune_embed_opts eo = {cores, seconds, rounds, batches_given ? batches : emb_default, batches_given ? n_batches : 6,
                                   texts_file, out_path, policy, json};
         mts_cli_dims_free(&dims);
         return mts_cli_tune_embed(path, &eo) ? 1 : 0;
