@@ -12,7 +12,8 @@
 # threads (no policy, idle device) and once as the policy says (split over W workers of T
 # threads); POLICY (compact form, e.g. 1:1x2,32:2x1) is the policy, by default the one a
 # `mtserve tune --embedding` sweep over batch 1, 8, 32 on these texts picks first (SWEEP_SECONDS
-# per setting, default 1).
+# per setting, default 1). scripts/bench-embed-serve.py then measures the same policy through a
+# running server (/v1/embeddings, one client), with vs without.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MTSERVE=${MTSERVE:-build/mtserve}
@@ -56,4 +57,6 @@ for b in 1 8 32; do
     "$(/usr/bin/python3 -c "print($ours / $ort)")" "$(/usr/bin/python3 -c "print($with / $ort)")" \
     "$(/usr/bin/python3 -c "print($with / $without)")"
 done
+# the same policy through the server: /v1/embeddings, one client, with vs without
+/usr/bin/python3 scripts/bench-embed-serve.py "$MTSERVE" "$work/minilm" "$TEXTS" "$POLICY" "$SECS"
 echo "bench-embed: load average $(cut -d' ' -f1-3 /proc/loadavg) at the end"
