@@ -5,9 +5,10 @@
  * For every batch size B (texts per request; default 1, 2, 4, 8, 16, 32) and every split of the
  * cores into W workers x T intra-op threads (W x T <= cores, W <= B) it runs requests of B texts
  * the way the server does with that policy entry: the texts are tokenized, ordered by length and
- * split into W contiguous sub-batches of near-equal size, which W workers (each with its own
- * execution context of T threads) pad to their length bucket, run and pool in parallel; a
- * request ends when its last sub-batch does. W = 1 with T = cores is fine-grained parallelism
+ * grouped into length-bucket parts, each part split into min(W, k) contiguous sub-batches of
+ * near-equal size, which W workers (each with its own execution context of T threads) take in
+ * turn, pad to the part's bucket, run and pool in parallel; a request ends when its last
+ * sub-batch does. W = 1 with T = cores is fine-grained parallelism
  * (threads inside each matrix multiply), W = cores with T = 1 coarse-grained (texts in
  * parallel). Each setting runs for --seconds (after one untimed pass over the texts, so plans
  * are built before the clock starts), in --rounds slices taken round-robin with the batch size's
@@ -24,6 +25,7 @@
  * device), and prints texts/s with and without it (scripts/bench-embed.sh uses this).
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -104,6 +106,9 @@ struct tune_ctx {
     /* the request in flight: tokens of its B texts in length order, split into W sub-batches */
     tok_text *req;
     int *order;
+    struct { int from, to, len; } *subs; /* the sub-batches of the request in flight */
+    int n_subs;
+    _Atomic int next_sub;                /* the next one a free worker takes */
     int batch, workers;
     float *vecs;
     int64_t dim;
@@ -115,12 +120,10 @@ struct tune_ctx {
 /* Pads, runs and pools sub-batch q of the request in flight on worker w's context. */
 static int run_sub(tune_ctx *t, ew_worker *w, int q)
 {
-    int B = t->batch, W = t->workers;
-    int size = B / W + (q < B % W), from = q * (B / W) + (q < B % W ? q : B % W);
+    int from = t->subs[q].from, size = t->subs[q].to - from;
     if (size < 1) return 0;
     const int64_t **ids = malloc(sizeof *ids * (size_t)size), **types = malloc(sizeof *types * (size_t)size);
     int *cnt = malloc(sizeof *cnt * (size_t)size);
-    int longest = 0;
     if (!ids || !types || !cnt) {
         free(ids), free(types), free(cnt);
         return snprintf(w->msg, sizeof w->msg, "out of memory"), -1;
@@ -128,9 +131,8 @@ static int run_sub(tune_ctx *t, ew_worker *w, int q)
     for (int r = 0; r < size; r++) {
         const tok_text *x = &t->req[t->order[from + r]];
         ids[r] = x->ids, types[r] = x->types, cnt[r] = x->n;
-        if (x->n > longest) longest = x->n;
     }
-    int len = mts_embed_bucket(&t->e, longest);
+    int len = t->subs[q].len;
     size_t plane = (size_t)size * (size_t)len;
     int64_t *buf = malloc(sizeof(int64_t) * 3 * plane);
     float *tmp = NULL;
@@ -186,7 +188,8 @@ static void *worker_main(void *arg)
     for (;;) {
         pthread_barrier_wait(&t->start);
         if (t->quit) break;
-        if (w->index < t->workers && !w->rc) w->rc = run_sub(t, w, w->index);
+        if (w->index < t->workers)
+            for (int q; !w->rc && (q = atomic_fetch_add(&t->next_sub, 1)) < t->n_subs;) w->rc = run_sub(t, w, q);
         pthread_barrier_wait(&t->end);
     }
     return NULL;
@@ -221,6 +224,20 @@ static int run_request(tune_ctx *t, int first)
     }
     g_req = t->req;
     qsort(t->order, (size_t)t->batch, sizeof(int), cmp_len);
+    /* as the server: length-bucket parts, each split into min(W, k) contiguous sub-batches */
+    t->n_subs = 0;
+    for (int i = 0; i < t->batch;) {
+        int len = mts_embed_bucket(&t->e, t->req[t->order[i]].n), j = i;
+        while (j < t->batch && t->req[t->order[j]].n <= len) j++;
+        int k = j - i, w = k < t->workers ? k : t->workers;
+        for (int q = 0; q < w; q++) {
+            int size = k / w + (q < k % w), start = i + q * (k / w) + (q < k % w ? q : k % w);
+            t->subs[t->n_subs].from = start, t->subs[t->n_subs].to = start + size, t->subs[t->n_subs].len = len;
+            t->n_subs++;
+        }
+        i = j;
+    }
+    atomic_store(&t->next_sub, 0);
     pthread_barrier_wait(&t->start);
     pthread_barrier_wait(&t->end);
     for (int k = 0; k < t->workers; k++)
@@ -401,7 +418,8 @@ int mts_cli_tune_embed(const char *model, const mts_tune_embed_opts *o)
     t->max_tokens = mts_embed_config_max_tokens(mc);
     t->req = calloc((size_t)max_b, sizeof *t->req);
     t->order = calloc((size_t)max_b, sizeof *t->order);
-    if (!t->req || !t->order) goto done;
+    t->subs = calloc((size_t)max_b, sizeof *t->subs);
+    if (!t->req || !t->order || !t->subs) goto done;
     for (int i = 0; i < max_b; i++) {
         t->req[i].ids = malloc(sizeof(int64_t) * (size_t)t->max_tokens);
         t->req[i].types = malloc(sizeof(int64_t) * (size_t)t->max_tokens);
@@ -639,6 +657,7 @@ done:
             for (int i = 0; i < max_b; i++) free(t->req[i].ids), free(t->req[i].types);
         free(t->req);
         free(t->order);
+        free(t->subs);
         for (int i = 0; i < t->n_texts; i++) free(t->texts[i]);
         free(t->texts);
         free(t->lens);
