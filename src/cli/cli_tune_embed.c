@@ -99,6 +99,7 @@ struct tune_ctx {
     mts_model *mdl;
     const mts_tokenizer *tok;
     mts_embedder e;
+    int n_in, n_out; /* the model's inputs and outputs (at most MTS_REQ_MAX_TENSORS) */
     int max_tokens;
     char **texts;
     size_t *lens;
@@ -110,8 +111,6 @@ struct tune_ctx {
     int n_subs;
     _Atomic int next_sub;                /* the next one a free worker takes */
     int batch, workers;
-    float *vecs;
-    int64_t dim;
     bool quit;
     pthread_barrier_t start, end;
     ew_worker w[64];
@@ -142,25 +141,23 @@ static int run_sub(tune_ctx *t, ew_worker *w, int q)
         goto out;
     }
     mts_embed_fill(&t->e, size, len, ids, types, cnt, buf, buf + plane, buf + 2 * plane);
-    mts_model_info info;
-    mts_model_get_info(t->mdl, &info);
     mts_tensor in[MTS_REQ_MAX_TENSORS];
-    for (int x = 0; x < info.n_inputs && x < MTS_REQ_MAX_TENSORS; x++) {
+    for (int x = 0; x < t->n_in; x++) {
         const char *name = mts_model_input(t->mdl, x)->name;
         int which = !strcmp(name, t->e.ids_name) ? 0 : !strcmp(name, t->e.mask_name) ? 1 : 2;
         in[x] = (mts_tensor){.dtype = MTS_DTYPE_INT64, .rank = 2, .dims = {size, len}, .data = buf + which * plane};
     }
     const mts_tensor *outs[MTS_REQ_MAX_TENSORS];
     mts_err err = {0};
-    if (mts_ctx_run(w->ctx, in, info.n_inputs, outs, &err)) {
+    if (mts_ctx_run(w->ctx, in, t->n_in, outs, &err)) {
         snprintf(w->msg, sizeof w->msg, "%s", err.msg);
         goto out;
     }
     const mts_tensor *o = NULL;
-    for (int x = 0; x < info.n_outputs && x < MTS_REQ_MAX_TENSORS; x++)
+    for (int x = 0; x < t->n_out; x++)
         if (!strcmp(mts_model_output(t->mdl, x)->name, t->e.out_name)) o = outs[x];
     int64_t d = o ? mts_embed_output_dim(o, size, len, w->msg, sizeof w->msg) : -1;
-    if (d < 0 || (t->dim && d != t->dim)) {
+    if (d < 0) {
         if (!o) snprintf(w->msg, sizeof w->msg, "the model has no output '%s'", t->e.out_name);
         goto out;
     }
@@ -170,9 +167,7 @@ static int run_sub(tune_ctx *t, ew_worker *w, int q)
         goto out;
     }
     mts_embed_pool(&t->e, o, size, len, cnt, tmp);
-    if (t->vecs)
-        for (int r = 0; r < size; r++)
-            memcpy(t->vecs + (size_t)t->order[from + r] * d, tmp + (size_t)r * d, sizeof(float) * (size_t)d);
+    /* (the vectors themselves are not kept: pooling is timed, the server's answer is not built) */
     rc = 0;
 out:
     free(tmp);
@@ -416,6 +411,7 @@ int mts_cli_tune_embed(const char *model, const mts_tune_embed_opts *o)
         goto done;
     }
     t->max_tokens = mts_embed_config_max_tokens(mc);
+    t->n_in = n_in, t->n_out = n_out;
     t->req = calloc((size_t)max_b, sizeof *t->req);
     t->order = calloc((size_t)max_b, sizeof *t->order);
     t->subs = calloc((size_t)max_b, sizeof *t->subs);
