@@ -71,8 +71,8 @@ def main():
             print(f"{b:<6} {without:>18.1f} {with_:>15.1f} {with_ / without:>9.2f}x")
         st = s.get(url + "/v2/models/pol/stats").json()["model_stats"][0]
         sizes = {x["batch_size"]: x["compute_infer"]["count"] for x in st["batch_stats"]}
-        print(f"pol statistics: policy_sub_batches {st['policy_sub_batches']}, team_sizes {json.dumps(st['team_sizes'])}, "
-              f"batch sizes {json.dumps(sizes)}")
+        print(f"pol statistics: policy_sub_batches {st['policy_sub_batches']}, "
+              f"team_sizes {json.dumps(st['team_sizes'])}, batch sizes {json.dumps(sizes)}")
         proc.terminate()
         proc.wait(timeout=30)
     finally:

@@ -120,8 +120,9 @@ int mts_cli_tune(int argc, char **argv)
         } else if (!strcmp(a, "--help")) {
             printf("usage: mtserve tune MODEL [--cores N] [--batches 1,2,4,8] [--seconds S] [--max-latency-ms L]\n"
                    "                  [--dim NAME=VALUE] [--json] [--precision auto|fp32|bf16|int8] [--max-error E]\n"
-                   "       mtserve tune MODEL_FOLDER --embedding [--texts FILE] [-o policy.yaml] [--batches 1,2,4,8,16,32]\n"
-                   "                  [--rounds 3] [--policy 4:1x2,32:2x1 (measure it against one worker with every core)]\n"
+                   "       mtserve tune MODEL_FOLDER --embedding [--texts FILE] [-o policy.yaml]\n"
+                   "                  [--batches 1,2,4,8,16,32] [--rounds 3]\n"
+                   "                  [--policy 4:1x2,32:2x1 (measure it against one worker with every core)]\n"
                    "  Measures throughput and latency over workers x threads x batch sizes and recommends a setting.\n"
                    "  --embedding (automatic for a folder whose config names a tokenizer): requests of B texts,\n"
                    "  tokenization included, split over W workers of T threads; writes an embedding_policy.\n");
@@ -137,8 +138,8 @@ int mts_cli_tune(int argc, char **argv)
     }
     if (embedding || mts_cli_is_embedding_folder(path)) {
         static const int emb_default[] = {1, 2, 4, 8, 16, 32};
-        mts_tune_embed_opts eo = {cores, seconds, rounds, batches_given ? batches : emb_default, batches_given ? n_batches : 6,
-                                  texts_file, out_path, policy, json};
+        mts_tune_embed_opts eo = {cores,      seconds,  rounds, batches_given ? batches : emb_default,
+                                  batches_given ? n_batches : 6, texts_file, out_path, policy, json};
         mts_cli_dims_free(&dims);
         return mts_cli_tune_embed(path, &eo) ? 1 : 0;
     }

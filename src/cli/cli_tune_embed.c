@@ -526,8 +526,8 @@ int mts_cli_tune_embed(const char *model, const mts_tune_embed_opts *o)
                       st->lat[i99 < n ? i99 : n - 1], n};
             rows[n_rows++] = r;
             if (!o->json) {
-                printf("%5d %7d %7d %-6s %10.1f %9.2f %9.2f\n", B, r.workers, r.threads, mode_name(r.workers, r.threads),
-                       r.texts_s, r.p50, r.p99);
+                printf("%5d %7d %7d %-6s %10.1f %9.2f %9.2f\n", B, r.workers, r.threads,
+                       mode_name(r.workers, r.threads), r.texts_s, r.p50, r.p99);
                 fflush(stdout);
             }
         }

@@ -995,7 +995,8 @@ static void test_embedding_policy(void **state)
     const char *y = "models:\n  e:\n    model_path: /m/model.onnx\n    tokenizer: v.txt\n    embedding_policy:\n"
                     "      - {max_batch: 4, num_threads: 2}\n"
                     "      - {max_batch: 32, workers: 4, disable_matmul_parallel: true}\n"
-                    "  f:\n    model_path: /m/model.onnx\n    tokenizer: v.txt\n    embedding_policy: \"1:1x2, 8:2x1,64:8\"\n";
+                    "  f:\n    model_path: /m/model.onnx\n    tokenizer: v.txt\n"
+                    "    embedding_policy: \"1:1x2, 8:2x1,64:8\"\n";
     assert_int_equal(mts_config_parse_yaml(y, strlen(y), "t.yaml", &c, NULL, NULL, &err), MTS_OK);
     assert_int_equal(mts_config_finalize(&c, &err), MTS_OK);
     const mts_model_config *e = mts_config_find_model(&c, "e"), *f = mts_config_find_model(&c, "f");
