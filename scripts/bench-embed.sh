@@ -7,6 +7,13 @@
 # is tools/ort/ort_bench.js on already-padded [batch, 16] int64 inputs (tokenization and pooling
 # excluded). Both run in this invocation, alternately per batch size; the CPU is named.
 # BENCH_SECONDS (default 3) is the measuring time of each point.
+# The embedding_policy columns: `mtserve tune --embedding --policy` runs requests of B texts the
+# way the server does, tokenization included, once as one batch on one worker with THREADS
+# threads (no policy, idle device) and once as the policy says (split over W workers of T
+# threads); POLICY (compact form, e.g. 1:1x2,32:2x1) is the policy, by default the one a
+# `mtserve tune --embedding` sweep over batch 1, 8, 32 on these texts picks first (SWEEP_SECONDS
+# per setting, default 1). scripts/bench-embed-serve.py then measures the same policy through a
+# running server (/v1/embeddings, one client), with vs without.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MTSERVE=${MTSERVE:-build/mtserve}
@@ -29,11 +36,27 @@ while [ "$bucket" -lt "$longest" ]; do bucket=$((bucket * 2)); done
 cpu=$(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -1)
 flags=$(grep -o -w -E 'avx2|fma|avx512f|avx512_vnni|avx512_bf16|amx_tile' /proc/cpuinfo | sort -u | tr '\n' ' ')
 echo "bench-embed: $cpu; flags: ${flags% }; $THREADS threads; $(wc -l < "$TEXTS") texts of up to $longest tokens (bucket $bucket)"
-printf '%-6s %18s %18s %8s\n' batch "mtserve texts/s" "ORT texts/s" ratio
 field() { /usr/bin/python3 -c "import json,sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])['$1'])"; }
+if [ -z "${POLICY:-}" ]; then
+  POLICY=$("$MTSERVE" tune "$work/minilm" --embedding --texts "$TEXTS" --batches 1,8,32 --cores "$THREADS" \
+           --seconds "${SWEEP_SECONDS:-1}" --json 2>/dev/null | /usr/bin/python3 -c "import json,sys
+print(','.join('%d:%dx%d' % (e['max_batch'], e['workers'], e['threads']) for e in json.load(sys.stdin)['embedding_policy']))")
+fi
+echo "bench-embed: embedding_policy $POLICY; load average $(cut -d' ' -f1-3 /proc/loadavg)"
+printf '%-6s %16s %16s %10s %16s %16s %10s %10s %10s\n' batch "mtserve texts/s" "no-policy" "policy WxT" \
+  "policy texts/s" "ORT texts/s" "embed/ORT" "policy/ORT" "policy/no"
+compare() { /usr/bin/python3 -c "import json,sys; c=json.load(sys.stdin)['compare'][0]
+print(c['without_texts_per_s'], c['with_texts_per_s'], '%dx%d' % (c['workers'], c['threads']))"; }
 for b in 1 8 32; do
   ours=$("$MTSERVE" embed "$work/minilm" --bench "$SECS" --batch "$b" --threads "$THREADS" - < "$TEXTS" | field texts_per_s)
+  read -r without with wt < <("$MTSERVE" tune "$work/minilm" --embedding --texts "$TEXTS" --batches "$b" \
+    --cores "$THREADS" --seconds "$SECS" --policy "$POLICY" --json 2>/dev/null | compare)
   ort=$(node tools/ort/ort_bench.js "$work/minilm/model.onnx" --batch "$b" --threads "$THREADS" --dim S="$bucket" \
         --min-seconds "$SECS" --iters 10 | field throughput_per_s)
-  printf '%-6s %18.1f %18.1f %7.2fx\n' "$b" "$ours" "$ort" "$(/usr/bin/python3 -c "print($ours / $ort)")"
+  printf '%-6s %16.1f %16.1f %10s %16.1f %16.1f %9.2fx %9.2fx %9.2fx\n' "$b" "$ours" "$without" "$wt" "$with" "$ort" \
+    "$(/usr/bin/python3 -c "print($ours / $ort)")" "$(/usr/bin/python3 -c "print($with / $ort)")" \
+    "$(/usr/bin/python3 -c "print($with / $without)")"
 done
+# the same policy through the server: /v1/embeddings, one client, with vs without
+/usr/bin/python3 scripts/bench-embed-serve.py "$MTSERVE" "$work/minilm" "$TEXTS" "$POLICY" "$SECS"
+echo "bench-embed: load average $(cut -d' ' -f1-3 /proc/loadavg) at the end"

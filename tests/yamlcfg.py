@@ -8,11 +8,16 @@ def _yaml_scalar(v):
         return "true" if v else "false"
     if isinstance(v, (int, float)):
         return str(v)
+    if isinstance(v, list):  # flow style: [a, {k: v}]
+        return "[" + ", ".join(_yaml_scalar(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}: {_yaml_scalar(x)}" for k, x in v.items()) + "}"
     return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def to_yaml(d, indent=0):
-    """A nested dict of scalars as block YAML (enough for the server's config files)."""
+    """A nested dict of scalars as block YAML (enough for the server's config files); lists (and
+    dicts inside them) in flow style."""
     out = []
     for k, v in d.items():
         if isinstance(v, dict):

@@ -2,6 +2,13 @@
  * The shared embedding path (embed_common.h): tokenizer cache, tokenization, length-bucket
  * grouping, one scheduler request per bucket part, pooling on the worker thread and the
  * gathering of the parts into one answer.
+ *
+ * With an embedding_policy (config.h mts_embed_policy) the entry for the request's text count n
+ * decides how its parts run: each bucket part is split into min(workers, texts) sub-batches of
+ * near-equal size, submitted together and marked to run alone (the scheduler does not merge
+ * them back), each with the entry's intra-op threads. workers 1 keeps the part whole and only
+ * sets its team size. Without a policy nothing changes: parts batch with other requests' parts
+ * and the scheduler picks the threads.
  */
 #include "api/embed_common.h"
 
@@ -97,8 +104,10 @@ typedef struct embed_call {
     int64_t dim;
     /* the parts (bucket spans of the length order), submitted MAX_PARTS_IN_FLIGHT at a time */
     int *order;
-    struct { int from, to, len; } *spans;
+    struct embed_span { int from, to, len; } *spans;
     int n_spans, next_span;
+    int threads;       /* the policy's intra-op threads for every part (0: the scheduler's) */
+    bool alone;        /* the policy split the parts: each runs as its own batch */
     const mts_request *cancel; /* the front end's: cancelled when the client went away */
 } embed_call;
 
@@ -284,6 +293,8 @@ static void submit_part(embed_call *c, const int *order, int from, int to, int l
     }
     r->requested[0] = c->e.out_name;
     r->n_requested = 1;
+    r->threads = c->threads;
+    r->alone = c->alone;
     r->done = part_done;
     pthread_mutex_lock(&c->lock);
     c->pending++;
@@ -350,7 +361,39 @@ static void dispatch(embed_call *c)
         c->n_spans++;
         i = j;
     }
-    for (int k = 0; k < MAX_PARTS_IN_FLIGHT; k++) submit_next(c);
+    int window = MAX_PARTS_IN_FLIGHT;
+    const mts_embed_policy *pol = mts_embed_policy_for(c->cfg, c->n);
+    if (pol) {
+        c->threads = pol->threads;
+        if (pol->workers > 1) { /* each bucket part into min(workers, k) sub-batches, in place */
+            int n_sub = 0;
+            for (int s = 0; s < c->n_spans; s++) {
+                int k = c->spans[s].to - c->spans[s].from;
+                n_sub += k < pol->workers ? k : pol->workers;
+            }
+            struct embed_span *sub = malloc(sizeof *sub * (size_t)n_sub);
+            if (!sub) {
+                call_fail(c, MTS_ENOMEM, "%s", "out of memory");
+                call_unref(c);
+                return;
+            }
+            int o = 0;
+            for (int s = 0; s < c->n_spans; s++) {
+                int from = c->spans[s].from, k = c->spans[s].to - from, w = k < pol->workers ? k : pol->workers;
+                for (int q = 0; q < w; q++) { /* the first k % w sub-batches take one text more */
+                    int size = k / w + (q < k % w), start = from + q * (k / w) + (q < k % w ? q : k % w);
+                    sub[o].from = start, sub[o].to = start + size, sub[o].len = c->spans[s].len;
+                    o++;
+                }
+            }
+            free(c->spans);
+            c->spans = sub;
+            c->n_spans = n_sub;
+            c->alone = true;
+            if (pol->workers > window) window = pol->workers;
+        }
+    }
+    for (int k = 0; k < window; k++) submit_next(c);
     call_unref(c);
 }
 

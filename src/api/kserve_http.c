@@ -795,6 +795,25 @@ static void write_model_stats(mts_jw *w, const mts_model_status *st)
         if (st->guard_error >= 0) mts_jw_double(w, st->guard_error);
         else mts_jw_null(w);
     }
+    /* intra-op team sizes of the batches run, and an embedding model's policy in force */
+    mts_jw_key(w, "team_sizes");
+    mts_jw_begin_object(w);
+    for (int t = 1; t <= MTS_TEAM_STATS; t++) {
+        if (!st->team_batches[t]) continue;
+        char key[16];
+        snprintf(key, sizeof key, "%d%s", t, t == MTS_TEAM_STATS ? "+" : "");
+        mts_jw_key(w, key);
+        mts_jw_uint(w, st->team_batches[t]);
+    }
+    mts_jw_end_object(w);
+    mts_jw_key(w, "threads_set_batches");
+    mts_jw_uint(w, st->hinted_batches);
+    if (st->embedding_policy[0]) {
+        mts_jw_key(w, "embedding_policy");
+        mts_jw_string(w, st->embedding_policy);
+        mts_jw_key(w, "policy_sub_batches");
+        mts_jw_uint(w, st->alone_batches);
+    }
     mts_jw_end_object(w);
 }
 

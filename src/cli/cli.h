@@ -18,6 +18,30 @@ int mts_cli_bench(int argc, char **argv);
 int mts_cli_cluster_config(int argc, char **argv);
 int mts_cli_quantize(int argc, char **argv);
 int mts_cli_embed(int argc, char **argv);
+/* An embedding model for the command line: MODEL a model folder (scanned as a one-model
+ * repository) or, with config, a model name in that YAML file. c is initialized here (free it
+ * with mts_config_free); *out points into it. 0, or 1 with the reason printed. */
+struct mts_config;
+struct mts_model_config;
+int mts_cli_embed_find(const char *model, const char *config, struct mts_config *c,
+                       const struct mts_model_config **out);
+/* True when path is a model folder whose configuration makes it an embedding model (it names a
+ * tokenizer); quiet. */
+int mts_cli_is_embedding_folder(const char *path);
+/* `mtserve tune MODEL --embedding` (cli_tune_embed.c), called by mts_cli_tune with its options. */
+typedef struct mts_tune_embed_opts {
+    int cores;
+    double seconds;            /* measuring time per setting, in `rounds` round-robin slices */
+    int rounds;
+    const int *batches;
+    int n_batches;
+    const char *texts_file;    /* one text per line; NULL: the built-in corpus */
+    const char *out_path;      /* the policy YAML to write; NULL: printed only */
+    const char *policy;        /* compact policy ("4:1x2,32:2x1"): measure only it against one
+                                * worker with every core (the server without a policy, idle) */
+    int json;
+} mts_tune_embed_opts;
+int mts_cli_tune_embed(const char *model, const mts_tune_embed_opts *o);
 
 /* Named overrides of symbolic dimensions, from `--dim NAME=VALUE`. */
 typedef struct mts_cli_dims {

@@ -61,7 +61,7 @@ static int add_text(emb_text **t, int *n, int *cap, const char *s, size_t len)
 }
 
 /* Finds the model: a folder (scanned as a one-model repository) or a name in --config. */
-static int find_model(const char *model, const char *config, mts_config *c, const mts_model_config **out)
+int mts_cli_embed_find(const char *model, const char *config, mts_config *c, const mts_model_config **out)
 {
     mts_err err = {0};
     mts_config_defaults(c);
@@ -290,7 +290,7 @@ int mts_cli_embed(int argc, char **argv)
     if (threads < 1) threads = 1;
     mts_config cfg;
     const mts_model_config *mc = NULL;
-    int rc = find_model(model, config, &cfg, &mc);
+    int rc = mts_cli_embed_find(model, config, &cfg, &mc);
     if (rc) {
         mts_config_free(&cfg);
         return rc;

@@ -1,13 +1,16 @@
 /*
  * `mtserve inspect MODEL`: what a model takes and gives (names, types, shapes with symbolic
  * dimensions), what it is made of (op histogram, parameter bytes), and what it costs (GFLOP
- * per sample, peak activation bytes at batch 1 and 8, load time). Text or --json.
+ * per sample, peak activation bytes at batch 1 and 8, load time). Text or --json. MODEL may be
+ * an embedding model's folder (its configuration names a tokenizer): its model.onnx is
+ * inspected and the embedding_policy in force is shown.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli/cli.h"
+#include "config/config.h"
 
 static void shape_of(const mts_value *v, char *buf, size_t len)
 {
@@ -67,9 +70,24 @@ int mts_cli_inspect(int argc, char **argv)
         fprintf(stderr, "mtserve inspect: no model given\n");
         return 2;
     }
+    /* an embedding model's folder: its model file, and the policy its configuration sets */
+    mts_config ecfg;
+    memset(&ecfg, 0, sizeof ecfg);
+    const mts_model_config *emc = NULL;
+    char policy[256] = "";
+    if (mts_cli_is_embedding_folder(path)) {
+        if (mts_cli_embed_find(path, NULL, &ecfg, &emc)) {
+            mts_config_free(&ecfg);
+            mts_cli_dims_free(&dims);
+            return 1;
+        }
+        path = emc->model_path;
+        mts_embed_policy_format(emc, policy, sizeof policy);
+    }
     mts_model *m;
     double load_ms;
     if (mts_cli_load(path, &m, &load_ms)) {
+        mts_config_free(&ecfg);
         mts_cli_dims_free(&dims);
         return 1;
     }
@@ -115,6 +133,8 @@ int mts_cli_inspect(int argc, char **argv)
         printf("},\n \"param_bytes\": %lld, \"mapped_param_bytes\": %lld, \"resident_bytes\": %lld, \"gflop_per_sample\": %.4f, \"activation_bytes_batch1\": %lld, "
                "\"activation_bytes_batch8\": %lld, ",
                (long long)info.param_bytes, (long long)info.mapped_bytes, (long long)info.resident_bytes, flops1 / 1e9, (long long)act1, (long long)act8);
+        if (emc) printf("\"embedding_policy\": %s%s%s, ", policy[0] ? "\"" : "", policy[0] ? policy : "null",
+                        policy[0] ? "\"" : "");
         const mts_precision_info *pi = mts_model_precision(m);
         printf("\"precision\": \"%s\", \"precision_requested\": \"%s\", \"precision_reason\": \"%s\", "
                "\"precision_guard_error\": ", pi->effective, pi->requested, pi->reason);
@@ -154,7 +174,23 @@ int mts_cli_inspect(int argc, char **argv)
         printf("ops        ");
         for (int i = 0; i < n_ops; i++) printf(" %s×%d", ops[i], counts[i]);
         printf("\n");
+        if (emc && !emc->n_embed_policy)
+            printf("embedding   no embedding_policy: the scheduler picks each batch's threads from the backlog\n");
+        for (int i = 0; emc && i < emc->n_embed_policy; i++) {
+            const mts_embed_policy *p = &emc->embed_policy[i];
+            int lo = i ? emc->embed_policy[i - 1].max_batch + 1 : 1;
+            bool last = i == emc->n_embed_policy - 1;
+            char how[96];
+            if (p->workers > 1)
+                snprintf(how, sizeof how, "up to %d sub-batches in parallel", p->workers);
+            else
+                snprintf(how, sizeof how, "one batch");
+            printf("%s %d..%d texts%s: %s, %d thread%s each%s\n", i ? "           " : "policy     ", lo, p->max_batch,
+                   last ? " and more" : "", how, p->threads, p->threads == 1 ? "" : "s",
+                   p->threads ? "" : " (0: the scheduler's choice)");
+        }
     }
+    mts_config_free(&ecfg);
     mts_model_free(m);
     mts_cli_dims_free(&dims);
     return rc ? 1 : 0;

@@ -6,6 +6,8 @@
  * setting with the highest throughput, and the fastest one that keeps p99 under --max-latency-ms.
  * The recommendation maps onto the configuration: workers → gpus.worker_count_per_gpu (or
  * server.worker_count), B → models.NAME.max_batch; T is what the scheduler gives each batch.
+ * With --embedding (or a model folder whose configuration names a tokenizer) the sweep runs on
+ * texts instead and ends in an embedding_policy (cli_tune_embed.c).
  */
 #include <math.h>
 #include <pthread.h>
@@ -75,7 +77,8 @@ int mts_cli_tune(int argc, char **argv)
     double seconds = 1.0, max_latency = 0;
     int batches[8] = {1, 2, 4, 8}, n_batches = 4;
     mts_cli_dims dims = {0};
-    int json = 0;
+    int json = 0, embedding = 0, batches_given = 0, rounds = 3;
+    const char *texts_file = NULL, *out_path = NULL, *policy = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int pa = mts_cli_precision_arg("tune", argc, argv, &i);
@@ -86,10 +89,29 @@ int mts_cli_tune(int argc, char **argv)
         else if (!strcmp(a, "--seconds") && has) seconds = atof(argv[++i]);
         else if (!strcmp(a, "--max-latency-ms") && has) max_latency = atof(argv[++i]);
         else if (!strcmp(a, "--json")) json = 1;
+        else if (!strcmp(a, "--embedding")) embedding = 1;
+        else if (!strcmp(a, "--texts") && has) texts_file = argv[++i];
+        else if (!strcmp(a, "--policy") && has) policy = argv[++i];
+        else if (!strcmp(a, "--rounds") && has) {
+            rounds = atoi(argv[++i]);
+            if (rounds < 1 || rounds > 100) {
+                fprintf(stderr, "mtserve tune: --rounds takes 1 to 100\n");
+                return 2;
+            }
+        }
+        else if ((!strcmp(a, "-o") || !strcmp(a, "--output")) && has) out_path = argv[++i];
         else if (!strcmp(a, "--batches") && has) {
             n_batches = 0;
-            for (char *tok = strtok(argv[++i], ","); tok && n_batches < 8; tok = strtok(NULL, ","))
-                batches[n_batches++] = atoi(tok);
+            batches_given = 1;
+            for (char *tok = strtok(argv[++i], ","); tok; tok = strtok(NULL, ",")) {
+                char *end;
+                long b = strtol(tok, &end, 10);
+                if (*end || b < 1 || b > 2048 || n_batches == 8) {
+                    fprintf(stderr, "mtserve tune: --batches takes up to 8 sizes from 1 to 2048, got '%s'\n", tok);
+                    return 2;
+                }
+                batches[n_batches++] = (int)b;
+            }
         } else if (!strcmp(a, "--dim") && has) {
             if (mts_cli_parse_dim(&dims, argv[++i])) {
                 fprintf(stderr, "mtserve tune: bad --dim '%s'\n", argv[i]);
@@ -98,15 +120,31 @@ int mts_cli_tune(int argc, char **argv)
         } else if (!strcmp(a, "--help")) {
             printf("usage: mtserve tune MODEL [--cores N] [--batches 1,2,4,8] [--seconds S] [--max-latency-ms L]\n"
                    "                  [--dim NAME=VALUE] [--json] [--precision auto|fp32|bf16|int8] [--max-error E]\n"
-                   "  Measures throughput and latency over workers x threads x batch sizes and recommends a setting.\n");
+                   "       mtserve tune MODEL_FOLDER --embedding [--texts FILE] [-o policy.yaml]\n"
+                   "                  [--batches 1,2,4,8,16,32] [--rounds 3]\n"
+                   "                  [--policy 4:1x2,32:2x1 (measure it against one worker with every core)]\n"
+                   "  Measures throughput and latency over workers x threads x batch sizes and recommends a setting.\n"
+                   "  --embedding (automatic for a folder whose config names a tokenizer): requests of B texts,\n"
+                   "  tokenization included, split over W workers of T threads; writes an embedding_policy.\n");
             return 0;
         } else if (a[0] == '-') {
             fprintf(stderr, "mtserve tune: unknown option '%s'\n", a);
             return 2;
         } else path = a;
     }
-    if (!path || cores < 1 || n_batches < 1) {
+    if (!path || cores < 1 || n_batches < 1 || !(seconds > 0 && seconds <= 600)) {
         fprintf(stderr, "usage: mtserve tune MODEL [options] (--help)\n");
+        return 2;
+    }
+    if (embedding || mts_cli_is_embedding_folder(path)) {
+        static const int emb_default[] = {1, 2, 4, 8, 16, 32};
+        mts_tune_embed_opts eo = {cores,      seconds,  rounds, batches_given ? batches : emb_default,
+                                  batches_given ? n_batches : 6, texts_file, out_path, policy, json};
+        mts_cli_dims_free(&dims);
+        return mts_cli_tune_embed(path, &eo) ? 1 : 0;
+    }
+    if (texts_file || out_path || policy) {
+        fprintf(stderr, "mtserve tune: --texts, --policy and -o apply to embedding models (--embedding)\n");
         return 2;
     }
     mts_model *m;

@@ -321,7 +321,7 @@ static const char *const model_keys[] = {
     "preferred_device", "max_batch", "max_queue_delay_us", "max_queue_delay_ms", "queue_size", "instances",
     "weight", "priority", "background_cache_frames", "tokenizer", "pooling", "normalize", "lowercase",
     "max_tokens", "input_ids_name", "attention_mask_name", "token_type_ids_name", "output_name", "precision",
-    "max_error"};
+    "max_error", "embedding_policy"};
 static const char *const top_keys[] = {"server", "gpus", "capacity", "onnx", "models", "model_repository"};
 #define KEYS(a) a, sizeof a / sizeof a[0]
 
@@ -675,6 +675,173 @@ typedef struct model_state {
     const ynode *us_node, *ms_node;
 } model_state;
 
+/* ---- embedding_policy (config.h mts_embed_policy) ---- */
+
+/* Entry i against itself and entry i - 1; 0, or -1 with the reason in msg. */
+static int policy_check(const mts_embed_policy *p, int i, char *msg, size_t len)
+{
+    if (p[i].workers > p[i].max_batch) {
+        snprintf(msg, len, "workers %d is more than max_batch %d (a batch splits into at most one text per worker)",
+                 p[i].workers, p[i].max_batch);
+        return -1;
+    }
+    if (i > 0 && p[i].max_batch <= p[i - 1].max_batch) {
+        snprintf(msg, len, "max_batch %d is not above the previous entry's %d (entries go in ascending max_batch)",
+                 p[i].max_batch, p[i - 1].max_batch);
+        return -1;
+    }
+    return 0;
+}
+
+/* A decimal integer in [lo, hi] at *s (advanced past it); -1 when there is none or it is out of range. */
+static long policy_num(const char **s, long lo, long hi)
+{
+    const char *p = *s;
+    long v = 0;
+    int digits = 0;
+    while (*p >= '0' && *p <= '9' && digits < 9) v = v * 10 + (*p++ - '0'), digits++;
+    if (digits == 0 || (*p >= '0' && *p <= '9') || v < lo || v > hi) return -1;
+    *s = p;
+    return v;
+}
+
+int mts_embed_policy_parse(const char *text, mts_embed_policy *out, int *n, char *err, size_t errlen)
+{
+    int k = 0;
+    const char *s = text;
+    if (!s || !*s) return snprintf(err, errlen, "the policy is empty"), -1;
+    if (strlen(s) > 1024) return snprintf(err, errlen, "the policy is %zu characters; at most 1024", strlen(s)), -1;
+    while (*s) {
+        const char *start = s;
+        while (*s == ' ') s++;
+        if (k == MTS_EMBED_POLICY_MAX)
+            return snprintf(err, errlen, "more than %d entries", MTS_EMBED_POLICY_MAX), -1;
+        mts_embed_policy p = {0, 1, 0};
+        long v = policy_num(&s, 1, 4096);
+        const char *what = "max_batch (an integer from 1 to 4096)";
+        if (v > 0) {
+            p.max_batch = (int)v;
+            what = "':' after max_batch";
+            if (*s == ':') {
+                s++;
+                what = "workers (an integer from 1 to 256)";
+                if ((v = policy_num(&s, 1, 256)) > 0) {
+                    p.workers = (int)v;
+                    what = NULL;
+                    if (*s == 'x' || *s == 'X') {
+                        s++;
+                        what = "threads (an integer from 0 to 1024) after 'x'";
+                        if ((v = policy_num(&s, 0, 1024)) >= 0) p.threads = (int)v, what = NULL;
+                    }
+                }
+            }
+        }
+        while (!what && *s == ' ') s++;
+        if (!what && *s && *s != ',') what = "',' or the end after an entry";
+        if (what) {
+            const char *end = strchr(start, ',');
+            int shown = end ? (int)(end - start) : (int)strlen(start);
+            snprintf(err, errlen, "entry %d ('%.*s'): expected %s, at character %d (the form is "
+                     "max_batch:workers x threads, e.g. '4:1x2,32:2x1')", k + 1, shown > 40 ? 40 : shown, start, what,
+                     (int)(s - text) + 1);
+            return -1;
+        }
+        out[k] = p;
+        char msg[200];
+        if (policy_check(out, k, msg, sizeof msg)) return snprintf(err, errlen, "entry %d: %s", k + 1, msg), -1;
+        k++;
+        if (*s == ',') {
+            s++;
+            if (!*s) return snprintf(err, errlen, "a ',' ends the policy: entry %d is missing", k + 1), -1;
+        }
+    }
+    *n = k;
+    return 0;
+}
+
+void mts_embed_policy_format(const mts_model_config *m, char *buf, size_t len)
+{
+    size_t o = 0;
+    if (len) buf[0] = 0;
+    for (int i = 0; i < m->n_embed_policy && o < len; i++) {
+        const mts_embed_policy *p = &m->embed_policy[i];
+        int w = snprintf(buf + o, len - o, "%s%d:%dx%d", i ? "," : "", p->max_batch, p->workers, p->threads);
+        if (w < 0) break;
+        o += (size_t)w;
+    }
+}
+
+const mts_embed_policy *mts_embed_policy_for(const mts_model_config *m, int n)
+{
+    if (!m || m->n_embed_policy < 1) return NULL;
+    for (int i = 0; i < m->n_embed_policy; i++)
+        if (n <= m->embed_policy[i].max_batch) return &m->embed_policy[i];
+    return &m->embed_policy[m->n_embed_policy - 1];
+}
+
+typedef struct policy_state {
+    mts_embed_policy *p;
+    bool coarse;
+    const ynode *threads_node, *coarse_node;
+} policy_state;
+
+static int policy_entry_key(pctx *x, const char *key, const char *full, const ynode *k, const ynode *v, void *arg)
+{
+    policy_state *ps = arg;
+    int rc;
+    if (!strcmp(key, "max_batch")) rc = get_int32(x, v, full, 1, 4096, &ps->p->max_batch);
+    else if (!strcmp(key, "workers")) rc = get_int32(x, v, full, 1, 256, &ps->p->workers);
+    else if (!strcmp(key, "threads") || !strcmp(key, "num_threads")) {
+        if (ps->threads_node)
+            return key_err(x, k, full, "conflicts with '%s' (line %d); give only one of them", ps->threads_node->val,
+                           ps->threads_node->line);
+        ps->threads_node = k;
+        rc = get_int32(x, v, full, 0, 1024, &ps->p->threads);
+    } else if (!strcmp(key, "disable_matmul_parallel")) {
+        ps->coarse_node = k;
+        rc = get_bool(x, v, full, &ps->coarse);
+    } else
+        return key_err(x, k, full, "unknown key in an embedding_policy entry (the keys are max_batch, workers, "
+                       "threads or num_threads, disable_matmul_parallel)");
+    return rc < 0 ? rc : MTS_OK;
+}
+
+/* models.NAME.embedding_policy: a sequence of {max_batch, workers, threads} or the compact text. */
+static int parse_policy(pctx *x, const ynode *v, const char *full, mts_model_config *m)
+{
+    char msg[MTS_ERR_MSG_MAX];
+    if (yn_is_null(v)) return 0;
+    if (v->kind == YN_SCALAR) {
+        if (mts_embed_policy_parse(v->val, m->embed_policy, &m->n_embed_policy, msg, sizeof msg))
+            return key_err(x, v, full, "%s", msg);
+        return 1;
+    }
+    if (v->kind == YN_SEQ && v->n < 1)
+        return key_err(x, v, full, "the sequence is empty: give at least one {max_batch, workers, threads} entry");
+    if (v->kind != YN_SEQ) return type_err(x, v, full, "a sequence of {max_batch, workers, threads} entries");
+    if (v->n > MTS_EMBED_POLICY_MAX)
+        return key_err(x, v, full, "%d entries; at most %d", v->n, MTS_EMBED_POLICY_MAX);
+    for (int i = 0; i < v->n; i++) {
+        const ynode *e = v->kids[i];
+        char pre[CFG_KEY_MAX];
+        snprintf(pre, sizeof pre, "%s[%d]", full, i + 1);
+        if (e->kind != YN_MAP) return type_err(x, e, pre, "a mapping {max_batch, workers, threads}");
+        mts_embed_policy p = {0, 1, 0};
+        policy_state ps = {.p = &p};
+        int rc = walk_map(x, e, pre, "embedding_policy settings", policy_entry_key, &ps);
+        if (rc < 0) return rc;
+        if (ps.coarse && p.threads > 1)
+            return key_err(x, ps.coarse_node, pre, "disable_matmul_parallel: true runs 1 thread per sub-batch, but "
+                           "threads is %d", p.threads);
+        if (ps.coarse) p.threads = 1;
+        if (p.max_batch < 1) return key_err(x, e, pre, "the entry has no max_batch");
+        m->embed_policy[i] = p;
+        if (policy_check(m->embed_policy, i, msg, sizeof msg)) return key_err(x, e, pre, "%s", msg);
+    }
+    m->n_embed_policy = v->n;
+    return 1;
+}
+
 static int model_key(pctx *x, const char *key, const char *full, const ynode *k, const ynode *v, void *arg)
 {
     model_state *st = arg;
@@ -737,6 +904,7 @@ static int model_key(pctx *x, const char *key, const char *full, const ynode *k,
         if (rc == 1 && set_string(&m->precision, names[i])) return mts_err_set(x->err, MTS_ENOMEM, "out of memory");
     } else if (strcmp(key, "max_error") == 0)
         rc = get_num(x, v, full, false, 1e6, &m->max_error);
+    else if (strcmp(key, "embedding_policy") == 0) rc = parse_policy(x, v, full, m);
     else warn_unknown(x, k, full, KEYS(model_keys));
     if (rc < 0) return rc;
     if (st->us_node && st->ms_node) {
@@ -1089,6 +1257,10 @@ static int apply_pb_param(mts_model_config *m, const mts_pbtxt *p, const char *f
             return mts_err_set(err, MTS_EINVAL, "%s:%d: parameter 'max_tokens' must be an integer from 2 to 65536, got "
                                "'%.60s'", file, sv->line, val);
         m->max_tokens = (int)n;
+    } else if (!strcmp(key, "embedding_policy")) {
+        char msg[300];
+        if (mts_embed_policy_parse(val, m->embed_policy, &m->n_embed_policy, msg, sizeof msg))
+            return mts_err_set(err, MTS_EINVAL, "%s:%d: parameter 'embedding_policy': %s", file, sv->line, msg);
     } else if (warn) {
         char msg[MTS_ERR_MSG_MAX];
         snprintf(msg, sizeof msg, "%s:%d: parameter '%.100s' does not apply to mtserve; ignored", file, k->line, key);
@@ -1371,6 +1543,9 @@ int mts_config_finalize(mts_config *c, mts_err *err)
                                "%s: model '%s': preferred_gpu %d is out of range: gpus.count is %d (use -1 or 0 to %d)",
                                src, m->name, m->preferred_device, c->device_count, c->device_count - 1);
         if (m->pin) pinned++;
+        if (m->n_embed_policy > 0 && !m->tokenizer_path)
+            return mts_err_set(err, MTS_EINVAL, "%s: model '%s': embedding_policy applies to embedding models only (it "
+                               "has no 'tokenizer')", src, m->name);
     }
     if (!c->tls_cert_path != !c->tls_key_path)
         return mts_err_set(err, MTS_EINVAL, "%s: server.tls_cert_path and server.tls_key_path go together (got only %s)",

@@ -26,6 +26,20 @@ typedef enum mts_model_control { MTS_CONTROL_AUTO = 0, MTS_CONTROL_NONE, MTS_CON
 #define MTS_PRIORITY_LEVELS 9
 #define MTS_DEFAULT_PRIORITY 5
 
+/* One entry of an embedding model's embedding_policy (written by `mtserve tune --embedding`):
+ * a request of n texts takes the first entry with n <= max_batch (the last entry beyond it);
+ * its texts are split into min(workers, n) sub-batches that run in parallel on the device's
+ * workers, each with `threads` intra-op threads (0: the scheduler's backlog rule). workers 1
+ * with threads > 1 is fine-grained parallelism (threads inside each matrix multiply), workers > 1
+ * with threads 1 coarse-grained (texts in parallel). YAML: a sequence of mappings with keys
+ * max_batch, workers, threads (alias num_threads) and disable_matmul_parallel (true: threads 1),
+ * or the compact text "4:1x2,32:2x1" (max_batch:workers x threads, comma-separated), which is
+ * also the form of config.pbtxt's parameter 'embedding_policy'. */
+#define MTS_EMBED_POLICY_MAX 16
+typedef struct mts_embed_policy {
+    int max_batch, workers, threads;
+} mts_embed_policy;
+
 typedef struct mts_model_config {
     char *name;
     char *model_path;          /* .onnx file */
@@ -62,6 +76,9 @@ typedef struct mts_model_config {
                                 * model's fixed sequence length */
     char *input_ids_name, *attention_mask_name, *token_type_ids_name; /* NULL: detected */
     char *output_name;         /* output_name: NULL = the model's first output */
+    /* embedding_policy: how a request of n texts runs (see mts_embed_policy) */
+    int n_embed_policy;        /* 0: no policy, the scheduler decides as for any model */
+    mts_embed_policy embed_policy[MTS_EMBED_POLICY_MAX]; /* ascending max_batch */
 } mts_model_config;
 
 /* Pooling of an embedding model's per-token output (mts_model_config.pooling). */
@@ -153,6 +170,15 @@ void mts_config_free(mts_config *c);
 int mts_config_scan_model(const mts_config *base, const char *dir, const char *name,
                           const char *(*getenv_fn)(const char *name), mts_model_config **out, mts_config_warn_fn warn,
                           void *user, mts_err *err);
+/* The compact form "4:1x2,32:2x1" into out[] (*n entries): entries with max_batch ascending,
+ * workers 1..256 and no more than max_batch, threads 0..1024; 0, or -1 with what is wrong and in
+ * which entry in err. */
+int mts_embed_policy_parse(const char *text, mts_embed_policy *out, int *n, char *err, size_t errlen);
+/* The compact form of m's policy into buf ("" when none). */
+void mts_embed_policy_format(const mts_model_config *m, char *buf, size_t len);
+/* The entry that applies to a request of n texts; NULL when m has no policy. */
+const mts_embed_policy *mts_embed_policy_for(const mts_model_config *m, int n);
+
 /* Frees a model from mts_config_scan_model (its strings and itself); NULL is fine. */
 void mts_model_config_free(mts_model_config *m);
 

@@ -31,6 +31,11 @@
  * device, a batch gets every idle core of the device (a small load runs wide); when work is
  * waiting, each batch gets cores / workers, so workers × threads never exceeds the device's
  * cores.
+ *
+ * A request may set both itself (an embedding model's embedding_policy, api/embed_common.c):
+ * mts_request.threads fixes the team size of the batch it leads (capped at the device's cores;
+ * such batches stay off the short-work lane, which runs one thread), and mts_request.alone keeps
+ * it a batch of its own, so the sub-batches a policy split a request into are not merged back.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -172,6 +177,7 @@ static mts__entry *ready_pick(mts__device *d, int mode, const mts__entry *outer,
     mts__entry *best = NULL, *best_prev = NULL, *prev = NULL;
     for (mts__entry *e = d->ready_head; e; prev = e, e = e->ready_next) {
         if (mode != PICK_REGULAR) {
+            if (e->qh && e->qh->threads > 1) continue; /* asks for a team: not one-thread lane work */
             double est = batch_estimate(e);
             if (!(e->cost_per_sample > 0) || est > short_ns || !lane_fits(d, e)) continue;
             if (mode == PICK_LANE && est > d->lane_credit_ns) continue;
@@ -700,12 +706,12 @@ static int serve_one(mts__worker *w, mts__device *d, int mode, mts__entry *outer
                 s->failed++;
                 mts__win_error(e, now);
                 r->reject_msg = strdup(msg);
-            } else if (n == 0 || (v->batchable && r->priority <= reqs[0]->priority &&
+            } else if (n == 0 || (v->batchable && !reqs[0]->alone && !r->alone && r->priority <= reqs[0]->priority &&
                                   compatible(v, reqs[0], &br[0], r, &br[n]) && samples + r->samples <= limit)) {
                 queue_remove(s, e, prev, r);
                 reqs[n++] = r;
                 samples += r->samples;
-                if (!v->batchable || samples >= limit) break;
+                if (!v->batchable || samples >= limit || r->alone) break;
             } else {
                 prev = r;
             }
@@ -752,6 +758,8 @@ static int serve_one(mts__worker *w, mts__device *d, int mode, mts__entry *outer
     mts__ready_push(s, e);
     int threads = d->ready_head ? (d->cores / (d->workers > 0 ? d->workers : 1)) : d->cores - d->busy_cores;
     if (threads < 1 || lane) threads = 1;
+    bool hinted = reqs[0]->threads > 0; /* (the lane takes only hints of 1 thread: ready_pick) */
+    if (hinted && !lane) threads = reqs[0]->threads < d->cores ? reqs[0]->threads : d->cores;
     /* the model can only grow in a batch that may build a plan or a team size's primitives */
     int team_bit = threads < 63 ? threads : 63;
     bool may_grow = plan_reserve || !(v->teams_run & (1ULL << team_bit));
@@ -807,6 +815,9 @@ static int serve_one(mts__worker *w, mts__device *d, int mode, mts__entry *outer
     e->vtime += (cost - charged) / entry_weight(e);
     if (mode == PICK_LANE) d->lane_credit_ns -= cost;
     if (mode == PICK_PREEMPT) e->n_preempt++;
+    e->team_batches[threads < MTS_TEAM_STATS ? threads : MTS_TEAM_STATS]++;
+    if (hinted) e->hinted_batches++;
+    if (n == 1 && reqs[0]->alone) e->alone_batches++;
     if (!rc && samples > 0) {
         double per = cost / (double)samples;
         e->cost_per_sample = e->cost_per_sample > 0 ? e->cost_per_sample + COST_ALPHA * (per - e->cost_per_sample) : per;

@@ -58,6 +58,11 @@ struct mts_request {
     bool cold;                                 /* the model was not resident when it arrived */
     int64_t arrival_ns;                        /* when the front end received it (mts_server_clock_ns);
                                                 * 0: the submit time */
+    int threads;                               /* 0: the scheduler decides; else the intra-op threads
+                                                * of the batch this request leads (at most the
+                                                * device's cores; an embedding_policy entry's) */
+    bool alone;                                /* runs as a batch of its own, never merged with
+                                                * other requests (an embedding_policy sub-batch) */
     /* Internal. */
     _Atomic int cancelled;
     int64_t enqueue_ns, deadline_ns;
@@ -180,6 +185,11 @@ typedef struct mts_model_status {
     uint64_t loads, unloads, evictions, load_failures;
     uint64_t memory_capped_batches; /* batches cut below max_batch to fit the device's free memory */
     uint64_t preempting_batches;    /* batches run between two steps of another model's long batch */
+#define MTS_TEAM_STATS 16
+    uint64_t team_batches[MTS_TEAM_STATS + 1]; /* batches by intra-op threads (the last: that many or more) */
+    uint64_t alone_batches;    /* batches of one request marked alone (embedding_policy sub-batches) */
+    uint64_t hinted_batches;   /* batches whose threads came from the request (mts_request.threads) */
+    char embedding_policy[256];/* the policy in force, compact form "4:1x2,32:2x1"; "" when none */
     int model_version;         /* the repository version served (mts_server_model_version) */
     int n_inputs, n_outputs;   /* metadata (known once loaded at least once) */
     mts_tensor_meta inputs[MTS_REQ_MAX_TENSORS], outputs[MTS_REQ_MAX_TENSORS];

@@ -63,6 +63,10 @@ static void snapshot(mts_server *s, const mts__entry *e, mts_model_status *o)
     o->model_version = e->cfg->version > 0 ? e->cfg->version : 1;
     o->memory_capped_batches = e->mem_capped;
     o->preempting_batches = e->n_preempt;
+    memcpy(o->team_batches, e->team_batches, sizeof o->team_batches);
+    o->alone_batches = e->alone_batches;
+    o->hinted_batches = e->hinted_batches;
+    mts_embed_policy_format(e->cfg, o->embedding_policy, sizeof o->embedding_policy);
     o->n_inputs = e->n_in;
     o->n_outputs = e->n_out;
     memcpy(o->inputs, e->in, sizeof o->inputs);

@@ -986,6 +986,76 @@ static void test_embedding_keys(void **state)
     assert_int_equal(system(path), 0);
 }
 
+/* embedding_policy: both YAML forms, the lookup, the formatter and hostile compact text */
+static void test_embedding_policy(void **state)
+{
+    (void)state;
+    mts_config c;
+    mts_err err = {0};
+    const char *y = "models:\n  e:\n    model_path: /m/model.onnx\n    tokenizer: v.txt\n    embedding_policy:\n"
+                    "      - {max_batch: 4, num_threads: 2}\n"
+                    "      - {max_batch: 32, workers: 4, disable_matmul_parallel: true}\n"
+                    "  f:\n    model_path: /m/model.onnx\n    tokenizer: v.txt\n"
+                    "    embedding_policy: \"1:1x2, 8:2x1,64:8\"\n";
+    assert_int_equal(mts_config_parse_yaml(y, strlen(y), "t.yaml", &c, NULL, NULL, &err), MTS_OK);
+    assert_int_equal(mts_config_finalize(&c, &err), MTS_OK);
+    const mts_model_config *e = mts_config_find_model(&c, "e"), *f = mts_config_find_model(&c, "f");
+    char buf[256];
+    mts_embed_policy_format(e, buf, sizeof buf);
+    assert_string_equal(buf, "4:1x2,32:4x1");
+    mts_embed_policy_format(f, buf, sizeof buf);
+    assert_string_equal(buf, "1:1x2,8:2x1,64:8x0");
+    assert_int_equal(mts_embed_policy_for(e, 1)->threads, 2);
+    assert_int_equal(mts_embed_policy_for(e, 4)->workers, 1);
+    assert_int_equal(mts_embed_policy_for(e, 5)->workers, 4);
+    assert_int_equal(mts_embed_policy_for(e, 1000)->max_batch, 32); /* the last entry beyond */
+    assert_null(mts_embed_policy_for(mts_config_find_model(&c, "nope"), 3));
+    mts_config_free(&c);
+
+    mts_embed_policy p[MTS_EMBED_POLICY_MAX];
+    int n = -1;
+    char msg[300];
+    static const struct { const char *text, *want; } bad[] = {
+        {"", "empty"},
+        {"8", "entry 1 ('8'): expected ':' after max_batch"},
+        {"8:", "expected workers"},
+        {"8:2x", "expected threads"},
+        {"8:2y1", "',' or the end"},
+        {"0:1x1", "expected max_batch"},
+        {"4097:1x1", "expected max_batch"},
+        {"99999999999999999999:1x1", "expected max_batch"},
+        {"8:257x1", "expected workers"},
+        {"8:1x1025", "expected threads"},
+        {"8:1x-1", "expected threads"},
+        {"8:1x1,", "a ',' ends the policy"},
+        {"8:1x1,4:1x1", "entry 2: max_batch 4 is not above the previous entry's 8"},
+        {"2:4x1", "entry 1: workers 4 is more than max_batch 2"},
+        {"1:1,2:1,3:1,4:1,5:1,6:1,7:1,8:1,9:1,10:1,11:1,12:1,13:1,14:1,15:1,16:1,17:1", "more than 16 entries"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        msg[0] = 0;
+        assert_int_equal(mts_embed_policy_parse(bad[i].text, p, &n, msg, sizeof msg), -1);
+        if (!strstr(msg, bad[i].want)) fail_msg("'%s': got '%s', want '%s'", bad[i].text, msg, bad[i].want);
+    }
+    char *big = malloc(5000);
+    assert_non_null(big);
+    memset(big, '1', 4999);
+    big[4999] = 0;
+    assert_int_equal(mts_embed_policy_parse(big, p, &n, msg, sizeof msg), -1);
+    assert_non_null(strstr(msg, "at most 1024"));
+    free(big);
+    assert_int_equal(n, -1); /* untouched on error */
+
+    expect_error("models:\n  e:\n    model_path: m.onnx\n    tokenizer: v.txt\n    embedding_policy:\n"
+                 "      - {max_batch: 4}\n      - {max_batch: 8, workers: 2, threads: 3, threads: 1}\n",
+                 MTS_EINVAL, "t.yaml:7", "given twice");
+    expect_error("models:\n  e:\n    model_path: m.onnx\n    tokenizer: v.txt\n    embedding_policy:\n"
+                 "      - {max_batch: 4}\n      - [8, 2]\n", MTS_EINVAL, "embedding_policy[2]'", "a mapping");
+    expect_error("models:\n  e:\n    model_path: m.onnx\n    tokenizer: v.txt\n    embedding_policy:\n"
+                 "      - {max_batch: 4, threads: 1, num_threads: 2}\n", MTS_EINVAL, "embedding_policy[1].num_threads",
+                 "give only one");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1005,6 +1075,7 @@ int main(void)
         cmocka_unit_test(test_triton_repository),
         cmocka_unit_test(test_scan_model),
         cmocka_unit_test(test_embedding_keys),
+        cmocka_unit_test(test_embedding_policy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
