@@ -1113,7 +1113,9 @@ mts_tokenizer *mts_tokenizer_load(const char *path, int lowercase, char *err, si
         return NULL;
     }
     char magic[4];
-    if (fread(magic, 1, 4, f) == 4 && memcmp(magic, "GGUF", 4) == 0) { /* the vocabulary of a GGUF model */
+    size_t pl = strlen(path);
+    int named_gguf = pl > 5 && !strcmp(path + pl - 5, ".gguf");
+    if ((fread(magic, 1, 4, f) == 4 && memcmp(magic, "GGUF", 4) == 0) || named_gguf) { /* a GGUF model's vocabulary */
         fclose(f);
         return mts_tokenizer_load_gguf(path, lowercase, err, errlen);
     }
