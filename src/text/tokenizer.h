@@ -42,6 +42,7 @@ mts_tokenizer *mts_tokenizer_wordpiece(const char *const *tokens, const size_t *
  * from tokenizer.ggml.tokens and the special token ids; text/tokenizer_gguf.c). mts_tokenizer_load
  * calls it for a file starting with the GGUF magic. */
 mts_tokenizer *mts_tokenizer_load_gguf(const char *path, int lowercase, char *err, size_t errlen);
+mts_tokenizer *mts_tokenizer_load_gguf_mem(const void *data, size_t len, int lowercase, char *err, size_t errlen);
 void mts_tokenizer_free(mts_tokenizer *t);
 /* Encodes one text (UTF-8, len bytes; invalid UTF-8 is an error naming the byte offset) with the
  * special tokens the tokenizer adds ([CLS] ... [SEP] for BERT), truncated to max_tokens (0: the

@@ -154,8 +154,6 @@ mts_tokenizer *mts_tokenizer_load_gguf(const char *path, int lowercase, char *er
     return t;
 }
 
-/* For the fuzz target and tests: the tokenizer of a GGUF file in memory. */
-mts_tokenizer *mts_tokenizer_load_gguf_mem(const void *data, size_t len, int lowercase, char *err, size_t errlen);
 mts_tokenizer *mts_tokenizer_load_gguf_mem(const void *data, size_t len, int lowercase, char *err, size_t errlen)
 {
     mts_gguf g;

@@ -154,3 +154,36 @@ def onnx_with(onnx_path, ref, out_path):
         if t.name in ref:
             m.graph.initializer[i].CopyFrom(numpy_helper.from_array(ref[t.name].astype(np.float32), t.name))
     onnx.save(m, str(out_path))
+
+
+def tiny_bert(kv=None, tensors=None, wtype=T_F32):
+    """(kvs, tensors) of a tiny BERT (hidden 32, 2 heads, 1 layer, 8 tokens), F32; kv and tensors
+    replace or drop (value None) metadata keys and tensors by name; wtype: the type of the 2-D
+    tensors."""
+    rng = np.random.default_rng(7)
+    H, F, V, P = 32, 64, 8, 16
+    toks = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "\u2581hello", "\u2581world", "s"]
+    kvs = [("general.architecture", STRING, "bert"), ("bert.block_count", U32, 1),
+           ("bert.embedding_length", U32, H), ("bert.feed_forward_length", U32, F),
+           ("bert.attention.head_count", U32, 2), ("bert.attention.layer_norm_epsilon", F32, 1e-12),
+           ("bert.pooling_type", U32, 1), ("tokenizer.ggml.model", STRING, "bert"),
+           ("tokenizer.ggml.tokens", ARRAY, (STRING, toks)),
+           ("tokenizer.ggml.token_type", ARRAY, (I32, [3, 3, 3, 3, 3, 1, 1, 1]))]
+    r = lambda *s: rng.standard_normal(s).astype(np.float32) * 0.1  # noqa: E731
+    ts = [("token_embd.weight", r(V, H)), ("token_types.weight", r(2, H)), ("position_embd.weight", r(P, H)),
+          ("token_embd_norm.weight", r(H) + 1), ("token_embd_norm.bias", r(H))]
+    for g, (o, i) in {"attn_q": (H, H), "attn_k": (H, H), "attn_v": (H, H), "attn_output": (H, H),
+                      "ffn_up": (F, H), "ffn_down": (H, F)}.items():
+        ts += [("blk.0.%s.weight" % g, r(o, i)), ("blk.0.%s.bias" % g, r(o))]
+    for g in ("attn_output_norm", "layer_output_norm"):
+        ts += [("blk.0.%s.weight" % g, r(H) + 1), ("blk.0.%s.bias" % g, r(H))]
+    ts = [(n, a, wtype if a.ndim == 2 else T_F32) for n, a in ts]
+    kvd = {k: (t, v) for k, t, v in kvs}
+    for k, v in (kv or {}).items():
+        if v is None:
+            kvd.pop(k)
+        else:
+            kvd[k] = v
+    for k, v in (tensors or {}).items():
+        ts = [(n, a, t) if n != k else (n, v, T_F32) for n, a, t in ts if not (n == k and v is None)]
+    return [(k, t, v) for k, (t, v) in kvd.items()], ts

@@ -13,7 +13,8 @@ of 8-bit blocks (at most half a step, d/2 = max|w|/254 per weight) on random wei
 about 0.9998 here through six layers; 0.999 leaves room for that and still fails a wrong scale,
 block order or layout (those give cosines far below 0.9). Token ids (`mtserve embed --tokens`)
 must be the same as with the vocab.txt the model was built with, and pooling comes from
-bert.pooling_type (a CLS file against the ONNX model configured with pooling: cls).
+bert.pooling_type (a CLS file against the ONNX model configured with pooling: cls) unless
+config.yaml says otherwise.
 
 Malformed files (bad magic, truncated, huge counts, a string past the end, tensor data past the
 end, an unknown tensor type, a missing tensor, a wrong shape, an array of arrays, another
@@ -46,41 +47,9 @@ TEXTS = [
 ]
 
 
-def tiny_bert(kv=None, tensors=None):
-    """(kvs, tensors) of a tiny BERT (hidden 32, 2 heads, 1 layer, 8 tokens), F32; kv and tensors
-    replace or drop (value None) metadata keys and tensors by name."""
-    rng = np.random.default_rng(7)
-    H, F, V, P = 32, 64, 8, 16
-    toks = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "\u2581hello", "\u2581world", "s"]
-    kvs = [("general.architecture", gw.STRING, "bert"), ("bert.block_count", gw.U32, 1),
-           ("bert.embedding_length", gw.U32, H), ("bert.feed_forward_length", gw.U32, F),
-           ("bert.attention.head_count", gw.U32, 2), ("bert.attention.layer_norm_epsilon", gw.F32, 1e-12),
-           ("bert.pooling_type", gw.U32, 1), ("tokenizer.ggml.model", gw.STRING, "bert"),
-           ("tokenizer.ggml.tokens", gw.ARRAY, (gw.STRING, toks)),
-           ("tokenizer.ggml.token_type", gw.ARRAY, (gw.I32, [3, 3, 3, 3, 3, 1, 1, 1]))]
-    r = lambda *s: rng.standard_normal(s).astype(np.float32) * 0.1  # noqa: E731
-    ts = [("token_embd.weight", r(V, H)), ("token_types.weight", r(2, H)), ("position_embd.weight", r(P, H)),
-          ("token_embd_norm.weight", r(H) + 1), ("token_embd_norm.bias", r(H))]
-    for g, (o, i) in {"attn_q": (H, H), "attn_k": (H, H), "attn_v": (H, H), "attn_output": (H, H),
-                      "ffn_up": (F, H), "ffn_down": (H, F)}.items():
-        ts += [("blk.0.%s.weight" % g, r(o, i)), ("blk.0.%s.bias" % g, r(o))]
-    for g in ("attn_output_norm", "layer_output_norm"):
-        ts += [("blk.0.%s.weight" % g, r(H) + 1), ("blk.0.%s.bias" % g, r(H))]
-    ts = [(n, a, gw.T_F32) for n, a in ts]
-    kvd = {k: (t, v) for k, t, v in kvs}
-    for k, v in (kv or {}).items():
-        if v is None:
-            kvd.pop(k)
-        else:
-            kvd[k] = v
-    for k, v in (tensors or {}).items():
-        ts = [(n, a, t) if n != k else (n, v, gw.T_F32) for n, a, t in ts if not (n == k and v is None)]
-    return [(k, t, v) for k, (t, v) in kvd.items()], ts
-
-
 def tiny_bytes(tmp, kv=None, tensors=None):
     p = tmp / "t.gguf"
-    gw.write(p, *tiny_bert(kv, tensors))
+    gw.write(p, *gw.tiny_bert(kv, tensors))
     return bytearray(p.read_bytes())
 
 
@@ -178,6 +147,8 @@ def setup(tmp_path_factory):
         gw.write(folder(name, emb) / "model.gguf", kvs, ts)
         if wt != gw.T_F32:  # the ONNX model of exactly the weights the reader must get back
             gw.onnx_with(model, ref, folder("ref_" + name, dict(emb, tokenizer=vocab, pooling="mean")) / "model.onnx")
+    # config.yaml overrides the file's pooling
+    os.symlink(repo / "g_cls" / "model.gguf", folder("g_cls_mean", dict(emb, pooling="mean")) / "model.gguf")
     (folder("tiny_ok", emb) / "model.gguf").write_bytes(bytes(tiny_bytes(work)))
     bad = malformed(work)
     for name, (data, _) in bad.items():
@@ -203,7 +174,7 @@ def test_gguf_matches_onnx(setup):
     ref, ntok = embed(srv, "onnx", TEXTS)
     assert ref.shape == (len(TEXTS), 384)
     pairs = [("g_f32", "onnx", 0.99999), ("g_f16", "ref_g_f16", 0.99999), ("g_q8", "ref_g_q8", 0.99999),
-             ("g_q8", "onnx", 0.999), ("g_cls", "onnx_cls", 0.99999)]
+             ("g_q8", "onnx", 0.999), ("g_cls", "onnx_cls", 0.99999), ("g_cls_mean", "onnx", 0.99999)]
     worst = {}
     for g, o, bound in pairs:
         a, na = embed(srv, g, TEXTS)
