@@ -16,7 +16,8 @@ must be the same as with the vocab.txt the model was built with, and pooling com
 bert.pooling_type (a CLS file against the ONNX model configured with pooling: cls) unless
 config.yaml says otherwise.
 
-Malformed files (bad magic, truncated, huge counts, a string past the end, tensor data past the
+A version 2 file loads as version 3 does. Malformed files (bad magic, version 1 or big-endian,
+truncated, huge counts, a string past the end, tensor data past the
 end, an unknown tensor type, a missing tensor, a wrong shape, an array of arrays, another
 architecture) each make their model fail to load with a message naming the problem, while the
 server keeps serving the good models.
@@ -80,6 +81,12 @@ def malformed(tmp):
     b = bytearray(good)
     b[0:4] = b"GGUV"
     out["bad_magic"] = (b, "bad magic")
+    b = bytearray(good)
+    struct.pack_into("<I", b, 4, 1)
+    out["version1"] = (b, "version 1 is not supported")
+    b = bytearray(good)
+    struct.pack_into("<I", b, 4, 3 << 24)  # a big-endian file's version
+    out["big_endian"] = (b, "version 50331648 is not supported")
     out["truncated"] = (good[: len(good) // 2], "past the end of the file")
     out["cut_header"] = (good[:20], "truncated file: the key/value count needs 8 bytes")
     b = bytearray(good)
@@ -150,6 +157,9 @@ def setup(tmp_path_factory):
     # config.yaml overrides the file's pooling
     os.symlink(repo / "g_cls" / "model.gguf", folder("g_cls_mean", dict(emb, pooling="mean")) / "model.gguf")
     (folder("tiny_ok", emb) / "model.gguf").write_bytes(bytes(tiny_bytes(work)))
+    v2 = tiny_bytes(work)  # version 2 has version 3's layout (3 added big-endian support)
+    struct.pack_into("<I", v2, 4, 2)
+    (folder("tiny_v2", emb) / "model.gguf").write_bytes(bytes(v2))
     bad = malformed(work)
     for name, (data, _) in bad.items():
         (folder("bad_" + name, emb) / "model.gguf").write_bytes(bytes(data))
@@ -230,3 +240,5 @@ def test_malformed_gguf(setup):
     assert v.shape == (1, 384)
     v, n = embed(srv, "tiny_ok", ["hello worlds"])
     assert v.shape == (1, 32) and n == 5 and np.isfinite(v).all()
+    v2, _ = embed(srv, "tiny_v2", ["hello worlds"])
+    assert np.array_equal(v, v2)
