@@ -428,27 +428,33 @@ int mts_gguf_pooling_of_file(const char *path)
 {
     FILE *f = fopen(path, "rb");
     if (!f) return -1;
-    /* the metadata comes first: read at most the first 64 MiB (a vocabulary is a few MiB) */
     long size = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
-    if (size < 24 || fseek(f, 0, SEEK_SET) != 0) {
+    if (size < 24) {
         fclose(f);
         return -1;
     }
-    size_t cap = (size_t)size < (64u << 20) ? (size_t)size : (64u << 20);
-    uint8_t *buf = malloc(cap);
-    size_t len = buf ? fread(buf, 1, cap, f) : 0;
-    fclose(f);
+    /* The metadata comes first: read 1 MiB of the file, then twice as much while the key/values
+     * run past what was read, up to 64 MiB (a BERT vocabulary is well under 1 MiB). */
     int pooling = -1;
-    mts_gguf g;
-    mts_err err = {0};
-    if (len >= 24 && mts_gguf_is(buf, len)) {
-        memset(buf + 8, 0, 8); /* parse the key/values only: the tensor infos may lie past what was read */
-        if (mts_gguf_parse(&g, buf, len, path, &err) == 0) {
-            int64_t p = 0;
-            pooling = mts_gguf_get_int(&g, "bert.pooling_type", 0, &p, &err) == 0 && p >= 0 && p <= 3 ? (int)p : 0;
-            mts_gguf_free(&g);
+    for (size_t cap = 1u << 20;; cap *= 2) {
+        size_t want = (size_t)size < cap ? (size_t)size : cap;
+        uint8_t *buf = malloc(want);
+        size_t len = buf && fseek(f, 0, SEEK_SET) == 0 ? fread(buf, 1, want, f) : 0;
+        mts_gguf g;
+        mts_err err = {0};
+        int rc = -1;
+        if (len >= 24 && mts_gguf_is(buf, len)) {
+            memset(buf + 8, 0, 8); /* the key/values only: the tensor infos may lie past what was read */
+            if ((rc = mts_gguf_parse(&g, buf, len, path, &err)) == 0) {
+                int64_t p = 0;
+                pooling = mts_gguf_get_int(&g, "bert.pooling_type", 0, &p, &err) == 0 && p >= 0 && p <= 3 ? (int)p : 0;
+                mts_gguf_free(&g);
+            }
         }
+        int got = buf != NULL;
+        free(buf);
+        if (rc == 0 || !got || len < want || want == (size_t)size || cap >= (64u << 20)) break;
     }
-    free(buf);
+    fclose(f);
     return pooling;
 }
