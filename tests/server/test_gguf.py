@@ -157,6 +157,8 @@ def setup(tmp_path_factory):
     # config.yaml overrides the file's pooling
     os.symlink(repo / "g_cls" / "model.gguf", folder("g_cls_mean", dict(emb, pooling="mean")) / "model.gguf")
     (folder("tiny_ok", emb) / "model.gguf").write_bytes(bytes(tiny_bytes(work)))
+    # token_types is optional (models with one token type may omit it)
+    (folder("tiny_notypes", emb) / "model.gguf").write_bytes(bytes(tiny_bytes(work, tensors={"token_types.weight": None})))
     v2 = tiny_bytes(work)  # version 2 has version 3's layout (3 added big-endian support)
     struct.pack_into("<I", v2, 4, 2)
     (folder("tiny_v2", emb) / "model.gguf").write_bytes(bytes(v2))
@@ -242,3 +244,5 @@ def test_malformed_gguf(setup):
     assert v.shape == (1, 32) and n == 5 and np.isfinite(v).all()
     v2, _ = embed(srv, "tiny_v2", ["hello worlds"])
     assert np.array_equal(v, v2)
+    v3, _ = embed(srv, "tiny_notypes", ["hello worlds"])
+    assert v3.shape == (1, 32) and np.isfinite(v3).all() and not np.allclose(v, v3)
