@@ -1244,12 +1244,15 @@ static int scan_one(mts_config *c, const char *dir, const char *sub, mts_config_
     }
     m->version = (int)version;
     if (gguf) { /* an embedding model as it is: its tokenizer and pooling come from the file */
-        int pool = mts_gguf_pooling_of_file(onnx);
+        int pool = 0;
+        int64_t ctx = 0;
+        mts_gguf_embed_defaults(onnx, &pool, &ctx);
         if (!(m->tokenizer_path = strdup(onnx))) {
             rc = mts_err_set(err, MTS_ENOMEM, "%s: out of memory", dir);
             goto done;
         }
         m->pooling = pool == 2 ? MTS_POOL_CLS : pool == 3 ? MTS_POOL_LAST : MTS_POOL_MEAN;
+        if (ctx > 0 && ctx < 512) m->max_tokens = (int)ctx; /* no more tokens than positions */
     }
     if (pb.n_kids && (rc = apply_pbtxt(m, &pb, folder, pbpath, warn, user, err))) goto done;
     if (stat(cfg, &sb) != 0) goto done;

@@ -103,8 +103,9 @@ const char *mts_ggml_type_name(int type);
  * (float [N, S, H]), the op pattern of a Hugging Face BERT export, all weights float32. Missing
  * tensors, shapes that do not fit the hyperparameters and other architectures are errors. */
 int mts_gguf_to_onnx(const void *bytes, size_t len, const char *file, mts_pbw *out, mts_err *err);
-/* The pooling a BERT GGUF file asks for (bert.pooling_type): 1 mean, 2 cls, 3 last; 0 none or
- * absent; -1 when the file cannot be read. */
-int mts_gguf_pooling_of_file(const char *path);
+/* The embedding defaults a BERT GGUF file carries, read from its metadata only: the pooling
+ * (bert.pooling_type: 1 mean, 2 cls, 3 last; 0 none or absent) and the longest sequence
+ * (bert.context_length; 0 absent). Returns 0, or -1 when the file cannot be read (both 0). */
+int mts_gguf_embed_defaults(const char *path, int *pooling, int64_t *context_length);
 
 #endif

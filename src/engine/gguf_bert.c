@@ -424,8 +424,10 @@ int mts_gguf_to_onnx(const void *bytes, size_t len, const char *file, mts_pbw *o
     return rc;
 }
 
-int mts_gguf_pooling_of_file(const char *path)
+int mts_gguf_embed_defaults(const char *path, int *pooling_out, int64_t *context_out)
 {
+    *pooling_out = 0;
+    *context_out = 0;
     FILE *f = fopen(path, "rb");
     if (!f) return -1;
     long size = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
@@ -446,8 +448,9 @@ int mts_gguf_pooling_of_file(const char *path)
         if (len >= 24 && mts_gguf_is(buf, len)) {
             memset(buf + 8, 0, 8); /* the key/values only: the tensor infos may lie past what was read */
             if ((rc = mts_gguf_parse(&g, buf, len, path, &err)) == 0) {
-                int64_t p = 0;
+                int64_t p = 0, c = 0;
                 pooling = mts_gguf_get_int(&g, "bert.pooling_type", 0, &p, &err) == 0 && p >= 0 && p <= 3 ? (int)p : 0;
+                if (mts_gguf_get_int(&g, "bert.context_length", 0, &c, &err) == 0 && c > 0) *context_out = c;
                 mts_gguf_free(&g);
             }
         }
@@ -456,5 +459,6 @@ int mts_gguf_pooling_of_file(const char *path)
         if (rc == 0 || !got || len < want || want == (size_t)size || cap >= (64u << 20)) break;
     }
     fclose(f);
-    return pooling;
+    *pooling_out = pooling < 0 ? 0 : pooling;
+    return pooling < 0 ? -1 : 0;
 }

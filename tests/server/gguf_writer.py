@@ -166,8 +166,8 @@ def tiny_bert(kv=None, tensors=None, wtype=T_F32):
     kvs = [("general.architecture", STRING, "bert"), ("bert.block_count", U32, 1),
            ("bert.embedding_length", U32, H), ("bert.feed_forward_length", U32, F),
            ("bert.attention.head_count", U32, 2), ("bert.attention.layer_norm_epsilon", F32, 1e-12),
-           ("bert.pooling_type", U32, 1), ("tokenizer.ggml.model", STRING, "bert"),
-           ("tokenizer.ggml.tokens", ARRAY, (STRING, toks)),
+           ("bert.pooling_type", U32, 1), ("bert.context_length", U32, P),
+           ("tokenizer.ggml.model", STRING, "bert"), ("tokenizer.ggml.tokens", ARRAY, (STRING, toks)),
            ("tokenizer.ggml.token_type", ARRAY, (I32, [3, 3, 3, 3, 3, 1, 1, 1]))]
     r = lambda *s: rng.standard_normal(s).astype(np.float32) * 0.1  # noqa: E731
     ts = [("token_embd.weight", r(V, H)), ("token_types.weight", r(2, H)), ("position_embd.weight", r(P, H)),

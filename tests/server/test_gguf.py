@@ -157,6 +157,7 @@ def setup(tmp_path_factory):
     # config.yaml overrides the file's pooling
     os.symlink(repo / "g_cls" / "model.gguf", folder("g_cls_mean", dict(emb, pooling="mean")) / "model.gguf")
     (folder("tiny_ok", emb) / "model.gguf").write_bytes(bytes(tiny_bytes(work)))
+    (folder("tiny_ctx", {"normalize": True}) / "model.gguf").write_bytes(bytes(tiny_bytes(work)))
     # token_types is optional (models with one token type may omit it)
     (folder("tiny_notypes", emb) / "model.gguf").write_bytes(bytes(tiny_bytes(work, tensors={"token_types.weight": None})))
     v2 = tiny_bytes(work)  # version 2 has version 3's layout (3 added big-endian support)
@@ -246,3 +247,6 @@ def test_malformed_gguf(setup):
     assert np.array_equal(v, v2)
     v3, _ = embed(srv, "tiny_notypes", ["hello worlds"])
     assert v3.shape == (1, 32) and np.isfinite(v3).all() and not np.allclose(v, v3)
+    # bert.context_length (16 positions) caps the tokens per text when config.yaml sets no max_tokens
+    v4, n = embed(srv, "tiny_ctx", [" ".join(["hello"] * 40)])
+    assert v4.shape == (1, 32) and n == 16
