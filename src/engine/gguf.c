@@ -319,7 +319,8 @@ int mts_gguf_parse(mts_gguf *g, const void *bytes, size_t len, const char *file,
         if (u32(&r, &nd, "a tensor's dimension count")) goto bad;
         if (nd < 1 || nd > MTS_GGUF_MAX_DIMS) {
             char m[200];
-            snprintf(m, sizeof m, "tensor '%.100s' has %u dimensions (1 to %d allowed)", t->name, nd, MTS_GGUF_MAX_DIMS);
+            snprintf(m, sizeof m, "tensor '%.100s' has %u dimensions (1 to %d allowed)", t->name, nd,
+                     MTS_GGUF_MAX_DIMS);
             fail(&r, dat, m);
             goto bad;
         }

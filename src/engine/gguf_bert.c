@@ -149,7 +149,8 @@ static int weight(gb *b, const char *name, int nd, const int64_t *ne, int transp
     if (!ok) {
         char want[96], got[96];
         int k = snprintf(want, sizeof want, "[");
-        for (int d = 0; d < nd; d++) k += snprintf(want + k, sizeof want - (size_t)k, d ? ", %lld" : "%lld", (long long)ne[d]);
+        for (int d = 0; d < nd; d++)
+            k += snprintf(want + k, sizeof want - (size_t)k, d ? ", %lld" : "%lld", (long long)ne[d]);
         snprintf(want + k, sizeof want - (size_t)k, "]");
         k = snprintf(got, sizeof got, "[");
         for (int d = 0; d < t->n_dims; d++)
@@ -226,7 +227,8 @@ static int build(gb *b)
                            "encoders are read)", g->file, (int)(alen > 40 ? 40 : alen), arch);
     int64_t L, H, heads, ffn_meta;
     double eps;
-    if (mts_gguf_get_int(g, "bert.block_count", -1, &L, err) || mts_gguf_get_int(g, "bert.embedding_length", -1, &H, err) ||
+    if (mts_gguf_get_int(g, "bert.block_count", -1, &L, err) ||
+        mts_gguf_get_int(g, "bert.embedding_length", -1, &H, err) ||
         mts_gguf_get_int(g, "bert.attention.head_count", -1, &heads, err) ||
         mts_gguf_get_int(g, "bert.feed_forward_length", -1, &ffn_meta, err) ||
         mts_gguf_get_float(g, "bert.attention.layer_norm_epsilon", 1e-12, &eps, err))
@@ -235,13 +237,15 @@ static int build(gb *b)
         return mts_err_set(err, MTS_EFORMAT, "%s: GGUF: bert.block_count %lld is missing or out of range (1 to %d)",
                            g->file, (long long)L, MAX_LAYERS);
     if (H < 1 || H > MAX_HIDDEN)
-        return mts_err_set(err, MTS_EFORMAT, "%s: GGUF: bert.embedding_length %lld is missing or out of range (1 to %d)",
+        return mts_err_set(err, MTS_EFORMAT,
+                           "%s: GGUF: bert.embedding_length %lld is missing or out of range (1 to %d)",
                            g->file, (long long)H, MAX_HIDDEN);
     if (heads < 1 || H % heads)
         return mts_err_set(err, MTS_EFORMAT, "%s: GGUF: bert.attention.head_count %lld is missing or does not divide "
                            "the embedding length %lld", g->file, (long long)heads, (long long)H);
     if (!(eps > 0 && eps < 1))
-        return mts_err_set(err, MTS_EFORMAT, "%s: GGUF: bert.attention.layer_norm_epsilon %g is out of range", g->file, eps);
+        return mts_err_set(err, MTS_EFORMAT, "%s: GGUF: bert.attention.layer_norm_epsilon %g is out of range",
+                           g->file, eps);
     const mts_gguf_tensor *te = mts_gguf_tensor_find(g, "token_embd.weight");
     const mts_gguf_tensor *pe = mts_gguf_tensor_find(g, "position_embd.weight");
     const mts_gguf_tensor *tt = mts_gguf_tensor_find(g, "token_types.weight");
