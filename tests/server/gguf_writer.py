@@ -1,6 +1,6 @@
 """A small GGUF writer (numpy) for the tests: version 3, little-endian, metadata of the scalar,
-string and array types, tensors of type F32, F16 and Q8_0 (blocks of 32: a float16 scale d =
-max|x| / 127 and 32 int8 q = round(x / d)).
+string and array types, tensors of type F32, F16, BF16 and Q8_0 (blocks of 32: a float16 scale
+d = max|x| / 127 and 32 int8 q = round(x / d)).
 
 Also `bert_from_onnx`: the tensors and metadata llama.cpp's converter writes for a BERT encoder,
 taken from an ONNX model with the Hugging Face export's initializer names (as
@@ -11,7 +11,7 @@ import struct
 import numpy as np
 
 U8, I8, U16, I16, U32, I32, F32, BOOL, STRING, ARRAY, U64, I64, F64 = range(13)
-T_F32, T_F16, T_Q8_0 = 0, 1, 8
+T_F32, T_F16, T_Q8_0, T_BF16 = 0, 1, 8, 30
 _FMT = {U8: "<B", I8: "<b", U16: "<H", I16: "<h", U32: "<I", I32: "<i", F32: "<f", BOOL: "<?", U64: "<Q",
         I64: "<q", F64: "<d"}
 
@@ -44,6 +44,13 @@ def q8_0(a):
     return blocks.tobytes(), (q.astype(np.float32) * df[:, None]).reshape(a.shape)
 
 
+def bf16(a):
+    """bfloat16 bytes of a float32 array (rounded to nearest even) and the values they hold."""
+    u = a.astype("<f4").view("<u4").astype(np.uint64)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype("<u2")
+    return r.tobytes(), (r.astype(np.uint32) << 16).view(np.float32).reshape(a.shape)
+
+
 def tensor_bytes(a, ttype):
     if ttype == T_F32:
         return a.astype("<f4").tobytes()
@@ -51,6 +58,8 @@ def tensor_bytes(a, ttype):
         return a.astype("<f2").tobytes()
     if ttype == T_Q8_0:
         return q8_0(a)[0]
+    if ttype == T_BF16:
+        return bf16(a)[0]
     raise ValueError(ttype)
 
 
@@ -124,6 +133,8 @@ def bert_from_onnx(onnx_path, vocab_path, wtype=T_F32, pooling=1, heads=12, eps=
             r = a.astype(np.float16).astype(np.float32)
         elif tt == T_Q8_0:
             r = q8_0(a)[1]
+        elif tt == T_BF16:
+            r = bf16(a)[1]
         ref[oname] = r.T if transposed else r
 
     add("token_embd.weight", "embeddings.word_embeddings.weight", w["embeddings.word_embeddings.weight"])

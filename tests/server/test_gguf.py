@@ -3,11 +3,11 @@
 The minilm_like encoder's weights are written as GGUF files the way llama.cpp's converter lays
 out a BERT model (tests/server/gguf_writer.py: the converter's tensor names, ggml's [out, in]
 weight layout, the vocabulary in its phantom-space spelling with the special token ids as
-metadata, 1-D tensors in F32), in F32, F16 and Q8_0. One server serves the ONNX model and the
+metadata, 1-D tensors in F32), in F32, F16, BF16 and Q8_0. One server serves the ONNX model and the
 GGUF folders (model.gguf alone, no tokenizer or pooling configured) side by side; the vectors of
 /v1/embeddings must match the ONNX model's with the same weights: the original ONNX for F32, an
-ONNX copy with the weights rounded through float16 for F16 and one with the Q8_0-dequantized
-weights for Q8_0 (all cosine >= 0.99999, i.e. the GGUF path adds only float rounding). Q8_0
+ONNX copy with the weights rounded through float16 (bfloat16) for F16 (BF16) and one with the
+Q8_0-dequantized weights for Q8_0 (all cosine >= 0.99999, i.e. the GGUF path adds only float rounding). Q8_0
 against the original full-precision weights is held to cosine >= 0.999: the quantization error
 of 8-bit blocks (at most half a step, d/2 = max|w|/254 per weight) on random weights measures
 about 0.9998 here through six layers; 0.999 leaves room for that and still fails a wrong scale,
@@ -148,8 +148,8 @@ def setup(tmp_path_factory):
     emb = {"normalize": True, "max_tokens": 128, "max_batch": 16}
     os.symlink(model, folder("onnx", dict(emb, tokenizer=vocab, pooling="mean")) / "model.onnx")
     os.symlink(model, folder("onnx_cls", dict(emb, tokenizer=vocab, pooling="cls")) / "model.onnx")
-    for name, wt, pooling in (("g_f32", gw.T_F32, 1), ("g_f16", gw.T_F16, 1), ("g_q8", gw.T_Q8_0, 1),
-                              ("g_cls", gw.T_F32, 2)):
+    for name, wt, pooling in (("g_f32", gw.T_F32, 1), ("g_f16", gw.T_F16, 1), ("g_bf16", gw.T_BF16, 1),
+                              ("g_q8", gw.T_Q8_0, 1), ("g_cls", gw.T_F32, 2)):
         kvs, ts, ref = gw.bert_from_onnx(model, vocab, wt, pooling=pooling)
         gw.write(folder(name, emb) / "model.gguf", kvs, ts)
         if wt != gw.T_F32:  # the ONNX model of exactly the weights the reader must get back
@@ -186,7 +186,8 @@ def test_gguf_matches_onnx(setup):
     srv, repo, _ = setup
     ref, ntok = embed(srv, "onnx", TEXTS)
     assert ref.shape == (len(TEXTS), 384)
-    pairs = [("g_f32", "onnx", 0.99999), ("g_f16", "ref_g_f16", 0.99999), ("g_q8", "ref_g_q8", 0.99999),
+    pairs = [("g_f32", "onnx", 0.99999), ("g_f16", "ref_g_f16", 0.99999), ("g_bf16", "ref_g_bf16", 0.99999),
+             ("g_q8", "ref_g_q8", 0.99999),
              ("g_q8", "onnx", 0.999), ("g_cls", "onnx_cls", 0.99999), ("g_cls_mean", "onnx", 0.99999)]
     worst = {}
     for g, o, bound in pairs:
