@@ -24,8 +24,8 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: mtserve embed MODEL [options] TEXT...\n"
-            "  MODEL           a model folder (model.onnx + config.yaml or config.pbtxt with 'tokenizer'),\n"
-            "                  or a model name with --config\n"
+            "  MODEL           a model folder (model.onnx + config.yaml or config.pbtxt with 'tokenizer',\n"
+            "                  or a GGUF BERT encoder model.gguf), or a model name with --config\n"
             "  TEXT            texts to embed; '-' reads one text per line from standard input\n"
             "options:\n"
             "  --config FILE   the server configuration (YAML) that defines MODEL\n"
@@ -86,7 +86,7 @@ int mts_cli_embed_find(const char *model, const char *config, mts_config *c, con
         name = name ? name : model;
         const mts_model_config *m = rc ? NULL : mts_config_find_model(c, name);
         if (!rc && !m) {
-            fprintf(stderr, "mtserve embed: %s is not a model folder (no model.onnx in it or in a version folder)\n",
+            fprintf(stderr, "mtserve embed: %s is not a model folder (no model.onnx or model.gguf in it, no version folder)\n",
                     model);
             free(copy), free(p2);
             return 1;

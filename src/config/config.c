@@ -28,6 +28,7 @@
 #include <yaml.h>
 
 #include "config/pbtxt.h"
+#include "engine/gguf.h"
 #include "util/suggest.h"
 
 #define CFG_MAX_FILE_BYTES ((size_t)4 << 20) /* 4 MiB */
@@ -961,6 +962,10 @@ static int models_key(pctx *x, const char *key, const char *full, const ynode *k
     int rc = walk_map(x, v, full, "model settings", model_key, &st);
     if (rc < 0) return rc;
     if (!m->model_path) return key_err(x, k, full, "model '%s' has no model_path", key);
+    size_t pl = strlen(m->model_path);
+    if (!m->tokenizer_path && pl > 5 && !strcmp(m->model_path + pl - 5, ".gguf") && /* its own vocabulary */
+        !(m->tokenizer_path = strdup(m->model_path)))
+        return mts_err_set(x->err, MTS_ENOMEM, "%s: out of memory", x->name);
     return MTS_OK;
 }
 
@@ -1332,8 +1337,9 @@ static int apply_pbtxt(mts_model_config *m, const mts_pbtxt *pb, const char *fol
     return MTS_OK;
 }
 
-/* One repository folder: model.onnx (or Triton's <version>/model.onnx) plus an optional
- * config.pbtxt (Triton) and/or config.yaml (mtserve's per-model keys, applied last). */
+/* One repository folder: model.onnx (or Triton's <version>/model.onnx, or a GGUF encoder
+ * model.gguf, whose own vocabulary and pooling are the defaults) plus an optional config.pbtxt
+ * (Triton) and/or config.yaml (mtserve's per-model keys, applied last). */
 static int scan_one(mts_config *c, const char *dir, const char *sub, mts_config_warn_fn warn, void *user,
                     mts_err *err)
 {
@@ -1359,7 +1365,18 @@ static int scan_one(mts_config *c, const char *dir, const char *sub, mts_config_
         text = NULL;
         if (rc) goto done;
     }
-    if (stat(onnx, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    int gguf = 0;
+    if (stat(onnx, &sb) != 0 || !S_ISREG(sb.st_mode)) { /* a GGUF encoder instead (engine/gguf.h) */
+        char *g = path_join(folder, "model.gguf");
+        if (g && stat(g, &sb) == 0 && S_ISREG(sb.st_mode)) {
+            free(onnx);
+            onnx = g;
+            gguf = 1;
+        } else {
+            free(g);
+        }
+    }
+    if (!gguf && (stat(onnx, &sb) != 0 || !S_ISREG(sb.st_mode))) {
         const mts_pbtxt *fn = mts_pbtxt_get(&pb, "default_model_filename");
         const char *file = fn && fn->scalar && !strchr(fn->scalar, '/') ? fn->scalar : "model.onnx";
         version = pick_version(folder, file, &pb);
@@ -1398,6 +1415,17 @@ static int scan_one(mts_config *c, const char *dir, const char *sub, mts_config_
         goto done;
     }
     m->version = (int)version;
+    if (gguf) { /* an embedding model as it is: its tokenizer and pooling come from the file */
+        int pool = 0;
+        int64_t ctx = 0;
+        mts_gguf_embed_defaults(onnx, &pool, &ctx);
+        if (!(m->tokenizer_path = strdup(onnx))) {
+            rc = mts_err_set(err, MTS_ENOMEM, "%s: out of memory", dir);
+            goto done;
+        }
+        m->pooling = pool == 2 ? MTS_POOL_CLS : pool == 3 ? MTS_POOL_LAST : MTS_POOL_MEAN;
+        if (ctx > 0 && ctx < 512) m->max_tokens = (int)ctx; /* no more tokens than positions */
+    }
     if (pb.n_kids && (rc = apply_pbtxt(m, &pb, folder, pbpath, warn, user, err))) goto done;
     if (stat(cfg, &sb) != 0) goto done;
     size_t len;

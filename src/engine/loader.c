@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "engine/gguf.h"
 #include "engine/model.h"
 #include "engine/subgraph.h"
 #include "engine/weights.h"
@@ -189,6 +190,14 @@ int mts_model_load(const char *path, const mts_load_opts *opts, mts_model **out,
     int map_errno = errno;
     close(fd);
     if (!addr) return mts_err_set(err, MTS_EIO, "cannot map %s: %s", path, strerror(map_errno));
+    if (mts_gguf_is(addr, (size_t)st.st_size)) { /* a GGUF encoder: as the ONNX model it maps to */
+        mts_pbw w = {0};
+        int rc = mts_gguf_to_onnx(addr, (size_t)st.st_size, path, &w, err);
+        mts__unmap_file(addr, (size_t)st.st_size);
+        if (!rc) rc = mts_model_load_buffer(w.p, w.len, path, opts, out, err);
+        mts_pbw_free(&w);
+        return rc;
+    }
     mts_model *m = model_new();
     if (!m) {
         mts__unmap_file(addr, (size_t)st.st_size);
@@ -223,6 +232,13 @@ int mts_model_load_buffer(const void *data, size_t len, const char *name, const 
                           mts_model **out, mts_err *err)
 {
     if (len == 0) return mts_err_set(err, MTS_EFORMAT, "%s: empty model", name);
+    if (mts_gguf_is(data, len)) {
+        mts_pbw w = {0};
+        int rc = mts_gguf_to_onnx(data, len, name, &w, err);
+        if (!rc) rc = mts_model_load_buffer(w.p, w.len, name, opts, out, err);
+        mts_pbw_free(&w);
+        return rc;
+    }
     mts_model *m = model_new();
     if (!m) return mts_err_set(err, MTS_ENOMEM, "out of memory");
     m->owned_copy = malloc(len);

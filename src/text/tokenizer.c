@@ -931,12 +931,8 @@ void mts_tok_sort_added(mts_tokenizer *t)
 
 /* ---- vocab.txt -------------------------------------------------------------------------------------- */
 
-static int find_special(mts_tokenizer *t, const char *name, int64_t *id, char *err, size_t errlen)
-{
-    *id = mts_vocab_get(&t->vocab, name, strlen(name));
-    if (*id < 0) return mts_tok_err(err, errlen, "vocab.txt: no %s token", name);
-    return 0;
-}
+static mts_tokenizer *wordpiece_finish(mts_tokenizer *t, int cased, int lowercase, int64_t unk, int64_t cls,
+                                       int64_t sep, int64_t pad, const char *what, char *err, size_t errlen);
 
 static mts_tokenizer *load_vocab_txt(const char *data, size_t len, int lowercase, char *err, size_t errlen)
 {
@@ -985,13 +981,27 @@ static mts_tokenizer *load_vocab_txt(const char *data, size_t len, int lowercase
         id++;
         i = j + 1;
     }
-    int64_t cls, sep;
-    if (find_special(t, "[UNK]", &t->unk_id, err, errlen) || find_special(t, "[CLS]", &cls, err, errlen) ||
-        find_special(t, "[SEP]", &sep, err, errlen)) {
-        mts_tokenizer_free(t);
-        return NULL;
+    return wordpiece_finish(t, cased, lowercase, -1, -1, -1, -1, "vocab.txt", err, errlen);
+}
+
+/* The rest of a WordPiece tokenizer once its vocabulary is in: the special tokens (an id < 0 is
+ * looked up by its usual name), BERT's normalizer and pre-tokenizer, the post-processor. Frees t
+ * on error. */
+static mts_tokenizer *wordpiece_finish(mts_tokenizer *t, int cased, int lowercase, int64_t unk, int64_t cls,
+                                       int64_t sep, int64_t pad, const char *what, char *err, size_t errlen)
+{
+    int64_t *ids[3] = {&unk, &cls, &sep};
+    static const char *const names[3] = {"[UNK]", "[CLS]", "[SEP]"};
+    for (int k = 0; k < 3; k++) {
+        if (*ids[k] < 0) *ids[k] = mts_vocab_get(&t->vocab, names[k], strlen(names[k]));
+        if (*ids[k] < 0 || *ids[k] >= t->vocab.n_ids) {
+            mts_tok_err(err, errlen, "%s: no %s token", what, names[k]);
+            mts_tokenizer_free(t);
+            return NULL;
+        }
     }
-    t->pad_id = mts_vocab_get(&t->vocab, "[PAD]", 5);
+    t->unk_id = unk;
+    t->pad_id = pad >= 0 && pad < t->vocab.n_ids ? pad : mts_vocab_get(&t->vocab, "[PAD]", 5);
     if (t->pad_id < 0) t->pad_id = 0;
     int lc = lowercase < 0 ? !cased : lowercase != 0;
     t->norm[t->n_norm++].kind = MTS_NORM_BERT_CLEAN;
@@ -1007,7 +1017,7 @@ static mts_tokenizer *load_vocab_txt(const char *data, size_t len, int lowercase
         int64_t sid = mts_vocab_get(&t->vocab, specials[k], strlen(specials[k]));
         if (sid >= 0 && mts_tok_add_added(t, specials[k], strlen(specials[k]), sid, 0, 0, 0)) {
             mts_tokenizer_free(t);
-            mts_tok_err(err, errlen, "vocab.txt: out of memory");
+            mts_tok_err(err, errlen, "%s: out of memory", what);
             return NULL;
         }
     }
@@ -1017,6 +1027,50 @@ static mts_tokenizer *load_vocab_txt(const char *data, size_t len, int lowercase
     t->max_len = 512;
     mts_post_bert(&t->post, cls, sep);
     return t;
+}
+
+mts_tokenizer *mts_tokenizer_wordpiece(const char *const *tokens, const size_t *lens, int n, int64_t unk_id,
+                                       int64_t cls_id, int64_t sep_id, int64_t pad_id, int lowercase, char *err,
+                                       size_t errlen)
+{
+    if (n < 1 || n > MTS_TOK_MAX_VOCAB) {
+        mts_tok_err(err, errlen, "token list: %d tokens (1 to %d allowed)", n, MTS_TOK_MAX_VOCAB);
+        return NULL;
+    }
+    size_t bytes = 0;
+    for (int i = 0; i < n; i++) {
+        if (lens[i] > MTS_TOK_MAX_FILE - bytes) {
+            mts_tok_err(err, errlen, "token list: more than %d MiB of token text", MTS_TOK_MAX_FILE >> 20);
+            return NULL;
+        }
+        bytes += lens[i];
+        for (size_t k = 0; k < lens[i];) {
+            uint32_t cp;
+            int m = mts_utf8_decode((const unsigned char *)tokens[i] + k, lens[i] - k, &cp);
+            if (!m) {
+                mts_tok_err(err, errlen, "token list: token %d: invalid UTF-8 at byte %zu", i, k);
+                return NULL;
+            }
+            k += (size_t)m;
+        }
+    }
+    mts_tokenizer *t = calloc(1, sizeof *t);
+    if (!t || mts_vocab_init(&t->vocab, n, bytes + 1)) {
+        free(t);
+        mts_tok_err(err, errlen, "token list: out of memory");
+        return NULL;
+    }
+    t->kind = MTS_TOK_WORDPIECE;
+    int cased = 0;
+    for (int i = 0; i < n; i++) {
+        const char *s = tokens[i];
+        size_t e = lens[i];
+        mts_vocab_add(&t->vocab, s, e, i);
+        if (!(e && s[0] == '[' && s[e - 1] == ']'))
+            for (size_t k = 0; k < e && !cased; k++)
+                if (s[k] >= 'A' && s[k] <= 'Z') cased = 1;
+    }
+    return wordpiece_finish(t, cased, lowercase, unk_id, cls_id, sep_id, pad_id, "token list", err, errlen);
 }
 
 void mts_post_bert(mts_post *p, int64_t cls, int64_t sep)
@@ -1058,6 +1112,14 @@ mts_tokenizer *mts_tokenizer_load(const char *path, int lowercase, char *err, si
         mts_tok_err(err, errlen, "tokenizer %s: %s", path, strerror(errno));
         return NULL;
     }
+    char magic[4];
+    size_t pl = strlen(path);
+    int named_gguf = pl > 5 && !strcmp(path + pl - 5, ".gguf");
+    if ((fread(magic, 1, 4, f) == 4 && memcmp(magic, "GGUF", 4) == 0) || named_gguf) { /* a GGUF model's vocabulary */
+        fclose(f);
+        return mts_tokenizer_load_gguf(path, lowercase, err, errlen);
+    }
+    rewind(f);
     char *buf = NULL;
     size_t len = 0, cap = 0;
     for (;;) {

@@ -27,10 +27,22 @@
 
 typedef struct mts_tokenizer mts_tokenizer;
 
-/* Loads a BERT vocab.txt (WordPiece, lower-casing per `lowercase`: -1 = auto/from file) or a
- * Hugging Face tokenizer.json (by content, not extension). NULL + message on error. */
+/* Loads a BERT vocab.txt (WordPiece, lower-casing per `lowercase`: -1 = auto/from file), a
+ * Hugging Face tokenizer.json or a GGUF model's vocabulary (by content, not extension). NULL +
+ * message on error. */
 mts_tokenizer *mts_tokenizer_load(const char *path, int lowercase, char *err, size_t errlen);
 mts_tokenizer *mts_tokenizer_load_mem(const char *data, size_t len, int is_json, int lowercase, char *err, size_t errlen);
+/* A WordPiece tokenizer with BERT's pipeline (as for vocab.txt) from a token list: token i
+ * (lens[i] bytes of UTF-8, "##" marking continuations) has id i. unk_id, cls_id, sep_id, pad_id:
+ * the special tokens' ids, or -1 to look up [UNK], [CLS], [SEP], [PAD] by name. */
+mts_tokenizer *mts_tokenizer_wordpiece(const char *const *tokens, const size_t *lens, int n, int64_t unk_id,
+                                       int64_t cls_id, int64_t sep_id, int64_t pad_id, int lowercase, char *err,
+                                       size_t errlen);
+/* The tokenizer a GGUF model file carries in its metadata (tokenizer.ggml.model "bert": WordPiece
+ * from tokenizer.ggml.tokens and the special token ids; text/tokenizer_gguf.c). mts_tokenizer_load
+ * calls it for a file starting with the GGUF magic. */
+mts_tokenizer *mts_tokenizer_load_gguf(const char *path, int lowercase, char *err, size_t errlen);
+mts_tokenizer *mts_tokenizer_load_gguf_mem(const void *data, size_t len, int lowercase, char *err, size_t errlen);
 void mts_tokenizer_free(mts_tokenizer *t);
 /* Encodes one text (UTF-8, len bytes; invalid UTF-8 is an error naming the byte offset) with the
  * special tokens the tokenizer adds ([CLS] ... [SEP] for BERT), truncated to max_tokens (0: the

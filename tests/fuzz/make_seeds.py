@@ -304,13 +304,35 @@ def tokenizer(d):
     put(d, "json_cl100k", b"json\n" + bl.encode() + b"\0ab AB'S 123456 \xef\xac\x81\r\n\r\n x")
 
 
+def gguf(d):
+    """Tiny BERT GGUF files (tests/server/gguf_writer.py) in F32, F16 and Q8_0, and one whose
+    metadata holds every value type."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "server"))
+    import gguf_writer as gw
+    tmp = os.path.join(d, ".tmp.gguf")
+    os.makedirs(d, exist_ok=True)
+    variants = {"bert_f32.gguf": {}, "bert_f16.gguf": {"wtype": gw.T_F16}, "bert_q8_0.gguf": {"wtype": gw.T_Q8_0},
+                "all_types.gguf": {"kv": {"x.u8": (gw.U8, 7), "x.i8": (gw.I8, -7), "x.u16": (gw.U16, 700),
+                                          "x.i16": (gw.I16, -700), "x.i32": (gw.I32, -70000),
+                                          "x.u64": (gw.U64, 1 << 40), "x.i64": (gw.I64, -(1 << 40)),
+                                          "x.f64": (gw.F64, 0.25), "x.bool": (gw.BOOL, True),
+                                          "x.arr": (gw.ARRAY, (gw.F32, [1.0, 2.0])),
+                                          "general.alignment": (gw.U32, 64)}}}
+    for name, kw in variants.items():
+        gw.write(tmp, *gw.tiny_bert(**kw), alignment=kw.get("kv", {}).get("general.alignment", (0, 32))[1])
+        with open(tmp, "rb") as f:
+            put(d, name, f.read())
+    os.remove(tmp)
+
+
 def main():
     root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
     for name, fn in (("fuzz_http", http), ("fuzz_json", json_), ("fuzz_multipart", multipart), ("fuzz_pbtxt", pbtxt),
                      ("fuzz_yaml_config", yaml), ("fuzz_npy", npy), ("fuzz_image", image), ("fuzz_onnx", onnx_),
                      ("fuzz_tensor_pb", tensor_pb), ("fuzz_grpc", grpc),
                      ("fuzz_kserve_infer", kserve_infer),
-                     ("fuzz_triton_repo", pbtxt), ("fuzz_tokenizer", tokenizer)):
+                     ("fuzz_triton_repo", pbtxt), ("fuzz_tokenizer", tokenizer),
+                     ("fuzz_gguf", gguf)):
         fn(os.path.join(root, name))
 
 
