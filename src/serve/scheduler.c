@@ -444,6 +444,7 @@ static bool compatible(const mts__version *v, const mts_request *a, const batch_
 }
 
 #define MTS__MAX_BATCH_REQS 256
+#define MTS__WORKER_NICE 10 /* MTS_WORKER_NICE overrides; 0 = the process's priority */
 
 static void *scratch_get(mts__worker *w, int depth, int i, size_t bytes)
 {
@@ -623,8 +624,12 @@ void *mts__worker_main(void *arg)
     const char *lane_env = getenv("MTS_SHORT_LANE");
     if (lane && lane_env && !strcmp(lane_env, "0")) return NULL; /* off: for comparisons */
     for (int k = 0; k < 2; k++) w->br[k] = calloc(MTS__MAX_BATCH_REQS, sizeof(batch_req));
+    /* Regular workers (and the intra-op threads they start, which inherit it) run at a lower
+     * CPU priority than the front ends, the lane and the loaders: a request arriving while the
+     * workers fill the cores is read, parsed and queued (or run on the lane) at once instead of
+     * after the OS's time slice. With nothing else runnable the workers still get every core. */
     const char *nice_env = getenv("MTS_WORKER_NICE");
-    int nice = nice_env ? atoi(nice_env) : 0;
+    int nice = nice_env && *nice_env ? atoi(nice_env) : MTS__WORKER_NICE;
     if (!lane && nice > 0 && nice < 20) setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), nice);
     pthread_mutex_lock(&s->lock);
     while (!s->stop_workers) {
