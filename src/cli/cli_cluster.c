@@ -47,6 +47,10 @@ static void usage(FILE *f)
             "                        N >= 100 x instances never spills)\n"
             "  --stats-port P        HAProxy's statistics page on P (/ : HTML, /metrics : Prometheus)\n"
             "  --server-timeout S    how long a request may wait for its answer (default 300)\n"
+            "  --retry-body-kb N     requests with bodies up to N KiB are held whole by HAProxy and so\n"
+            "                        repeated on another instance when theirs dies before answering\n"
+            "                        (tune.bufsize; default: HAProxy's 16 KiB buffers, about 15 KiB of body;\n"
+            "                        HAProxy then holds up to two such buffers per request in flight)\n"
             "\n"
             "Routing: the model comes from /v2/models/NAME/..., /v2/repository/models/NAME/...,\n"
             "/api/v1/lipsync/NAME/..., else the query parameter model=NAME (segmentation uploads:\n"
@@ -169,7 +173,7 @@ static int parse_instances(const char *list, instance *ins, int *n)
 }
 
 static void print_config(FILE *f, const instance *ins, int n, int front_http, int front_grpc, const char *bind,
-                         int factor, int stats_port, int server_timeout)
+                         int factor, int stats_port, int server_timeout, int retry_body_kb)
 {
     bool names = false;
     for (int i = 0; i < n; i++) names |= ins[i].is_name;
@@ -178,8 +182,12 @@ static void print_config(FILE *f, const instance *ins, int n, int front_http, in
     fprintf(f, "# Check it with `haproxy -c -f FILE`; docs/scale-out.md explains each line.\n");
     fprintf(f, "global\n"
                "    log stderr format short local0 notice\n"
-               "    maxconn 8192\n"
-               "\n");
+               "    maxconn 8192\n");
+    if (retry_body_kb) /* the body plus room for the head and HAProxy's rewrite reserve */
+        fprintf(f, "    # requests are retried only when held whole: bodies up to %d KiB\n"
+                   "    tune.bufsize %d\n",
+                retry_body_kb, (retry_body_kb + 32) * 1024);
+    fprintf(f, "\n");
     if (names)
         fprintf(f, "# instance names are resolved at start and re-resolved while running (pods that move)\n"
                    "resolvers dns\n"
@@ -286,6 +294,7 @@ int mts_cli_cluster_config(int argc, char **argv)
 {
     static instance ins[MAX_INSTANCES];
     int n = 0, front_http = 8080, front_grpc = 50050, factor = 250, stats_port = 0, server_timeout = 300;
+    int retry_body_kb = 0;
     const char *bind = "", *list = NULL;
     for (int i = 1; i < argc; i++) {
         const char *v;
@@ -323,6 +332,9 @@ int mts_cli_cluster_config(int argc, char **argv)
                                 "got '%s'\n", v);
                 return 2;
             }
+        } else if ((v = opt_value(argc, argv, &i, "--retry-body-kb"))) {
+            if (v == missing_value) return 2;
+            if (parse_int_opt("--retry-body-kb", v, 1, 262144, &retry_body_kb)) return 2;
         } else if ((v = opt_value(argc, argv, &i, "--server-timeout"))) {
             if (v == missing_value) return 2;
             if (parse_int_opt("--server-timeout", v, 1, 86400, &server_timeout)) return 2;
@@ -342,6 +354,6 @@ int mts_cli_cluster_config(int argc, char **argv)
         fprintf(stderr, "mtserve cluster-config: --front-http, --front-grpc and --stats-port must differ\n");
         return 2;
     }
-    print_config(stdout, ins, n, front_http, front_grpc, bind, factor, stats_port, server_timeout);
+    print_config(stdout, ins, n, front_http, front_grpc, bind, factor, stats_port, server_timeout, retry_body_kb);
     return fflush(stdout) ? 1 : 0;
 }

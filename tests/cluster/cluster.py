@@ -118,7 +118,8 @@ class Cluster:
     (balance_factor None: its default --balance-factor); "roundrobin" is the same configuration
     with `balance roundrobin` in both backends (the reference that bench-cluster compares with)."""
 
-    def __init__(self, work, names, n=3, max_models=20, routing="affinity", balance_factor=None, env=None):
+    def __init__(self, work, names, n=3, max_models=20, routing="affinity", balance_factor=None, env=None,
+                 config_args=()):
         self.work = Path(work)
         self.work.mkdir(parents=True, exist_ok=True)
         self.repo = make_repo(self.work, names)
@@ -132,13 +133,15 @@ class Cluster:
         self.haproxy = None
         self.routing = routing
         self.balance_factor = balance_factor
+        self.config_args = list(config_args)
 
     def config(self):
         inst = ",".join(f"127.0.0.1:{i.http_port}:{i.grpc_port}" for i in self.instances)
         out = subprocess.run([str(MTSERVE), "cluster-config", "--instances", inst, "--bind", "127.0.0.1",
                               "--front-http", str(self.front_http), "--front-grpc", str(self.front_grpc),
                               "--stats-port", str(self.stats_port)] +
-                             ([] if self.balance_factor is None else ["--balance-factor", str(self.balance_factor)]),
+                             ([] if self.balance_factor is None else ["--balance-factor", str(self.balance_factor)]) +
+                             self.config_args,
                              check=True, capture_output=True, text=True).stdout
         if self.routing == "roundrobin":
             out = out.replace("balance hash var(txn.model)", "balance roundrobin")

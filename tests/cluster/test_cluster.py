@@ -234,27 +234,23 @@ def read_response(sock):
     return lines[0], body
 
 
-def test_inflight_request_of_killed_instance_is_retried(cl):
-    """A request already sent to an instance that dies before answering is answered by another
-    one: HAProxy repeats it (retry-on empty-response) only if it held the whole request when it
-    first sent it, which `option http-buffer-request` makes sure of. Here the client sends the
-    head and the body in two segments (as urllib3 does with TCP_NODELAY), the instance is
-    stopped so it cannot answer, then killed: without the option HAProxy forwards the head at
-    once, gives up the retry and closes the client's keep-alive connection without an answer."""
+def inflight_retry(c, model, pad=0):
+    """Sends one request for `model` (its JSON body padded with `pad` spaces) in two segments to an
+    instance that was stopped so it cannot answer, then kills it; returns (status line, body)."""
     import json
     import signal
     import socket
-    body = json.dumps(C.TINY_BODY).encode()
-    head = (f"POST /v2/models/k_probe/infer HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+    body = json.dumps(C.TINY_BODY).encode() + b" " * pad
+    head = (f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\n\r\n").encode()
-    with socket.create_connection(("127.0.0.1", cl.front_http), timeout=20) as s:
+    with socket.create_connection(("127.0.0.1", c.front_http), timeout=20) as s:
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         s.sendall(head + body)
         status, _ = read_response(s)
         assert status.startswith(b"HTTP/1.1 200 "), status
-        owner = holders(cl, "k_probe")
+        owner = holders(c, model)
         assert len(owner) == 1, owner
-        victim = cl.instances[owner[0] - 1]
+        victim = c.instances[owner[0] - 1]
         try:
             victim.proc.send_signal(signal.SIGSTOP)  # takes the request, never answers
             s.sendall(head)
@@ -263,11 +259,37 @@ def test_inflight_request_of_killed_instance_is_retried(cl):
             time.sleep(0.3)
             victim.kill9()  # its sockets are reset with the request unread
             status, answer = read_response(s)
-            assert status.startswith(b"HTTP/1.1 200 "), status or "closed without an answer"
-            assert b'"outputs"' in answer, answer[:200]
-            assert any("k_probe" in i.resident() for i in cl.instances if i is not victim)
+            if status.startswith(b"HTTP/1.1 200 "):
+                assert any(model in i.resident() for i in c.instances if i is not victim)
+            return status, answer
         finally:
-            restart(cl, victim)
+            restart(c, victim)
+
+
+def test_inflight_request_of_killed_instance_is_retried(cl):
+    """A request already sent to an instance that dies before answering is answered by another
+    one: HAProxy repeats it (retry-on empty-response) only if it held the whole request when it
+    first sent it, which `option http-buffer-request` makes sure of. Here the client sends the
+    head and the body in two segments (as urllib3 does with TCP_NODELAY), the instance is
+    stopped so it cannot answer, then killed: without the option HAProxy forwards the head at
+    once, gives up the retry and closes the client's keep-alive connection without an answer."""
+    status, answer = inflight_retry(cl, "k_probe")
+    assert status.startswith(b"HTTP/1.1 200 "), status or "closed without an answer"
+    assert b'"outputs"' in answer, answer[:200]
+
+
+def test_inflight_large_request_retried_with_retry_body_kb(tmp_path):
+    """A body larger than HAProxy's default 16 KiB buffer cannot be held whole, so it is not
+    repeated when its instance dies; `cluster-config --retry-body-kb` makes the buffers large
+    enough. A 300 KB request: with --retry-body-kb 512 another instance answers it."""
+    c = C.Cluster(tmp_path / "big", ["big_probe"], n=2, config_args=["--retry-body-kb", "512"]).start()
+    try:
+        assert "tune.bufsize 557056" in (tmp_path / "big" / "haproxy.cfg").read_text()
+        status, answer = inflight_retry(c, "big_probe", pad=300_000)
+        assert status.startswith(b"HTTP/1.1 200 "), status or "closed without an answer"
+        assert b'"outputs"' in answer, answer[:200]
+    finally:
+        c.stop()
 
 
 def test_inflight_grpc_call_of_killed_instance_is_retried(cl, tmp_path):
@@ -390,6 +412,7 @@ def test_failover_kill9_grpc(cl, tmp_path):
     (["--instances", "a:1:2", "--front-http", "8080", "--front-grpc", "8080"], "must differ"),
     (["--instances", "a:1:2", "--bind", "a b"], "--bind wants an address"),
     (["--instances", "a:1:2", "--nope"], "unknown option '--nope'"),
+    (["--instances", "a:1:2", "--retry-body-kb", "0"], "an integer 1..262144"),
 ])
 def test_cluster_config_rejects_bad_input(args, words):
     out = subprocess.run([str(C.MTSERVE), "cluster-config", *args], capture_output=True, text=True, timeout=10)
