@@ -85,7 +85,10 @@ static ProtobufCMessage *lip_unpack(const ProtobufCMessageDescriptor *desc, cons
                 break;
             }
         }
-        if (!ok || key >> 3 == 0 || key >> 3 > 0x1fffffff) break;
+        if (!ok || key >> 3 == 0 || key >> 3 > 0x1fffffff) {
+            ok = false;
+            break;
+        }
         int wt = (int)(key & 7);
         if (wt == 0 || wt == 2) {
             ok = false;
