@@ -105,8 +105,8 @@ void mts__grpc_call_unref(mts__grpc_call *c);
 void mts__grpc_reply(mts__grpc_call *c, const ProtobufCMessage *msg);
 /* Inside a unary on_message: a reference to the slice holding `data`, for a handler that keeps
  * pointers into the message past its return (grpc_slice_unref when done). The slice is the
- * server's own contiguous copy of the message (grpc_byte_buffer_reader_readall), so the handler
- * may also rearrange bytes in it. */
+ * server's own contiguous copy of the message (grpc_server.c read_message), so the handler may
+ * also rearrange bytes in it. */
 grpc_slice mts__grpc_message_ref(mts__grpc_call *c);
 /* Unary: sends the message already serialized in bb (taken over) and status OK; drops the
  * alive ref. For replies that reference large buffers instead of copying them. */

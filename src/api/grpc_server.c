@@ -11,6 +11,7 @@
  */
 #include "api/grpc_internal.h"
 #include "util/clock.h"
+#include "util/iobuf.h"
 #include "util/workq.h"
 
 #include <limits.h>
@@ -354,6 +355,31 @@ void mts__grpc_close_locked(mts__grpc_call *c, int code, const char *msg)
 
 /* ---- reading ---- */
 
+static void iobuf_release(void *p)
+{
+    mts_iobuf_free(p);
+}
+
+/* The message in one contiguous slice. A large one (a lip-sync request of 16 frames is 40 MB)
+ * goes into a block of the I/O buffer cache (util/iobuf.h), which a later request of the same
+ * size class reuses instead of faulting in a fresh mapping, when the cache may hold it. */
+static grpc_slice read_message(grpc_byte_buffer_reader *r)
+{
+    size_t len = grpc_byte_buffer_length(r->buffer_out);
+    uint8_t *buf = len >= MTS_IOBUF_MIN ? mts_iobuf_alloc(len) : NULL;
+    if (!buf) return grpc_byte_buffer_reader_readall(r);
+    size_t off = 0;
+    grpc_slice s;
+    while (grpc_byte_buffer_reader_next(r, &s)) {
+        size_t n = GRPC_SLICE_LENGTH(s);
+        if (n > len - off) n = len - off; /* (the length above counts every slice) */
+        memcpy(buf + off, GRPC_SLICE_START_PTR(s), n);
+        off += n;
+        grpc_slice_unref(s);
+    }
+    return grpc_slice_new_with_user_data(buf, off, iobuf_release, buf);
+}
+
 static void on_read(mts__grpc_tag *t, bool ok)
 {
     mts__grpc_call *c = t->call;
@@ -380,7 +406,7 @@ static void on_read(mts__grpc_tag *t, bool ok)
             grpc_byte_buffer_destroy(bb);
             mts__grpc_fail(c, MTS_GRPC_INTERNAL, "cannot read the request message");
         } else {
-            grpc_slice s = grpc_byte_buffer_reader_readall(&r);
+            grpc_slice s = read_message(&r);
             grpc_byte_buffer_reader_destroy(&r);
             grpc_byte_buffer_destroy(bb);
             c->msg_slice = s;
