@@ -91,6 +91,11 @@ struct mts__grpc_call {
     grpc_slice status_details;
     int64_t deadline_ns;     /* CLOCK_MONOTONIC deadline, 0 = none */
     void *state;             /* the handler's */
+    /* unary timing (mts_now_ms), logged at debug level when the status has been sent
+     * (event=grpc_sent): message read, reply handed to gRPC, its size */
+    double t_read_ms, t_reply_ms;
+    size_t reply_bytes;
+    grpc_slice msg_slice;    /* the message on_message is handling (mts__grpc_message_ref) */
 };
 
 /* ---- framework (grpc_server.c) ---- */
@@ -98,6 +103,14 @@ void mts__grpc_call_ref(mts__grpc_call *c);
 void mts__grpc_call_unref(mts__grpc_call *c);
 /* Unary: sends msg (may be NULL for an empty message) and status OK; drops the alive ref. */
 void mts__grpc_reply(mts__grpc_call *c, const ProtobufCMessage *msg);
+/* Inside a unary on_message: a reference to the slice holding `data`, for a handler that keeps
+ * pointers into the message past its return (grpc_slice_unref when done). The slice is the
+ * server's own contiguous copy of the message (grpc_server.c read_message), so the handler may
+ * also rearrange bytes in it. */
+grpc_slice mts__grpc_message_ref(mts__grpc_call *c);
+/* Unary: sends the message already serialized in bb (taken over) and status OK; drops the
+ * alive ref. For replies that reference large buffers instead of copying them. */
+void mts__grpc_reply_buffer(mts__grpc_call *c, grpc_byte_buffer *bb);
 /* Unary or streaming: sends the status (after queued stream messages); drops the alive ref. */
 void mts__grpc_fail(mts__grpc_call *c, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Fails with the gRPC code of an mtserve status. */

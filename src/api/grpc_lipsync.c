@@ -24,6 +24,8 @@
 #include "lipsync.pb-c.h"
 #include "media/compose.h"
 #include "util/clock.h"
+#include "util/iobuf.h"
+#include "util/log.h"
 
 typedef struct lip_call {
     mts_request req; /* first: the completion callback casts back */
@@ -40,7 +42,142 @@ typedef struct lip_call {
     mts_bgcache *bg;
     mts_composite_opts opts;
     double t_done; /* inference completed (ms, monotonic) */
+    double unpack_ms; /* parsing the request message */
+    bool borrowed;    /* the message's frame bytes point into `slice` (lip_unpack) */
+    grpc_slice slice; /* the request message, held while borrowed */
 } lip_call;
+
+/* One debug line per answered request: where its time went on the server (the transport's
+ * event=grpc_sent line adds the sending). */
+static void lip_log(const lip_call *l, const char *rpc, double reply_ms, double media_ms)
+{
+    if (!mts_log_enabled(MTS_LOG_DEBUG)) return;
+    mts_log(MTS_LOG_DEBUG, "event=lipsync_reply rpc=%s model=%s frames=%d unpack_ms=%.2f queue_ms=%.2f compute_ms=%.2f "
+            "media_ms=%.2f reply_ms=%.2f", rpc, l->model_id, l->batch_size, l->unpack_ms, l->req.queue_ms,
+            l->req.compute_ms, media_ms, reply_ms);
+}
+
+/* ---- reading a request without copying its frames ---- */
+
+/* The frame bytes of an InferBatchRequest / CompositeBatchRequest (fields 2 visual_frames and 3
+ * audio_features, 40 MB for 16 frames) are not copied: a scan of the message's top-level fields
+ * finds them (the last occurrence wins, as in protobuf), protobuf-c unpacks a copy of the
+ * message without them (model, batch size, options: a few bytes), and the unpacked message's
+ * two byte fields then point into `data`, which the caller keeps alive (lip_call.slice) and
+ * detaches again with lip_unborrow before freeing the message. Anything the scan does not
+ * accept (a truncated field, a group, a field number 0) goes to protobuf-c whole, which rejects
+ * it or copies as before. Returns the message or NULL; *borrowed says which path was taken. */
+static ProtobufCMessage *lip_unpack(const ProtobufCMessageDescriptor *desc, const uint8_t *data, size_t len,
+                                    bool *borrowed)
+{
+    *borrowed = false;
+    const uint8_t *p = data, *e = data + len, *big[4] = {NULL};
+    size_t big_len[4] = {0}, big_hdr[4] = {0}, rest_len = 0;
+    bool ok = true;
+    while (ok && p < e) {
+        const uint8_t *start = p;
+        uint64_t key = 0, v = 0;
+        ok = false;
+        for (int sh = 0; sh < 64 && p < e; sh += 7) {
+            key |= (uint64_t)(*p & 0x7f) << sh;
+            if (!(*p++ & 0x80)) {
+                ok = true;
+                break;
+            }
+        }
+        if (!ok || key >> 3 == 0 || key >> 3 > 0x1fffffff) {
+            ok = false;
+            break;
+        }
+        int wt = (int)(key & 7);
+        if (wt == 0 || wt == 2) {
+            ok = false;
+            for (int sh = 0; sh < 64 && p < e; sh += 7) {
+                v |= (uint64_t)(*p & 0x7f) << sh;
+                if (!(*p++ & 0x80)) {
+                    ok = true;
+                    break;
+                }
+            }
+            if (ok && wt == 2) {
+                ok = v <= (uint64_t)(e - p);
+                if (ok) p += v;
+            }
+        } else if (wt == 1 || wt == 5) {
+            size_t w = wt == 1 ? 8 : 4;
+            ok = (size_t)(e - p) >= w;
+            if (ok) p += w;
+        } else {
+            ok = false; /* groups and unknown wire types: protobuf-c decides */
+        }
+        if (!ok) break;
+        uint64_t f = key >> 3;
+        if ((f == 2 || f == 3) && wt == 2) {
+            big[f] = p - v;
+            big_len[f] = (size_t)v;
+            big_hdr[f] = (size_t)(big[f] - start);
+        } else {
+            rest_len += (size_t)(p - start);
+        }
+    }
+    /* The kernels read float pointers: a field off 4-byte alignment moves back by up to 3 bytes
+     * in place, over its own tag and length (read already), when those are long enough. */
+    for (int f = 2; ok && f <= 3; f++)
+        if (big[f] && (uintptr_t)big[f] % 4 > big_hdr[f]) ok = false;
+    if (!ok || (!big[2] && !big[3])) return protobuf_c_message_unpack(desc, NULL, len, data);
+    uint8_t *rest = malloc(rest_len ? rest_len : 1), *q = rest;
+    if (!rest) return NULL;
+    /* second pass: copy every field but the frame bytes (the scan above accepted them all) */
+    for (p = data; p < e;) {
+        const uint8_t *start = p;
+        uint64_t key = 0, v = 0;
+        for (int sh = 0;; sh += 7) {
+            key |= (uint64_t)(*p & 0x7f) << sh;
+            if (!(*p++ & 0x80)) break;
+        }
+        int wt = (int)(key & 7);
+        if (wt == 0 || wt == 2) {
+            for (int sh = 0;; sh += 7) {
+                v |= (uint64_t)(*p & 0x7f) << sh;
+                if (!(*p++ & 0x80)) break;
+            }
+            if (wt == 2) p += v;
+        } else {
+            p += wt == 1 ? 8 : 4;
+        }
+        if (((key >> 3) == 2 || (key >> 3) == 3) && wt == 2) continue;
+        memcpy(q, start, (size_t)(p - start));
+        q += p - start;
+    }
+    ProtobufCMessage *m = protobuf_c_message_unpack(desc, NULL, rest_len, rest);
+    free(rest);
+    if (!m) return NULL;
+    for (int f = 2; f <= 3; f++) {
+        size_t k = big[f] ? (uintptr_t)big[f] % 4 : 0;
+        if (k) { /* the message is the server's own copy (see mts__grpc_message_ref) */
+            memmove((uint8_t *)big[f] - k, big[f], big_len[f]);
+            big[f] -= k;
+        }
+    }
+    /* both request messages carry visual_frames and audio_features as fields 2 and 3 */
+    for (int f = 2; f <= 3; f++) {
+        const ProtobufCFieldDescriptor *fd = protobuf_c_message_descriptor_get_field(desc, (unsigned)f);
+        if (!fd || fd->type != PROTOBUF_C_TYPE_BYTES) continue;
+        ProtobufCBinaryData *b = (ProtobufCBinaryData *)((char *)m + fd->offset);
+        b->data = big[f] ? (uint8_t *)big[f] : NULL;
+        b->len = big[f] ? big_len[f] : 0;
+    }
+    *borrowed = true;
+    return m;
+}
+
+/* Detaches borrowed frame bytes from a message before protobuf-c frees it. */
+static void lip_unborrow(ProtobufCBinaryData *visual, ProtobufCBinaryData *audio, bool borrowed)
+{
+    if (!borrowed || !visual) return;
+    *visual = (ProtobufCBinaryData){0, NULL};
+    *audio = (ProtobufCBinaryData){0, NULL};
+}
 
 /* Frees a call once its answer (reply or error) has been handed to gRPC: the request's
  * end-to-end time ends here (nothing is recorded for requests never submitted). */
@@ -48,8 +185,11 @@ static void lip_free(lip_call *l)
 {
     if (l->call) mts_server_request_answered(l->call->srv, &l->req); /* no call: built by a check only */
     mts_request_release(&l->req);
+    lip_unborrow(l->msg ? &l->msg->visual_frames : l->cmsg ? &l->cmsg->visual_frames : NULL,
+                 l->msg ? &l->msg->audio_features : l->cmsg ? &l->cmsg->audio_features : NULL, l->borrowed);
     if (l->msg) inference__infer_batch_request__free_unpacked(l->msg, NULL);
     if (l->cmsg) inference__composite_batch_request__free_unpacked(l->cmsg, NULL);
+    if (l->borrowed) grpc_slice_unref(l->slice);
     mts_bgcache_unref(l->bg);
     free(l);
 }
@@ -58,6 +198,70 @@ static void composite_done(mts_request *req, int status, const char *err);
 static bool composite_prepare(lip_call *l);
 
 /* ---- InferBatch ---- */
+
+/* Base-128 varint of v at p; returns its length (at most 10). */
+static size_t varint_put(uint8_t *p, uint64_t v)
+{
+    size_t k = 0;
+    do {
+        p[k++] = (uint8_t)((v & 0x7f) | (v > 0x7f ? 0x80 : 0));
+        v >>= 7;
+    } while (v);
+    return k;
+}
+
+static void iobuf_release(void *p)
+{
+    mts_iobuf_free(p);
+}
+
+/* The InferBatchResponse of a finished request, serialized without copying the mouth regions:
+ * the byte buffer holds, per frame, a shared header slice (outputs = 1, a RawMouthRegion whose
+ * data = 1 follows) and a slice of the output tensor itself, then the packed scalar fields
+ * (protobuf fields may come in any order; the scalars are a message of their own appended).
+ * The output buffer moves from the request to the slices and is freed when gRPC has sent
+ * them. NULL when out of memory (the request keeps its output). */
+static grpc_byte_buffer *raw_reply(mts_request *req, int batch_size)
+{
+    const mts_tensor *t = &req->outputs[0];
+    size_t n = (size_t)batch_size, total = (size_t)mts_tensor_nbytes(t), per = total / n;
+    uint8_t hdr[24];
+    size_t h = 0;
+    /* outputs (field 1, length-delimited): a RawMouthRegion of 1 + varint(per) + per bytes */
+    uint8_t len_per[10];
+    size_t inner = 1 + varint_put(len_per, per) + per;
+    hdr[h++] = 1 << 3 | 2;
+    h += varint_put(hdr + h, inner);
+    hdr[h++] = 1 << 3 | 2; /* RawMouthRegion.data */
+    h += varint_put(hdr + h, per);
+    Inference__InferBatchResponse r = INFERENCE__INFER_BATCH_RESPONSE__INIT;
+    r.inference_time_ms = (float)req->compute_ms;
+    r.queue_time_ms = (float)req->queue_ms;
+    r.success = 1;
+    r.gpu_id = req->device;
+    r.executed_batch_size = req->batch_size;
+    size_t tail_len = inference__infer_batch_response__get_packed_size(&r);
+    grpc_slice *sl = malloc(sizeof *sl * (2 * n + 1));
+    if (!sl) return NULL;
+    grpc_slice head = grpc_slice_from_copied_buffer((const char *)hdr, h);
+    grpc_slice tail = grpc_slice_malloc(tail_len);
+    inference__infer_batch_response__pack(&r, GRPC_SLICE_START_PTR(tail));
+    void *data = t->data;
+    grpc_slice all = grpc_slice_new_with_user_data(data, total, iobuf_release, data);
+    req->outputs[0].data = NULL; /* owned by `all` and its sub-slices now */
+    for (size_t i = 0; i < n; i++) {
+        sl[2 * i] = head;
+        sl[2 * i + 1] = grpc_slice_sub(all, i * per, (i + 1) * per);
+    }
+    sl[2 * n] = tail;
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(sl, 2 * n + 1); /* takes references */
+    for (size_t i = 0; i < n; i++) grpc_slice_unref(sl[2 * i + 1]);
+    grpc_slice_unref(head);
+    grpc_slice_unref(tail);
+    grpc_slice_unref(all);
+    free(sl);
+    return bb;
+}
 
 static void infer_done(mts_request *req, int status, const char *err)
 {
@@ -72,25 +276,11 @@ static void infer_done(mts_request *req, int status, const char *err)
         mts__grpc_fail(c, MTS_GRPC_INTERNAL, "model '%s' did not produce a batch of %d mouth regions as its first output",
                        l->model_id, l->batch_size);
     } else {
-        mts__grpc_arena a = {0};
-        const mts_tensor *t = &req->outputs[0];
-        size_t n = (size_t)l->batch_size, per = (size_t)mts_tensor_nbytes(t) / n;
-        Inference__InferBatchResponse r = INFERENCE__INFER_BATCH_RESPONSE__INIT;
-        r.n_outputs = n;
-        r.outputs = mts__grpc_alloc(&a, sizeof *r.outputs * n);
-        for (size_t i = 0; i < n; i++) {
-            Inference__RawMouthRegion *m = MTS__GRPC_NEW(&a, Inference__RawMouthRegion, INFERENCE__RAW_MOUTH_REGION__INIT);
-            m->data.data = (uint8_t *)t->data + i * per;
-            m->data.len = per;
-            r.outputs[i] = m;
-        }
-        r.inference_time_ms = (float)req->compute_ms;
-        r.queue_time_ms = (float)req->queue_ms;
-        r.success = 1;
-        r.gpu_id = req->device;
-        r.executed_batch_size = req->batch_size;
-        mts__grpc_reply(c, &r.base);
-        mts__grpc_arena_free(&a);
+        double t_reply = mts_now_ms();
+        grpc_byte_buffer *bb = raw_reply(req, l->batch_size);
+        if (bb) mts__grpc_reply_buffer(c, bb);
+        else mts__grpc_fail(c, MTS_GRPC_RESOURCE_EXHAUSTED, "out of memory building the reply");
+        lip_log(l, "infer", mts_now_ms() - t_reply, 0);
     }
     lip_free(l);
     mts__grpc_call_unref(c);
@@ -216,17 +406,23 @@ static lip_call *lip_new(mts__grpc_call *c, const char *model_id, int batch_size
 
 static void infer_batch(mts__grpc_call *c, const uint8_t *data, size_t len)
 {
-    Inference__InferBatchRequest *m = inference__infer_batch_request__unpack(NULL, len, data);
+    double t0 = mts_now_ms();
+    bool borrowed;
+    Inference__InferBatchRequest *m = (Inference__InferBatchRequest *)lip_unpack(&inference__infer_batch_request__descriptor, data, len, &borrowed);
+    double unpack_ms = mts_now_ms() - t0;
     if (!m) {
         mts__grpc_fail(c, MTS_GRPC_INVALID_ARGUMENT, "the request is not a valid inference.InferBatchRequest");
         return;
     }
     lip_call *l = lip_new(c, m->model_id, m->batch_size, &m->visual_frames, &m->audio_features);
     if (!l) {
+        lip_unborrow(&m->visual_frames, &m->audio_features, borrowed);
         inference__infer_batch_request__free_unpacked(m, NULL);
         return;
     }
     l->msg = m;
+    l->unpack_ms = unpack_ms;
+    if ((l->borrowed = borrowed)) l->slice = mts__grpc_message_ref(c);
     mts__grpc_call_ref(c);
     lip_start(l);
 }
@@ -300,9 +496,11 @@ static void composite_run(void *arg)
         r.executed_batch_size = req->batch_size;
         r.media_queue_time_ms = (float)(t_start - l->t_done);
         r.num_frames = mts_bgcache_num_frames(l->bg);
+        double t_reply = mts_now_ms();
         mts__grpc_reply(c, &r.base);
         mts__grpc_arena_free(&a);
         mts_composite_out_free(&out);
+        lip_log(l, "composite", mts_now_ms() - t_reply, t_reply - l->t_done);
     }
     lip_free(l);
     mts__grpc_call_unref(c);
@@ -332,7 +530,10 @@ static void composite_done(mts_request *req, int status, const char *err)
 
 static void infer_batch_composite(mts__grpc_call *c, const uint8_t *data, size_t len)
 {
-    Inference__CompositeBatchRequest *m = inference__composite_batch_request__unpack(NULL, len, data);
+    double t0 = mts_now_ms();
+    bool borrowed;
+    Inference__CompositeBatchRequest *m = (Inference__CompositeBatchRequest *)lip_unpack(&inference__composite_batch_request__descriptor, data, len, &borrowed);
+    double unpack_ms = mts_now_ms() - t0;
     if (!m) {
         mts__grpc_fail(c, MTS_GRPC_INVALID_ARGUMENT, "the request is not a valid inference.CompositeBatchRequest");
         return;
@@ -348,11 +549,14 @@ static void infer_batch_composite(mts__grpc_call *c, const uint8_t *data, size_t
         mts__grpc_fail(c, MTS_GRPC_INVALID_ARGUMENT, "jpeg_quality is %d; expected 1..100 (0 = 85)", m->jpeg_quality);
     } else if (l) {
         l->cmsg = m;
+        l->unpack_ms = unpack_ms;
+        if ((l->borrowed = borrowed)) l->slice = mts__grpc_message_ref(c);
         mts__grpc_call_ref(c);
         lip_start(l);
         return;
     }
     free(l);
+    lip_unborrow(&m->visual_frames, &m->audio_features, borrowed);
     inference__composite_batch_request__free_unpacked(m, NULL);
 }
 
@@ -687,14 +891,20 @@ int mts__grpc_lipsync_check(mts_server *srv, bool composite, const uint8_t *data
     Inference__CompositeBatchRequest *cm = NULL;
     lip_call *l = calloc(1, sizeof *l);
     mts_model_status *st = malloc(sizeof *st);
+    /* on a copy: lip_unpack may move the frame bytes within the message */
+    uint8_t *copy = malloc(len ? len : 1);
+    bool borrowed = false;
     int rc = MTS_OK;
-    if (!l || !st) {
+    if (!l || !st || !copy) {
         snprintf(msg, msglen, "out of memory");
         rc = MTS_ENOMEM;
         goto done;
     }
-    if (composite) cm = inference__composite_batch_request__unpack(NULL, len, data);
-    else m = inference__infer_batch_request__unpack(NULL, len, data);
+    {
+        memcpy(copy, data, len);
+        if (composite) cm = (Inference__CompositeBatchRequest *)lip_unpack(&inference__composite_batch_request__descriptor, copy, len, &borrowed);
+        else m = (Inference__InferBatchRequest *)lip_unpack(&inference__infer_batch_request__descriptor, copy, len, &borrowed);
+    }
     if (!m && !cm) {
         snprintf(msg, msglen, "the request is not a valid inference.%s",
                  composite ? "CompositeBatchRequest" : "InferBatchRequest");
@@ -703,6 +913,8 @@ int mts__grpc_lipsync_check(mts_server *srv, bool composite, const uint8_t *data
     }
     l->msg = m;
     l->cmsg = cm;
+    l->borrowed = borrowed;
+    l->slice = grpc_empty_slice();
     l->model_id = m ? m->model_id : cm->model_id;
     l->batch_size = m ? m->batch_size : cm->batch_size;
     l->visual = m ? &m->visual_frames : &cm->visual_frames;
@@ -719,8 +931,7 @@ int mts__grpc_lipsync_check(mts_server *srv, bool composite, const uint8_t *data
         rc = lip_bind_request(l, st, msg, msglen);
 done:
     free(st);
-    if (l) lip_free(l);
-    else if (m) inference__infer_batch_request__free_unpacked(m, NULL);
-    else if (cm) inference__composite_batch_request__free_unpacked(cm, NULL);
+    if (l) lip_free(l); /* (m and cm are only set with l) */
+    free(copy);
     return rc;
 }

@@ -10,6 +10,8 @@
  * the same functions (grpc_call_start_batch is thread-safe; per-call state is under c->lock).
  */
 #include "api/grpc_internal.h"
+#include "util/clock.h"
+#include "util/iobuf.h"
 #include "util/workq.h"
 
 #include <limits.h>
@@ -187,8 +189,14 @@ static grpc_byte_buffer *pack(const ProtobufCMessage *msg)
 
 static void on_status_sent(mts__grpc_tag *t, bool ok)
 {
-    (void)ok;
-    mts__grpc_call_unref(t->call);
+    mts__grpc_call *c = t->call;
+    if (c->t_reply_ms > 0 && mts_log_enabled(MTS_LOG_DEBUG)) {
+        double now = mts_now_ms();
+        mts_log(MTS_LOG_DEBUG, "event=grpc_sent method=%.*s ok=%d bytes=%zu handler_ms=%.2f send_ms=%.2f",
+                (int)GRPC_SLICE_LENGTH(c->details.method), (const char *)GRPC_SLICE_START_PTR(c->details.method),
+                (int)ok, c->reply_bytes, c->t_reply_ms - c->t_read_ms, now - c->t_reply_ms);
+    }
+    mts__grpc_call_unref(c);
 }
 
 /* Sends the final status (with the reply message for unary calls), under c->lock. Drops the
@@ -209,6 +217,8 @@ static void finish_locked(mts__grpc_call *c, grpc_byte_buffer *reply, int code, 
         c->sent_initial_md = true;
     }
     if (reply) {
+        c->t_reply_ms = mts_now_ms();
+        c->reply_bytes = grpc_byte_buffer_length(reply);
         ops[n].op = GRPC_OP_SEND_MESSAGE;
         ops[n].data.send_message.send_message = reply;
         n++;
@@ -231,6 +241,18 @@ static void finish_locked(mts__grpc_call *c, grpc_byte_buffer *reply, int code, 
 void mts__grpc_reply(mts__grpc_call *c, const ProtobufCMessage *msg)
 {
     grpc_byte_buffer *bb = pack(msg);
+    pthread_mutex_lock(&c->lock);
+    finish_locked(c, bb, MTS_GRPC_OK, NULL);
+    pthread_mutex_unlock(&c->lock);
+}
+
+grpc_slice mts__grpc_message_ref(mts__grpc_call *c)
+{
+    return grpc_slice_ref(c->msg_slice);
+}
+
+void mts__grpc_reply_buffer(mts__grpc_call *c, grpc_byte_buffer *bb)
+{
     pthread_mutex_lock(&c->lock);
     finish_locked(c, bb, MTS_GRPC_OK, NULL);
     pthread_mutex_unlock(&c->lock);
@@ -333,6 +355,31 @@ void mts__grpc_close_locked(mts__grpc_call *c, int code, const char *msg)
 
 /* ---- reading ---- */
 
+static void iobuf_release(void *p)
+{
+    mts_iobuf_free(p);
+}
+
+/* The message in one contiguous slice. A large one (a lip-sync request of 16 frames is 40 MB)
+ * goes into a block of the I/O buffer cache (util/iobuf.h), which a later request of the same
+ * size class reuses instead of faulting in a fresh mapping, when the cache may hold it. */
+static grpc_slice read_message(grpc_byte_buffer_reader *r)
+{
+    size_t len = grpc_byte_buffer_length(r->buffer_out);
+    uint8_t *buf = len >= MTS_IOBUF_MIN ? mts_iobuf_alloc(len) : NULL;
+    if (!buf) return grpc_byte_buffer_reader_readall(r);
+    size_t off = 0;
+    grpc_slice s;
+    while (grpc_byte_buffer_reader_next(r, &s)) {
+        size_t n = GRPC_SLICE_LENGTH(s);
+        if (n > len - off) n = len - off; /* (the length above counts every slice) */
+        memcpy(buf + off, GRPC_SLICE_START_PTR(s), n);
+        off += n;
+        grpc_slice_unref(s);
+    }
+    return grpc_slice_new_with_user_data(buf, off, iobuf_release, buf);
+}
+
 static void on_read(mts__grpc_tag *t, bool ok)
 {
     mts__grpc_call *c = t->call;
@@ -340,6 +387,7 @@ static void on_read(mts__grpc_tag *t, bool ok)
     c->reading = false;
     grpc_byte_buffer *bb = c->recv_buf;
     c->recv_buf = NULL;
+    c->t_read_ms = mts_now_ms();
     pthread_mutex_unlock(&c->lock);
     const mts__grpc_method *m = c->method;
     if (!ok || atomic_load(&c->cancelled)) {
@@ -358,10 +406,12 @@ static void on_read(mts__grpc_tag *t, bool ok)
             grpc_byte_buffer_destroy(bb);
             mts__grpc_fail(c, MTS_GRPC_INTERNAL, "cannot read the request message");
         } else {
-            grpc_slice s = grpc_byte_buffer_reader_readall(&r);
+            grpc_slice s = read_message(&r);
             grpc_byte_buffer_reader_destroy(&r);
             grpc_byte_buffer_destroy(bb);
+            c->msg_slice = s;
             m->on_message(c, GRPC_SLICE_START_PTR(s), GRPC_SLICE_LENGTH(s));
+            c->msg_slice = grpc_empty_slice();
             grpc_slice_unref(s);
         }
     }
@@ -458,6 +508,7 @@ static void on_new_call(mts__grpc_tag *t, bool ok)
     c->details = s->details;
     c->md = s->md;
     c->status_details = grpc_empty_slice();
+    c->msg_slice = grpc_empty_slice();
     atomic_init(&c->refs, 1); /* alive */
     pthread_mutex_init(&c->lock, NULL);
     c->t_close = (mts__grpc_tag){on_close, c, 0};

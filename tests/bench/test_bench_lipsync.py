@@ -74,6 +74,9 @@ def test_raw_frames_over_grpc_and_kserve_http(servers, assets, bench):
         assert s["lipsync"]["rpc"] == "infer"
         assert s["lipsync"]["frames_received"] == 8
         assert s["lipsync"]["bytes_per_frame"] == 3 * 320 * 320 * 4  # float32 mouth regions
+        # the server's times follow the mouth regions in a gRPC reply: read past 2.4 MB of them
+        assert s["server_compute_ms"]["count"] == 4 and s["server_compute_ms"]["min"] > 0, s
+        assert s["server_queue_ms"]["count"] == 4, s
     assert s["transport"] == "http"  # raw frames over HTTP are a KServe infer
 
 

@@ -574,3 +574,54 @@ def test_long_unknown_names_are_cut_in_replies(start_server, pb):
         assert ei.value.code() == grpc.StatusCode.NOT_FOUND
         d = ei.value.details()
         assert len(d) < 300 and f"({1 << 20} bytes)" in d, d[:300]
+
+
+def _pb_varint(v):
+    out = bytearray()
+    while True:
+        b = v & 0x7F
+        v >>= 7
+        out.append(b | (0x80 if v else 0))
+        if not v:
+            return bytes(out)
+
+
+def _pb_len(num, payload):
+    return _pb_varint(num << 3 | 2) + _pb_varint(len(payload)) + payload
+
+
+def test_lipsync_infer_batch_any_field_layout(start_server, pb):
+    """InferBatch reads the frame bytes in place (no copy), moving them to a 4-byte boundary
+    when needed: fields in any order, at every alignment, repeated (the last wins), and unknown
+    fields give the same mouth regions as the plain request; the reply (built from slices of the
+    output, scalars appended) carries every field; a truncated message is INVALID_ARGUMENT."""
+    srv = lip_server(start_server)
+    stub = lip(srv, pb)
+    vis, aud = lip_inputs(1, seed=3)
+    ref = stub.InferBatch(pb.ls.InferBatchRequest(model_id="lip", visual_frames=vis.tobytes(),
+                                                  audio_features=aud.tobytes(), batch_size=1), timeout=120)
+    assert ref.success and ref.executed_batch_size == 1 and ref.queue_time_ms >= 0 and len(ref.outputs) == 1
+    call = srv.channel.unary_unary("/inference.InferenceService/InferBatch", request_serializer=lambda b: b,
+                                   response_deserializer=pb.ls.InferBatchResponse.FromString)
+    model, size = _pb_len(1, b"lip"), _pb_varint(4 << 3) + _pb_varint(1)
+    v, a = _pb_len(2, vis.tobytes()), _pb_len(3, aud.tobytes())
+    wrong_v = _pb_len(2, bytes(8))  # a first visual_frames, replaced by the later one
+    layouts = []
+    for pad in range(4):  # an unknown field of 0..3 bytes shifts the frames through every alignment
+        unknown = _pb_len(15, b"x" * pad)
+        layouts += [unknown + model + v + a + size, unknown + a + size + v + model,
+                    wrong_v + model + unknown + size + a + v]
+    for body in layouts:
+        r = call(body, timeout=120)
+        assert r.success and len(r.outputs) == 1 and r.executed_batch_size == 1
+        np.testing.assert_array_equal(np.frombuffer(r.outputs[0].data, np.float32),
+                                      np.frombuffer(ref.outputs[0].data, np.float32))
+    full = model + v + a + size
+    for cut in (len(model) + 3, len(model) + len(v) // 2, len(full) - 1):
+        with pytest.raises(grpc.RpcError) as e:
+            call(full[:cut], timeout=60)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, cut
+    # the server still answers the plain request afterwards
+    assert stub.InferBatch(pb.ls.InferBatchRequest(model_id="lip", visual_frames=vis.tobytes(),
+                                                   audio_features=aud.tobytes(), batch_size=1),
+                           timeout=120).success
