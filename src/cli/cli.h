@@ -25,6 +25,11 @@ struct mts_config;
 struct mts_model_config;
 int mts_cli_embed_find(const char *model, const char *config, struct mts_config *c,
                        const struct mts_model_config **out);
+/* mts_embedder_init with a loaded model's declared inputs and outputs; *n_in / *n_out (may be
+ * NULL) get their counts. 0, or -1 with the reason in err. */
+struct mts_embedder;
+int mts_cli_embedder_init(struct mts_embedder *e, const struct mts_model_config *mc, const mts_model *mdl,
+                          int64_t pad_id, int *n_in, int *n_out, char *err, size_t errlen);
 /* True when path is a model folder whose configuration makes it an embedding model (it names a
  * tokenizer); quiet. */
 int mts_cli_is_embedding_folder(const char *path);

@@ -227,6 +227,28 @@ static int embed_all(mts_ctx *ctx, const mts_model *mdl, const mts_embedder *e, 
     return rc;
 }
 
+int mts_cli_embedder_init(struct mts_embedder *e, const struct mts_model_config *mc, const mts_model *mdl,
+                          int64_t pad_id, int *n_in_out, int *n_out_out, char *err, size_t errlen)
+{
+    mts_model_info info;
+    mts_model_get_info(mdl, &info);
+    mts_tensor_meta in[MTS_REQ_MAX_TENSORS], out[MTS_REQ_MAX_TENSORS];
+    int n_in = info.n_inputs < MTS_REQ_MAX_TENSORS ? info.n_inputs : MTS_REQ_MAX_TENSORS;
+    int n_out = info.n_outputs < MTS_REQ_MAX_TENSORS ? info.n_outputs : MTS_REQ_MAX_TENSORS;
+    for (int i = 0; i < n_in + n_out; i++) {
+        const mts_value *v = i < n_in ? mts_model_input(mdl, i) : mts_model_output(mdl, i - n_in);
+        mts_tensor_meta *m = i < n_in ? &in[i] : &out[i - n_in];
+        memset(m, 0, sizeof *m);
+        snprintf(m->name, sizeof m->name, "%s", v->name);
+        m->dtype = v->dtype;
+        m->rank = v->rank;
+        for (int d = 0; d < v->rank && d < MTS_MAX_RANK; d++) m->dims[d] = v->dims[d];
+    }
+    if (n_in_out) *n_in_out = n_in;
+    if (n_out_out) *n_out_out = n_out;
+    return mts_embedder_init(e, mc, pad_id, n_in, in, n_out, out, err, errlen) ? -1 : 0;
+}
+
 int mts_cli_embed(int argc, char **argv)
 {
     const char *model = NULL, *config = NULL;
@@ -310,21 +332,7 @@ int mts_cli_embed(int argc, char **argv)
     }
     double load_ms;
     if (mts_cli_load(mc->model_path, &mdl, &load_ms)) goto done;
-    mts_model_info info;
-    mts_model_get_info(mdl, &info);
-    mts_tensor_meta in[MTS_REQ_MAX_TENSORS], out[MTS_REQ_MAX_TENSORS];
-    int n_in = info.n_inputs < MTS_REQ_MAX_TENSORS ? info.n_inputs : MTS_REQ_MAX_TENSORS;
-    int n_out = info.n_outputs < MTS_REQ_MAX_TENSORS ? info.n_outputs : MTS_REQ_MAX_TENSORS;
-    for (int i = 0; i < n_in + n_out; i++) {
-        const mts_value *v = i < n_in ? mts_model_input(mdl, i) : mts_model_output(mdl, i - n_in);
-        mts_tensor_meta *m = i < n_in ? &in[i] : &out[i - n_in];
-        memset(m, 0, sizeof *m);
-        snprintf(m->name, sizeof m->name, "%s", v->name);
-        m->dtype = v->dtype;
-        m->rank = v->rank;
-        for (int d = 0; d < v->rank && d < MTS_MAX_RANK; d++) m->dims[d] = v->dims[d];
-    }
-    if (mts_embedder_init(&e, mc, mts_tokenizer_pad_id(tok), n_in, in, n_out, out, err, sizeof err)) {
+    if (mts_cli_embedder_init(&e, mc, mdl, mts_tokenizer_pad_id(tok), NULL, NULL, err, sizeof err)) {
         fprintf(stderr, "mtserve embed: %s\n", err);
         goto done;
     }

@@ -392,21 +392,8 @@ int mts_cli_tune_embed(const char *model, const mts_tune_embed_opts *o)
     t->tok = tok;
     double load_ms;
     if (mts_cli_load(mc->model_path, &t->mdl, &load_ms)) goto done;
-    mts_model_info info;
-    mts_model_get_info(t->mdl, &info);
-    mts_tensor_meta in[MTS_REQ_MAX_TENSORS], out[MTS_REQ_MAX_TENSORS];
-    int n_in = info.n_inputs < MTS_REQ_MAX_TENSORS ? info.n_inputs : MTS_REQ_MAX_TENSORS;
-    int n_out = info.n_outputs < MTS_REQ_MAX_TENSORS ? info.n_outputs : MTS_REQ_MAX_TENSORS;
-    for (int i = 0; i < n_in + n_out; i++) {
-        const mts_value *v = i < n_in ? mts_model_input(t->mdl, i) : mts_model_output(t->mdl, i - n_in);
-        mts_tensor_meta *m = i < n_in ? &in[i] : &out[i - n_in];
-        memset(m, 0, sizeof *m);
-        snprintf(m->name, sizeof m->name, "%s", v->name);
-        m->dtype = v->dtype;
-        m->rank = v->rank;
-        for (int d = 0; d < v->rank && d < MTS_MAX_RANK; d++) m->dims[d] = v->dims[d];
-    }
-    if (mts_embedder_init(&t->e, mc, mts_tokenizer_pad_id(tok), n_in, in, n_out, out, err, sizeof err)) {
+    int n_in, n_out;
+    if (mts_cli_embedder_init(&t->e, mc, t->mdl, mts_tokenizer_pad_id(tok), &n_in, &n_out, err, sizeof err)) {
         fprintf(stderr, "mtserve tune: %s\n", err);
         goto done;
     }

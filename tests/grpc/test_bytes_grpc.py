@@ -6,8 +6,6 @@ little-endian length-prefixed), in ModelInfer and ModelStreamInfer, and return t
 raw_output_contents in the same length-prefixed form; results are checked against ONNX Runtime
 (tools/ort/ort_strings.js). Hostile data gets INVALID_ARGUMENT naming the tensor and the problem,
 a message over the size cap RESOURCE_EXHAUSTED."""
-import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,34 +20,10 @@ import string_models  # noqa: E402
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    out = tmp_path_factory.mktemp("string_models")
-    paths = string_models.write(out)
-    paths["strnorm_oracle"] = string_models.oracle(out)
-    return paths
+    return string_models.all_paths(tmp_path_factory.mktemp("string_models"))
 
 
-def ort(model, inputs):
-    """ONNX Runtime's outputs: inputs {name: (type, dims, data)} -> {name: (dims, data)}."""
-    feed = {k: {"type": t, "dims": list(d), "data": list(v)} for k, (t, d, v) in inputs.items()}
-    r = subprocess.run(["node", str(ROOT / "tools/ort/ort_strings.js"), str(model)], input=json.dumps(feed),
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    return {k: (v["dims"], v["data"]) for k, v in json.loads(r.stdout).items()}
-
-
-def pack(strings):
-    return b"".join(len(s).to_bytes(4, "little") + s for s in (x.encode() if isinstance(x, str) else x
-                                                               for x in strings))
-
-
-def unpack(blob):
-    out, off = [], 0
-    while off < len(blob):
-        n = int.from_bytes(blob[off:off + 4], "little")
-        out.append(blob[off + 4:off + 4 + n])
-        off += 4 + n
-    assert off == len(blob), "raw BYTES output does not end on an element"
-    return out
+ort, pack, unpack = string_models.ort, string_models.pack, string_models.unpack
 
 
 def outputs(resp):

@@ -65,3 +65,44 @@ if __name__ == "__main__":
     for name, p in write(sys.argv[1]).items():
         print(name, p)
     print("strnorm_oracle", oracle(sys.argv[1]))
+
+
+# Helpers shared by the BYTES tests (tests/server/test_bytes.py, tests/grpc/test_bytes_grpc.py).
+
+def all_paths(outdir):
+    """The string models and the StringNormalizer oracle copy written into outdir: {name: path}."""
+    paths = write(outdir)
+    paths["strnorm_oracle"] = oracle(outdir)
+    return paths
+
+
+def ort(model, inputs):
+    """ONNX Runtime's outputs: inputs {name: (type, dims, data)} -> {name: (dims, data)}."""
+    import json
+    import subprocess
+    root = Path(__file__).resolve().parents[2]
+    feed = {k: {"type": t, "dims": list(d), "data": list(v)} for k, (t, d, v) in inputs.items()}
+    r = subprocess.run(["node", str(root / "tools/ort/ort_strings.js"), str(model)], input=json.dumps(feed),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return {k: (v["dims"], v["data"]) for k, v in json.loads(r.stdout).items()}
+
+
+def pack(strings):
+    """The binary form of BYTES: each element a 4-byte little-endian length and its bytes."""
+    out = b""
+    for s in strings:
+        b = s.encode() if isinstance(s, str) else s
+        out += len(b).to_bytes(4, "little") + b
+    return out
+
+
+def unpack(blob):
+    """The elements of a binary BYTES tensor (the inverse of pack)."""
+    out, off = [], 0
+    while off < len(blob):
+        n = int.from_bytes(blob[off:off + 4], "little")
+        out.append(blob[off + 4:off + 4 + n])
+        off += 4 + n
+    assert off == len(blob), "binary BYTES output does not end on an element"
+    return out

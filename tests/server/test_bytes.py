@@ -9,7 +9,6 @@ JSON. Hostile or mismatched data (element counts against the shape, length prefi
 end, BYTES for a numeric input and numbers for a string input, a body over the size cap) gets a
 4xx naming the tensor and the problem."""
 import json
-import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -26,38 +25,11 @@ import string_models  # noqa: E402
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    out = tmp_path_factory.mktemp("string_models")
-    paths = string_models.write(out)
-    paths["strnorm_oracle"] = string_models.oracle(out)
-    return paths
+    return string_models.all_paths(tmp_path_factory.mktemp("string_models"))
 
 
-def ort(model, inputs):
-    """ONNX Runtime's outputs: inputs {name: (type, dims, data)} -> {name: (dims, data)}."""
-    feed = {k: {"type": t, "dims": list(d), "data": list(v)} for k, (t, d, v) in inputs.items()}
-    r = subprocess.run(["node", str(ROOT / "tools/ort/ort_strings.js"), str(model)], input=json.dumps(feed),
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    return {k: (v["dims"], v["data"]) for k, v in json.loads(r.stdout).items()}
+ort, pack, unpack = string_models.ort, string_models.pack, string_models.unpack
 
-
-def pack(strings):
-    """The binary form of BYTES: each element a 4-byte little-endian length and its bytes."""
-    out = b""
-    for s in strings:
-        b = s.encode() if isinstance(s, str) else s
-        out += len(b).to_bytes(4, "little") + b
-    return out
-
-
-def unpack(blob):
-    out, off = [], 0
-    while off < len(blob):
-        n = int.from_bytes(blob[off:off + 4], "little")
-        out.append(blob[off + 4:off + 4 + n])
-        off += 4 + n
-    assert off == len(blob), "binary BYTES output does not end on an element"
-    return out
 
 
 def binary_request(inputs, parameters=None, outputs=None):
