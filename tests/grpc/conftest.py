@@ -165,6 +165,16 @@ def start_server(tmp_path):
         assert rc == 0, f"server exited with {rc}; stderr:\n{s.log()}"
 
 
+def code_of(fn):
+    """The gRPC status code and details of calling fn (OK and "" when it succeeds)."""
+    import grpc
+    try:
+        fn()
+    except grpc.RpcError as e:
+        return e.code(), e.details()
+    return grpc.StatusCode.OK, ""
+
+
 def tiny_request(pb, x, model="tiny", rid="", raw=True):
     """A ModelInferRequest for tiny (x: float32 [N,16])."""
     req = pb.ks.ModelInferRequest(model_name=model, id=rid)

@@ -12,6 +12,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+from conftest import code_of
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "models"))
@@ -32,14 +33,6 @@ def outputs(resp):
     return {o.name: (o.datatype, list(o.shape),
                      unpack(raw) if o.datatype == "BYTES" else np.frombuffer(raw, np.float32).reshape(list(o.shape)))
             for o, raw in zip(resp.outputs, resp.raw_output_contents)}
-
-
-def code_of(fn):
-    try:
-        fn()
-    except grpc.RpcError as e:
-        return e.code(), e.details()
-    return grpc.StatusCode.OK, ""
 
 
 def request(pb, model, inputs, raw):

@@ -23,21 +23,13 @@ import grpc
 import numpy as np
 import pytest
 
-from conftest import LIPSYNC, ROOT
+from conftest import LIPSYNC, ROOT, code_of
 
 sys.path.insert(0, str(ROOT / "models" / "gen"))
 import avatar  # noqa: E402
 
 FW, FH, NF, CROP = 256, 192, 12, 96
 HTTP_RE = re.compile(r"serving \d+ models? on http://([0-9.]+):(\d+)")
-
-
-def code_of(fn):
-    try:
-        fn()
-    except grpc.RpcError as e:
-        return e.code(), e.details()
-    return grpc.StatusCode.OK, ""
 
 
 @pytest.fixture

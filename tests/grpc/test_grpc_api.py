@@ -13,19 +13,11 @@ import numpy as np
 import pytest
 from google.protobuf import descriptor_pb2
 
-from conftest import LIPSYNC, SEG, TINY, tiny_reference, tiny_request
+from conftest import LIPSYNC, SEG, TINY, code_of, tiny_reference, tiny_request
 
 # One batch at a time; max_batch (which also bounds a request's batch) is each test's request size,
 # so every batch is one request.
 SLOW = {"instances": 1}
-
-
-def code_of(fn):
-    try:
-        fn()
-    except grpc.RpcError as e:
-        return e.code(), e.details()
-    return grpc.StatusCode.OK, ""
 
 
 def ks(srv, pb):

@@ -12,6 +12,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+from conftest import code_of
 
 ROOT = Path(__file__).resolve().parents[2]
 TEST_MODELS = ROOT / "tests" / "models" / "out"
@@ -44,14 +45,6 @@ def outputs(resp):
     assert len(resp.raw_output_contents) == len(resp.outputs)
     return {o.name: np.frombuffer(raw, dtype=NP[o.datatype]).reshape(list(o.shape))
             for o, raw in zip(resp.outputs, resp.raw_output_contents)}, [o.datatype for o in resp.outputs]
-
-
-def code_of(fn):
-    try:
-        fn()
-    except grpc.RpcError as e:
-        return e.code(), e.details()
-    return grpc.StatusCode.OK, ""
 
 
 def serve(start_server, **models):
