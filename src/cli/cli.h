@@ -62,6 +62,8 @@ void mts_cli_dims_free(mts_cli_dims *d);
 int mts_cli_input_shape(const mts_model *m, int i, int64_t batch, const mts_cli_dims *dims, mts_tensor *t,
                         mts_err *err);
 double mts_cli_now_ms(void);
+/* qsort comparison of doubles, ascending (latency percentiles). */
+int mts_cli_cmp_double(const void *a, const void *b);
 /* The client side of bearer-token authentication: the token in $MTSERVE_TOKEN, or NULL; and the
  * HTTP header line carrying it ("Authorization: Bearer <token>\r\n"), or "" without one. Every
  * client command (infer, models, bench) sends it on HTTP and as gRPC `authorization` metadata. */

@@ -16,6 +16,12 @@ double mts_cli_now_ms(void)
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
+int mts_cli_cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
 const char *mts_cli_token(void)
 {
     const char *t = getenv("MTSERVE_TOKEN");

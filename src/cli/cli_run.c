@@ -14,12 +14,6 @@
 #include "cli/cli.h"
 #include "util/npy.h"
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 static void fill_random(mts_tensor *t, uint64_t *state)
 {
     int64_t n = mts_tensor_numel(t);
@@ -175,7 +169,7 @@ int mts_cli_run(int argc, char **argv)
             if ((rc = mts_npy_write(p, outs[o], &err))) goto fail;
         }
     }
-    qsort(lat, (size_t)iters, sizeof *lat, cmp_double);
+    qsort(lat, (size_t)iters, sizeof *lat, mts_cli_cmp_double);
     double median = lat[iters / 2], p90 = lat[(int)((iters - 1) * 0.9)];
     double tput = (double)batch * 1000.0 / median;
     char shp[128];

@@ -59,12 +59,6 @@ static void *tune_main(void *arg)
     return NULL;
 }
 
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 typedef struct tune_row {
     int workers, threads, batch;
     double throughput, p50, p99;
@@ -198,7 +192,7 @@ int mts_cli_tune(int argc, char **argv)
                     free(w[k].lat);
                 }
                 if (rc || n_all == 0) break;
-                qsort(all, (size_t)n_all, sizeof *all, cmp_d);
+                qsort(all, (size_t)n_all, sizeof *all, mts_cli_cmp_double);
                 /* Throughput over the measured runs: total samples / the longest worker's busy time. */
                 double busy = 0;
                 (void)wall;

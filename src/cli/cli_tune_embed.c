@@ -243,12 +243,6 @@ static int run_request(tune_ctx *t, int first)
     return 0;
 }
 
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 typedef struct erow {
     int batch, workers, threads;
     double texts_s, p50, p99;
@@ -507,7 +501,7 @@ int mts_cli_tune_embed(const char *model, const mts_tune_embed_opts *o)
         for (int si = 0; si < n_set && !rc; si++) {
             struct setting *st = &set[si];
             int n = st->n;
-            qsort(st->lat, (size_t)n, sizeof *st->lat, cmp_d);
+            qsort(st->lat, (size_t)n, sizeof *st->lat, mts_cli_cmp_double);
             int i99 = (int)(0.99 * (n - 1) + 0.999);
             erow r = {B, st->w, st->t, st->wall_s > 0 ? (double)n * B / st->wall_s : 0, st->lat[n / 2],
                       st->lat[i99 < n ? i99 : n - 1], n};
