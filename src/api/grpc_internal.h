@@ -168,6 +168,20 @@ typedef struct mts__grpc_arena {
 void *mts__grpc_alloc(mts__grpc_arena *a, size_t n);
 char *mts__grpc_strdup(mts__grpc_arena *a, const char *s);
 void mts__grpc_arena_free(mts__grpc_arena *a);
+
+/* One field of a protobuf message read from the wire (grpc_server.c): its number, wire type,
+ * varint value (types 0 and 2) and, for length-delimited fields, the bytes. */
+typedef struct mts__pb_field {
+    uint32_t number;
+    int wire;
+    uint64_t varint;
+    const uint8_t *data;
+    size_t len;
+} mts__pb_field;
+/* Reads the field at *p and advances past it; false at the end or on malformed input (a varint
+ * over 10 bytes, a field number outside 1..2^29-1, a length past `end`, a group or unknown wire
+ * type). */
+bool mts__pb_next(const uint8_t **p, const uint8_t *end, mts__pb_field *f);
 void *mts__grpc_dup(mts__grpc_arena *a, const void *p, size_t n);
 /* A new message in the arena initialised with its protobuf-c INIT macro. */
 #define MTS__GRPC_NEW(a, type, init) ((type *)mts__grpc_dup((a), &(type)init, sizeof(type)))

@@ -74,78 +74,31 @@ static ProtobufCMessage *lip_unpack(const ProtobufCMessageDescriptor *desc, cons
     const uint8_t *p = data, *e = data + len, *big[4] = {NULL};
     size_t big_len[4] = {0}, big_hdr[4] = {0}, rest_len = 0;
     bool ok = true;
+    mts__pb_field fld;
     while (ok && p < e) {
         const uint8_t *start = p;
-        uint64_t key = 0, v = 0;
-        ok = false;
-        for (int sh = 0; sh < 64 && p < e; sh += 7) {
-            key |= (uint64_t)(*p & 0x7f) << sh;
-            if (!(*p++ & 0x80)) {
-                ok = true;
-                break;
-            }
-        }
-        if (!ok || key >> 3 == 0 || key >> 3 > 0x1fffffff) {
-            ok = false;
-            break;
-        }
-        int wt = (int)(key & 7);
-        if (wt == 0 || wt == 2) {
-            ok = false;
-            for (int sh = 0; sh < 64 && p < e; sh += 7) {
-                v |= (uint64_t)(*p & 0x7f) << sh;
-                if (!(*p++ & 0x80)) {
-                    ok = true;
-                    break;
-                }
-            }
-            if (ok && wt == 2) {
-                ok = v <= (uint64_t)(e - p);
-                if (ok) p += v;
-            }
-        } else if (wt == 1 || wt == 5) {
-            size_t w = wt == 1 ? 8 : 4;
-            ok = (size_t)(e - p) >= w;
-            if (ok) p += w;
-        } else {
-            ok = false; /* groups and unknown wire types: protobuf-c decides */
-        }
+        ok = mts__pb_next(&p, e, &fld); /* anything it refuses (groups too): protobuf-c decides */
         if (!ok) break;
-        uint64_t f = key >> 3;
-        if ((f == 2 || f == 3) && wt == 2) {
-            big[f] = p - v;
-            big_len[f] = (size_t)v;
-            big_hdr[f] = (size_t)(big[f] - start);
+        if ((fld.number == 2 || fld.number == 3) && fld.wire == 2) {
+            big[fld.number] = fld.data;
+            big_len[fld.number] = fld.len;
+            big_hdr[fld.number] = (size_t)(fld.data - start);
         } else {
             rest_len += (size_t)(p - start);
         }
     }
     /* The kernels read float pointers: a field off 4-byte alignment moves back by up to 3 bytes
      * in place, over its own tag and length (read already), when those are long enough. */
-    for (int f = 2; ok && f <= 3; f++)
-        if (big[f] && (uintptr_t)big[f] % 4 > big_hdr[f]) ok = false;
+    for (int k = 2; ok && k <= 3; k++)
+        if (big[k] && (uintptr_t)big[k] % 4 > big_hdr[k]) ok = false;
     if (!ok || (!big[2] && !big[3])) return protobuf_c_message_unpack(desc, NULL, len, data);
     uint8_t *rest = malloc(rest_len ? rest_len : 1), *q = rest;
     if (!rest) return NULL;
     /* second pass: copy every field but the frame bytes (the scan above accepted them all) */
     for (p = data; p < e;) {
         const uint8_t *start = p;
-        uint64_t key = 0, v = 0;
-        for (int sh = 0;; sh += 7) {
-            key |= (uint64_t)(*p & 0x7f) << sh;
-            if (!(*p++ & 0x80)) break;
-        }
-        int wt = (int)(key & 7);
-        if (wt == 0 || wt == 2) {
-            for (int sh = 0;; sh += 7) {
-                v |= (uint64_t)(*p & 0x7f) << sh;
-                if (!(*p++ & 0x80)) break;
-            }
-            if (wt == 2) p += v;
-        } else {
-            p += wt == 1 ? 8 : 4;
-        }
-        if (((key >> 3) == 2 || (key >> 3) == 3) && wt == 2) continue;
+        mts__pb_next(&p, e, &fld);
+        if ((fld.number == 2 || fld.number == 3) && fld.wire == 2) continue;
         memcpy(q, start, (size_t)(p - start));
         q += p - start;
     }

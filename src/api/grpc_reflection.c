@@ -107,51 +107,6 @@ const mts__grpc_method mts__grpc_health_methods[] = {
 
 /* ---- descriptor index ---- */
 
-typedef struct pb_field {
-    uint32_t number;
-    int wire;
-    uint64_t varint;
-    const uint8_t *data;
-    size_t len;
-} pb_field;
-
-/* Reads one field at *p; returns false at the end or on malformed input. */
-static bool pb_next(const uint8_t **p, const uint8_t *end, pb_field *f)
-{
-    uint64_t key = 0, v;
-    int shift = 0;
-    if (*p >= end) return false;
-    do {
-        if (*p >= end || shift > 63) return false;
-        key |= (uint64_t)(**p & 0x7f) << shift;
-        shift += 7;
-    } while (*(*p)++ & 0x80);
-    f->number = (uint32_t)(key >> 3);
-    f->wire = (int)(key & 7);
-    switch (f->wire) {
-    case 0:
-    case 2:
-        v = 0;
-        shift = 0;
-        do {
-            if (*p >= end || shift > 63) return false;
-            v |= (uint64_t)(**p & 0x7f) << shift;
-            shift += 7;
-        } while (*(*p)++ & 0x80);
-        f->varint = v;
-        if (f->wire == 2) {
-            if (v > (uint64_t)(end - *p)) return false;
-            f->data = *p;
-            f->len = (size_t)v;
-            *p += v;
-        }
-        return true;
-    case 1: if (end - *p < 8) return false; *p += 8; return true;
-    case 5: if (end - *p < 4) return false; *p += 4; return true;
-    default: return false;
-    }
-}
-
 typedef struct desc_file {
     char name[256];
     const uint8_t *data;
@@ -192,29 +147,29 @@ static void add_symbol(const char *prefix, const uint8_t *name, size_t nlen, int
 static void index_type(const char *prefix, const uint8_t *p, size_t len, int file, bool is_enum)
 {
     const uint8_t *end = p + len, *q = p;
-    pb_field f;
+    mts__pb_field f;
     char full[256] = "";
-    while (pb_next(&q, end, &f))
+    while (mts__pb_next(&q, end, &f))
         if (f.number == 1 && f.wire == 2) add_symbol(prefix, f.data, f.len, file, full, sizeof full);
     if (is_enum || !full[0]) return;
     q = p;
-    while (pb_next(&q, end, &f))
+    while (mts__pb_next(&q, end, &f))
         if ((f.number == 3 || f.number == 4) && f.wire == 2) index_type(full, f.data, f.len, file, f.number == 4);
 }
 
 static void index_service(const char *prefix, const uint8_t *p, size_t len, int file)
 {
     const uint8_t *end = p + len, *q = p;
-    pb_field f;
+    mts__pb_field f;
     char full[256] = "", method[256];
-    while (pb_next(&q, end, &f))
+    while (mts__pb_next(&q, end, &f))
         if (f.number == 1 && f.wire == 2) add_symbol(prefix, f.data, f.len, file, full, sizeof full);
     q = p;
-    while (full[0] && pb_next(&q, end, &f)) {
+    while (full[0] && mts__pb_next(&q, end, &f)) {
         if (f.number != 2 || f.wire != 2) continue;
         const uint8_t *mq = f.data, *mend = f.data + f.len;
-        pb_field mf;
-        while (pb_next(&mq, mend, &mf))
+        mts__pb_field mf;
+        while (mts__pb_next(&mq, mend, &mf))
             if (mf.number == 1 && mf.wire == 2) add_symbol(full, mf.data, mf.len, file, method, sizeof method);
     }
 }
@@ -222,8 +177,8 @@ static void index_service(const char *prefix, const uint8_t *p, size_t len, int 
 static void build_index(void)
 {
     const uint8_t *p = mts__grpc_descriptor_set, *end = p + mts__grpc_descriptor_set_len;
-    pb_field f;
-    while (pb_next(&p, end, &f)) {
+    mts__pb_field f;
+    while (mts__pb_next(&p, end, &f)) {
         if (f.number != 1 || f.wire != 2 || idx.n_files == (int)(sizeof idx.files / sizeof idx.files[0])) continue;
         int fi = idx.n_files++;
         desc_file *df = &idx.files[fi];
@@ -231,8 +186,8 @@ static void build_index(void)
         df->len = f.len;
         char package[256] = "";
         const uint8_t *q = f.data, *fend = f.data + f.len;
-        pb_field g;
-        while (pb_next(&q, fend, &g)) {
+        mts__pb_field g;
+        while (mts__pb_next(&q, fend, &g)) {
             if (g.wire != 2) continue;
             if (g.number == 1) snprintf(df->name, sizeof df->name, "%.*s", (int)g.len, (const char *)g.data);
             else if (g.number == 2) snprintf(package, sizeof package, "%.*s", (int)g.len, (const char *)g.data);
@@ -240,7 +195,7 @@ static void build_index(void)
                 snprintf(df->dep_names[df->n_deps++], sizeof df->dep_names[0], "%.*s", (int)g.len, (const char *)g.data);
         }
         q = f.data;
-        while (pb_next(&q, fend, &g)) {
+        while (mts__pb_next(&q, fend, &g)) {
             if (g.wire != 2) continue;
             if (g.number == 4 || g.number == 5) index_type(package, g.data, g.len, fi, g.number == 5);
             else if (g.number == 6) index_service(package, g.data, g.len, fi);

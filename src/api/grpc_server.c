@@ -135,6 +135,45 @@ void mts__grpc_arena_free(mts__grpc_arena *a)
     a->blocks = NULL;
 }
 
+/* ---- protobuf fields on the wire ---- */
+
+bool mts__pb_next(const uint8_t **p, const uint8_t *end, mts__pb_field *f)
+{
+    uint64_t key = 0, v;
+    int shift = 0;
+    if (*p >= end) return false;
+    do {
+        if (*p >= end || shift > 63) return false;
+        key |= (uint64_t)(**p & 0x7f) << shift;
+        shift += 7;
+    } while (*(*p)++ & 0x80);
+    if ((key >> 3) == 0 || (key >> 3) > 0x1fffffff) return false; /* field numbers are 1..2^29-1 */
+    f->number = (uint32_t)(key >> 3);
+    f->wire = (int)(key & 7);
+    switch (f->wire) {
+    case 0:
+    case 2:
+        v = 0;
+        shift = 0;
+        do {
+            if (*p >= end || shift > 63) return false;
+            v |= (uint64_t)(**p & 0x7f) << shift;
+            shift += 7;
+        } while (*(*p)++ & 0x80);
+        f->varint = v;
+        if (f->wire == 2) {
+            if (v > (uint64_t)(end - *p)) return false;
+            f->data = *p;
+            f->len = (size_t)v;
+            *p += v;
+        }
+        return true;
+    case 1: if (end - *p < 8) return false; *p += 8; return true;
+    case 5: if (end - *p < 4) return false; *p += 4; return true;
+    default: return false;
+    }
+}
+
 /* ---- call lifetime ---- */
 
 void mts__grpc_call_ref(mts__grpc_call *c)
