@@ -666,7 +666,13 @@ def test_unload_while_requests_in_flight(start_server):
     assert srv.post("/v2/repository/models/seg/load").status_code == 200
     body, headers = seg_body(3)
     pending = [in_background(lambda: srv.infer("seg", body, headers=headers)) for _ in range(3)]
-    wait_queued(srv, "seg", 2)
+
+    def all_three_in():
+        # one running and two queued: all three reached the server (two queued alone may be the
+        # first two while no worker has taken one yet and the third is still on its way)
+        m = {x["name"]: x for x in srv.get("/api/v1/dashboard/state").json()["models"]}["seg"]
+        return m["running"] >= 1 and m["queue_depth"] >= 2
+    srv.wait_for(all_three_in, timeout=30, what="seg: one request running and two queued")
     unload = in_background(lambda: requests.post(f"{srv.url}/v2/repository/models/seg/unload", timeout=60))
     # while it drains (two queued seg frames: long enough to see), new requests are refused with 503
     srv.wait_for(lambda: srv.index()["seg"] == "DRAINING", timeout=10, interval=0.005, what="DRAINING")
