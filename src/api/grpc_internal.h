@@ -182,6 +182,19 @@ typedef struct mts__pb_field {
  * over 10 bytes, a field number outside 1..2^29-1, a length past `end`, a group or unknown wire
  * type). */
 bool mts__pb_next(const uint8_t **p, const uint8_t *end, mts__pb_field *f);
+/* Unpacks a message whose large byte fields are not copied: the listed byte fields (singular or
+ * repeated, at most 8) keep pointing into `data`, which the caller must keep alive and unchanged
+ * until it frees the message (a received message: mts__grpc_message_ref). An occurrence is read
+ * in place when its bytes can be moved back over their own tag and length to start
+ * `align`-aligned (kernels read typed pointers; data is changed there), else protobuf-c copies it
+ * as usual; *borrowed says whether any was. Protobuf-c still checks the whole message, and
+ * anything the scan does not accept goes to it unchanged, so errors are protobuf-c's. */
+ProtobufCMessage *mts__pb_unpack_borrowing(const ProtobufCMessageDescriptor *desc, uint8_t *data, size_t len,
+                                           const unsigned *fields, int n_fields, size_t align, bool *borrowed);
+/* Detaches the borrowed fields (those pointing into data..data+len) before the message is freed. */
+void mts__pb_unborrow(ProtobufCMessage *m, const unsigned *fields, int n_fields, const uint8_t *data, size_t len);
+/* Gives the borrowed fields copies of their own (-1: out of memory), so the message outlives data. */
+int mts__pb_own_borrowed(ProtobufCMessage *m, const unsigned *fields, int n_fields, const uint8_t *data, size_t len);
 void *mts__grpc_dup(mts__grpc_arena *a, const void *p, size_t n);
 /* A new message in the arena initialised with its protobuf-c INIT macro. */
 #define MTS__GRPC_NEW(a, type, init) ((type *)mts__grpc_dup((a), &(type)init, sizeof(type)))

@@ -21,10 +21,14 @@
 
 typedef struct stream_state stream_state;
 
+static const unsigned raw_fields[] = {7}; /* ModelInferRequest.raw_input_contents */
+
 typedef struct kinfer {
     mts_request req; /* first: the completion callback casts back */
     mts__grpc_call *call;
     Inference__ModelInferRequest *msg; /* input tensors point into it */
+    bool borrowed;                     /* its raw_input_contents point into `slice` (kinfer_unpack) */
+    grpc_slice slice;                  /* the request message, held while borrowed */
     void *owned[MTS_REQ_MAX_TENSORS];  /* converted typed contents, string blobs */
     void *out_bin[MTS_REQ_MAX_TENSORS]; /* string outputs in the binary BYTES form */
     size_t out_bin_len[MTS_REQ_MAX_TENSORS];
@@ -51,9 +55,37 @@ static void kinfer_free(kinfer *k)
         free(k->owned[i]);
         free(k->out_bin[i]);
     }
+    if (k->borrowed) mts__pb_unborrow(&k->msg->base, raw_fields, 1, GRPC_SLICE_START_PTR(k->slice), GRPC_SLICE_LENGTH(k->slice));
     if (k->msg) inference__model_infer_request__free_unpacked(k->msg, NULL);
+    if (k->borrowed) grpc_slice_unref(k->slice);
     free(k->error);
     free(k);
+}
+
+/* Unpacks a ModelInferRequest into k->msg without copying its raw_input_contents: they stay in
+ * the received message (4-byte aligned where their framing allows; parse_infer realigns what
+ * needs more), which k holds (`slice`: the call's message, or the caller's buffer) until freed. */
+static Inference__ModelInferRequest *kinfer_unpack(kinfer *k, mts__grpc_call *c, const uint8_t *data, size_t len)
+{
+    bool borrowed;
+    k->msg = (Inference__ModelInferRequest *)mts__pb_unpack_borrowing(
+        &inference__model_infer_request__descriptor, (uint8_t *)data, len, raw_fields, 1, sizeof(float), &borrowed);
+    if (k->msg && borrowed) {
+        k->borrowed = true;
+        k->slice = c ? mts__grpc_message_ref(c) : grpc_slice_from_static_buffer(data, len);
+    }
+    return k->msg;
+}
+
+/* An embedding model's request outlives the message in its own handler: it gets its own copies. */
+static bool kinfer_own(kinfer *k)
+{
+    if (!k->borrowed) return true;
+    if (mts__pb_own_borrowed(&k->msg->base, raw_fields, 1, GRPC_SLICE_START_PTR(k->slice), GRPC_SLICE_LENGTH(k->slice)))
+        return false;
+    k->borrowed = false;
+    grpc_slice_unref(k->slice);
+    return true;
 }
 
 /* Copies typed contents of one input into an engine buffer. */
@@ -197,7 +229,16 @@ static int parse_infer(mts__grpc_call *c, kinfer *k, char *msg, size_t len)
             snprintf(what, sizeof what, "raw_input_contents[%zu] has", i);
             rc = mts_proto_input_count(name, t, in->datatype, what, (int64_t)b->len, "bytes", msg, len);
             if (rc) return rc;
-            t->data = b->data ? (void *)b->data : (k->owned[i] = malloc(1));
+            size_t es = mts_dtype_size(t->dtype);
+            if (b->data && es > 1 && (uintptr_t)b->data % es) { /* kernels read typed pointers: realign */
+                if (!(k->owned[i] = malloc(b->len))) {
+                    snprintf(msg, len, "out of memory");
+                    return MTS_ENOMEM;
+                }
+                t->data = memcpy(k->owned[i], b->data, b->len);
+            } else {
+                t->data = b->data ? (void *)b->data : (k->owned[i] = malloc(1));
+            }
         } else if (in->contents) {
             rc = typed_contents(k, (int)i, in->contents, name, in->datatype, msg, len);
             if (rc) return rc;
@@ -376,9 +417,15 @@ static void model_infer(mts__grpc_call *c, const uint8_t *data, size_t len)
     }
     k->call = c;
     k->req.arrival_ns = mts_server_clock_ns();
-    k->msg = inference__model_infer_request__unpack(NULL, len, data);
-    if (!k->msg) {
+    if (!kinfer_unpack(k, c, data, len)) {
         mts__grpc_fail(c, MTS_GRPC_INVALID_ARGUMENT, "the request is not a valid inference.ModelInferRequest");
+        kinfer_free(k);
+        return;
+    }
+    const Inference__ModelInferRequest *m = k->msg; /* BYTES may be texts for an embedding model: */
+    bool texts = m->n_inputs >= 1 && m->inputs[0]->datatype && !strcmp(m->inputs[0]->datatype, "BYTES");
+    if (texts && !kinfer_own(k)) { /* that request outlives this message, so it takes copies */
+        mts__grpc_fail(c, MTS_GRPC_RESOURCE_EXHAUSTED, "out of memory");
         kinfer_free(k);
         return;
     }
@@ -425,15 +472,22 @@ int mts__grpc_kserve_check_infer(mts_server *srv, const uint8_t *data, size_t le
         return MTS_ENOMEM;
     }
     k->call = &c;
-    k->msg = inference__model_infer_request__unpack(NULL, len, data);
+    uint8_t *copy = malloc(len ? len : 1); /* kinfer_unpack may move tensor bytes within the message */
+    if (!copy) {
+        free(k);
+        snprintf(msg, msglen, "out of memory");
+        return MTS_ENOMEM;
+    }
+    memcpy(copy, data, len);
     int rc;
-    if (!k->msg) {
+    if (!kinfer_unpack(k, NULL, copy, len)) {
         snprintf(msg, msglen, "the request is not a valid inference.ModelInferRequest");
         rc = MTS_EINVAL;
     } else {
         rc = parse_infer(&c, k, msg, msglen);
     }
     kinfer_free(k);
+    free(copy);
     return rc;
 }
 
@@ -535,8 +589,7 @@ static void stream_message(mts__grpc_call *c, const uint8_t *data, size_t len)
 
     char msg[512];
     int rc;
-    k->msg = inference__model_infer_request__unpack(NULL, len, data);
-    if (!k->msg) {
+    if (!kinfer_unpack(k, c, data, len)) {
         rc = MTS_EINVAL;
         snprintf(msg, sizeof msg, "the message is not a valid inference.ModelInferRequest");
     } else {

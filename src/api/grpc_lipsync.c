@@ -60,76 +60,23 @@ static void lip_log(const lip_call *l, const char *rpc, double reply_ms, double 
 /* ---- reading a request without copying its frames ---- */
 
 /* The frame bytes of an InferBatchRequest / CompositeBatchRequest (fields 2 visual_frames and 3
- * audio_features, 40 MB for 16 frames) are not copied: a scan of the message's top-level fields
- * finds them (the last occurrence wins, as in protobuf), protobuf-c unpacks a copy of the
- * message without them (model, batch size, options: a few bytes), and the unpacked message's
- * two byte fields then point into `data`, which the caller keeps alive (lip_call.slice) and
- * detaches again with lip_unborrow before freeing the message. Anything the scan does not
- * accept (a truncated field, a group, a field number 0) goes to protobuf-c whole, which rejects
- * it or copies as before. Returns the message or NULL; *borrowed says which path was taken. */
+ * audio_features in both, 40 MB for 16 frames) are not copied: they stay in the received message
+ * (mts__pb_unpack_borrowing), 4-byte aligned for the float kernels, which the call then holds
+ * (lip_call.slice) until lip_unborrow detaches them again before the message is freed. */
+static const unsigned lip_fields[] = {2, 3};
+
 static ProtobufCMessage *lip_unpack(const ProtobufCMessageDescriptor *desc, const uint8_t *data, size_t len,
                                     bool *borrowed)
 {
-    *borrowed = false;
-    const uint8_t *p = data, *e = data + len, *big[4] = {NULL};
-    size_t big_len[4] = {0}, big_hdr[4] = {0}, rest_len = 0;
-    bool ok = true;
-    mts__pb_field fld;
-    while (ok && p < e) {
-        const uint8_t *start = p;
-        ok = mts__pb_next(&p, e, &fld); /* anything it refuses (groups too): protobuf-c decides */
-        if (!ok) break;
-        if ((fld.number == 2 || fld.number == 3) && fld.wire == 2) {
-            big[fld.number] = fld.data;
-            big_len[fld.number] = fld.len;
-            big_hdr[fld.number] = (size_t)(fld.data - start);
-        } else {
-            rest_len += (size_t)(p - start);
-        }
-    }
-    /* The kernels read float pointers: a field off 4-byte alignment moves back by up to 3 bytes
-     * in place, over its own tag and length (read already), when those are long enough. */
-    for (int k = 2; ok && k <= 3; k++)
-        if (big[k] && (uintptr_t)big[k] % 4 > big_hdr[k]) ok = false;
-    if (!ok || (!big[2] && !big[3])) return protobuf_c_message_unpack(desc, NULL, len, data);
-    uint8_t *rest = malloc(rest_len ? rest_len : 1), *q = rest;
-    if (!rest) return NULL;
-    /* second pass: copy every field but the frame bytes (the scan above accepted them all) */
-    for (p = data; p < e;) {
-        const uint8_t *start = p;
-        mts__pb_next(&p, e, &fld);
-        if ((fld.number == 2 || fld.number == 3) && fld.wire == 2) continue;
-        memcpy(q, start, (size_t)(p - start));
-        q += p - start;
-    }
-    ProtobufCMessage *m = protobuf_c_message_unpack(desc, NULL, rest_len, rest);
-    free(rest);
-    if (!m) return NULL;
-    for (int f = 2; f <= 3; f++) {
-        size_t k = big[f] ? (uintptr_t)big[f] % 4 : 0;
-        if (k) { /* the message is the server's own copy (see mts__grpc_message_ref) */
-            memmove((uint8_t *)big[f] - k, big[f], big_len[f]);
-            big[f] -= k;
-        }
-    }
-    /* both request messages carry visual_frames and audio_features as fields 2 and 3 */
-    for (int f = 2; f <= 3; f++) {
-        const ProtobufCFieldDescriptor *fd = protobuf_c_message_descriptor_get_field(desc, (unsigned)f);
-        if (!fd || fd->type != PROTOBUF_C_TYPE_BYTES) continue;
-        ProtobufCBinaryData *b = (ProtobufCBinaryData *)((char *)m + fd->offset);
-        b->data = big[f] ? (uint8_t *)big[f] : NULL;
-        b->len = big[f] ? big_len[f] : 0;
-    }
-    *borrowed = true;
-    return m;
+    /* (the message is the server's own copy: see mts__grpc_message_ref) */
+    return mts__pb_unpack_borrowing(desc, (uint8_t *)data, len, lip_fields, 2, sizeof(float), borrowed);
 }
 
-/* Detaches borrowed frame bytes from a message before protobuf-c frees it. */
-static void lip_unborrow(ProtobufCBinaryData *visual, ProtobufCBinaryData *audio, bool borrowed)
+/* Detaches borrowed frame bytes (those inside data..data+len) from a message before protobuf-c
+ * frees it. */
+static void lip_unborrow(void *msg, const uint8_t *data, size_t len, bool borrowed)
 {
-    if (!borrowed || !visual) return;
-    *visual = (ProtobufCBinaryData){0, NULL};
-    *audio = (ProtobufCBinaryData){0, NULL};
+    if (borrowed) mts__pb_unborrow(msg, lip_fields, 2, data, len);
 }
 
 /* Frees a call once its answer (reply or error) has been handed to gRPC: the request's
@@ -138,8 +85,8 @@ static void lip_free(lip_call *l)
 {
     if (l->call) mts_server_request_answered(l->call->srv, &l->req); /* no call: built by a check only */
     mts_request_release(&l->req);
-    lip_unborrow(l->msg ? &l->msg->visual_frames : l->cmsg ? &l->cmsg->visual_frames : NULL,
-                 l->msg ? &l->msg->audio_features : l->cmsg ? &l->cmsg->audio_features : NULL, l->borrowed);
+    lip_unborrow(l->msg ? (void *)l->msg : (void *)l->cmsg, GRPC_SLICE_START_PTR(l->slice), GRPC_SLICE_LENGTH(l->slice),
+                 l->borrowed);
     if (l->msg) inference__infer_batch_request__free_unpacked(l->msg, NULL);
     if (l->cmsg) inference__composite_batch_request__free_unpacked(l->cmsg, NULL);
     if (l->borrowed) grpc_slice_unref(l->slice);
@@ -369,7 +316,7 @@ static void infer_batch(mts__grpc_call *c, const uint8_t *data, size_t len)
     }
     lip_call *l = lip_new(c, m->model_id, m->batch_size, &m->visual_frames, &m->audio_features);
     if (!l) {
-        lip_unborrow(&m->visual_frames, &m->audio_features, borrowed);
+        lip_unborrow(m, data, len, borrowed);
         inference__infer_batch_request__free_unpacked(m, NULL);
         return;
     }
@@ -509,7 +456,7 @@ static void infer_batch_composite(mts__grpc_call *c, const uint8_t *data, size_t
         return;
     }
     free(l);
-    lip_unborrow(&m->visual_frames, &m->audio_features, borrowed);
+    lip_unborrow(m, data, len, borrowed);
     inference__composite_batch_request__free_unpacked(m, NULL);
 }
 
@@ -867,7 +814,7 @@ int mts__grpc_lipsync_check(mts_server *srv, bool composite, const uint8_t *data
     l->msg = m;
     l->cmsg = cm;
     l->borrowed = borrowed;
-    l->slice = grpc_empty_slice();
+    l->slice = borrowed ? grpc_slice_from_static_buffer(copy, len) : grpc_empty_slice(); /* (freed below) */
     l->model_id = m ? m->model_id : cm->model_id;
     l->batch_size = m ? m->batch_size : cm->batch_size;
     l->visual = m ? &m->visual_frames : &cm->visual_frames;

@@ -174,6 +174,174 @@ bool mts__pb_next(const uint8_t **p, const uint8_t *end, mts__pb_field *f)
     }
 }
 
+/* ---- unpacking without copying the large byte fields ---- */
+
+/* The byte field `number` of desc when it is one (NULL otherwise). */
+static const ProtobufCFieldDescriptor *bytes_field(const ProtobufCMessageDescriptor *desc, unsigned number)
+{
+    const ProtobufCFieldDescriptor *fd = protobuf_c_message_descriptor_get_field(desc, number);
+    return fd && fd->type == PROTOBUF_C_TYPE_BYTES ? fd : NULL;
+}
+
+/* The scan's view of the listed fields: which it uses, and where a singular one last occurs. */
+typedef struct borrow_scan {
+    const ProtobufCMessageDescriptor *desc;
+    unsigned use[8];
+    const uint8_t *last[8]; /* singular fields: the start of the last occurrence (the one protobuf keeps) */
+    int n_use;
+    size_t align;
+} borrow_scan;
+
+static int used(const borrow_scan *b, uint32_t number)
+{
+    for (int i = 0; i < b->n_use; i++)
+        if (b->use[i] == number) return i;
+    return -1;
+}
+
+/* Whether the occurrence at `start` is read in place: a listed field (a singular one's last
+ * occurrence) whose bytes can start `align`-aligned by moving back over their own tag and
+ * length (read already). */
+static bool take(const borrow_scan *b, const uint8_t *start, const mts__pb_field *f)
+{
+    int u = used(b, f->number);
+    if (u < 0 || f->wire != 2) return false;
+    if (bytes_field(b->desc, f->number)->label != PROTOBUF_C_LABEL_REPEATED && start != b->last[u]) return false;
+    return (uintptr_t)f->data % b->align <= (size_t)(f->data - start);
+}
+
+static size_t varint_size(uint64_t v)
+{
+    size_t n = 1;
+    while (v >= 0x80) v >>= 7, n++;
+    return n;
+}
+
+ProtobufCMessage *mts__pb_unpack_borrowing(const ProtobufCMessageDescriptor *desc, uint8_t *data, size_t len,
+                                           const unsigned *fields, int n_fields, size_t align, bool *borrowed)
+{
+    *borrowed = false;
+    borrow_scan b = {.desc = desc, .align = align ? align : 1};
+    for (int i = 0; i < n_fields && b.n_use < 8; i++)
+        if (bytes_field(desc, fields[i])) b.use[b.n_use++] = fields[i];
+    /* pass 1: the scan accepts the whole message; where each singular field last occurs */
+    const uint8_t *p = data, *e = data + len;
+    mts__pb_field f;
+    while (p < e) {
+        const uint8_t *start = p;
+        if (!mts__pb_next(&p, e, &f)) return protobuf_c_message_unpack(desc, NULL, len, data); /* it decides */
+        int u = used(&b, f.number);
+        if (u >= 0 && f.wire == 2) b.last[u] = start;
+    }
+    /* pass 2: the size of what protobuf-c is given */
+    size_t rest_len = 0, n_borrow = 0;
+    for (p = data; p < e;) {
+        const uint8_t *start = p;
+        mts__pb_next(&p, e, &f);
+        if (take(&b, start, &f)) {
+            n_borrow++;
+            /* a repeated field keeps its place in the array as an empty entry */
+            if (bytes_field(desc, f.number)->label == PROTOBUF_C_LABEL_REPEATED)
+                rest_len += varint_size((uint64_t)f.number << 3 | 2) + 1;
+        } else {
+            rest_len += (size_t)(p - start);
+        }
+    }
+    if (!n_borrow) return protobuf_c_message_unpack(desc, NULL, len, data);
+    /* pass 3: the message without the borrowed bytes */
+    uint8_t *rest = malloc(rest_len ? rest_len : 1), *q = rest;
+    if (!rest) return NULL;
+    for (p = data; p < e;) {
+        const uint8_t *start = p;
+        mts__pb_next(&p, e, &f);
+        if (!take(&b, start, &f)) {
+            memcpy(q, start, (size_t)(p - start));
+            q += p - start;
+        } else if (bytes_field(desc, f.number)->label == PROTOBUF_C_LABEL_REPEATED) {
+            for (uint64_t tag = (uint64_t)f.number << 3 | 2;; tag >>= 7) {
+                *q++ = (uint8_t)((tag & 0x7f) | (tag >= 0x80 ? 0x80 : 0));
+                if (tag < 0x80) break;
+            }
+            *q++ = 0;
+        }
+    }
+    ProtobufCMessage *m = protobuf_c_message_unpack(desc, NULL, rest_len, rest);
+    free(rest);
+    if (!m) return NULL;
+    /* pass 4: point the fields at their bytes, moved to alignment */
+    size_t next[8] = {0};
+    for (p = data; p < e;) {
+        const uint8_t *start = p;
+        mts__pb_next(&p, e, &f);
+        int u = used(&b, f.number);
+        if (u < 0 || f.wire != 2) continue;
+        const ProtobufCFieldDescriptor *fd = bytes_field(desc, f.number);
+        bool repeated = fd->label == PROTOBUF_C_LABEL_REPEATED;
+        size_t index = repeated ? next[u]++ : 0; /* every occurrence has its entry, copied or not */
+        if (!take(&b, start, &f)) continue;
+        size_t k = (uintptr_t)f.data % b.align;
+        uint8_t *at = (uint8_t *)f.data - k;
+        if (k) memmove(at, f.data, f.len); /* over this field's own tag and length only */
+        ProtobufCBinaryData *bd = (ProtobufCBinaryData *)((char *)m + fd->offset);
+        if (repeated) {
+            if (index >= *(size_t *)((char *)m + fd->quantifier_offset)) continue; /* (cannot happen) */
+            bd = *(ProtobufCBinaryData **)bd + index;
+        } else {
+            free(bd->data); /* protobuf-c's copy of an earlier occurrence, which this one replaces */
+            if (fd->label == PROTOBUF_C_LABEL_OPTIONAL && fd->quantifier_offset)
+                *(protobuf_c_boolean *)((char *)m + fd->quantifier_offset) = 1;
+        }
+        bd->data = f.len ? at : NULL;
+        bd->len = f.len;
+    }
+    *borrowed = true;
+    return m;
+}
+
+/* Calls fn on every listed byte field of m whose bytes lie in [lo, hi). */
+static int each_borrowed(ProtobufCMessage *m, const unsigned *fields, int n_fields, const uint8_t *lo,
+                         const uint8_t *hi, int (*fn)(ProtobufCBinaryData *))
+{
+    for (int i = 0; i < n_fields; i++) {
+        const ProtobufCFieldDescriptor *fd = bytes_field(m->descriptor, fields[i]);
+        if (!fd) continue;
+        ProtobufCBinaryData *b = (ProtobufCBinaryData *)((char *)m + fd->offset);
+        size_t count = 1;
+        if (fd->label == PROTOBUF_C_LABEL_REPEATED) {
+            count = *(size_t *)((char *)m + fd->quantifier_offset);
+            b = *(ProtobufCBinaryData **)b;
+        }
+        for (size_t j = 0; j < count; j++)
+            if (b[j].data && b[j].data >= lo && b[j].data < hi && fn(&b[j])) return -1;
+    }
+    return 0;
+}
+
+static int detach(ProtobufCBinaryData *b)
+{
+    *b = (ProtobufCBinaryData){0, NULL};
+    return 0;
+}
+
+static int own(ProtobufCBinaryData *b)
+{
+    uint8_t *copy = malloc(b->len);
+    if (!copy) return -1;
+    memcpy(copy, b->data, b->len);
+    b->data = copy;
+    return 0;
+}
+
+void mts__pb_unborrow(ProtobufCMessage *m, const unsigned *fields, int n_fields, const uint8_t *data, size_t len)
+{
+    if (m) each_borrowed(m, fields, n_fields, data, data + len, detach);
+}
+
+int mts__pb_own_borrowed(ProtobufCMessage *m, const unsigned *fields, int n_fields, const uint8_t *data, size_t len)
+{
+    return each_borrowed(m, fields, n_fields, data, data + len, own);
+}
+
 /* ---- call lifetime ---- */
 
 void mts__grpc_call_ref(mts__grpc_call *c)
@@ -399,14 +567,16 @@ static void iobuf_release(void *p)
     mts_iobuf_free(p);
 }
 
-/* The message in one contiguous slice. A large one (a lip-sync request of 16 frames is 40 MB)
- * goes into a block of the I/O buffer cache (util/iobuf.h), which a later request of the same
- * size class reuses instead of faulting in a fresh mapping, when the cache may hold it. */
-static grpc_slice read_message(grpc_byte_buffer_reader *r)
+/* The message in one contiguous slice of the server's own, refcounted memory, which the call can
+ * hold while parts of the request point into it (mts__grpc_message_ref). A large one (a lip-sync
+ * request of 16 frames is 40 MB) goes into a block of the I/O buffer cache (util/iobuf.h), which
+ * a later request of the same size class reuses instead of faulting in a fresh mapping, when the
+ * cache may hold it. False when out of memory. */
+static bool read_message(grpc_byte_buffer_reader *r, grpc_slice *out)
 {
     size_t len = grpc_byte_buffer_length(r->buffer_out);
-    uint8_t *buf = len >= MTS_IOBUF_MIN ? mts_iobuf_alloc(len) : NULL;
-    if (!buf) return grpc_byte_buffer_reader_readall(r);
+    uint8_t *buf = mts_iobuf_alloc(len ? len : 1);
+    if (!buf) return false;
     size_t off = 0;
     grpc_slice s;
     while (grpc_byte_buffer_reader_next(r, &s)) {
@@ -416,7 +586,8 @@ static grpc_slice read_message(grpc_byte_buffer_reader *r)
         off += n;
         grpc_slice_unref(s);
     }
-    return grpc_slice_new_with_user_data(buf, off, iobuf_release, buf);
+    *out = grpc_slice_new_with_user_data(buf, off, iobuf_release, buf);
+    return true;
 }
 
 static void on_read(mts__grpc_tag *t, bool ok)
@@ -445,9 +616,15 @@ static void on_read(mts__grpc_tag *t, bool ok)
             grpc_byte_buffer_destroy(bb);
             mts__grpc_fail(c, MTS_GRPC_INTERNAL, "cannot read the request message");
         } else {
-            grpc_slice s = read_message(&r);
+            grpc_slice s;
+            bool got = read_message(&r, &s);
             grpc_byte_buffer_reader_destroy(&r);
             grpc_byte_buffer_destroy(bb);
+            if (!got) {
+                mts__grpc_fail(c, MTS_GRPC_RESOURCE_EXHAUSTED, "out of memory reading the request message");
+                mts__grpc_call_unref(c);
+                return;
+            }
             c->msg_slice = s;
             m->on_message(c, GRPC_SLICE_START_PTR(s), GRPC_SLICE_LENGTH(s));
             c->msg_slice = grpc_empty_slice();
@@ -754,9 +931,11 @@ int mts_grpc_start(mts_server *srv, const mts_grpc_opts *o, mts_grpc **out, mts_
     }
     g->t_shutdown.fn = on_shutdown;
     mts_err qerr = {0};
-    if (mts_workq_create(1, 0, &g->replies, &qerr)) g->replies = NULL; /* replies are then built inline */
+    if (mts_workq_create(1, 0, "mts-grpc-reply", &g->replies, &qerr))
+        g->replies = NULL; /* replies are then built inline */
     g->n_threads = o->threads > 0 ? (o->threads > MTS_GRPC_MAX_THREADS ? MTS_GRPC_MAX_THREADS : o->threads) : 2;
-    for (int i = 0; i < g->n_threads; i++) pthread_create(&g->threads[i], NULL, poll_main, g);
+    for (int i = 0; i < g->n_threads; i++)
+        if (pthread_create(&g->threads[i], NULL, poll_main, g) == 0) pthread_setname_np(g->threads[i], "mts-grpc");
     MTS_INFO("event=grpc_listening addr=%s:%d max_message=%zu threads=%d tls=%s", o->host ? o->host : "127.0.0.1",
              g->port, max_msg, g->n_threads, o->tls_cert ? (o->tls_client_ca ? "mutual" : "on") : "off");
     *out = g;

@@ -1794,8 +1794,10 @@ int mts_http_start(const mts_http_opts *o, mts_http_server **out, mts_err *err)
     }
     s->listeners_open = s->nthreads;
     int started = 0;
-    for (; started < s->nthreads; started++)
+    for (; started < s->nthreads; started++) {
         if (pthread_create(&s->threads[started].tid, NULL, io_main, &s->threads[started]) != 0) break;
+        pthread_setname_np(s->threads[started].tid, "mts-http");
+    }
     if (started < s->nthreads) {
         atomic_store(&s->stopping, 1);
         for (int i = 0; i < started; i++) {

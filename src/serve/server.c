@@ -144,11 +144,20 @@ int mts_server_create(const mts_config *cfg, mts_server **out, mts_err *err)
                 mts_server_free(s);
                 return mts_err_set(err, MTS_ENOMEM, "cannot start worker threads");
             }
+            char tn[16]; /* names shown by top -H, ps -L and perf: which thread burns the CPU */
+            if (w < s->devs[d].workers)
+                snprintf(tn, sizeof tn, "mts-d%d-w%d", d % 100, w % 100);
+            else
+                snprintf(tn, sizeof tn, "mts-d%d-lane", d % 100);
+            pthread_setname_np(s->worker_threads[k], tn);
             s->n_workers = k + 1;
         }
     s->n_loaders = 2;
-    for (int i = 0; i < s->n_loaders; i++) pthread_create(&s->loader_threads[i], NULL, mts__loader_main, s);
+    for (int i = 0; i < s->n_loaders; i++)
+        if (pthread_create(&s->loader_threads[i], NULL, mts__loader_main, s) == 0)
+            pthread_setname_np(s->loader_threads[i], "mts-loader");
     s->janitor_started = pthread_create(&s->janitor_thread, NULL, mts__janitor_main, s) == 0;
+    if (s->janitor_started) pthread_setname_np(s->janitor_thread, "mts-janitor");
     MTS_INFO("event=server_started models=%d devices=%d workers_per_device=%d threads_per_device=%d "
              "budget_per_device_mb=%.0f max_models=%d eviction=%s",
              cfg->n_models, s->n_devs, s->devs[0].workers, s->devs[0].cores, (double)s->devs[0].budget / 1e6,

@@ -49,7 +49,7 @@ static void *worker(void *arg)
     return NULL;
 }
 
-int mts_workq_create(int threads, int nice, mts_workq **out, mts_err *err)
+int mts_workq_create(int threads, int nice, const char *name, mts_workq **out, mts_err *err)
 {
     mts_workq *q = calloc(1, sizeof *q);
     if (!q) return mts_err_set(err, MTS_ENOMEM, "out of memory");
@@ -68,6 +68,7 @@ int mts_workq_create(int threads, int nice, mts_workq **out, mts_err *err)
             mts_workq_destroy(q);
             return mts_err_set(err, MTS_ENOMEM, "cannot start media threads");
         }
+        if (name) pthread_setname_np(q->threads[i], name);
     }
     *out = q;
     return MTS_OK;

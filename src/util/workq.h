@@ -14,8 +14,9 @@
 typedef struct mts_workq mts_workq;
 typedef void (*mts_work_fn)(void *arg);
 
-/* threads >= 1; nice: added to the threads' nice value (0 = same priority, Linux only). */
-int mts_workq_create(int threads, int nice, mts_workq **out, mts_err *err);
+/* threads >= 1; nice: added to the threads' nice value (0 = same priority, Linux only); name: the
+ * threads' name as top -H and perf show it (at most 15 characters; NULL keeps the creator's). */
+int mts_workq_create(int threads, int nice, const char *name, mts_workq **out, mts_err *err);
 /* Queues fn(arg); never blocks. MTS_EUNAVAILABLE once shutdown has begun, MTS_ENOMEM. */
 int mts_workq_submit(mts_workq *q, mts_work_fn fn, void *arg);
 /* Jobs queued or running. */

@@ -274,3 +274,18 @@ def test_bad_host(repo):
                              "--grpc-port", "0")
     assert rc == 1 and "cannot resolve host 'no-such-host.invalid'" in err and "--host" in err, err
     assert "serving" not in out
+
+
+def test_threads_are_named(start_server):
+    """The server's threads carry names that say what they do (top -H, ps -L, perf, gdb)."""
+    srv = start_server(models={"tiny": TINY})
+    r = srv.infer("tiny", {"inputs": [json_input("x", np.ones((1, 16), np.float32))]})
+    assert r.status_code == 200, r.text
+    names = set()
+    for tid in os.listdir(f"/proc/{srv.proc.pid}/task"):
+        try:
+            names.add(open(f"/proc/{srv.proc.pid}/task/{tid}/comm").read().strip())
+        except OSError:
+            pass  # a thread that ended meanwhile
+    for want in ("mts-d0-w0", "mts-d0-lane", "mts-http", "mts-grpc", "mts-grpc-reply", "mts-loader", "mts-janitor"):
+        assert want in names, f"no thread named {want}: {sorted(names)}"
