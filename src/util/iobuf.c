@@ -13,6 +13,7 @@
 #include "util/iobuf.h"
 
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,6 +50,9 @@ static size_t g_cached;
 static unsigned long long g_reused, g_mapped;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static size_t g_cap = MTS_IOBUF_CACHE;
+static bool g_cap_fixed;   /* MTS_IOBUF_CACHE_MB was given: the cap is exactly that */
+static size_t g_big;       /* the largest block freed within the idle window ... */
+static double g_big_ms;    /* ... and when */
 
 static void read_env(void)
 {
@@ -56,7 +60,7 @@ static void read_env(void)
     if (e && *e) {
         char *end;
         unsigned long long mb = strtoull(e, &end, 10);
-        if (*end == '\0' && mb <= ((unsigned long long)1 << 20)) g_cap = (size_t)mb << 20;
+        if (*end == '\0' && mb <= ((unsigned long long)1 << 20)) g_cap = (size_t)mb << 20, g_cap_fixed = true;
     }
 }
 
@@ -144,15 +148,21 @@ void mts_iobuf_free(void *p)
     }
     size_t len = h->map_len;
     h->magic = 0;
-    if (len > g_cap) {
-        munmap(h, len);
-        return;
-    }
     slot drop[SLOTS + 1];
     double now = mts_now_ms();
     pthread_mutex_lock(&g_lock);
+    /* Without a configured cap, the cache may hold two blocks of the largest size in recent use
+     * when that is more than the default (lip-sync requests of 16 frames are 40 MB); idle blocks
+     * still go after MTS_IOBUF_IDLE_MS, so this memory is held only while such traffic lasts. */
+    if (now - g_big_ms > MTS_IOBUF_IDLE_MS || len >= g_big) g_big = len, g_big_ms = now;
+    size_t cap = g_cap_fixed || 2 * g_big < g_cap ? g_cap : 2 * g_big;
+    if (len > cap) {
+        pthread_mutex_unlock(&g_lock);
+        munmap(h, len);
+        return;
+    }
     int nd = take_idle(now, drop, 0);
-    while (g_n > 0 && (g_cached + len > g_cap || g_n == SLOTS)) {
+    while (g_n > 0 && (g_cached + len > cap || g_n == SLOTS)) {
         drop[nd++] = g_slots[0];
         slot_remove(0);
     }
@@ -201,6 +211,7 @@ void mts_iobuf_trim(void)
     memcpy(drop, g_slots, sizeof(slot) * (size_t)g_n);
     g_n = 0;
     g_cached = 0;
+    g_big = 0; /* the cap follows the blocks freed from now on */
     pthread_mutex_unlock(&g_lock);
     unmap_all(drop, nd);
 }

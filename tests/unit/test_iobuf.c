@@ -1,7 +1,8 @@
 /*
  * Unit tests of the request/response buffer cache (util/iobuf.h): alignment and capacity of small
  * and large blocks, reuse of a freed large block by the next request of its size class, growth
- * that keeps the bytes, the byte cap on what the cache holds, trimming, and many threads
+ * that keeps the bytes, the byte cap on what the cache holds (and how it follows the largest
+ * blocks in use), trimming, and many threads
  * allocating, filling, checking and freeing blocks at once (run under TSan and ASan in CI).
  */
 #include <setjmp.h>
@@ -91,6 +92,31 @@ static void test_cache_is_bounded(void **state)
     assert_int_equal(mts_iobuf_cached_bytes(), 0);
 }
 
+/* Without MTS_IOBUF_CACHE_MB, a block larger than the default cap (a 40 MB lip-sync request) is
+ * kept for the next request of its size while such requests keep coming. */
+static void test_large_blocks_cached_while_in_use(void **state)
+{
+    (void)state;
+    mts_iobuf_trim();
+    size_t big = (size_t)40 << 20;
+    assert_true(big > MTS_IOBUF_CACHE);
+    unsigned long long r0, m0, r1, m1;
+    mts_iobuf_counts(&r0, &m0);
+    for (int i = 0; i < 3; i++) {
+        char *p = mts_iobuf_alloc(big);
+        assert_non_null(p);
+        p[big - 1] = 1;
+        mts_iobuf_free(p);
+        assert_true(mts_iobuf_cached_bytes() >= big);
+        assert_true(mts_iobuf_cached_bytes() <= 2 * (big + big / 8));
+    }
+    mts_iobuf_counts(&r1, &m1);
+    assert_int_equal(m1 - m0, 1); /* mapped once, then reused */
+    assert_int_equal(r1 - r0, 2);
+    mts_iobuf_trim();
+    assert_int_equal(mts_iobuf_cached_bytes(), 0);
+}
+
 static void *churn(void *arg)
 {
     unsigned seed = (unsigned)(uintptr_t)arg;
@@ -125,6 +151,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_alignment_and_capacity),
+        cmocka_unit_test(test_large_blocks_cached_while_in_use),
         cmocka_unit_test(test_reuse_of_a_size_class),
         cmocka_unit_test(test_grow_keeps_bytes),
         cmocka_unit_test(test_cache_is_bounded),
