@@ -285,6 +285,122 @@ static bool conv_eligible(mts__opt *o, int s, const uint8_t *no_dnnl, void **cac
     return true;
 }
 
+/* A constant or absent zero point's value (element 0), or false when v is neither. */
+static bool q8_const_zp(const mts__plan *p, int v, int32_t *zp)
+{
+    *zp = 0;
+    if (v < 0) return true;
+    if (!const_value(p, v)) return false;
+    const mts_tensor *t = &p->vals[v];
+    if (t->dtype == MTS_DTYPE_UINT8) *zp = ((const uint8_t *)t->data)[0];
+    else if (t->dtype == MTS_DTYPE_INT8) *zp = ((const int8_t *)t->data)[0];
+    else return false;
+    return true;
+}
+
+/* Is step s an int8 convolution oneDNN may run (QLinearConv, a fused QDQ convolution among
+ * them (quant_backend.c), or ConvInteger)? Constant weights (int8, or uint8 / int8 with zero
+ * points such that w - w_zero_point fits in int8: those differences become the int8 weights),
+ * scales, bias and destination zero point, a 1-D or 2-D kernel; the source's zero point may be
+ * computed (ConvInteger after DynamicQuantizeLinear). Fills c->spec: the output scales
+ * x_scale * w_scale / y_scale and the int32 bias are computed as the integer kernels
+ * (ref_quant.c) compute them. MTS_NO_DNNL_INT8=1 keeps these convolutions on the integer
+ * kernels. */
+static bool q8_eligible(mts__opt *o, int s, const uint8_t *no_dnnl, void **cache, cinfo *c)
+{
+    mts__plan *p = o->p;
+    mts__step *st = &p->steps[s];
+    bool ql = is_op(st, "QLinearConv");
+    if ((!ql && !is_op(st, "ConvInteger")) || st->dynamic || st->kind != MTS__S_KERNEL || no_dnnl[st->node] ||
+        st->n_out != 1 || st->out[0] < 0 || st->n_in < 2 || getenv("MTS_NO_DNNL_INT8"))
+        return false;
+    /* the kernel validates the inputs (types, parameter shapes, geometry) */
+    const mts_op *op = mts_op_lookup(st->nd->op_type);
+    const mts_tensor *kin[9];
+    int n_in = st->n_in > 9 ? 9 : st->n_in;
+    for (int i = 0; i < n_in; i++) kin[i] = st->in[i] >= 0 ? &p->vals[st->in[i]] : NULL;
+    mts_tensor kout = {0};
+    mts_err e = {0};
+    mts_kctx k = {st->nd, kin, n_in, &kout, 1, &e, 1, NULL};
+    if (!op || op->infer(&k) != MTS_OK) return false;
+    int ix = 0, iw = ql ? 3 : 1, ixz = 2, iwz = ql ? 5 : 3;
+    int x = st->in[ix], w = st->in[iw], xz = n_in > ixz ? st->in[ixz] : -1, wz = n_in > iwz ? st->in[iwz] : -1;
+    if (!live_value(p, x) || !const_value(p, w) || p->vals[x].rank > 4 || mts_tensor_numel(&p->vals[x]) == 0 ||
+        (wz >= 0 && !const_value(p, wz)))
+        return false;
+    /* oneDNN's int8 convolutions take int8 weights without a zero point: w - w_zero_point
+     * (per tensor or per output channel, uint8 or int8 weights) must fit in int8 */
+    const mts_tensor *wt = &p->vals[w];
+    int64_t nw = mts_tensor_numel(wt), M0 = wt->dims[0], per = M0 > 0 ? nw / M0 : 0;
+    const int8_t *qw = wt->data;
+    if (wz >= 0 || wt->dtype != MTS_DTYPE_INT8) {
+        int8_t *sw = mts_pool_alloc(&p->pool, (size_t)(nw > 0 ? nw : 1));
+        if (!sw || M0 < 1) return false;
+        const mts_tensor *zt = wz >= 0 ? &p->vals[wz] : NULL;
+        bool zs = zt && mts_tensor_numel(zt) > 1, sgn = wt->dtype == MTS_DTYPE_INT8;
+        for (int64_t i = 0; i < nw; i++) {
+            int64_t zi = zs ? i / per : 0;
+            int32_t z = !zt ? 0 : sgn ? ((const int8_t *)zt->data)[zi] : ((const uint8_t *)zt->data)[zi];
+            int32_t v = (sgn ? ((const int8_t *)wt->data)[i] : ((const uint8_t *)wt->data)[i]) - z;
+            if (v < -128 || v > 127) return false;
+            sw[i] = (int8_t)v;
+        }
+        qw = sw;
+    }
+    memset(c, 0, sizeof *c);
+    c->step = s;
+    c->spec.key = st->node;
+    c->spec.cache = cache;
+    c->spec.kind = MTS_DPRIM_CONV;
+    c->spec.q8 = true;
+    c->spec.q8_src = p->vals[x].dtype;
+    c->spec.q8_dst = kout.dtype;
+    c->spec.qw = qw;
+    bool xz_rt = xz >= 0 && !const_value(p, xz);
+    if (xz_rt ? !live_value(p, xz) : !q8_const_zp(p, xz, &c->spec.q8_zp[0])) return false;
+    mts_tensor xf = p->vals[x], wf = p->vals[w];
+    xf.dtype = wf.dtype = MTS_DTYPE_FLOAT;
+    const mts_tensor *gin[2] = {&xf, &wf};
+    mts_kctx gk = {st->nd, gin, 2, &kout, 1, &e, 1, NULL};
+    if (mts_conv_geometry(&gk, false, &c->spec.g) != MTS_OK || c->spec.g.nsp > 2) return false;
+    const mts_conv_geom *g = &c->spec.g;
+    double macs = (double)g->N * (double)g->M * (double)(g->C / g->group) * (double)(g->k[0] * g->k[1] * g->k[2]) *
+                  (double)(g->out[0] * g->out[1] * g->out[2]);
+    if (macs < 65536) return false; /* tiny: the integer kernel is as fast */
+    if (ql) {
+        int xs = st->in[1], ws = st->in[4], ys = st->in[6], yz = st->in[7], b = n_in > 8 ? st->in[8] : -1;
+        if (!const_value(p, xs) || !const_value(p, ws) || !const_value(p, ys) || (b >= 0 && !const_value(p, b)) ||
+            !q8_const_zp(p, yz, &c->spec.q8_zp[1]))
+            return false;
+        int64_t M = g->M, nw = mts_tensor_numel(&p->vals[ws]);
+        float *sc = mts_pool_alloc(&p->pool, sizeof(float) * (size_t)M);
+        int32_t *bq = b >= 0 ? mts_pool_alloc(&p->pool, sizeof(int32_t) * (size_t)M) : NULL;
+        if (!sc || (b >= 0 && !bq)) return false;
+        float fxs = ((const float *)p->vals[xs].data)[0], fys = ((const float *)p->vals[ys].data)[0];
+        const float *fws = p->vals[ws].data;
+        bool fb = mts_attr_int(st->nd, "mts_float_bias", 0) != 0;
+        for (int64_t m = 0; m < M; m++) {
+            float wsm = fws[nw == 1 ? 0 : m];
+            sc[m] = fxs * wsm / fys; /* as the integer kernels' requantization */
+            if (!bq) continue;
+            if (!fb) {
+                bq[m] = ((const int32_t *)p->vals[b].data)[m];
+            } else { /* the fused QDQ convolution's float bias, requantized */
+                double v = rint((double)((const float *)p->vals[b].data)[m] / ((double)fxs * wsm));
+                bq[m] = v >= -2147483648.0 && v <= 2147483647.0 ? (int32_t)v : v > 0 ? INT32_MAX : INT32_MIN;
+            }
+        }
+        c->spec.qscale = sc;
+        c->spec.q8_nscale = nw == 1 ? 1 : M;
+        c->spec.qbias = bq;
+    }
+    c->n_resid = 0;
+    st->n_in = 1;
+    if (xz_rt) st->in[st->n_in++] = xz; /* read at run time */
+    st->in[0] = x;
+    return true;
+}
+
 /* Folds a BatchNormalization reading the conv's output into its weights. */
 static int fold_bn(mts__opt *o, cinfo *c, int *cur, mts_err *err)
 {
@@ -381,6 +497,10 @@ static int dnnl_claim(mts__opt *o, int self, void **mstate, mts_err *err)
     for (int s = 0; s < ns; s++) {
         if (o->removed[s]) continue;
         cinfo *c = &ci[d->nci];
+        if (q8_eligible(o, s, d->no_dnnl, mstate, c)) {
+            d->cstep[s] = d->nci++;
+            continue;
+        }
         if (!conv_eligible(o, s, d->no_dnnl, mstate, c)) continue;
         d->nci++;
         d->cstep[s] = d->nci - 1;
@@ -652,8 +772,12 @@ static int dnnl_prepare(const mts__plan *p, int self, int threads, void **cstate
 static int dnnl_run(const mts__step *st, void *stream, const mts_tensor *vals, void *scratch, int threads, mts_err *err)
 {
     const float *resid[8];
+    if (mts_dconv_q8(st->impl)) /* in[1]: the source's zero point when it is computed */
+        return mts_dconv_run(st->impl, threads, stream, vals[st->in[0]].data, vals[st->out[0]].data, NULL,
+                             st->n_in > 1 ? &vals[st->in[1]] : NULL, scratch, err);
     for (int j = 1; j < st->n_in && j <= 8; j++) resid[j - 1] = vals[st->in[j]].data;
-    return mts_dconv_run(st->impl, threads, stream, vals[st->in[0]].data, vals[st->out[0]].data, resid, scratch, err);
+    return mts_dconv_run(st->impl, threads, stream, vals[st->in[0]].data, vals[st->out[0]].data, resid, NULL, scratch,
+                         err);
 }
 
 static const char *dnnl_describe(const mts__step *st)

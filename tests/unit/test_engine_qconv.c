@@ -1,0 +1,320 @@
+/*
+ * int8 convolutions on oneDNN (kernels/dnnl_backend.c, dnnl_conv.c) against the engine's own
+ * integer kernels (ref_quant.c, qgemm.c). Small generated models hold one quantized
+ * convolution each, in the three forms the planner hands to oneDNN: a QDQ convolution
+ * (QuantizeLinear -> DequantizeLinear -> Conv -> QuantizeLinear, fused into QLinearConv by
+ * quant_backend.c), a plain QLinearConv node with an int32 bias, and ConvInteger after
+ * DynamicQuantizeLinear (its source zero point computed at run time). Shapes: 1x1, 3x3 with
+ * stride 2, depthwise, grouped, asymmetric padding, dilation; per-tensor and per-channel
+ * weight scales; uint8 and int8 activations with nonzero zero points. Each model runs on the
+ * default backend (oneDNN int8), on the default backend with MTS_NO_DNNL_INT8=1 (the packed
+ * VNNI integer GEMM) and on the reference backend, at batch 1 and 3 and 1 and 2 threads; the
+ * quantized outputs must agree within one quantization step (oneDNN adds the bias and the
+ * destination zero point in float, where the own kernels add them as integers: a value that
+ * lies within float rounding of a rounding boundary may land one step apart), and
+ * int32 outputs exactly. The test also checks that oneDNN did create the int8 primitives.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "engine/kernels/dnnl_ops.h"
+#include "test_util.h"
+
+#if defined(__SANITIZE_THREAD__)
+#define MAX_THREADS 1
+#else
+#define MAX_THREADS 2
+#endif
+
+/* ------------------------------------------------------------------------------------------ */
+/* A minimal protobuf writer for ModelProto                                                     */
+
+typedef struct buf {
+    uint8_t *p;
+    size_t n, cap;
+} buf;
+
+static void put(buf *b, const void *d, size_t n)
+{
+    if (b->n + n > b->cap) {
+        b->cap = (b->n + n) * 2 + 64;
+        b->p = realloc(b->p, b->cap);
+    }
+    memcpy(b->p + b->n, d, n);
+    b->n += n;
+}
+
+static void varint(buf *b, uint64_t v)
+{
+    uint8_t t[10];
+    int n = 0;
+    do {
+        t[n] = (uint8_t)(v & 0x7f);
+        v >>= 7;
+        if (v) t[n] |= 0x80;
+        n++;
+    } while (v);
+    put(b, t, (size_t)n);
+}
+
+static void key(buf *b, int field, int wt) { varint(b, (uint64_t)field << 3 | (uint64_t)wt); }
+static void f_int(buf *b, int field, int64_t v) { key(b, field, 0), varint(b, (uint64_t)v); }
+static void f_bytes(buf *b, int field, const void *d, size_t n) { key(b, field, 2), varint(b, n), put(b, d, n); }
+static void f_str(buf *b, int field, const char *s) { f_bytes(b, field, s, strlen(s)); }
+static void f_msg(buf *b, int field, buf *sub)
+{
+    f_bytes(b, field, sub->p, sub->n);
+    free(sub->p);
+    memset(sub, 0, sizeof *sub);
+}
+
+/* Attributes: "name=i:3", "name=ii:1,1,2,2". */
+static void node(buf *G, const char *op, const char *ins, const char *outs, const char *attrs)
+{
+    buf n = {0};
+    char tmp[512];
+    snprintf(tmp, sizeof tmp, "%s", ins);
+    for (char *t = strtok(tmp, " "); t; t = strtok(NULL, " ")) f_str(&n, 1, strcmp(t, "-") ? t : "");
+    snprintf(tmp, sizeof tmp, "%s", outs);
+    for (char *t = strtok(tmp, " "); t; t = strtok(NULL, " ")) f_str(&n, 2, t);
+    f_str(&n, 4, op);
+    if (attrs) {
+        snprintf(tmp, sizeof tmp, "%s", attrs);
+        char *save = NULL;
+        for (char *t = strtok_r(tmp, " ", &save); t; t = strtok_r(NULL, " ", &save)) {
+            buf a = {0};
+            char *eq = strchr(t, '='), *colon = strchr(t, ':');
+            *eq = 0, *colon = 0;
+            f_str(&a, 1, t);
+            const char *val = colon + 1;
+            if (!strcmp(eq + 1, "i")) {
+                f_int(&a, 3, atoll(val)), f_int(&a, 20, 2);
+            } else {
+                char *e;
+                for (const char *q = val; *q; q = e + (*e == ',')) f_int(&a, 8, strtoll(q, &e, 10));
+                f_int(&a, 20, 7);
+            }
+            f_msg(&n, 5, &a);
+        }
+    }
+    f_msg(G, 1, &n);
+}
+
+/* An initializer of ONNX element type dtype (1 float, 2 uint8, 3 int8, 6 int32). */
+static void init(buf *G, const char *name, int rank, const int64_t *dims, int dtype, const void *d, size_t n)
+{
+    buf t = {0};
+    for (int i = 0; i < rank; i++) f_int(&t, 1, dims[i]);
+    f_int(&t, 2, dtype);
+    f_str(&t, 8, name);
+    f_bytes(&t, 9, d, n);
+    f_msg(G, 5, &t);
+}
+
+/* Graph input (field 11) or output (12) of element type dtype; dims < 0: symbolic "N";
+ * rank < 0: no shape. */
+static void io(buf *G, int field, const char *name, int dtype, int rank, const int64_t *dims)
+{
+    buf vi = {0}, tp = {0}, tt = {0}, sh = {0};
+    for (int i = 0; i < rank; i++) {
+        buf d = {0};
+        if (dims[i] < 0) f_str(&d, 2, "N");
+        else f_int(&d, 1, dims[i]);
+        f_msg(&sh, 1, &d);
+    }
+    f_int(&tt, 1, dtype);
+    if (rank >= 0) f_msg(&tt, 2, &sh);
+    f_msg(&tp, 1, &tt);
+    f_str(&vi, 1, name);
+    f_msg(&vi, 2, &tp);
+    f_msg(G, field, &vi);
+}
+
+static mts_model *load(const buf *G, const char *backend)
+{
+    buf m = {0}, op = {0}, g = {0};
+    f_int(&m, 1, 8);
+    put(&g, G->p, G->n);
+    f_str(&g, 2, "test");
+    f_msg(&m, 7, &g);
+    f_str(&op, 1, "");
+    f_int(&op, 2, 17);
+    f_msg(&m, 8, &op);
+    mts_load_opts o = {0};
+    o.backend = backend;
+    mts_model *model = NULL;
+    mts_err err = {0};
+    int rc = mts_model_load_buffer(m.p, m.n, "test.onnx", &o, &model, &err);
+    free(m.p);
+    if (rc) fail_msg("load (%s): %s", backend, err.msg);
+    return model;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct qcase {
+    const char *name;
+    int64_t C, M, group, k, stride, dil, H, W;
+    int64_t pads[4];
+    bool per_channel, x_s8, bias;
+    int32_t xz, yz;
+    float xs, ys;
+} qcase;
+
+static const qcase cases[] = {
+    {"1x1", 16, 24, 1, 1, 1, 1, 20, 20, {0, 0, 0, 0}, true, false, true, 7, 128, 1.0f / 240, 0.05f},
+    {"3x3 stride 2", 8, 16, 1, 3, 2, 1, 23, 21, {1, 1, 1, 1}, false, false, true, 128, 3, 1.0f / 128, 0.08f},
+    {"depthwise", 16, 16, 16, 3, 1, 1, 24, 24, {1, 1, 1, 1}, true, false, true, 30, 100, 1.0f / 200, 0.01f},
+    {"grouped, asymmetric pads", 16, 32, 4, 3, 1, 1, 18, 17, {0, 1, 2, 0}, true, false, false, 255, 0, 1.0f / 255,
+     0.04f},
+    {"int8 activations", 8, 16, 1, 3, 1, 1, 20, 20, {1, 1, 1, 1}, true, true, true, -100, 10, 1.0f / 200, 0.05f},
+    {"dilated 3x3", 12, 20, 1, 3, 1, 2, 19, 19, {2, 2, 2, 2}, false, false, true, 0, 60, 1.0f / 255, 0.06f},
+};
+
+static unsigned g_seed = 99;
+
+static int rnd(int lo, int hi)
+{
+    g_seed = g_seed * 1103515245u + 12345u;
+    return lo + (int)((g_seed >> 8) % (unsigned)(hi - lo + 1));
+}
+
+/* Builds the three forms of case q (QDQ, QLinearConv, ConvInteger) into G; outputs yq, zq, ci. */
+static void build(buf *G, const qcase *q)
+{
+    int64_t Cg = q->C / q->group, kk = q->k * q->k, nw = q->M * Cg * kk;
+    int8_t *wq = malloc((size_t)nw), wz[64] = {0};
+    float ws[64], bf[64];
+    int32_t bq[64];
+    for (int64_t i = 0; i < nw; i++) wq[i] = (int8_t)rnd(-127, 127);
+    for (int64_t m = 0; m < q->M; m++) {
+        ws[m] = q->per_channel ? 0.002f + 0.0007f * (float)rnd(0, 20) : 0.003f;
+        bq[m] = rnd(-3000, 3000);
+        bf[m] = (float)rnd(-2000, 2000) * 0.0007f;
+    }
+    uint8_t xz_u = (uint8_t)q->xz, yz_u = (uint8_t)q->yz;
+    int8_t xz_s = (int8_t)q->xz, yz_s = (int8_t)q->yz;
+    int ad = q->x_s8 ? 3 : 2; /* activation element type */
+    int64_t wdims[4] = {q->M, Cg, q->k, q->k}, md[1] = {q->M};
+    init(G, "xs", 0, NULL, 1, &q->xs, 4);
+    init(G, "ys", 0, NULL, 1, &q->ys, 4);
+    init(G, "xz", 0, NULL, ad, q->x_s8 ? (const void *)&xz_s : (const void *)&xz_u, 1);
+    init(G, "yz", 0, NULL, ad, q->x_s8 ? (const void *)&yz_s : (const void *)&yz_u, 1);
+    init(G, "wq", 4, wdims, 3, wq, (size_t)nw);
+    if (q->per_channel) {
+        init(G, "ws", 1, md, 1, ws, sizeof(float) * (size_t)q->M);
+        init(G, "wz", 1, md, 3, wz, (size_t)q->M);
+    } else {
+        init(G, "ws", 0, NULL, 1, ws, 4);
+        init(G, "wz", 0, NULL, 3, wz, 1);
+    }
+    init(G, "bq", 1, md, 6, bq, sizeof(int32_t) * (size_t)q->M);
+    init(G, "bf", 1, md, 1, bf, sizeof(float) * (size_t)q->M);
+    char attrs[160];
+    snprintf(attrs, sizeof attrs, "strides=ii:%lld,%lld dilations=ii:%lld,%lld pads=ii:%lld,%lld,%lld,%lld group=i:%lld",
+             (long long)q->stride, (long long)q->stride, (long long)q->dil, (long long)q->dil, (long long)q->pads[0],
+             (long long)q->pads[1], (long long)q->pads[2], (long long)q->pads[3], (long long)q->group);
+    node(G, "QuantizeLinear", "x xs xz", "xq", NULL);
+    /* QDQ form (float bias) */
+    node(G, "DequantizeLinear", "xq xs xz", "xf", NULL);
+    node(G, "DequantizeLinear", "wq ws wz", "wf", "axis=i:0");
+    node(G, "Conv", q->bias ? "xf wf bf" : "xf wf", "cf", attrs);
+    node(G, "QuantizeLinear", "cf ys yz", "yq", NULL);
+    /* QLinearConv (int32 bias) */
+    node(G, "QLinearConv", q->bias ? "xq xs xz wq ws wz ys yz bq" : "xq xs xz wq ws wz ys yz", "zq", attrs);
+    /* ConvInteger after dynamic quantization (uint8 source) */
+    node(G, "DynamicQuantizeLinear", "x", "dq ds dz", NULL);
+    node(G, "ConvInteger", "dq wq dz", "ci", attrs);
+    io(G, 12, "yq", ad, -1, NULL);
+    io(G, 12, "zq", ad, -1, NULL);
+    io(G, 12, "ci", 6, -1, NULL);
+    free(wq);
+}
+
+/* Largest |a - b| over the elements (uint8 / int8 / int32), and how many differ. */
+static int64_t max_diff(const mts_tensor *a, const mts_tensor *b, int64_t *ndiff)
+{
+    int64_t n = mts_tensor_numel(a), most = 0;
+    *ndiff = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t x, y;
+        if (a->dtype == MTS_DTYPE_UINT8) x = ((const uint8_t *)a->data)[i], y = ((const uint8_t *)b->data)[i];
+        else if (a->dtype == MTS_DTYPE_INT8) x = ((const int8_t *)a->data)[i], y = ((const int8_t *)b->data)[i];
+        else x = ((const int32_t *)a->data)[i], y = ((const int32_t *)b->data)[i];
+        int64_t d = x > y ? x - y : y - x;
+        *ndiff += d != 0;
+        if (d > most) most = d;
+    }
+    return most;
+}
+
+static void run_case(const qcase *q)
+{
+    buf G = {0};
+    io(&G, 11, "x", 1, 4, (const int64_t[]){-1, q->C, q->H, q->W});
+    build(&G, q);
+    mts_model *dn = load(&G, "default"), *own = load(&G, "default"), *ref = load(&G, "reference");
+    free(G.p);
+    int64_t total_diff = 0, total = 0, before = mts_dconv_q8_created();
+    for (int64_t batch = 1; batch <= 3; batch += 2)
+        for (int threads = 1; threads <= MAX_THREADS; threads++) {
+            mts_tensor *in = test_make_inputs(ref, batch, 5u + (unsigned)batch);
+            mts_ctx *c[3];
+            mts_model *ms[3] = {dn, own, ref};
+            const mts_tensor *o[3][3];
+            mts_err err = {0};
+            for (int i = 0; i < 3; i++) {
+                assert_int_equal(mts_ctx_create(ms[i], i == 2 ? 1 : threads, &c[i], &err), 0);
+                /* plans are made at a signature's first run: `own` plans without oneDNN int8 */
+                if (i == 1) setenv("MTS_NO_DNNL_INT8", "1", 1);
+                for (int rep = 0; rep < 2; rep++)
+                    if (mts_ctx_run(c[i], in, 1, o[i], &err)) fail_msg("%s run %d: %s", q->name, i, err.msg);
+                unsetenv("MTS_NO_DNNL_INT8");
+            }
+            /* the three convolutions of the first batch size's plan ran on oneDNN */
+            if (batch == 1 && threads == 1 && mts_dconv_q8_created() - before < 3)
+                fail_msg("%s: %lld int8 oneDNN primitives, expected 3", q->name,
+                         (long long)(mts_dconv_q8_created() - before));
+            for (int k = 0; k < 3; k++) {
+                int64_t nd;
+                /* the own kernels agree with the reference backend bit for bit, but for the
+                 * QDQ form, which the reference backend runs unfused, in float */
+                assert_true(mts_shape_equal(o[1][k], o[2][k]));
+                assert_true(max_diff(o[1][k], o[2][k], &nd) <= (k == 0 ? 1 : 0));
+                assert_true(mts_shape_equal(o[0][k], o[1][k]));
+                int64_t d = max_diff(o[0][k], o[1][k], &nd);
+                if (d > (k == 2 ? 0 : 1))
+                    fail_msg("%s output %d (batch %lld, %d threads): oneDNN differs by %lld (%lld elements)", q->name,
+                             k, (long long)batch, threads, (long long)d, (long long)nd);
+                total_diff += nd;
+                total += mts_tensor_numel(o[0][k]);
+            }
+            for (int i = 0; i < 3; i++) mts_ctx_free(c[i]);
+            test_free_inputs(ref, in);
+        }
+    /* one step apart is the rare exception, not the rule */
+    if (total_diff * 1000 > total) fail_msg("%s: %lld of %lld elements one step apart", q->name, (long long)total_diff,
+                                            (long long)total);
+    print_message("%-26s %lld of %lld elements one step apart\n", q->name, (long long)total_diff, (long long)total);
+    mts_model_free(dn);
+    mts_model_free(own);
+    mts_model_free(ref);
+}
+
+static void test_qconv_cases(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i]);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_qconv_cases),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
