@@ -1297,13 +1297,20 @@ static void requant_lut(const mts_tensor *x, const mts_tensor *xs, const mts_ten
     }
 }
 
-static int qconcat_infer(mts_kctx *k)
+/* The concatenation axis: the node's, or the last one on channels-last views (nhwc). */
+static int64_t qconcat_axis(mts_kctx *k, bool nhwc)
+{
+    const mts_tensor *a = mts_kin(k, 0);
+    int64_t ax = nhwc ? a->rank - 1 : mts_attr_int(k->node, "axis", 0);
+    return ax < 0 ? ax + a->rank : ax;
+}
+
+static int qconcat_infer_common(mts_kctx *k, bool nhwc)
 {
     int rc = qelt_infer(k, true); /* same operands as MtsQLinearAdd; shapes checked below */
     if (rc && rc != MTS_ESHAPE) return rc;
     const mts_tensor *a = mts_kin(k, 0), *b = mts_kin(k, 3);
-    int64_t ax = mts_attr_int(k->node, "axis", 0);
-    if (ax < 0) ax += a->rank;
+    int64_t ax = qconcat_axis(k, nhwc);
     if (a->rank != b->rank || ax < 0 || ax >= a->rank) return mts_err_set(k->err, MTS_ESHAPE, "bad concat axis");
     for (int i = 0; i < a->rank; i++)
         if (i != ax && a->dims[i] != b->dims[i]) return mts_err_set(k->err, MTS_ESHAPE, "concat shapes differ");
@@ -1312,17 +1319,27 @@ static int qconcat_infer(mts_kctx *k)
     return MTS_OK;
 }
 
-static int qconcat_run(mts_kctx *k)
+static int qconcat_infer(mts_kctx *k)
 {
-    int rc = qconcat_infer(k);
+    return qconcat_infer_common(k, false);
+}
+
+/* On [N,H,W,C] views of channels-last tensors (a Concat along channels): along the last axis. */
+static int qconcat_nhwc_infer(mts_kctx *k)
+{
+    return qconcat_infer_common(k, true);
+}
+
+static int qconcat_run_common(mts_kctx *k, bool nhwc)
+{
+    int rc = qconcat_infer_common(k, nhwc);
     if (rc) return rc;
     const mts_tensor *in[2] = {mts_kin(k, 0), mts_kin(k, 3)};
     bool ysg = k->out[0].dtype == MTS_DTYPE_INT8;
     uint8_t lut[2][256];
     for (int i = 0; i < 2; i++)
         requant_lut(in[i], mts_kin(k, 3 * i + 1), mts_kin(k, 3 * i + 2), mts_kin(k, 6), mts_kin(k, 7), ysg, lut[i]);
-    int64_t ax = mts_attr_int(k->node, "axis", 0);
-    if (ax < 0) ax += in[0]->rank;
+    int64_t ax = qconcat_axis(k, nhwc);
     int64_t outer = 1, inner = 1;
     for (int i = 0; i < ax; i++) outer *= in[0]->dims[i];
     for (int i = (int)ax + 1; i < in[0]->rank; i++) inner *= in[0]->dims[i];
@@ -1337,7 +1354,18 @@ static int qconcat_run(mts_kctx *k)
     return MTS_OK;
 }
 
-static int qup_infer(mts_kctx *k)
+static int qconcat_run(mts_kctx *k)
+{
+    return qconcat_run_common(k, false);
+}
+
+static int qconcat_nhwc_run(mts_kctx *k)
+{
+    return qconcat_run_common(k, true);
+}
+
+/* nhwc: on [N,H,W,C] views of channels-last tensors. */
+static int qup_infer_common(mts_kctx *k, bool nhwc)
 {
     int rc = qelt_infer(k, false);
     if (rc) return rc;
@@ -1345,8 +1373,46 @@ static int qup_infer(mts_kctx *k)
     int64_t fh = mts_attr_int(k->node, "mts_up_h", 0), fw = mts_attr_int(k->node, "mts_up_w", 0);
     if (x->rank != 4 || fh < 1 || fw < 1 || fh > 64 || fw > 64)
         return mts_err_set(k->err, MTS_EINVAL, "MtsQLinearUpsample wants a 4-D input and factors in 1..64");
-    k->out[0].dims[2] = x->dims[2] * fh;
-    k->out[0].dims[3] = x->dims[3] * fw;
+    int h = nhwc ? 1 : 2;
+    k->out[0].dims[h] = x->dims[h] * fh;
+    k->out[0].dims[h + 1] = x->dims[h + 1] * fw;
+    return MTS_OK;
+}
+
+static int qup_infer(mts_kctx *k)
+{
+    return qup_infer_common(k, false);
+}
+
+static int qup_nhwc_infer(mts_kctx *k)
+{
+    return qup_infer_common(k, true);
+}
+
+/* Channels-last: each input pixel's C bytes map through the table once, then the pixel is
+ * repeated fw times along the row and the row fh times. */
+static int qup_nhwc_run(mts_kctx *k)
+{
+    int rc = qup_infer_common(k, true);
+    if (rc) return rc;
+    const mts_tensor *x = mts_kin(k, 0);
+    uint8_t lut[256];
+    requant_lut(x, mts_kin(k, 1), mts_kin(k, 2), mts_kin(k, 3), mts_kin(k, 4), k->out[0].dtype == MTS_DTYPE_INT8,
+                lut);
+    int64_t fh = mts_attr_int(k->node, "mts_up_h", 0), fw = mts_attr_int(k->node, "mts_up_w", 0);
+    int64_t rows = x->dims[0] * x->dims[1], W = x->dims[2], C = x->dims[3], orow = W * fw * C;
+    const uint8_t *src = x->data;
+    uint8_t *y = k->out[0].data;
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *xr = src + r * W * C;
+        uint8_t *row = y + r * fh * orow;
+        for (int64_t w = 0; w < W; w++) {
+            uint8_t *d = row + w * fw * C;
+            for (int64_t c = 0; c < C; c++) d[c] = lut[xr[w * C + c]];
+            for (int64_t f = 1; f < fw; f++) memcpy(d + f * C, d, (size_t)C);
+        }
+        for (int64_t f = 1; f < fh; f++) memcpy(row + f * orow, row, (size_t)orow);
+    }
     return MTS_OK;
 }
 
@@ -1394,3 +1460,5 @@ const mts_op mts_quant_fast_qunary = {"MtsQLinearUnary", qunary_infer, qunary_ru
 const mts_op mts_quant_fast_qadd = {"MtsQLinearAdd", qadd_infer, qadd_run};
 const mts_op mts_quant_fast_qconcat = {"MtsQLinearConcat", qconcat_infer, qconcat_run};
 const mts_op mts_quant_fast_qupsample = {"MtsQLinearUpsample", qup_infer, qup_run};
+const mts_op mts_quant_fast_qconcat_nhwc = {"MtsQLinearConcat", qconcat_nhwc_infer, qconcat_nhwc_run};
+const mts_op mts_quant_fast_qupsample_nhwc = {"MtsQLinearUpsample", qup_nhwc_infer, qup_nhwc_run};
