@@ -91,10 +91,12 @@ static bool layout_agnostic(const mts__opt *o, const mts__step *st)
     if (st->dynamic || st->kind != MTS__S_KERNEL || st->nd->domain[0] || st->n_out != 1 || st->out[0] < 0) return false;
     if (p->vals[st->out[0]].rank != 4) return false;
     const char *op = st->nd->op_type;
-    /* The quantized steps of QDQ models (quant_backend.c): elementwise or per-pixel moves, with
-     * constant scalar parameters; a Concat of two along channels (axis kept as the Concat's) */
+    /* Quantized steps with constant scalar parameters: per-tensor QuantizeLinear /
+     * DequantizeLinear and the fused steps of QDQ models (quant_backend.c), elementwise or
+     * per-pixel moves; a Concat of two along channels (axis kept as the Concat's) */
     bool qconcat = !strcmp(op, "MtsQLinearConcat");
-    bool qelt = !strcmp(op, "MtsQLinearUnary") || !strcmp(op, "MtsQLinearUpsample");
+    bool qelt = !strcmp(op, "MtsQLinearUnary") || !strcmp(op, "MtsQLinearUpsample") ||
+                ((!strcmp(op, "QuantizeLinear") || !strcmp(op, "DequantizeLinear")) && st->nd->opset >= 10);
     if (qconcat) {
         int64_t ax = mts_attr_int(st->nd, "axis", 1);
         if ((ax != 1 && ax != -3) || st->n_in != 8 || st->in[0] < 0 || st->in[3] < 0 || !rank4_ok(o, st->in[0]) ||
@@ -107,7 +109,7 @@ static bool layout_agnostic(const mts__opt *o, const mts__step *st)
             if (v < 0 || (const_value(p, v) && mts_tensor_numel(&p->vals[v]) == 1)) continue;
             if ((qelt && j != 0) || !rank4_ok(o, v)) return false;
         }
-        return st->n_in >= 5;
+        return st->n_in >= (qelt ? 2 : 5);
     }
     for (int i = 0; unary[i]; i++)
         if (!strcmp(op, unary[i])) {
