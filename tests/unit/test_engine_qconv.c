@@ -72,7 +72,7 @@ static void f_msg(buf *b, int field, buf *sub)
     memset(sub, 0, sizeof *sub);
 }
 
-/* Attributes: "name=i:3", "name=ii:1,1,2,2". */
+/* Attributes: "name=i:3", "name=f:0.5", "name=s:text", "name=ii:1,1,2,2". */
 static void node(buf *G, const char *op, const char *ins, const char *outs, const char *attrs)
 {
     buf n = {0};
@@ -93,6 +93,11 @@ static void node(buf *G, const char *op, const char *ins, const char *outs, cons
             const char *val = colon + 1;
             if (!strcmp(eq + 1, "i")) {
                 f_int(&a, 3, atoll(val)), f_int(&a, 20, 2);
+            } else if (!strcmp(eq + 1, "f")) {
+                float f = strtof(val, NULL);
+                key(&a, 2, 5), put(&a, &f, 4), f_int(&a, 20, 1);
+            } else if (!strcmp(eq + 1, "s")) {
+                f_str(&a, 4, val), f_int(&a, 20, 3);
             } else {
                 char *e;
                 for (const char *q = val; *q; q = e + (*e == ',')) f_int(&a, 8, strtoll(q, &e, 10));
@@ -311,10 +316,128 @@ static void test_qconv_cases(void **state)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i]);
 }
 
+/* A QDQ convolution `name` from float value `in` (C channels) to M channels, k x k, same
+ * padding, per-channel weights, float bias; its quantized output is name_q (scale s, zero
+ * point z) and the dequantized one name_f. */
+static void qdq_conv(buf *G, const char *name, const char *in, int64_t C, int64_t M, int64_t k, float s, uint8_t z)
+{
+    char b[256], t[256];
+    int64_t nw = M * C * k * k;
+    int8_t *w = malloc((size_t)nw), wz[64] = {0};
+    float ws[64], bf[64];
+    for (int64_t i = 0; i < nw; i++) w[i] = (int8_t)rnd(-127, 127);
+    for (int64_t m = 0; m < M; m++) ws[m] = ldexpf(1.0f, -rnd(9, 11)), bf[m] = 0.01f * (float)rnd(-20, 20);
+    snprintf(t, sizeof t, "%s_w", name);
+    init(G, t, 4, (const int64_t[]){M, C, k, k}, 3, w, (size_t)nw);
+    snprintf(t, sizeof t, "%s_ws", name);
+    init(G, t, 1, (const int64_t[]){M}, 1, ws, sizeof(float) * (size_t)M);
+    snprintf(t, sizeof t, "%s_wz", name);
+    init(G, t, 1, (const int64_t[]){M}, 3, wz, (size_t)M);
+    snprintf(t, sizeof t, "%s_b", name);
+    init(G, t, 1, (const int64_t[]){M}, 1, bf, sizeof(float) * (size_t)M);
+    snprintf(t, sizeof t, "%s_ys", name);
+    init(G, t, 0, NULL, 1, &s, 4);
+    snprintf(t, sizeof t, "%s_yz", name);
+    init(G, t, 0, NULL, 2, &z, 1);
+    snprintf(b, sizeof b, "%s_w %s_ws %s_wz", name, name, name);
+    snprintf(t, sizeof t, "%s_wf", name);
+    node(G, "DequantizeLinear", b, t, "axis=i:0");
+    snprintf(b, sizeof b, "%s %s_wf %s_b", in, name, name);
+    snprintf(t, sizeof t, "%s_c", name);
+    char pads[64];
+    snprintf(pads, sizeof pads, "pads=ii:%lld,%lld,%lld,%lld", (long long)(k / 2), (long long)(k / 2),
+             (long long)(k / 2), (long long)(k / 2));
+    node(G, "Conv", b, t, pads);
+    snprintf(b, sizeof b, "%s_c %s_ys %s_yz", name, name, name);
+    snprintf(t, sizeof t, "%s_q", name);
+    node(G, "QuantizeLinear", b, t, NULL);
+    snprintf(b, sizeof b, "%s_q %s_ys %s_yz", name, name, name);
+    snprintf(t, sizeof t, "%s_f", name);
+    node(G, "DequantizeLinear", b, t, NULL);
+    free(w);
+}
+
+/* Q -> DQ of float value `in` (scale s, zero point z) into name_q / name_f. */
+static void qdq(buf *G, const char *name, const char *in, float s, uint8_t z)
+{
+    char b[256], t[256];
+    snprintf(t, sizeof t, "%s_s", name);
+    init(G, t, 0, NULL, 1, &s, 4);
+    snprintf(t, sizeof t, "%s_z", name);
+    init(G, t, 0, NULL, 2, &z, 1);
+    snprintf(b, sizeof b, "%s %s_s %s_z", in, name, name);
+    snprintf(t, sizeof t, "%s_q", name);
+    node(G, "QuantizeLinear", b, t, NULL);
+    snprintf(b, sizeof b, "%s_q %s_s %s_z", name, name, name);
+    snprintf(t, sizeof t, "%s_f", name);
+    node(G, "DequantizeLinear", b, t, NULL);
+}
+
+/* A QDQ network in the lip-sync UNet's pattern: convolution, LeakyRelu, residual Add, nearest
+ * 2x upsampling and a channel Concat between int8 convolutions, all fused into integer steps
+ * that run channels-last between oneDNN's int8 convolutions, against the integer kernels
+ * (NCHW). The convolutions' scale ratios x_scale * w_scale / y_scale are powers of two and their
+ * output zero points even, so that no rounding differs (oneDNN rounds v + zp where the own
+ * kernels round v and add zp: ties go apart for odd zero points): the outputs must be equal,
+ * which checks the channels-last integer steps exactly. (The reference backend runs the QDQ
+ * graph unfused, in float: a few steps apart.) */
+static void test_qdq_chain(void **state)
+{
+    (void)state;
+    buf G = {0};
+    float sc[4] = {1, 1, 2, 2};
+    io(&G, 11, "x", 1, 4, (const int64_t[]){-1, 4, 20, 18});
+    init(&G, "up_scales", 1, (const int64_t[]){4}, 1, sc, sizeof sc);
+    qdq(&G, "in", "x", 1.0f / 256, 0);
+    qdq_conv(&G, "c1", "in_f", 4, 16, 3, 1.0f / 64, 128);
+    node(&G, "LeakyRelu", "c1_f", "a1", "alpha=f:0.1");
+    qdq(&G, "a1", "a1", 0.012f, 20);
+    qdq_conv(&G, "c2", "a1_f", 16, 16, 1, 1.0f / 64, 120);
+    node(&G, "Add", "a1_f c2_f", "s1", NULL);
+    qdq(&G, "s1", "s1", 0.02f, 60);
+    node(&G, "Resize", "s1_f - up_scales", "u1",
+         "mode=s:nearest coordinate_transformation_mode=s:asymmetric nearest_mode=s:floor");
+    qdq(&G, "u1", "u1", 1.0f / 64, 60);
+    qdq_conv(&G, "c3", "u1_f", 16, 8, 3, 1.0f / 32, 128);
+    node(&G, "Concat", "u1_f c3_f", "k1", "axis=i:1");
+    qdq(&G, "k1", "k1", 1.0f / 64, 100);
+    qdq_conv(&G, "c4", "k1_f", 24, 8, 3, 1.0f / 32, 128);
+    io(&G, 12, "c4_q", 2, -1, NULL);
+    mts_model *dn = load(&G, "default"), *own = load(&G, "default"), *ref = load(&G, "reference");
+    free(G.p);
+    int64_t before = mts_dconv_q8_created(); /* ref: for information */
+    for (int64_t batch = 1; batch <= 3; batch += 2) {
+        mts_tensor *in = test_make_inputs(ref, batch, 11u + (unsigned)batch);
+        mts_model *ms[3] = {dn, own, ref};
+        mts_ctx *c[3];
+        const mts_tensor *o[3][1];
+        mts_err err = {0};
+        for (int i = 0; i < 3; i++) {
+            assert_int_equal(mts_ctx_create(ms[i], MAX_THREADS, &c[i], &err), 0);
+            if (i == 1) setenv("MTS_NO_DNNL_INT8", "1", 1);
+            if (mts_ctx_run(c[i], in, 1, o[i], &err)) fail_msg("chain run %d: %s", i, err.msg);
+            unsetenv("MTS_NO_DNNL_INT8");
+        }
+        if (batch == 1 && mts_dconv_q8_created() - before < 4)
+            fail_msg("chain: %lld int8 oneDNN primitives, expected 4", (long long)(mts_dconv_q8_created() - before));
+        int64_t n, d = max_diff(o[0][0], o[1][0], &n), dr = max_diff(o[1][0], o[2][0], &n);
+        max_diff(o[0][0], o[1][0], &n);
+        if (d > 0) fail_msg("chain (batch %lld): oneDNN path differs from the integer kernels by %lld (%lld of %lld)", (long long)batch,
+                            (long long)d, (long long)n, (long long)mts_tensor_numel(o[0][0]));
+        if (batch == 1) print_message("chain: integer kernels vs reference backend: up to %lld steps\n", (long long)dr);
+        for (int i = 0; i < 3; i++) mts_ctx_free(c[i]);
+        test_free_inputs(ref, in);
+    }
+    mts_model_free(dn);
+    mts_model_free(own);
+    mts_model_free(ref);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_qconv_cases),
+        cmocka_unit_test(test_qdq_chain),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

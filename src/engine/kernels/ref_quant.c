@@ -1330,27 +1330,45 @@ static int qconcat_nhwc_infer(mts_kctx *k)
     return qconcat_infer_common(k, true);
 }
 
+typedef struct qcat_job {
+    const uint8_t *x[2];
+    uint8_t *y;
+    int64_t outer, len[2];
+    uint8_t lut[2][256];
+} qcat_job;
+
+/* Outer slices [o0, o1): each the two inputs' runs, mapped through their tables. */
+static void qconcat_part(void *ctx, int ithr, int nthr)
+{
+    const qcat_job *j = ctx;
+    int64_t o0 = j->outer * ithr / nthr, o1 = j->outer * (ithr + 1) / nthr;
+    uint8_t *y = j->y + o0 * (j->len[0] + j->len[1]);
+    for (int64_t o = o0; o < o1; o++)
+        for (int i = 0; i < 2; i++) {
+            const uint8_t *x = j->x[i] + o * j->len[i], *lut = j->lut[i];
+            for (int64_t e = 0; e < j->len[i]; e++) y[e] = lut[x[e]];
+            y += j->len[i];
+        }
+}
+
 static int qconcat_run_common(mts_kctx *k, bool nhwc)
 {
     int rc = qconcat_infer_common(k, nhwc);
     if (rc) return rc;
     const mts_tensor *in[2] = {mts_kin(k, 0), mts_kin(k, 3)};
     bool ysg = k->out[0].dtype == MTS_DTYPE_INT8;
-    uint8_t lut[2][256];
+    qcat_job j;
     for (int i = 0; i < 2; i++)
-        requant_lut(in[i], mts_kin(k, 3 * i + 1), mts_kin(k, 3 * i + 2), mts_kin(k, 6), mts_kin(k, 7), ysg, lut[i]);
+        requant_lut(in[i], mts_kin(k, 3 * i + 1), mts_kin(k, 3 * i + 2), mts_kin(k, 6), mts_kin(k, 7), ysg, j.lut[i]);
     int64_t ax = qconcat_axis(k, nhwc);
     int64_t outer = 1, inner = 1;
     for (int i = 0; i < ax; i++) outer *= in[0]->dims[i];
     for (int i = (int)ax + 1; i < in[0]->rank; i++) inner *= in[0]->dims[i];
-    uint8_t *y = k->out[0].data;
-    for (int64_t o = 0; o < outer; o++)
-        for (int i = 0; i < 2; i++) {
-            int64_t len = in[i]->dims[ax] * inner;
-            const uint8_t *x = (const uint8_t *)in[i]->data + o * len;
-            for (int64_t e = 0; e < len; e++) y[e] = lut[i][x[e]];
-            y += len;
-        }
+    j.y = k->out[0].data;
+    j.outer = outer;
+    for (int i = 0; i < 2; i++) j.x[i] = in[i]->data, j.len[i] = in[i]->dims[ax] * inner;
+    int t = threads_for(k, mts_tensor_numel(&k->out[0]));
+    mts_parallel(outer < t ? (int)(outer > 0 ? outer : 1) : t, qconcat_part, &j);
     return MTS_OK;
 }
 
@@ -1389,30 +1407,44 @@ static int qup_nhwc_infer(mts_kctx *k)
     return qup_infer_common(k, true);
 }
 
+typedef struct qup_job {
+    const uint8_t *x;
+    uint8_t *y;
+    int64_t rows, W, C, fh, fw;
+    uint8_t lut[256];
+} qup_job;
+
+static void qup_nhwc_part(void *ctx, int ithr, int nthr)
+{
+    const qup_job *j = ctx;
+    int64_t r0 = j->rows * ithr / nthr, r1 = j->rows * (ithr + 1) / nthr, W = j->W, C = j->C, fw = j->fw;
+    int64_t orow = W * fw * C;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *xr = j->x + r * W * C;
+        uint8_t *row = j->y + r * j->fh * orow;
+        for (int64_t w = 0; w < W; w++) {
+            uint8_t *d = row + w * fw * C;
+            for (int64_t c = 0; c < C; c++) d[c] = j->lut[xr[w * C + c]];
+            for (int64_t f = 1; f < fw; f++) memcpy(d + f * C, d, (size_t)C);
+        }
+        for (int64_t f = 1; f < j->fh; f++) memcpy(row + f * orow, row, (size_t)orow);
+    }
+}
+
 /* Channels-last: each input pixel's C bytes map through the table once, then the pixel is
- * repeated fw times along the row and the row fh times. */
+ * repeated fw times along the row and the row fh times; rows of the input in parallel. */
 static int qup_nhwc_run(mts_kctx *k)
 {
     int rc = qup_infer_common(k, true);
     if (rc) return rc;
     const mts_tensor *x = mts_kin(k, 0);
-    uint8_t lut[256];
+    qup_job j = {.x = x->data, .y = k->out[0].data};
     requant_lut(x, mts_kin(k, 1), mts_kin(k, 2), mts_kin(k, 3), mts_kin(k, 4), k->out[0].dtype == MTS_DTYPE_INT8,
-                lut);
-    int64_t fh = mts_attr_int(k->node, "mts_up_h", 0), fw = mts_attr_int(k->node, "mts_up_w", 0);
-    int64_t rows = x->dims[0] * x->dims[1], W = x->dims[2], C = x->dims[3], orow = W * fw * C;
-    const uint8_t *src = x->data;
-    uint8_t *y = k->out[0].data;
-    for (int64_t r = 0; r < rows; r++) {
-        const uint8_t *xr = src + r * W * C;
-        uint8_t *row = y + r * fh * orow;
-        for (int64_t w = 0; w < W; w++) {
-            uint8_t *d = row + w * fw * C;
-            for (int64_t c = 0; c < C; c++) d[c] = lut[xr[w * C + c]];
-            for (int64_t f = 1; f < fw; f++) memcpy(d + f * C, d, (size_t)C);
-        }
-        for (int64_t f = 1; f < fh; f++) memcpy(row + f * orow, row, (size_t)orow);
-    }
+                j.lut);
+    j.fh = mts_attr_int(k->node, "mts_up_h", 0), j.fw = mts_attr_int(k->node, "mts_up_w", 0);
+    j.rows = x->dims[0] * x->dims[1], j.W = x->dims[2], j.C = x->dims[3];
+    int t = threads_for(k, mts_tensor_numel(&k->out[0]));
+    mts_parallel(j.rows < t ? (int)(j.rows > 0 ? j.rows : 1) : t, qup_nhwc_part, &j);
     return MTS_OK;
 }
 
