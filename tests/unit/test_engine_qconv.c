@@ -168,16 +168,20 @@ typedef struct qcase {
     bool per_channel, x_s8, bias;
     int32_t xz, yz;
     float xs, ys;
+    bool w_u8; /* uint8 weights with zero points near 128 */
 } qcase;
 
 static const qcase cases[] = {
-    {"1x1", 16, 24, 1, 1, 1, 1, 20, 20, {0, 0, 0, 0}, true, false, true, 7, 128, 1.0f / 240, 0.05f},
-    {"3x3 stride 2", 8, 16, 1, 3, 2, 1, 23, 21, {1, 1, 1, 1}, false, false, true, 128, 3, 1.0f / 128, 0.08f},
-    {"depthwise", 16, 16, 16, 3, 1, 1, 24, 24, {1, 1, 1, 1}, true, false, true, 30, 100, 1.0f / 200, 0.01f},
+    {"1x1", 16, 24, 1, 1, 1, 1, 20, 20, {0, 0, 0, 0}, true, false, true, 7, 128, 1.0f / 240, 0.05f, false},
+    {"3x3 stride 2", 8, 16, 1, 3, 2, 1, 23, 21, {1, 1, 1, 1}, false, false, true, 128, 3, 1.0f / 128, 0.08f, false},
+    {"depthwise", 16, 16, 16, 3, 1, 1, 24, 24, {1, 1, 1, 1}, true, false, true, 30, 100, 1.0f / 200, 0.01f, false},
     {"grouped, asymmetric pads", 16, 32, 4, 3, 1, 1, 18, 17, {0, 1, 2, 0}, true, false, false, 255, 0, 1.0f / 255,
-     0.04f},
-    {"int8 activations", 8, 16, 1, 3, 1, 1, 20, 20, {1, 1, 1, 1}, true, true, true, -100, 10, 1.0f / 200, 0.05f},
-    {"dilated 3x3", 12, 20, 1, 3, 1, 2, 19, 19, {2, 2, 2, 2}, false, false, true, 0, 60, 1.0f / 255, 0.06f},
+     0.04f, false},
+    {"int8 activations", 8, 16, 1, 3, 1, 1, 20, 20, {1, 1, 1, 1}, true, true, true, -100, 10, 1.0f / 200, 0.05f, false},
+    {"dilated 3x3", 12, 20, 1, 3, 1, 2, 19, 19, {2, 2, 2, 2}, false, false, true, 0, 60, 1.0f / 255, 0.06f, false},
+    {"uint8 weights", 8, 16, 1, 3, 1, 1, 20, 20, {1, 1, 1, 1}, true, false, true, 9, 128, 1.0f / 250, 0.05f, true},
+    {"uint8 weights per tensor", 16, 16, 2, 3, 2, 1, 22, 22, {1, 1, 1, 1}, false, false, true, 0, 40, 1.0f / 255,
+     0.05f, true},
 };
 
 static unsigned g_seed = 99;
@@ -193,9 +197,16 @@ static void build(buf *G, const qcase *q)
 {
     int64_t Cg = q->C / q->group, kk = q->k * q->k, nw = q->M * Cg * kk;
     int8_t *wq = malloc((size_t)nw), wz[64] = {0};
+    uint8_t wzu[64];
     float ws[64], bf[64];
     int32_t bq[64];
     for (int64_t i = 0; i < nw; i++) wq[i] = (int8_t)rnd(-127, 127);
+    for (int64_t m = 0; m < q->M; m++) wzu[m] = (uint8_t)(q->per_channel ? rnd(120, 136) : 128);
+    if (q->w_u8) /* w - w_zero_point still fits in int8: the oneDNN path takes it */
+        for (int64_t i = 0; i < nw; i++) {
+            int v = rnd(-120, 119) + wzu[q->per_channel ? i / (Cg * kk) : 0];
+            ((uint8_t *)wq)[i] = (uint8_t)v;
+        }
     for (int64_t m = 0; m < q->M; m++) {
         ws[m] = q->per_channel ? 0.002f + 0.0007f * (float)rnd(0, 20) : 0.003f;
         bq[m] = rnd(-3000, 3000);
@@ -209,13 +220,15 @@ static void build(buf *G, const qcase *q)
     init(G, "ys", 0, NULL, 1, &q->ys, 4);
     init(G, "xz", 0, NULL, ad, q->x_s8 ? (const void *)&xz_s : (const void *)&xz_u, 1);
     init(G, "yz", 0, NULL, ad, q->x_s8 ? (const void *)&yz_s : (const void *)&yz_u, 1);
-    init(G, "wq", 4, wdims, 3, wq, (size_t)nw);
+    int wd = q->w_u8 ? 2 : 3;
+    const void *wzp = q->w_u8 ? (const void *)wzu : (const void *)wz;
+    init(G, "wq", 4, wdims, wd, wq, (size_t)nw);
     if (q->per_channel) {
         init(G, "ws", 1, md, 1, ws, sizeof(float) * (size_t)q->M);
-        init(G, "wz", 1, md, 3, wz, (size_t)q->M);
+        init(G, "wz", 1, md, wd, wzp, (size_t)q->M);
     } else {
         init(G, "ws", 0, NULL, 1, ws, 4);
-        init(G, "wz", 0, NULL, 3, wz, 1);
+        init(G, "wz", 0, NULL, wd, wzp, 1);
     }
     init(G, "bq", 1, md, 6, bq, sizeof(int32_t) * (size_t)q->M);
     init(G, "bf", 1, md, 1, bf, sizeof(float) * (size_t)q->M);
@@ -233,7 +246,7 @@ static void build(buf *G, const qcase *q)
     node(G, "QLinearConv", q->bias ? "xq xs xz wq ws wz ys yz bq" : "xq xs xz wq ws wz ys yz", "zq", attrs);
     /* ConvInteger after dynamic quantization (uint8 source) */
     node(G, "DynamicQuantizeLinear", "x", "dq ds dz", NULL);
-    node(G, "ConvInteger", "dq wq dz", "ci", attrs);
+    node(G, "ConvInteger", "dq wq dz wz", "ci", attrs);
     io(G, 12, "yq", ad, -1, NULL);
     io(G, 12, "zq", ad, -1, NULL);
     io(G, 12, "ci", 6, -1, NULL);

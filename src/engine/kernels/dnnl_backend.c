@@ -34,7 +34,8 @@ _Static_assert(MTS_DPOST_MAX <= MTS__STEP_EXTRA_IN, "a claimed step's residual i
 typedef struct cinfo {
     int step;
     mts_dconv_spec spec;
-    float *wtmp;    /* BN-folded weights (malloc'd; freed once packed) */
+    void *wtmp;     /* BN-folded float weights or zero-point-shifted int8 weights (malloc'd; freed
+                     * once packed) */
     float *bfold;   /* BN-folded bias (plan pool) */
     int resid[MTS_DPOST_MAX];
     int n_resid;
@@ -332,21 +333,16 @@ static bool q8_eligible(mts__opt *o, int s, const uint8_t *no_dnnl, void **cache
      * (per tensor or per output channel, uint8 or int8 weights) must fit in int8 */
     const mts_tensor *wt = &p->vals[w];
     int64_t nw = mts_tensor_numel(wt), M0 = wt->dims[0], per = M0 > 0 ? nw / M0 : 0;
-    const int8_t *qw = wt->data;
-    if (wz >= 0 || wt->dtype != MTS_DTYPE_INT8) {
-        int8_t *sw = mts_pool_alloc(&p->pool, (size_t)(nw > 0 ? nw : 1));
-        if (!sw || M0 < 1) return false;
-        const mts_tensor *zt = wz >= 0 ? &p->vals[wz] : NULL;
-        bool zs = zt && mts_tensor_numel(zt) > 1, sgn = wt->dtype == MTS_DTYPE_INT8;
+    const mts_tensor *zt = wz >= 0 ? &p->vals[wz] : NULL;
+    bool zs = zt && mts_tensor_numel(zt) > 1, sgn = wt->dtype == MTS_DTYPE_INT8, shift = zt || !sgn;
+    if (M0 < 1) return false;
+    if (shift)
         for (int64_t i = 0; i < nw; i++) {
             int64_t zi = zs ? i / per : 0;
             int32_t z = !zt ? 0 : sgn ? ((const int8_t *)zt->data)[zi] : ((const uint8_t *)zt->data)[zi];
             int32_t v = (sgn ? ((const int8_t *)wt->data)[i] : ((const uint8_t *)wt->data)[i]) - z;
             if (v < -128 || v > 127) return false;
-            sw[i] = (int8_t)v;
         }
-        qw = sw;
-    }
     memset(c, 0, sizeof *c);
     c->step = s;
     c->spec.key = st->node;
@@ -355,7 +351,7 @@ static bool q8_eligible(mts__opt *o, int s, const uint8_t *no_dnnl, void **cache
     c->spec.q8 = true;
     c->spec.q8_src = p->vals[x].dtype;
     c->spec.q8_dst = kout.dtype;
-    c->spec.qw = qw;
+    c->spec.qw = wt->data;
     bool xz_rt = xz >= 0 && !const_value(p, xz);
     if (xz_rt ? !live_value(p, xz) : !q8_const_zp(p, xz, &c->spec.q8_zp[0])) return false;
     mts_tensor xf = p->vals[x], wf = p->vals[w];
@@ -393,6 +389,17 @@ static bool q8_eligible(mts__opt *o, int s, const uint8_t *no_dnnl, void **cache
         c->spec.qscale = sc;
         c->spec.q8_nscale = nw == 1 ? 1 : M;
         c->spec.qbias = bq;
+    }
+    if (shift) { /* the int8 weights w - w_zero_point, checked in range above */
+        int8_t *sw = malloc((size_t)nw);
+        if (!sw) return false;
+        for (int64_t i = 0; i < nw; i++) {
+            int64_t zi = zs ? i / per : 0;
+            int32_t z = !zt ? 0 : sgn ? ((const int8_t *)zt->data)[zi] : ((const uint8_t *)zt->data)[zi];
+            sw[i] = (int8_t)((sgn ? ((const int8_t *)wt->data)[i] : ((const uint8_t *)wt->data)[i]) - z);
+        }
+        c->wtmp = sw;
+        c->spec.qw = sw;
     }
     c->n_resid = 0;
     st->n_in = 1;
@@ -716,7 +723,21 @@ static int dnnl_finish(mts__opt *o, int self, mts_err *err)
     for (int s = 0; cand && s < p->n_steps; s++) {
         const mts__step *st = &p->steps[s];
         const mts_node *nd = &m->nodes[st->node];
-        if (st->kind == MTS__S_BACKEND && st->backend == self && nd->n_in >= 2 && nd->in[1] >= 0 &&
+        if (st->kind != MTS__S_BACKEND || st->backend != self) continue;
+        if (mts_dconv_q8(st->impl)) { /* the int8 weights: QLinearConv's w, ConvInteger's, or the
+                                       * quantized constant behind a fused QDQ Conv's weight */
+            int w = !strcmp(nd->op_type, "QLinearConv") ? (nd->n_in > 3 ? nd->in[3] : -1)
+                    : nd->n_in > 1                      ? nd->in[1]
+                                                        : -1;
+            if (w >= 0 && !strcmp(nd->op_type, "Conv")) {
+                int pr = m->values[w].producer;
+                const mts_node *dq = pr >= 0 ? &m->nodes[pr] : NULL;
+                w = dq && !strcmp(dq->op_type, "DequantizeLinear") && dq->n_in > 0 ? dq->in[0] : -1;
+            }
+            if (w >= 0 && m->values[w].kind == MTS_VALUE_INITIALIZER) cand[nc++] = w;
+            continue;
+        }
+        if (nd->n_in >= 2 && nd->in[1] >= 0 &&
             (is_op(st, "Conv") || is_op(st, "ConvTranspose") || is_op(st, "MatMul") || is_op(st, "Gemm")))
             cand[nc++] = nd->in[1];
     }
