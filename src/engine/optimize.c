@@ -10,7 +10,8 @@
  *      constant-weight MatMul/Gemm with BatchNormalization, activations and a residual Add
  *      folded in).
  *   3. Layout: 4-D activations are grouped (union-find) across ops that do not care about the
- *      layout (elementwise ops, channel Concat, Resize, reductions with keepdims); a group that
+ *      layout (elementwise ops, channel Concat, Resize, reductions with keepdims, per-tensor
+ *      QuantizeLinear / DequantizeLinear and the quant entry's fused integer steps); a group that
  *      touches a layout anchor (a step a backend reports as reading and writing either layout:
  *      a convolution) and whose every reader and writer accepts channels-last data is stored
  *      NHWC. Those ops then run the reference kernels on [N,H,W,C] views (Concat's axis,

@@ -378,6 +378,7 @@ static bool q8_eligible(mts__opt *o, int s, const uint8_t *no_dnnl, void **cache
         for (int64_t m = 0; m < M; m++) {
             float wsm = fws[nw == 1 ? 0 : m];
             sc[m] = fxs * wsm / fys; /* as the integer kernels' requantization */
+            if (!isfinite(sc[m])) return false; /* the integer kernels' saturation rules hold */
             if (!bq) continue;
             if (!fb) {
                 bq[m] = ((const int32_t *)p->vals[b].data)[m];
