@@ -386,9 +386,10 @@ static void qdq(buf *G, const char *name, const char *in, float s, uint8_t z)
     node(G, "DequantizeLinear", b, t, NULL);
 }
 
-/* A QDQ network in the lip-sync UNet's pattern: convolution, LeakyRelu, residual Add, nearest
+/* A QDQ network in the lip-sync UNet's pattern: convolution, LeakyRelu, Relu, residual Add, nearest
  * 2x upsampling and a channel Concat between int8 convolutions, all fused into integer steps
- * that run channels-last between oneDNN's int8 convolutions, against the integer kernels
+ * that run channels-last between oneDNN's int8 convolutions (a LeakyRelu and a Relu as their
+ * convolutions' post-ops), against the integer kernels
  * (NCHW). The convolutions' scale ratios x_scale * w_scale / y_scale are powers of two and their
  * output zero points even, so that no rounding differs (oneDNN rounds v + zp where the own
  * kernels round v and add zp: ties go apart for odd zero points): the outputs must be equal,
@@ -412,13 +413,15 @@ static void test_qdq_chain(void **state)
          "mode=s:nearest coordinate_transformation_mode=s:asymmetric nearest_mode=s:floor");
     qdq(&G, "u1", "u1", 1.0f / 64, 60);
     qdq_conv(&G, "c3", "u1_f", 16, 8, 3, 1.0f / 32, 128);
-    node(&G, "Concat", "u1_f c3_f", "k1", "axis=i:1");
+    node(&G, "Relu", "c3_f", "r3", NULL);
+    qdq(&G, "r3", "r3", 0.02f, 0);
+    node(&G, "Concat", "u1_f r3_f", "k1", "axis=i:1");
     qdq(&G, "k1", "k1", 1.0f / 64, 100);
     qdq_conv(&G, "c4", "k1_f", 24, 8, 3, 1.0f / 32, 128);
     io(&G, 12, "c4_q", 2, -1, NULL);
     mts_model *dn = load(&G, "default"), *own = load(&G, "default"), *ref = load(&G, "reference");
     free(G.p);
-    int64_t before = mts_dconv_q8_created(); /* ref: for information */
+    int64_t before = mts_dconv_q8_created(), before_act = mts_dconv_q8_act_created(); /* ref: for information */
     for (int64_t batch = 1; batch <= 3; batch += 2) {
         mts_tensor *in = test_make_inputs(ref, batch, 11u + (unsigned)batch);
         mts_model *ms[3] = {dn, own, ref};
@@ -433,6 +436,8 @@ static void test_qdq_chain(void **state)
         }
         if (batch == 1 && mts_dconv_q8_created() - before < 4)
             fail_msg("chain: %lld int8 oneDNN primitives, expected 4", (long long)(mts_dconv_q8_created() - before));
+        /* c1's LeakyRelu and c3's Relu ran as post-ops */
+        if (batch == 1 && mts_dconv_q8_act_created() - before_act < 2) fail_msg("chain: activations not fused");
         int64_t n, d = max_diff(o[0][0], o[1][0], &n), dr = max_diff(o[1][0], o[2][0], &n);
         max_diff(o[0][0], o[1][0], &n);
         if (d > 0) fail_msg("chain (batch %lld): oneDNN path differs from the integer kernels by %lld (%lld of %lld)", (long long)batch,

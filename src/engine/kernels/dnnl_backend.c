@@ -363,6 +363,7 @@ static bool q8_eligible(mts__opt *o, int s, const uint8_t *no_dnnl, void **cache
     double macs = (double)g->N * (double)g->M * (double)(g->C / g->group) * (double)(g->k[0] * g->k[1] * g->k[2]) *
                   (double)(g->out[0] * g->out[1] * g->out[2]);
     if (macs < 65536) return false; /* tiny: the integer kernel is as fast */
+    int fuse_act = -1;
     if (ql) {
         int xs = st->in[1], ws = st->in[4], ys = st->in[6], yz = st->in[7], b = n_in > 8 ? st->in[8] : -1;
         if (!const_value(p, xs) || !const_value(p, ws) || !const_value(p, ys) || (b >= 0 && !const_value(p, b)) ||
@@ -390,6 +391,29 @@ static bool q8_eligible(mts__opt *o, int s, const uint8_t *no_dnnl, void **cache
         c->spec.qscale = sc;
         c->spec.q8_nscale = nw == 1 ? 1 : M;
         c->spec.qbias = bq;
+        /* an integer Relu / LeakyRelu reading only this output: post-ops that replay it */
+        int r = sole_reader(o, st->out[0]);
+        if (r >= 0 && plain_step(o, r, "MtsQLinearUnary") && p->steps[r].n_in == 5 &&
+            p->steps[r].in[0] == st->out[0] && p->steps[r].out[0] >= 0 && !getenv("MTS_NO_DNNL_INT8_FUSE")) {
+            const mts__step *u = &p->steps[r];
+            int64_t kind = mts_attr_int(u->nd, "mts_qop", 0);
+            float uxs = ((const float *)p->vals[u->in[1]].data)[0], uys = ((const float *)p->vals[u->in[3]].data)[0];
+            int32_t uxz, uyz;
+            if ((kind == 1 || kind == 2) && const_value(p, u->in[1]) && const_value(p, u->in[3]) &&
+                q8_const_zp(p, u->in[2], &uxz) && q8_const_zp(p, u->in[4], &uyz) && u->in[4] >= 0 &&
+                p->vals[u->in[2]].dtype == kout.dtype && uxz == c->spec.q8_zp[1] && isfinite(uxs) && isfinite(uys) &&
+                uys != 0.0f) {
+                c->spec.q8_act = true;
+                c->spec.q8_mid = kout.dtype;
+                c->spec.q8_mid_zp = c->spec.q8_zp[1];
+                c->spec.q8_act_xs = uxs;
+                c->spec.q8_act_ys = uys;
+                c->spec.q8_act_alpha = kind == 1 ? 0.0f : mts_attr_float(u->nd, "alpha", 0.01f);
+                c->spec.q8_dst = p->vals[u->out[0]].dtype;
+                c->spec.q8_zp[1] = uyz;
+                fuse_act = r;
+            }
+        }
     }
     if (shift) { /* the int8 weights w - w_zero_point, checked in range above */
         int8_t *sw = malloc((size_t)nw);
@@ -401,6 +425,13 @@ static bool q8_eligible(mts__opt *o, int s, const uint8_t *no_dnnl, void **cache
         }
         c->wtmp = sw;
         c->spec.qw = sw;
+    }
+    if (fuse_act >= 0) { /* the activation's step goes; the convolution writes its output */
+        int y = st->out[0];
+        st->out[0] = p->steps[fuse_act].out[0];
+        o->removed[fuse_act] = 1;
+        p->state[y] = MTS__V_UNUSED;
+        o->prod[st->out[0]] = s;
     }
     c->n_resid = 0;
     st->n_in = 1;

@@ -145,11 +145,16 @@ static int dnnl_err(mts_err *err, dnnl_status_t st, const char *what)
         }                                                                                                             \
     } while (0)
 
-static atomic_llong g_q8_created;
+static atomic_llong g_q8_created, g_q8_act_created;
 
 int64_t mts_dconv_q8_created(void)
 {
     return (int64_t)atomic_load(&g_q8_created);
+}
+
+int64_t mts_dconv_q8_act_created(void)
+{
+    return (int64_t)atomic_load(&g_q8_act_created);
 }
 
 /* oneDNN's type for an int8 convolution's tensor of element type t (undef: none). */
@@ -312,6 +317,8 @@ struct mts_dconv {
     struct mts_dconv *inner;
     float *s2d_bias;                   /* owned bias (the 1x1 one for depth-to-space) */
     int32_t *qbias;                    /* owned int32 bias (int8 convolutions) */
+    float q8_div;                      /* spec.q8_act: the divisor of the post-op ... */
+    int q8_div_po;                     /* ... binary division, at this post-op index */
     int64_t s2d_k[2];
     size_t s2d_tmp;
     /* Nearest upsampling + convolution: one convolution per output phase on the low-resolution
@@ -777,6 +784,27 @@ static int create_one(const mts_dconv_spec *s, mts_dconv **out, mts_err *err)
         }
     }
     DN(mts_dnnl.dnnl_post_ops_create(&po), "post-ops");
+    if (s->q8_act) {
+        /* The unfused steps' arithmetic, operation by operation (dnnl_ops.h): q - zp of the
+         * requantized output is round_half_even(v) saturated to the type's range shifted by
+         * -zp (the activation dequantizes with the same zero point), then times its scale.
+         * At most one post-op of each kind: with two eltwise_linear post-ops, oneDNN 2.6's
+         * brgemm convolutions were seen computing the second with the first's parameters. */
+        bool ms = s->q8_mid == MTS_DTYPE_INT8;
+        float zm = (float)s->q8_mid_zp;
+        static const dnnl_dims_t one = {1, 1, 1, 1};
+        dnnl_memory_desc_t dmd;
+        mts_dnnl.dnnl_memory_desc_init_by_tag(&dmd, 4, one, dnnl_f32, dnnl_nchw);
+        DN(mts_dnnl.dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_round, 0, 0), "post-op");
+        DN(mts_dnnl.dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_clip_v2, (ms ? -128.0f : 0.0f) - zm,
+                                                 (ms ? 127.0f : 255.0f) - zm),
+           "post-op");
+        DN(mts_dnnl.dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_linear, s->q8_act_xs, 0.0f), "post-op");
+        DN(mts_dnnl.dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_relu, s->q8_act_alpha, 0.0f), "post-op");
+        c->q8_div_po = mts_dnnl.dnnl_post_ops_len(po);
+        c->q8_div = s->q8_act_ys;
+        DN(mts_dnnl.dnnl_post_ops_append_binary(po, dnnl_binary_div, &dmd), "post-op");
+    }
     for (int i = 0; i < s->n_post; i++) {
         const mts_dpost *p = &s->post[i];
         switch (p->kind) {
@@ -834,6 +862,7 @@ static int create_one(const mts_dconv_spec *s, mts_dconv **out, mts_err *err)
         if (rc) goto done;
         atomic_store(&c->var[1], v);
         if (s->q8) atomic_fetch_add(&g_q8_created, 1);
+        if (s->q8_act) atomic_fetch_add(&g_q8_act_created, 1);
     }
     c->spec.w = NULL;
     c->spec.qw = NULL;
@@ -1083,6 +1112,15 @@ int mts_dconv_run(const mts_dconv *c, int threads, void *stream, const void *src
             DN(mts_dnnl.dnnl_memory_create(&mz, &zmd, eng(), (void *)(zp + i)), "memory");
             mem[nm++] = mz;
             args[na++] = (dnnl_exec_arg_t){DNNL_ARG_ATTR_ZERO_POINTS | (i ? DNNL_ARG_DST : DNNL_ARG_SRC), mz};
+        }
+        if (c->spec.q8_act) {
+            static const dnnl_dims_t one4 = {1, 1, 1, 1};
+            dnnl_memory_desc_t dmd;
+            dnnl_memory_t mdv;
+            mts_dnnl.dnnl_memory_desc_init_by_tag(&dmd, 4, one4, dnnl_f32, dnnl_nchw);
+            DN(mts_dnnl.dnnl_memory_create(&mdv, &dmd, eng(), (void *)&c->q8_div), "memory");
+            mem[nm++] = mdv;
+            args[na++] = (dnnl_exec_arg_t){DNNL_ARG_ATTR_MULTIPLE_POST_OP(c->q8_div_po) | DNNL_ARG_SRC_1, mdv};
         }
     }
     for (int e = 2; e < c->n_edges; e++) {

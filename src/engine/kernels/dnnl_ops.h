@@ -80,6 +80,16 @@ typedef struct mts_dconv_spec {
     const float *qscale;
     int64_t q8_nscale;
     int32_t q8_zp[2];    /* zero points of source and destination (0 for an int32 destination) */
+    /* An integer Relu / LeakyRelu after the convolution (a fused QDQ one, MtsQLinearUnary) as
+     * post-ops that replay the unfused steps: the convolution's requantization (qscale, round
+     * half to even, saturation to q8_mid's range with zero point q8_mid_zp), the activation's
+     * dequantization (same zero point, scale q8_act_xs), Relu / LeakyRelu (slope q8_act_alpha)
+     * and division by q8_act_ys; the destination (type q8_dst, zero point q8_zp[1]) is the
+     * activation's output. */
+    bool q8_act;
+    mts_dtype q8_mid;
+    int32_t q8_mid_zp;
+    float q8_act_xs, q8_act_alpha, q8_act_ys;
     int key;             /* weight cache key (the node index; unique per model) */
     void **cache;        /* model-level packed-weight cache (caller holds the plan lock) */
 } mts_dconv_spec;
@@ -116,8 +126,10 @@ int mts_dconv_run(const mts_dconv *c, int threads, void *stream, const void *src
                   const mts_tensor *src_zp, void *scratch, mts_err *err);
 /* Whether c is an int8 convolution (spec.q8). */
 bool mts_dconv_q8(const mts_dconv *c);
-/* int8 convolution primitives created so far in this process (for tests). */
+/* int8 convolution primitives created so far in this process, and how many of them with a
+ * fused activation (spec.q8_act) (for tests). */
 int64_t mts_dconv_q8_created(void);
+int64_t mts_dconv_q8_act_created(void);
 
 /* A oneDNN stream for one execution context (NULL on failure). */
 void *mts_dnnl_stream_create(void);
