@@ -9,6 +9,9 @@
  * HardSwish, HardSigmoid, GELU written out as Div/Erf/Add/Mul/Mul, and a residual Add of a
  * same-shape tensor computed earlier. A convolution may also absorb the nearest integer
  * upsampling (Resize) before it, as one small convolution per output phase (dnnl_conv.c).
+ * int8 convolutions (QLinearConv, the quant backend's fused QDQ convolutions among them, and
+ * ConvInteger) with constant weights and parameters become int8 primitives (q8_eligible), with
+ * a following integer Relu / LeakyRelu as post-ops.
  * Convolutions and pools anchor the optimizer's channels-last groups (layout_anchor).
  * Commit (after the layout choice): the primitives are created with the chosen layouts, on a
  * few threads; a step oneDNN cannot run well is declined (it then runs the reference kernel,

@@ -1,6 +1,8 @@
 /*
  * oneDNN convolutions: Conv and ConvTranspose primitives with fused post-ops, built once per
- * plan and run by any number of contexts at once.
+ * plan and run by any number of contexts at once; also int8 convolutions (spec.q8: u8/s8
+ * source and destination, s8 weights, int32 bias, per-channel output scales, run-time zero
+ * points).
  *
  * Source and destination use the plain layouts the planner chose (NCHW or NHWC; 1-D convs run
  * as 2-D with H = 1, 3-D convs are NCDHW only); the weights use format_tag::any so oneDNN picks
