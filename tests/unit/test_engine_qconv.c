@@ -451,11 +451,62 @@ static void test_qdq_chain(void **state)
     mts_model_free(ref);
 }
 
+/* Float convolutions whose fused activations repeat a oneDNN post-op kind with other
+ * parameters (Clip then HardSigmoid: two clips; Relu then LeakyRelu: two relus): this oneDNN
+ * build computes the second with the first one's parameters, so such a chain must stop
+ * fusing. Against the reference backend. */
+static void test_float_postop_kinds(void **state)
+{
+    (void)state;
+    static const char *const acts[][2] = {{"Clip", "HardSigmoid"}, {"Relu", "LeakyRelu"}, {"HardSigmoid", "Clip"}};
+    for (int t = 0; t < 3; t++) {
+        buf G = {0};
+        float w[24 * 16], b[24], lo = 0.1f, hi = 0.3f;
+        for (int i = 0; i < 24 * 16; i++) w[i] = (float)rnd(-100, 100) * 0.01f;
+        for (int i = 0; i < 24; i++) b[i] = (float)rnd(-100, 100) * 0.002f;
+        io(&G, 11, "x", 1, 4, (const int64_t[]){-1, 16, 24, 24});
+        init(&G, "w", 4, (const int64_t[]){24, 16, 1, 1}, 1, w, sizeof w);
+        init(&G, "b", 1, (const int64_t[]){24}, 1, b, sizeof b);
+        init(&G, "lo", 0, NULL, 1, &lo, 4);
+        init(&G, "hi", 0, NULL, 1, &hi, 4);
+        node(&G, "Conv", "x w b", "c", NULL);
+        for (int k = 0; k < 2; k++) {
+            const char *op = acts[t][k], *in = k ? "a1" : "c", *out = k ? "y" : "a1";
+            char ins[32];
+            snprintf(ins, sizeof ins, "%s%s", in, !strcmp(op, "Clip") ? " lo hi" : "");
+            node(&G, op, ins, out, !strcmp(op, "LeakyRelu") ? "alpha=f:0.3" : !strcmp(op, "HardSigmoid") ? "alpha=f:0.5" : NULL);
+        }
+        io(&G, 12, "y", 1, -1, NULL);
+        mts_model *dn = load(&G, "default"), *ref = load(&G, "reference");
+        free(G.p);
+        mts_tensor *in = test_make_inputs(ref, 2, 3u);
+        for (int64_t i = 0; i < mts_tensor_numel(&in[0]); i++) ((float *)in[0].data)[i] -= 0.5f;
+        mts_ctx *c1, *c2;
+        const mts_tensor *o1[1], *o2[1];
+        mts_err err = {0};
+        assert_int_equal(mts_ctx_create(dn, MAX_THREADS, &c1, &err), 0);
+        assert_int_equal(mts_ctx_create(ref, 1, &c2, &err), 0);
+        if (mts_ctx_run(c1, in, 1, o1, &err) || mts_ctx_run(c2, in, 1, o2, &err)) fail_msg("%s", err.msg);
+        double most = 0;
+        for (int64_t i = 0; i < mts_tensor_numel(o2[0]); i++) {
+            double d = fabs((double)((const float *)o1[0]->data)[i] - ((const float *)o2[0]->data)[i]);
+            if (d > most) most = d;
+        }
+        if (most > 1e-4) fail_msg("Conv + %s + %s: default backend differs by %g", acts[t][0], acts[t][1], most);
+        mts_ctx_free(c1);
+        mts_ctx_free(c2);
+        test_free_inputs(ref, in);
+        mts_model_free(dn);
+        mts_model_free(ref);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_qconv_cases),
         cmocka_unit_test(test_qdq_chain),
+        cmocka_unit_test(test_float_postop_kinds),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

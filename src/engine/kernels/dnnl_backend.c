@@ -105,6 +105,46 @@ static bool as_postop(const mts__opt *o, const mts__step *st, int x, mts_dpost *
     return true;
 }
 
+/* The oneDNN eltwise post-ops (kind, alpha, beta) a fused activation becomes (dnnl_conv.c):
+ * Relu / LeakyRelu one relu, Clip one clip, HardSigmoid a linear and a clip, the others one
+ * each without parameters. Returns how many. */
+static int post_algs(const mts_dpost *p, float a[2][3])
+{
+    switch (p->kind) {
+    case MTS_DPOST_HARDSIGMOID:
+        a[0][0] = 1, a[0][1] = p->alpha, a[0][2] = p->beta; /* linear */
+        a[1][0] = 2, a[1][1] = 0.0f, a[1][2] = 1.0f;        /* clip */
+        return 2;
+    case MTS_DPOST_CLIP:
+        a[0][0] = 2, a[0][1] = p->alpha, a[0][2] = p->beta;
+        return 1;
+    case MTS_DPOST_RELU:
+        a[0][0] = 3, a[0][1] = p->alpha, a[0][2] = 0.0f;
+        return 1;
+    case MTS_DPOST_ADD:
+        return 0;
+    default: /* sigmoid, tanh, hardswish, gelu: no parameters */
+        a[0][0] = 10 + (float)p->kind, a[0][1] = a[0][2] = 0.0f;
+        return 1;
+    }
+}
+
+/* Whether po would repeat an eltwise post-op kind of s's with other parameters: oneDNN 2.6's
+ * brgemm convolutions (fp32 and int8) compute the later one with the earlier one's parameters
+ * (a Clip then a HardSigmoid, a Relu then a LeakyRelu), so such a chain stops fusing there. */
+static bool post_conflict(const mts_dconv_spec *s, const mts_dpost *po)
+{
+    float a[2][3], b[2][3];
+    int na = post_algs(po, a);
+    for (int i = 0; i < s->n_post; i++) {
+        int nb = post_algs(&s->post[i], b);
+        for (int x = 0; x < na; x++)
+            for (int y = 0; y < nb; y++)
+                if (a[x][0] == b[y][0] && (a[x][1] != b[y][1] || a[x][2] != b[y][2])) return true;
+    }
+    return false;
+}
+
 /* GELU written out, as exported from PyTorch: y = (x * (erf(x / sqrt2) + 1)) * 0.5, x read twice.
  * On a match, marks the five nodes removed and returns the last one's output; else -1. */
 static int gelu_pattern(mts__opt *o, int x)
@@ -566,7 +606,8 @@ static int dnnl_claim(mts__opt *o, int self, void **mstate, mts_err *err)
                     continue;
                 }
             }
-            if (r < 0 || c->spec.n_post >= MTS_DPOST_MAX - 1 || !as_postop(o, &p->steps[r], cur, &po, &resid))
+            if (r < 0 || c->spec.n_post >= MTS_DPOST_MAX - 1 || !as_postop(o, &p->steps[r], cur, &po, &resid) ||
+                post_conflict(&c->spec, &po))
                 break;
             if (resid >= 0) {
                 /* The residual must exist before the conv runs. */
