@@ -10,7 +10,8 @@
  *      constant-weight MatMul/Gemm with BatchNormalization, activations and a residual Add
  *      folded in).
  *   3. Layout: 4-D activations are grouped (union-find) across ops that do not care about the
- *      layout (elementwise ops, channel Concat, Resize, reductions with keepdims); a group that
+ *      layout (elementwise ops, channel Concat, Resize, reductions with keepdims, per-tensor
+ *      QuantizeLinear / DequantizeLinear and the quant entry's fused integer steps); a group that
  *      touches a layout anchor (a step a backend reports as reading and writing either layout:
  *      a convolution) and whose every reader and writer accepts channels-last data is stored
  *      NHWC. Those ops then run the reference kernels on [N,H,W,C] views (Concat's axis,
@@ -91,6 +92,26 @@ static bool layout_agnostic(const mts__opt *o, const mts__step *st)
     if (st->dynamic || st->kind != MTS__S_KERNEL || st->nd->domain[0] || st->n_out != 1 || st->out[0] < 0) return false;
     if (p->vals[st->out[0]].rank != 4) return false;
     const char *op = st->nd->op_type;
+    /* Quantized steps with constant scalar parameters: per-tensor QuantizeLinear /
+     * DequantizeLinear and the fused steps of QDQ models (quant_backend.c), elementwise or
+     * per-pixel moves; a Concat of two along channels (axis kept as the Concat's) */
+    bool qconcat = !strcmp(op, "MtsQLinearConcat");
+    bool qelt = !strcmp(op, "MtsQLinearUnary") || !strcmp(op, "MtsQLinearUpsample") ||
+                ((!strcmp(op, "QuantizeLinear") || !strcmp(op, "DequantizeLinear")) && st->nd->opset >= 10);
+    if (qconcat) {
+        int64_t ax = mts_attr_int(st->nd, "axis", 1);
+        if ((ax != 1 && ax != -3) || st->n_in != 8 || st->in[0] < 0 || st->in[3] < 0 || !rank4_ok(o, st->in[0]) ||
+            !rank4_ok(o, st->in[3]))
+            return false;
+    }
+    if (!strcmp(op, "MtsQLinearAdd") || qconcat || qelt) {
+        for (int j = 0; j < st->n_in; j++) {
+            int v = st->in[j];
+            if (v < 0 || (const_value(p, v) && mts_tensor_numel(&p->vals[v]) == 1)) continue;
+            if ((qelt && j != 0) || !rank4_ok(o, v)) return false;
+        }
+        return st->n_in >= (qelt ? 2 : 5);
+    }
     for (int i = 0; unary[i]; i++)
         if (!strcmp(op, unary[i])) {
             if (st->n_in < 1 || st->in[0] < 0 || !rank4_ok(o, st->in[0])) return false;

@@ -9,6 +9,9 @@
  * HardSwish, HardSigmoid, GELU written out as Div/Erf/Add/Mul/Mul, and a residual Add of a
  * same-shape tensor computed earlier. A convolution may also absorb the nearest integer
  * upsampling (Resize) before it, as one small convolution per output phase (dnnl_conv.c).
+ * int8 convolutions (QLinearConv, the quant backend's fused QDQ convolutions among them, and
+ * ConvInteger) with constant weights and parameters become int8 primitives (q8_eligible), with
+ * a following integer Relu / LeakyRelu as post-ops.
  * Convolutions and pools anchor the optimizer's channels-last groups (layout_anchor).
  * Commit (after the layout choice): the primitives are created with the chosen layouts, on a
  * few threads; a step oneDNN cannot run well is declined (it then runs the reference kernel,
@@ -34,7 +37,8 @@ _Static_assert(MTS_DPOST_MAX <= MTS__STEP_EXTRA_IN, "a claimed step's residual i
 typedef struct cinfo {
     int step;
     mts_dconv_spec spec;
-    float *wtmp;    /* BN-folded weights (malloc'd; freed once packed) */
+    void *wtmp;     /* BN-folded float weights or zero-point-shifted int8 weights (malloc'd; freed
+                     * once packed) */
     float *bfold;   /* BN-folded bias (plan pool) */
     int resid[MTS_DPOST_MAX];
     int n_resid;
@@ -99,6 +103,46 @@ static bool as_postop(const mts__opt *o, const mts__step *st, int x, mts_dpost *
         return false;
     }
     return true;
+}
+
+/* The oneDNN eltwise post-ops (kind, alpha, beta) a fused activation becomes (dnnl_conv.c):
+ * Relu / LeakyRelu one relu, Clip one clip, HardSigmoid a linear and a clip, the others one
+ * each without parameters. Returns how many. */
+static int post_algs(const mts_dpost *p, float a[2][3])
+{
+    switch (p->kind) {
+    case MTS_DPOST_HARDSIGMOID:
+        a[0][0] = 1, a[0][1] = p->alpha, a[0][2] = p->beta; /* linear */
+        a[1][0] = 2, a[1][1] = 0.0f, a[1][2] = 1.0f;        /* clip */
+        return 2;
+    case MTS_DPOST_CLIP:
+        a[0][0] = 2, a[0][1] = p->alpha, a[0][2] = p->beta;
+        return 1;
+    case MTS_DPOST_RELU:
+        a[0][0] = 3, a[0][1] = p->alpha, a[0][2] = 0.0f;
+        return 1;
+    case MTS_DPOST_ADD:
+        return 0;
+    default: /* sigmoid, tanh, hardswish, gelu: no parameters */
+        a[0][0] = 10 + (float)p->kind, a[0][1] = a[0][2] = 0.0f;
+        return 1;
+    }
+}
+
+/* Whether po would repeat an eltwise post-op kind of s's with other parameters: oneDNN 2.6's
+ * brgemm convolutions (fp32 and int8) compute the later one with the earlier one's parameters
+ * (a Clip then a HardSigmoid, a Relu then a LeakyRelu), so such a chain stops fusing there. */
+static bool post_conflict(const mts_dconv_spec *s, const mts_dpost *po)
+{
+    float a[2][3], b[2][3];
+    int na = post_algs(po, a);
+    for (int i = 0; i < s->n_post; i++) {
+        int nb = post_algs(&s->post[i], b);
+        for (int x = 0; x < na; x++)
+            for (int y = 0; y < nb; y++)
+                if (a[x][0] == b[y][0] && (a[x][1] != b[y][1] || a[x][2] != b[y][2])) return true;
+    }
+    return false;
 }
 
 /* GELU written out, as exported from PyTorch: y = (x * (erf(x / sqrt2) + 1)) * 0.5, x read twice.
@@ -285,6 +329,160 @@ static bool conv_eligible(mts__opt *o, int s, const uint8_t *no_dnnl, void **cac
     return true;
 }
 
+/* A constant or absent zero point's value (element 0), or false when v is neither. */
+static bool q8_const_zp(const mts__plan *p, int v, int32_t *zp)
+{
+    *zp = 0;
+    if (v < 0) return true;
+    if (!const_value(p, v)) return false;
+    const mts_tensor *t = &p->vals[v];
+    if (t->dtype == MTS_DTYPE_UINT8) *zp = ((const uint8_t *)t->data)[0];
+    else if (t->dtype == MTS_DTYPE_INT8) *zp = ((const int8_t *)t->data)[0];
+    else return false;
+    return true;
+}
+
+/* Is step s an int8 convolution oneDNN may run (QLinearConv, a fused QDQ convolution among
+ * them (quant_backend.c), or ConvInteger)? Constant weights (int8, or uint8 / int8 with zero
+ * points such that w - w_zero_point fits in int8: those differences become the int8 weights),
+ * scales, bias and destination zero point, a 1-D or 2-D kernel; the source's zero point may be
+ * computed (ConvInteger after DynamicQuantizeLinear). Fills c->spec: the output scales
+ * x_scale * w_scale / y_scale and the int32 bias are computed as the integer kernels
+ * (ref_quant.c) compute them. MTS_NO_DNNL_INT8=1 keeps these convolutions on the integer
+ * kernels. */
+static bool q8_eligible(mts__opt *o, int s, const uint8_t *no_dnnl, void **cache, cinfo *c)
+{
+    mts__plan *p = o->p;
+    mts__step *st = &p->steps[s];
+    bool ql = is_op(st, "QLinearConv");
+    if ((!ql && !is_op(st, "ConvInteger")) || st->dynamic || st->kind != MTS__S_KERNEL || no_dnnl[st->node] ||
+        st->n_out != 1 || st->out[0] < 0 || st->n_in < 2 || getenv("MTS_NO_DNNL_INT8"))
+        return false;
+    /* the kernel validates the inputs (types, parameter shapes, geometry) */
+    const mts_op *op = mts_op_lookup(st->nd->op_type);
+    const mts_tensor *kin[9];
+    int n_in = st->n_in > 9 ? 9 : st->n_in;
+    for (int i = 0; i < n_in; i++) kin[i] = st->in[i] >= 0 ? &p->vals[st->in[i]] : NULL;
+    mts_tensor kout = {0};
+    mts_err e = {0};
+    mts_kctx k = {st->nd, kin, n_in, &kout, 1, &e, 1, NULL};
+    if (!op || op->infer(&k) != MTS_OK) return false;
+    int ix = 0, iw = ql ? 3 : 1, ixz = 2, iwz = ql ? 5 : 3;
+    int x = st->in[ix], w = st->in[iw], xz = n_in > ixz ? st->in[ixz] : -1, wz = n_in > iwz ? st->in[iwz] : -1;
+    if (!live_value(p, x) || !const_value(p, w) || p->vals[x].rank > 4 || mts_tensor_numel(&p->vals[x]) == 0 ||
+        (wz >= 0 && !const_value(p, wz)))
+        return false;
+    /* oneDNN's int8 convolutions take int8 weights without a zero point: w - w_zero_point
+     * (per tensor or per output channel, uint8 or int8 weights) must fit in int8 */
+    const mts_tensor *wt = &p->vals[w];
+    int64_t nw = mts_tensor_numel(wt), M0 = wt->dims[0], per = M0 > 0 ? nw / M0 : 0;
+    const mts_tensor *zt = wz >= 0 ? &p->vals[wz] : NULL;
+    bool zs = zt && mts_tensor_numel(zt) > 1, sgn = wt->dtype == MTS_DTYPE_INT8, shift = zt || !sgn;
+    if (M0 < 1) return false;
+    if (shift)
+        for (int64_t i = 0; i < nw; i++) {
+            int64_t zi = zs ? i / per : 0;
+            int32_t z = !zt ? 0 : sgn ? ((const int8_t *)zt->data)[zi] : ((const uint8_t *)zt->data)[zi];
+            int32_t v = (sgn ? ((const int8_t *)wt->data)[i] : ((const uint8_t *)wt->data)[i]) - z;
+            if (v < -128 || v > 127) return false;
+        }
+    memset(c, 0, sizeof *c);
+    c->step = s;
+    c->spec.key = st->node;
+    c->spec.cache = cache;
+    c->spec.kind = MTS_DPRIM_CONV;
+    c->spec.q8 = true;
+    c->spec.q8_src = p->vals[x].dtype;
+    c->spec.q8_dst = kout.dtype;
+    c->spec.qw = wt->data;
+    bool xz_rt = xz >= 0 && !const_value(p, xz);
+    if (xz_rt ? !live_value(p, xz) : !q8_const_zp(p, xz, &c->spec.q8_zp[0])) return false;
+    mts_tensor xf = p->vals[x], wf = p->vals[w];
+    xf.dtype = wf.dtype = MTS_DTYPE_FLOAT;
+    const mts_tensor *gin[2] = {&xf, &wf};
+    mts_kctx gk = {st->nd, gin, 2, &kout, 1, &e, 1, NULL};
+    if (mts_conv_geometry(&gk, false, &c->spec.g) != MTS_OK || c->spec.g.nsp > 2) return false;
+    const mts_conv_geom *g = &c->spec.g;
+    double macs = (double)g->N * (double)g->M * (double)(g->C / g->group) * (double)(g->k[0] * g->k[1] * g->k[2]) *
+                  (double)(g->out[0] * g->out[1] * g->out[2]);
+    if (macs < 65536) return false; /* tiny: the integer kernel is as fast */
+    int fuse_act = -1;
+    if (ql) {
+        int xs = st->in[1], ws = st->in[4], ys = st->in[6], yz = st->in[7], b = n_in > 8 ? st->in[8] : -1;
+        if (!const_value(p, xs) || !const_value(p, ws) || !const_value(p, ys) || (b >= 0 && !const_value(p, b)) ||
+            !q8_const_zp(p, yz, &c->spec.q8_zp[1]))
+            return false;
+        int64_t M = g->M, nw = mts_tensor_numel(&p->vals[ws]);
+        float *sc = mts_pool_alloc(&p->pool, sizeof(float) * (size_t)M);
+        int32_t *bq = b >= 0 ? mts_pool_alloc(&p->pool, sizeof(int32_t) * (size_t)M) : NULL;
+        if (!sc || (b >= 0 && !bq)) return false;
+        float fxs = ((const float *)p->vals[xs].data)[0], fys = ((const float *)p->vals[ys].data)[0];
+        const float *fws = p->vals[ws].data;
+        bool fb = mts_attr_int(st->nd, "mts_float_bias", 0) != 0;
+        for (int64_t m = 0; m < M; m++) {
+            float wsm = fws[nw == 1 ? 0 : m];
+            sc[m] = fxs * wsm / fys; /* as the integer kernels' requantization */
+            if (!isfinite(sc[m])) return false; /* the integer kernels' saturation rules hold */
+            if (!bq) continue;
+            if (!fb) {
+                bq[m] = ((const int32_t *)p->vals[b].data)[m];
+            } else { /* the fused QDQ convolution's float bias, requantized */
+                double v = rint((double)((const float *)p->vals[b].data)[m] / ((double)fxs * wsm));
+                bq[m] = v >= -2147483648.0 && v <= 2147483647.0 ? (int32_t)v : v > 0 ? INT32_MAX : INT32_MIN;
+            }
+        }
+        c->spec.qscale = sc;
+        c->spec.q8_nscale = nw == 1 ? 1 : M;
+        c->spec.qbias = bq;
+        /* an integer Relu / LeakyRelu reading only this output: post-ops that replay it */
+        int r = sole_reader(o, st->out[0]);
+        if (r >= 0 && plain_step(o, r, "MtsQLinearUnary") && p->steps[r].n_in == 5 &&
+            p->steps[r].in[0] == st->out[0] && p->steps[r].out[0] >= 0 && !getenv("MTS_NO_DNNL_INT8_FUSE")) {
+            const mts__step *u = &p->steps[r];
+            int64_t kind = mts_attr_int(u->nd, "mts_qop", 0);
+            float uxs = ((const float *)p->vals[u->in[1]].data)[0], uys = ((const float *)p->vals[u->in[3]].data)[0];
+            int32_t uxz, uyz;
+            if ((kind == 1 || kind == 2) && const_value(p, u->in[1]) && const_value(p, u->in[3]) &&
+                q8_const_zp(p, u->in[2], &uxz) && q8_const_zp(p, u->in[4], &uyz) && u->in[4] >= 0 &&
+                p->vals[u->in[2]].dtype == kout.dtype && uxz == c->spec.q8_zp[1] && isfinite(uxs) && isfinite(uys) &&
+                uys != 0.0f) {
+                c->spec.q8_act = true;
+                c->spec.q8_mid = kout.dtype;
+                c->spec.q8_mid_zp = c->spec.q8_zp[1];
+                c->spec.q8_act_xs = uxs;
+                c->spec.q8_act_ys = uys;
+                c->spec.q8_act_alpha = kind == 1 ? 0.0f : mts_attr_float(u->nd, "alpha", 0.01f);
+                c->spec.q8_dst = p->vals[u->out[0]].dtype;
+                c->spec.q8_zp[1] = uyz;
+                fuse_act = r;
+            }
+        }
+    }
+    if (shift) { /* the int8 weights w - w_zero_point, checked in range above */
+        int8_t *sw = malloc((size_t)nw);
+        if (!sw) return false;
+        for (int64_t i = 0; i < nw; i++) {
+            int64_t zi = zs ? i / per : 0;
+            int32_t z = !zt ? 0 : sgn ? ((const int8_t *)zt->data)[zi] : ((const uint8_t *)zt->data)[zi];
+            sw[i] = (int8_t)((sgn ? ((const int8_t *)wt->data)[i] : ((const uint8_t *)wt->data)[i]) - z);
+        }
+        c->wtmp = sw;
+        c->spec.qw = sw;
+    }
+    if (fuse_act >= 0) { /* the activation's step goes; the convolution writes its output */
+        int y = st->out[0];
+        st->out[0] = p->steps[fuse_act].out[0];
+        o->removed[fuse_act] = 1;
+        p->state[y] = MTS__V_UNUSED;
+        o->prod[st->out[0]] = s;
+    }
+    c->n_resid = 0;
+    st->n_in = 1;
+    if (xz_rt) st->in[st->n_in++] = xz; /* read at run time */
+    st->in[0] = x;
+    return true;
+}
+
 /* Folds a BatchNormalization reading the conv's output into its weights. */
 static int fold_bn(mts__opt *o, cinfo *c, int *cur, mts_err *err)
 {
@@ -381,6 +579,10 @@ static int dnnl_claim(mts__opt *o, int self, void **mstate, mts_err *err)
     for (int s = 0; s < ns; s++) {
         if (o->removed[s]) continue;
         cinfo *c = &ci[d->nci];
+        if (q8_eligible(o, s, d->no_dnnl, mstate, c)) {
+            d->cstep[s] = d->nci++;
+            continue;
+        }
         if (!conv_eligible(o, s, d->no_dnnl, mstate, c)) continue;
         d->nci++;
         d->cstep[s] = d->nci - 1;
@@ -404,7 +606,8 @@ static int dnnl_claim(mts__opt *o, int self, void **mstate, mts_err *err)
                     continue;
                 }
             }
-            if (r < 0 || c->spec.n_post >= MTS_DPOST_MAX - 1 || !as_postop(o, &p->steps[r], cur, &po, &resid))
+            if (r < 0 || c->spec.n_post >= MTS_DPOST_MAX - 1 || !as_postop(o, &p->steps[r], cur, &po, &resid) ||
+                post_conflict(&c->spec, &po))
                 break;
             if (resid >= 0) {
                 /* The residual must exist before the conv runs. */
@@ -596,7 +799,21 @@ static int dnnl_finish(mts__opt *o, int self, mts_err *err)
     for (int s = 0; cand && s < p->n_steps; s++) {
         const mts__step *st = &p->steps[s];
         const mts_node *nd = &m->nodes[st->node];
-        if (st->kind == MTS__S_BACKEND && st->backend == self && nd->n_in >= 2 && nd->in[1] >= 0 &&
+        if (st->kind != MTS__S_BACKEND || st->backend != self) continue;
+        if (mts_dconv_q8(st->impl)) { /* the int8 weights: QLinearConv's w, ConvInteger's, or the
+                                       * quantized constant behind a fused QDQ Conv's weight */
+            int w = !strcmp(nd->op_type, "QLinearConv") ? (nd->n_in > 3 ? nd->in[3] : -1)
+                    : nd->n_in > 1                      ? nd->in[1]
+                                                        : -1;
+            if (w >= 0 && !strcmp(nd->op_type, "Conv")) {
+                int pr = m->values[w].producer;
+                const mts_node *dq = pr >= 0 ? &m->nodes[pr] : NULL;
+                w = dq && !strcmp(dq->op_type, "DequantizeLinear") && dq->n_in > 0 ? dq->in[0] : -1;
+            }
+            if (w >= 0 && m->values[w].kind == MTS_VALUE_INITIALIZER) cand[nc++] = w;
+            continue;
+        }
+        if (nd->n_in >= 2 && nd->in[1] >= 0 &&
             (is_op(st, "Conv") || is_op(st, "ConvTranspose") || is_op(st, "MatMul") || is_op(st, "Gemm")))
             cand[nc++] = nd->in[1];
     }
@@ -652,8 +869,12 @@ static int dnnl_prepare(const mts__plan *p, int self, int threads, void **cstate
 static int dnnl_run(const mts__step *st, void *stream, const mts_tensor *vals, void *scratch, int threads, mts_err *err)
 {
     const float *resid[8];
+    if (mts_dconv_q8(st->impl)) /* in[1]: the source's zero point when it is computed */
+        return mts_dconv_run(st->impl, threads, stream, vals[st->in[0]].data, vals[st->out[0]].data, NULL,
+                             st->n_in > 1 ? &vals[st->in[1]] : NULL, scratch, err);
     for (int j = 1; j < st->n_in && j <= 8; j++) resid[j - 1] = vals[st->in[j]].data;
-    return mts_dconv_run(st->impl, threads, stream, vals[st->in[0]].data, vals[st->out[0]].data, resid, scratch, err);
+    return mts_dconv_run(st->impl, threads, stream, vals[st->in[0]].data, vals[st->out[0]].data, resid, NULL, scratch,
+                         err);
 }
 
 static const char *dnnl_describe(const mts__step *st)

@@ -1,6 +1,8 @@
 /*
  * oneDNN convolutions: Conv and ConvTranspose primitives with fused post-ops, built once per
- * plan and run by any number of contexts at once.
+ * plan and run by any number of contexts at once; also int8 convolutions (spec.q8: u8/s8
+ * source and destination, s8 weights, int32 bias, per-channel output scales, run-time zero
+ * points).
  *
  * Source and destination use the plain layouts the planner chose (NCHW or NHWC; 1-D convs run
  * as 2-D with H = 1, 3-D convs are NCDHW only); the weights use format_tag::any so oneDNN picks
@@ -145,6 +147,25 @@ static int dnnl_err(mts_err *err, dnnl_status_t st, const char *what)
         }                                                                                                             \
     } while (0)
 
+static atomic_llong g_q8_created, g_q8_act_created;
+
+int64_t mts_dconv_q8_created(void)
+{
+    return (int64_t)atomic_load(&g_q8_created);
+}
+
+int64_t mts_dconv_q8_act_created(void)
+{
+    return (int64_t)atomic_load(&g_q8_act_created);
+}
+
+/* oneDNN's type for an int8 convolution's tensor of element type t (undef: none). */
+static dnnl_data_type_t q8_dt(mts_dtype t)
+{
+    return t == MTS_DTYPE_UINT8 ? dnnl_u8 : t == MTS_DTYPE_INT8 ? dnnl_s8 : t == MTS_DTYPE_INT32 ? dnnl_s32
+                                                                                             : dnnl_data_type_undef;
+}
+
 static bool good_impl(const char *s)
 {
     return strstr(s, "ref") == NULL && strstr(s, "gemm") == NULL;
@@ -172,6 +193,8 @@ static dnnl_status_t make_pd(const mts_dconv_spec *s, dnnl_primitive_attr_t attr
                              dnnl_memory_desc_t *src_md, dnnl_memory_desc_t *dst_md)
 {
     const mts_conv_geom *g = &s->g;
+    const void *bias = s->q8 ? (const void *)s->qbias : (const void *)s->b;
+    dnnl_data_type_t wdt = s->q8 ? dnnl_s8 : s->bf16 ? dnnl_bf16 : dnnl_f32, bdt = s->q8 ? dnnl_s32 : dnnl_f32;
     if (s->kind == MTS_DPRIM_MATMUL) {
         dnnl_memory_desc_t w_md, b_md;
         dnnl_dims_t wd = {g->C, g->M}, bd = {1, g->M};
@@ -195,9 +218,9 @@ static dnnl_status_t make_pd(const mts_dconv_spec *s, dnnl_primitive_attr_t attr
         wd[0] = g->group, wd[1] = g->M / g->group, wd[2] = g->C / g->group;
         for (int i = 0; i < sd; i++) wd[3 + i] = g->k[o + i];
     }
-    mts_dnnl.dnnl_memory_desc_init_by_tag(&w_md, wn, wd, s->bf16 ? dnnl_bf16 : dnnl_f32, dnnl_format_tag_any);
+    mts_dnnl.dnnl_memory_desc_init_by_tag(&w_md, wn, wd, wdt, dnnl_format_tag_any);
     dnnl_dims_t bd = {g->M};
-    mts_dnnl.dnnl_memory_desc_init_by_tag(&b_md, 1, bd, dnnl_f32, dnnl_x);
+    mts_dnnl.dnnl_memory_desc_init_by_tag(&b_md, 1, bd, bdt, dnnl_x);
     for (int i = 0; i < sd; i++) {
         strides[i] = g->s[o + i];
         dil[i] = g->d[o + i] - 1;
@@ -230,7 +253,7 @@ static dnnl_status_t make_pd(const mts_dconv_spec *s, dnnl_primitive_attr_t attr
                                                         strides, kern, dil, pl, pr);
     } else if (!s->transpose)
         st = mts_dnnl.dnnl_dilated_convolution_forward_desc_init(&desc.c, dnnl_forward_inference, dnnl_convolution_direct,
-                                                        &any_src, &w_md, s->b ? &b_md : NULL, &any_dst, strides, dil,
+                                                        &any_src, &w_md, bias ? &b_md : NULL, &any_dst, strides, dil,
                                                         pl, pr);
     else
         st = mts_dnnl.dnnl_dilated_deconvolution_forward_desc_init(&desc.d, dnnl_forward_inference,
@@ -295,6 +318,9 @@ struct mts_dconv {
      * (inner, into scratch) followed by a depth-to-space scatter into the destination. */
     struct mts_dconv *inner;
     float *s2d_bias;                   /* owned bias (the 1x1 one for depth-to-space) */
+    int32_t *qbias;                    /* owned int32 bias (int8 convolutions) */
+    float q8_div;                      /* spec.q8_act: the divisor of the post-op ... */
+    int q8_div_po;                     /* ... binary division, at this post-op index */
     int64_t s2d_k[2];
     size_t s2d_tmp;
     /* Nearest upsampling + convolution: one convolution per output phase on the low-resolution
@@ -331,7 +357,7 @@ static void variant_free(variant *v)
 /* Packed weights of layout wmd: the creation-time copy, a cached one, or a new reorder of either
  * the user's weights (w != NULL) or the base copy. Caller holds g_lock (the cache is the
  * model's, shared by all its convolutions). */
-static int packed_weights(mts_dconv *c, const dnnl_memory_desc_t *wmd, const float *w, wcache **out, mts_err *err)
+static int packed_weights(mts_dconv *c, const dnnl_memory_desc_t *wmd, const void *w, wcache **out, mts_err *err)
 {
     const mts_dconv_spec *s = &c->spec;
     for (wcache *q = *(wcache **)s->cache; q; q = q->next)
@@ -358,7 +384,7 @@ static int packed_weights(mts_dconv *c, const dnnl_memory_desc_t *wmd, const flo
             tag = g->group == 1 ? (wn == 4 ? dnnl_oihw : dnnl_oidhw) : (wn == 5 ? dnnl_goihw : dnnl_goidhw);
         else
             tag = g->group == 1 ? (wn == 4 ? dnnl_iohw : dnnl_iodhw) : (wn == 5 ? dnnl_giohw : dnnl_giodhw);
-        mts_dnnl.dnnl_memory_desc_init_by_tag(&from, wn, wmd->dims, dnnl_f32, tag);
+        mts_dnnl.dnnl_memory_desc_init_by_tag(&from, wn, wmd->dims, s->q8 ? dnnl_s8 : dnnl_f32, tag);
         src = w;
     } else {
         from = c->base->md;
@@ -379,7 +405,7 @@ static int packed_weights(mts_dconv *c, const dnnl_memory_desc_t *wmd, const flo
 
 /* Creates the variant for `threads` (the caller excludes other creations for the same c: it is
  * either creating c or holds var_lock(c)). w: the user's weights at creation. */
-static int variant_create(mts_dconv *c, int threads, const float *w, variant **out, mts_err *err)
+static int variant_create(mts_dconv *c, int threads, const void *w, variant **out, mts_err *err)
 {
     int rc = MTS_OK;
     dnnl_primitive_desc_t pd = NULL;
@@ -400,7 +426,8 @@ static int variant_create(mts_dconv *c, int threads, const float *w, variant **o
            : c->spec.kind == MTS_DPRIM_MATMUL        ? "matmul"
            : c->spec.kind == MTS_DPRIM_DECONV        ? "deconvolution"
                                                      : "convolution");
-    if (!good_impl(impl)) {
+    if (!good_impl(impl) || (c->spec.q8 && !strstr(impl, "vnni") && !strstr(impl, "amx"))) {
+        /* int8 without VNNI / AMX: oneDNN's u8 x s8 pairs may saturate 16-bit sums */
         rc = mts_err_set(err, MTS_EUNSUPPORTED, "no fast oneDNN implementation (%s)", impl);
         goto done;
     }
@@ -415,9 +442,10 @@ static int variant_create(mts_dconv *c, int threads, const float *w, variant **o
         if (!c->base) c->base = wc;
         DN(mts_dnnl.dnnl_memory_create(&v->wmem, &wc->md, eng(), wc->data), "weights memory");
     }
-    if (c->spec.b && !c->bmem) {
+    const void *bias = c->spec.q8 ? (const void *)c->spec.qbias : (const void *)c->spec.b;
+    if (bias && !c->bmem) {
         const dnnl_memory_desc_t *bmd = mts_dnnl.dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 1);
-        DN(mts_dnnl.dnnl_memory_create(&c->bmem, bmd, eng(), (void *)c->spec.b), "bias memory");
+        DN(mts_dnnl.dnnl_memory_create(&c->bmem, bmd, eng(), (void *)bias), "bias memory");
     }
     const dnnl_memory_desc_t *smd = mts_dnnl.dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
     v->scratch_md = *smd;
@@ -702,10 +730,21 @@ static int create_one(const mts_dconv_spec *s, mts_dconv **out, mts_err *err)
                 return mts_err_set(err, MTS_EUNSUPPORTED, "pooling window geometry");
         }
     }
+    if (s->q8 && (s->kind != MTS_DPRIM_CONV || s->n_post || g->nsp > 2 || !s->qw))
+        return mts_err_set(err, MTS_EUNSUPPORTED, "int8 convolution form");
     c = calloc(1, sizeof *c);
     if (!c) return mts_err_set(err, MTS_ENOMEM, "out of memory");
     c->spec = *s;
-    if (s->b) { /* own copy: the model's may be in the file mapping, which is let go after planning */
+    if (s->q8 && s->qbias) { /* own copy, like the float bias */
+        if (!(c->qbias = malloc(sizeof(int32_t) * (size_t)g->M))) {
+            free(c);
+            return mts_err_set(err, MTS_ENOMEM, "out of memory");
+        }
+        memcpy(c->qbias, s->qbias, sizeof(int32_t) * (size_t)g->M);
+        c->spec.qbias = c->qbias;
+    }
+    c->spec.qscale = NULL; /* copied into the attributes below */
+    if (!s->q8 && s->b) { /* own copy: the model's may be in the file mapping, which is let go after planning */
         if (!(c->s2d_bias = malloc(sizeof(float) * (size_t)g->M))) {
             free(c);
             return mts_err_set(err, MTS_ENOMEM, "out of memory");
@@ -715,17 +754,59 @@ static int create_one(const mts_dconv_spec *s, mts_dconv **out, mts_err *err)
     }
     /* bf16: the primitive reads bf16 (the source edge's reorder converts an fp32 source) and
      * writes fp32 unless the planner keeps the destination in bf16 for bf16 readers. */
-    bool bf = s->bf16 && !mts_dprim_is_pool(s->kind);
+    bool bf = s->bf16 && !mts_dprim_is_pool(s->kind) && !s->q8;
     c->spec.bf16 = c->bf16 = bf;
     dnnl_data_type_t src_dt = bf ? dnnl_bf16 : dnnl_f32, dst_dt = bf && s->dst_bf16 ? dnnl_bf16 : dnnl_f32;
+    dnnl_data_type_t usrc_dt = s->src_bf16 ? dnnl_bf16 : dnnl_f32, udst_dt = s->dst_bf16 ? dnnl_bf16 : dnnl_f32;
+    if (s->q8) {
+        usrc_dt = src_dt = q8_dt(s->q8_src);
+        udst_dt = dst_dt = q8_dt(s->q8_dst);
+        if (src_dt == dnnl_data_type_undef || dst_dt == dnnl_data_type_undef || (dst_dt == dnnl_s32) != !s->qscale) {
+            rc = mts_err_set(err, MTS_EUNSUPPORTED, "int8 convolution types");
+            goto done;
+        }
+    }
     act_md(&c->md[0], g, g->C, g->in, true, src_dt);
-    act_md(&c->user_md[0], g, g->C, g->in, s->src_nhwc && g->nsp != 3, s->src_bf16 ? dnnl_bf16 : dnnl_f32);
+    act_md(&c->user_md[0], g, g->C, g->in, s->src_nhwc && g->nsp != 3, usrc_dt);
     act_md(&c->md[1], g, g->M, g->out, true, dst_dt);
-    act_md(&c->user_md[1], g, g->M, g->out, s->dst_nhwc && g->nsp != 3, s->dst_bf16 ? dnnl_bf16 : dnnl_f32);
+    act_md(&c->user_md[1], g, g->M, g->out, s->dst_nhwc && g->nsp != 3, udst_dt);
     c->n_edges = 2;
     DN(mts_dnnl.dnnl_primitive_attr_create(&c->attr), "attr");
     DN(mts_dnnl.dnnl_primitive_attr_set_scratchpad_mode(c->attr, dnnl_scratchpad_mode_user), "scratchpad mode");
+    if (s->q8) {
+        /* The zero points are run-time arguments (a ConvInteger's may be computed); the
+         * output scales constants, per output channel (mask: dimension 1) or common. */
+        const int32_t rt = DNNL_RUNTIME_S32_VAL;
+        DN(mts_dnnl.dnnl_primitive_attr_set_zero_points(c->attr, DNNL_ARG_SRC, 1, 0, &rt), "source zero point");
+        if (s->qscale) {
+            DN(mts_dnnl.dnnl_primitive_attr_set_zero_points(c->attr, DNNL_ARG_DST, 1, 0, &rt), "zero point");
+            bool per = s->q8_nscale > 1;
+            DN(mts_dnnl.dnnl_primitive_attr_set_output_scales(c->attr, per ? g->M : 1, per ? 1 << 1 : 0, s->qscale),
+               "output scales");
+        }
+    }
     DN(mts_dnnl.dnnl_post_ops_create(&po), "post-ops");
+    if (s->q8_act) {
+        /* The unfused steps' arithmetic, operation by operation (dnnl_ops.h): q - zp of the
+         * requantized output is round_half_even(v) saturated to the type's range shifted by
+         * -zp (the activation dequantizes with the same zero point), then times its scale.
+         * At most one post-op of each kind: with two eltwise_linear post-ops, oneDNN 2.6's
+         * brgemm convolutions were seen computing the second with the first's parameters. */
+        bool ms = s->q8_mid == MTS_DTYPE_INT8;
+        float zm = (float)s->q8_mid_zp;
+        static const dnnl_dims_t one = {1, 1, 1, 1};
+        dnnl_memory_desc_t dmd;
+        mts_dnnl.dnnl_memory_desc_init_by_tag(&dmd, 4, one, dnnl_f32, dnnl_nchw);
+        DN(mts_dnnl.dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_round, 0, 0), "post-op");
+        DN(mts_dnnl.dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_clip_v2, (ms ? -128.0f : 0.0f) - zm,
+                                                 (ms ? 127.0f : 255.0f) - zm),
+           "post-op");
+        DN(mts_dnnl.dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_linear, s->q8_act_xs, 0.0f), "post-op");
+        DN(mts_dnnl.dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_relu, s->q8_act_alpha, 0.0f), "post-op");
+        c->q8_div_po = mts_dnnl.dnnl_post_ops_len(po);
+        c->q8_div = s->q8_act_ys;
+        DN(mts_dnnl.dnnl_post_ops_append_binary(po, dnnl_binary_div, &dmd), "post-op");
+    }
     for (int i = 0; i < s->n_post; i++) {
         const mts_dpost *p = &s->post[i];
         switch (p->kind) {
@@ -769,7 +850,7 @@ static int create_one(const mts_dconv_spec *s, mts_dconv **out, mts_err *err)
         variant *v = NULL;
         /* A first layer (few input channels) reads NCHW directly when oneDNN has a fast kernel
          * for it, saving the conversion of the input. */
-        bool direct = s->kind == MTS_DPRIM_CONV && !s->src_nhwc && g->nsp < 3 && g->C <= 8 && g->group == 1 &&
+        bool direct = s->kind == MTS_DPRIM_CONV && !s->q8 && !s->src_nhwc && g->nsp < 3 && g->C <= 8 && g->group == 1 &&
                       c->md[0].data_type == c->user_md[0].data_type;
         if (direct) {
             c->md[0] = c->user_md[0];
@@ -779,11 +860,14 @@ static int create_one(const mts_dconv_spec *s, mts_dconv **out, mts_err *err)
                 direct = false;
             }
         }
-        rc = direct ? MTS_OK : variant_create(c, 1, s->w, &v, err);
+        rc = direct ? MTS_OK : variant_create(c, 1, s->q8 ? (const void *)s->qw : (const void *)s->w, &v, err);
         if (rc) goto done;
         atomic_store(&c->var[1], v);
+        if (s->q8) atomic_fetch_add(&g_q8_created, 1);
+        if (s->q8_act) atomic_fetch_add(&g_q8_act_created, 1);
     }
     c->spec.w = NULL;
+    c->spec.qw = NULL;
     if (s->src_bf16 || s->dst_bf16) { /* tensors handed on in bf16 (MTS_PLAN_VERBOSE) */
         size_t l = strlen(c->impl);
         snprintf(c->impl + l, sizeof c->impl - l, "%s%s", s->src_bf16 ? " <bf16" : "", s->dst_bf16 ? " >bf16" : "");
@@ -817,6 +901,7 @@ void mts_dconv_free(mts_dconv *c)
     mts_dconv_free(c->inner);
     for (int i = 0; i < c->n_phase; i++) mts_dconv_free(c->phase[i]);
     free(c->s2d_bias);
+    free(c->qbias);
     for (int i = 0; i <= MTS_DNNL_MAX_THREADS; i++) variant_free(atomic_load(&c->var[i]));
     if (c->bmem) mts_dnnl.dnnl_memory_destroy(c->bmem);
     if (c->attr) mts_dnnl.dnnl_primitive_attr_destroy(c->attr);
@@ -900,6 +985,11 @@ const char *mts_dconv_impl(const mts_dconv *c)
     return c->impl;
 }
 
+bool mts_dconv_q8(const mts_dconv *c)
+{
+    return c->spec.q8;
+}
+
 bool mts_dconv_bf16(const mts_dconv *c)
 {
     return c->bf16;
@@ -951,15 +1041,15 @@ static void to_nchw_part(void *arg, int ithr, int nthr)
         }
 }
 
-int mts_dconv_run(const mts_dconv *c, int threads, void *stream, const float *src, float *dst,
-                  const float *const *resid, void *scratch, mts_err *err)
+int mts_dconv_run(const mts_dconv *c, int threads, void *stream, const void *src, void *dst,
+                  const float *const *resid, const mts_tensor *src_zp, void *scratch, mts_err *err)
 {
     int rc = MTS_OK;
     if (c->inner) {
         size_t b = 0;
         if ((rc = mts_dconv_prepare(c->inner, threads, &b, err))) return rc;
         float *tmp = (float *)((char *)scratch + (b + 63) / 64 * 64);
-        if ((rc = mts_dconv_run(c->inner, threads, stream, src, tmp, resid, scratch, err))) return rc;
+        if ((rc = mts_dconv_run(c->inner, threads, stream, src, tmp, resid, NULL, scratch, err))) return rc;
         s2d_scatter(c, tmp, dst);
         return MTS_OK;
     }
@@ -969,7 +1059,7 @@ int mts_dconv_run(const mts_dconv *c, int threads, void *stream, const float *sr
         float *tmp = (float *)((char *)scratch + (most + 63) / 64 * 64);
         for (int i = 0; i < c->n_phase; i++)
             if ((rc = mts_dconv_run(c->phase[i], threads, stream, src, tmp + (size_t)i * (c->phase_tmp / sizeof(float)),
-                                    resid, scratch, err)))
+                                    resid, NULL, scratch, err)))
                 return rc;
         up_scatter_job j = {c, tmp, dst};
         int64_t bytes = (int64_t)c->n_phase * (int64_t)c->phase_tmp;
@@ -980,9 +1070,9 @@ int mts_dconv_run(const mts_dconv *c, int threads, void *stream, const float *sr
     threads = work_threads(c, threads);
     const variant *v = atomic_load(&((mts_dconv *)c)->var[threads]);
     if (!v) return mts_err_set(err, MTS_EINTERNAL, "oneDNN primitive for %d threads not prepared", threads);
-    dnnl_memory_t mem[4 + MTS_DPOST_MAX] = {0};
+    dnnl_memory_t mem[6 + MTS_DPOST_MAX] = {0};
     int nm = 0;
-    dnnl_exec_arg_t args[6 + MTS_DPOST_MAX];
+    dnnl_exec_arg_t args[8 + MTS_DPOST_MAX];
     int na = 0;
     char *sc = scratch;
     const void *conv_src = src;
@@ -1006,6 +1096,34 @@ int mts_dconv_run(const mts_dconv *c, int threads, void *stream, const float *sr
         DN(mts_dnnl.dnnl_memory_create(&mp, &v->scratch_md, eng(), sc), "memory");
         mem[nm++] = mp;
         args[na++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, mp};
+    }
+    int32_t zp[2] = {c->spec.q8_zp[0], c->spec.q8_zp[1]};
+    if (c->spec.q8) {
+        if (src_zp) { /* computed at run time (DynamicQuantizeLinear): a uint8 / int8 scalar */
+            if (mts_tensor_numel(src_zp) != 1 || src_zp->rank > 1 || src_zp->dtype != c->spec.q8_src) {
+                rc = mts_err_set(err, MTS_EINVAL, "x's zero point must be a scalar of x's type");
+                goto done;
+            }
+            zp[0] = src_zp->dtype == MTS_DTYPE_INT8 ? *(const int8_t *)src_zp->data : *(const uint8_t *)src_zp->data;
+        }
+        static const dnnl_dims_t one = {1};
+        dnnl_memory_desc_t zmd;
+        mts_dnnl.dnnl_memory_desc_init_by_tag(&zmd, 1, one, dnnl_s32, dnnl_x);
+        for (int i = 0; i < (c->md[1].data_type != dnnl_s32 ? 2 : 1); i++) {
+            dnnl_memory_t mz;
+            DN(mts_dnnl.dnnl_memory_create(&mz, &zmd, eng(), (void *)(zp + i)), "memory");
+            mem[nm++] = mz;
+            args[na++] = (dnnl_exec_arg_t){DNNL_ARG_ATTR_ZERO_POINTS | (i ? DNNL_ARG_DST : DNNL_ARG_SRC), mz};
+        }
+        if (c->spec.q8_act) {
+            static const dnnl_dims_t one4 = {1, 1, 1, 1};
+            dnnl_memory_desc_t dmd;
+            dnnl_memory_t mdv;
+            mts_dnnl.dnnl_memory_desc_init_by_tag(&dmd, 4, one4, dnnl_f32, dnnl_nchw);
+            DN(mts_dnnl.dnnl_memory_create(&mdv, &dmd, eng(), (void *)&c->q8_div), "memory");
+            mem[nm++] = mdv;
+            args[na++] = (dnnl_exec_arg_t){DNNL_ARG_ATTR_MULTIPLE_POST_OP(c->q8_div_po) | DNNL_ARG_SRC_1, mdv};
+        }
     }
     for (int e = 2; e < c->n_edges; e++) {
         const void *rp = resid[e - 2];

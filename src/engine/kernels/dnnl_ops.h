@@ -68,6 +68,28 @@ typedef struct mts_dconv_spec {
     bool src_bf16;       /* bf16: the source tensor already holds bf16 values (written by a bf16
                           * step with dst_bf16), in the planner's layout */
     bool dst_bf16;       /* bf16: write the destination as bf16 (its readers are bf16 steps) */
+    /* int8 convolution (QLinearConv / ConvInteger, kind MTS_DPRIM_CONV, no post-ops): q8 set,
+     * w and b unused. Source uint8 or int8 (q8_src), weights int8 in the ONNX layout (qw),
+     * destination uint8 / int8 with output scales qscale (one per output channel, or one when
+     * q8_nscale is 1), or int32 without scales (ConvInteger: qscale NULL); int32 bias qbias
+     * (NULL: none). */
+    bool q8;
+    mts_dtype q8_src, q8_dst;
+    const int8_t *qw;
+    const int32_t *qbias;
+    const float *qscale;
+    int64_t q8_nscale;
+    int32_t q8_zp[2];    /* zero points of source and destination (0 for an int32 destination) */
+    /* An integer Relu / LeakyRelu after the convolution (a fused QDQ one, MtsQLinearUnary) as
+     * post-ops that replay the unfused steps: the convolution's requantization (qscale, round
+     * half to even, saturation to q8_mid's range with zero point q8_mid_zp), the activation's
+     * dequantization (same zero point, scale q8_act_xs), Relu / LeakyRelu (slope q8_act_alpha)
+     * and division by q8_act_ys; the destination (type q8_dst, zero point q8_zp[1]) is the
+     * activation's output. */
+    bool q8_act;
+    mts_dtype q8_mid;
+    int32_t q8_mid_zp;
+    float q8_act_xs, q8_act_alpha, q8_act_ys;
     int key;             /* weight cache key (the node index; unique per model) */
     void **cache;        /* model-level packed-weight cache (caller holds the plan lock) */
 } mts_dconv_spec;
@@ -97,9 +119,17 @@ bool mts_dconv_ready(const mts_dconv *c, int threads);
 const char *mts_dconv_impl(const mts_dconv *c);
 /* Whether c computes in bf16 (spec.bf16 asked for it and oneDNN had a fast implementation). */
 bool mts_dconv_bf16(const mts_dconv *c);
-/* Runs on the calling thread's OpenMP team. resid: the MTS_DPOST_ADD tensors in post-op order. */
-int mts_dconv_run(const mts_dconv *c, int threads, void *stream, const float *src, float *dst, const float *const *resid,
-                  void *scratch, mts_err *err);
+/* Runs on the calling thread's OpenMP team. resid: the MTS_DPOST_ADD tensors in post-op order;
+ * src_zp: an int8 convolution's source zero point when it is computed at run time (NULL: the
+ * spec's q8_zp[0]). */
+int mts_dconv_run(const mts_dconv *c, int threads, void *stream, const void *src, void *dst, const float *const *resid,
+                  const mts_tensor *src_zp, void *scratch, mts_err *err);
+/* Whether c is an int8 convolution (spec.q8). */
+bool mts_dconv_q8(const mts_dconv *c);
+/* int8 convolution primitives created so far in this process, and how many of them with a
+ * fused activation (spec.q8_act) (for tests). */
+int64_t mts_dconv_q8_created(void);
+int64_t mts_dconv_q8_act_created(void);
 
 /* A oneDNN stream for one execution context (NULL on failure). */
 void *mts_dnnl_stream_create(void);

@@ -41,6 +41,8 @@
     X(dnnl_post_ops_len) \
     X(dnnl_primitive_attr_create) \
     X(dnnl_primitive_attr_destroy) \
+    X(dnnl_primitive_attr_set_output_scales) \
+    X(dnnl_primitive_attr_set_zero_points) \
     X(dnnl_primitive_attr_set_post_ops) \
     X(dnnl_primitive_attr_set_scratchpad_mode) \
     X(dnnl_primitive_create) \

@@ -28,7 +28,7 @@
 
 extern const mts_op mts_quant_fast_matmulinteger, mts_quant_fast_qlinearmatmul, mts_quant_fast_convinteger,
     mts_quant_fast_qlinearconv, mts_quant_fast_qunary, mts_quant_fast_qadd, mts_quant_fast_qconcat,
-    mts_quant_fast_qupsample;
+    mts_quant_fast_qupsample, mts_quant_fast_qconcat_nhwc, mts_quant_fast_qupsample_nhwc;
 
 static bool quant_enabled(int kind)
 {
@@ -261,6 +261,11 @@ static int quant_claim(mts__opt *o, int self, void **mstate, mts_err *err)
 static int quant_substitute(mts__opt *o, int self, mts__step *st, mts_err *err)
 {
     (void)o, (void)self, (void)err;
+    if (st->kind == MTS__S_KERNEL && st->nhwc) { /* in a channels-last group between int8 convolutions */
+        if (is_op(st, "MtsQLinearConcat")) st->op = &mts_quant_fast_qconcat_nhwc;
+        else if (is_op(st, "MtsQLinearUpsample")) st->op = &mts_quant_fast_qupsample_nhwc;
+        return MTS_OK;
+    }
     if (st->kind != MTS__S_KERNEL || st->nhwc) return MTS_OK;
     if (is_op(st, "MatMulInteger")) st->op = &mts_quant_fast_matmulinteger;
     else if (is_op(st, "QLinearMatMul")) st->op = &mts_quant_fast_qlinearmatmul;

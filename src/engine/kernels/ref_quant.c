@@ -1297,13 +1297,20 @@ static void requant_lut(const mts_tensor *x, const mts_tensor *xs, const mts_ten
     }
 }
 
-static int qconcat_infer(mts_kctx *k)
+/* The concatenation axis: the node's, or the last one on channels-last views (nhwc). */
+static int64_t qconcat_axis(mts_kctx *k, bool nhwc)
+{
+    const mts_tensor *a = mts_kin(k, 0);
+    int64_t ax = nhwc ? a->rank - 1 : mts_attr_int(k->node, "axis", 0);
+    return ax < 0 ? ax + a->rank : ax;
+}
+
+static int qconcat_infer_common(mts_kctx *k, bool nhwc)
 {
     int rc = qelt_infer(k, true); /* same operands as MtsQLinearAdd; shapes checked below */
     if (rc && rc != MTS_ESHAPE) return rc;
     const mts_tensor *a = mts_kin(k, 0), *b = mts_kin(k, 3);
-    int64_t ax = mts_attr_int(k->node, "axis", 0);
-    if (ax < 0) ax += a->rank;
+    int64_t ax = qconcat_axis(k, nhwc);
     if (a->rank != b->rank || ax < 0 || ax >= a->rank) return mts_err_set(k->err, MTS_ESHAPE, "bad concat axis");
     for (int i = 0; i < a->rank; i++)
         if (i != ax && a->dims[i] != b->dims[i]) return mts_err_set(k->err, MTS_ESHAPE, "concat shapes differ");
@@ -1312,32 +1319,71 @@ static int qconcat_infer(mts_kctx *k)
     return MTS_OK;
 }
 
-static int qconcat_run(mts_kctx *k)
+static int qconcat_infer(mts_kctx *k)
 {
-    int rc = qconcat_infer(k);
+    return qconcat_infer_common(k, false);
+}
+
+/* On [N,H,W,C] views of channels-last tensors (a Concat along channels): along the last axis. */
+static int qconcat_nhwc_infer(mts_kctx *k)
+{
+    return qconcat_infer_common(k, true);
+}
+
+typedef struct qcat_job {
+    const uint8_t *x[2];
+    uint8_t *y;
+    int64_t outer, len[2];
+    uint8_t lut[2][256];
+} qcat_job;
+
+/* Outer slices [o0, o1): each the two inputs' runs, mapped through their tables. */
+static void qconcat_part(void *ctx, int ithr, int nthr)
+{
+    const qcat_job *j = ctx;
+    int64_t o0 = j->outer * ithr / nthr, o1 = j->outer * (ithr + 1) / nthr;
+    uint8_t *y = j->y + o0 * (j->len[0] + j->len[1]);
+    for (int64_t o = o0; o < o1; o++)
+        for (int i = 0; i < 2; i++) {
+            const uint8_t *x = j->x[i] + o * j->len[i], *lut = j->lut[i];
+            for (int64_t e = 0; e < j->len[i]; e++) y[e] = lut[x[e]];
+            y += j->len[i];
+        }
+}
+
+static int qconcat_run_common(mts_kctx *k, bool nhwc)
+{
+    int rc = qconcat_infer_common(k, nhwc);
     if (rc) return rc;
     const mts_tensor *in[2] = {mts_kin(k, 0), mts_kin(k, 3)};
     bool ysg = k->out[0].dtype == MTS_DTYPE_INT8;
-    uint8_t lut[2][256];
+    qcat_job j;
     for (int i = 0; i < 2; i++)
-        requant_lut(in[i], mts_kin(k, 3 * i + 1), mts_kin(k, 3 * i + 2), mts_kin(k, 6), mts_kin(k, 7), ysg, lut[i]);
-    int64_t ax = mts_attr_int(k->node, "axis", 0);
-    if (ax < 0) ax += in[0]->rank;
+        requant_lut(in[i], mts_kin(k, 3 * i + 1), mts_kin(k, 3 * i + 2), mts_kin(k, 6), mts_kin(k, 7), ysg, j.lut[i]);
+    int64_t ax = qconcat_axis(k, nhwc);
     int64_t outer = 1, inner = 1;
     for (int i = 0; i < ax; i++) outer *= in[0]->dims[i];
     for (int i = (int)ax + 1; i < in[0]->rank; i++) inner *= in[0]->dims[i];
-    uint8_t *y = k->out[0].data;
-    for (int64_t o = 0; o < outer; o++)
-        for (int i = 0; i < 2; i++) {
-            int64_t len = in[i]->dims[ax] * inner;
-            const uint8_t *x = (const uint8_t *)in[i]->data + o * len;
-            for (int64_t e = 0; e < len; e++) y[e] = lut[i][x[e]];
-            y += len;
-        }
+    j.y = k->out[0].data;
+    j.outer = outer;
+    for (int i = 0; i < 2; i++) j.x[i] = in[i]->data, j.len[i] = in[i]->dims[ax] * inner;
+    int t = threads_for(k, mts_tensor_numel(&k->out[0]));
+    mts_parallel(outer < t ? (int)(outer > 0 ? outer : 1) : t, qconcat_part, &j);
     return MTS_OK;
 }
 
-static int qup_infer(mts_kctx *k)
+static int qconcat_run(mts_kctx *k)
+{
+    return qconcat_run_common(k, false);
+}
+
+static int qconcat_nhwc_run(mts_kctx *k)
+{
+    return qconcat_run_common(k, true);
+}
+
+/* nhwc: on [N,H,W,C] views of channels-last tensors. */
+static int qup_infer_common(mts_kctx *k, bool nhwc)
 {
     int rc = qelt_infer(k, false);
     if (rc) return rc;
@@ -1345,8 +1391,60 @@ static int qup_infer(mts_kctx *k)
     int64_t fh = mts_attr_int(k->node, "mts_up_h", 0), fw = mts_attr_int(k->node, "mts_up_w", 0);
     if (x->rank != 4 || fh < 1 || fw < 1 || fh > 64 || fw > 64)
         return mts_err_set(k->err, MTS_EINVAL, "MtsQLinearUpsample wants a 4-D input and factors in 1..64");
-    k->out[0].dims[2] = x->dims[2] * fh;
-    k->out[0].dims[3] = x->dims[3] * fw;
+    int h = nhwc ? 1 : 2;
+    k->out[0].dims[h] = x->dims[h] * fh;
+    k->out[0].dims[h + 1] = x->dims[h + 1] * fw;
+    return MTS_OK;
+}
+
+static int qup_infer(mts_kctx *k)
+{
+    return qup_infer_common(k, false);
+}
+
+static int qup_nhwc_infer(mts_kctx *k)
+{
+    return qup_infer_common(k, true);
+}
+
+typedef struct qup_job {
+    const uint8_t *x;
+    uint8_t *y;
+    int64_t rows, W, C, fh, fw;
+    uint8_t lut[256];
+} qup_job;
+
+static void qup_nhwc_part(void *ctx, int ithr, int nthr)
+{
+    const qup_job *j = ctx;
+    int64_t r0 = j->rows * ithr / nthr, r1 = j->rows * (ithr + 1) / nthr, W = j->W, C = j->C, fw = j->fw;
+    int64_t orow = W * fw * C;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *xr = j->x + r * W * C;
+        uint8_t *row = j->y + r * j->fh * orow;
+        for (int64_t w = 0; w < W; w++) {
+            uint8_t *d = row + w * fw * C;
+            for (int64_t c = 0; c < C; c++) d[c] = j->lut[xr[w * C + c]];
+            for (int64_t f = 1; f < fw; f++) memcpy(d + f * C, d, (size_t)C);
+        }
+        for (int64_t f = 1; f < j->fh; f++) memcpy(row + f * orow, row, (size_t)orow);
+    }
+}
+
+/* Channels-last: each input pixel's C bytes map through the table once, then the pixel is
+ * repeated fw times along the row and the row fh times; rows of the input in parallel. */
+static int qup_nhwc_run(mts_kctx *k)
+{
+    int rc = qup_infer_common(k, true);
+    if (rc) return rc;
+    const mts_tensor *x = mts_kin(k, 0);
+    qup_job j = {.x = x->data, .y = k->out[0].data};
+    requant_lut(x, mts_kin(k, 1), mts_kin(k, 2), mts_kin(k, 3), mts_kin(k, 4), k->out[0].dtype == MTS_DTYPE_INT8,
+                j.lut);
+    j.fh = mts_attr_int(k->node, "mts_up_h", 0), j.fw = mts_attr_int(k->node, "mts_up_w", 0);
+    j.rows = x->dims[0] * x->dims[1], j.W = x->dims[2], j.C = x->dims[3];
+    int t = threads_for(k, mts_tensor_numel(&k->out[0]));
+    mts_parallel(j.rows < t ? (int)(j.rows > 0 ? j.rows : 1) : t, qup_nhwc_part, &j);
     return MTS_OK;
 }
 
@@ -1394,3 +1492,5 @@ const mts_op mts_quant_fast_qunary = {"MtsQLinearUnary", qunary_infer, qunary_ru
 const mts_op mts_quant_fast_qadd = {"MtsQLinearAdd", qadd_infer, qadd_run};
 const mts_op mts_quant_fast_qconcat = {"MtsQLinearConcat", qconcat_infer, qconcat_run};
 const mts_op mts_quant_fast_qupsample = {"MtsQLinearUpsample", qup_infer, qup_run};
+const mts_op mts_quant_fast_qconcat_nhwc = {"MtsQLinearConcat", qconcat_nhwc_infer, qconcat_nhwc_run};
+const mts_op mts_quant_fast_qupsample_nhwc = {"MtsQLinearUpsample", qup_nhwc_infer, qup_nhwc_run};
