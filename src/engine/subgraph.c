@@ -141,6 +141,80 @@ int mts__subgraph_check(const mts_model *m, const mts_node *n, const char *file,
                        file, n->name, op);
 }
 
+/* ---- load-time rewrites ---- */
+
+/* The constant an outer value holds when it is known at load: an initializer, or the output of
+ * a Constant node with a `value` tensor. NULL otherwise. */
+static const mts_tensor *load_const(const mts_model *m, int v)
+{
+    if (v < 0 || v >= m->n_values) return NULL;
+    const mts_value *val = &m->values[v];
+    if (val->kind == MTS_VALUE_INITIALIZER) return val->init.data || mts_tensor_numel(&val->init) == 0 ? &val->init : NULL;
+    if (val->producer < 0) return NULL;
+    const mts_node *p = &m->nodes[val->producer];
+    if (p->domain[0] || strcmp(p->op_type, "Constant") || p->n_out != 1) return NULL;
+    const mts_attr *a = mts_node_attr(p, "value");
+    return a && a->type == MTS_ATTR_TENSOR && a->t && (a->t->data || mts_tensor_numel(a->t) == 0) ? a->t : NULL;
+}
+
+/* Keeps the copy behind root initializer v (if it is one) for the model's lifetime: a subgraph
+ * now reads its bytes directly, which the root's plans do not see when they release weights. */
+static void pin_copy(mts_model *root, int v)
+{
+    for (int c = 0; c < root->n_copies; c++)
+        if (root->copies[c].value == v) root->copies[c].value = -1;
+}
+
+/* Turns the captured values of g (a subgraph of node n of model m) that are constants of m into
+ * initializers of g sharing the same bytes, so g's plans fold and pack them like weights of
+ * their own (a convolution inside an If branch reading the model's weights gets the backend's
+ * packed-weight path instead of being handed the weights as run-time inputs). The node keeps
+ * them as implicit inputs, which are constants of m. */
+static void capture_consts(mts_model *root, mts_model *m, const mts_node *n, mts_model *g)
+{
+    int n_caps = g->n_inputs - g->n_formal, kept = 0;
+    for (int c = 0; c < n_caps; c++) {
+        int slot = g->cap_slot[c], gv = g->inputs[g->n_formal + c];
+        int ov = slot >= 0 && slot < n->n_in ? n->in[slot] : -1;
+        const mts_tensor *t = load_const(m, ov);
+        if (!t || !mts_dtype_supported(t->dtype) || mts_dtype_is_blob(t->dtype)) {
+            g->inputs[g->n_formal + kept] = gv;
+            g->cap_slot[kept++] = slot;
+            continue;
+        }
+        mts_value *val = &g->values[gv];
+        val->kind = MTS_VALUE_INITIALIZER;
+        val->init = *t;
+        val->dtype = t->dtype;
+        val->rank = t->rank;
+        memcpy(val->dims, t->dims, sizeof val->dims);
+        val->producer = -1;
+        if (m == root) pin_copy(root, ov);
+    }
+    g->n_inputs = g->n_formal + kept;
+}
+
+static void rewrite_captures(mts_model *root, mts_model *m)
+{
+    for (int i = 0; i < m->n_nodes; i++) {
+        const mts_node *n = &m->nodes[i];
+        for (int a = 0; a < n->n_attr; a++) {
+            mts_model *g = n->attrs[a].type == MTS_ATTR_GRAPH ? n->attrs[a].g : NULL;
+            if (!g) continue;
+            capture_consts(root, m, n, g);
+            rewrite_captures(root, g);
+        }
+    }
+}
+
+int mts__subgraph_rewrite(mts_model *root, mts_err *err)
+{
+    (void)err;
+    if (root->n_subs == 0) return MTS_OK;
+    rewrite_captures(root, root);
+    return MTS_OK;
+}
+
 /* ---- per-context state ---- */
 
 static cf_entry *entry_get(mts_ctx *c, const void *key)

@@ -28,6 +28,10 @@ int64_t mts_subgraph_max_bytes(const mts_model *g);
  * Loop and Scan bodies); unknown ops with subgraphs are refused. file names the model. */
 int mts__subgraph_check(const mts_model *m, const mts_node *n, const char *file, mts_err *err);
 
+/* Load-time rewrites of a freshly loaded root model (nodes sorted and resolved, subgraphs
+ * included): outer constants a subgraph captures become initializers of the subgraph. */
+int mts__subgraph_rewrite(mts_model *root, mts_err *err);
+
 /* Output shapes of g for these formal inputs (shapes only; data may be NULL) and the node's
  * captured inputs, from g's plan: out[i] gets dtype/rank/dims, known[i] false when the shape
  * depends on run-time values. */
