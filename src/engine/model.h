@@ -125,6 +125,12 @@ struct mts_model {
     int n_subs, cap_subs;
 };
 
+/* True when inputs `in` have exactly plan p's signature (types and shapes; never for blobs, whose
+ * contents the input check reads): a context bound to p may run it without a plan lookup. */
+bool mts__plan_same_shapes(const mts__plan *p, const mts_tensor *in, int n);
+/* Runs of c use `threads` intra-op threads as given, without the adaptive team choice (a
+ * subgraph's context follows the run of its parent; 0 restores the default). */
+void mts__ctx_set_run_threads(mts_ctx *c, int threads);
 /* Finds or builds the plan for a signature (thread-safe). */
 int mts__plan_get(mts_model *m, const mts_tensor *inputs, int n, const mts__plan **out, mts_err *err);
 void mts__plan_free_all(mts_model *m);

@@ -350,10 +350,13 @@ int mts_subgraph_run(mts_kctx *k, mts_model *g, const mts_tensor *formal, int n_
         e->threads = threads;
         e->ins = calloc((size_t)g->n_inputs + 1, sizeof(mts_tensor));
         if (!e->ins) return mts_err_set(k->err, MTS_ENOMEM, "out of memory");
-    } else if (e->threads != threads) {
+    } else if (threads > e->threads) {
         mts_ctx_set_threads(e->ctx, threads);
         e->threads = threads;
     }
+    /* The subgraph runs on the threads its parent's run uses now (the parent's adaptive team
+     * choice), not on a choice of its own. */
+    mts__ctx_set_run_threads(e->ctx, threads);
     if ((rc = bind_inputs(k, g, formal, n_formal, e->ins))) return rc;
     for (int i = 0; i < g->n_inputs; i++)
         if (!mts_dtype_supported(e->ins[i].dtype))

@@ -43,6 +43,8 @@ static void set_shape(mts_tensor *o, const mts_tensor *src)
 
 /* ---- If ---- */
 
+#define IF_FEW_OUTPUTS 16
+
 /* The condition: 1 known, 0 false, MTS_EDYNAMIC while its value is unknown. */
 static int if_cond(mts_kctx *k, bool *c)
 {
@@ -152,13 +154,14 @@ static int if_run(mts_kctx *k)
     if ((rc = if_cond(k, &c))) return rc == MTS_EDYNAMIC ? mts_err_set(k->err, MTS_EINVAL, "condition has no data") : rc;
     mts_model *g = c ? tg : eg;
     int nb = mts_subgraph_n_outputs(g);
-    const mts_tensor **outs = calloc((size_t)nb + 1, sizeof *outs);
-    if (!outs) return mts_err_set(k->err, MTS_ENOMEM, "out of memory");
+    const mts_tensor *few[IF_FEW_OUTPUTS], **outs = few; /* no allocation per call for a few */
+    if (nb > IF_FEW_OUTPUTS && !(outs = calloc((size_t)nb, sizeof *outs)))
+        return mts_err_set(k->err, MTS_ENOMEM, "out of memory");
     void *tmp;
     rc = mts_subgraph_run(k, g, NULL, 0, outs, &tmp);
     for (int j = 0; !rc && j < k->n_out; j++) rc = copy_out(k, j, outs[j], c ? "then_branch" : "else_branch");
     mts_subgraph_tmp_free(tmp);
-    free(outs);
+    if (outs != few) free(outs);
     return rc;
 }
 
