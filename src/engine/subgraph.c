@@ -10,6 +10,7 @@
  * At plan time (constant folding, shape inference) there is no context: a temporary one is
  * made for the run and freed after.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -194,25 +195,308 @@ static void capture_consts(mts_model *root, mts_model *m, const mts_node *n, mts
     g->n_inputs = g->n_formal + kept;
 }
 
-static void rewrite_captures(mts_model *root, mts_model *m)
+/* Load-time evaluation of the values an If condition depends on. A value is a constant
+ * (an initializer, a Constant, or computed from constants), has a known shape (a graph input
+ * of the root whose declared dims are all fixed: the input check enforces them on every run;
+ * an initializer; what a kernel's shape inference gives from known shapes), or is unknown (a
+ * subgraph's inputs, anything downstream of a symbolic dim or a run-time value). Shape and
+ * Size of a known shape are constants, as in the planner. Folding is bounded per node. */
+enum { LT_UNKNOWN = 0, LT_SHAPE, LT_CONST };
+#define LT_FOLD_MAX_BYTES ((int64_t)64 << 10)
+
+typedef struct lt_eval {
+    uint8_t *state;
+    mts_tensor *t;
+    mts_pool pool;
+} lt_eval;
+
+static bool has_graph_attr(const mts_node *n)
 {
-    for (int i = 0; i < m->n_nodes; i++) {
+    for (int a = 0; a < n->n_attr; a++)
+        if (n->attrs[a].type == MTS_ATTR_GRAPH) return true;
+    return false;
+}
+
+static bool is_cond_if(const mts_node *n)
+{
+    return !n->domain[0] && !strcmp(n->op_type, "If") && n->n_in - n->n_implicit == 1 && n->in[0] >= 0;
+}
+
+/* Evaluates node i of m from the states of its inputs (see above). */
+static void lt_node(const mts_model *m, int i, lt_eval *ev, const mts_tensor **kin, mts_tensor *kout)
+{
+    const mts_node *n = &m->nodes[i];
+    if (has_graph_attr(n) || n->n_out > 16 || n->n_in > 64) return;
+    if (!n->domain[0] && !mts_node_attr(n, "seed") &&
+        (!strncmp(n->op_type, "Random", 6) || !strcmp(n->op_type, "Bernoulli") || !strcmp(n->op_type, "Multinomial")))
+        return;
+    bool dims_only = !n->domain[0] && (!strcmp(n->op_type, "Shape") || !strcmp(n->op_type, "Size"));
+    bool all_const = true;
+    for (int j = 0; j < n->n_in; j++) {
+        int v = n->in[j];
+        kin[j] = v >= 0 ? &ev->t[v] : NULL;
+        if (v < 0) continue;
+        if (ev->state[v] == LT_UNKNOWN) return;
+        if (ev->state[v] != LT_CONST && !dims_only) all_const = false;
+    }
+    mts_err err = {0};
+    memset(kout, 0, sizeof *kout * (size_t)n->n_out);
+    mts_kctx k = {n, kin, n->n_in, kout, n->n_out, &err, 1, NULL};
+    if (m->ops[i]->infer(&k)) return;
+    int64_t bytes = 0;
+    for (int j = 0; j < n->n_out; j++) {
+        int64_t b = mts_tensor_nbytes(&kout[j]);
+        if (kout[j].rank < 0 || kout[j].rank > MTS_MAX_RANK || b < 0 || !mts_dtype_supported(kout[j].dtype) ||
+            mts_dtype_is_blob(kout[j].dtype))
+            return;
+        bytes += b;
+    }
+    if (all_const && bytes <= LT_FOLD_MAX_BYTES) {
+        for (int j = 0; j < n->n_out; j++) {
+            int64_t b = mts_tensor_nbytes(&kout[j]);
+            if (!(kout[j].data = mts_pool_calloc(&ev->pool, (size_t)(b > 0 ? b : 1), 1))) return;
+        }
+        if (m->ops[i]->run(&k)) return;
+    } else {
+        all_const = false;
+        for (int j = 0; j < n->n_out; j++) kout[j].data = NULL;
+    }
+    for (int j = 0; j < n->n_out; j++) {
+        ev->t[n->out[j]] = kout[j];
+        ev->state[n->out[j]] = all_const ? LT_CONST : LT_SHAPE;
+    }
+}
+
+/* The first If of m whose condition is known at load: its node index, *cond its value; -1 if
+ * none. Only the nodes the conditions depend on are evaluated. */
+static int lt_find_const_if(const mts_model *m, bool *cond)
+{
+    int nv = m->n_values, nn = m->n_nodes, found = -1, max_io = 1;
+    bool any = false;
+    for (int i = 0; i < nn && !any; i++) any = is_cond_if(&m->nodes[i]);
+    if (!any) return -1;
+    lt_eval ev = {0};
+    ev.state = calloc((size_t)nv + 1, 1);
+    ev.t = calloc((size_t)nv + 1, sizeof *ev.t);
+    uint8_t *need = calloc((size_t)nn + 1, 1), *vneed = calloc((size_t)nv + 1, 1);
+    for (int i = 0; i < nn; i++) {
+        if (m->nodes[i].n_in > max_io) max_io = m->nodes[i].n_in;
+        if (m->nodes[i].n_out > max_io) max_io = m->nodes[i].n_out;
+    }
+    const mts_tensor **kin = calloc((size_t)max_io + 1, sizeof *kin);
+    mts_tensor *kout = calloc((size_t)max_io + 1, sizeof *kout);
+    if (!ev.state || !ev.t || !need || !vneed || !kin || !kout) goto out;
+    for (int i = 0; i < nn; i++)
+        if (is_cond_if(&m->nodes[i])) vneed[m->nodes[i].in[0]] = 1;
+    for (int i = nn - 1; i >= 0; i--) { /* the conditions' ancestors */
+        const mts_node *n = &m->nodes[i];
+        for (int j = 0; j < n->n_out && !need[i]; j++) need[i] = vneed[n->out[j]];
+        if (need[i])
+            for (int j = 0; j < n->n_in; j++)
+                if (n->in[j] >= 0) vneed[n->in[j]] = 1;
+    }
+    for (int v = 0; v < nv; v++) {
+        const mts_value *val = &m->values[v];
+        if (val->kind == MTS_VALUE_INITIALIZER && (val->init.data || mts_tensor_numel(&val->init) == 0) &&
+            mts_dtype_supported(val->init.dtype) && !mts_dtype_is_blob(val->init.dtype)) {
+            ev.t[v] = val->init;
+            ev.state[v] = LT_CONST;
+        }
+    }
+    for (int i = 0; i < m->n_inputs && !m->root; i++) { /* fixed-shape inputs of the root */
+        int v = m->inputs[i];
+        const mts_value *val = &m->values[v];
+        bool fixed = val->rank >= 0 && val->rank <= MTS_MAX_RANK && mts_dtype_supported(val->dtype) &&
+                     !mts_dtype_is_blob(val->dtype) && !mts_dtype_is_seq(val->dtype);
+        for (int d = 0; fixed && d < val->rank; d++) fixed = val->dims[d] >= 0;
+        if (!fixed) continue;
+        ev.t[v] = (mts_tensor){.dtype = mts_dtype_is_half(val->dtype) ? MTS_DTYPE_FLOAT : val->dtype, .rank = val->rank};
+        memcpy(ev.t[v].dims, val->dims, sizeof val->dims);
+        ev.state[v] = LT_SHAPE;
+    }
+    for (int i = 0; i < nn && found < 0; i++) {
+        const mts_node *n = &m->nodes[i];
+        if (is_cond_if(n) && ev.state[n->in[0]] == LT_CONST && mts_tensor_numel(&ev.t[n->in[0]]) == 1) {
+            found = i;
+            *cond = mts_tensor_get_f64(&ev.t[n->in[0]], 0) != 0;
+        } else if (need[i]) {
+            lt_node(m, i, &ev, kin, kout);
+        }
+    }
+out:
+    mts_pool_free(&ev.pool);
+    free(ev.state);
+    free(ev.t);
+    free(need);
+    free(vneed);
+    free(kin);
+    free(kout);
+    return found;
+}
+
+/* "<prefix>/<name>" in m's pool. */
+static const char *prefixed(mts_model *m, const char *prefix, const char *name)
+{
+    size_t a = strlen(prefix), b = strlen(name);
+    char *s = mts_pool_alloc(&m->pool, a + b + 2);
+    if (!s) return NULL;
+    memcpy(s, prefix, a);
+    s[a] = '/';
+    memcpy(s + a + 1, name, b + 1);
+    return s;
+}
+
+/* Replaces If node i of m by the nodes of branch g (taken at load): g's values become values of
+ * m named "<if>/<branch>/<name>", its captured values are the If's inputs they stand for, and
+ * each If output is written by the branch node that computes it (an Identity where the branch
+ * output is not computed by a node of its own: a captured value, an initializer, an output
+ * listed twice). The order stays topological: the branch reads only values defined before the
+ * If, and the If's readers come after it. */
+static int inline_if(mts_model *m, int i, mts_model *g, const char *branch, mts_err *err)
+{
+    const mts_node *n = &m->nodes[i];
+    const mts_op *ident = mts_op_lookup("Identity");
+    if (!ident) return mts_err_set(err, MTS_EUNSUPPORTED, "Identity is not available to inline an If");
+    char pre[256];
+    if (n->name[0]) snprintf(pre, sizeof pre, "%s/%s", n->name, branch);
+    else snprintf(pre, sizeof pre, "If#%d/%s", i, branch);
+    int *map = malloc(sizeof(int) * ((size_t)g->n_values + 1));
+    int *ident_out = calloc((size_t)n->n_out + 1, sizeof(int)); /* per If output: 1 when an Identity writes it */
+    int rc = MTS_OK;
+    if (!map || !ident_out) {
+        rc = mts_err_set(err, MTS_ENOMEM, "out of memory");
+        goto out;
+    }
+    for (int v = 0; v < g->n_values; v++) map[v] = -1;
+    for (int c = 0; c < g->n_inputs - g->n_formal; c++) {
+        int slot = g->cap_slot[c];
+        map[g->inputs[g->n_formal + c]] = slot >= 0 && slot < n->n_in ? n->in[slot] : -1;
+    }
+    int n_ident = 0;
+    for (int j = 0; j < n->n_out; j++) {
+        int gv = g->outputs[j];
+        if (g->values[gv].producer >= 0 && map[gv] < 0 && g->values[gv].kind == MTS_VALUE_INTERMEDIATE) {
+            map[gv] = n->out[j];
+        } else {
+            ident_out[j] = 1;
+            n_ident++;
+        }
+    }
+    int nv = m->n_values;
+    for (int v = 0; v < g->n_values; v++)
+        if (map[v] < 0) map[v] = nv++;
+    mts_value *vals = mts_pool_calloc(&m->pool, (size_t)nv + 1, sizeof *vals);
+    int nn = m->n_nodes - 1 + g->n_nodes + n_ident;
+    mts_node *nodes = mts_pool_calloc(&m->pool, (size_t)nn + 1, sizeof *nodes);
+    const mts_op **ops = mts_pool_calloc(&m->pool, (size_t)nn + 1, sizeof *ops);
+    if (!vals || !nodes || !ops) {
+        rc = mts_err_set(err, MTS_ENOMEM, "out of memory");
+        goto out;
+    }
+    memcpy(vals, m->values, sizeof *vals * (size_t)m->n_values);
+    for (int v = 0; v < g->n_values; v++) {
+        if (map[v] < m->n_values) continue; /* a captured value, or an If output */
+        mts_value *d = &vals[map[v]];
+        *d = g->values[v];
+        d->producer = -1;
+        if (!(d->name = prefixed(m, pre, g->values[v].name))) {
+            rc = mts_err_set(err, MTS_ENOMEM, "out of memory");
+            goto out;
+        }
+    }
+    int k = 0;
+    for (int q = 0; q < i; q++) nodes[k] = m->nodes[q], ops[k++] = m->ops[q];
+    for (int q = 0; q < g->n_nodes; q++) {
+        const mts_node *s = &g->nodes[q];
+        mts_node *d = &nodes[k];
+        *d = *s;
+        d->in = mts_pool_calloc(&m->pool, (size_t)s->n_in + 1, sizeof(int));
+        d->out = mts_pool_calloc(&m->pool, (size_t)s->n_out + 1, sizeof(int));
+        char anon[32];
+        snprintf(anon, sizeof anon, "#%d", q);
+        d->name = prefixed(m, pre, s->name[0] ? s->name : anon);
+        if (!d->in || !d->out || !d->name) {
+            rc = mts_err_set(err, MTS_ENOMEM, "out of memory");
+            goto out;
+        }
+        for (int j = 0; j < s->n_in; j++) d->in[j] = s->in[j] >= 0 ? map[s->in[j]] : -1;
+        for (int j = 0; j < s->n_out; j++) d->out[j] = map[s->out[j]];
+        for (int j = 0; j < s->n_in; j++)
+            if (s->in[j] >= 0 && d->in[j] < 0) {
+                rc = mts_err_set(err, MTS_EFORMAT, "%s: captured value '%s' is missing", g->path,
+                                 g->values[s->in[j]].name);
+                goto out;
+            }
+        ops[k++] = g->ops[q];
+    }
+    for (int j = 0; j < n->n_out; j++) {
+        if (!ident_out[j]) continue;
+        mts_node *d = &nodes[k];
+        memset(d, 0, sizeof *d);
+        d->in = mts_pool_calloc(&m->pool, 2, sizeof(int));
+        d->out = mts_pool_calloc(&m->pool, 2, sizeof(int));
+        d->name = prefixed(m, pre, "output");
+        if (!d->in || !d->out || !d->name) {
+            rc = mts_err_set(err, MTS_ENOMEM, "out of memory");
+            goto out;
+        }
+        d->op_type = "Identity";
+        d->domain = "";
+        d->opset = n->opset;
+        d->n_in = d->n_out = 1;
+        d->in[0] = map[g->outputs[j]];
+        d->out[0] = n->out[j];
+        if (d->in[0] < 0) {
+            rc = mts_err_set(err, MTS_EFORMAT, "%s: output %d is missing", g->path, j);
+            goto out;
+        }
+        ops[k++] = ident;
+    }
+    for (int q = i + 1; q < m->n_nodes; q++) nodes[k] = m->nodes[q], ops[k++] = m->ops[q];
+    for (int q = 0; q < nn; q++)
+        for (int j = 0; j < nodes[q].n_out; j++)
+            if (nodes[q].out[j] >= 0) vals[nodes[q].out[j]].producer = q;
+    m->values = vals;
+    m->n_values = nv;
+    m->nodes = nodes;
+    m->ops = ops;
+    m->n_nodes = nn;
+out:
+    free(map);
+    free(ident_out);
+    return rc;
+}
+
+/* Inlines the Ifs of m whose condition is known at load, until none is left (a branch may hold
+ * further Ifs that its inlining makes decidable), then treats m's remaining subgraphs: their
+ * captured constants, and the same rewrites inside them. */
+static int rewrite_graph(mts_model *root, mts_model *m, bool inline_ifs, mts_err *err)
+{
+    bool cond;
+    int i, rc, guard = 0;
+    while (inline_ifs && (i = lt_find_const_if(m, &cond)) >= 0) {
+        if (++guard > 4096) break;
+        mts_model *g = mts_subgraph(&m->nodes[i], cond ? "then_branch" : "else_branch");
+        if (!g) break;
+        if ((rc = inline_if(m, i, g, cond ? "then_branch" : "else_branch", err))) return rc;
+    }
+    for (i = 0; i < m->n_nodes; i++) {
         const mts_node *n = &m->nodes[i];
         for (int a = 0; a < n->n_attr; a++) {
             mts_model *g = n->attrs[a].type == MTS_ATTR_GRAPH ? n->attrs[a].g : NULL;
             if (!g) continue;
             capture_consts(root, m, n, g);
-            rewrite_captures(root, g);
+            if ((rc = rewrite_graph(root, g, inline_ifs, err))) return rc;
         }
     }
+    return MTS_OK;
 }
 
 int mts__subgraph_rewrite(mts_model *root, mts_err *err)
 {
-    (void)err;
     if (root->n_subs == 0) return MTS_OK;
-    rewrite_captures(root, root);
-    return MTS_OK;
+    const char *e = getenv("MTS_IF_INLINE"); /* "0": keep every If (to compare, and to debug) */
+    return rewrite_graph(root, root, !(e && !strcmp(e, "0")), err);
 }
 
 /* ---- per-context state ---- */

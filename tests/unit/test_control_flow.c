@@ -9,6 +9,7 @@
  */
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <cmocka.h>
 #include <stdint.h>
@@ -104,10 +105,28 @@ static void init_f32(buf *g, const char *name, int rank, const int64_t *dims, co
     fmsg(g, 5, &t);
 }
 
+/* A scalar TensorProto (bool or int64) named name (NULL: unnamed) in *t. */
+static void scalar(buf *t, const char *name, int elem, int64_t v)
+{
+    uint8_t b = (uint8_t)v;
+    fint(t, 2, (uint64_t)elem);
+    if (name) fstr(t, 8, name);
+    if (elem == T_BOOL) fbytes(t, 9, &b, 1);
+    else fbytes(t, 9, &v, sizeof v);
+}
+
+static void init_scalar(buf *g, const char *name, int elem, int64_t v)
+{
+    buf t = {0};
+    scalar(&t, name, elem, v);
+    fmsg(g, 5, &t);
+}
+
 typedef struct attr {
     const char *name;
-    buf *graph;  /* GRAPH attribute when set, else INT */
-    int64_t i;
+    buf *graph;  /* GRAPH attribute when set, */
+    int64_t i;   /* else INT, */
+    buf *tensor; /* or TENSOR when this is set */
 } attr;
 
 /* NodeProto in graph g; ins/outs NULL-terminated ("" for an omitted input). */
@@ -123,6 +142,9 @@ static void node(buf *g, const char *op, const char *const *ins, const char *con
         if (attrs[a].graph) {
             fmsg(&at, 6, attrs[a].graph);
             fint(&at, 20, 5);
+        } else if (attrs[a].tensor) {
+            fmsg(&at, 5, attrs[a].tensor);
+            fint(&at, 20, 4);
         } else {
             fint(&at, 3, (uint64_t)attrs[a].i);
             fint(&at, 20, 2);
@@ -164,7 +186,7 @@ static void make_if(buf *out)
     node(&else_g, "Mul", L("x", "K"), L("ey"), NULL, 0);
     init_f32(&else_g, "K", 1, d3, K, 3);
     value_info(&else_g, 12, "ey", T_FLOAT, -1, NULL);
-    attr at[] = {{"then_branch", &then_g, 0}, {"else_branch", &else_g, 0}};
+    attr at[] = {{"then_branch", &then_g, 0, NULL}, {"else_branch", &else_g, 0, NULL}};
     node(&g, "If", L("c"), L("y"), at, 2);
     node(&g, "Neg", L("y"), L("out"), NULL, 0);
     init_f32(&g, "W", 1, d3, W, 3);
@@ -222,7 +244,7 @@ static void test_if_passthrough(void **state)
     value_info(&t, 12, "W", T_FLOAT, -1, NULL);
     node(&e, "Identity", L("W"), L("unused2"), NULL, 0);
     value_info(&e, 12, "x", T_FLOAT, -1, NULL);
-    attr at[] = {{"then_branch", &t, 0}, {"else_branch", &e, 0}};
+    attr at[] = {{"then_branch", &t, 0, NULL}, {"else_branch", &e, 0, NULL}};
     node(&g, "If", L("c"), L("y"), at, 2);
     init_f32(&g, "W", 1, d3, W, 3);
     value_info(&g, 11, "c", T_BOOL, 0, NULL);
@@ -250,6 +272,155 @@ static void test_if_passthrough(void **state)
     free(b.p);
 }
 
+/* ---- If with a condition known at load: inlined ---- */
+
+/* Four Ifs whose conditions are known at load: an initializer (a branch adding a captured
+ * initializer), a Constant (a branch passing an outer initializer through), and
+ * Shape(x)[0] == 3 of a fixed-shape input (a branch holding a nested If on a captured
+ * constant, and an initializer of its own as a second output). When x is declared with a
+ * symbolic dim instead (sym), the third condition is known only at plan time and stays an If. */
+static void make_const_ifs(buf *out, bool sym)
+{
+    const int64_t d3[] = {3};
+    const float W[] = {10, 20, 30}, K[] = {2, 2, 2}, B[] = {5, 6, 7};
+    buf t1 = {0}, e1 = {0}, t2 = {0}, e2 = {0}, t3 = {0}, e3 = {0}, t4 = {0}, e4 = {0}, g = {0}, cv = {0};
+    node(&t1, "Add", L("x", "ten"), L("t1y"), NULL, 0);
+    value_info(&t1, 12, "t1y", T_FLOAT, -1, NULL);
+    node(&e1, "Mul", L("x", "K"), L("e1y"), NULL, 0);
+    init_f32(&e1, "K", 1, d3, K, 3);
+    value_info(&e1, 12, "e1y", T_FLOAT, -1, NULL);
+    node(&t2, "Neg", L("x"), L("t2y"), NULL, 0);
+    value_info(&t2, 12, "t2y", T_FLOAT, -1, NULL);
+    node(&e2, "Identity", L("x"), L("unused"), NULL, 0);
+    value_info(&e2, 12, "W", T_FLOAT, -1, NULL);
+    node(&t4, "Neg", L("x"), L("t4y"), NULL, 0);
+    value_info(&t4, 12, "t4y", T_FLOAT, -1, NULL);
+    node(&e4, "Abs", L("x"), L("e4y"), NULL, 0);
+    value_info(&e4, 12, "e4y", T_FLOAT, -1, NULL);
+    attr a4[] = {{"then_branch", &t4, 0, NULL}, {"else_branch", &e4, 0, NULL}};
+    node(&t3, "If", L("ct"), L("n4"), a4, 2);
+    init_f32(&t3, "B", 1, d3, B, 3);
+    value_info(&t3, 12, "n4", T_FLOAT, -1, NULL);
+    value_info(&t3, 12, "B", T_FLOAT, -1, NULL);
+    node(&e3, "Identity", L("x"), L("e3a"), NULL, 0);
+    node(&e3, "Identity", L("W"), L("e3b"), NULL, 0);
+    value_info(&e3, 12, "e3a", T_FLOAT, -1, NULL);
+    value_info(&e3, 12, "e3b", T_FLOAT, -1, NULL);
+    attr a1[] = {{"then_branch", &t1, 0, NULL}, {"else_branch", &e1, 0, NULL}};
+    node(&g, "If", L("ct"), L("y1"), a1, 2);
+    scalar(&cv, NULL, T_BOOL, 0);
+    attr ac[] = {{"value", NULL, 0, &cv}};
+    node(&g, "Constant", L(NULL), L("cf"), ac, 1);
+    attr a2[] = {{"then_branch", &t2, 0, NULL}, {"else_branch", &e2, 0, NULL}};
+    node(&g, "If", L("cf"), L("y2"), a2, 2);
+    node(&g, "Shape", L("x"), L("shp"), NULL, 0);
+    node(&g, "Gather", L("shp", "zero"), L("n"), NULL, 0);
+    node(&g, "Equal", L("n", "three"), L("c3"), NULL, 0);
+    attr a3[] = {{"then_branch", &t3, 0, NULL}, {"else_branch", &e3, 0, NULL}};
+    node(&g, "If", L("c3"), L("y3", "y4"), a3, 2);
+    init_f32(&g, "W", 1, d3, W, 3);
+    init_f32(&g, "ten", 0, NULL, W, 1);
+    init_scalar(&g, "ct", T_BOOL, 1);
+    init_scalar(&g, "zero", T_INT64, 0);
+    init_scalar(&g, "three", T_INT64, 3);
+    if (sym) {
+        buf vi = {0}, tp = {0}, tt = {0}, sh = {0}, d = {0};
+        fstr(&vi, 1, "x");
+        fint(&tt, 1, T_FLOAT);
+        fstr(&d, 2, "N");
+        fmsg(&sh, 1, &d);
+        fmsg(&tt, 2, &sh);
+        fmsg(&tp, 1, &tt);
+        fmsg(&vi, 2, &tp);
+        fmsg(&g, 11, &vi);
+    } else {
+        value_info(&g, 11, "x", T_FLOAT, 1, d3);
+    }
+    value_info(&g, 12, "y1", T_FLOAT, -1, NULL);
+    value_info(&g, 12, "y2", T_FLOAT, -1, NULL);
+    value_info(&g, 12, "y3", T_FLOAT, -1, NULL);
+    value_info(&g, 12, "y4", T_FLOAT, -1, NULL);
+    model(out, &g);
+}
+
+static int count_ifs(const mts_model *m)
+{
+    mts_model_info info;
+    mts_model_get_info(m, &info);
+    int n = 0;
+    for (int i = 0; i < info.n_nodes; i++) n += !strcmp(mts_model_node(m, i)->op_type, "If");
+    return n;
+}
+
+static void check_const_ifs(const mts_model *m, int64_t len)
+{
+    mts_ctx *c = NULL;
+    mts_err err = {0};
+    assert_int_equal(mts_ctx_create((mts_model *)m, 2, &c, &err), 0);
+    for (int rep = 0; rep < 3; rep++) {
+        float x[] = {1, -2, 3};
+        mts_tensor in[1] = {{MTS_DTYPE_FLOAT, 1, {len}, x}};
+        const mts_tensor *out[4];
+        int rc = mts_ctx_run(c, in, 1, out, &err);
+        if (rc) fail_msg("run: %s", err.msg);
+        for (int j = 0; j < 4; j++) assert_int_equal(out[j]->dims[0], j == 1 || j == 3 ? 3 : len);
+        for (int i = 0; i < len; i++) {
+            const float W[] = {10, 20, 30}, B[] = {5, 6, 7};
+            assert_true(((const float *)out[0]->data)[i] == x[i] + 10);
+            assert_true(((const float *)out[1]->data)[i] == W[i]);
+            if (len == 3) {
+                assert_true(((const float *)out[2]->data)[i] == -x[i]);
+                assert_true(((const float *)out[3]->data)[i] == B[i]);
+            } else { /* Shape(x)[0] != 3: the else branch */
+                assert_true(((const float *)out[2]->data)[i] == x[i]);
+            }
+        }
+        if (len != 3)
+            for (int i = 0; i < 3; i++) assert_true(((const float *)out[3]->data)[i] == (float)(10 * (i + 1)));
+    }
+    mts_ctx_free(c);
+}
+
+static void test_if_const_inlined(void **state)
+{
+    (void)state;
+    buf b = {0};
+    make_const_ifs(&b, false);
+    const char *backends[] = {"reference", "default"};
+    for (int be = 0; be < 2; be++)
+        for (int inl = 1; inl >= 0; inl--) {
+            setenv("MTS_IF_INLINE", inl ? "1" : "0", 1);
+            mts_model *m = NULL;
+            mts_err err = {0};
+            int rc = load(&b, backends[be], &m, &err);
+            if (rc) fail_msg("load: %s", err.msg);
+            /* inlined: no If left (the nested one too); kept: the three top-level Ifs */
+            assert_int_equal(count_ifs(m), inl ? 0 : 3);
+            check_const_ifs(m, 3);
+            mts_model_free(m);
+        }
+    unsetenv("MTS_IF_INLINE");
+    free(b.p);
+}
+
+/* A condition on a symbolic dim is decided per input shape at plan time: the If stays, and
+ * both branches run right. */
+static void test_if_shape_cond_kept(void **state)
+{
+    (void)state;
+    buf b = {0};
+    make_const_ifs(&b, true);
+    mts_model *m = NULL;
+    mts_err err = {0};
+    int rc = load(&b, NULL, &m, &err);
+    if (rc) fail_msg("load: %s", err.msg);
+    assert_int_equal(count_ifs(m), 1);
+    check_const_ifs(m, 3);
+    check_const_ifs(m, 2);
+    mts_model_free(m);
+    free(b.p);
+}
+
 /* ---- Loop: loop-carried state and a scan output ---- */
 
 static void test_loop_state_and_scan(void **state)
@@ -268,7 +439,7 @@ static void test_loop_state_and_scan(void **state)
     value_info(&body, 12, "cond_out", T_BOOL, 0, NULL);
     value_info(&body, 12, "s_out", T_FLOAT, -1, NULL);
     value_info(&body, 12, "scan", T_FLOAT, -1, NULL);
-    attr at[] = {{"body", &body, 0}};
+    attr at[] = {{"body", &body, 0, NULL}};
     node(&g, "Loop", L("M", "", "x"), L("final", "scans"), at, 1);
     value_info(&g, 11, "M", T_INT64, 0, NULL);
     value_info(&g, 11, "x", T_FLOAT, 1, d2);
@@ -337,7 +508,7 @@ static void test_malformed(void **state)
         node(&e, "Identity", L("x"), L("b2"), NULL, 0);
         value_info(&e, 12, "a2", T_FLOAT, -1, NULL);
         value_info(&e, 12, "b2", T_FLOAT, -1, NULL);
-        attr at[] = {{"then_branch", &t, 0}, {"else_branch", &e, 0}};
+        attr at[] = {{"then_branch", &t, 0, NULL}, {"else_branch", &e, 0, NULL}};
         node(&g, "If", L("c"), L("y"), at, 2);
         value_info(&g, 11, "c", T_BOOL, 0, NULL);
         value_info(&g, 11, "x", T_FLOAT, 1, d3);
@@ -351,7 +522,7 @@ static void test_malformed(void **state)
         value_info(&t, 12, "a", T_FLOAT, -1, NULL);
         node(&e, "Identity", L("x"), L("b"), NULL, 0);
         value_info(&e, 12, "b", T_FLOAT, -1, NULL);
-        attr at[] = {{"then_branch", &t, 0}, {"else_branch", &e, 0}};
+        attr at[] = {{"then_branch", &t, 0, NULL}, {"else_branch", &e, 0, NULL}};
         node(&g, "If", L("c"), L("y"), at, 2);
         value_info(&g, 11, "c", T_BOOL, 0, NULL);
         value_info(&g, 11, "x", T_FLOAT, 1, d3);
@@ -370,7 +541,7 @@ static void test_malformed(void **state)
             snprintf(name, sizeof name, "y%d", lvl);
             node(&other, "Identity", L("x"), L(prev), NULL, 0);
             value_info(&other, 12, prev, T_FLOAT, -1, NULL);
-            attr at[] = {{"then_branch", &inner, 0}, {"else_branch", &other, 0}};
+            attr at[] = {{"then_branch", &inner, 0, NULL}, {"else_branch", &other, 0, NULL}};
             node(&outer, "If", L("c"), L(name), at, 2);
             value_info(&outer, 12, name, T_FLOAT, -1, NULL);
             inner = outer;
@@ -389,7 +560,7 @@ static void test_malformed(void **state)
         value_info(&body, 11, "s", T_FLOAT, -1, NULL);
         value_info(&body, 12, "cond_out", T_BOOL, 0, NULL);
         value_info(&body, 12, "s_out", T_FLOAT, -1, NULL);
-        attr at[] = {{"body", &body, 0}};
+        attr at[] = {{"body", &body, 0, NULL}};
         node(&g, "Loop", L("M", "", "x"), L("final"), at, 1);
         value_info(&g, 11, "M", T_INT64, 0, NULL);
         value_info(&g, 11, "x", T_FLOAT, 1, d3);
@@ -402,7 +573,7 @@ static void test_malformed(void **state)
         node(&t, "Identity", L("x"), L("a"), NULL, 0);
         node(&e, "Identity", L("x"), L("b"), NULL, 0);
         value_info(&e, 12, "b", T_FLOAT, -1, NULL);
-        attr at[] = {{"then_branch", &t, 0}, {"else_branch", &e, 0}};
+        attr at[] = {{"then_branch", &t, 0, NULL}, {"else_branch", &e, 0, NULL}};
         node(&g, "If", L("c"), L("y"), at, 2);
         value_info(&g, 11, "c", T_BOOL, 0, NULL);
         value_info(&g, 11, "x", T_FLOAT, 1, d3);
@@ -433,6 +604,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_if_outer_scope),
         cmocka_unit_test(test_if_passthrough),
+        cmocka_unit_test(test_if_const_inlined),
+        cmocka_unit_test(test_if_shape_cond_kept),
         cmocka_unit_test(test_loop_state_and_scan),
         cmocka_unit_test(test_malformed),
         cmocka_unit_test(test_truncations),
