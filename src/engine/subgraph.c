@@ -267,14 +267,16 @@ static void lt_node(const mts_model *m, int i, lt_eval *ev, const mts_tensor **k
     }
 }
 
-/* The first If of m whose condition is known at load: its node index, *cond its value; -1 if
- * none. Only the nodes the conditions depend on are evaluated. */
-static int lt_find_const_if(const mts_model *m, bool *cond)
+/* The Ifs of m whose condition is known at load: sets take[i] to 1 (then) or 2 (else) and
+ * returns how many (0: none; negative: out of memory). Only the nodes the conditions depend on
+ * are evaluated; an If's outputs count as unknown, so an If whose condition depends on another
+ * one is found on a later pass. */
+static int lt_find_const_ifs(const mts_model *m, uint8_t *take)
 {
-    int nv = m->n_values, nn = m->n_nodes, found = -1, max_io = 1;
+    int nv = m->n_values, nn = m->n_nodes, found = 0, max_io = 1;
     bool any = false;
     for (int i = 0; i < nn && !any; i++) any = is_cond_if(&m->nodes[i]);
-    if (!any) return -1;
+    if (!any) return 0;
     lt_eval ev = {0};
     ev.state = calloc((size_t)nv + 1, 1);
     ev.t = calloc((size_t)nv + 1, sizeof *ev.t);
@@ -285,7 +287,10 @@ static int lt_find_const_if(const mts_model *m, bool *cond)
     }
     const mts_tensor **kin = calloc((size_t)max_io + 1, sizeof *kin);
     mts_tensor *kout = calloc((size_t)max_io + 1, sizeof *kout);
-    if (!ev.state || !ev.t || !need || !vneed || !kin || !kout) goto out;
+    if (!ev.state || !ev.t || !need || !vneed || !kin || !kout) {
+        found = -1;
+        goto out;
+    }
     for (int i = 0; i < nn; i++)
         if (is_cond_if(&m->nodes[i])) vneed[m->nodes[i].in[0]] = 1;
     for (int i = nn - 1; i >= 0; i--) { /* the conditions' ancestors */
@@ -314,11 +319,12 @@ static int lt_find_const_if(const mts_model *m, bool *cond)
         memcpy(ev.t[v].dims, val->dims, sizeof val->dims);
         ev.state[v] = LT_SHAPE;
     }
-    for (int i = 0; i < nn && found < 0; i++) {
+    for (int i = 0; i < nn; i++) {
         const mts_node *n = &m->nodes[i];
+        take[i] = 0;
         if (is_cond_if(n) && ev.state[n->in[0]] == LT_CONST && mts_tensor_numel(&ev.t[n->in[0]]) == 1) {
-            found = i;
-            *cond = mts_tensor_get_f64(&ev.t[n->in[0]], 0) != 0;
+            take[i] = mts_tensor_get_f64(&ev.t[n->in[0]], 0) != 0 ? 1 : 2;
+            found++;
         } else if (need[i]) {
             lt_node(m, i, &ev, kin, kout);
         }
@@ -346,47 +352,63 @@ static const char *prefixed(mts_model *m, const char *prefix, const char *name)
     return s;
 }
 
-/* Replaces If node i of m by the nodes of branch g (taken at load): g's values become values of
- * m named "<if>/<branch>/<name>", its captured values are the If's inputs they stand for, and
- * each If output is written by the branch node that computes it (an Identity where the branch
- * output is not computed by a node of its own: a captured value, an initializer, an output
- * listed twice). The order stays topological: the branch reads only values defined before the
- * If, and the If's readers come after it. */
-static int inline_if(mts_model *m, int i, mts_model *g, const char *branch, mts_err *err)
+/* How If node n of m is replaced by branch g: map[] takes each value of g to a value of m (a
+ * captured value to the If input it stands for, a branch output computed by a branch node to
+ * the If output, every other value to a new value numbered from *nv on); ident[j] is 1 when an
+ * Identity must write If output j (the branch output is a captured value, an initializer, or an
+ * output listed twice). Returns the number of Identities. */
+static int plan_inline(const mts_node *n, const mts_model *g, int *map, uint8_t *ident, int *nv)
 {
-    const mts_node *n = &m->nodes[i];
-    const mts_op *ident = mts_op_lookup("Identity");
-    if (!ident) return mts_err_set(err, MTS_EUNSUPPORTED, "Identity is not available to inline an If");
-    char pre[256];
-    if (n->name[0]) snprintf(pre, sizeof pre, "%s/%s", n->name, branch);
-    else snprintf(pre, sizeof pre, "If#%d/%s", i, branch);
-    int *map = malloc(sizeof(int) * ((size_t)g->n_values + 1));
-    int *ident_out = calloc((size_t)n->n_out + 1, sizeof(int)); /* per If output: 1 when an Identity writes it */
-    int rc = MTS_OK;
-    if (!map || !ident_out) {
-        rc = mts_err_set(err, MTS_ENOMEM, "out of memory");
-        goto out;
-    }
+    int n_ident = 0;
     for (int v = 0; v < g->n_values; v++) map[v] = -1;
     for (int c = 0; c < g->n_inputs - g->n_formal; c++) {
         int slot = g->cap_slot[c];
         map[g->inputs[g->n_formal + c]] = slot >= 0 && slot < n->n_in ? n->in[slot] : -1;
     }
-    int n_ident = 0;
     for (int j = 0; j < n->n_out; j++) {
         int gv = g->outputs[j];
-        if (g->values[gv].producer >= 0 && map[gv] < 0 && g->values[gv].kind == MTS_VALUE_INTERMEDIATE) {
-            map[gv] = n->out[j];
-        } else {
-            ident_out[j] = 1;
-            n_ident++;
+        ident[j] = !(g->values[gv].producer >= 0 && map[gv] < 0 && g->values[gv].kind == MTS_VALUE_INTERMEDIATE);
+        if (ident[j]) n_ident++;
+        else map[gv] = n->out[j];
+    }
+    for (int v = 0; v < g->n_values; v++)
+        if (map[v] < 0 && g->values[v].kind != MTS_VALUE_INPUT) map[v] = (*nv)++;
+    return n_ident;
+}
+
+/* Replaces every If node i of m with take[i] != 0 by the nodes of its branch (1: then, 2: else),
+ * in one rebuild of m's value and node arrays: branch values and nodes become m's, named
+ * "<if>/<branch>/<name>", and each If output is written by the branch node that computes it or
+ * by an Identity. The order stays topological: a branch reads only values defined before its
+ * If (the If's inputs list what it captures), and the If's readers come after it. */
+static int inline_ifs(mts_model *m, const uint8_t *take, mts_err *err)
+{
+    const mts_op *identity = mts_op_lookup("Identity");
+    if (!identity) return mts_err_set(err, MTS_EUNSUPPORTED, "Identity is not available to inline an If");
+    int nv = m->n_values, nn = m->n_nodes, n_old = m->n_nodes, rc = MTS_OK;
+    int **maps = calloc((size_t)m->n_nodes + 1, sizeof *maps);
+    uint8_t **idents = calloc((size_t)m->n_nodes + 1, sizeof *idents);
+    if (!maps || !idents) {
+        rc = mts_err_set(err, MTS_ENOMEM, "out of memory");
+        goto out;
+    }
+    for (int i = 0; i < m->n_nodes; i++) {
+        if (!take[i]) continue;
+        const mts_node *n = &m->nodes[i];
+        const mts_model *g = mts_subgraph(n, take[i] == 1 ? "then_branch" : "else_branch");
+        maps[i] = malloc(sizeof(int) * ((size_t)g->n_values + 1));
+        idents[i] = calloc((size_t)n->n_out + 1, 1);
+        if (!maps[i] || !idents[i]) {
+            rc = mts_err_set(err, MTS_ENOMEM, "out of memory");
+            goto out;
+        }
+        nn += g->n_nodes - 1 + plan_inline(n, g, maps[i], idents[i], &nv);
+        if (nv > (1 << 24) || nn > (1 << 24)) {
+            rc = mts_err_set(err, MTS_ELIMIT, "%s: graph too large after inlining If '%s'", m->path, n->name);
+            goto out;
         }
     }
-    int nv = m->n_values;
-    for (int v = 0; v < g->n_values; v++)
-        if (map[v] < 0) map[v] = nv++;
     mts_value *vals = mts_pool_calloc(&m->pool, (size_t)nv + 1, sizeof *vals);
-    int nn = m->n_nodes - 1 + g->n_nodes + n_ident;
     mts_node *nodes = mts_pool_calloc(&m->pool, (size_t)nn + 1, sizeof *nodes);
     const mts_op **ops = mts_pool_calloc(&m->pool, (size_t)nn + 1, sizeof *ops);
     if (!vals || !nodes || !ops) {
@@ -394,65 +416,71 @@ static int inline_if(mts_model *m, int i, mts_model *g, const char *branch, mts_
         goto out;
     }
     memcpy(vals, m->values, sizeof *vals * (size_t)m->n_values);
-    for (int v = 0; v < g->n_values; v++) {
-        if (map[v] < m->n_values) continue; /* a captured value, or an If output */
-        mts_value *d = &vals[map[v]];
-        *d = g->values[v];
-        d->producer = -1;
-        if (!(d->name = prefixed(m, pre, g->values[v].name))) {
-            rc = mts_err_set(err, MTS_ENOMEM, "out of memory");
-            goto out;
-        }
-    }
     int k = 0;
-    for (int q = 0; q < i; q++) nodes[k] = m->nodes[q], ops[k++] = m->ops[q];
-    for (int q = 0; q < g->n_nodes; q++) {
-        const mts_node *s = &g->nodes[q];
-        mts_node *d = &nodes[k];
-        *d = *s;
-        d->in = mts_pool_calloc(&m->pool, (size_t)s->n_in + 1, sizeof(int));
-        d->out = mts_pool_calloc(&m->pool, (size_t)s->n_out + 1, sizeof(int));
-        char anon[32];
-        snprintf(anon, sizeof anon, "#%d", q);
-        d->name = prefixed(m, pre, s->name[0] ? s->name : anon);
-        if (!d->in || !d->out || !d->name) {
-            rc = mts_err_set(err, MTS_ENOMEM, "out of memory");
-            goto out;
+    for (int i = 0; i < m->n_nodes; i++) {
+        const mts_node *n = &m->nodes[i];
+        if (!take[i]) {
+            nodes[k] = *n;
+            ops[k++] = m->ops[i];
+            continue;
         }
-        for (int j = 0; j < s->n_in; j++) d->in[j] = s->in[j] >= 0 ? map[s->in[j]] : -1;
-        for (int j = 0; j < s->n_out; j++) d->out[j] = map[s->out[j]];
-        for (int j = 0; j < s->n_in; j++)
-            if (s->in[j] >= 0 && d->in[j] < 0) {
-                rc = mts_err_set(err, MTS_EFORMAT, "%s: captured value '%s' is missing", g->path,
-                                 g->values[s->in[j]].name);
-                goto out;
+        const char *branch = take[i] == 1 ? "then_branch" : "else_branch";
+        const mts_model *g = mts_subgraph(n, branch);
+        const int *map = maps[i];
+        char pre[256], anon[32];
+        if (n->name[0]) snprintf(pre, sizeof pre, "%s/%s", n->name, branch);
+        else snprintf(pre, sizeof pre, "If#%d/%s", i, branch);
+        for (int v = 0; v < g->n_values; v++) {
+            if (map[v] < m->n_values) continue; /* a captured value, or an If output */
+            mts_value *d = &vals[map[v]];
+            *d = g->values[v];
+            d->producer = -1;
+            if (!(d->name = prefixed(m, pre, g->values[v].name))) rc = mts_err_set(err, MTS_ENOMEM, "out of memory");
+        }
+        for (int q = 0; !rc && q < g->n_nodes; q++) {
+            const mts_node *s = &g->nodes[q];
+            mts_node *d = &nodes[k];
+            *d = *s;
+            snprintf(anon, sizeof anon, "#%d", q);
+            d->name = prefixed(m, pre, s->name[0] ? s->name : anon);
+            d->in = mts_pool_calloc(&m->pool, (size_t)s->n_in + 1, sizeof(int));
+            d->out = mts_pool_calloc(&m->pool, (size_t)s->n_out + 1, sizeof(int));
+            if (!d->in || !d->out || !d->name) {
+                rc = mts_err_set(err, MTS_ENOMEM, "out of memory");
+                break;
             }
-        ops[k++] = g->ops[q];
-    }
-    for (int j = 0; j < n->n_out; j++) {
-        if (!ident_out[j]) continue;
-        mts_node *d = &nodes[k];
-        memset(d, 0, sizeof *d);
-        d->in = mts_pool_calloc(&m->pool, 2, sizeof(int));
-        d->out = mts_pool_calloc(&m->pool, 2, sizeof(int));
-        d->name = prefixed(m, pre, "output");
-        if (!d->in || !d->out || !d->name) {
-            rc = mts_err_set(err, MTS_ENOMEM, "out of memory");
-            goto out;
+            for (int j = 0; j < s->n_in; j++) {
+                d->in[j] = s->in[j] >= 0 ? map[s->in[j]] : -1;
+                if (s->in[j] >= 0 && d->in[j] < 0)
+                    rc = mts_err_set(err, MTS_EFORMAT, "%s: captured value '%s' is missing", g->path,
+                                     g->values[s->in[j]].name);
+            }
+            for (int j = 0; j < s->n_out; j++) d->out[j] = map[s->out[j]];
+            ops[k++] = g->ops[q];
         }
-        d->op_type = "Identity";
-        d->domain = "";
-        d->opset = n->opset;
-        d->n_in = d->n_out = 1;
-        d->in[0] = map[g->outputs[j]];
-        d->out[0] = n->out[j];
-        if (d->in[0] < 0) {
-            rc = mts_err_set(err, MTS_EFORMAT, "%s: output %d is missing", g->path, j);
-            goto out;
+        for (int j = 0; !rc && j < n->n_out; j++) {
+            if (!idents[i][j]) continue;
+            mts_node *d = &nodes[k];
+            memset(d, 0, sizeof *d);
+            d->in = mts_pool_calloc(&m->pool, 2, sizeof(int));
+            d->out = mts_pool_calloc(&m->pool, 2, sizeof(int));
+            snprintf(anon, sizeof anon, "output%d", j);
+            d->name = prefixed(m, pre, anon);
+            if (!d->in || !d->out || !d->name) {
+                rc = mts_err_set(err, MTS_ENOMEM, "out of memory");
+                break;
+            }
+            d->op_type = "Identity";
+            d->domain = "";
+            d->opset = n->opset;
+            d->n_in = d->n_out = 1;
+            d->in[0] = map[g->outputs[j]];
+            d->out[0] = n->out[j];
+            if (d->in[0] < 0) rc = mts_err_set(err, MTS_EFORMAT, "%s: output %d is missing", g->path, j);
+            ops[k++] = identity;
         }
-        ops[k++] = ident;
+        if (rc) goto out;
     }
-    for (int q = i + 1; q < m->n_nodes; q++) nodes[k] = m->nodes[q], ops[k++] = m->ops[q];
     for (int q = 0; q < nn; q++)
         for (int j = 0; j < nodes[q].n_out; j++)
             if (nodes[q].out[j] >= 0) vals[nodes[q].out[j]].producer = q;
@@ -462,31 +490,36 @@ static int inline_if(mts_model *m, int i, mts_model *g, const char *branch, mts_
     m->ops = ops;
     m->n_nodes = nn;
 out:
-    free(map);
-    free(ident_out);
+    for (int i = 0; maps && i < n_old; i++) free(maps[i]);
+    for (int i = 0; idents && i < n_old; i++) free(idents[i]);
+    free(maps);
+    free(idents);
     return rc;
 }
 
-/* Inlines the Ifs of m whose condition is known at load, until none is left (a branch may hold
- * further Ifs that its inlining makes decidable), then treats m's remaining subgraphs: their
- * captured constants, and the same rewrites inside them. */
-static int rewrite_graph(mts_model *root, mts_model *m, bool inline_ifs, mts_err *err)
+/* Inlines the Ifs of m whose condition is known at load, pass after pass (an inlined branch
+ * may hold further Ifs, or make another condition decidable; passes are bounded by the nesting
+ * depth in practice and by a cap), then treats m's remaining subgraphs: their captured
+ * constants, and the same rewrites inside them. */
+static int rewrite_graph(mts_model *root, mts_model *m, bool inline_const_ifs, mts_err *err)
 {
-    bool cond;
-    int i, rc, guard = 0;
-    while (inline_ifs && (i = lt_find_const_if(m, &cond)) >= 0) {
-        if (++guard > 4096) break;
-        mts_model *g = mts_subgraph(&m->nodes[i], cond ? "then_branch" : "else_branch");
-        if (!g) break;
-        if ((rc = inline_if(m, i, g, cond ? "then_branch" : "else_branch", err))) return rc;
+    int rc;
+    for (int pass = 0; inline_const_ifs && pass < 64; pass++) {
+        uint8_t *take = calloc((size_t)m->n_nodes + 1, 1);
+        if (!take) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+        int found = lt_find_const_ifs(m, take);
+        rc = found > 0 ? inline_ifs(m, take, err) : found < 0 ? mts_err_set(err, MTS_ENOMEM, "out of memory") : 0;
+        free(take);
+        if (rc) return rc;
+        if (found == 0) break;
     }
-    for (i = 0; i < m->n_nodes; i++) {
+    for (int i = 0; i < m->n_nodes; i++) {
         const mts_node *n = &m->nodes[i];
         for (int a = 0; a < n->n_attr; a++) {
             mts_model *g = n->attrs[a].type == MTS_ATTR_GRAPH ? n->attrs[a].g : NULL;
             if (!g) continue;
             capture_consts(root, m, n, g);
-            if ((rc = rewrite_graph(root, g, inline_ifs, err))) return rc;
+            if ((rc = rewrite_graph(root, g, inline_const_ifs, err))) return rc;
         }
     }
     return MTS_OK;
