@@ -10,6 +10,7 @@
  * At plan time (constant folding, shape inference) there is no context: a temporary one is
  * made for the run and freed after.
  */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +27,14 @@ typedef struct cf_entry {
     mts_tensor *ins;
     mts_cf_state st;
 } cf_entry;
+
+/* A context's control-flow state: every entry in a list (for freeing and accounting), found by
+ * key through an open-addressing table (a model with many Ifs looks one up per call). */
+typedef struct cf_table {
+    cf_entry *list;
+    cf_entry **slots;
+    size_t cap, count;
+} cf_table;
 
 mts_model *mts_subgraph(const mts_node *n, const char *name)
 {
@@ -534,16 +543,46 @@ int mts__subgraph_rewrite(mts_model *root, mts_err *err)
 
 /* ---- per-context state ---- */
 
+static size_t key_hash(const void *key, size_t cap)
+{
+    uint64_t h = (uint64_t)(uintptr_t)key * 0x9E3779B97F4A7C15ull;
+    return (size_t)(h >> 32) & (cap - 1);
+}
+
 static cf_entry *entry_get(mts_ctx *c, const void *key)
 {
     void **slot = mts__ctx_cf_slot(c);
-    for (cf_entry *e = *slot; e; e = e->next)
-        if (e->key == key) return e;
+    cf_table *t = *slot;
+    if (!t) {
+        if (!(t = calloc(1, sizeof *t))) return NULL;
+        *slot = t;
+    }
+    if (t->cap) {
+        for (size_t i = key_hash(key, t->cap); t->slots[i]; i = (i + 1) & (t->cap - 1))
+            if (t->slots[i]->key == key) return t->slots[i];
+    }
+    if ((t->count + 1) * 2 > t->cap) { /* grow and rehash */
+        size_t cap = t->cap ? t->cap * 2 : 16;
+        cf_entry **slots = calloc(cap, sizeof *slots);
+        if (!slots) return NULL;
+        for (cf_entry *e = t->list; e; e = e->next) {
+            size_t i = key_hash(e->key, cap);
+            while (slots[i]) i = (i + 1) & (cap - 1);
+            slots[i] = e;
+        }
+        free(t->slots);
+        t->slots = slots;
+        t->cap = cap;
+    }
     cf_entry *e = calloc(1, sizeof *e);
     if (!e) return NULL;
     e->key = key;
-    e->next = *slot;
-    *slot = e;
+    e->next = t->list;
+    t->list = e;
+    size_t i = key_hash(key, t->cap);
+    while (t->slots[i]) i = (i + 1) & (t->cap - 1);
+    t->slots[i] = e;
+    t->count++;
     return e;
 }
 
@@ -556,9 +595,8 @@ static void state_clear(mts_cf_state *s)
     memset(s, 0, sizeof *s);
 }
 
-void mts__cf_free(void *cf)
+static void entries_free(cf_entry *e)
 {
-    cf_entry *e = cf;
     while (e) {
         cf_entry *next = e->next;
         mts_ctx_free(e->ctx);
@@ -569,10 +607,20 @@ void mts__cf_free(void *cf)
     }
 }
 
+void mts__cf_free(void *cf)
+{
+    cf_table *t = cf;
+    if (!t) return;
+    entries_free(t->list);
+    free(t->slots);
+    free(t);
+}
+
 int64_t mts__cf_bytes(const void *cf)
 {
     int64_t b = 0;
-    for (const cf_entry *e = cf; e; e = e->next) {
+    const cf_table *t = cf;
+    for (const cf_entry *e = t ? t->list : NULL; e; e = e->next) {
         if (e->ctx) b += mts_ctx_bytes(e->ctx);
         for (int i = 0; i < e->st.n; i++) b += e->st.cap[i];
     }
@@ -686,5 +734,5 @@ int mts_subgraph_run(mts_kctx *k, mts_model *g, const mts_tensor *formal, int n_
 
 void mts_subgraph_tmp_free(void *tmp)
 {
-    mts__cf_free(tmp);
+    entries_free(tmp);
 }

@@ -141,9 +141,7 @@ static int if_infer(mts_kctx *k)
 
 static int if_run(mts_kctx *k)
 {
-    mts_model *tg, *eg;
-    int rc = if_branch(k, &tg, &eg);
-    if (rc) return rc;
+    int rc = MTS_OK;
     mts_cf_state *st = mts_cf_state_get(k, k->n_out);
     if (st && st->ready) {
         st->ready = 0;
@@ -152,8 +150,10 @@ static int if_run(mts_kctx *k)
     }
     bool c = false;
     if ((rc = if_cond(k, &c))) return rc == MTS_EDYNAMIC ? mts_err_set(k->err, MTS_EINVAL, "condition has no data") : rc;
-    mts_model *g = c ? tg : eg;
+    mts_model *g = mts_subgraph(k->node, c ? "then_branch" : "else_branch"); /* only the branch taken */
+    if (!g) return mts_err_set(k->err, MTS_EINVAL, "If needs then_branch and else_branch");
     int nb = mts_subgraph_n_outputs(g);
+    if (k->n_out > nb) return mts_err_set(k->err, MTS_EINVAL, "If has more outputs than its branches");
     const mts_tensor *few[IF_FEW_OUTPUTS], **outs = few; /* no allocation per call for a few */
     if (nb > IF_FEW_OUTPUTS && !(outs = calloc((size_t)nb, sizeof *outs)))
         return mts_err_set(k->err, MTS_ENOMEM, "out of memory");
