@@ -2,7 +2,11 @@
  * Unit tests of control flow (If, Loop, Scan subgraphs): models are written in the ONNX wire
  * format by a small protobuf writer here, then loaded from memory. Covered: If branches reading
  * outer-scope values and their own initializers (both branches, both backends, the captured
- * values listed as the node's implicit inputs), branches whose outputs are outer values, a Loop carrying state with a scan output run
+ * values listed as the node's implicit inputs), branches whose outputs are outer values, Ifs
+ * decided at load and inlined (constant conditions, shapes of fixed-shape inputs, a fixed dim
+ * of an input with a symbolic one, nested Ifs and Ifs inside a kept If's branch; with inlining
+ * off the outputs are the same) while a condition on a symbolic dim stays an If, a Loop
+ * carrying state with a scan output run
  * repeatedly on one context with different trip counts, and load errors for malformed
  * subgraphs (mismatched branch outputs, unknown names, too deep nesting, a Loop body with the
  * wrong inputs, a subgraph without outputs, every truncation of a file).
@@ -421,6 +425,93 @@ static void test_if_shape_cond_kept(void **state)
     free(b.p);
 }
 
+/* Conditions on the fixed dim of an input with a symbolic one, [N, 3]: Shape(x)[1] == 3 at the
+ * top level, and Shape(Transpose(x))[0] == 3 inside the then branch of an If on a run-time
+ * condition (x captured). Both are decided at load; the run-time If stays. */
+static void test_if_partial_shape_inlined(void **state)
+{
+    (void)state;
+    buf ta = {0}, ea = {0}, tb = {0}, eb = {0}, tc = {0}, ec = {0}, g = {0}, b = {0};
+    node(&ta, "Neg", L("x"), L("tay"), NULL, 0);
+    value_info(&ta, 12, "tay", T_FLOAT, -1, NULL);
+    node(&ea, "Abs", L("x"), L("eay"), NULL, 0);
+    value_info(&ea, 12, "eay", T_FLOAT, -1, NULL);
+    node(&tc, "Identity", L("x"), L("tcy"), NULL, 0);
+    value_info(&tc, 12, "tcy", T_FLOAT, -1, NULL);
+    node(&ec, "Neg", L("x"), L("ecy"), NULL, 0);
+    value_info(&ec, 12, "ecy", T_FLOAT, -1, NULL);
+    node(&tb, "Transpose", L("x"), L("xt"), NULL, 0);
+    node(&tb, "Shape", L("xt"), L("st"), NULL, 0);
+    node(&tb, "Gather", L("st", "zero"), L("d0"), NULL, 0);
+    node(&tb, "Equal", L("d0", "three"), L("cc"), NULL, 0);
+    attr ac[] = {{"then_branch", &tc, 0, NULL}, {"else_branch", &ec, 0, NULL}};
+    node(&tb, "If", L("cc"), L("tby"), ac, 2);
+    value_info(&tb, 12, "tby", T_FLOAT, -1, NULL);
+    node(&eb, "Abs", L("x"), L("eby"), NULL, 0);
+    value_info(&eb, 12, "eby", T_FLOAT, -1, NULL);
+    node(&g, "Shape", L("x"), L("s"), NULL, 0);
+    node(&g, "Gather", L("s", "one"), L("d1"), NULL, 0);
+    node(&g, "Equal", L("d1", "three"), L("ca"), NULL, 0);
+    attr aa[] = {{"then_branch", &ta, 0, NULL}, {"else_branch", &ea, 0, NULL}};
+    node(&g, "If", L("ca"), L("ya"), aa, 2);
+    attr ab[] = {{"then_branch", &tb, 0, NULL}, {"else_branch", &eb, 0, NULL}};
+    node(&g, "If", L("c"), L("yb"), ab, 2);
+    init_scalar(&g, "zero", T_INT64, 0);
+    init_scalar(&g, "one", T_INT64, 1);
+    init_scalar(&g, "three", T_INT64, 3);
+    {
+        buf vi = {0}, tp = {0}, tt = {0}, sh = {0}, d0 = {0}, d1 = {0};
+        fstr(&vi, 1, "x");
+        fint(&tt, 1, T_FLOAT);
+        fstr(&d0, 2, "N");
+        fmsg(&sh, 1, &d0);
+        fint(&d1, 1, 3);
+        fmsg(&sh, 1, &d1);
+        fmsg(&tt, 2, &sh);
+        fmsg(&tp, 1, &tt);
+        fmsg(&vi, 2, &tp);
+        fmsg(&g, 11, &vi);
+    }
+    value_info(&g, 11, "c", T_BOOL, 0, NULL);
+    value_info(&g, 12, "ya", T_FLOAT, -1, NULL);
+    value_info(&g, 12, "yb", T_FLOAT, -1, NULL);
+    model(&b, &g);
+    const char *backends[] = {"reference", "default"};
+    for (int be = 0; be < 2; be++) {
+        mts_model *m = NULL;
+        mts_err err = {0};
+        int rc = load(&b, backends[be], &m, &err);
+        if (rc) fail_msg("load: %s", err.msg);
+        assert_int_equal(count_ifs(m), 1); /* the run-time one */
+        mts_model_info info;
+        mts_model_get_info(m, &info);
+        const mts_node *ifb = NULL;
+        for (int i = 0; i < info.n_nodes; i++)
+            if (!strcmp(mts_model_node(m, i)->op_type, "If")) ifb = mts_model_node(m, i);
+        assert_non_null(ifb);
+        for (int a = 0; a < ifb->n_attr; a++)
+            if (!strcmp(ifb->attrs[a].name, "then_branch")) assert_int_equal(count_ifs(ifb->attrs[a].g), 0);
+        mts_ctx *c = NULL;
+        assert_int_equal(mts_ctx_create(m, 2, &c, &err), 0);
+        for (int rows = 1; rows <= 3; rows++)
+            for (int cond = 0; cond < 2; cond++) {
+                float x[9] = {1, -2, 3, -4, 5, -6, 7, -8, 9};
+                uint8_t cv = (uint8_t)cond;
+                mts_tensor in[2] = {{MTS_DTYPE_FLOAT, 2, {rows, 3}, x}, {MTS_DTYPE_BOOL, 0, {0}, &cv}};
+                const mts_tensor *out[2];
+                rc = mts_ctx_run(c, in, 2, out, &err);
+                if (rc) fail_msg("run: %s", err.msg);
+                for (int i = 0; i < rows * 3; i++) {
+                    assert_true(((const float *)out[0]->data)[i] == -x[i]);
+                    assert_true(((const float *)out[1]->data)[i] == (cond ? x[i] : (x[i] < 0 ? -x[i] : x[i])));
+                }
+            }
+        mts_ctx_free(c);
+        mts_model_free(m);
+    }
+    free(b.p);
+}
+
 /* ---- Loop: loop-carried state and a scan output ---- */
 
 static void test_loop_state_and_scan(void **state)
@@ -606,6 +697,7 @@ int main(void)
         cmocka_unit_test(test_if_passthrough),
         cmocka_unit_test(test_if_const_inlined),
         cmocka_unit_test(test_if_shape_cond_kept),
+        cmocka_unit_test(test_if_partial_shape_inlined),
         cmocka_unit_test(test_loop_state_and_scan),
         cmocka_unit_test(test_malformed),
         cmocka_unit_test(test_truncations),
