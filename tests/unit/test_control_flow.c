@@ -2,7 +2,8 @@
  * Unit tests of control flow (If, Loop, Scan subgraphs): models are written in the ONNX wire
  * format by a small protobuf writer here, then loaded from memory. Covered: If branches reading
  * outer-scope values and their own initializers (both branches, both backends, the captured
- * values listed as the node's implicit inputs), branches whose outputs are outer values, Ifs
+ * values listed as the node's implicit inputs), branches whose outputs are outer values, a
+ * dynamic If (branches of different shapes, one known only by running it), Ifs
  * decided at load and inlined (constant conditions, shapes of fixed-shape inputs, a fixed dim
  * of an input with a symbolic one, nested Ifs and Ifs inside a kept If's branch; with inlining
  * off the outputs are the same) while a condition on a symbolic dim stays an If, a Loop
@@ -512,6 +513,55 @@ static void test_if_partial_shape_inlined(void **state)
     free(b.p);
 }
 
+/* Branches of different output shapes on a run-time condition, one of them of a shape only its
+ * run gives (Tile by a run-time count): the If is a dynamic step that runs that branch during
+ * inference and hands its outputs over in run; alternating branches on one context, both
+ * backends. */
+static void test_if_dynamic_shapes(void **state)
+{
+    (void)state;
+    const int64_t d3[] = {3};
+    buf t = {0}, e = {0}, g = {0}, b = {0};
+    node(&t, "Tile", L("x", "reps"), L("ty"), NULL, 0); /* its shape depends on a run-time value */
+    value_info(&t, 12, "ty", T_FLOAT, -1, NULL);
+    node(&e, "Neg", L("x"), L("ey"), NULL, 0);
+    value_info(&e, 12, "ey", T_FLOAT, -1, NULL);
+    attr at[] = {{"then_branch", &t, 0, NULL}, {"else_branch", &e, 0, NULL}};
+    node(&g, "If", L("c"), L("y"), at, 2);
+    node(&g, "Abs", L("y"), L("out"), NULL, 0);
+    value_info(&g, 11, "c", T_BOOL, 0, NULL);
+    value_info(&g, 11, "x", T_FLOAT, 1, d3);
+    const int64_t d1[] = {1};
+    value_info(&g, 11, "reps", T_INT64, 1, d1);
+    value_info(&g, 12, "out", T_FLOAT, -1, NULL);
+    model(&b, &g);
+    const char *backends[] = {"reference", "default"};
+    for (int be = 0; be < 2; be++) {
+        mts_model *m = NULL;
+        mts_err err = {0};
+        int rc = load(&b, backends[be], &m, &err);
+        if (rc) fail_msg("load: %s", err.msg);
+        mts_ctx *c = NULL;
+        assert_int_equal(mts_ctx_create(m, 2, &c, &err), 0);
+        for (int rep = 0; rep < 6; rep++) {
+            uint8_t cv = (uint8_t)(rep % 3 != 1);
+            float x[] = {1, -2, (float)rep};
+            int64_t reps = 2;
+            mts_tensor in[3] = {{MTS_DTYPE_BOOL, 0, {0}, &cv}, {MTS_DTYPE_FLOAT, 1, {3}, x},
+                                {MTS_DTYPE_INT64, 1, {1}, &reps}};
+            const mts_tensor *out[1];
+            rc = mts_ctx_run(c, in, 3, out, &err);
+            if (rc) fail_msg("run: %s", err.msg);
+            assert_int_equal(out[0]->dims[0], cv ? 6 : 3);
+            const float *y = out[0]->data;
+            for (int i = 0; i < (cv ? 6 : 3); i++) assert_true(y[i] == (x[i % 3] < 0 ? -x[i % 3] : x[i % 3]));
+        }
+        mts_ctx_free(c);
+        mts_model_free(m);
+    }
+    free(b.p);
+}
+
 /* ---- Loop: loop-carried state and a scan output ---- */
 
 static void test_loop_state_and_scan(void **state)
@@ -695,6 +745,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_if_outer_scope),
         cmocka_unit_test(test_if_passthrough),
+        cmocka_unit_test(test_if_dynamic_shapes),
         cmocka_unit_test(test_if_const_inlined),
         cmocka_unit_test(test_if_shape_cond_kept),
         cmocka_unit_test(test_if_partial_shape_inlined),

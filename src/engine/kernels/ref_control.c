@@ -6,7 +6,8 @@
  *         run time) and takes its output shapes from the branch's plan; with an unknown
  *         condition the shapes are static only when both branches agree. When the branch's
  *         shapes depend on run-time values, infer runs the branch itself (at run time) and run
- *         copies the results it kept.
+ *         copies its results (views into the branch's context) into the outputs. Ifs whose
+ *         condition is known at load are not here at all: subgraph_rewrite.c inlines them.
  *   Loop  and Scan run entirely during run-time shape inference (their output shapes are only
  *         known once the loop has run): loop-carried values alternate between two buffers of
  *         the node's per-context state, scan outputs grow in place, and run copies the results
@@ -69,25 +70,23 @@ static int if_branch(mts_kctx *k, mts_model **then_g, mts_model **else_g)
     return MTS_OK;
 }
 
-/* Runs branch g now and keeps its outputs in the node's state (infer at run time). */
+/* Runs branch g now (infer at run time) and keeps views of its outputs in the node's state:
+ * they stay valid until g runs again in this context, and run, the next thing the step does,
+ * copies them into the node's outputs (one copy, no buffer of the state's own). */
 static int if_prerun(mts_kctx *k, mts_model *g, mts_cf_state *st)
 {
     int nb = mts_subgraph_n_outputs(g);
-    const mts_tensor **outs = calloc((size_t)nb + 1, sizeof *outs);
-    if (!outs) return mts_err_set(k->err, MTS_ENOMEM, "out of memory");
+    const mts_tensor *few[IF_FEW_OUTPUTS], **outs = few;
+    if (nb > IF_FEW_OUTPUTS && !(outs = calloc((size_t)nb, sizeof *outs)))
+        return mts_err_set(k->err, MTS_ENOMEM, "out of memory");
     void *tmp;
     int rc = mts_subgraph_run(k, g, NULL, 0, outs, &tmp);
     for (int j = 0; !rc && j < k->n_out; j++) {
-        int64_t n = mts_tensor_nbytes(outs[j]);
-        if ((rc = mts_cf_reserve(st, j, n, false, k->err))) break;
-        void *d = st->t[j].data;
-        st->t[j] = *outs[j];
-        st->t[j].data = d;
-        if (n > 0) memcpy(d, outs[j]->data, (size_t)n);
+        st->view[j] = *outs[j];
         set_shape(&k->out[j], outs[j]);
     }
     mts_subgraph_tmp_free(tmp);
-    free(outs);
+    if (outs != few) free(outs);
     if (!rc) st->ready = 1;
     return rc;
 }
@@ -145,7 +144,7 @@ static int if_run(mts_kctx *k)
     mts_cf_state *st = mts_cf_state_get(k, k->n_out);
     if (st && st->ready) {
         st->ready = 0;
-        for (int j = 0; !rc && j < k->n_out; j++) rc = copy_out(k, j, &st->t[j], "branch");
+        for (int j = 0; !rc && j < k->n_out; j++) rc = copy_out(k, j, &st->view[j], "branch");
         return rc;
     }
     bool c = false;
