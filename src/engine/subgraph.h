@@ -29,7 +29,9 @@ int64_t mts_subgraph_max_bytes(const mts_model *g);
 int mts__subgraph_check(const mts_model *m, const mts_node *n, const char *file, mts_err *err);
 
 /* Load-time rewrites of a freshly loaded root model (nodes sorted and resolved, subgraphs
- * included): outer constants a subgraph captures become initializers of the subgraph. */
+ * included; subgraph_rewrite.c): outer constants a subgraph captures become initializers of the
+ * subgraph, and an If whose condition is known at load is replaced by the branch it takes
+ * (MTS_IF_INLINE=0 keeps every If). */
 int mts__subgraph_rewrite(mts_model *root, mts_err *err);
 
 /* Output shapes of g for these formal inputs (shapes only; data may be NULL) and the node's
