@@ -448,7 +448,33 @@ static int half_outputs(mts_ctx *c, const mts_tensor **outputs, mts_err *err)
     return MTS_OK;
 }
 
+/* Points each static graph output of plan p at dst[i].data when that buffer is given with the
+ * output's exact type and shape (the caller's buffer: the step computing the output writes
+ * there, no copy after), else at the output's own slot. Outputs listed twice and channels-last
+ * ones keep their slot. Every run sets this anew. */
+static void place_outputs(mts_ctx *c, const mts__plan *p, const mts_tensor *dst)
+{
+    mts_model *m = c->m;
+    for (int i = 0; i < m->n_outputs; i++) {
+        int v = m->outputs[i];
+        if (p->state[v] != MTS__V_STATIC || p->slot_of[v] < 0) continue;
+        void *d = dst && dst[i].data && dst[i].dtype == p->vals[v].dtype && mts_shape_equal(&dst[i], &p->vals[v]) &&
+                          !p->nhwc[v]
+                      ? dst[i].data
+                      : NULL;
+        for (int q = 0; d && q < m->n_outputs; q++)
+            if (q != i && m->outputs[q] == v) d = NULL;
+        c->vals[v].data = d ? d : c->slots[p->slot_of[v]];
+    }
+}
+
 int mts_ctx_run(mts_ctx *c, const mts_tensor *inputs, int n_inputs, const mts_tensor **outputs, mts_err *err)
+{
+    return mts__ctx_run_into(c, inputs, n_inputs, NULL, outputs, err);
+}
+
+int mts__ctx_run_into(mts_ctx *c, const mts_tensor *inputs, int n_inputs, const mts_tensor *dst,
+                      const mts_tensor **outputs, mts_err *err)
 {
     mts_model *m = c->m;
     const mts__plan *p;
@@ -463,6 +489,7 @@ int mts_ctx_run(mts_ctx *c, const mts_tensor *inputs, int n_inputs, const mts_te
     else if ((rc = mts__plan_get(m, inputs, n_inputs, &p, err))) return rc;
     if (p != c->plan && (rc = bind(c, p, err))) return rc;
     for (int i = 0; i < n_inputs; i++) c->vals[m->inputs[i]] = inputs[i];
+    place_outputs(c, p, dst);
     mts_team_arm *arm = c->threads > 1 && !c->fixed_threads && team_adapt() ? team_arm(c, p) : NULL;
     int mode = arm ? mts_team_pick(arm) : MTS_TEAM_FULL;
     c->run_threads = c->fixed_threads ? c->fixed_threads : mode == MTS_TEAM_ONE ? 1 : c->threads;

@@ -315,6 +315,12 @@ int mts_subgraph_shapes(mts_kctx *k, mts_model *g, const mts_tensor *formal, int
 int mts_subgraph_run(mts_kctx *k, mts_model *g, const mts_tensor *formal, int n_formal, const mts_tensor **outs,
                      void **tmp)
 {
+    return mts_subgraph_run_into(k, g, formal, n_formal, NULL, outs, tmp);
+}
+
+int mts_subgraph_run_into(mts_kctx *k, mts_model *g, const mts_tensor *formal, int n_formal, const mts_tensor *dst,
+                          const mts_tensor **outs, void **tmp)
+{
     *tmp = NULL;
     int threads = k->threads > 0 ? k->threads : 1;
     cf_entry *e = k->ctx ? entry_get(k->ctx, g) : calloc(1, sizeof(cf_entry));
@@ -338,7 +344,7 @@ int mts_subgraph_run(mts_kctx *k, mts_model *g, const mts_tensor *formal, int n_
         if (!mts_dtype_supported(e->ins[i].dtype))
             return mts_err_set(k->err, MTS_EUNSUPPORTED, "%s: input '%s' has unsupported type %s", g->path,
                                g->values[g->inputs[i]].name, mts_dtype_name(e->ins[i].dtype));
-    rc = mts_ctx_run(e->ctx, e->ins, g->n_inputs, outs, k->err);
+    rc = mts__ctx_run_into(e->ctx, e->ins, g->n_inputs, dst, outs, k->err);
     if (rc) mts_err_prefix(k->err, "%s: ", g->path);
     return rc;
 }

@@ -46,6 +46,10 @@ int mts_subgraph_shapes(mts_kctx *k, mts_model *g, const mts_tensor *formal, int
 int mts_subgraph_run(mts_kctx *k, mts_model *g, const mts_tensor *formal, int n_formal, const mts_tensor **outs,
                      void **tmp);
 void mts_subgraph_tmp_free(void *tmp);
+/* mts_subgraph_run computing g's static output i straight into dst[i].data when dst[i] has its
+ * exact type and shape (other outputs: views as above). */
+int mts_subgraph_run_into(mts_kctx *k, mts_model *g, const mts_tensor *formal, int n_formal, const mts_tensor *dst,
+                          const mts_tensor **outs, void **tmp);
 
 /* Per execution context and node: n owned tensors with growable buffers, kept between runs
  * (Loop/Scan state and results, an If branch run during shape inference). NULL without a

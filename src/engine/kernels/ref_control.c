@@ -31,7 +31,7 @@ static int copy_out(mts_kctx *k, int j, const mts_tensor *src, const char *what)
                            mts_dtype_name(src->dtype), mts_shape_str(src, a, sizeof a), mts_dtype_name(o->dtype),
                            mts_shape_str(o, b, sizeof b));
     int64_t n = mts_tensor_nbytes(o);
-    if (n > 0) memmove(o->data, src->data, (size_t)n);
+    if (n > 0 && o->data != src->data) memmove(o->data, src->data, (size_t)n); /* same: computed in place */
     return MTS_OK;
 }
 
@@ -154,13 +154,30 @@ static int if_run(mts_kctx *k)
     int nb = mts_subgraph_n_outputs(g);
     if (k->n_out > nb) return mts_err_set(k->err, MTS_EINVAL, "If has more outputs than its branches");
     const mts_tensor *few[IF_FEW_OUTPUTS], **outs = few; /* no allocation per call for a few */
-    if (nb > IF_FEW_OUTPUTS && !(outs = calloc((size_t)nb, sizeof *outs)))
-        return mts_err_set(k->err, MTS_ENOMEM, "out of memory");
+    mts_tensor few_dst[IF_FEW_OUTPUTS], *dst = few_dst;
+    if (nb > IF_FEW_OUTPUTS) {
+        outs = calloc((size_t)nb, sizeof *outs);
+        dst = calloc((size_t)nb, sizeof *dst);
+        if (!outs || !dst) {
+            free(outs);
+            free(dst);
+            return mts_err_set(k->err, MTS_ENOMEM, "out of memory");
+        }
+    }
+    /* The branch computes its results straight into the If's output buffers where it can (a
+     * static branch output of exactly that type and shape); copy_out copies the others. */
+    for (int j = 0; j < nb; j++) {
+        memset(&dst[j], 0, sizeof dst[j]);
+        if (j < k->n_out) dst[j] = k->out[j];
+    }
     void *tmp;
-    rc = mts_subgraph_run(k, g, NULL, 0, outs, &tmp);
+    rc = mts_subgraph_run_into(k, g, NULL, 0, dst, outs, &tmp);
     for (int j = 0; !rc && j < k->n_out; j++) rc = copy_out(k, j, outs[j], c ? "then_branch" : "else_branch");
     mts_subgraph_tmp_free(tmp);
-    if (outs != few) free(outs);
+    if (outs != few) {
+        free(outs);
+        free(dst);
+    }
     return rc;
 }
 
