@@ -181,7 +181,8 @@ static int const_ints(const lt_val *x, int64_t *out, int max)
     return (int)n;
 }
 
-/* Axes from attribute `name` (older opsets) or input j; normalized to rank r. -1: not known. */
+/* Axes from the `axes` attribute (older opsets) or input in_j, normalized to rank r: their count,
+ * -1 when not known or invalid, -2 when none are given. */
 static int node_axes(const mts_node *n, const lt_val *in_j, int r, int64_t *axes)
 {
     int na = 0;
