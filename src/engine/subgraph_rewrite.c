@@ -370,7 +370,7 @@ static void lt_partial(lt_eval *ev, const mts_node *n)
         bool allowzero = mts_attr_int(n, "allowzero", 0) != 0;
         for (int d = 0; d < rank; d++) {
             int64_t s;
-            if (!vec_get(in1, d, &s) || s < -1) dims[d] = -1;
+            if (!vec_get(in1, d, &s) || s < -1 || s > ((int64_t)1 << 48)) dims[d] = -1; /* absurd: unknown */
             else if (s == 0 && !allowzero) dims[d] = d < r ? x->t.dims[d] : -1;
             else dims[d] = s; /* -1 (inferred) stays unknown */
         }
@@ -399,9 +399,11 @@ static void lt_partial(lt_eval *ev, const mts_node *n)
         } else if (n->opset < 11 || (n->n_in > 3 && n->in[3] >= 0) || (np = const_ints(in1, pads, 2 * MTS_MAX_RANK)) != 2 * r) {
             return;
         }
+        const int64_t lim = (int64_t)1 << 48; /* no overflow below: larger pads leave the dim unknown */
         for (int d = 0; d < r; d++) {
-            int64_t v = x->t.dims[d];
-            dims[d] = v >= 0 && v + pads[d] + pads[d + r] >= 0 ? v + pads[d] + pads[d + r] : -1;
+            int64_t v = x->t.dims[d], a = pads[d], b = pads[d + r];
+            bool ok = v >= 0 && v < lim && a > -lim && a < lim && b > -lim && b < lim && v + a + b >= 0;
+            dims[d] = ok ? v + a + b : -1;
         }
         set_shape(o, x->t.dtype, r, dims);
         return;
