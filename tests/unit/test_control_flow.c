@@ -6,7 +6,8 @@
  * dynamic If (branches of different shapes, one known only by running it), Ifs
  * decided at load and inlined (constant conditions, shapes of fixed-shape inputs, a fixed dim
  * of an input with a symbolic one, nested Ifs and Ifs inside a kept If's branch; with inlining
- * off the outputs are the same) while a condition on a symbolic dim stays an If, a Loop
+ * off the outputs are the same) while a condition on a symbolic dim stays an If, conditions on
+ * absurd shapes from a hostile file (left undecided, no overflow, the planner's error), a Loop
  * carrying state with a scan output run
  * repeatedly on one context with different trip counts, and load errors for malformed
  * subgraphs (mismatched branch outputs, unknown names, too deep nesting, a Loop body with the
@@ -562,6 +563,86 @@ static void test_if_dynamic_shapes(void **state)
     free(b.p);
 }
 
+static void init_i64(buf *g, const char *name, int n, const int64_t *v)
+{
+    buf t = {0};
+    int64_t d = n;
+    fint(&t, 1, (uint64_t)d);
+    fint(&t, 2, T_INT64);
+    fstr(&t, 8, name);
+    fbytes(&t, 9, v, sizeof(int64_t) * (size_t)n);
+    fmsg(g, 5, &t);
+}
+
+/* Conditions on shapes a hostile file makes absurd (pads of 2^62, an index out of range, an
+ * axis out of range): nothing is decided at load, nothing overflows (ASan+UBSan build), and the
+ * planner reports the bad node as before. */
+static void test_if_hostile_shape_chains(void **state)
+{
+    (void)state;
+    const int64_t pads[] = {0, INT64_C(1) << 62, 0, INT64_C(1) << 62}, big[] = {100}, ax[] = {9}, one[] = {1};
+    const char *ops[] = {"Pad", "Gather", "Unsqueeze"};
+    const char *needle[] = {"(#0, Pad)", "(#1, Gather)", "(#0, Unsqueeze)"};
+    for (int k = 0; k < 3; k++) {
+        buf t = {0}, e = {0}, g = {0}, b = {0};
+        node(&t, "Neg", L("x"), L("ty"), NULL, 0);
+        value_info(&t, 12, "ty", T_FLOAT, -1, NULL);
+        node(&e, "Abs", L("x"), L("ey"), NULL, 0);
+        value_info(&e, 12, "ey", T_FLOAT, -1, NULL);
+        if (k == 0) {
+            node(&g, "Pad", L("x", "pads"), L("p"), NULL, 0);
+            node(&g, "Shape", L("p"), L("s"), NULL, 0);
+            node(&g, "Gather", L("s", "i"), L("d"), NULL, 0);
+        } else if (k == 1) {
+            node(&g, "Shape", L("x"), L("s"), NULL, 0);
+            node(&g, "Gather", L("s", "big"), L("d"), NULL, 0);
+        } else {
+            node(&g, "Unsqueeze", L("x", "ax"), L("u"), NULL, 0);
+            node(&g, "Shape", L("u"), L("s"), NULL, 0);
+            node(&g, "Gather", L("s", "i"), L("d"), NULL, 0);
+        }
+        node(&g, "Equal", L("d", "one"), L("c"), NULL, 0);
+        attr at[] = {{"then_branch", &t, 0, NULL}, {"else_branch", &e, 0, NULL}};
+        node(&g, "If", L("c"), L("y"), at, 2);
+        init_i64(&g, "pads", 4, pads);
+        init_i64(&g, "big", 1, big);
+        init_i64(&g, "ax", 1, ax);
+        init_i64(&g, "one", 1, one);
+        init_scalar(&g, "i", T_INT64, 1);
+        {
+            buf vi = {0}, tp = {0}, tt = {0}, sh = {0}, d0 = {0}, d1 = {0};
+            fstr(&vi, 1, "x");
+            fint(&tt, 1, T_FLOAT);
+            fstr(&d0, 2, "N");
+            fmsg(&sh, 1, &d0);
+            fint(&d1, 1, 3);
+            fmsg(&sh, 1, &d1);
+            fmsg(&tt, 2, &sh);
+            fmsg(&tp, 1, &tt);
+            fmsg(&vi, 2, &tp);
+            fmsg(&g, 11, &vi);
+        }
+        value_info(&g, 12, "y", T_FLOAT, -1, NULL);
+        model(&b, &g);
+        mts_model *m = NULL;
+        mts_err err = {0};
+        int rc = load(&b, NULL, &m, &err);
+        if (rc) fail_msg("%s: load: %s", ops[k], err.msg);
+        assert_int_equal(count_ifs(m), 1);
+        mts_ctx *c = NULL;
+        assert_int_equal(mts_ctx_create(m, 1, &c, &err), 0);
+        float x[6] = {0};
+        mts_tensor in[1] = {{MTS_DTYPE_FLOAT, 2, {2, 3}, x}};
+        const mts_tensor *out[1];
+        rc = mts_ctx_run(c, in, 1, out, &err);
+        assert_true(rc != 0);
+        if (!strstr(err.msg, needle[k])) fail_msg("%s: message '%s' lacks '%s'", ops[k], err.msg, needle[k]);
+        mts_ctx_free(c);
+        mts_model_free(m);
+        free(b.p);
+    }
+}
+
 /* ---- Loop: loop-carried state and a scan output ---- */
 
 static void test_loop_state_and_scan(void **state)
@@ -749,6 +830,7 @@ int main(void)
         cmocka_unit_test(test_if_const_inlined),
         cmocka_unit_test(test_if_shape_cond_kept),
         cmocka_unit_test(test_if_partial_shape_inlined),
+        cmocka_unit_test(test_if_hostile_shape_chains),
         cmocka_unit_test(test_loop_state_and_scan),
         cmocka_unit_test(test_malformed),
         cmocka_unit_test(test_truncations),
