@@ -42,6 +42,7 @@ struct mts_ctx {
     const mts__plan *prep_plan; /* plan the scratch was sized for, */
     unsigned prep_mask;         /* ... at one thread (bit 0) and at `threads` (bit 1) */
     int run_threads;    /* threads of the run in progress: `threads`, or 1 (see team.h) */
+    int fixed_threads;  /* > 0: every run uses this many (a subgraph's context; no adapting) */
     mts_team_arm arms[TEAM_ARMS];
     int next_arm;
     int64_t runs, one_thread_runs;
@@ -110,6 +111,11 @@ void mts_ctx_set_threads(mts_ctx *c, int threads)
     c->threads = ctx_threads(threads);
     memset(c->arms, 0, sizeof c->arms); /* the estimates were for the old team */
     c->prep_mask &= 1u;                 /* the team's primitives are for the old count */
+}
+
+void mts__ctx_set_run_threads(mts_ctx *c, int threads)
+{
+    c->fixed_threads = threads > 0 ? (threads < c->threads ? threads : c->threads) : 0;
 }
 
 void mts_ctx_set_step_hook(mts_ctx *c, mts_step_hook fn, void *arg)
@@ -442,7 +448,33 @@ static int half_outputs(mts_ctx *c, const mts_tensor **outputs, mts_err *err)
     return MTS_OK;
 }
 
+/* Points each static graph output of plan p at dst[i].data when that buffer is given with the
+ * output's exact type and shape (the caller's buffer: the step computing the output writes
+ * there, no copy after), else at the output's own slot. Outputs listed twice and channels-last
+ * ones keep their slot. Every run sets this anew. */
+static void place_outputs(mts_ctx *c, const mts__plan *p, const mts_tensor *dst)
+{
+    mts_model *m = c->m;
+    for (int i = 0; i < m->n_outputs; i++) {
+        int v = m->outputs[i];
+        if (p->state[v] != MTS__V_STATIC || p->slot_of[v] < 0) continue;
+        void *d = dst && dst[i].data && dst[i].dtype == p->vals[v].dtype && mts_shape_equal(&dst[i], &p->vals[v]) &&
+                          !p->nhwc[v]
+                      ? dst[i].data
+                      : NULL;
+        for (int q = 0; d && q < m->n_outputs; q++)
+            if (q != i && m->outputs[q] == v) d = NULL;
+        c->vals[v].data = d ? d : c->slots[p->slot_of[v]];
+    }
+}
+
 int mts_ctx_run(mts_ctx *c, const mts_tensor *inputs, int n_inputs, const mts_tensor **outputs, mts_err *err)
+{
+    return mts__ctx_run_into(c, inputs, n_inputs, NULL, outputs, err);
+}
+
+int mts__ctx_run_into(mts_ctx *c, const mts_tensor *inputs, int n_inputs, const mts_tensor *dst,
+                      const mts_tensor **outputs, mts_err *err)
 {
     mts_model *m = c->m;
     const mts__plan *p;
@@ -451,12 +483,16 @@ int mts_ctx_run(mts_ctx *c, const mts_tensor *inputs, int n_inputs, const mts_te
         if (!inputs[i].data && mts_tensor_numel(&inputs[i]) != 0)
             return mts_err_set(err, MTS_EINVAL, "input '%s' has no data", m->values[m->inputs[i]].name);
     if ((rc = half_inputs(c, inputs, n_inputs, &inputs, err))) return rc;
-    if ((rc = mts__plan_get(m, inputs, n_inputs, &p, err))) return rc;
+    /* The signature of the bound plan again (every run of a fixed-shape model, every call of
+     * an If branch or Loop body): no lookup under the model's lock. */
+    if (c->plan && mts__plan_same_shapes(c->plan, inputs, n_inputs)) p = c->plan;
+    else if ((rc = mts__plan_get(m, inputs, n_inputs, &p, err))) return rc;
     if (p != c->plan && (rc = bind(c, p, err))) return rc;
     for (int i = 0; i < n_inputs; i++) c->vals[m->inputs[i]] = inputs[i];
-    mts_team_arm *arm = c->threads > 1 && team_adapt() ? team_arm(c, p) : NULL;
+    place_outputs(c, p, dst);
+    mts_team_arm *arm = c->threads > 1 && !c->fixed_threads && team_adapt() ? team_arm(c, p) : NULL;
     int mode = arm ? mts_team_pick(arm) : MTS_TEAM_FULL;
-    c->run_threads = mode == MTS_TEAM_ONE ? 1 : c->threads;
+    c->run_threads = c->fixed_threads ? c->fixed_threads : mode == MTS_TEAM_ONE ? 1 : c->threads;
     if (p->scratch_bytes) {
         unsigned bit = c->run_threads == 1 ? 1u : 2u;
         if ((p != c->prep_plan || !(c->prep_mask & bit)) && (rc = prepare_backends(c, p, c->run_threads, err)))

@@ -145,7 +145,7 @@ static int load_common(mts_model *m, const uint8_t *bytes, size_t len, const cha
         mts_model *g = m->subs[i];
         if ((rc = topo_sort(g, g->path, err)) || (rc = resolve_ops(g, g->path, err))) return rc;
     }
-    return MTS_OK;
+    return mts__subgraph_rewrite(m, err);
 }
 
 static mts_model *model_new(void)

@@ -125,6 +125,17 @@ struct mts_model {
     int n_subs, cap_subs;
 };
 
+/* True when inputs `in` have exactly plan p's signature (types and shapes; never for blobs, whose
+ * contents the input check reads): a context bound to p may run it without a plan lookup. */
+bool mts__plan_same_shapes(const mts__plan *p, const mts_tensor *in, int n);
+/* mts_ctx_run, with static graph output i computed straight into dst[i].data when dst is given
+ * and dst[i] has the output's exact type and shape (outputs[i] then points there; data NULL:
+ * not given). An If's branch writes its results into the If's own output buffers this way. */
+int mts__ctx_run_into(mts_ctx *c, const mts_tensor *inputs, int n_inputs, const mts_tensor *dst,
+                      const mts_tensor **outputs, mts_err *err);
+/* Runs of c use `threads` intra-op threads as given, without the adaptive team choice (a
+ * subgraph's context follows the run of its parent; 0 restores the default). */
+void mts__ctx_set_run_threads(mts_ctx *c, int threads);
 /* Finds or builds the plan for a signature (thread-safe). */
 int mts__plan_get(mts_model *m, const mts_tensor *inputs, int n, const mts__plan **out, mts_err *err);
 void mts__plan_free_all(mts_model *m);

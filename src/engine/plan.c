@@ -28,6 +28,15 @@
 #define MTS__FOLD_MAX_BYTES ((int64_t)256 << 20)
 #define MTS__MAX_PLANS 256
 
+bool mts__plan_same_shapes(const mts__plan *p, const mts_tensor *in, int n)
+{
+    if (p->n_sig != n) return false;
+    for (int i = 0; i < n; i++)
+        if (mts_dtype_is_blob(in[i].dtype) || p->sig[i].dtype != in[i].dtype || !mts_shape_equal(&p->sig[i], &in[i]))
+            return false;
+    return true;
+}
+
 static bool sig_match(const mts__plan *p, const mts_tensor *in, int n)
 {
     if (p->n_sig != n) return false;

@@ -1,15 +1,18 @@
 /*
  * Subgraphs of control-flow nodes: the load-time structure checks and the runner behind the
- * If/Loop/Scan kernels (kernels/ref_control.c).
+ * If/Loop/Scan kernels (kernels/ref_control.c). The load-time rewrites (captured constants,
+ * Ifs decided at load) are in subgraph_rewrite.c.
  *
  * A subgraph is an mts_model of its own (onnx_pb.c builds it, sharing the root's pool and file
  * mappings), so it is planned by the ordinary planner, one plan per input signature, cached in
- * the subgraph. Each execution context keeps, in a small list, one context per subgraph it has
- * run and one state block per control-flow node (Loop-carried values, results computed during
- * shape inference), so a Loop body runs many iterations without re-planning or re-allocating.
+ * the subgraph. Each execution context keeps, in a table keyed by subgraph and node, one
+ * context per subgraph it has run and one state block per control-flow node (Loop-carried
+ * values, results computed during shape inference), so a Loop body runs many iterations without
+ * re-planning or re-allocating.
  * At plan time (constant folding, shape inference) there is no context: a temporary one is
  * made for the run and freed after.
  */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,6 +28,14 @@ typedef struct cf_entry {
     mts_tensor *ins;
     mts_cf_state st;
 } cf_entry;
+
+/* A context's control-flow state: every entry in a list (for freeing and accounting), found by
+ * key through an open-addressing table (a model with many Ifs looks one up per call). */
+typedef struct cf_table {
+    cf_entry *list;
+    cf_entry **slots;
+    size_t cap, count;
+} cf_table;
 
 mts_model *mts_subgraph(const mts_node *n, const char *name)
 {
@@ -143,16 +154,46 @@ int mts__subgraph_check(const mts_model *m, const mts_node *n, const char *file,
 
 /* ---- per-context state ---- */
 
+static size_t key_hash(const void *key, size_t cap)
+{
+    uint64_t h = (uint64_t)(uintptr_t)key * 0x9E3779B97F4A7C15ull;
+    return (size_t)(h >> 32) & (cap - 1);
+}
+
 static cf_entry *entry_get(mts_ctx *c, const void *key)
 {
     void **slot = mts__ctx_cf_slot(c);
-    for (cf_entry *e = *slot; e; e = e->next)
-        if (e->key == key) return e;
+    cf_table *t = *slot;
+    if (!t) {
+        if (!(t = calloc(1, sizeof *t))) return NULL;
+        *slot = t;
+    }
+    if (t->cap) {
+        for (size_t i = key_hash(key, t->cap); t->slots[i]; i = (i + 1) & (t->cap - 1))
+            if (t->slots[i]->key == key) return t->slots[i];
+    }
+    if ((t->count + 1) * 2 > t->cap) { /* grow and rehash */
+        size_t cap = t->cap ? t->cap * 2 : 16;
+        cf_entry **slots = calloc(cap, sizeof *slots);
+        if (!slots) return NULL;
+        for (cf_entry *e = t->list; e; e = e->next) {
+            size_t i = key_hash(e->key, cap);
+            while (slots[i]) i = (i + 1) & (cap - 1);
+            slots[i] = e;
+        }
+        free(t->slots);
+        t->slots = slots;
+        t->cap = cap;
+    }
     cf_entry *e = calloc(1, sizeof *e);
     if (!e) return NULL;
     e->key = key;
-    e->next = *slot;
-    *slot = e;
+    e->next = t->list;
+    t->list = e;
+    size_t i = key_hash(key, t->cap);
+    while (t->slots[i]) i = (i + 1) & (t->cap - 1);
+    t->slots[i] = e;
+    t->count++;
     return e;
 }
 
@@ -165,9 +206,8 @@ static void state_clear(mts_cf_state *s)
     memset(s, 0, sizeof *s);
 }
 
-void mts__cf_free(void *cf)
+static void entries_free(cf_entry *e)
 {
-    cf_entry *e = cf;
     while (e) {
         cf_entry *next = e->next;
         mts_ctx_free(e->ctx);
@@ -178,10 +218,20 @@ void mts__cf_free(void *cf)
     }
 }
 
+void mts__cf_free(void *cf)
+{
+    cf_table *t = cf;
+    if (!t) return;
+    entries_free(t->list);
+    free(t->slots);
+    free(t);
+}
+
 int64_t mts__cf_bytes(const void *cf)
 {
     int64_t b = 0;
-    for (const cf_entry *e = cf; e; e = e->next) {
+    const cf_table *t = cf;
+    for (const cf_entry *e = t ? t->list : NULL; e; e = e->next) {
         if (e->ctx) b += mts_ctx_bytes(e->ctx);
         for (int i = 0; i < e->st.n; i++) b += e->st.cap[i];
     }
@@ -265,6 +315,12 @@ int mts_subgraph_shapes(mts_kctx *k, mts_model *g, const mts_tensor *formal, int
 int mts_subgraph_run(mts_kctx *k, mts_model *g, const mts_tensor *formal, int n_formal, const mts_tensor **outs,
                      void **tmp)
 {
+    return mts_subgraph_run_into(k, g, formal, n_formal, NULL, outs, tmp);
+}
+
+int mts_subgraph_run_into(mts_kctx *k, mts_model *g, const mts_tensor *formal, int n_formal, const mts_tensor *dst,
+                          const mts_tensor **outs, void **tmp)
+{
     *tmp = NULL;
     int threads = k->threads > 0 ? k->threads : 1;
     cf_entry *e = k->ctx ? entry_get(k->ctx, g) : calloc(1, sizeof(cf_entry));
@@ -276,21 +332,24 @@ int mts_subgraph_run(mts_kctx *k, mts_model *g, const mts_tensor *formal, int n_
         e->threads = threads;
         e->ins = calloc((size_t)g->n_inputs + 1, sizeof(mts_tensor));
         if (!e->ins) return mts_err_set(k->err, MTS_ENOMEM, "out of memory");
-    } else if (e->threads != threads) {
+    } else if (threads > e->threads) {
         mts_ctx_set_threads(e->ctx, threads);
         e->threads = threads;
     }
+    /* The subgraph runs on the threads its parent's run uses now (the parent's adaptive team
+     * choice), not on a choice of its own. */
+    mts__ctx_set_run_threads(e->ctx, threads);
     if ((rc = bind_inputs(k, g, formal, n_formal, e->ins))) return rc;
     for (int i = 0; i < g->n_inputs; i++)
         if (!mts_dtype_supported(e->ins[i].dtype))
             return mts_err_set(k->err, MTS_EUNSUPPORTED, "%s: input '%s' has unsupported type %s", g->path,
                                g->values[g->inputs[i]].name, mts_dtype_name(e->ins[i].dtype));
-    rc = mts_ctx_run(e->ctx, e->ins, g->n_inputs, outs, k->err);
+    rc = mts__ctx_run_into(e->ctx, e->ins, g->n_inputs, dst, outs, k->err);
     if (rc) mts_err_prefix(k->err, "%s: ", g->path);
     return rc;
 }
 
 void mts_subgraph_tmp_free(void *tmp)
 {
-    mts__cf_free(tmp);
+    entries_free(tmp);
 }

@@ -28,6 +28,12 @@ int64_t mts_subgraph_max_bytes(const mts_model *g);
  * Loop and Scan bodies); unknown ops with subgraphs are refused. file names the model. */
 int mts__subgraph_check(const mts_model *m, const mts_node *n, const char *file, mts_err *err);
 
+/* Load-time rewrites of a freshly loaded root model (nodes sorted and resolved, subgraphs
+ * included; subgraph_rewrite.c): outer constants a subgraph captures become initializers of the
+ * subgraph, and an If whose condition is known at load is replaced by the branch it takes
+ * (MTS_IF_INLINE=0 keeps every If). */
+int mts__subgraph_rewrite(mts_model *root, mts_err *err);
+
 /* Output shapes of g for these formal inputs (shapes only; data may be NULL) and the node's
  * captured inputs, from g's plan: out[i] gets dtype/rank/dims, known[i] false when the shape
  * depends on run-time values. */
@@ -40,6 +46,10 @@ int mts_subgraph_shapes(mts_kctx *k, mts_model *g, const mts_tensor *formal, int
 int mts_subgraph_run(mts_kctx *k, mts_model *g, const mts_tensor *formal, int n_formal, const mts_tensor **outs,
                      void **tmp);
 void mts_subgraph_tmp_free(void *tmp);
+/* mts_subgraph_run computing g's static output i straight into dst[i].data when dst[i] has its
+ * exact type and shape (other outputs: views as above). */
+int mts_subgraph_run_into(mts_kctx *k, mts_model *g, const mts_tensor *formal, int n_formal, const mts_tensor *dst,
+                          const mts_tensor **outs, void **tmp);
 
 /* Per execution context and node: n owned tensors with growable buffers, kept between runs
  * (Loop/Scan state and results, an If branch run during shape inference). NULL without a

@@ -6,7 +6,8 @@
  *         run time) and takes its output shapes from the branch's plan; with an unknown
  *         condition the shapes are static only when both branches agree. When the branch's
  *         shapes depend on run-time values, infer runs the branch itself (at run time) and run
- *         copies the results it kept.
+ *         copies its results (views into the branch's context) into the outputs. Ifs whose
+ *         condition is known at load are not here at all: subgraph_rewrite.c inlines them.
  *   Loop  and Scan run entirely during run-time shape inference (their output shapes are only
  *         known once the loop has run): loop-carried values alternate between two buffers of
  *         the node's per-context state, scan outputs grow in place, and run copies the results
@@ -30,7 +31,7 @@ static int copy_out(mts_kctx *k, int j, const mts_tensor *src, const char *what)
                            mts_dtype_name(src->dtype), mts_shape_str(src, a, sizeof a), mts_dtype_name(o->dtype),
                            mts_shape_str(o, b, sizeof b));
     int64_t n = mts_tensor_nbytes(o);
-    if (n > 0) memmove(o->data, src->data, (size_t)n);
+    if (n > 0 && o->data != src->data) memmove(o->data, src->data, (size_t)n); /* same: computed in place */
     return MTS_OK;
 }
 
@@ -42,6 +43,8 @@ static void set_shape(mts_tensor *o, const mts_tensor *src)
 }
 
 /* ---- If ---- */
+
+#define IF_FEW_OUTPUTS 16
 
 /* The condition: 1 known, 0 false, MTS_EDYNAMIC while its value is unknown. */
 static int if_cond(mts_kctx *k, bool *c)
@@ -67,25 +70,23 @@ static int if_branch(mts_kctx *k, mts_model **then_g, mts_model **else_g)
     return MTS_OK;
 }
 
-/* Runs branch g now and keeps its outputs in the node's state (infer at run time). */
+/* Runs branch g now (infer at run time) and keeps views of its outputs in the node's state:
+ * they stay valid until g runs again in this context, and run, the next thing the step does,
+ * copies them into the node's outputs (one copy, no buffer of the state's own). */
 static int if_prerun(mts_kctx *k, mts_model *g, mts_cf_state *st)
 {
     int nb = mts_subgraph_n_outputs(g);
-    const mts_tensor **outs = calloc((size_t)nb + 1, sizeof *outs);
-    if (!outs) return mts_err_set(k->err, MTS_ENOMEM, "out of memory");
+    const mts_tensor *few[IF_FEW_OUTPUTS], **outs = few;
+    if (nb > IF_FEW_OUTPUTS && !(outs = calloc((size_t)nb, sizeof *outs)))
+        return mts_err_set(k->err, MTS_ENOMEM, "out of memory");
     void *tmp;
     int rc = mts_subgraph_run(k, g, NULL, 0, outs, &tmp);
     for (int j = 0; !rc && j < k->n_out; j++) {
-        int64_t n = mts_tensor_nbytes(outs[j]);
-        if ((rc = mts_cf_reserve(st, j, n, false, k->err))) break;
-        void *d = st->t[j].data;
-        st->t[j] = *outs[j];
-        st->t[j].data = d;
-        if (n > 0) memcpy(d, outs[j]->data, (size_t)n);
+        st->view[j] = *outs[j];
         set_shape(&k->out[j], outs[j]);
     }
     mts_subgraph_tmp_free(tmp);
-    free(outs);
+    if (outs != few) free(outs);
     if (!rc) st->ready = 1;
     return rc;
 }
@@ -139,26 +140,44 @@ static int if_infer(mts_kctx *k)
 
 static int if_run(mts_kctx *k)
 {
-    mts_model *tg, *eg;
-    int rc = if_branch(k, &tg, &eg);
-    if (rc) return rc;
+    int rc = MTS_OK;
     mts_cf_state *st = mts_cf_state_get(k, k->n_out);
     if (st && st->ready) {
         st->ready = 0;
-        for (int j = 0; !rc && j < k->n_out; j++) rc = copy_out(k, j, &st->t[j], "branch");
+        for (int j = 0; !rc && j < k->n_out; j++) rc = copy_out(k, j, &st->view[j], "branch");
         return rc;
     }
     bool c = false;
     if ((rc = if_cond(k, &c))) return rc == MTS_EDYNAMIC ? mts_err_set(k->err, MTS_EINVAL, "condition has no data") : rc;
-    mts_model *g = c ? tg : eg;
+    mts_model *g = mts_subgraph(k->node, c ? "then_branch" : "else_branch"); /* only the branch taken */
+    if (!g) return mts_err_set(k->err, MTS_EINVAL, "If needs then_branch and else_branch");
     int nb = mts_subgraph_n_outputs(g);
-    const mts_tensor **outs = calloc((size_t)nb + 1, sizeof *outs);
-    if (!outs) return mts_err_set(k->err, MTS_ENOMEM, "out of memory");
+    if (k->n_out > nb) return mts_err_set(k->err, MTS_EINVAL, "If has more outputs than its branches");
+    const mts_tensor *few[IF_FEW_OUTPUTS], **outs = few; /* no allocation per call for a few */
+    mts_tensor few_dst[IF_FEW_OUTPUTS], *dst = few_dst;
+    if (nb > IF_FEW_OUTPUTS) {
+        outs = calloc((size_t)nb, sizeof *outs);
+        dst = calloc((size_t)nb, sizeof *dst);
+        if (!outs || !dst) {
+            free(outs);
+            free(dst);
+            return mts_err_set(k->err, MTS_ENOMEM, "out of memory");
+        }
+    }
+    /* The branch computes its results straight into the If's output buffers where it can (a
+     * static branch output of exactly that type and shape); copy_out copies the others. */
+    for (int j = 0; j < nb; j++) {
+        memset(&dst[j], 0, sizeof dst[j]);
+        if (j < k->n_out) dst[j] = k->out[j];
+    }
     void *tmp;
-    rc = mts_subgraph_run(k, g, NULL, 0, outs, &tmp);
+    rc = mts_subgraph_run_into(k, g, NULL, 0, dst, outs, &tmp);
     for (int j = 0; !rc && j < k->n_out; j++) rc = copy_out(k, j, outs[j], c ? "then_branch" : "else_branch");
     mts_subgraph_tmp_free(tmp);
-    free(outs);
+    if (outs != few) {
+        free(outs);
+        free(dst);
+    }
     return rc;
 }
 
