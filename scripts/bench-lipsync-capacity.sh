@@ -20,7 +20,8 @@
 # rate ran. Prints Markdown with the CPU model.
 # About 3-4 minutes per model.
 # Knobs: MODELS, FRAMES (16), THREADS (2), LEVEL_S (15), FPS2 (auto), ITERS (engine runs, 6),
-# IOBUF_MB (the server's MTS_IOBUF_CACHE_MB, 128).
+# IOBUF_MB (the server's MTS_IOBUF_CACHE_MB; unset: the server's own policy), PRECISION (fp32 |
+# bf16 | auto | int8: the model's precision in the server and in the bare engine run, fp32).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=/usr/bin/python3
@@ -31,6 +32,7 @@ THREADS=${THREADS:-2}
 LEVEL_S=${LEVEL_S:-15}
 FPS2=${FPS2:-}
 ITERS=${ITERS:-6}
+PRECISION=${PRECISION:-fp32}
 AVATAR=models/out/avatar
 TMP=$(mktemp -d)
 SERVER=
@@ -42,16 +44,16 @@ trap cleanup EXIT
 [ -f "$AVATAR/crop_rects.json" ] || $PY models/gen/avatar.py assets "$AVATAR"
 
 engine() { # MODEL -> frames/s at batch FRAMES
-  echo "bare engine: mtserve run $1 --batch $FRAMES --threads $THREADS --iters $ITERS" >&2
-  "$MTSERVE" run "models/out/$1.onnx" --batch "$FRAMES" --threads "$THREADS" --iters "$ITERS" --json |
+  echo "bare engine: mtserve run $1 --batch $FRAMES --threads $THREADS --iters $ITERS --precision $PRECISION" >&2
+  "$MTSERVE" run "models/out/$1.onnx" --batch "$FRAMES" --threads "$THREADS" --iters "$ITERS" --precision "$PRECISION" --json |
     $PY -c 'import json,sys; print(json.load(sys.stdin)["throughput_per_s"])'
 }
 
 start_server() { # MODEL
   rm -rf "$TMP/repo"; mkdir -p "$TMP/repo/$1"
   ln -s "$PWD/models/out/$1.onnx" "$TMP/repo/$1/model.onnx"
-  printf 'preload: true\nmax_batch: %d\nmax_queue_delay_us: 2000\nbackground_dir: %s\ncrop_rects_path: %s\nnum_frames: 100\nbackground_cache_frames: 100\n' \
-    "$FRAMES" "$PWD/$AVATAR/frames" "$PWD/$AVATAR/crop_rects.json" > "$TMP/repo/$1/config.yaml"
+  printf 'preload: true\nmax_batch: %d\nmax_queue_delay_us: 2000\nbackground_dir: %s\ncrop_rects_path: %s\nnum_frames: 100\nbackground_cache_frames: 100\nprecision: %s\n' \
+    "$FRAMES" "$PWD/$AVATAR/frames" "$PWD/$AVATAR/crop_rects.json" "$PRECISION" > "$TMP/repo/$1/config.yaml"
   cat > "$TMP/config.yaml" <<EOT
 server:
   http_port: 0
@@ -64,9 +66,9 @@ gpus:
 model_repository: $TMP/repo
 EOT
   : > "$TMP/serve.out"
-  # A 16-frame request is 40 MB and its raw reply 19.7 MB: an I/O buffer cache that holds a few
-  # of each lets requests reuse blocks instead of faulting in fresh mappings (util/iobuf.h).
-  MTS_IOBUF_CACHE_MB=${IOBUF_MB:-128} \
+  # A 16-frame request is 40 MB and its raw reply 19.7 MB: the server's I/O buffer cache follows
+  # the largest blocks in use (util/iobuf.h); IOBUF_MB fixes its cap instead.
+  ${IOBUF_MB:+env MTS_IOBUF_CACHE_MB=$IOBUF_MB} \
     "$MTSERVE" serve --config "$TMP/config.yaml" --log-level warn > "$TMP/serve.out" 2> "$TMP/serve.err" &
   SERVER=$!
   for _ in $(seq 300); do grep -q 'serving gRPC' "$TMP/serve.out" 2>/dev/null && break; sleep 0.1; done
@@ -117,12 +119,12 @@ for MODEL in $MODELS; do
   echo "$MODEL $before $after $fps" >> "$TMP/engines.txt"
 done
 
-$PY - "$TMP" "$FRAMES" "$THREADS" <<'PYEOF'
+$PY - "$TMP" "$FRAMES" "$THREADS" "$PRECISION" <<'PYEOF'
 import json, os, sys
-tmp, frames, threads = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+tmp, frames, threads, precision = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
 print(f"CPU: {cpu}, {os.cpu_count()} cores; {threads} engine threads, 1 worker; requests of {frames} frames; "
-      "precision fp32 (the only one today)\n")
+      f"precision {precision} (server and bare engine)\n")
 print("| model | engine frames/s (batch %d) | bound at 25 FPS | user rate | bound at that rate | users, InferBatch (raw) | users, InferBatchComposite (JPEG) | composite / raw | raw / bound | composite / bound |" % frames)
 print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 rows = []
