@@ -285,6 +285,65 @@ static bool conv_eligible(mts__opt *o, int s, const uint8_t *no_dnnl, void **cac
     return true;
 }
 
+/* The spatial zero padding of a constant-mode Pad step pd of a 4-D float tensor: begin (pb) and
+ * end (pe) amounts of H and W, all >= 0, nothing on N and C. False for anything else. */
+static bool zero_spatial_pad(const mts__plan *p, const mts__step *pd, int64_t pb[2], int64_t pe[2])
+{
+    if (pd->dynamic || pd->kind != MTS__S_KERNEL || !is_op(pd, "Pad") || pd->n_out != 1 || pd->n_in < 1 ||
+        !live_value(p, pd->in[0]) || p->vals[pd->in[0]].rank != 4 || p->vals[pd->in[0]].dtype != MTS_DTYPE_FLOAT)
+        return false;
+    if (strcmp(mts_attr_string(pd->nd, "mode", "constant"), "constant")) return false;
+    int64_t pads[8];
+    if (pd->nd->opset < 11) {
+        int n = 0;
+        const int64_t *a = mts_attr_ints(pd->nd, "pads", &n);
+        if (!a || n != 8 || mts_attr_float(pd->nd, "value", 0.0f) != 0.0f) return false;
+        memcpy(pads, a, sizeof pads);
+    } else {
+        if (pd->n_in < 2 || pd->n_in > 3 || !const_value(p, pd->in[1])) return false;
+        const mts_tensor *t = &p->vals[pd->in[1]];
+        if (t->dtype != MTS_DTYPE_INT64 || mts_tensor_numel(t) != 8) return false;
+        memcpy(pads, t->data, sizeof pads);
+        if (pd->n_in == 3 && pd->in[2] >= 0) {
+            float f;
+            if (!mts__const_scalar(p, pd->in[2], &f) || f != 0.0f) return false;
+        }
+    }
+    for (int i = 0; i < 8; i++)
+        if (pads[i] < 0 || ((i % 4) < 2 && pads[i] != 0)) return false;
+    pb[0] = pads[2], pb[1] = pads[3], pe[0] = pads[6], pe[1] = pads[7];
+    return true;
+}
+
+/* A 2-D convolution whose source is a zero Pad (tf2onnx writes "same" padding of strided convs
+ * as an explicit Pad) read by it alone: the convolution pads instead, and reads the Pad's
+ * input. */
+static void fold_pad(mts__opt *o, int s, cinfo *c)
+{
+    mts__plan *p = o->p;
+    mts__step *st = &p->steps[s];
+    mts_conv_geom *g = &c->spec.g;
+    int u = st->in[0], r = u >= 0 ? o->prod[u] : -1;
+    int64_t pb[2], pe[2];
+    if (c->spec.kind != MTS_DPRIM_CONV || g->nsp != 2 || r < 0 || o->removed[r] || sole_reader(o, u) != s ||
+        p->state[u] != MTS__V_STATIC || !zero_spatial_pad(p, &p->steps[r], pb, pe))
+        return;
+    const mts_tensor *x = &p->vals[p->steps[r].in[0]];
+    for (int i = 0; i < 2; i++) {
+        int64_t kext = (g->k[1 + i] - 1) * g->d[1 + i] + 1;
+        /* oneDNN takes padding up to the kernel extent; more would read only zeros */
+        if (g->pb[1 + i] + pb[i] >= kext || g->pe[1 + i] + pe[i] >= kext) return;
+    }
+    for (int i = 0; i < 2; i++) {
+        g->pb[1 + i] += pb[i];
+        g->pe[1 + i] += pe[i];
+        g->in[1 + i] = x->dims[2 + i];
+    }
+    st->in[0] = p->steps[r].in[0];
+    o->removed[r] = 1;
+    p->state[u] = MTS__V_UNUSED;
+}
+
 /* Folds a BatchNormalization reading the conv's output into its weights. */
 static int fold_bn(mts__opt *o, cinfo *c, int *cur, mts_err *err)
 {
@@ -385,6 +444,7 @@ static int dnnl_claim(mts__opt *o, int self, void **mstate, mts_err *err)
         d->nci++;
         d->cstep[s] = d->nci - 1;
         int cur = p->steps[s].out[0];
+        fold_pad(o, s, c);
         if (c->spec.kind == MTS_DPRIM_CONV && (rc = fold_bn(o, c, &cur, err))) return rc;
         for (; !mts_dprim_is_pool(c->spec.kind);) {
             int r = sole_reader(o, cur), resid;
