@@ -1446,6 +1446,45 @@ static void rs_lin_float_taps(const rs_desc *d, int a, rs_ltap *t)
     }
 }
 
+typedef struct rs_lin_job {
+    const float *x;
+    float *y;
+    const rs_ltap *ta, *tb;
+    int64_t outer, LA, LB, mid, inner, IA, IB;
+    bool two;
+} rs_lin_job;
+
+/* Output rows [o, ja] of the job, split over the threads (each element is computed the same
+ * way whatever the split). */
+static void rs_lin_part(void *arg, int ithr, int nthr)
+{
+    const rs_lin_job *j = arg;
+    int64_t rows = j->outer * j->LA, lo = rows * ithr / nthr, hi = rows * (ithr + 1) / nthr;
+    int64_t LA = j->LA, LB = j->LB, mid = j->mid, inner = j->inner, IA = j->IA, IB = j->IB;
+    for (int64_t row = lo; row < hi; row++) {
+        int64_t o = row / LA, ja = row % LA;
+        const rs_ltap *pa = &j->ta[ja];
+        for (int64_t m = 0; m < mid; m++) {
+            const float *r1 = j->x + ((o * IA + pa->i1) * mid + m) * IB * inner;
+            const float *r2 = j->x + ((o * IA + pa->i2) * mid + m) * IB * inner;
+            float *yr = j->y + ((o * LA + ja) * mid + m) * LB * inner;
+            if (!j->two) {
+                for (int64_t i = 0; i < inner; i++) yr[i] = pa->d2 * r1[i] + pa->d1 * r2[i];
+                continue;
+            }
+            for (int64_t jb = 0; jb < LB; jb++) {
+                const rs_ltap *pb = &j->tb[jb];
+                float w11 = pb->d2 * pa->d2, w21 = pb->d1 * pa->d2, w12 = pb->d2 * pa->d1, w22 = pb->d1 * pa->d1;
+                const float *x11 = r1 + pb->i1 * inner, *x21 = r1 + pb->i2 * inner;
+                const float *x12 = r2 + pb->i1 * inner, *x22 = r2 + pb->i2 * inner;
+                float *yo = yr + jb * inner;
+                for (int64_t i = 0; i < inner; i++)
+                    yo[i] = w11 * x11[i] + w21 * x21[i] + w12 * x12[i] + w22 * x22[i];
+            }
+        }
+    }
+}
+
 static int rs_run_lin_float(mts_kctx *k, const rs_desc *d, const int *ax, int nax)
 {
     const float *x = k->in[0]->data;
@@ -1464,29 +1503,12 @@ static int rs_run_lin_float(mts_kctx *k, const rs_desc *d, const int *ax, int na
     } else {
         for (int a = A + 1; a < d->rank; a++) inner *= d->in[a];
     }
-    int64_t IA = d->in[A], IB = B >= 0 ? d->in[B] : 1;
-    for (int64_t o = 0; o < outer; o++)
-        for (int64_t ja = 0; ja < LA; ja++) {
-            const rs_ltap *pa = &ta[ja];
-            for (int64_t m = 0; m < mid; m++) {
-                const float *r1 = x + ((o * IA + pa->i1) * mid + m) * IB * inner;
-                const float *r2 = x + ((o * IA + pa->i2) * mid + m) * IB * inner;
-                float *yr = y + ((o * LA + ja) * mid + m) * LB * inner;
-                if (B < 0) {
-                    for (int64_t i = 0; i < inner; i++) yr[i] = pa->d2 * r1[i] + pa->d1 * r2[i];
-                    continue;
-                }
-                for (int64_t jb = 0; jb < LB; jb++) {
-                    const rs_ltap *pb = &tb[jb];
-                    float w11 = pb->d2 * pa->d2, w21 = pb->d1 * pa->d2, w12 = pb->d2 * pa->d1, w22 = pb->d1 * pa->d1;
-                    const float *x11 = r1 + pb->i1 * inner, *x21 = r1 + pb->i2 * inner;
-                    const float *x12 = r2 + pb->i1 * inner, *x22 = r2 + pb->i2 * inner;
-                    float *yo = yr + jb * inner;
-                    for (int64_t i = 0; i < inner; i++)
-                        yo[i] = w11 * x11[i] + w21 * x21[i] + w12 * x12[i] + w22 * x22[i];
-                }
-            }
-        }
+    rs_lin_job j = {x, y, ta, tb, outer, LA, LB, mid, inner, d->in[A], B >= 0 ? d->in[B] : 1, B >= 0};
+    /* about 64k outputs per thread, and no more threads than rows */
+    int64_t t = mts_tensor_numel(&k->out[0]) / 65536;
+    if (t > k->threads) t = k->threads;
+    if (t > outer * LA) t = outer * LA;
+    mts_parallel(t < 1 ? 1 : (int)t, rs_lin_part, &j);
     free(ta);
     return MTS_OK;
 }
