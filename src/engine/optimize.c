@@ -266,7 +266,12 @@ static const mts_tensor *nhwc_const(mts__plan *p, const mts_tensor *t)
 static int rewrite_nhwc_step(mts__plan *p, mts__step *st, mts_err *err)
 {
     st->nhwc = 1;
-    if (strcmp(st->nd->op_type, "Resize") && strncmp(st->nd->op_type, "Reduce", 6))
+    /* 4-D constants of the ops layout_agnostic lets take them (and chains fused from those) */
+    static const char *const takes_const4[] = {"Concat", "Add", "Sub", "Mul", "Div", "Max", "Min", "Sum", "Mean",
+                                               "MtsEltwiseChain", NULL};
+    bool c4 = false;
+    for (int i = 0; takes_const4[i]; i++) c4 |= !st->nd->domain[0] && !strcmp(st->nd->op_type, takes_const4[i]);
+    if (c4)
         for (int j = 0; j < st->n_in; j++) {
             int v = st->in[j];
             if (v < 0 || !const_value(p, v) || p->vals[v].rank != 4 || is_neutral(&p->vals[v])) continue;

@@ -559,6 +559,45 @@ static void test_upsample_conv(void **state)
     compare_backends(&G, "upsample + conv", 1e-5);
 }
 
+/* A tf2onnx-style channels-last network: NHWC input transposed to NCHW, a zero Pad before a
+ * strided depthwise conv (folded into it), channel padding by Concat with a constant of zeros
+ * into a residual Add, an fp16 round trip (Cast to float16 and back), a graph output copied
+ * from a value a conv also reads, and a Transpose back to NHWC. */
+static void test_nhwc_export(void **state)
+{
+    (void)state;
+    graph G;
+    memset(&G, 0, sizeof G);
+    G.seed = 5;
+    io(&G, 11, "x", 4, D(1, 10, 12, 3));
+    init_f(&G, "w1", 4, D(8, 3, 3, 3), -0.3f, 0.3f);
+    init_f(&G, "b1", 1, D(8), -0.1f, 0.1f);
+    init_f(&G, "w2", 4, D(8, 1, 3, 3), -0.3f, 0.3f);
+    init_f(&G, "w3", 4, D(12, 8, 1, 1), -0.3f, 0.3f);
+    init_f(&G, "w4", 4, D(6, 12, 1, 1), -0.3f, 0.3f);
+    int64_t pads[8] = {0, 0, 0, 0, 0, 0, 1, 1};
+    init_vals(&G, "pads", 1, D(8), 7, pads, sizeof pads);
+    float zeros[4 * 5 * 6] = {0};
+    init_vals(&G, "zeros", 4, D(1, 4, 5, 6), 1, zeros, sizeof zeros);
+    node(&G, "Transpose", "x", "xt", "perm=ii:0,3,1,2");
+    node(&G, "Conv", "xt w1 b1", "c1", "pads=ii:1,1,1,1");
+    node(&G, "Relu", "c1", "r1", NULL);
+    node(&G, "Pad", "r1 pads", "p1", NULL);
+    node(&G, "Conv", "p1 w2", "c2", "group=i:8 strides=ii:2,2");
+    node(&G, "Concat", "c2 zeros", "cat", "axis=i:1");
+    node(&G, "Conv", "c2 w3", "c3", NULL);
+    node(&G, "Add", "c3 cat", "a3", NULL);
+    node(&G, "Relu", "a3", "r3", NULL);
+    node(&G, "Cast", "r3", "h16", "to=i:10");
+    node(&G, "Cast", "h16", "h32", "to=i:1");
+    node(&G, "Conv", "h32 w4", "c4", NULL);
+    node(&G, "Transpose", "c4", "y1", "perm=ii:0,2,3,1");
+    node(&G, "Identity", "h32", "y2", NULL);
+    io(&G, 12, "y1", -1, NULL);
+    io(&G, 12, "y2", -1, NULL);
+    compare_backends(&G, "nhwc export", 1e-5);
+}
+
 /* The generated reference models, when present, at batch 1. */
 static void test_reference_models(void **state)
 {
@@ -608,6 +647,7 @@ int main(void)
         cmocka_unit_test(test_fast_fusions),
         cmocka_unit_test(test_quant),
         cmocka_unit_test(test_upsample_conv),
+        cmocka_unit_test(test_nhwc_export),
         cmocka_unit_test(test_reference_models),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
