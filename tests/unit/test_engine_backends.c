@@ -562,7 +562,8 @@ static void test_upsample_conv(void **state)
 /* A tf2onnx-style channels-last network: NHWC input transposed to NCHW, a zero Pad before a
  * strided depthwise conv (folded into it), channel padding by Concat with a constant of zeros
  * into a residual Add, an fp16 round trip (Cast to float16 and back), a graph output copied
- * from a value a conv also reads, and a Transpose back to NHWC. */
+ * from a value a conv also reads, a Transpose back to NHWC, and a residual added after a conv's
+ * Relu. */
 static void test_nhwc_export(void **state)
 {
     (void)state;
@@ -575,6 +576,8 @@ static void test_nhwc_export(void **state)
     init_f(&G, "w2", 4, D(8, 1, 3, 3), -0.3f, 0.3f);
     init_f(&G, "w3", 4, D(12, 8, 1, 1), -0.3f, 0.3f);
     init_f(&G, "w4", 4, D(6, 12, 1, 1), -0.3f, 0.3f);
+    init_f(&G, "w5", 4, D(12, 12, 3, 3), -0.3f, 0.3f);
+    init_f(&G, "b5", 1, D(12), -0.1f, 0.1f);
     int64_t pads[8] = {0, 0, 0, 0, 0, 0, 1, 1};
     init_vals(&G, "pads", 1, D(8), 7, pads, sizeof pads);
     float zeros[4 * 5 * 6] = {0};
@@ -593,8 +596,14 @@ static void test_nhwc_export(void **state)
     node(&G, "Conv", "h32 w4", "c4", NULL);
     node(&G, "Transpose", "c4", "y1", "perm=ii:0,2,3,1");
     node(&G, "Identity", "h32", "y2", NULL);
+    /* relu(conv(h)) + h, the residual added last (oneDNN's sum post-op where that is faster) */
+    node(&G, "Conv", "h32 w5 b5", "c5", "pads=ii:1,1,1,1");
+    node(&G, "Relu", "c5", "r5", NULL);
+    node(&G, "Add", "r5 h32", "a5", NULL);
+    node(&G, "Conv", "a5 w4", "y3", NULL);
     io(&G, 12, "y1", -1, NULL);
     io(&G, 12, "y2", -1, NULL);
+    io(&G, 12, "y3", -1, NULL);
     compare_backends(&G, "nhwc export", 1e-5);
 }
 
