@@ -5,7 +5,9 @@
  * (kernels/dnnl_backend.c, kernels/fast_backend.c), reached through the hooks of the backend table (kernel.h), each stage calling
  * every enabled backend in table order:
  *
- *   1. Identity and inference-mode Dropout are removed (their readers read the input).
+ *   1. Identity, no-op Casts (float to float) and inference-mode Dropout are removed (their
+ *      readers read the input); a Cast to float16/bfloat16 after a linear Resize becomes a
+ *      rounding inside the Resize.
  *   2. Claims: each backend claims single nodes or fused groups (oneDNN: convolutions, pools and
  *      constant-weight MatMul/Gemm with BatchNormalization, activations and a residual Add
  *      folded in).
@@ -16,7 +18,8 @@
  *      NHWC. Those ops then run the reference kernels on [N,H,W,C] views (Concat's axis,
  *      reduction axes and Resize's scales/sizes/roi rewritten to match), and convolutions read
  *      and write NHWC directly, so conversions happen only at the edges (graph inputs/outputs
- *      and other ops), inside the convolution that reads or writes the edge. Tensors with one
+ *      and other ops), inside the convolution that reads or writes the edge. Layout Transposes
+ *      (NHWC <-> NCHW) and graph-output copies convert too, as a copy or transposing copy. Tensors with one
  *      channel or one pixel are the same bytes in both layouts and never constrain a group.
  *   4. Commit: the backends build their claimed steps with the chosen layouts; one that
  *      declines a step (oneDNN cannot run a convolution well) makes the passes start over
@@ -87,6 +90,46 @@ static void remove_identities(mts__opt *o)
         p->state[y] = MTS__V_UNUSED;
         mts__count_uses(o);
     }
+}
+
+/* A Cast to float16 / bfloat16 whose input is written by a linear or cubic float Resize read by
+ * nothing else: the Resize rounds its output rows as it writes them (attribute "mts_round",
+ * kernels/ref_conv.c) and writes the Cast's output; one memory pass less per round trip of a
+ * float16 model's Resize (IS-Net: 30). Nearest Resizes are left alone: the oneDNN and fast
+ * backends fold those into their readers, which do not round. */
+static int fuse_half_rounding(mts__opt *o, mts_err *err)
+{
+    mts__plan *p = o->p;
+    for (int s = 0; s < p->n_steps; s++) {
+        mts__step *st = &p->steps[s];
+        if (o->removed[s] || st->dynamic || st->kind != MTS__S_KERNEL || !is_op(st, "Cast") || st->n_in != 1 ||
+            st->n_out != 1 || st->in[0] < 0 || st->out[0] < 0)
+            continue;
+        int64_t to = mts_attr_int(st->nd, "to", 0);
+        int x = st->in[0], y = st->out[0], r = o->prod[x];
+        if ((to != MTS_DTYPE_FLOAT16 && to != MTS_DTYPE_BFLOAT16) || r < 0 || o->removed[r] || o->nuse[x] != 1 ||
+            o->is_out[x] || p->state[x] != MTS__V_STATIC || p->state[y] != MTS__V_STATIC ||
+            p->vals[x].dtype != MTS_DTYPE_FLOAT || p->vals[y].dtype != MTS_DTYPE_FLOAT ||
+            !mts_shape_equal(&p->vals[x], &p->vals[y]))
+            continue;
+        mts__step *rs = &p->steps[r];
+        const char *mode = mts_attr_string(rs->nd, "mode", "nearest");
+        if (rs->dynamic || rs->kind != MTS__S_KERNEL || !is_op(rs, "Resize") || rs->n_out != 1 ||
+            mts_node_attr(rs->nd, "mts_round") || (strcmp(mode, "linear") && strcmp(mode, "cubic")))
+            continue;
+        mts_attr a = {0};
+        a.name = "mts_round";
+        a.type = MTS_ATTR_INT;
+        a.i = to;
+        mts_node *n = mts__node_with_attr(p, rs, NULL, a);
+        if (!n) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+        rs->nd = n;
+        rs->out[0] = y;
+        o->removed[s] = 1;
+        p->state[x] = MTS__V_UNUSED;
+        mts__count_uses(o);
+    }
+    return MTS_OK;
 }
 
 static int find(int *parent, int v)
@@ -624,6 +667,7 @@ int mts__optimize(mts_model *m, mts__plan *p, mts_err *err)
         if ((rc = reset_steps(&o, orig, state0, err))) goto out;
         mts__count_uses(&o);
         remove_identities(&o);
+        if ((rc = fuse_half_rounding(&o, err))) goto out;
         if ((rc = claim_steps(&o, err))) goto out;
         mts__count_uses(&o);
         choose_layouts(&o);

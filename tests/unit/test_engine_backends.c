@@ -562,8 +562,8 @@ static void test_upsample_conv(void **state)
 /* A tf2onnx-style channels-last network: NHWC input transposed to NCHW, a zero Pad before a
  * strided depthwise conv (folded into it), channel padding by Concat with a constant of zeros
  * into a residual Add, an fp16 round trip (Cast to float16 and back), a graph output copied
- * from a value a conv also reads, a Transpose back to NHWC, and a residual added after a conv's
- * Relu. */
+ * from a value a conv also reads, a Transpose back to NHWC, a residual added after a conv's
+ * Relu, and a linear Resize rounded to float16 and widened again. */
 static void test_nhwc_export(void **state)
 {
     (void)state;
@@ -601,9 +601,17 @@ static void test_nhwc_export(void **state)
     node(&G, "Relu", "c5", "r5", NULL);
     node(&G, "Add", "r5 h32", "a5", NULL);
     node(&G, "Conv", "a5 w4", "y3", NULL);
+    /* a linear Resize rounded to float16 (fused into the Resize) between two convs */
+    float s22[4] = {1, 1, 2, 2};
+    init_vals(&G, "s22", 1, D(4), 1, s22, sizeof s22);
+    node(&G, "Resize", "a5 - s22", "rz", "mode=s:linear");
+    node(&G, "Cast", "rz", "rh", "to=i:10");
+    node(&G, "Cast", "rh", "rf", "to=i:1");
+    node(&G, "Conv", "rf w4", "y4", NULL);
     io(&G, 12, "y1", -1, NULL);
     io(&G, 12, "y2", -1, NULL);
     io(&G, 12, "y3", -1, NULL);
+    io(&G, 12, "y4", -1, NULL);
     compare_backends(&G, "nhwc export", 1e-5);
 }
 

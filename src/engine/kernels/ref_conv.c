@@ -1452,6 +1452,7 @@ typedef struct rs_lin_job {
     const rs_ltap *ta, *tb;
     int64_t outer, LA, LB, mid, inner, IA, IB;
     bool two;
+    int round_to; /* MTS_DTYPE_FLOAT16 / BFLOAT16: each output row rounded to it while in cache */
 } rs_lin_job;
 
 /* Output rows [o, ja] of the job, split over the threads (each element is computed the same
@@ -1470,6 +1471,7 @@ static void rs_lin_part(void *arg, int ithr, int nthr)
             float *yr = j->y + ((o * LA + ja) * mid + m) * LB * inner;
             if (!j->two) {
                 for (int64_t i = 0; i < inner; i++) yr[i] = pa->d2 * r1[i] + pa->d1 * r2[i];
+                if (j->round_to) mts_round_half((mts_dtype)j->round_to, yr, yr, inner);
                 continue;
             }
             for (int64_t jb = 0; jb < LB; jb++) {
@@ -1481,8 +1483,17 @@ static void rs_lin_part(void *arg, int ithr, int nthr)
                 for (int64_t i = 0; i < inner; i++)
                     yo[i] = w11 * x11[i] + w21 * x21[i] + w12 * x12[i] + w22 * x22[i];
             }
+            if (j->round_to) mts_round_half((mts_dtype)j->round_to, yr, yr, LB * inner);
         }
     }
+}
+
+/* The optimizer's fusion of a following Cast to float16 / bfloat16 (optimize.c): attribute
+ * "mts_round" names the type the float output is rounded to; 0 when absent or another value. */
+static int rs_round_to(const mts_node *n)
+{
+    int64_t t = mts_attr_int(n, "mts_round", 0);
+    return t == MTS_DTYPE_FLOAT16 || t == MTS_DTYPE_BFLOAT16 ? (int)t : 0;
 }
 
 static int rs_run_lin_float(mts_kctx *k, const rs_desc *d, const int *ax, int nax)
@@ -1503,7 +1514,8 @@ static int rs_run_lin_float(mts_kctx *k, const rs_desc *d, const int *ax, int na
     } else {
         for (int a = A + 1; a < d->rank; a++) inner *= d->in[a];
     }
-    rs_lin_job j = {x, y, ta, tb, outer, LA, LB, mid, inner, d->in[A], B >= 0 ? d->in[B] : 1, B >= 0};
+    rs_lin_job j = {x, y, ta, tb, outer, LA, LB, mid, inner, d->in[A], B >= 0 ? d->in[B] : 1, B >= 0,
+                    rs_round_to(k->node)};
     /* about 64k outputs per thread, and no more threads than rows */
     int64_t t = mts_tensor_numel(&k->out[0]) / 65536;
     if (t > k->threads) t = k->threads;
@@ -1619,7 +1631,11 @@ static int rs_run_common(mts_kctx *k, bool upsample)
         if (onum == 0) return MTS_OK;
         return rs_run_lin_float(k, &d, ax, nax);
     }
-    return d.mode == RM_NEAREST ? rs_run_nearest(k, &d) : rs_run_interp(k, &d);
+    rc = d.mode == RM_NEAREST ? rs_run_nearest(k, &d) : rs_run_interp(k, &d);
+    int rt = rs_round_to(k->node);
+    if (!rc && rt && k->out[0].dtype == MTS_DTYPE_FLOAT)
+        mts_round_half((mts_dtype)rt, k->out[0].data, k->out[0].data, mts_tensor_numel(&k->out[0]));
+    return rc;
 }
 
 static int resize_run(mts_kctx *k) { return rs_run_common(k, false); }
