@@ -252,6 +252,18 @@ static bool layout_agnostic(const mts__opt *o, const mts__step *st)
         }
         return true;
     }
+    if (!strcmp(op, "Slice")) {
+        /* constant starts/ends/axes/steps: the axes are remapped to the view (rewrite_nhwc_step) */
+        if (st->nd->opset < 10 || st->n_in < 3 || st->n_in > 5 || st->in[0] < 0 || !rank4_ok(o, st->in[0])) return false;
+        for (int j = 1; j < st->n_in; j++) {
+            int v = st->in[j];
+            if (v < 0 && j >= 3) continue;
+            if (!const_value(p, v) || (p->vals[v].dtype != MTS_DTYPE_INT64 && p->vals[v].dtype != MTS_DTYPE_INT32) ||
+                p->vals[v].rank != 1 || !p->vals[v].data)
+                return false;
+        }
+        return true;
+    }
     if (!strcmp(op, "Resize")) {
         if (st->nd->opset < 11 || mts_node_attr(st->nd, "axes") || st->n_in < 1 || st->in[0] < 0 ||
             !rank4_ok(o, st->in[0]))
@@ -374,6 +386,33 @@ static int rewrite_nhwc_step(mts__plan *p, mts__step *st, mts_err *err)
             c->data = d;
             st->cin[1] = c;
         }
+    } else if (!strcmp(st->nd->op_type, "Slice")) {
+        /* Axes name NCHW positions (as Reduce above); absent axes are 0..len(starts)-1. */
+        static const int64_t map[4] = {0, 3, 1, 2};
+        const mts_tensor *starts = &p->vals[st->in[1]];
+        bool given = st->n_in >= 4 && st->in[3] >= 0;
+        const mts_tensor *ax = given ? &p->vals[st->in[3]] : NULL;
+        int64_t n = given ? mts_tensor_numel(ax) : mts_tensor_numel(starts);
+        mts_tensor *c = mts_pool_calloc(&p->pool, 1, sizeof *c);
+        int64_t *d = mts_pool_alloc(&p->pool, sizeof(int64_t) * (size_t)(n > 0 ? n : 1));
+        if (!c || !d) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+        for (int64_t j = 0; j < n; j++) {
+            int64_t x = !given ? j : ax->dtype == MTS_DTYPE_INT64 ? ((const int64_t *)ax->data)[j]
+                                                                   : ((const int32_t *)ax->data)[j];
+            int64_t xn = x < 0 ? x + 4 : x;
+            d[j] = xn >= 0 && xn < 4 ? map[xn] : x; /* out of range: the kernel reports it */
+        }
+        c->dtype = MTS_DTYPE_INT64;
+        c->rank = 1;
+        c->dims[0] = n;
+        c->data = d;
+        if (st->n_in < 4) { /* room for the added input: reset_steps leaves MTS__STEP_EXTRA_IN */
+            for (int j = st->n_in; j < 4; j++) st->in[j] = -1;
+            st->n_in = 4;
+        }
+        st->cin = mts_pool_calloc(&p->pool, (size_t)st->n_in, sizeof *st->cin);
+        if (!st->cin) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+        st->cin[3] = c;
     } else if (!strcmp(st->nd->op_type, "Resize")) {
         st->cin = mts_pool_calloc(&p->pool, (size_t)st->n_in, sizeof *st->cin);
         if (!st->cin) return mts_err_set(err, MTS_ENOMEM, "out of memory");

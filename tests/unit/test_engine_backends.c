@@ -563,7 +563,7 @@ static void test_upsample_conv(void **state)
  * strided depthwise conv (folded into it), channel padding by Concat with a constant of zeros
  * into a residual Add, an fp16 round trip (Cast to float16 and back), a graph output copied
  * from a value a conv also reads, a Transpose back to NHWC, a residual added after a conv's
- * Relu, and a linear Resize rounded to float16 and widened again. */
+ * Relu, a linear Resize rounded to float16 and widened again, and channel Slices. */
 static void test_nhwc_export(void **state)
 {
     (void)state;
@@ -608,10 +608,26 @@ static void test_nhwc_export(void **state)
     node(&G, "Cast", "rz", "rh", "to=i:10");
     node(&G, "Cast", "rh", "rf", "to=i:1");
     node(&G, "Conv", "rf w4", "y4", NULL);
+    /* channel Slices of a channels-last tensor: axes as tf2onnx writes them (then a Transpose
+     * to NHWC, a copy), and no axes (starts/ends of the leading axes) */
+    int64_t st5[4] = {0, 0, 0, 2}, en5[4] = {INT32_MAX, INT32_MAX, INT32_MAX, 6}, ax5[4] = {0, 2, 3, 1};
+    int64_t st6[2] = {0, 7}, en6[2] = {1, 9};
+    init_vals(&G, "st5", 1, D(4), 7, st5, sizeof st5);
+    init_vals(&G, "en5", 1, D(4), 7, en5, sizeof en5);
+    init_vals(&G, "ax5", 1, D(4), 7, ax5, sizeof ax5);
+    init_vals(&G, "st6", 1, D(2), 7, st6, sizeof st6);
+    init_vals(&G, "en6", 1, D(2), 7, en6, sizeof en6);
+    init_f(&G, "w6", 4, D(4, 2, 1, 1), -0.3f, 0.3f);
+    node(&G, "Slice", "a5 st5 en5 ax5", "s5", NULL);
+    node(&G, "Transpose", "s5", "y5", "perm=ii:0,2,3,1");
+    node(&G, "Slice", "a5 st6 en6", "s6", NULL);
+    node(&G, "Conv", "s6 w6", "y6", NULL);
     io(&G, 12, "y1", -1, NULL);
     io(&G, 12, "y2", -1, NULL);
     io(&G, 12, "y3", -1, NULL);
     io(&G, 12, "y4", -1, NULL);
+    io(&G, 12, "y5", -1, NULL);
+    io(&G, 12, "y6", -1, NULL);
     compare_backends(&G, "nhwc export", 1e-5);
 }
 
