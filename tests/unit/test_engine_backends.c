@@ -563,7 +563,8 @@ static void test_upsample_conv(void **state)
  * strided depthwise conv (folded into it), channel padding by Concat with a constant of zeros
  * into a residual Add, an fp16 round trip (Cast to float16 and back), a graph output copied
  * from a value a conv also reads, a Transpose back to NHWC, a residual added after a conv's
- * Relu, a linear Resize rounded to float16 and widened again, and channel Slices. */
+ * Relu, a linear Resize rounded to float16 and widened again, channel Slices, and scalar
+ * affine steps around a HardSwish written out. */
 static void test_nhwc_export(void **state)
 {
     (void)state;
@@ -626,8 +627,23 @@ static void test_nhwc_export(void **state)
     io(&G, 12, "y2", -1, NULL);
     io(&G, 12, "y3", -1, NULL);
     io(&G, 12, "y4", -1, NULL);
+    /* paddle2onnx's LCNetV3 block: conv * s + t (into the weights), HardSwish written out
+     * (a post-op), then * s2 + t2 (one linear post-op) */
+    float sc[6] = {1.3f, 0.2f, 3.0f, 0.0f, 6.0f, 0.7f};
+    const char *scn[6] = {"s7", "t7", "three", "zero", "six", "s8"};
+    for (int k = 0; k < 6; k++) init_vals(&G, scn[k], 1, D(1), 1, &sc[k], sizeof(float));
+    node(&G, "Conv", "a5 w5 b5", "c7", "pads=ii:1,1,1,1");
+    node(&G, "Mul", "s7 c7", "m7", NULL);
+    node(&G, "Add", "m7 t7", "l7", NULL);
+    node(&G, "Add", "l7 three", "p7", NULL);
+    node(&G, "Clip", "p7 zero six", "k7", NULL);
+    node(&G, "Mul", "l7 k7", "q7", NULL);
+    node(&G, "Div", "q7 six", "h7", NULL);
+    node(&G, "Mul", "s8 h7", "m8", NULL);
+    node(&G, "Sub", "m8 t7", "y7", NULL);
     io(&G, 12, "y5", -1, NULL);
     io(&G, 12, "y6", -1, NULL);
+    io(&G, 12, "y7", -1, NULL);
     compare_backends(&G, "nhwc export", 1e-5);
 }
 
