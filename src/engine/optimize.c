@@ -394,15 +394,18 @@ static int rewrite_nhwc_step(mts__plan *p, mts__step *st, mts_err *err)
         const mts_tensor *ax = given ? &p->vals[st->in[3]] : NULL;
         int64_t n = given ? mts_tensor_numel(ax) : mts_tensor_numel(starts);
         mts_tensor *c = mts_pool_calloc(&p->pool, 1, sizeof *c);
-        int64_t *d = mts_pool_alloc(&p->pool, sizeof(int64_t) * (size_t)(n > 0 ? n : 1));
+        bool i32 = starts->dtype == MTS_DTYPE_INT32; /* the index inputs share one type */
+        void *d = mts_pool_alloc(&p->pool, sizeof(int64_t) * (size_t)(n > 0 ? n : 1));
         if (!c || !d) return mts_err_set(err, MTS_ENOMEM, "out of memory");
         for (int64_t j = 0; j < n; j++) {
             int64_t x = !given ? j : ax->dtype == MTS_DTYPE_INT64 ? ((const int64_t *)ax->data)[j]
                                                                    : ((const int32_t *)ax->data)[j];
             int64_t xn = x < 0 ? x + 4 : x;
-            d[j] = xn >= 0 && xn < 4 ? map[xn] : x; /* out of range: the kernel reports it */
+            int64_t m = xn >= 0 && xn < 4 ? map[xn] : x; /* out of range: the kernel reports it */
+            if (i32) ((int32_t *)d)[j] = (int32_t)m;
+            else ((int64_t *)d)[j] = m;
         }
-        c->dtype = MTS_DTYPE_INT64;
+        c->dtype = i32 ? MTS_DTYPE_INT32 : MTS_DTYPE_INT64;
         c->rank = 1;
         c->dims[0] = n;
         c->data = d;
