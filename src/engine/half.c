@@ -31,6 +31,61 @@ void mts__f32_to_half(mts_dtype dt, const float *src, uint16_t *dst, int64_t n)
         for (int64_t i = 0; i < n; i++) dst[i] = mts_f32_to_f16(src[i]);
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+
+__attribute__((target("avx512f"))) static int64_t round_f16_avx512(const float *src, float *dst, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256i h = _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(h));
+    }
+    return i;
+}
+
+__attribute__((target("avx,f16c"))) static int64_t round_f16_f16c(const float *src, float *dst, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
+    }
+    return i;
+}
+
+/* The widest conversion instructions this CPU has: 2 AVX-512, 1 F16C, 0 none. */
+static int f16_isa(void)
+{
+    static int isa = -1;
+    int v = __atomic_load_n(&isa, __ATOMIC_RELAXED);
+    if (v < 0) {
+        __builtin_cpu_init();
+        v = __builtin_cpu_supports("avx512f") ? 2 : __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c") ? 1 : 0;
+        __atomic_store_n(&isa, v, __ATOMIC_RELAXED);
+    }
+    return v;
+}
+#endif
+
+/* Rounds n floats to float16 / bfloat16 precision (the values a Cast to that type holds). The
+ * hardware conversions round to nearest even and keep infinities and NaNs (quieted, top payload
+ * bits kept) exactly as mts_f32_to_f16 does. */
+void mts_round_half(mts_dtype dt, const float *src, float *dst, int64_t n)
+{
+    int64_t i = 0;
+    if (dt == MTS_DTYPE_BFLOAT16) {
+        for (; i < n; i++) dst[i] = mts_bf16_to_f32(mts_f32_to_bf16(src[i]));
+        return;
+    }
+#if defined(__x86_64__) && defined(__GNUC__)
+    int isa = f16_isa();
+    if (isa == 2) i = round_f16_avx512(src, dst, n);
+    else if (isa == 1) i = round_f16_f16c(src, dst, n);
+#endif
+    for (; i < n; i++) dst[i] = mts_f16_to_f32(mts_f32_to_f16(src[i]));
+}
+
 /* Replaces *t (a 16-bit float tensor) by a float copy allocated from the model's pool. */
 static int widen(mts_model *m, const char *file, mts_tensor *t, const char *what, mts_err *err)
 {

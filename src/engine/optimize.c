@@ -5,7 +5,9 @@
  * (kernels/dnnl_backend.c, kernels/fast_backend.c), reached through the hooks of the backend table (kernel.h), each stage calling
  * every enabled backend in table order:
  *
- *   1. Identity and inference-mode Dropout are removed (their readers read the input).
+ *   1. Identity, no-op Casts (float to float) and inference-mode Dropout are removed (their
+ *      readers read the input); a Cast to float16/bfloat16 after a linear Resize becomes a
+ *      rounding inside the Resize.
  *   2. Claims: each backend claims single nodes or fused groups (oneDNN: convolutions, pools and
  *      constant-weight MatMul/Gemm with BatchNormalization, activations and a residual Add
  *      folded in).
@@ -17,7 +19,8 @@
  *      NHWC. Those ops then run the reference kernels on [N,H,W,C] views (Concat's axis,
  *      reduction axes and Resize's scales/sizes/roi rewritten to match), and convolutions read
  *      and write NHWC directly, so conversions happen only at the edges (graph inputs/outputs
- *      and other ops), inside the convolution that reads or writes the edge. Tensors with one
+ *      and other ops), inside the convolution that reads or writes the edge. Layout Transposes
+ *      (NHWC <-> NCHW) and graph-output copies convert too, as a copy or transposing copy. Tensors with one
  *      channel or one pixel are the same bytes in both layouts and never constrain a group.
  *   4. Commit: the backends build their claimed steps with the chosen layouts; one that
  *      declines a step (oneDNN cannot run a convolution well) makes the passes start over
@@ -35,20 +38,47 @@
 #include <string.h>
 
 #include "engine/rewrite.h"
+#include "engine/seqval.h"
 
 #define FOR_BACKENDS(o, b) for (int b = 0; mts_backends[b]; b++) if ((o)->enabled[b])
 
-/* Pass 1: Identity and inference-mode Dropout are removed (their readers read the input). */
+/* A Cast to float of a float value: an identity (float16 values are held as float, so the
+ * widening Cast of an fp16 model's "fp16 -> fp32" round trip is one too). */
+static bool noop_cast(const mts__plan *p, const mts__step *st)
+{
+    if (!is_op(st, "Cast") || st->n_in != 1 || st->n_out != 1 || st->in[0] < 0 || st->out[0] < 0) return false;
+    const mts_attr *a = mts_node_attr(st->nd, "to");
+    return a && a->type == MTS_ATTR_INT && a->i == MTS_DTYPE_FLOAT && p->vals[st->in[0]].dtype == MTS_DTYPE_FLOAT &&
+           p->vals[st->out[0]].dtype == MTS_DTYPE_FLOAT;
+}
+
+/* Pass 1: Identity, no-op Casts and inference-mode Dropout are removed (their readers read the
+ * input). One whose output is a graph output instead has the producer of its input write that
+ * output directly, when the input has no other reader. */
 static void remove_identities(mts__opt *o)
 {
     mts__plan *p = o->p;
     for (int s = 0; s < p->n_steps; s++) {
         mts__step *st = &p->steps[s];
-        if (st->dynamic || st->n_in < 1 || st->n_out < 1) continue;
-        bool drop = is_op(st, "Dropout");
-        if (!is_op(st, "Identity") && !drop) continue;
+        if (st->dynamic || st->n_in < 1 || st->n_out < 1 || st->kind != MTS__S_KERNEL) continue;
+        bool drop = is_op(st, "Dropout"), cast = noop_cast(p, st);
+        if (!is_op(st, "Identity") && !drop && !cast) continue;
         int x = st->in[0], y = st->out[0];
-        if (x < 0 || y < 0 || o->is_out[y] || p->state[x] == MTS__V_DYNAMIC) continue;
+        if (x < 0 || y < 0 || p->state[x] == MTS__V_DYNAMIC) continue;
+        if (o->is_out[y]) {
+            int pr = o->prod[x];
+            if (drop || pr < 0 || o->removed[pr] || o->nuse[x] != 1 || o->is_out[x] || p->steps[pr].dynamic ||
+                p->state[x] != MTS__V_STATIC || p->state[y] != MTS__V_STATIC ||
+                p->vals[x].dtype != p->vals[y].dtype || !mts_shape_equal(&p->vals[x], &p->vals[y]))
+                continue;
+            mts__step *ps = &p->steps[pr];
+            for (int j = 0; j < ps->n_out; j++)
+                if (ps->out[j] == x) ps->out[j] = y;
+            o->removed[s] = 1;
+            p->state[x] = MTS__V_UNUSED;
+            mts__count_uses(o);
+            continue;
+        }
         if (drop) {
             if (st->n_out > 1 && st->out[1] >= 0 && (o->nuse[st->out[1]] > 0)) continue; /* mask used */
             if (st->n_in > 2 && st->in[2] >= 0) {
@@ -61,6 +91,46 @@ static void remove_identities(mts__opt *o)
         p->state[y] = MTS__V_UNUSED;
         mts__count_uses(o);
     }
+}
+
+/* A Cast to float16 / bfloat16 whose input is written by a linear or cubic float Resize read by
+ * nothing else: the Resize rounds its output rows as it writes them (attribute "mts_round",
+ * kernels/ref_conv.c) and writes the Cast's output; one memory pass less per round trip of a
+ * float16 model's Resize (IS-Net: 30). Nearest Resizes are left alone: the oneDNN and fast
+ * backends fold those into their readers, which do not round. */
+static int fuse_half_rounding(mts__opt *o, mts_err *err)
+{
+    mts__plan *p = o->p;
+    for (int s = 0; s < p->n_steps; s++) {
+        mts__step *st = &p->steps[s];
+        if (o->removed[s] || st->dynamic || st->kind != MTS__S_KERNEL || !is_op(st, "Cast") || st->n_in != 1 ||
+            st->n_out != 1 || st->in[0] < 0 || st->out[0] < 0)
+            continue;
+        int64_t to = mts_attr_int(st->nd, "to", 0);
+        int x = st->in[0], y = st->out[0], r = o->prod[x];
+        if ((to != MTS_DTYPE_FLOAT16 && to != MTS_DTYPE_BFLOAT16) || r < 0 || o->removed[r] || o->nuse[x] != 1 ||
+            o->is_out[x] || p->state[x] != MTS__V_STATIC || p->state[y] != MTS__V_STATIC ||
+            p->vals[x].dtype != MTS_DTYPE_FLOAT || p->vals[y].dtype != MTS_DTYPE_FLOAT ||
+            !mts_shape_equal(&p->vals[x], &p->vals[y]))
+            continue;
+        mts__step *rs = &p->steps[r];
+        const char *mode = mts_attr_string(rs->nd, "mode", "nearest");
+        if (rs->dynamic || rs->kind != MTS__S_KERNEL || !is_op(rs, "Resize") || rs->n_out != 1 ||
+            mts_node_attr(rs->nd, "mts_round") || (strcmp(mode, "linear") && strcmp(mode, "cubic")))
+            continue;
+        mts_attr a = {0};
+        a.name = "mts_round";
+        a.type = MTS_ATTR_INT;
+        a.i = to;
+        mts_node *n = mts__node_with_attr(p, rs, NULL, a);
+        if (!n) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+        rs->nd = n;
+        rs->out[0] = y;
+        o->removed[s] = 1;
+        p->state[x] = MTS__V_UNUSED;
+        mts__count_uses(o);
+    }
+    return MTS_OK;
 }
 
 static int find(int *parent, int v)
@@ -81,6 +151,55 @@ static bool rank4_ok(const mts__opt *o, int v)
     return t->rank == 4 && (is_cand(o, v) || (is_neutral(t) && o->p->state[v] != MTS__V_DYNAMIC));
 }
 
+/* A 4-D constant of a fixed-size element type: a channels-last step reads a permuted copy
+ * (rewrite_nhwc_step), e.g. the zero channels that tf2onnx's channel padding concatenates. */
+static bool const4_ok(const mts__opt *o, int v)
+{
+    const mts_tensor *t = &o->p->vals[v];
+    return const_value(o->p, v) && t->rank == 4 && t->data && !mts_dtype_is_blob(t->dtype) &&
+           mts_dtype_size(t->dtype) > 0;
+}
+
+/* A Cast of float data to float, float16 or bfloat16 (all held as float): elementwise on floats. */
+static bool float_cast(const mts__plan *p, const mts__step *st)
+{
+    if (!is_op(st, "Cast") || st->n_in != 1 || st->in[0] < 0 || p->vals[st->in[0]].dtype != MTS_DTYPE_FLOAT)
+        return false;
+    const mts_attr *a = mts_node_attr(st->nd, "to");
+    return a && a->type == MTS_ATTR_INT &&
+           (a->i == MTS_DTYPE_FLOAT || a->i == MTS_DTYPE_FLOAT16 || a->i == MTS_DTYPE_BFLOAT16);
+}
+
+/* A Transpose between NHWC and NCHW order of a 4-D tensor (tf2onnx exports wrap the network in
+ * them): perm [0,3,1,2] (to NCHW) returns 1, [0,2,3,1] (to NHWC) returns 2, else 0. When its
+ * NCHW side is stored channels-last, the bytes on both sides are the same: a copy. */
+static int layout_transpose(const mts__plan *p, const mts__step *st)
+{
+    if (st->dynamic || st->kind != MTS__S_KERNEL || !is_op(st, "Transpose") || st->n_in != 1 || st->n_out != 1 ||
+        st->in[0] < 0 || st->out[0] < 0 || p->vals[st->in[0]].rank != 4 || p->vals[st->out[0]].rank != 4 ||
+        mts_dtype_is_blob(p->vals[st->in[0]].dtype))
+        return 0;
+    int n = 0;
+    const int64_t *perm = mts_attr_ints(st->nd, "perm", &n);
+    if (!perm || n != 4 || perm[0] != 0) return 0;
+    if (perm[1] == 3 && perm[2] == 1 && perm[3] == 2) return 1;
+    if (perm[1] == 2 && perm[2] == 3 && perm[3] == 1) return 2;
+    return 0;
+}
+
+/* An Identity or no-op Cast writing a graph output (which stays NCHW) from a value that other
+ * steps read too: it may read channels-last data, transposing as it copies, so that the graph
+ * output does not pull its source's readers to NCHW. */
+static bool output_copy(const mts__opt *o, const mts__step *st)
+{
+    const mts__plan *p = o->p;
+    if (st->dynamic || st->kind != MTS__S_KERNEL || st->n_in != 1 || st->n_out != 1 || st->in[0] < 0 ||
+        st->out[0] < 0 || !o->is_out[st->out[0]] || o->is_out[st->in[0]] || !is_cand(o, st->in[0]) ||
+        p->vals[st->in[0]].dtype != MTS_DTYPE_FLOAT || !mts_shape_equal(&p->vals[st->in[0]], &p->vals[st->out[0]]))
+        return false;
+    return noop_cast(p, st) || is_op(st, "Identity");
+}
+
 /* Can step st run on channels-last views of its 4-D tensors? */
 static bool layout_agnostic(const mts__opt *o, const mts__step *st)
 {
@@ -90,7 +209,7 @@ static bool layout_agnostic(const mts__opt *o, const mts__step *st)
     static const char *const binary[] = {"Add", "Sub", "Mul", "Div", "Max", "Min", "Sum", "Mean", NULL};
     const mts__plan *p = o->p;
     if (st->dynamic || st->kind != MTS__S_KERNEL || st->nd->domain[0] || st->n_out != 1 || st->out[0] < 0) return false;
-    if (p->vals[st->out[0]].rank != 4) return false;
+    if (p->vals[st->out[0]].rank != 4 || output_copy(o, st)) return false;
     const char *op = st->nd->op_type;
     /* Quantized steps with constant scalar parameters: per-tensor QuantizeLinear /
      * DequantizeLinear and the fused steps of QDQ models (quant_backend.c), elementwise or
@@ -112,6 +231,7 @@ static bool layout_agnostic(const mts__opt *o, const mts__step *st)
         }
         return st->n_in >= (qelt ? 2 : 5);
     }
+    if (float_cast(p, st)) return rank4_ok(o, st->in[0]);
     for (int i = 0; unary[i]; i++)
         if (!strcmp(op, unary[i])) {
             if (st->n_in < 1 || st->in[0] < 0 || !rank4_ok(o, st->in[0])) return false;
@@ -128,7 +248,7 @@ static bool layout_agnostic(const mts__opt *o, const mts__step *st)
                 int v = st->in[j];
                 if (v < 0) return false;
                 if (const_value(p, v) && mts_tensor_numel(&p->vals[v]) == 1) continue;
-                if (!rank4_ok(o, v)) return false;
+                if (!rank4_ok(o, v) && !const4_ok(o, v)) return false;
             }
             return st->n_in >= 1;
         }
@@ -136,7 +256,7 @@ static bool layout_agnostic(const mts__opt *o, const mts__step *st)
         int64_t ax = mts_attr_int(st->nd, "axis", 1);
         if (ax != 1 && ax != -3) return false;
         for (int j = 0; j < st->n_in; j++)
-            if (st->in[j] < 0 || !rank4_ok(o, st->in[j])) return false;
+            if (st->in[j] < 0 || (!rank4_ok(o, st->in[j]) && !const4_ok(o, st->in[j]))) return false;
         return st->n_in >= 1;
     }
     if (!strncmp(op, "Reduce", 6)) {
@@ -150,6 +270,18 @@ static bool layout_agnostic(const mts__opt *o, const mts__step *st)
         if (st->n_in == 2 && st->in[1] >= 0) {
             const mts_tensor *a = &p->vals[st->in[1]];
             if (!const_value(p, st->in[1]) || a->dtype != MTS_DTYPE_INT64) return false;
+        }
+        return true;
+    }
+    if (!strcmp(op, "Slice")) {
+        /* constant starts/ends/axes/steps: the axes are remapped to the view (rewrite_nhwc_step) */
+        if (st->nd->opset < 10 || st->n_in < 3 || st->n_in > 5 || st->in[0] < 0 || !rank4_ok(o, st->in[0])) return false;
+        for (int j = 1; j < st->n_in; j++) {
+            int v = st->in[j];
+            if (v < 0 && j >= 3) continue;
+            if (!const_value(p, v) || (p->vals[v].dtype != MTS_DTYPE_INT64 && p->vals[v].dtype != MTS_DTYPE_INT32) ||
+                p->vals[v].rank != 1 || !p->vals[v].data)
+                return false;
         }
         return true;
     }
@@ -188,9 +320,41 @@ static const mts_tensor *permuted_const(mts__plan *p, const mts_tensor *t)
     return c;
 }
 
+/* A channels-last copy of a 4-D constant t: [N,C,H,W] data stored as [N,H,W,C]. */
+static const mts_tensor *nhwc_const(mts__plan *p, const mts_tensor *t)
+{
+    size_t es = mts_dtype_size(t->dtype);
+    int64_t N = t->dims[0], C = t->dims[1], H = t->dims[2], W = t->dims[3], n = mts_tensor_numel(t);
+    mts_tensor *c = mts_pool_calloc(&p->pool, 1, sizeof *c);
+    char *d = c && n > 0 ? mts_pool_alloc(&p->pool, (size_t)n * es) : NULL;
+    if (!c || (n > 0 && !d)) return NULL;
+    *c = *t;
+    if (n == 0) return c;
+    const char *sp = t->data;
+    for (int64_t a = 0; a < N; a++)
+        for (int64_t ch = 0; ch < C; ch++)
+            for (int64_t i = 0; i < H * W; i++)
+                memcpy(d + (size_t)(((a * H * W) + i) * C + ch) * es, sp + (size_t)(((a * C) + ch) * H * W + i) * es, es);
+    c->data = d;
+    return c;
+}
+
 static int rewrite_nhwc_step(mts__plan *p, mts__step *st, mts_err *err)
 {
     st->nhwc = 1;
+    /* 4-D constants of the ops layout_agnostic lets take them (and chains fused from those) */
+    static const char *const takes_const4[] = {"Concat", "Add", "Sub", "Mul", "Div", "Max", "Min", "Sum", "Mean",
+                                               "MtsEltwiseChain", NULL};
+    bool c4 = false;
+    for (int i = 0; takes_const4[i]; i++) c4 |= !st->nd->domain[0] && !strcmp(st->nd->op_type, takes_const4[i]);
+    if (c4)
+        for (int j = 0; j < st->n_in; j++) {
+            int v = st->in[j];
+            if (v < 0 || !const_value(p, v) || p->vals[v].rank != 4 || is_neutral(&p->vals[v])) continue;
+            if (!st->cin && !(st->cin = mts_pool_calloc(&p->pool, (size_t)st->n_in, sizeof *st->cin)))
+                return mts_err_set(err, MTS_ENOMEM, "out of memory");
+            if (!(st->cin[j] = nhwc_const(p, &p->vals[v]))) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+        }
     if (!strcmp(st->nd->op_type, "Concat")) {
         mts_node *n = mts_pool_alloc(&p->pool, sizeof *n);
         mts_attr *a = n ? mts_pool_alloc(&p->pool, sizeof *a * (size_t)(st->nd->n_attr + 1)) : NULL;
@@ -243,6 +407,36 @@ static int rewrite_nhwc_step(mts__plan *p, mts__step *st, mts_err *err)
             c->data = d;
             st->cin[1] = c;
         }
+    } else if (!strcmp(st->nd->op_type, "Slice")) {
+        /* Axes name NCHW positions (as Reduce above); absent axes are 0..len(starts)-1. */
+        static const int64_t map[4] = {0, 3, 1, 2};
+        const mts_tensor *starts = &p->vals[st->in[1]];
+        bool given = st->n_in >= 4 && st->in[3] >= 0;
+        const mts_tensor *ax = given ? &p->vals[st->in[3]] : NULL;
+        int64_t n = given ? mts_tensor_numel(ax) : mts_tensor_numel(starts);
+        mts_tensor *c = mts_pool_calloc(&p->pool, 1, sizeof *c);
+        bool i32 = starts->dtype == MTS_DTYPE_INT32; /* the index inputs share one type */
+        void *d = mts_pool_alloc(&p->pool, sizeof(int64_t) * (size_t)(n > 0 ? n : 1));
+        if (!c || !d) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+        for (int64_t j = 0; j < n; j++) {
+            int64_t x = !given ? j : ax->dtype == MTS_DTYPE_INT64 ? ((const int64_t *)ax->data)[j]
+                                                                   : ((const int32_t *)ax->data)[j];
+            int64_t xn = x < 0 ? x + 4 : x;
+            int64_t m = xn >= 0 && xn < 4 ? map[xn] : x; /* out of range: the kernel reports it */
+            if (i32) ((int32_t *)d)[j] = (int32_t)m;
+            else ((int64_t *)d)[j] = m;
+        }
+        c->dtype = i32 ? MTS_DTYPE_INT32 : MTS_DTYPE_INT64;
+        c->rank = 1;
+        c->dims[0] = n;
+        c->data = d;
+        if (st->n_in < 4) { /* room for the added input: reset_steps leaves MTS__STEP_EXTRA_IN */
+            for (int j = st->n_in; j < 4; j++) st->in[j] = -1;
+            st->n_in = 4;
+        }
+        st->cin = mts_pool_calloc(&p->pool, (size_t)st->n_in, sizeof *st->cin);
+        if (!st->cin) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+        st->cin[3] = c;
     } else if (!strcmp(st->nd->op_type, "Resize")) {
         st->cin = mts_pool_calloc(&p->pool, (size_t)st->n_in, sizeof *st->cin);
         if (!st->cin) return mts_err_set(err, MTS_ENOMEM, "out of memory");
@@ -274,7 +468,7 @@ static int split_axis(const mts__plan *p, const mts__step *st)
     if (st->dynamic || st->kind != MTS__S_KERNEL || st->nd->domain[0] || st->n_out != 1 || st->out[0] < 0 ||
         st->n_in < 1 || st->n_in > 8)
         return -1;
-    bool known = false;
+    bool known = float_cast(p, st);
     for (int i = 0; ok[i]; i++) known |= !strcmp(st->nd->op_type, ok[i]);
     /* Normalizations over trailing axes: slices of an earlier axis are independent. */
     int norm_axis = -1;
@@ -381,11 +575,15 @@ static void choose_layouts(mts__opt *o)
         const mts__step *st = &p->steps[s];
         bool conv = anchor[s];
         bool ok = conv || layout_agnostic(o, st);
+        /* A layout Transpose is a copy when its NCHW side is stored channels-last: that side
+         * counts like a convolution's tensor, the other side must stay plain. */
+        int lt = conv || ok ? 0 : output_copy(o, st) ? 2 : layout_transpose(p, st);
         for (int j = 0; j < st->n_in + st->n_out; j++) {
             int v = j < st->n_in ? st->in[j] : st->out[j - st->n_in];
             if (!is_cand(o, v)) continue;
-            if (!ok) o->gbad[find(o->parent, v)] = 1;
-            if (conv) o->gconv[find(o->parent, v)] = 1;
+            bool nchw_side = lt && (j < st->n_in) == (lt == 2);
+            if (!ok && !nchw_side) o->gbad[find(o->parent, v)] = 1;
+            if (conv || nchw_side) o->gconv[find(o->parent, v)] = 1;
         }
     }
     for (int v = 0; v < nv; v++)
@@ -426,6 +624,20 @@ static int compact_steps(mts__opt *o, mts_err *err)
         if (o->removed[s]) {
             p->n_fused++;
             continue;
+        }
+        if (rc == MTS_OK && output_copy(o, st)) {
+            if (p->nhwc[st->in[0]]) st->op = &mts_nhwc_to_nchw;
+            p->steps[w++] = *st;
+            continue;
+        }
+        if (rc == MTS_OK && layout_transpose(p, st)) {
+            /* Its NCHW side channels-last (its other side is never): the same bytes. */
+            int lt = layout_transpose(p, st), v = lt == 1 ? st->out[0] : st->in[0];
+            if (is_cand(o, v) && p->nhwc[v]) {
+                st->op = &mts_nhwc_copy;
+                p->steps[w++] = *st;
+                continue;
+            }
         }
         if (rc == MTS_OK && st->kind == MTS__S_KERNEL && !st->dynamic) {
             bool nhwc = false;
@@ -518,6 +730,7 @@ int mts__optimize(mts_model *m, mts__plan *p, mts_err *err)
         if ((rc = reset_steps(&o, orig, state0, err))) goto out;
         mts__count_uses(&o);
         remove_identities(&o);
+        if ((rc = fuse_half_rounding(&o, err))) goto out;
         if ((rc = claim_steps(&o, err))) goto out;
         mts__count_uses(&o);
         choose_layouts(&o);

@@ -559,6 +559,94 @@ static void test_upsample_conv(void **state)
     compare_backends(&G, "upsample + conv", 1e-5);
 }
 
+/* A tf2onnx-style channels-last network: NHWC input transposed to NCHW, a zero Pad before a
+ * strided depthwise conv (folded into it), channel padding by Concat with a constant of zeros
+ * into a residual Add, an fp16 round trip (Cast to float16 and back), a graph output copied
+ * from a value a conv also reads, a Transpose back to NHWC, a residual added after a conv's
+ * Relu, a linear Resize rounded to float16 and widened again, channel Slices, and scalar
+ * affine steps around a HardSwish written out. */
+static void test_nhwc_export(void **state)
+{
+    (void)state;
+    graph G;
+    memset(&G, 0, sizeof G);
+    G.seed = 5;
+    io(&G, 11, "x", 4, D(1, 10, 12, 3));
+    init_f(&G, "w1", 4, D(8, 3, 3, 3), -0.3f, 0.3f);
+    init_f(&G, "b1", 1, D(8), -0.1f, 0.1f);
+    init_f(&G, "w2", 4, D(8, 1, 3, 3), -0.3f, 0.3f);
+    init_f(&G, "w3", 4, D(12, 8, 1, 1), -0.3f, 0.3f);
+    init_f(&G, "w4", 4, D(6, 12, 1, 1), -0.3f, 0.3f);
+    init_f(&G, "w5", 4, D(12, 12, 3, 3), -0.3f, 0.3f);
+    init_f(&G, "b5", 1, D(12), -0.1f, 0.1f);
+    int64_t pads[8] = {0, 0, 0, 0, 0, 0, 1, 1};
+    init_vals(&G, "pads", 1, D(8), 7, pads, sizeof pads);
+    float zeros[4 * 5 * 6] = {0};
+    init_vals(&G, "zeros", 4, D(1, 4, 5, 6), 1, zeros, sizeof zeros);
+    node(&G, "Transpose", "x", "xt", "perm=ii:0,3,1,2");
+    node(&G, "Conv", "xt w1 b1", "c1", "pads=ii:1,1,1,1");
+    node(&G, "Relu", "c1", "r1", NULL);
+    node(&G, "Pad", "r1 pads", "p1", NULL);
+    node(&G, "Conv", "p1 w2", "c2", "group=i:8 strides=ii:2,2");
+    node(&G, "Concat", "c2 zeros", "cat", "axis=i:1");
+    node(&G, "Conv", "c2 w3", "c3", NULL);
+    node(&G, "Add", "c3 cat", "a3", NULL);
+    node(&G, "Relu", "a3", "r3", NULL);
+    node(&G, "Cast", "r3", "h16", "to=i:10");
+    node(&G, "Cast", "h16", "h32", "to=i:1");
+    node(&G, "Conv", "h32 w4", "c4", NULL);
+    node(&G, "Transpose", "c4", "y1", "perm=ii:0,2,3,1");
+    node(&G, "Identity", "h32", "y2", NULL);
+    /* relu(conv(h)) + h, the residual added last (oneDNN's sum post-op where that is faster) */
+    node(&G, "Conv", "h32 w5 b5", "c5", "pads=ii:1,1,1,1");
+    node(&G, "Relu", "c5", "r5", NULL);
+    node(&G, "Add", "r5 h32", "a5", NULL);
+    node(&G, "Conv", "a5 w4", "y3", NULL);
+    /* a linear Resize rounded to float16 (fused into the Resize) between two convs */
+    float s22[4] = {1, 1, 2, 2};
+    init_vals(&G, "s22", 1, D(4), 1, s22, sizeof s22);
+    node(&G, "Resize", "a5 - s22", "rz", "mode=s:linear");
+    node(&G, "Cast", "rz", "rh", "to=i:10");
+    node(&G, "Cast", "rh", "rf", "to=i:1");
+    node(&G, "Conv", "rf w4", "y4", NULL);
+    /* channel Slices of a channels-last tensor: axes as tf2onnx writes them (then a Transpose
+     * to NHWC, a copy), and no axes (starts/ends of the leading axes) */
+    int64_t st5[4] = {0, 0, 0, 2}, en5[4] = {INT32_MAX, INT32_MAX, INT32_MAX, 6}, ax5[4] = {0, 2, 3, 1};
+    int64_t st6[2] = {0, 7}, en6[2] = {1, 9};
+    init_vals(&G, "st5", 1, D(4), 7, st5, sizeof st5);
+    init_vals(&G, "en5", 1, D(4), 7, en5, sizeof en5);
+    init_vals(&G, "ax5", 1, D(4), 7, ax5, sizeof ax5);
+    init_vals(&G, "st6", 1, D(2), 7, st6, sizeof st6);
+    init_vals(&G, "en6", 1, D(2), 7, en6, sizeof en6);
+    init_f(&G, "w6", 4, D(4, 2, 1, 1), -0.3f, 0.3f);
+    node(&G, "Slice", "a5 st5 en5 ax5", "s5", NULL);
+    node(&G, "Transpose", "s5", "y5", "perm=ii:0,2,3,1");
+    node(&G, "Slice", "a5 st6 en6", "s6", NULL);
+    node(&G, "Conv", "s6 w6", "y6", NULL);
+    io(&G, 12, "y1", -1, NULL);
+    io(&G, 12, "y2", -1, NULL);
+    io(&G, 12, "y3", -1, NULL);
+    io(&G, 12, "y4", -1, NULL);
+    /* paddle2onnx's LCNetV3 block: conv * s + t (into the weights), HardSwish written out
+     * (a post-op), then * s2 + t2 (one linear post-op) */
+    float sc[6] = {1.3f, 0.2f, 3.0f, 0.0f, 6.0f, 0.7f};
+    const char *scn[6] = {"s7", "t7", "three", "zero", "six", "s8"};
+    for (int k = 0; k < 6; k++) init_vals(&G, scn[k], 1, D(1), 1, &sc[k], sizeof(float));
+    node(&G, "Conv", "a5 w5 b5", "c7", "pads=ii:1,1,1,1");
+    node(&G, "Mul", "s7 c7", "m7", NULL);
+    node(&G, "Add", "m7 t7", "l7", NULL);
+    node(&G, "Add", "l7 three", "p7", NULL);
+    node(&G, "Clip", "p7 zero six", "k7", NULL);
+    node(&G, "Mul", "l7 k7", "q7", NULL);
+    node(&G, "Div", "q7 six", "h7", NULL);
+    node(&G, "Mul", "s8 h7", "m8", NULL);
+    node(&G, "Sub", "m8 t7", "y7", NULL);
+    io(&G, 12, "y5", -1, NULL);
+    io(&G, 12, "y6", -1, NULL);
+    io(&G, 12, "y7", -1, NULL);
+    compare_backends(&G, "nhwc export", 1e-5);
+}
+
 /* The generated reference models, when present, at batch 1. */
 static void test_reference_models(void **state)
 {
@@ -608,6 +696,7 @@ int main(void)
         cmocka_unit_test(test_fast_fusions),
         cmocka_unit_test(test_quant),
         cmocka_unit_test(test_upsample_conv),
+        cmocka_unit_test(test_nhwc_export),
         cmocka_unit_test(test_reference_models),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -67,6 +67,22 @@ static bool as_postop(const mts__opt *o, const mts__step *st, int x, mts_dpost *
     if (p->vals[st->out[0]].dtype != MTS_DTYPE_FLOAT) return false;
     memset(po, 0, sizeof *po);
     *resid = -1;
+    /* x * c, x / c, x + c, x - c, c - x with c a constant float scalar: a linear post-op */
+    if (st->n_in == 2 && (st->in[0] == x || st->in[1] == x) && st->in[0] != st->in[1] && st->nd->opset >= 7) {
+        int k = st->in[0] == x ? st->in[1] : st->in[0];
+        float c;
+        if (mts__const_scalar(p, k, &c) && mts_tensor_numel(&p->vals[x]) == mts_tensor_numel(&p->vals[st->out[0]]) &&
+            isfinite(c)) {
+            po->kind = MTS_DPOST_LINEAR;
+            if (is_op(st, "Mul")) po->alpha = c, po->beta = 0.0f;
+            else if (is_op(st, "Add")) po->alpha = 1.0f, po->beta = c;
+            else if (is_op(st, "Sub") && st->in[0] == x) po->alpha = 1.0f, po->beta = -c;
+            else if (is_op(st, "Sub")) po->alpha = -1.0f, po->beta = c;
+            else if (is_op(st, "Div") && st->in[0] == x && c != 0.0f) po->alpha = 1.0f / c, po->beta = 0.0f;
+            else po->kind = 0;
+            if (po->kind) return true;
+        }
+    }
     if (is_op(st, "Add")) {
         if (st->n_in != 2) return false;
         int r = st->in[0] == x ? st->in[1] : st->in[0];
@@ -186,6 +202,55 @@ static int gelu_pattern(mts__opt *o, int x)
         }
         p->state[x] = MTS__V_UNUSED;
         return p->steps[m2].out[0];
+    }
+    return -1;
+}
+
+/* HardSwish written out, as paddle2onnx exports it: y = x * clip(x + 3, 0, 6) / 6 (or * 1/6), x
+ * read twice. On a match, marks the four nodes removed and returns the last one's output; else
+ * -1. */
+static int hardswish_pattern(mts__opt *o, int x)
+{
+    mts__plan *p = o->p;
+    if (x < 0 || o->nuse[x] != 2 || o->is_out[x]) return -1;
+    int rd[2], n = 0;
+    for (int s = 0; s < p->n_steps && n < 2; s++) {
+        if (o->removed[s]) continue;
+        for (int j = 0; j < p->steps[s].n_in; j++)
+            if (p->steps[s].in[j] == x) {
+                rd[n++] = s;
+                break;
+            }
+    }
+    if (n != 2) return -1;
+    for (int first = 0; first < 2; first++) {
+        int a = rd[first], mul = rd[1 - first];
+        const mts__step *sa = &p->steps[a], *sm = &p->steps[mul];
+        float three;
+        if (!plain_step(o, a, "Add") || sa->n_in != 2) continue;
+        int k = sa->in[0] == x ? sa->in[1] : sa->in[0];
+        if (!mts__const_scalar(p, k, &three) || three != 3.0f) continue;
+        int c = sole_reader(o, sa->out[0]);
+        if (!plain_step(o, c, "Clip") || p->steps[c].in[0] != sa->out[0]) continue;
+        bool ok = true;
+        float lo = clip_bound(p, &p->steps[c], 1, "min", -FLT_MAX, &ok), hi = clip_bound(p, &p->steps[c], 2, "max", FLT_MAX, &ok);
+        if (!ok || lo != 0.0f || hi != 6.0f) continue;
+        int co = p->steps[c].out[0];
+        if (!plain_step(o, mul, "Mul") || sm->n_in != 2 ||
+            !((sm->in[0] == x && sm->in[1] == co) || (sm->in[1] == x && sm->in[0] == co)) || sole_reader(o, co) != mul)
+            continue;
+        int d = sole_reader(o, sm->out[0]);
+        if (d < 0 || fabsf(mts__scaled_by(p, &p->steps[d], sm->out[0]) - 1.0f / 6.0f) > 1e-7f) continue;
+        if (p->vals[p->steps[d].out[0]].dtype != MTS_DTYPE_FLOAT ||
+            !mts_shape_equal(&p->vals[p->steps[d].out[0]], &p->vals[x]))
+            continue;
+        int steps[4] = {a, c, mul, d};
+        for (int i = 0; i < 4; i++) {
+            o->removed[steps[i]] = 1;
+            if (i < 3) p->state[p->steps[steps[i]].out[0]] = MTS__V_UNUSED;
+        }
+        p->state[x] = MTS__V_UNUSED;
+        return p->steps[d].out[0];
     }
     return -1;
 }
@@ -483,6 +548,85 @@ static bool q8_eligible(mts__opt *o, int s, const uint8_t *no_dnnl, void **cache
     return true;
 }
 
+/* The spatial zero padding of a constant-mode Pad step pd of a 4-D float tensor: begin (pb) and
+ * end (pe) amounts of H and W, all >= 0, nothing on N and C. False for anything else. */
+static bool zero_spatial_pad(const mts__plan *p, const mts__step *pd, int64_t pb[2], int64_t pe[2])
+{
+    if (pd->dynamic || pd->kind != MTS__S_KERNEL || !is_op(pd, "Pad") || pd->n_out != 1 || pd->n_in < 1 ||
+        !live_value(p, pd->in[0]) || p->vals[pd->in[0]].rank != 4 || p->vals[pd->in[0]].dtype != MTS_DTYPE_FLOAT)
+        return false;
+    if (strcmp(mts_attr_string(pd->nd, "mode", "constant"), "constant")) return false;
+    int64_t pads[8];
+    if (pd->nd->opset < 11) {
+        int n = 0;
+        const int64_t *a = mts_attr_ints(pd->nd, "pads", &n);
+        if (!a || n != 8 || mts_attr_float(pd->nd, "value", 0.0f) != 0.0f) return false;
+        memcpy(pads, a, sizeof pads);
+    } else {
+        if (pd->n_in < 2 || pd->n_in > 3 || !const_value(p, pd->in[1])) return false;
+        const mts_tensor *t = &p->vals[pd->in[1]];
+        if (t->dtype != MTS_DTYPE_INT64 || mts_tensor_numel(t) != 8) return false;
+        memcpy(pads, t->data, sizeof pads);
+        if (pd->n_in == 3 && pd->in[2] >= 0) {
+            float f;
+            if (!mts__const_scalar(p, pd->in[2], &f) || f != 0.0f) return false;
+        }
+    }
+    for (int i = 0; i < 8; i++)
+        if (pads[i] < 0 || ((i % 4) < 2 && pads[i] != 0)) return false;
+    pb[0] = pads[2], pb[1] = pads[3], pe[0] = pads[6], pe[1] = pads[7];
+    return true;
+}
+
+/* A 2-D convolution whose source is a zero Pad (tf2onnx writes "same" padding of strided convs
+ * as an explicit Pad) read by it alone: the convolution pads instead, and reads the Pad's
+ * input. */
+static void fold_pad(mts__opt *o, int s, cinfo *c)
+{
+    mts__plan *p = o->p;
+    mts__step *st = &p->steps[s];
+    mts_conv_geom *g = &c->spec.g;
+    int u = st->in[0], r = u >= 0 ? o->prod[u] : -1;
+    int64_t pb[2], pe[2];
+    if (c->spec.kind != MTS_DPRIM_CONV || g->nsp != 2 || r < 0 || o->removed[r] || sole_reader(o, u) != s ||
+        p->state[u] != MTS__V_STATIC || !zero_spatial_pad(p, &p->steps[r], pb, pe))
+        return;
+    const mts_tensor *x = &p->vals[p->steps[r].in[0]];
+    for (int i = 0; i < 2; i++) {
+        int64_t kext = (g->k[1 + i] - 1) * g->d[1 + i] + 1;
+        /* oneDNN takes padding up to the kernel extent; more would read only zeros */
+        if (g->pb[1 + i] + pb[i] >= kext || g->pe[1 + i] + pe[i] >= kext) return;
+    }
+    for (int i = 0; i < 2; i++) {
+        g->pb[1 + i] += pb[i];
+        g->pe[1 + i] += pe[i];
+        g->in[1 + i] = x->dims[2 + i];
+    }
+    st->in[0] = p->steps[r].in[0];
+    o->removed[r] = 1;
+    p->state[u] = MTS__V_UNUSED;
+}
+
+/* conv * a + b: the weights scaled by a, the bias (zero if none) becomes bias * a + b. */
+static int scale_conv(mts__opt *o, cinfo *c, float a, float b, mts_err *err)
+{
+    mts__plan *p = o->p;
+    int64_t M = c->spec.g.M, nw = mts_tensor_numel(&p->vals[p->steps[c->step].in[1]]);
+    float *wt = c->wtmp ? c->wtmp : malloc(sizeof(float) * (size_t)(nw > 0 ? nw : 1));
+    float *bt = mts_pool_alloc(&p->pool, sizeof(float) * (size_t)(M > 0 ? M : 1));
+    if (!wt || !bt) {
+        if (wt != c->wtmp) free(wt);
+        return mts_err_set(err, MTS_ENOMEM, "out of memory folding a scale into a convolution");
+    }
+    for (int64_t i = 0; i < nw; i++) wt[i] = c->spec.w[i] * a;
+    for (int64_t m = 0; m < M; m++) bt[m] = (c->spec.b ? c->spec.b[m] : 0.0f) * a + b;
+    c->wtmp = wt;
+    c->bfold = bt;
+    c->spec.w = wt;
+    c->spec.b = bt;
+    return MTS_OK;
+}
+
 /* Folds a BatchNormalization reading the conv's output into its weights. */
 static int fold_bn(mts__opt *o, cinfo *c, int *cur, mts_err *err)
 {
@@ -587,6 +731,7 @@ static int dnnl_claim(mts__opt *o, int self, void **mstate, mts_err *err)
         d->nci++;
         d->cstep[s] = d->nci - 1;
         int cur = p->steps[s].out[0];
+        fold_pad(o, s, c);
         if (c->spec.kind == MTS_DPRIM_CONV && (rc = fold_bn(o, c, &cur, err))) return rc;
         for (; !mts_dprim_is_pool(c->spec.kind);) {
             int r = sole_reader(o, cur), resid;
@@ -605,6 +750,35 @@ static int dnnl_claim(mts__opt *o, int self, void **mstate, mts_err *err)
                     cur = gy;
                     continue;
                 }
+                int hy = hardswish_pattern(o, cur);
+                if (hy >= 0) {
+                    c->spec.post[c->spec.n_post++] = (mts_dpost){MTS_DPOST_HARDSWISH, 0, 0, false, false};
+                    cur = hy;
+                    continue;
+                }
+            }
+            if (r >= 0 && as_postop(o, &p->steps[r], cur, &po, &resid) && po.kind == MTS_DPOST_LINEAR) {
+                int np = c->spec.n_post;
+                if (np > 0 && c->spec.post[np - 1].kind == MTS_DPOST_LINEAR) {
+                    /* consecutive scalar steps compose: a2 * (a1 x + b1) + b2 */
+                    mts_dpost *l = &c->spec.post[np - 1];
+                    l->beta = l->beta * po.alpha + po.beta;
+                    l->alpha = l->alpha * po.alpha;
+                } else if (np == 0 && c->spec.kind == MTS_DPRIM_CONV) {
+                    /* right after the convolution: into its weights and bias */
+                    if ((rc = scale_conv(o, c, po.alpha, po.beta, err))) return rc;
+                } else {
+                    /* one linear post-op per step: with two (linear, hardswish, linear) oneDNN
+                     * 2.6's brgemm convolution gave wrong results here */
+                    bool have = false;
+                    for (int i = 0; i < np; i++) have |= c->spec.post[i].kind == MTS_DPOST_LINEAR;
+                    if (have || np >= MTS_DPOST_MAX - 1) break;
+                    c->spec.post[c->spec.n_post++] = po;
+                }
+                o->removed[r] = 1;
+                p->state[cur] = MTS__V_UNUSED;
+                cur = p->steps[r].out[0];
+                continue;
             }
             if (r < 0 || c->spec.n_post >= MTS_DPOST_MAX - 1 || !as_postop(o, &p->steps[r], cur, &po, &resid) ||
                 post_conflict(&c->spec, &po))

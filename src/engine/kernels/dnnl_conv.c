@@ -832,6 +832,9 @@ static int create_one(const mts_dconv_spec *s, mts_dconv **out, mts_err *err)
             DN(mts_dnnl.dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_linear, p->alpha, p->beta), "linear post-op");
             DN(mts_dnnl.dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_clip_v2, 0.0f, 1.0f), "clip post-op");
             break;
+        case MTS_DPOST_LINEAR:
+            DN(mts_dnnl.dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_linear, p->alpha, p->beta), "linear post-op");
+            break;
         case MTS_DPOST_ADD: {
             int e = c->n_edges++;
             act_md(&c->md[e], g, g->M, g->out, true, dnnl_f32);

@@ -26,6 +26,7 @@ enum mts_dpost_kind {
     MTS_DPOST_HARDSIGMOID, /* max(0, min(1, alpha*x + beta)) */
     MTS_DPOST_ADD,         /* + a residual tensor of the destination's shape */
     MTS_DPOST_GELU,        /* x * 0.5 * (1 + erf(x / sqrt(2))) */
+    MTS_DPOST_LINEAR,      /* alpha*x + beta (a Mul/Div/Add/Sub by constant scalars) */
 };
 
 #define MTS_DPOST_MAX 6

@@ -174,6 +174,8 @@ typedef enum mts_backend_kind { MTS_BACKEND_DEFAULT = 0, MTS_BACKEND_REFERENCE =
 /* Channels-last special cases the optimizer substitutes (kernels/nhwc.c). */
 extern const mts_op mts_nhwc_upsample_nearest; /* [N,H,W,C] nearest upsampling by integer factors */
 extern const mts_op mts_nhwc_concat;           /* concatenation of [N,H,W,Ci] along C */
+extern const mts_op mts_nhwc_copy;             /* NCHW<->NHWC Transpose of channels-last data: a copy */
+extern const mts_op mts_nhwc_to_nchw;          /* graph output copied from channels-last data */
 
 /* Whether the fast kernels take part (MTS_NO_FAST=1 turns them off for comparisons). */
 bool mts_fast_enabled(void);
@@ -210,6 +212,11 @@ enum mts_chain_op {
  * OpenMP team (the one oneDNN uses; kernels/dnnl_rt.c), or inline when threads <= 1 or OpenMP
  * is unavailable. */
 void mts_parallel(int threads, void (*fn)(void *ctx, int ithr, int nthr), void *ctx);
+
+/* dst[i] = src[i] rounded to float16 (dt MTS_DTYPE_FLOAT16) or bfloat16, as a float: ties to
+ * even, NaN and infinities kept, bit for bit what a Cast to that type gives (engine/half.c;
+ * F16C/AVX-512 conversions where the CPU has them). src may equal dst. */
+void mts_round_half(mts_dtype dt, const float *src, float *dst, int64_t n);
 
 /* Shared helpers for kernels (kernels/common.c). */
 /* Numpy-style broadcast of a and b into out (rank/dims); MTS_ESHAPE with a message on mismatch. */

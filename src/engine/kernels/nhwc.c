@@ -6,7 +6,9 @@
  *   - Concat along channels: per pixel, one copy per input. An input may be read through a
  *     nearest upsampling by integer factors (INTS attribute "mts_up": sh, sw per input, set when
  *     the optimizer folds a Resize read only by the Concat), so UNet decoders write the
- *     upsampled tensor once, into its channel slice, instead of writing it and copying it.
+ *     upsampled tensor once, into its channel slice, instead of writing it and copying it;
+ *   - a Transpose between NCHW and NHWC order whose NCHW side is stored channels-last: a copy;
+ *   - a graph output copied (Identity, no-op Cast) from channels-last data: a transpose.
  */
 #include <string.h>
 
@@ -146,5 +148,73 @@ static int static_only_infer(mts_kctx *k)
     return mts_err_set(k->err, MTS_EUNSUPPORTED, "channels-last kernels run only in static plans");
 }
 
+/* A Transpose between NCHW and NHWC order whose NCHW side is stored channels-last: the bytes
+ * are the same on both sides. */
+typedef struct copy_job {
+    const char *src;
+    char *dst;
+    int64_t bytes;
+} copy_job;
+
+static void copy_part(void *arg, int ithr, int nthr)
+{
+    const copy_job *j = arg;
+    int64_t lo, hi;
+    split(j->bytes / 64, ithr, nthr, &lo, &hi);
+    lo *= 64, hi = ithr == nthr - 1 ? j->bytes : hi * 64;
+    if (hi > lo) memcpy(j->dst + lo, j->src + lo, (size_t)(hi - lo));
+}
+
+static int copy_run(mts_kctx *k)
+{
+    int64_t b = mts_tensor_nbytes(k->in[0]);
+    if (b != mts_tensor_nbytes(&k->out[0]))
+        return mts_err_set(k->err, MTS_ESHAPE, "layout copy of %lld bytes into %lld", (long long)b,
+                           (long long)mts_tensor_nbytes(&k->out[0]));
+    copy_job j = {k->in[0]->data, k->out[0].data, b};
+    mts_parallel(copy_threads(k, b), copy_part, &j);
+    return MTS_OK;
+}
+
+const mts_op mts_nhwc_copy = {"Transpose", static_only_infer, copy_run};
+
+/* A graph output copied from channels-last data: in[0] holds [N,H,W,C] data under NCHW dims,
+ * out[0] gets it as [N,C,H,W]. Tiles of 16 channels x 64 pixels keep both sides' accesses
+ * within a few cache lines. */
+typedef struct t_job {
+    const float *src;
+    float *dst;
+    int64_t N, C, P;
+} t_job;
+
+static void to_nchw_part(void *arg, int ithr, int nthr)
+{
+    const t_job *j = arg;
+    int64_t tiles = j->N * ((j->P + 63) / 64), lo, hi;
+    split(tiles, ithr, nthr, &lo, &hi);
+    int64_t pt = (j->P + 63) / 64;
+    for (int64_t t = lo; t < hi; t++) {
+        int64_t n = t / pt, p0 = (t % pt) * 64, p1 = p0 + 64 < j->P ? p0 + 64 : j->P;
+        const float *s = j->src + n * j->P * j->C;
+        float *d = j->dst + n * j->C * j->P;
+        for (int64_t c0 = 0; c0 < j->C; c0 += 16) {
+            int64_t c1 = c0 + 16 < j->C ? c0 + 16 : j->C;
+            for (int64_t c = c0; c < c1; c++)
+                for (int64_t p = p0; p < p1; p++) d[c * j->P + p] = s[p * j->C + c];
+        }
+    }
+}
+
+static int to_nchw_run(mts_kctx *k)
+{
+    const mts_tensor *x = k->in[0];
+    if (x->rank != 4 || x->dtype != MTS_DTYPE_FLOAT || !mts_shape_equal(x, &k->out[0]))
+        return mts_err_set(k->err, MTS_ESHAPE, "channels-last output copy needs equal 4-D float shapes");
+    t_job j = {x->data, k->out[0].data, x->dims[0], x->dims[1], x->dims[2] * x->dims[3]};
+    mts_parallel(copy_threads(k, mts_tensor_nbytes(x)), to_nchw_part, &j);
+    return MTS_OK;
+}
+
+const mts_op mts_nhwc_to_nchw = {"Identity", static_only_infer, to_nchw_run};
 const mts_op mts_nhwc_upsample_nearest = {"Resize", static_only_infer, up_nearest_run};
 const mts_op mts_nhwc_concat = {"Concat", static_only_infer, concat_run};

@@ -1107,6 +1107,10 @@ static void cast_elems(const mts_tensor *x, mts_dtype to, void *yv)
         memcpy(yv, xv, (size_t)n * mts_dtype_size(to));
         return;
     }
+    if (x->dtype == MTS_DTYPE_FLOAT && mts_dtype_is_half(to)) { /* held as float, rounded */
+        mts_round_half(to, xv, yv, n);
+        return;
+    }
     if (!(DTM(x->dtype) & M_CAST_FAST) || !(DTM(to) & M_CAST_FAST)) {
         cast_general(xv, x->dtype, yv, to, n);
         return;
