@@ -161,13 +161,13 @@ static bool post_conflict(const mts_dconv_spec *s, const mts_dpost *po)
     return false;
 }
 
-/* GELU written out, as exported from PyTorch: y = (x * (erf(x / sqrt2) + 1)) * 0.5, x read twice.
- * On a match, marks the five nodes removed and returns the last one's output; else -1. */
-static int gelu_pattern(mts__opt *o, int x)
+/* The two steps reading x, when x is read exactly twice and is no graph output (the written-out
+ * activations below read their input twice). */
+static bool two_readers(const mts__opt *o, int x, int rd[2])
 {
-    mts__plan *p = o->p;
-    if (x < 0 || o->nuse[x] != 2 || o->is_out[x]) return -1;
-    int rd[2], n = 0;
+    const mts__plan *p = o->p;
+    if (x < 0 || o->nuse[x] != 2 || o->is_out[x]) return false;
+    int n = 0;
     for (int s = 0; s < p->n_steps && n < 2; s++) {
         if (o->removed[s]) continue;
         for (int j = 0; j < p->steps[s].n_in; j++)
@@ -176,7 +176,16 @@ static int gelu_pattern(mts__opt *o, int x)
                 break;
             }
     }
-    if (n != 2) return -1;
+    return n == 2;
+}
+
+/* GELU written out, as exported from PyTorch: y = (x * (erf(x / sqrt2) + 1)) * 0.5, x read twice.
+ * On a match, marks the five nodes removed and returns the last one's output; else -1. */
+static int gelu_pattern(mts__opt *o, int x)
+{
+    mts__plan *p = o->p;
+    int rd[2];
+    if (!two_readers(o, x, rd)) return -1;
     for (int first = 0; first < 2; first++) {
         int d = rd[first], mul = rd[1 - first];
         if (fabsf(mts__scaled_by(p, &p->steps[d], x) - 0.70710678f) > 1e-5f) continue;
@@ -212,17 +221,8 @@ static int gelu_pattern(mts__opt *o, int x)
 static int hardswish_pattern(mts__opt *o, int x)
 {
     mts__plan *p = o->p;
-    if (x < 0 || o->nuse[x] != 2 || o->is_out[x]) return -1;
-    int rd[2], n = 0;
-    for (int s = 0; s < p->n_steps && n < 2; s++) {
-        if (o->removed[s]) continue;
-        for (int j = 0; j < p->steps[s].n_in; j++)
-            if (p->steps[s].in[j] == x) {
-                rd[n++] = s;
-                break;
-            }
-    }
-    if (n != 2) return -1;
+    int rd[2];
+    if (!two_readers(o, x, rd)) return -1;
     for (int first = 0; first < 2; first++) {
         int a = rd[first], mul = rd[1 - first];
         const mts__step *sa = &p->steps[a], *sm = &p->steps[mul];
