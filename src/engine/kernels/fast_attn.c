@@ -49,7 +49,7 @@ static inline __attribute__((always_inline)) void st16(float *p, v16f v)
 
 static inline __attribute__((always_inline)) v16f splat16(float f)
 {
-    return (v16f){0} + f;
+    return __builtin_shuffle((v16f){f}, (v16i){0}); /* lane 0 everywhere: one broadcast */
 }
 
 static inline __attribute__((always_inline)) float hsum16(v16f v)
@@ -97,18 +97,78 @@ static inline __attribute__((always_inline)) v16f vexp16(v16f x)
 typedef struct attn_job {
     const float *q, *k, *v, *m;
     float *y;
-    int64_t N, H, S, T, dk, dv, Tp, dvp; /* Tp, dvp: T and dv rounded up to 16 */
+    int64_t N, H, S, T, dk, dv, Tp, dvp; /* Tp: T rounded up to 16; dvp: dv rounded up to 32 */
     const int64_t *qs, *ks, *vs, *ys, *ms;
     float alpha, beta;
     int fail; /* a part could not get its buffers */
 } attn_job;
 
-/* Entries [e0, e1) of the N*H (n, h) pairs; buf: dk*Tp + Tp + dvp (+ T*dvp) floats. */
+/* Query rows handled together: their scores share each K vector and their context sums each V
+ * vector, and the independent sums keep the vector units busy. */
+#define ATTN_ROWS 4
+
+/* Floats of one part's buffers: K transposed [dk][Tp], ATTN_ROWS score rows [Tp], V padded to
+ * [T][dvp] when its rows are not contiguous runs of 32-float blocks. */
+static int64_t attn_buf_floats(const attn_job *j)
+{
+    bool v_in_place = j->vs[3] == 1 && j->dv % 32 == 0;
+    return j->dk * j->Tp + ATTN_ROWS * j->Tp + (v_in_place ? 0 : j->T * j->dvp);
+}
+
+/* Scales, masks and normalizes one row of T scores in place (as fast.c's softmax_rows); false
+ * when the row's maximum is not finite (the reference then gives NaN). */
+static inline __attribute__((always_inline)) bool attn_softmax_row(const attn_job *j, float *row, const float *mi)
+{
+    const int64_t T = j->T, m3 = mi ? j->ms[3] : 0;
+    const v16f va = splat16(j->alpha), vb = splat16(j->beta);
+    v16f vmx = splat16(-INFINITY);
+    int64_t t = 0;
+    for (; t + 16 <= T; t += 16) {
+        v16f s = ld16(row + t) * va;
+        if (mi) {
+            if (m3 == 1) s += ld16(mi + t);
+            else if (m3 == 0) s += splat16(mi[0]);
+            else
+                for (int l = 0; l < 16; l++) s[l] += mi[(t + l) * m3];
+        }
+        s *= vb;
+        st16(row + t, s);
+        vmx = vmax16(vmx, s);
+    }
+    float mx = hmax16(vmx);
+    for (; t < T; t++) {
+        float s = row[t] * j->alpha;
+        if (mi) s += mi[t * m3];
+        s *= j->beta;
+        row[t] = s;
+        mx = s > mx ? s : mx;
+    }
+    if (!(mx > -INFINITY && mx < INFINITY)) return false;
+    v16f vm = splat16(mx), sum = splat16(0);
+    for (t = 0; t + 16 <= T; t += 16) {
+        v16f x = vexp16(ld16(row + t) - vm);
+        st16(row + t, x);
+        sum += x;
+    }
+    float s = hsum16(sum);
+    for (; t < T; t++) {
+        float x = expf(row[t] - mx);
+        row[t] = x;
+        s += x;
+    }
+    v16f vr = splat16(1.0f / s);
+    for (t = 0; t + 16 <= T; t += 16) st16(row + t, ld16(row + t) * vr);
+    for (; t < T; t++) row[t] *= 1.0f / s;
+    return true;
+}
+
+/* Entries [e0, e1) of the N*H (n, h) pairs, with the buffers of attn_buf_floats. */
 ATTN_CLONES static void attn_entries(const attn_job *j, int64_t e0, int64_t e1, float *buf)
 {
     const int64_t S = j->S, T = j->T, dk = j->dk, dv = j->dv, Tp = j->Tp, dvp = j->dvp;
-    float *kt = buf, *row = kt + dk * Tp, *acc = row + Tp, *vc = acc + dvp;
-    const bool v_rows = j->vs[3] == 1; /* V rows are contiguous: read in place */
+    float *kt = buf, *pr = kt + dk * Tp, *vc = pr + ATTN_ROWS * Tp;
+    const bool v_in_place = j->vs[3] == 1 && dv % 32 == 0;
+    const int64_t qs3 = j->qs[3], ks2 = j->ks[2], ks3 = j->ks[3];
     for (int64_t e = e0; e < e1; e++) {
         int64_t n = e / j->H, h = e % j->H;
         const float *q = j->q + n * j->qs[0] + h * j->qs[1];
@@ -116,74 +176,74 @@ ATTN_CLONES static void attn_entries(const attn_job *j, int64_t e0, int64_t e1, 
         const float *v = j->v + n * j->vs[0] + h * j->vs[1];
         float *y = j->y + n * j->ys[0] + h * j->ys[1];
         /* K as [dk][Tp], zero beyond T, so a row of scores is whole vectors */
-        for (int64_t d = 0; d < dk; d++) {
-            float *kd = kt + d * Tp;
-            for (int64_t t = 0; t < T; t++) kd[t] = k[d * j->ks[2] + t * j->ks[3]];
-            for (int64_t t = T; t < Tp; t++) kd[t] = 0.0f;
-        }
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t d = 0; d < dk; d++) kt[d * Tp + t] = k[t * ks3 + d * ks2];
+        for (int64_t d = 0; d < dk; d++)
+            for (int64_t t = T; t < Tp; t++) kt[d * Tp + t] = 0.0f;
         int64_t vstride = j->vs[2];
-        if (!v_rows) {
-            for (int64_t t = 0; t < T; t++)
+        if (!v_in_place) { /* V as [T][dvp], zero beyond dv */
+            for (int64_t t = 0; t < T; t++) {
                 for (int64_t c = 0; c < dv; c++) vc[t * dvp + c] = v[t * j->vs[2] + c * j->vs[3]];
+                for (int64_t c = dv; c < dvp; c++) vc[t * dvp + c] = 0.0f;
+            }
             v = vc;
             vstride = dvp;
         }
-        for (int64_t i = 0; i < S; i++) {
-            const float *qi = q + i * j->qs[2];
+        for (int64_t i0 = 0; i0 < S; i0 += ATTN_ROWS) {
+            int64_t nr = S - i0 < ATTN_ROWS ? S - i0 : ATTN_ROWS;
+            /* rows past the end repeat the last one; they are computed and dropped */
+            const float *q0 = q + i0 * j->qs[2], *q1 = q + (i0 + (nr > 1 ? 1 : 0)) * j->qs[2],
+                        *q2 = q + (i0 + (nr > 2 ? 2 : nr - 1)) * j->qs[2], *q3 = q + (i0 + nr - 1) * j->qs[2];
             for (int64_t t = 0; t < Tp; t += 16) {
-                v16f a = splat16(0);
-                for (int64_t d = 0; d < dk; d++) a += splat16(qi[d * j->qs[3]]) * ld16(kt + d * Tp + t);
-                st16(row + t, a);
+                v16f a0 = splat16(0), a1 = a0, a2 = a0, a3 = a0;
+                for (int64_t d = 0; d < dk; d++) {
+                    v16f kv = ld16(kt + d * Tp + t);
+                    a0 += splat16(q0[d * qs3]) * kv;
+                    a1 += splat16(q1[d * qs3]) * kv;
+                    a2 += splat16(q2[d * qs3]) * kv;
+                    a3 += splat16(q3[d * qs3]) * kv;
+                }
+                st16(pr + t, a0);
+                st16(pr + Tp + t, a1);
+                st16(pr + 2 * Tp + t, a2);
+                st16(pr + 3 * Tp + t, a3);
             }
-            /* scale, mask, softmax (as fast.c's softmax_rows, with its scale beta) */
-            const float *mi = j->m ? j->m + n * j->ms[0] + h * j->ms[1] + i * j->ms[2] : NULL;
-            float mx = -INFINITY;
-            for (int64_t t = 0; t < T; t++) {
-                float s = row[t] * j->alpha;
-                if (mi) s += mi[t * j->ms[3]];
-                s *= j->beta;
-                row[t] = s;
-                mx = s > mx ? s : mx;
+            bool ok[ATTN_ROWS];
+            for (int r = 0; r < ATTN_ROWS; r++) {
+                int64_t i = i0 + (r < nr ? r : nr - 1);
+                const float *mi = j->m ? j->m + n * j->ms[0] + h * j->ms[1] + i * j->ms[2] : NULL;
+                ok[r] = attn_softmax_row(j, pr + r * Tp, mi);
             }
-            float *yi = y + i * j->ys[2];
-            if (!(mx > -INFINITY && mx < INFINITY)) { /* all -inf or some +inf: NaN, as the reference */
-                for (int64_t c = 0; c < dv; c++) yi[c] = NAN;
-                continue;
+            /* the probabilities times V, 32 columns of the four rows at a time */
+            for (int64_t c = 0; c < dvp; c += 32) {
+                v16f b0 = splat16(0), b1 = b0, b2 = b0, b3 = b0, b4 = b0, b5 = b0, b6 = b0, b7 = b0;
+                for (int64_t t = 0; t < T; t++) {
+                    const float *vt = v + t * vstride + c;
+                    v16f lo = ld16(vt), hi = ld16(vt + 16);
+                    v16f p0 = splat16(pr[t]), p1 = splat16(pr[Tp + t]), p2 = splat16(pr[2 * Tp + t]),
+                         p3 = splat16(pr[3 * Tp + t]);
+                    b0 += p0 * lo, b1 += p0 * hi;
+                    b2 += p1 * lo, b3 += p1 * hi;
+                    b4 += p2 * lo, b5 += p2 * hi;
+                    b6 += p3 * lo, b7 += p3 * hi;
+                }
+                v16f out[2 * ATTN_ROWS] = {b0, b1, b2, b3, b4, b5, b6, b7};
+                int64_t w = dv - c < 32 ? dv - c : 32;
+                for (int r = 0; r < nr; r++) {
+                    float *yi = y + (i0 + r) * j->ys[2] + c * j->ys[3];
+                    float tmp[32];
+                    st16(tmp, out[2 * r]);
+                    st16(tmp + 16, out[2 * r + 1]);
+                    if (!ok[r])
+                        for (int64_t x = 0; x < w; x++) yi[x * j->ys[3]] = NAN;
+                    else if (j->ys[3] == 1)
+                        memcpy(yi, tmp, sizeof(float) * (size_t)w);
+                    else
+                        for (int64_t x = 0; x < w; x++) yi[x * j->ys[3]] = tmp[x];
+                }
             }
-            v16f vm = splat16(mx), sum = splat16(0);
-            int64_t t = 0;
-            for (; t + 16 <= T; t += 16) {
-                v16f x = vexp16(ld16(row + t) - vm);
-                st16(row + t, x);
-                sum += x;
-            }
-            float s = hsum16(sum);
-            for (; t < T; t++) {
-                float x = expf(row[t] - mx);
-                row[t] = x;
-                s += x;
-            }
-            float r = 1.0f / s;
-            /* the row of probabilities times V */
-            for (int64_t c = 0; c < dvp; c += 16) st16(acc + c, splat16(0));
-            for (t = 0; t < T; t++) {
-                float p = row[t] * r;
-                const float *vt = v + t * vstride;
-                v16f vp = splat16(p);
-                int64_t c = 0;
-                for (; c + 16 <= dv; c += 16) st16(acc + c, ld16(acc + c) + vp * ld16(vt + c));
-                for (; c < dv; c++) acc[c] += p * vt[c];
-            }
-            if (j->ys[3] == 1) memcpy(yi, acc, sizeof(float) * (size_t)dv);
-            else
-                for (int64_t c = 0; c < dv; c++) yi[c * j->ys[3]] = acc[c];
         }
     }
-}
-
-static int64_t attn_buf_floats(const attn_job *j)
-{
-    return j->dk * j->Tp + j->Tp + j->dvp + (j->vs[3] == 1 ? 0 : j->T * j->dvp);
 }
 
 static void attn_part(void *arg, int ithr, int nthr)
@@ -247,7 +307,7 @@ static int attn_run(mts_kctx *k)
         ey >= numel_of(&k->out[0]) || em < 0 || (m && em >= numel_of(m)))
         return mts_err_set(k->err, MTS_EINVAL, "fused attention views exceed their tensors");
     attn_job j = {q->data, kk->data, v->data, m ? m->data : NULL, k->out[0].data, N, H, S, T, dk, dv,
-                  (T + 15) / 16 * 16, (dv + 15) / 16 * 16, qs, ks, vs, ys, ms,
+                  (T + 15) / 16 * 16, (dv + 31) / 32 * 32, qs, ks, vs, ys, ms,
                   mts_attr_float(k->node, "alpha", 1.0f), mts_attr_float(k->node, "beta", 1.0f), 0};
     int64_t work = N * H * S * T * (dk + dv);
     int t = work >= ATTN_MT_WORK ? k->threads : 1;
