@@ -115,9 +115,11 @@ static int64_t attn_buf_floats(const attn_job *j)
     return j->dk * j->Tp + ATTN_ROWS * j->Tp + (v_in_place ? 0 : j->T * j->dvp);
 }
 
-/* Scales, masks and normalizes one row of T scores in place (as fast.c's softmax_rows); false
- * when the row's maximum is not finite (the reference then gives NaN). */
-static inline __attribute__((always_inline)) bool attn_softmax_row(const attn_job *j, float *row, const float *mi)
+/* Scales and masks one row of T scores and replaces them by exp(s - max) (as fast.c's
+ * softmax_rows); returns 1 / their sum, by which the row's context is scaled once at the end
+ * (so the division's latency overlaps the products), or 0 when the row's maximum is not finite
+ * (the reference then gives NaN). */
+static inline __attribute__((always_inline)) float attn_softmax_row(const attn_job *j, float *row, const float *mi)
 {
     const int64_t T = j->T, m3 = mi ? j->ms[3] : 0;
     const v16f va = splat16(j->alpha), vb = splat16(j->beta);
@@ -143,7 +145,7 @@ static inline __attribute__((always_inline)) bool attn_softmax_row(const attn_jo
         row[t] = s;
         mx = s > mx ? s : mx;
     }
-    if (!(mx > -INFINITY && mx < INFINITY)) return false;
+    if (!(mx > -INFINITY && mx < INFINITY)) return 0.0f;
     v16f vm = splat16(mx), sum = splat16(0);
     for (t = 0; t + 16 <= T; t += 16) {
         v16f x = vexp16(ld16(row + t) - vm);
@@ -156,10 +158,31 @@ static inline __attribute__((always_inline)) bool attn_softmax_row(const attn_jo
         row[t] = x;
         s += x;
     }
-    v16f vr = splat16(1.0f / s);
-    for (t = 0; t + 16 <= T; t += 16) st16(row + t, ld16(row + t) * vr);
-    for (; t < T; t++) row[t] *= 1.0f / s;
-    return true;
+    return 1.0f / s;
+}
+
+/* 16 x 16 transpose in registers: four rounds, each swapping one bit of the row index with the
+ * same bit of the column index through two-source shuffles. */
+static inline __attribute__((always_inline)) void transpose16(v16f a[16])
+{
+    static const v16i lo1 = {0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30},
+                      hi1 = {1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31},
+                      lo2 = {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29},
+                      hi2 = {2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31},
+                      lo4 = {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27},
+                      hi4 = {4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31},
+                      lo8 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
+                      hi8 = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
+    const v16i *lo[4] = {&lo1, &lo2, &lo4, &lo8}, *hi[4] = {&hi1, &hi2, &hi4, &hi8};
+    for (int b = 0; b < 4; b++) {
+        int st = 1 << b;
+        for (int i = 0; i < 16; i++) {
+            if (i & st) continue;
+            v16f x = a[i], y = a[i + st];
+            a[i] = __builtin_shuffle(x, y, *lo[b]);
+            a[i + st] = __builtin_shuffle(x, y, *hi[b]);
+        }
+    }
 }
 
 /* Entries [e0, e1) of the N*H (n, h) pairs, with the buffers of attn_buf_floats. */
@@ -176,10 +199,20 @@ ATTN_CLONES static void attn_entries(const attn_job *j, int64_t e0, int64_t e1, 
         const float *v = j->v + n * j->vs[0] + h * j->vs[1];
         float *y = j->y + n * j->ys[0] + h * j->ys[1];
         /* K as [dk][Tp], zero beyond T, so a row of scores is whole vectors */
-        for (int64_t t = 0; t < T; t++)
-            for (int64_t d = 0; d < dk; d++) kt[d * Tp + t] = k[t * ks3 + d * ks2];
-        for (int64_t d = 0; d < dk; d++)
-            for (int64_t t = T; t < Tp; t++) kt[d * Tp + t] = 0.0f;
+        if (ks2 == 1 && dk % 16 == 0) { /* key rows contiguous: 16 x 16 blocks in registers */
+            for (int64_t t0 = 0; t0 < T; t0 += 16)
+                for (int64_t d0 = 0; d0 < dk; d0 += 16) {
+                    v16f blk[16];
+                    for (int r = 0; r < 16; r++) blk[r] = t0 + r < T ? ld16(k + (t0 + r) * ks3 + d0) : splat16(0);
+                    transpose16(blk);
+                    for (int r = 0; r < 16; r++) st16(kt + (d0 + r) * Tp + t0, blk[r]);
+                }
+        } else {
+            for (int64_t t = 0; t < T; t++)
+                for (int64_t d = 0; d < dk; d++) kt[d * Tp + t] = k[t * ks3 + d * ks2];
+            for (int64_t d = 0; d < dk; d++)
+                for (int64_t t = T; t < Tp; t++) kt[d * Tp + t] = 0.0f;
+        }
         int64_t vstride = j->vs[2];
         if (!v_in_place) { /* V as [T][dvp], zero beyond dv */
             for (int64_t t = 0; t < T; t++) {
@@ -208,13 +241,13 @@ ATTN_CLONES static void attn_entries(const attn_job *j, int64_t e0, int64_t e1, 
                 st16(pr + 2 * Tp + t, a2);
                 st16(pr + 3 * Tp + t, a3);
             }
-            bool ok[ATTN_ROWS];
+            float rs[ATTN_ROWS];
             for (int r = 0; r < ATTN_ROWS; r++) {
                 int64_t i = i0 + (r < nr ? r : nr - 1);
                 const float *mi = j->m ? j->m + n * j->ms[0] + h * j->ms[1] + i * j->ms[2] : NULL;
-                ok[r] = attn_softmax_row(j, pr + r * Tp, mi);
+                rs[r] = attn_softmax_row(j, pr + r * Tp, mi);
             }
-            /* the probabilities times V, 32 columns of the four rows at a time */
+            /* exp(s - max) times V, 32 columns of the four rows at a time, then times 1 / sum */
             for (int64_t c = 0; c < dvp; c += 32) {
                 v16f b0 = splat16(0), b1 = b0, b2 = b0, b3 = b0, b4 = b0, b5 = b0, b6 = b0, b7 = b0;
                 for (int64_t t = 0; t < T; t++) {
@@ -232,9 +265,9 @@ ATTN_CLONES static void attn_entries(const attn_job *j, int64_t e0, int64_t e1, 
                 for (int r = 0; r < nr; r++) {
                     float *yi = y + (i0 + r) * j->ys[2] + c * j->ys[3];
                     float tmp[32];
-                    st16(tmp, out[2 * r]);
-                    st16(tmp + 16, out[2 * r + 1]);
-                    if (!ok[r])
+                    st16(tmp, out[2 * r] * splat16(rs[r]));
+                    st16(tmp + 16, out[2 * r + 1] * splat16(rs[r]));
+                    if (rs[r] == 0.0f)
                         for (int64_t x = 0; x < w; x++) yi[x * j->ys[3]] = NAN;
                     else if (j->ys[3] == 1)
                         memcpy(yi, tmp, sizeof(float) * (size_t)w);
