@@ -293,12 +293,13 @@ static void attn_part(void *arg, int ithr, int nthr)
     free(buf);
 }
 
-/* The largest element offset a 4-D strided view reaches, or -1 with a negative stride. */
+/* The largest element offset a 4-D strided view reaches (dims >= 1), or -1 with a negative
+ * stride or an offset beyond 2^62. */
 static int64_t view_extent(const int64_t *dims, const int64_t *st)
 {
     int64_t off = 0;
     for (int i = 0; i < 4; i++) {
-        if (st[i] < 0) return -1;
+        if (st[i] < 0 || (st[i] > 0 && dims[i] - 1 > ((INT64_C(1) << 62) - off) / st[i])) return -1;
         off += (dims[i] - 1) * st[i];
     }
     return off;
@@ -342,7 +343,7 @@ static int attn_run(mts_kctx *k)
     attn_job j = {q->data, kk->data, v->data, m ? m->data : NULL, k->out[0].data, N, H, S, T, dk, dv,
                   (T + 15) / 16 * 16, (dv + 31) / 32 * 32, qs, ks, vs, ys, ms,
                   mts_attr_float(k->node, "alpha", 1.0f), mts_attr_float(k->node, "beta", 1.0f), 0};
-    int64_t work = N * H * S * T * (dk + dv);
+    double work = (double)N * (double)H * (double)S * (double)T * (double)(dk + dv);
     int t = work >= ATTN_MT_WORK ? k->threads : 1;
     if (t > N * H) t = (int)(N * H);
     mts_parallel(t, attn_part, &j);

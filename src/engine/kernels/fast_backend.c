@@ -518,6 +518,7 @@ static int fuse_attention(mts__opt *o, mts_err *err)
         io[0] = st1->in[0], io[1] = st1->in[1], io[2] = st2->in[1], io[3] = mask, io[4] = st2->out[0];
         st2->nd = n;
         st2->op = &mts_fast_attention;
+        st2->cin = NULL; /* no plan copies of constants for the new inputs (yet) */
         st2->in = io;
         st2->n_in = mask >= 0 ? 4 : 3;
         st2->out = io + 4;
