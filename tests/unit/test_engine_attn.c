@@ -4,7 +4,7 @@
  * [N, S, H, d] projections (and of plain [N, H, S, d] tensors), lengths that are not multiples
  * of the vector width, with and without a broadcast mask, scales before and after the mask, and
  * a fully masked row (NaN, as the unfused softmax gives); and the small-M GEMM
- * (kernels/fast_sgemm.c) with row counts 1-64, transposed and plain weights, bias, Erf GELU and
+ * (kernels/fast_sgemm.c) with row counts 1-128, transposed and plain weights, bias, Erf GELU and
  * a residual in both orders. The fusion that produces MtsAttention steps is checked end to end
  * against ONNX Runtime by tests/server/test_embeddings.py and tests/models/compare_ort.py.
  */
@@ -171,7 +171,7 @@ static void test_small_gemm(void **state)
     if (!mts_small_gemm_ok(16, 384, 384)) skip(); /* no AVX-512: the kernel is not used */
     static const int64_t Ks[] = {1, 7, 64, 384};
     for (int iter = 0; iter < 40; iter++) {
-        int64_t rows = 1 + irand(64), K = Ks[irand(4)], N = 32 * (1 + irand(3));
+        int64_t rows = 1 + irand(128), K = Ks[irand(4)], N = 32 * (1 + irand(3));
         bool tr = irand(2), has_bias = irand(3) != 0;
         mts_dpost post[2] = {{0}};
         int n_post = irand(4); /* 0: none, 1: GELU, 2: GELU then Add, 3: Add then GELU */
@@ -204,7 +204,7 @@ static void test_small_gemm(void **state)
         }
         free(packed), free(a), free(w), free(b), free(r), free(ref);
     }
-    assert_false(mts_small_gemm_ok(65, 384, 384));
+    assert_false(mts_small_gemm_ok(MTS_SMALL_GEMM_ROWS + 1, 384, 384));
     assert_false(mts_small_gemm_ok(16, 384, 100));
 }
 

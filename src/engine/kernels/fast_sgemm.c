@@ -1,8 +1,9 @@
 /*
  * A float GEMM for few rows against constant weights packed once ("small-M GEMM"): the
  * MatMul/Gemm steps of the oneDNN backend whose source has at most MTS_SMALL_GEMM_ROWS rows (a
- * BERT encoder at batch 1-4: 16-64 tokens against 384 x 1536 weights) run here instead of in
- * oneDNN, whose kernels reach about a third of the machine's multiply-add rate on such shapes.
+ * BERT encoder at batch 1-8: 16-128 tokens against 384 x 1536 weights) run here instead of in
+ * oneDNN, whose kernels reach about a third of the machine's multiply-add rate on the smallest
+ * of these shapes.
  * The weights are packed into panels of 32 columns, [N/32][K][32] (each panel one contiguous
  * stream), and the product runs in 8-row x 32-column register tiles: per k, two vector loads of
  * the panel and eight broadcasts of A feed sixteen independent multiply-adds. The epilogue
