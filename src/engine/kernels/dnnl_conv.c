@@ -29,6 +29,7 @@
 
 #include "engine/kernels/dnnl_ops.h"
 #include "engine/kernels/dnnl_rt.h"
+#include "engine/kernels/fast_sgemm.h"
 
 #define MTS_EINTERNAL MTS_EUNAVAILABLE
 #define N_EDGES (2 + MTS_DPOST_MAX)
@@ -328,6 +329,9 @@ struct mts_dconv {
     struct mts_dconv *phase[16];
     int n_phase;
     size_t phase_tmp;                  /* bytes of one phase's output */
+    /* A MatMul/Gemm with few rows: no primitive, the small-M GEMM (fast_sgemm.c) on weights
+     * packed for it in the model's cache. */
+    const float *small;
 };
 
 /* Variant creation for one thread count of a convolution already in use (mts_dconv_prepare): one
@@ -699,6 +703,47 @@ static void up_scatter_part(void *arg, int ithr, int nthr)
     }
 }
 
+/* A fp32 MatMul/Gemm whose source has few rows and whose fused operations the small-M GEMM's
+ * epilogue applies runs there (fast_sgemm.c; MTS_NO_FAST=1 keeps it in oneDNN): its weights
+ * are packed for it once per model, in the cache beside oneDNN's (a plan at a larger batch
+ * size packs its own oneDNN copy). c->small stays NULL when the step does not qualify. */
+static int small_create(mts_dconv *c, const mts_dconv_spec *s, mts_err *err)
+{
+    const mts_conv_geom *g = &s->g;
+    if (s->kind != MTS_DPRIM_MATMUL || s->bf16 || s->src_bf16 || s->dst_bf16 || s->src_nhwc || s->dst_nhwc ||
+        !s->w || !mts_fast_enabled() || !mts_small_gemm_ok(g->N, g->C, g->M) ||
+        !mts_small_gemm_posts_ok(s->post, s->n_post))
+        return MTS_OK;
+    dnnl_memory_desc_t md;
+    dnnl_dims_t d = {g->M / 32, g->C, 32};
+    mts_dnnl.dnnl_memory_desc_init_by_tag(&md, 3, d, dnnl_f32, dnnl_abc); /* tells this copy from oneDNN's */
+    int rc = MTS_OK;
+    pthread_mutex_lock(&g_lock);
+    wcache *q = *(wcache **)s->cache;
+    while (q && !(q->key == s->key && q->transpose == s->transpose && mts_dnnl.dnnl_memory_desc_equal(&q->md, &md)))
+        q = q->next;
+    if (!q) {
+        if ((q = calloc(1, sizeof *q)) && (q->data = mts_small_gemm_pack(s->w, s->transpose, g->C, g->M))) {
+            q->key = s->key;
+            q->transpose = s->transpose;
+            q->md = md;
+            q->bytes = sizeof(float) * (size_t)(g->C * g->M);
+            q->next = *(wcache **)s->cache;
+            *(wcache **)s->cache = q;
+        } else {
+            free(q);
+            q = NULL;
+            rc = mts_err_set(err, MTS_ENOMEM, "out of memory");
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    if (rc) return rc;
+    c->small = q->data;
+    c->spec.w = NULL;
+    snprintf(c->impl, sizeof c->impl, "mts:small_gemm");
+    return MTS_OK;
+}
+
 static int create_one(const mts_dconv_spec *s, mts_dconv **out, mts_err *err)
 {
     int rc = MTS_OK;
@@ -752,6 +797,7 @@ static int create_one(const mts_dconv_spec *s, mts_dconv **out, mts_err *err)
         memcpy(c->s2d_bias, s->b, sizeof(float) * (size_t)g->M);
         c->spec.b = c->s2d_bias;
     }
+    if ((rc = small_create(c, s, err)) || c->small) goto done;
     /* bf16: the primitive reads bf16 (the source edge's reorder converts an fp32 source) and
      * writes fp32 unless the planner keeps the destination in bf16 for bf16 readers. */
     bool bf = s->bf16 && !mts_dprim_is_pool(s->kind) && !s->q8;
@@ -961,6 +1007,10 @@ int mts_dconv_prepare(const mts_dconv *cc, int threads, size_t *scratch, mts_err
         *scratch = (most + 63) / 64 * 64 + (size_t)c->n_phase * c->phase_tmp;
         return MTS_OK;
     }
+    if (c->small) {
+        *scratch = 0;
+        return MTS_OK;
+    }
     int t = work_threads(c, threads);
     variant *v = atomic_load(&c->var[t]);
     if (!v) {
@@ -979,7 +1029,7 @@ bool mts_dconv_ready(const mts_dconv *c, int threads)
     if (c->inner) return mts_dconv_ready(c->inner, threads);
     for (int i = 0; i < c->n_phase; i++)
         if (!mts_dconv_ready(c->phase[i], threads)) return false;
-    if (c->n_phase) return true;
+    if (c->n_phase || c->small) return true;
     return atomic_load(&((mts_dconv *)c)->var[work_threads(c, threads)]) != NULL;
 }
 
@@ -1071,6 +1121,12 @@ int mts_dconv_run(const mts_dconv *c, int threads, void *stream, const void *src
         return MTS_OK;
     }
     threads = work_threads(c, threads);
+    if (c->small) {
+        const mts_conv_geom *g = &c->spec.g;
+        mts_small_gemm_run(src, g->N, g->C, g->M, c->small, c->spec.b, c->spec.post, c->spec.n_post, resid, dst,
+                           threads);
+        return MTS_OK;
+    }
     const variant *v = atomic_load(&((mts_dconv *)c)->var[threads]);
     if (!v) return mts_err_set(err, MTS_EINTERNAL, "oneDNN primitive for %d threads not prepared", threads);
     dnnl_memory_t mem[6 + MTS_DPOST_MAX] = {0};

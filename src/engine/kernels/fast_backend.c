@@ -19,6 +19,7 @@
  * Fused steps stay MTS__S_KERNEL steps (an mts_op with a rewritten node), so the executor runs
  * them like any kernel.
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -382,6 +383,154 @@ static int fuse_strided_matmuls(mts__opt *o, mts_err *err)
     return MTS_OK;
 }
 
+static bool same_dims4(const mts_tensor *t, const int64_t *d)
+{
+    return t->rank == 4 && t->dims[0] == d[0] && t->dims[1] == d[1] && t->dims[2] == d[2] && t->dims[3] == d[3];
+}
+
+static bool contiguous4(const mts_tensor *t, const int64_t *st)
+{
+    int64_t c[4];
+    contiguous_strides(t, c);
+    return t->rank == 4 && st[0] == c[0] && st[1] == c[1] && st[2] == c[2] && st[3] == c[3];
+}
+
+/* The standard attention block once fuse_strided_matmuls has run: a scores MtsStridedMatMul,
+ * then Mul/Div steps by constant scalars and at most one Add of a mask that broadcasts to the
+ * scores without widening them (each value read only by the next step), a last-axis Softmax,
+ * and a context MtsStridedMatMul reading the probabilities as they are. All of it becomes one
+ * MtsAttention step at the context product (kernels/fast_attn.c): the scores and probabilities
+ * are never stored, and per head the block is one pass instead of four steps. */
+static int fuse_attention(mts__opt *o, mts_err *err)
+{
+    mts__plan *p = o->p;
+    for (int s2 = 0; s2 < p->n_steps; s2++) {
+        mts__step *st2 = &p->steps[s2];
+        if (o->removed[s2] || st2->kind != MTS__S_KERNEL || st2->dynamic || st2->op != &mts_fast_bmm || st2->n_in != 2)
+            continue;
+        int c[5];
+        const int64_t *d2 = mts_attr_ints(st2->nd, "dims", &c[0]), *as2 = mts_attr_ints(st2->nd, "a_strides", &c[1]);
+        const int64_t *bs2 = mts_attr_ints(st2->nd, "b_strides", &c[2]), *ys2 = mts_attr_ints(st2->nd, "y_strides", &c[3]);
+        const int64_t *yd2 = mts_attr_ints(st2->nd, "y_dims", &c[4]);
+        if (!d2 || !as2 || !bs2 || !ys2 || !yd2 || c[0] != 5 || c[1] != 4 || c[2] != 4 || c[3] != 4) continue;
+        int a = st2->in[0];
+        if (!plain_float4(p, a) || p->state[a] != MTS__V_STATIC || sole_reader(o, a) != s2 || !contiguous4(&p->vals[a], as2))
+            continue;
+        int sm = o->prod[a];
+        if (!plain_step(o, sm, "Softmax") || p->steps[sm].n_in != 1) continue;
+        int64_t ax = mts_attr_int(p->steps[sm].nd, "axis", p->steps[sm].nd->opset >= 13 ? -1 : 1);
+        if (ax != -1 && ax != 3) continue;
+        float alpha = 1.0f, beta = mts_attr_float(p->steps[sm].nd, "mts_scale", 1.0f);
+        int mask = -1, rm[8], n_rm = 0, s1 = -1, cur = p->steps[sm].in[0], next = sm;
+        const int64_t sd[4] = {d2[0], d2[1], d2[2], d2[4]}; /* the scores' shape [N, H, S, T] */
+        rm[n_rm++] = sm;
+        while (n_rm < 6) {
+            if (!live_value(p, cur) || p->state[cur] != MTS__V_STATIC || sole_reader(o, cur) != next ||
+                !plain_float4(p, cur) || !same_dims4(&p->vals[cur], sd))
+                break;
+            int d = o->prod[cur];
+            if (d < 0 || o->removed[d] || p->steps[d].dynamic || p->steps[d].kind != MTS__S_KERNEL) break;
+            const mts__step *ds = &p->steps[d];
+            if (ds->op == &mts_fast_bmm) {
+                s1 = d;
+                break;
+            }
+            if (ds->n_in != 2 || ds->n_out != 1 || ds->nd->opset < 7) break;
+            float f = 0;
+            if (is_op(ds, "Mul") || is_op(ds, "Div")) {
+                f = mts__scaled_by(p, ds, cur = ds->in[0]);
+                if (f == 0 && is_op(ds, "Mul")) f = mts__scaled_by(p, ds, cur = ds->in[1]);
+                if (f == 0 || !isfinite(f)) break;
+                if (mask < 0) beta *= f; /* after the mask */
+                else alpha *= f;
+            } else if (is_op(ds, "Add") && mask < 0) {
+                int side = -1;
+                for (int j = 0; j < 2 && side < 0; j++) {
+                    int v = ds->in[j];
+                    if (live_value(p, v) && p->state[v] == MTS__V_STATIC && sole_reader(o, v) == d &&
+                        same_dims4(&p->vals[v], sd))
+                        side = j;
+                }
+                if (side < 0) break;
+                int mv = ds->in[1 - side];
+                if (!float_value(p, mv)) break;
+                const mts_tensor *tm = &p->vals[mv];
+                bool ok = tm->rank <= 4 && !(tm->rank == 4 && is_cand(o, mv) && p->nhwc[mv]);
+                for (int i = 0; ok && i < tm->rank; i++) {
+                    int64_t want = sd[4 - tm->rank + i];
+                    ok = tm->dims[i] == 1 || tm->dims[i] == want;
+                }
+                if (!ok) break;
+                mask = mv;
+                cur = ds->in[side];
+            } else {
+                break;
+            }
+            rm[n_rm++] = d;
+            next = d;
+        }
+        if (s1 < 0) continue;
+        const mts__step *st1 = &p->steps[s1];
+        const int64_t *d1 = mts_attr_ints(st1->nd, "dims", &c[0]), *as1 = mts_attr_ints(st1->nd, "a_strides", &c[1]);
+        const int64_t *bs1 = mts_attr_ints(st1->nd, "b_strides", &c[2]), *ys1 = mts_attr_ints(st1->nd, "y_strides", &c[3]);
+        if (!d1 || !as1 || !bs1 || !ys1 || c[0] != 5 || c[1] != 4 || c[2] != 4 || c[3] != 4 || st1->n_in != 2 ||
+            st1->out[0] != cur || d1[0] != d2[0] || d1[1] != d2[1] || d1[2] != d2[2] || d1[3] != d2[4] ||
+            !contiguous4(&p->vals[cur], ys1))
+            continue;
+        bool pos = true;
+        for (int i = 0; i < 5; i++) pos &= d1[i] > 0 && d2[i] > 0;
+        if (!pos) continue;
+        rm[n_rm++] = s1;
+        int64_t dims[6] = {d1[0], d1[1], d1[2], d1[3], d1[4], d2[3]}, ms[4] = {0, 0, 0, 0};
+        if (mask >= 0) {
+            const mts_tensor *tm = &p->vals[mask];
+            int64_t st = 1;
+            for (int i = tm->rank - 1; i >= 0; i--) {
+                ms[4 - tm->rank + i] = tm->dims[i] == 1 ? 0 : st;
+                st *= tm->dims[i];
+            }
+        }
+        const char *names[7] = {"dims", "q_strides", "k_strides", "v_strides", "y_strides", "m_strides", "y_dims"};
+        const int64_t *vals[7] = {dims, as1, bs1, bs2, ys2, ms, yd2};
+        int ns[7] = {6, 4, 4, 4, 4, 4, c[4]};
+        mts_node *n = mts_pool_alloc(&p->pool, sizeof *n);
+        mts_attr *na = mts_pool_alloc(&p->pool, sizeof *na * 9);
+        int *io = mts_pool_alloc(&p->pool, sizeof(int) * 5);
+        if (!n || !na || !io) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+        for (int i = 0; i < 7; i++) {
+            na[i] = (mts_attr){0};
+            na[i].name = names[i];
+            na[i].type = MTS_ATTR_INTS;
+            na[i].n = ns[i];
+            if (!(na[i].ints = mts__pool_ints(p, vals[i], ns[i]))) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+        }
+        na[7] = (mts_attr){0};
+        na[7].name = "alpha";
+        na[7].type = MTS_ATTR_FLOAT;
+        na[7].f = alpha;
+        na[8] = na[7];
+        na[8].name = "beta";
+        na[8].f = beta;
+        *n = *st2->nd;
+        n->op_type = "MtsAttention";
+        n->attrs = na;
+        n->n_attr = 9;
+        io[0] = st1->in[0], io[1] = st1->in[1], io[2] = st2->in[1], io[3] = mask, io[4] = st2->out[0];
+        st2->nd = n;
+        st2->op = &mts_fast_attention;
+        st2->cin = NULL; /* no plan copies of constants for the new inputs (yet) */
+        st2->in = io;
+        st2->n_in = mask >= 0 ? 4 : 3;
+        st2->out = io + 4;
+        for (int i = 0; i < n_rm; i++) {
+            o->removed[rm[i]] = 1;
+            p->state[p->steps[rm[i]].out[0]] = MTS__V_UNUSED;
+        }
+        mts__count_uses(o);
+    }
+    return MTS_OK;
+}
+
 /* A channel Concat on channels-last data whose input comes from a nearest integer upsampling
  * (Resize) read only by the Concat: the Concat reads the Resize's input through the factors
  * (kernels/nhwc.c, attribute "mts_up") and the Resize step goes. */
@@ -481,7 +630,8 @@ static int fast_fuse(mts__opt *o, int self, mts_err *err)
 {
     (void)self;
     int rc;
-    if ((rc = fuse_softmax_scale(o, err)) || (rc = fuse_strided_matmuls(o, err)) || (rc = fuse_channel_pool(o, err)) ||
+    if ((rc = fuse_softmax_scale(o, err)) || (rc = fuse_strided_matmuls(o, err)) || (rc = fuse_attention(o, err)) ||
+        (rc = fuse_channel_pool(o, err)) ||
         (rc = fuse_chains(o, err)) || (rc = fuse_upsample_concat(o, err)))
         return rc;
     return MTS_OK;

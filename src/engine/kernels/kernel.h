@@ -189,6 +189,9 @@ extern const mts_op mts_fast_chain;    /* "MtsEltwiseChain": in[0], then the sta
  * {B0, B1, M, N, K}; a_strides, b_strides, y_strides {batch 0, batch 1, row, column} in elements
  * (y's column stride must be 1); y_dims, the output value's shape. */
 extern const mts_op mts_fast_bmm;
+/* "MtsAttention" (kernels/fast_attn.c): softmax(((Q x K) * alpha + mask) * beta) x V per batch
+ * entry and head, on strided views; the attributes are described there. */
+extern const mts_op mts_fast_attention;
 /* "MtsChannelPool" on channels-last views: in[0] x [N,H,W,C], optional in[1] scale [N or 1,1,1,C];
  * out [N,H,W,2] = (mean over C, max over C) of x * scale. */
 extern const mts_op mts_fast_cpool;

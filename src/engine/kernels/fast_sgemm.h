@@ -1,0 +1,29 @@
+/*
+ * The small-M float GEMM on packed constant weights (fast_sgemm.c), used by the oneDNN
+ * backend's MatMul/Gemm steps whose source has few rows.
+ */
+#ifndef MTS_ENGINE_FAST_SGEMM_H
+#define MTS_ENGINE_FAST_SGEMM_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine/kernels/dnnl_ops.h"
+
+/* Rows (tokens x batch) up to which a MatMul with constant weights runs here: at 16 rows this
+ * kernel is about 1.3x oneDNN's, at 128 about 1.03x, at 512 equal (minilm_like, 2 threads). */
+#define MTS_SMALL_GEMM_ROWS 128
+
+/* Whether [rows, K] x [K, N] runs here: AVX-512, rows within the limit, N a multiple of 32. */
+bool mts_small_gemm_ok(int64_t rows, int64_t K, int64_t N);
+/* Whether the fused operations are ones the epilogue applies (Erf GELU, a plain fp32 residual). */
+bool mts_small_gemm_posts_ok(const mts_dpost *post, int n_post);
+/* The weights ([K, N], or [N, K] when transpose) packed as [N/32][K][32] (aligned_alloc; NULL
+ * when out of memory). */
+float *mts_small_gemm_pack(const float *w, bool transpose, int64_t K, int64_t N);
+/* c[rows, N] = a[rows, K] x packed + bias (may be NULL), then the posts in order (resid: the
+ * residual tensors [rows, N] of the MTS_DPOST_ADD ones, in order), on up to `threads` threads. */
+void mts_small_gemm_run(const float *a, int64_t rows, int64_t K, int64_t N, const float *bp, const float *bias,
+                        const mts_dpost *post, int n_post, const float *const *resid, float *c, int threads);
+
+#endif
