@@ -32,6 +32,7 @@ void mts__f32_to_half(mts_dtype dt, const float *src, uint16_t *dst, int64_t n)
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
 #include <immintrin.h>
 
 __attribute__((target("avx512f"))) static int64_t round_f16_avx512(const float *src, float *dst, int64_t n)
@@ -61,7 +62,10 @@ static int f16_isa(void)
     int v = __atomic_load_n(&isa, __ATOMIC_RELAXED);
     if (v < 0) {
         __builtin_cpu_init();
-        v = __builtin_cpu_supports("avx512f") ? 2 : __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c") ? 1 : 0;
+        /* F16C from CPUID leaf 1 (ECX bit 29): clang 14's __builtin_cpu_supports has no "f16c" */
+        unsigned a = 0, b = 0, c = 0, d = 0;
+        bool f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+        v = __builtin_cpu_supports("avx512f") ? 2 : __builtin_cpu_supports("avx") && f16c ? 1 : 0;
         __atomic_store_n(&isa, v, __ATOMIC_RELAXED);
     }
     return v;
