@@ -95,7 +95,6 @@ struct mts__grpc_call {
      * (event=grpc_sent): message read, reply handed to gRPC, its size */
     double t_read_ms, t_reply_ms;
     size_t reply_bytes;
-    grpc_slice msg_slice;    /* the message on_message is handling (mts__grpc_message_ref) */
 };
 
 /* ---- framework (grpc_server.c) ---- */
@@ -103,7 +102,7 @@ void mts__grpc_call_ref(mts__grpc_call *c);
 void mts__grpc_call_unref(mts__grpc_call *c);
 /* Unary: sends msg (may be NULL for an empty message) and status OK; drops the alive ref. */
 void mts__grpc_reply(mts__grpc_call *c, const ProtobufCMessage *msg);
-/* Inside a unary on_message: a reference to the slice holding `data`, for a handler that keeps
+/* Inside on_message (on the thread running it): a reference to the slice holding `data`, for a handler that keeps
  * pointers into the message past its return (grpc_slice_unref when done). The slice is the
  * server's own contiguous copy of the message (grpc_server.c read_message), so the handler may
  * also rearrange bytes in it. */

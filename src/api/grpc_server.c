@@ -453,9 +453,15 @@ void mts__grpc_reply(mts__grpc_call *c, const ProtobufCMessage *msg)
     pthread_mutex_unlock(&c->lock);
 }
 
+/* The message the calling thread's on_message is handling. Per thread, not per call: a stream
+ * handler starts the next read before it returns, so another poll thread may already be in
+ * on_message for the same call with the next message. */
+static _Thread_local grpc_slice handled_message;
+
 grpc_slice mts__grpc_message_ref(mts__grpc_call *c)
 {
-    return grpc_slice_ref(c->msg_slice);
+    (void)c;
+    return grpc_slice_ref(handled_message);
 }
 
 void mts__grpc_reply_buffer(mts__grpc_call *c, grpc_byte_buffer *bb)
@@ -625,9 +631,9 @@ static void on_read(mts__grpc_tag *t, bool ok)
                 mts__grpc_call_unref(c);
                 return;
             }
-            c->msg_slice = s;
+            handled_message = s;
             m->on_message(c, GRPC_SLICE_START_PTR(s), GRPC_SLICE_LENGTH(s));
-            c->msg_slice = grpc_empty_slice();
+            handled_message = grpc_empty_slice();
             grpc_slice_unref(s);
         }
     }
@@ -724,7 +730,6 @@ static void on_new_call(mts__grpc_tag *t, bool ok)
     c->details = s->details;
     c->md = s->md;
     c->status_details = grpc_empty_slice();
-    c->msg_slice = grpc_empty_slice();
     atomic_init(&c->refs, 1); /* alive */
     pthread_mutex_init(&c->lock, NULL);
     c->t_close = (mts__grpc_tag){on_close, c, 0};

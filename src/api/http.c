@@ -28,6 +28,7 @@
 #include "util/iobuf.h"
 
 #include <errno.h>
+#include <linux/filter.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -91,6 +92,7 @@ struct mts_http_conn {
     bool pending;               /* dispatched and answer not yet dequeued */
     bool in_cb;                 /* inside handler/on_cancel: answers are taken inline */
     bool cancelled, peer_eof, rdhup, drained;
+    bool served;                /* has dispatched a request (a fresh connection has not) */
     bool keep_alive, is_head, http10, chunked, expect_continue, path_root;
     atomic_int responded;
     out_chunk *inline_resp;
@@ -1138,6 +1140,7 @@ static void dispatch(mts_http_conn *c)
     fill_request(c);
     c->state = RS_PENDING;
     c->pending = true;
+    c->served = true;
     io->npending++;
     atomic_store_explicit(&c->responded, 0, memory_order_relaxed);
     c->in_cb = true;
@@ -1391,10 +1394,17 @@ static void drain_queue(io_thread *io)
 static bool on_accept(io_thread *io);
 
 /* Stops listening. Connections the kernel has already completed (clients that may have sent a
- * request) are accepted first, to be answered: closing the socket would reset them. */
+ * request) are accepted first, to be answered: closing the socket would reset them. Before that,
+ * a socket filter that drops every packet stops the listener from completing more handshakes
+ * while it drains (one completed after the last accept would be reset by the close): those
+ * clients' SYNs go unanswered and their retry finds the port closed, a refusal before anything
+ * was sent. */
 static void close_listener(io_thread *io)
 {
     if (io->lfd < 0) return;
+    struct sock_filter drop_all = BPF_STMT(BPF_RET | BPF_K, 0);
+    struct sock_fprog prog = {.len = 1, .filter = &drop_all};
+    (void)setsockopt(io->lfd, SOL_SOCKET, SO_ATTACH_FILTER, &prog, sizeof prog); /* best effort */
     while (io->accept_resume_ms == 0 && on_accept(io)) {
     }
     close(io->lfd);
@@ -1602,7 +1612,11 @@ static void *io_main(void *arg)
                 if (!c->pending && c->state != RS_LINGER) {
                     c->drained = false;
                     conn_run(c);
-                    if (conn_idle(c)) begin_close(c); /* close without a reset */
+                    /* Close idle keep-alive connections (without a reset). A fresh one, just
+                     * accepted (the listener's backlog is accepted when it closes), stays until
+                     * its first request has been answered or the deadline: its client has sent
+                     * or is sending that request, and closing now would lose it. */
+                    if (conn_idle(c) && c->served) begin_close(c);
                 }
                 RELEASE(c);
             }

@@ -842,6 +842,25 @@ def test_sigterm_under_overload_answers_what_was_sent(start_server):
     assert set(tally["codes"]) <= {200, 429, 503}, tally
 
 
+def test_connection_opened_before_stop_gets_its_first_request_answered(start_server):
+    """A connection the server accepted but whose first request had not arrived yet when it
+    stopped (a client that connected just before SIGTERM) is kept open until that request has
+    been answered (503, Connection: close), not closed under the client's request."""
+    srv = start_server({"tiny": TINY}, grace=2)
+    sock = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+    assert srv.get("/v2/health/live").status_code == 200  # the server has accepted by now
+    srv.signal(signal.SIGTERM)
+    srv.wait_for(lambda: "event=shutdown_complete" in srv.log(), what="shutdown_complete")
+    time.sleep(0.2)  # the HTTP threads close idle keep-alive connections at this point
+    body = json.dumps({"inputs": [json_input("x", np.ones((1, 16), np.float32))]}).encode()
+    sock.sendall(b"POST /v2/models/tiny/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    code, close = read_http_response(sock)
+    sock.close()
+    assert code == 503 and close
+    assert srv.wait_exit() == 0, srv.log()[-3000:]
+
+
 def test_client_disconnect_keeps_serving(start_server):
     srv = start_server({"seg": (SEG, SLOW), "tiny": TINY})
     assert srv.post("/v2/repository/models/seg/load").status_code == 200
