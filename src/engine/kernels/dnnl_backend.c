@@ -286,10 +286,16 @@ static void create_one(void *arg, int i)
     c->create_rc = mts_dconv_create(&c->spec, &c->dc, &c->create_err);
 }
 
+/* Creations run on one thread when any is an int8 convolution: with oneDNN 2.6, an fp32
+ * convolution whose primitives were created while int8 ones were created on another thread
+ * sometimes computed garbage on two threads (seen on a QDQ U-Net: its first, fp32 conv, about
+ * 1 run in 40; never with serial creation in 600 runs, nor without int8 primitives). */
 static void create_all(cinfo *ci, int n)
 {
     create_job j = {ci};
-    mts_par_items(n, CREATE_THREADS, 4, create_one, &j); /* a few steps: not worth a thread */
+    bool q8 = false;
+    for (int i = 0; i < n; i++) q8 |= ci[i].spec.q8;
+    mts_par_items(n, q8 ? 1 : CREATE_THREADS, 4, create_one, &j); /* a few steps: not worth a thread */
 }
 
 /* Is step s a convolution or pooling oneDNN may run? Fills c->spec's geometry and
@@ -1021,10 +1027,14 @@ static int dnnl_prepare(const mts__plan *p, int self, int threads, void **cstate
     /* Primitives this thread count still lacks are compiled on a few threads first (a plan's
      * first 2-thread run: about 60 for w32), then the loop below only reads sizes. */
     int n_missing = 0;
-    for (int s = 0; s < p->n_steps; s++)
-        n_missing += p->steps[s].kind == MTS__S_BACKEND && p->steps[s].backend == self &&
-                     !mts_dconv_ready(p->steps[s].impl, threads);
-    if (n_missing >= 8) {
+    bool q8 = false; /* then on one thread, as in create_all */
+    for (int s = 0; s < p->n_steps; s++) {
+        const mts__step *st = &p->steps[s];
+        if (st->kind != MTS__S_BACKEND || st->backend != self) continue;
+        n_missing += !mts_dconv_ready(st->impl, threads);
+        q8 |= mts_dconv_q8(st->impl);
+    }
+    if (n_missing >= 8 && !q8) {
         prep_job j = {p, self, threads};
         mts_par_items(p->n_steps, 4, 4, prep_one, &j);
     }
