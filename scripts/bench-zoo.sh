@@ -3,10 +3,10 @@
 # (tests/zoo/zoo.json, fetched from npm and cached) that mtserve can load today. Models it cannot
 # load (expected "unsupported" in the manifest) are listed and skipped.
 #
-# Per model: mtserve runs on the zoo's realistic inputs (`mtserve run --input ... --json`); ONNX
-# Runtime (tools/ort/ort_bench.js, graph optimization 'all', sequential) on random inputs of the
-# same shapes (ort_bench draws its own values; the zoo models that load have no value-dependent
-# control flow, so only the shapes matter for time). Both use BENCH_THREADS (default 2) intra-op
+# Per model: mtserve runs on the zoo's realistic inputs (`mtserve run --input ... --json`), and
+# ONNX Runtime (tools/ort/ort_bench.js, graph optimization 'all', sequential) on the same .npy
+# files (`--input`): models whose inputs choose a branch (Silero VAD's sample rate) take a
+# different path, or fail, on random values. Both use BENCH_THREADS (default 2) intra-op
 # threads. One mtserve run (after a warm-up) sizes the iteration count (about BENCH_SECONDS, default 2, s per
 # measurement, 3..200 iterations, one warm-up); then BENCH_ROUNDS (default 3) rounds alternate
 # mtserve and ORT, and the table gives each side's median latency and the median over rounds of
@@ -47,7 +47,7 @@ while IFS=$'\t' read -r id model files shapes; do
   [ -n "$id" ] || continue
   if [ -n "${BENCH_MODELS:-}" ] && ! printf ' %s ' "$BENCH_MODELS" | grep -q " $id "; then continue; fi
   m_in=(); for f in $files; do m_in+=(--input "$f"); done
-  o_in=(); for s in $shapes; do [ -n "${s#*=}" ] && o_in+=(--shape "$s"); done
+  o_in=(); for f in $files; do o_in+=(--input "$f"); done
   # one warm run on the zoo inputs: loads the model (or says why not) and sizes the iterations
   probe=$("$MTSERVE" run "$model" "${m_in[@]}" --threads "$THREADS" --iters 1 --warmup 1 --json 2>"$WORK/err.txt")
   p_ms=$(jget median_ms "$probe")

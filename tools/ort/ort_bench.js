@@ -9,10 +9,14 @@
 //
 // usage: node tools/ort/ort_bench.js MODEL.onnx [--batch N] [--threads T] [--iters K]
 //            [--min-seconds S] [--dim NAME=V ...] [--shape INPUT=d0,d1,... ...]
-// --shape overrides an input's whole shape (for builds whose metadata lacks shapes).
+//            [--input NAME=FILE.npy ...]
+// --shape overrides an input's whole shape (for builds whose metadata lacks shapes);
+// --input feeds an input from a .npy file instead (a model whose inputs select a branch,
+// such as a sample rate, needs real values).
 'use strict';
 
 const fs = require('fs');
+const { readNpy } = require('./ort_run.js');
 
 const MAX_ITERS = 200;
 
@@ -30,12 +34,12 @@ try {
 
 function usage() {
   console.error('usage: node ort_bench.js MODEL.onnx [--batch N] [--threads T] [--iters K] ' +
-    '[--min-seconds S] [--dim NAME=V ...] [--shape INPUT=d0,d1,... ...]');
+    '[--min-seconds S] [--dim NAME=V ...] [--shape INPUT=d0,d1,... ...] [--input NAME=FILE.npy ...]');
   process.exit(2);
 }
 
 function parseArgs(argv) {
-  const o = { model: null, batch: 1, threads: 1, iters: 5, minSeconds: 2, dims: {}, shapes: {} };
+  const o = { model: null, batch: 1, threads: 1, iters: 5, minSeconds: 2, dims: {}, shapes: {}, inputs: {} };
   const posInt = (name, v) => {
     const n = Number(v);
     if (!Number.isInteger(n) || n < 1) fail(`${name} wants a positive integer, got '${v}'`, 2);
@@ -80,6 +84,13 @@ function parseArgs(argv) {
         o.shapes[v.slice(0, k)] = dims;
         break;
       }
+      case '--input': {
+        const v = next();
+        const k = v.indexOf('=');
+        if (k <= 0) fail(`bad --input '${v}' (want NAME=FILE.npy)`, 2);
+        o.inputs[v.slice(0, k)] = v.slice(k + 1);
+        break;
+      }
       case '-h': case '--help': usage(); break;
       default:
         if (a.startsWith('-')) fail(`unknown option '${a}'`, 2);
@@ -114,8 +125,13 @@ function buildFeeds(session, o) {
   const meta = session.inputMetadata;
   const feeds = {};
   for (const name of Object.keys(o.shapes)) if (!session.inputNames.includes(name)) fail(`--shape: model has no input '${name}'`, 2);
+  for (const name of Object.keys(o.inputs)) {
+    if (!session.inputNames.includes(name)) fail(`--input: model has no input '${name}'`, 2);
+    feeds[name] = readNpy(o.inputs[name]);
+  }
   for (let idx = 0; idx < session.inputNames.length; idx++) {
     const name = session.inputNames[idx];
+    if (name in feeds) continue; /* given with --input */
     const m = Array.isArray(meta) ? meta.find((x) => x.name === name) || meta[idx] : null;
     if (m && m.isTensor === false) fail(`input '${name}' is not a tensor`);
     const type = (m && m.type) || 'float32';

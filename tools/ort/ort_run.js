@@ -158,4 +158,5 @@ async function main() {
   }
 }
 
-main().catch((e) => fail(e && e.stack ? e.stack : String(e)));
+if (require.main === module) main().catch((e) => fail(e && e.stack ? e.stack : String(e)));
+module.exports = { readNpy };
