@@ -94,6 +94,9 @@ const mts_precision_info *mts_model_precision(const mts_model *m);
 /* oneDNN steps computing in bf16 in the model's plans built so far (the most of any one plan,
  * subgraphs' plans added; 0 for an fp32 model). */
 int mts_model_bf16_steps(const mts_model *m);
+/* Steps whose (possibly fused) node has op type `op_type` in the model's plans built so far (the
+ * most of any one plan, subgraphs' plans added): which rewrites a plan took, for tests and tools. */
+int mts_model_op_steps(const mts_model *m, const char *op_type);
 /* Whether this CPU computes bf16 natively ("avx512_bf16", "amx_bf16") or NULL. */
 const char *mts_cpu_bf16_native(void);
 /* Checks a precision name; NULL when valid, else a message naming the accepted values. */

@@ -483,3 +483,23 @@ int mts_model_analyze(mts_model *m, const mts_tensor *inputs, int n_inputs, doub
     *act = p->activation_bytes;
     return MTS_OK;
 }
+
+static int op_steps(mts_model *m, const char *op_type)
+{
+    int n = 0;
+    pthread_mutex_lock(&m->plan_lock);
+    for (const mts__plan *p = m->plans; p; p = p->next) {
+        int k = 0;
+        for (int s = 0; s < p->n_steps; s++) k += p->steps[s].nd && !strcmp(p->steps[s].nd->op_type, op_type);
+        n = k > n ? k : n;
+    }
+    pthread_mutex_unlock(&m->plan_lock);
+    for (int i = 0; i < m->n_subs; i++) n += op_steps(m->subs[i], op_type);
+    return n;
+}
+
+int mts_model_op_steps(const mts_model *m, const char *op_type)
+{
+    while (m->root) m = m->root;
+    return op_steps((mts_model *)m, op_type); /* takes the plan locks only */
+}

@@ -8,7 +8,8 @@
  * 3-D convolutions, MatMul/Gemm with constant weights, Resize and Concat on channels-last data, a channel-attention Mul with an
  * [N,C,1,1] operand, Identity removal, and graph outputs in the middle of a fused chain. Every
  * graph runs on both backends at 1 and 2 threads and batch 1 and 3; outputs must agree within
- * a relative L2 error of 1e-5. The reference models in models/out (when generated) are compared
+ * a relative L2 error of 1e-5 (and where a graph names a fused op type, the default backend's
+ * plans must hold that many steps of it). The reference models in models/out (when generated) are compared
  * the same way at batch 1.
  */
 #include <math.h>
@@ -74,6 +75,9 @@ static void f_float(buf *b, int field, float f) { key(b, field, 5), put(b, &f, 4
 typedef struct graph {
     buf g;
     unsigned seed;
+    int opset;              /* 0: 17 */
+    const char *expect_op;  /* compare_backends: the default backend's plans must have */
+    int expect_steps;       /* this many steps of this (fused) op type */
 } graph;
 
 /* Attributes: "name=i:3", "name=f:0.5", "name=s:text", "name=ii:1,1,2,2". */
@@ -167,7 +171,7 @@ static mts_model *finish(graph *G, const char *backend)
     put(&g, G->g.p, G->g.n);
     f_msg(&m, 7, &g);
     f_str(&op, 1, "");
-    f_int(&op, 2, 17);
+    f_int(&op, 2, G->opset ? G->opset : 17);
     f_msg(&m, 8, &op);
     mts_load_opts o = {0};
     o.backend = backend;
@@ -223,6 +227,9 @@ static void compare_backends(graph *G, const char *what, double tol)
             mts_ctx_free(c2);
             test_free_inputs(ref, in);
         }
+    if (G->expect_op && mts_model_op_steps(dflt, G->expect_op) != G->expect_steps)
+        fail_msg("%s: %d %s steps in the default backend's plans, expected %d", what,
+                 mts_model_op_steps(dflt, G->expect_op), G->expect_op, G->expect_steps);
     mts_model_free(ref);
     mts_model_free(dflt);
 }
@@ -516,6 +523,119 @@ static void test_fast_fusions(void **state)
     compare_backends(&G, "fast fusions", 1e-5);
 }
 
+/* Layer normalizations written out as elementwise steps (older PyTorch and TensorFlow exports)
+ * become one MtsLayerNorm step each: Pow 2 with scale, bias and a Relu after; d * d with
+ * neither; two trailing axes with the scale and bias operands first and eps added from the left.
+ * Two look-alikes stay unfused: a mean over a leading axis, and a centred value that is also a
+ * graph output. Then the same at opset 18, where ReduceMean takes its axes as an input. */
+static void ln_written(graph *G, const char *p, const char *x, int axes, const char *sq, bool gamma, bool beta,
+                       bool relu, const char *out)
+{
+    char b[6][64], in[128];
+    const char *ax = axes == 2 ? "axes=ii:1,2" : "axes=ii:-1";
+    for (int i = 0; i < 6; i++) snprintf(b[i], sizeof b[i], "%s_%d", p, i);
+    if (G->opset >= 18) {
+        int64_t av[2] = {1, 2}, a1 = -1;
+        char an[64];
+        snprintf(an, sizeof an, "%s_axes", p);
+        init_vals(G, an, 1, D(axes), 7, axes == 2 ? (const void *)av : (const void *)&a1, sizeof(int64_t) * (size_t)axes);
+        snprintf(in, sizeof in, "%s %s", x, an);
+        node(G, "ReduceMean", in, b[0], NULL);
+    } else {
+        node(G, "ReduceMean", x, b[0], ax);
+    }
+    snprintf(in, sizeof in, "%s %s", x, b[0]);
+    node(G, "Sub", in, b[1], NULL);
+    snprintf(in, sizeof in, !strcmp(sq, "pow") ? "%s two" : "%s %s", b[1], b[1]);
+    node(G, !strcmp(sq, "pow") ? "Pow" : "Mul", in, b[2], NULL);
+    if (G->opset >= 18) {
+        snprintf(in, sizeof in, "%s %s_axes", b[2], p);
+        node(G, "ReduceMean", in, b[3], NULL);
+    } else {
+        node(G, "ReduceMean", b[2], b[3], ax);
+    }
+    snprintf(in, sizeof in, axes == 2 ? "eps %s" : "%s eps", b[3]);
+    node(G, "Add", in, b[4], NULL);
+    node(G, "Sqrt", b[4], b[5], NULL);
+    char cur[64], nx[64];
+    snprintf(in, sizeof in, "%s %s", b[1], b[5]);
+    snprintf(cur, sizeof cur, "%s_n", p);
+    node(G, "Div", in, cur, NULL);
+    const char *steps[3] = {gamma ? "Mul" : NULL, beta ? "Add" : NULL, relu ? "Relu" : NULL};
+    const char *prm[3] = {"gamma", "beta", NULL};
+    for (int i = 0; i < 3; i++) {
+        if (!steps[i]) continue;
+        snprintf(nx, sizeof nx, "%s_%c", p, 'a' + i);
+        if (i < 2) {
+            char pn[64];
+            snprintf(pn, sizeof pn, "%s%s", prm[i], axes == 2 ? "2" : "");
+            if (axes == 2) snprintf(in, sizeof in, "%s %s", pn, cur);
+            else snprintf(in, sizeof in, "%s %s", cur, pn);
+        } else {
+            snprintf(in, sizeof in, "%s", cur);
+        }
+        node(G, steps[i], in, nx, NULL);
+        snprintf(cur, sizeof cur, "%s", nx);
+    }
+    node(G, "Identity", cur, out, NULL);
+}
+
+static void build_ln_written(graph *G, int opset)
+{
+    memset(G, 0, sizeof *G);
+    G->seed = 9;
+    G->opset = opset;
+    io(G, 11, "x", 3, D(-1, 6, 40));
+    float two = 2.0f, eps = 1e-5f;
+    init_vals(G, "two", 0, NULL, 1, &two, 4);
+    init_vals(G, "eps", 0, NULL, 1, &eps, 4);
+    init_f(G, "gamma", 1, D(40), 0.5f, 1.5f);
+    init_f(G, "beta", 1, D(40), -0.5f, 0.5f);
+    init_f(G, "gamma2", 2, D(6, 40), 0.5f, 1.5f);
+    init_f(G, "beta2", 3, D(1, 6, 40), -0.5f, 0.5f);
+    init_f(G, "w", 2, D(40, 40), -0.3f, 0.3f);
+    node(G, "MatMul", "x w", "h", NULL);
+    ln_written(G, "a", "h", 1, "pow", true, true, true, "y1");
+    ln_written(G, "b", "x", 1, "mul", false, false, false, "y2");
+    ln_written(G, "c", "h", 2, "pow", true, true, false, "y3");
+    io(G, 12, "y1", -1, NULL);
+    io(G, 12, "y2", -1, NULL);
+    io(G, 12, "y3", -1, NULL);
+    if (opset < 18) {
+        /* a mean over the leading axis is not a layer normalization of the trailing ones */
+        node(G, "ReduceMean", "h", "m0", "axes=ii:1");
+        node(G, "Sub", "h m0", "d0", NULL);
+        node(G, "Pow", "d0 two", "q0", NULL);
+        node(G, "ReduceMean", "q0", "v0", "axes=ii:1");
+        node(G, "Add", "v0 eps", "e0", NULL);
+        node(G, "Sqrt", "e0", "s0", NULL);
+        node(G, "Div", "d0 s0", "y4", NULL);
+        /* the centred value is also an output: it must stay */
+        node(G, "ReduceMean", "x", "m5", "axes=ii:-1");
+        node(G, "Sub", "x m5", "y5", NULL);
+        node(G, "Mul", "y5 y5", "q5", NULL);
+        node(G, "ReduceMean", "q5", "v5", "axes=ii:-1");
+        node(G, "Add", "v5 eps", "e5", NULL);
+        node(G, "Sqrt", "e5", "s5", NULL);
+        node(G, "Div", "y5 s5", "y6", NULL);
+        io(G, 12, "y4", -1, NULL);
+        io(G, 12, "y5", -1, NULL);
+        io(G, 12, "y6", -1, NULL);
+    }
+    G->expect_op = "MtsLayerNorm";
+    G->expect_steps = 3;
+}
+
+static void test_layernorm_written(void **state)
+{
+    (void)state;
+    graph G;
+    build_ln_written(&G, 17);
+    compare_backends(&G, "written-out LayerNorm", 1e-5);
+    build_ln_written(&G, 18);
+    compare_backends(&G, "written-out LayerNorm, opset 18", 1e-5);
+}
+
 /* Nearest upsampling read only by a convolution: the conv runs one small convolution per
  * output phase on the low-resolution source (factors 2x2 with 3x3 pad 1 + BN + Relu into a
  * channels-last conv; 3x2 with 5x5 pad 2 as a graph output, NCHW; 2x2 with 1x1; a strided
@@ -697,6 +817,7 @@ int main(void)
         cmocka_unit_test(test_quant),
         cmocka_unit_test(test_upsample_conv),
         cmocka_unit_test(test_nhwc_export),
+        cmocka_unit_test(test_layernorm_written),
         cmocka_unit_test(test_reference_models),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -354,7 +354,7 @@ static int fast_reduce_infer(mts_kctx *k)
 /* ------------------------------------------------------------------------------------------ */
 
 FAST_CLONES static void ln_rows(const float *x, float *y, int64_t rows, int64_t m, const float *sc, const float *bi,
-                                float eps)
+                                float eps, bool relu)
 {
     for (int64_t r = 0; r < rows; r++, x += m, y += m) {
         v16f a = splat16(0);
@@ -375,11 +375,16 @@ FAST_CLONES static void ln_rows(const float *x, float *y, int64_t rows, int64_t 
         float inv = 1.0f / sqrtf(q / (float)m + eps);
         v16f vi = splat16(inv);
         for (i = 0; i + 16 <= m; i += 16) {
-            v16f v = (ld16(x + i) - vm) * vi * ld16(sc + i);
+            v16f v = (ld16(x + i) - vm) * vi;
+            if (sc) v *= ld16(sc + i);
             if (bi) v += ld16(bi + i);
+            if (relu) v = vmax16(v, splat16(0));
             st16(y + i, v);
         }
-        for (; i < m; i++) y[i] = (x[i] - mu) * inv * sc[i] + (bi ? bi[i] : 0.0f);
+        for (; i < m; i++) {
+            float v = (x[i] - mu) * inv * (sc ? sc[i] : 1.0f) + (bi ? bi[i] : 0.0f);
+            y[i] = relu && !(v > 0) ? 0.0f : v;
+        }
     }
 }
 
@@ -404,13 +409,44 @@ static int fast_layernorm_run(mts_kctx *k)
         ok = numel_of(sc) == m && (!bi || numel_of(bi) == m) && m > 0;
     }
     if (!ok) return ref_run(k, "LayerNormalization");
-    ln_rows(x->data, k->out[0].data, rows, m, sc->data, bi ? bi->data : NULL, mts_attr_float(k->node, "epsilon", 1e-5f));
+    ln_rows(x->data, k->out[0].data, rows, m, sc->data, bi ? bi->data : NULL, mts_attr_float(k->node, "epsilon", 1e-5f),
+            false);
     return MTS_OK;
 }
 
 static int fast_layernorm_infer(mts_kctx *k)
 {
     return ref_infer(k, "LayerNormalization");
+}
+
+/* "MtsLayerNorm": a layer normalization the plan found written out as elementwise steps
+ * (fast_backend.c): X, then an optional scale and bias of the normalized shape (the trailing
+ * axes from attribute "axis"), epsilon, and "mts_relu" = 1 for a Relu after it. */
+static int fast_ln_written_infer(mts_kctx *k)
+{
+    const mts_tensor *x = mts_kin(k, 0);
+    if (!x || x->dtype != MTS_DTYPE_FLOAT || x->rank < 1 || k->n_out != 1)
+        return mts_err_set(k->err, MTS_EINVAL, "malformed MtsLayerNorm step: X must be a float tensor");
+    return mts_kset_out(k, 0, x->dtype, x->rank, x->dims);
+}
+
+static int fast_ln_written_run(mts_kctx *k)
+{
+    const mts_tensor *x = mts_kin(k, 0), *sc = mts_kin(k, 1), *bi = mts_kin(k, 2);
+    int64_t ax = mts_attr_int(k->node, "axis", -1), rows = 1, m = 1;
+    if (ax < 0) ax += x->rank;
+    if (ax < 0 || ax >= x->rank)
+        return mts_err_set(k->err, MTS_EINVAL, "MtsLayerNorm axis %lld out of range for rank %d", (long long)ax, x->rank);
+    for (int i = 0; i < x->rank; i++) {
+        if (i < ax) rows *= x->dims[i];
+        else m *= x->dims[i];
+    }
+    if ((sc && (sc->dtype != MTS_DTYPE_FLOAT || numel_of(sc) != m)) || (bi && (bi->dtype != MTS_DTYPE_FLOAT || numel_of(bi) != m)))
+        return mts_err_set(k->err, MTS_EINVAL, "MtsLayerNorm scale and bias must be %lld floats", (long long)m);
+    if (m > 0)
+        ln_rows(x->data, k->out[0].data, rows, m, sc ? sc->data : NULL, bi ? bi->data : NULL,
+                mts_attr_float(k->node, "epsilon", 1e-5f), mts_attr_int(k->node, "mts_relu", 0) != 0);
+    return MTS_OK;
 }
 
 FAST_CLONES static void softmax_rows(const float *x, float *y, int64_t rows, int64_t n, float scale)
@@ -1065,6 +1101,7 @@ static int fast_conv_small_infer(mts_kctx *k)
 
 const mts_op mts_fast_reduce = {"Reduce", fast_reduce_infer, fast_reduce_run};
 const mts_op mts_fast_layernorm = {"LayerNormalization", fast_layernorm_infer, fast_layernorm_run};
+const mts_op mts_fast_layernorm_written = {"MtsLayerNorm", fast_ln_written_infer, fast_ln_written_run};
 const mts_op mts_fast_softmax = {"Softmax", fast_softmax_infer, fast_softmax_run};
 const mts_op mts_fast_chain = {"MtsEltwiseChain", fast_chain_infer, fast_chain_run};
 const mts_op mts_fast_bmm = {"MtsStridedMatMul", fast_bmm_infer, fast_bmm_run};

@@ -13,7 +13,9 @@
  *     (Concat of ReduceMean and ReduceMax over channels) becomes one step; chains of float
  *     Add/Sub/Mul/Div/Relu/Sigmoid steps (each intermediate read only by the next) become one
  *     pass at the last step's position; a channel Concat reads nearest-upsampled inputs
- *     through their factors.
+ *     through their factors; a layer normalization written out as ReduceMean, Sub, Pow,
+ *     ReduceMean, Add, Sqrt, Div (+ Mul, Add, Relu) becomes one step (before the chains, which
+ *     would otherwise take its tail).
  *   - Substitution (substitute), per remaining step: ReduceMean/Max/Sum, LayerNormalization,
  *     Softmax and one-pixel Conv steps get the vectorized kernels.
  * Fused steps stay MTS__S_KERNEL steps (an mts_op with a rewritten node), so the executor runs
@@ -531,6 +533,158 @@ static int fuse_attention(mts__opt *o, mts_err *err)
     return MTS_OK;
 }
 
+/* The first reduced axis of ReduceMean step s when it reduces the trailing axes of its input
+ * and keeps them (the mean of a layer normalization); -1 otherwise. */
+static int trailing_mean(const mts__opt *o, int s)
+{
+    const mts__plan *p = o->p;
+    if (!plain_step(o, s, "ReduceMean")) return -1;
+    const mts__step *st = &p->steps[s];
+    if (st->n_in < 1 || !float_value(p, st->in[0]) || mts_attr_int(st->nd, "keepdims", 1) != 1) return -1;
+    int r = p->vals[st->in[0]].rank, n = 0;
+    if (r < 1) return -1;
+    const int64_t *a = NULL;
+    if (st->nd->opset >= 18) {
+        if (st->n_in < 2 || st->in[1] < 0) /* no axes: every axis, unless that means none */
+            return mts_attr_int(st->nd, "noop_with_empty_axes", 0) ? -1 : 0;
+        if (!const_value(p, st->in[1]) || p->vals[st->in[1]].dtype != MTS_DTYPE_INT64) return -1;
+        n = (int)mts_tensor_numel(&p->vals[st->in[1]]);
+        a = p->vals[st->in[1]].data;
+    } else {
+        a = mts_attr_ints(st->nd, "axes", &n);
+        if (!a) return 0;
+    }
+    if (n < 1 || n > r) return -1;
+    bool seen[MTS_MAX_RANK] = {false};
+    for (int i = 0; i < n; i++) {
+        int64_t v = a[i] < 0 ? a[i] + r : a[i];
+        if (v < r - n || v >= r || seen[v]) return -1;
+        seen[v] = true;
+    }
+    return r - n;
+}
+
+/* The reader of v when v has exactly one and it is elementwise step `op` with two inputs, the
+ * other one (in *other) a constant; -1 otherwise. */
+static int const_operand_reader(const mts__opt *o, int v, const char *op, int *other)
+{
+    const mts__plan *p = o->p;
+    int r = sole_reader(o, v);
+    if (!plain_step(o, r, op) || p->steps[r].n_in != 2 || p->state[v] != MTS__V_STATIC) return -1;
+    const mts__step *st = &p->steps[r];
+    *other = st->in[0] == v ? st->in[1] : st->in[0];
+    return (st->in[0] == v || st->in[1] == v) && const_value(p, *other) && p->vals[*other].dtype == MTS_DTYPE_FLOAT ? r : -1;
+}
+
+/* Whether constant c, applied elementwise to a value of shape x, is a per-position parameter of
+ * the trailing axes from `axis` on: m values with dims (leading ones dropped) equal to x's. */
+static bool ln_param(const mts__plan *p, int c, const mts_tensor *x, int axis)
+{
+    const mts_tensor *t = &p->vals[c];
+    int64_t m = 1;
+    for (int i = axis; i < x->rank; i++) m *= x->dims[i];
+    if (mts_tensor_numel(t) != m || t->rank > x->rank) return false;
+    for (int i = 0; i < t->rank; i++) {
+        int xi = x->rank - t->rank + i;
+        if (t->dims[i] != (xi < axis ? 1 : x->dims[xi])) return false;
+    }
+    return true;
+}
+
+/* A layer normalization written out as elementwise steps (older PyTorch exports, TensorFlow):
+ *     mu = ReduceMean(x); d = x - mu; v = ReduceMean(d^2) (Pow 2 or d*d); y = d / Sqrt(v + eps)
+ * over trailing axes, then optionally * gamma, + beta (constants of the normalized shape) and a
+ * Relu. It becomes one MtsLayerNorm step (kernels/fast.c) at the last step's position: nine
+ * small steps that each stored a tensor are one pass over the rows. */
+static int fuse_layernorm(mts__opt *o, mts_err *err)
+{
+    mts__plan *p = o->p;
+    for (int s = 0; s < p->n_steps; s++) {
+        int axis = trailing_mean(o, s);
+        if (axis < 0) continue;
+        int x = p->steps[s].in[0], mu = p->steps[s].out[0];
+        const mts_tensor *tx = &p->vals[x];
+        if (!live_value(p, x) || (tx->rank == 4 && p->nhwc[x]) || p->state[mu] != MTS__V_STATIC) continue;
+        int sub = sole_reader(o, mu);
+        if (!plain_step(o, sub, "Sub") || p->steps[sub].n_in != 2 || p->steps[sub].in[0] != x || p->steps[sub].in[1] != mu)
+            continue;
+        int d = p->steps[sub].out[0];
+        if (p->state[d] != MTS__V_STATIC || o->is_out[d] || !mts_shape_equal(&p->vals[d], tx)) continue;
+        int sq = -1, dv = -1, n_read = 0;
+        for (int t = 0; t < p->n_steps; t++) {
+            if (o->removed[t]) continue;
+            const mts__step *ts = &p->steps[t];
+            bool reads = false;
+            for (int j = 0; j < ts->n_in; j++) reads |= ts->in[j] == d;
+            if (!reads) continue;
+            n_read++;
+            float two = 0;
+            if (plain_step(o, t, "Pow") && ts->n_in == 2 && ts->in[0] == d && mts__const_scalar(p, ts->in[1], &two) && two == 2.0f)
+                sq = t;
+            else if (plain_step(o, t, "Mul") && ts->n_in == 2 && ts->in[0] == d && ts->in[1] == d)
+                sq = t;
+            else if (plain_step(o, t, "Div") && ts->n_in == 2 && ts->in[0] == d && ts->in[1] != d)
+                dv = t;
+        }
+        if (n_read != 2 || sq < 0 || dv < 0) continue;
+        int q = p->steps[sq].out[0], rm2 = sole_reader(o, q);
+        if (p->state[q] != MTS__V_STATIC || trailing_mean(o, rm2) != axis || p->steps[rm2].in[0] != q) continue;
+        int var = p->steps[rm2].out[0], epsv = -1;
+        int add = const_operand_reader(o, var, "Add", &epsv);
+        float eps;
+        if (add < 0 || !mts__const_scalar(p, epsv, &eps) || !(eps >= 0) || !isfinite(eps)) continue;
+        int e = p->steps[add].out[0], sr = sole_reader(o, e);
+        if (p->state[e] != MTS__V_STATIC || !plain_step(o, sr, "Sqrt") || p->steps[sr].n_in != 1) continue;
+        int sd = p->steps[sr].out[0];
+        if (p->state[sd] != MTS__V_STATIC || sole_reader(o, sd) != dv || p->steps[dv].in[1] != sd) continue;
+        int rm[12] = {s, sub, sq, rm2, add, sr}, n_rm = 6, last = dv, y = p->steps[dv].out[0];
+        int gamma = -1, beta = -1, c, r;
+        if ((r = const_operand_reader(o, y, "Mul", &c)) >= 0 && ln_param(p, c, tx, axis) &&
+            mts_shape_equal(&p->vals[p->steps[r].out[0]], tx)) {
+            rm[n_rm++] = last, last = r, y = p->steps[r].out[0], gamma = c;
+        }
+        if ((r = const_operand_reader(o, y, "Add", &c)) >= 0 && ln_param(p, c, tx, axis) &&
+            mts_shape_equal(&p->vals[p->steps[r].out[0]], tx)) {
+            rm[n_rm++] = last, last = r, y = p->steps[r].out[0], beta = c;
+        }
+        int64_t relu = 0;
+        r = sole_reader(o, y);
+        if (p->state[y] == MTS__V_STATIC && plain_step(o, r, "Relu") && p->steps[r].n_in == 1) {
+            rm[n_rm++] = last, last = r, y = p->steps[r].out[0], relu = 1;
+        }
+        mts__step *st = &p->steps[last];
+        mts_node *n = mts_pool_alloc(&p->pool, sizeof *n);
+        mts_attr *na = mts_pool_alloc(&p->pool, sizeof *na * 3);
+        int *io = mts_pool_alloc(&p->pool, sizeof(int) * 4);
+        if (!n || !na || !io) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+        const char *names[3] = {"axis", "epsilon", "mts_relu"};
+        for (int i = 0; i < 3; i++) {
+            na[i] = (mts_attr){0};
+            na[i].name = names[i];
+            na[i].type = i == 1 ? MTS_ATTR_FLOAT : MTS_ATTR_INT;
+        }
+        na[0].i = axis, na[1].f = eps, na[2].i = relu;
+        *n = *st->nd;
+        n->op_type = "MtsLayerNorm";
+        n->attrs = na;
+        n->n_attr = 3;
+        io[0] = x, io[1] = gamma, io[2] = beta, io[3] = y;
+        st->nd = n;
+        st->op = &mts_fast_layernorm_written;
+        st->cin = NULL;
+        st->in = io;
+        st->n_in = 3;
+        st->out = io + 3;
+        st->n_out = 1;
+        for (int i = 0; i < n_rm; i++) {
+            o->removed[rm[i]] = 1;
+            p->state[p->steps[rm[i]].out[0]] = MTS__V_UNUSED;
+        }
+        mts__count_uses(o);
+    }
+    return MTS_OK;
+}
+
 /* A channel Concat on channels-last data whose input comes from a nearest integer upsampling
  * (Resize) read only by the Concat: the Concat reads the Resize's input through the factors
  * (kernels/nhwc.c, attribute "mts_up") and the Resize step goes. */
@@ -630,7 +784,7 @@ static int fast_fuse(mts__opt *o, int self, mts_err *err)
 {
     (void)self;
     int rc;
-    if ((rc = fuse_softmax_scale(o, err)) || (rc = fuse_strided_matmuls(o, err)) || (rc = fuse_attention(o, err)) ||
+    if ((rc = fuse_softmax_scale(o, err)) || (rc = fuse_layernorm(o, err)) || (rc = fuse_strided_matmuls(o, err)) || (rc = fuse_attention(o, err)) ||
         (rc = fuse_channel_pool(o, err)) ||
         (rc = fuse_chains(o, err)) || (rc = fuse_upsample_concat(o, err)))
         return rc;

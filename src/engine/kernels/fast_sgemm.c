@@ -6,7 +6,9 @@
  * of these shapes.
  * The weights are packed into panels of 32 columns, [N/32][K][32] (each panel one contiguous
  * stream), and the product runs in 8-row x 32-column register tiles: per k, two vector loads of
- * the panel and eight broadcasts of A feed sixteen independent multiply-adds. The epilogue
+ * the panel and eight broadcasts of A feed sixteen independent multiply-adds; the last one to
+ * four rows (batch 1: a single row) use tiles of fewer rows across two or four panels, which
+ * keep the multiply-adds independent without computing rows that are dropped. The epilogue
  * applies the step's fused operations on the tile in registers: the bias, then in order Erf
  * GELU (a vectorized erf, relative error about 1.2e-7) and the residual Add. Panels are split
  * over the context's threads. AVX-512 only (mts_small_gemm_ok): with 8-float vectors the tile
@@ -128,58 +130,98 @@ typedef struct sg_job {
     const float *const *resid;
 } sg_job;
 
-/* Output columns [j0, j1) (multiples of 32) for every row. */
+/* One register tile: rows [i0, i0 + nr) of A (R rows computed; those past nr repeat the last
+ * and are dropped) against P panels from column jc, 2 * R * P accumulators (at most 16). Every
+ * output is the same sequential multiply-add over k whatever the tile, so a row's result does
+ * not depend on how many rows came with it. With `next`, the first pass also brings the next
+ * P panels towards L2: short streams (a panel of K = 384 is 48 KB) leave the hardware
+ * prefetcher little time to ramp up. R and P are constants at every call, so the loops unroll
+ * and the accumulators stay in registers. */
+static inline __attribute__((always_inline)) void sg_tile(const sg_job *j, int64_t i0, int nr, int R, int64_t jc, int P,
+                                                          const float *next)
+{
+    const int64_t K = j->K, N = j->N;
+    const float *ar[8];
+    for (int r = 0; r < R; r++) ar[r] = j->a + (i0 + (r < nr ? r : nr - 1)) * K;
+    const float *bp = j->bp + jc * K;
+    v16f c[16];
+    for (int q = 0; q < 2 * R * P; q++) c[q] = splat16(0);
+    for (int64_t k = 0; k < K; k++) {
+        if (next)
+            for (int p = 0; p < P; p++) {
+                __builtin_prefetch(next + p * 32 * K + k * 32, 0, 2);
+                __builtin_prefetch(next + p * 32 * K + k * 32 + 16, 0, 2);
+            }
+        for (int p = 0; p < P; p++) {
+            v16f b0 = ld16(bp + p * 32 * K + k * 32), b1 = ld16(bp + p * 32 * K + k * 32 + 16);
+            for (int r = 0; r < R; r++) {
+                v16f x = splat16(ar[r][k]);
+                c[2 * (r * P + p)] += x * b0;
+                c[2 * (r * P + p) + 1] += x * b1;
+            }
+        }
+    }
+    for (int p = 0; p < P; p++) {
+        int64_t jp = jc + 32 * p;
+        v16f bl = j->bias ? ld16(j->bias + jp) : splat16(0), bh = j->bias ? ld16(j->bias + jp + 16) : splat16(0);
+        for (int r = 0; r < nr; r++) {
+            int64_t off = (i0 + r) * N + jp;
+            v16f lo = c[2 * (r * P + p)] + bl, hi = c[2 * (r * P + p) + 1] + bh;
+            int e = 0;
+            for (int q = 0; q < j->n_post; q++) {
+                if (j->post[q].kind == MTS_DPOST_GELU) {
+                    lo = vgelu16(lo);
+                    hi = vgelu16(hi);
+                } else { /* MTS_DPOST_ADD (mts_small_gemm_posts_ok) */
+                    const float *res = j->resid[e++] + off;
+                    lo += ld16(res);
+                    hi += ld16(res + 16);
+                }
+            }
+            st16(j->c + off, lo);
+            st16(j->c + off + 16, hi);
+        }
+    }
+}
+
+/* Output columns [j0, j1) (multiples of 32) for every row: 8-row x 1-panel tiles while at
+ * least five rows are left; the last few rows (and batch-1 products) in tiles of fewer rows
+ * and more panels, so no more than a few rows' work is computed and dropped. */
 SG_CLONES static void sg_panels(const sg_job *j, int64_t j0, int64_t j1)
 {
-    const int64_t K = j->K, N = j->N, rows = j->rows;
-    for (int64_t jc = j0; jc < j1; jc += 32) {
-        const float *bp = j->bp + jc * K;
-        for (int64_t i0 = 0; i0 < rows; i0 += 8) {
-            int64_t nr = rows - i0 < 8 ? rows - i0 : 8;
-            /* rows past the end repeat the last one; computed and dropped */
-            const float *ar[8];
-            for (int r = 0; r < 8; r++) ar[r] = j->a + (i0 + (r < nr ? r : nr - 1)) * K;
-            const float *a0 = ar[0], *a1 = ar[1], *a2 = ar[2], *a3 = ar[3], *a4 = ar[4], *a5 = ar[5], *a6 = ar[6],
-                        *a7 = ar[7];
-            v16f c0 = splat16(0), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0, c8 = c0, c9 = c0,
-                 c10 = c0, c11 = c0, c12 = c0, c13 = c0, c14 = c0, c15 = c0;
-            /* the first pass over a panel brings the next one towards L2: short streams (a
-             * panel of K = 384 is 48 KB) leave the hardware prefetcher little time to ramp up */
-            const float *next = i0 == 0 && jc + 32 < j1 ? bp + 32 * K : NULL;
-            for (int64_t k = 0; k < K; k++) {
-                if (next) {
-                    __builtin_prefetch(next + k * 32, 0, 2);
-                    __builtin_prefetch(next + k * 32 + 16, 0, 2);
-                }
-                v16f b0 = ld16(bp + k * 32), b1 = ld16(bp + k * 32 + 16), x;
-                x = splat16(a0[k]), c0 += x * b0, c1 += x * b1;
-                x = splat16(a1[k]), c2 += x * b0, c3 += x * b1;
-                x = splat16(a2[k]), c4 += x * b0, c5 += x * b1;
-                x = splat16(a3[k]), c6 += x * b0, c7 += x * b1;
-                x = splat16(a4[k]), c8 += x * b0, c9 += x * b1;
-                x = splat16(a5[k]), c10 += x * b0, c11 += x * b1;
-                x = splat16(a6[k]), c12 += x * b0, c13 += x * b1;
-                x = splat16(a7[k]), c14 += x * b0, c15 += x * b1;
+    const int64_t K = j->K, rows = j->rows;
+    int64_t i0 = 0;
+    for (; rows - i0 >= 5; i0 += 8) {
+        int nr = rows - i0 < 8 ? (int)(rows - i0) : 8;
+        for (int64_t jc = j0; jc < j1; jc += 32)
+            sg_tile(j, i0, nr, 8, jc, 1, i0 == 0 && jc + 32 < j1 ? j->bp + (jc + 32) * K : NULL);
+    }
+    int left = (int)(rows - i0);
+    if (left <= 0) return;
+    for (int64_t jc = j0; jc < j1;) {
+        int64_t np = (j1 - jc) / 32;
+        bool first = i0 == 0;
+        if (left >= 3) {
+            if (np >= 2) {
+                sg_tile(j, i0, left, 4, jc, 2, first && jc + 64 < j1 ? j->bp + (jc + 64) * K : NULL);
+                jc += 64;
+            } else {
+                sg_tile(j, i0, left, 4, jc, 1, NULL);
+                jc += 32;
             }
-            v16f acc[16] = {c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15};
-            v16f bl = j->bias ? ld16(j->bias + jc) : splat16(0), bh = j->bias ? ld16(j->bias + jc + 16) : splat16(0);
-            for (int r = 0; r < nr; r++) {
-                int64_t off = (i0 + r) * N + jc;
-                v16f lo = acc[2 * r] + bl, hi = acc[2 * r + 1] + bh;
-                int e = 0;
-                for (int q = 0; q < j->n_post; q++) {
-                    if (j->post[q].kind == MTS_DPOST_GELU) {
-                        lo = vgelu16(lo);
-                        hi = vgelu16(hi);
-                    } else { /* MTS_DPOST_ADD (mts_small_gemm_posts_ok) */
-                        const float *res = j->resid[e++] + off;
-                        lo += ld16(res);
-                        hi += ld16(res + 16);
-                    }
-                }
-                st16(j->c + off, lo);
-                st16(j->c + off + 16, hi);
-            }
+        } else if (np >= 4) {
+            const float *next = first && jc + 128 < j1 ? j->bp + (jc + 128) * K : NULL;
+            if (left == 2) sg_tile(j, i0, 2, 2, jc, 4, next);
+            else sg_tile(j, i0, 1, 1, jc, 4, next);
+            jc += 128;
+        } else if (np >= 2) {
+            if (left == 2) sg_tile(j, i0, 2, 2, jc, 2, NULL);
+            else sg_tile(j, i0, 1, 1, jc, 2, NULL);
+            jc += 64;
+        } else {
+            if (left == 2) sg_tile(j, i0, 2, 2, jc, 1, NULL);
+            else sg_tile(j, i0, 1, 1, jc, 1, NULL);
+            jc += 32;
         }
     }
 }

@@ -183,6 +183,7 @@ bool mts_fast_enabled(void);
  * not handle. mts_fast_reduce serves ReduceMean, ReduceMax and ReduceSum (by the node's op_type). */
 extern const mts_op mts_fast_reduce;
 extern const mts_op mts_fast_layernorm;
+extern const mts_op mts_fast_layernorm_written; /* "MtsLayerNorm": a written-out LayerNormalization (+ Relu) */
 extern const mts_op mts_fast_softmax;  /* attribute "mts_scale" (float): softmax(x * scale) */
 extern const mts_op mts_fast_chain;    /* "MtsEltwiseChain": in[0], then the stages in INTS "ops" */
 /* "MtsStridedMatMul": Y[b0,b1] = A[b0,b1] x B[b0,b1] on strided views. INTS attributes: dims
