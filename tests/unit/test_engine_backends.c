@@ -19,6 +19,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "engine/kernels/dnnl_ops.h"
 #include "test_util.h"
 
 /* Under ThreadSanitizer, OpenMP teams (libgomp is not instrumented) give false reports: one
@@ -636,6 +637,50 @@ static void test_layernorm_written(void **state)
     compare_backends(&G, "written-out LayerNorm, opset 18", 1e-5);
 }
 
+/* 3x3 convolutions of 32 and more channels run as Winograd on AVX-512 (blocked edges converted
+ * in scratch): with a Relu post-op, a residual added before and after the activation (a sum
+ * into the destination), padding on one side only, a channels-last chain and an NCHW graph
+ * output; and two look-alikes that stay direct (stride 2, 16 channels). */
+static void test_winograd(void **state)
+{
+    (void)state;
+    graph G;
+    memset(&G, 0, sizeof G);
+    G.seed = 21;
+    io(&G, 11, "x", 4, D(-1, 32, 12, 14));
+    init_f(&G, "w1", 4, D(48, 32, 3, 3), -0.1f, 0.1f);
+    init_f(&G, "b1", 1, D(48), -0.1f, 0.1f);
+    init_f(&G, "w2", 4, D(48, 48, 3, 3), -0.1f, 0.1f);
+    init_f(&G, "w3", 4, D(48, 48, 3, 3), -0.1f, 0.1f);
+    init_f(&G, "b3", 1, D(48), -0.1f, 0.1f);
+    init_f(&G, "w4", 4, D(32, 48, 3, 3), -0.1f, 0.1f);
+    init_f(&G, "w5", 4, D(16, 32, 3, 3), -0.1f, 0.1f);
+    node(&G, "Conv", "x w1 b1", "c1", "pads=ii:1,1,1,1");
+    node(&G, "Relu", "c1", "r1", NULL);
+    node(&G, "Conv", "r1 w2", "c2", "pads=ii:1,1,1,1");
+    node(&G, "Add", "c2 r1", "a2", NULL); /* residual, then the activation */
+    node(&G, "Relu", "a2", "r2", NULL);
+    node(&G, "Conv", "r2 w3 b3", "c3", "pads=ii:1,1,1,1");
+    node(&G, "Relu", "c3", "r3", NULL);
+    node(&G, "Add", "r3 r2", "a3", NULL); /* the activation, then the residual */
+    node(&G, "Conv", "a3 w4", "y1", "pads=ii:0,1,0,1");
+    node(&G, "Conv", "a3 w4", "y2", "pads=ii:1,1,1,1 strides=ii:2,2");
+    node(&G, "Conv", "x w5", "y3", "pads=ii:1,1,1,1");
+    io(&G, 12, "y1", -1, NULL);
+    io(&G, 12, "y2", -1, NULL);
+    io(&G, 12, "y3", -1, NULL);
+    int64_t before = mts_dconv_wino_created();
+    compare_backends(&G, "winograd", 1e-5);
+    bool avx512 = false; /* oneDNN 2.x has Winograd kernels for AVX-512 only */
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    avx512 = __builtin_cpu_supports("avx512f") && !getenv("MTS_NO_WINOGRAD");
+#endif
+    if (avx512 && mts_dconv_wino_created() - before < 4)
+        fail_msg("%lld Winograd convolutions created, expected 4 or more",
+                 (long long)(mts_dconv_wino_created() - before));
+}
+
 /* Nearest upsampling read only by a convolution: the conv runs one small convolution per
  * output phase on the low-resolution source (factors 2x2 with 3x3 pad 1 + BN + Relu into a
  * channels-last conv; 3x2 with 5x5 pad 2 as a graph output, NCHW; 2x2 with 1x1; a strided
@@ -818,6 +863,7 @@ int main(void)
         cmocka_unit_test(test_upsample_conv),
         cmocka_unit_test(test_nhwc_export),
         cmocka_unit_test(test_layernorm_written),
+        cmocka_unit_test(test_winograd),
         cmocka_unit_test(test_reference_models),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -131,6 +131,8 @@ bool mts_dconv_q8(const mts_dconv *c);
  * fused activation (spec.q8_act) (for tests). */
 int64_t mts_dconv_q8_created(void);
 int64_t mts_dconv_q8_act_created(void);
+/* Convolutions created to run as Winograd so far in this process (for tests). */
+int64_t mts_dconv_wino_created(void);
 
 /* A oneDNN stream for one execution context (NULL on failure). */
 void *mts_dnnl_stream_create(void);

@@ -35,6 +35,7 @@
     X(dnnl_pooling_v2_forward_desc_init) \
     X(dnnl_matmul_desc_init) \
     X(dnnl_post_ops_append_binary) \
+    X(dnnl_post_ops_append_sum) \
     X(dnnl_post_ops_append_eltwise) \
     X(dnnl_post_ops_create) \
     X(dnnl_post_ops_destroy) \
