@@ -67,7 +67,8 @@ static bool as_postop(const mts__opt *o, const mts__step *st, int x, mts_dpost *
     if (p->vals[st->out[0]].dtype != MTS_DTYPE_FLOAT) return false;
     memset(po, 0, sizeof *po);
     *resid = -1;
-    /* x * c, x / c, x + c, x - c, c - x with c a constant float scalar: a linear post-op */
+    /* x * c, x / c, x + c, x - c, c - x with c a constant float scalar: a linear post-op;
+     * Max(x, c) and Min(x, c) (tf2onnx's floor and ceiling after an activation): a clip */
     if (st->n_in == 2 && (st->in[0] == x || st->in[1] == x) && st->in[0] != st->in[1] && st->nd->opset >= 7) {
         int k = st->in[0] == x ? st->in[1] : st->in[0];
         float c;
@@ -79,6 +80,8 @@ static bool as_postop(const mts__opt *o, const mts__step *st, int x, mts_dpost *
             else if (is_op(st, "Sub") && st->in[0] == x) po->alpha = 1.0f, po->beta = -c;
             else if (is_op(st, "Sub")) po->alpha = -1.0f, po->beta = c;
             else if (is_op(st, "Div") && st->in[0] == x && c != 0.0f) po->alpha = 1.0f / c, po->beta = 0.0f;
+            else if (is_op(st, "Max") && st->nd->opset >= 8) po->kind = MTS_DPOST_CLIP, po->alpha = c, po->beta = FLT_MAX;
+            else if (is_op(st, "Min") && st->nd->opset >= 8) po->kind = MTS_DPOST_CLIP, po->alpha = -FLT_MAX, po->beta = c;
             else po->kind = 0;
             if (po->kind) return true;
         }
