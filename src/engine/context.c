@@ -142,6 +142,7 @@ int64_t mts_ctx_bytes(const mts_ctx *c)
 
 static void unbind(mts_ctx *c)
 {
+    mts__plan_release(c->m, c->plan);
     for (int i = 0; i < c->n_slots; i++) free(c->slots[i]);
     free(c->slots);
     free(c->slot_cap);
@@ -364,11 +365,11 @@ static int mts__profile_enabled(void)
 static mts_team_arm *team_arm(mts_ctx *c, const mts__plan *p)
 {
     for (int i = 0; i < TEAM_ARMS; i++)
-        if (c->arms[i].key == p) return &c->arms[i];
+        if (c->arms[i].key == (const void *)(uintptr_t)p->id) return &c->arms[i];
     mts_team_arm *a = &c->arms[c->next_arm];
     c->next_arm = (c->next_arm + 1) % TEAM_ARMS;
     memset(a, 0, sizeof *a);
-    a->key = p;
+    a->key = (const void *)(uintptr_t)p->id; /* the plan's id: a freed plan's memory may be reused */
     return a;
 }
 
@@ -485,9 +486,21 @@ int mts__ctx_run_into(mts_ctx *c, const mts_tensor *inputs, int n_inputs, const 
     if ((rc = half_inputs(c, inputs, n_inputs, &inputs, err))) return rc;
     /* The signature of the bound plan again (every run of a fixed-shape model, every call of
      * an If branch or Loop body): no lookup under the model's lock. */
-    if (c->plan && mts__plan_same_shapes(c->plan, inputs, n_inputs)) p = c->plan;
-    else if ((rc = mts__plan_get(m, inputs, n_inputs, &p, err))) return rc;
-    if (p != c->plan && (rc = bind(c, p, err))) return rc;
+    if (c->plan && mts__plan_same_shapes(c->plan, inputs, n_inputs)) {
+        p = c->plan;
+    } else {
+        if ((rc = mts__plan_get(m, inputs, n_inputs, &p, err))) return rc;
+        if (p == c->plan) mts__plan_release(m, p); /* held already, as the bound plan */
+    }
+    if (p != c->plan) { /* the context holds the plan it is bound to, and only that one */
+        const mts__plan *old = c->plan;
+        rc = bind(c, p, err);
+        mts__plan_release(m, old);
+        if (rc) {
+            mts__plan_release(m, p);
+            return rc;
+        }
+    }
     for (int i = 0; i < n_inputs; i++) c->vals[m->inputs[i]] = inputs[i];
     place_outputs(c, p, dst);
     mts_team_arm *arm = c->threads > 1 && !c->fixed_threads && team_adapt() ? team_arm(c, p) : NULL;

@@ -97,6 +97,9 @@ int mts_model_bf16_steps(const mts_model *m);
 /* Steps whose (possibly fused) node has op type `op_type` in the model's plans built so far (the
  * most of any one plan, subgraphs' plans added): which rewrites a plan took, for tests and tools. */
 int mts_model_op_steps(const mts_model *m, const char *op_type);
+/* Plans (one per input signature) the model holds now, and in *evicted (may be NULL) how many
+ * it has freed to make room for others (MTS_MAX_PLANS, default 256, are kept). */
+int mts_model_plan_count(const mts_model *m, int64_t *evicted);
 /* Whether this CPU computes bf16 natively ("avx512_bf16", "amx_bf16") or NULL. */
 const char *mts_cpu_bf16_native(void);
 /* Checks a precision name; NULL when valid, else a message naming the accepted values. */

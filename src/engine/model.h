@@ -81,6 +81,11 @@ typedef struct mts__plan {
     int64_t activation_bytes;
     int n_bf16;            /* backend steps computing in bf16 */
     mts_pool pool;         /* folded constants and the arrays above */
+    /* Under the model's plan_lock: contexts bound to this plan (and callers between
+     * mts__plan_get and mts__plan_release), the model's plan clock at its last lookup, and
+     * an id no other plan of the model had (plans are freed and their memory reused). */
+    int users;
+    uint64_t last_use, id;
 } mts__plan;
 
 struct mts_model {
@@ -103,6 +108,8 @@ struct mts_model {
     mts__plan *plans;
     int n_plans;
     int64_t plan_bytes;
+    uint64_t plan_clock;   /* lookups so far (plan_lock) */
+    int64_t plans_evicted; /* plans freed to make room for another signature */
     mts__copy *copies;     /* misaligned initializers copied at load */
     int n_copies, cap_copies;
     int64_t copy_bytes;    /* bytes of copies held now */
@@ -136,8 +143,12 @@ int mts__ctx_run_into(mts_ctx *c, const mts_tensor *inputs, int n_inputs, const 
 /* Runs of c use `threads` intra-op threads as given, without the adaptive team choice (a
  * subgraph's context follows the run of its parent; 0 restores the default). */
 void mts__ctx_set_run_threads(mts_ctx *c, int threads);
-/* Finds or builds the plan for a signature (thread-safe). */
+/* Finds or builds the plan for a signature (thread-safe) and holds it: the caller releases it
+ * with mts__plan_release (a context holds the plan it is bound to until it rebinds or is
+ * freed). At the model's plan limit the least recently looked-up plan nobody holds is freed
+ * to make room. */
 int mts__plan_get(mts_model *m, const mts_tensor *inputs, int n, const mts__plan **out, mts_err *err);
+void mts__plan_release(mts_model *m, const mts__plan *p);
 void mts__plan_free_all(mts_model *m);
 /* Graph optimizer and layout pass (optimize.c): rewrites p->steps for the enabled backends. */
 int mts__optimize(mts_model *m, mts__plan *p, mts_err *err);

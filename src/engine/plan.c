@@ -28,6 +28,19 @@
 #define MTS__FOLD_MAX_BYTES ((int64_t)256 << 20)
 #define MTS__MAX_PLANS 256
 
+/* Plans a model keeps (MTS_MAX_PLANS, default 256): one per input signature seen, the least
+ * recently used one freed to make room for a new signature beyond that. */
+static int max_plans(void)
+{
+    static int v;
+    if (!v) {
+        const char *e = getenv("MTS_MAX_PLANS");
+        int n = e ? atoi(e) : 0;
+        v = n >= 1 && n <= 65536 ? n : MTS__MAX_PLANS;
+    }
+    return v;
+}
+
 bool mts__plan_same_shapes(const mts__plan *p, const mts_tensor *in, int n)
 {
     if (p->n_sig != n) return false;
@@ -441,13 +454,28 @@ int mts__plan_get(mts_model *m, const mts_tensor *inputs, int n, const mts__plan
     pthread_mutex_lock(&m->plan_lock);
     for (mts__plan *p = m->plans; p; p = p->next)
         if (sig_match(p, inputs, n)) {
+            p->users++;
+            p->last_use = ++m->plan_clock;
             *out = p;
             pthread_mutex_unlock(&m->plan_lock);
             return MTS_OK;
         }
-    if (m->n_plans >= MTS__MAX_PLANS) {
-        pthread_mutex_unlock(&m->plan_lock);
-        return mts_err_set(err, MTS_ELIMIT, "%s: more than %d distinct input shapes", m->path, MTS__MAX_PLANS);
+    int limit = max_plans();
+    while (m->n_plans >= limit) { /* make room: the least recently used plan nobody holds */
+        mts__plan **victim = NULL;
+        for (mts__plan **pp = &m->plans; *pp; pp = &(*pp)->next)
+            if ((*pp)->users == 0 && (!victim || (*pp)->last_use < (*victim)->last_use)) victim = pp;
+        if (!victim) {
+            pthread_mutex_unlock(&m->plan_lock);
+            return mts_err_set(err, MTS_ELIMIT, "%s: %d distinct input shapes are in use at once (the limit)", m->path,
+                               limit);
+        }
+        mts__plan *v = *victim;
+        *victim = v->next;
+        m->n_plans--;
+        m->plan_bytes -= (int64_t)v->pool.bytes;
+        m->plans_evicted++;
+        plan_free(v);
     }
     mts__plan *p = NULL;
     rc = build(m, inputs, n, &p, err);
@@ -456,10 +484,30 @@ int mts__plan_get(mts_model *m, const mts_tensor *inputs, int n, const mts__plan
         m->plans = p;
         m->n_plans++;
         m->plan_bytes += (int64_t)p->pool.bytes;
+        p->users = 1;
+        p->last_use = ++m->plan_clock;
+        p->id = m->plan_clock;
         *out = p;
     }
     pthread_mutex_unlock(&m->plan_lock);
     return rc;
+}
+
+void mts__plan_release(mts_model *m, const mts__plan *p)
+{
+    if (!p) return;
+    pthread_mutex_lock(&m->plan_lock);
+    ((mts__plan *)p)->users--;
+    pthread_mutex_unlock(&m->plan_lock);
+}
+
+int mts_model_plan_count(const mts_model *m, int64_t *evicted)
+{
+    pthread_mutex_lock((pthread_mutex_t *)&m->plan_lock);
+    int n = m->n_plans;
+    if (evicted) *evicted = m->plans_evicted;
+    pthread_mutex_unlock((pthread_mutex_t *)&m->plan_lock);
+    return n;
 }
 
 void mts__plan_free_all(mts_model *m)
@@ -481,6 +529,7 @@ int mts_model_analyze(mts_model *m, const mts_tensor *inputs, int n_inputs, doub
     if (rc) return rc;
     *flops = p->flops;
     *act = p->activation_bytes;
+    mts__plan_release(m, p);
     return MTS_OK;
 }
 

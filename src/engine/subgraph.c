@@ -309,6 +309,7 @@ int mts_subgraph_shapes(mts_kctx *k, mts_model *g, const mts_tensor *formal, int
         out[i] = p->vals[v];
         out[i].data = NULL;
     }
+    mts__plan_release(g, p);
     return MTS_OK;
 }
 

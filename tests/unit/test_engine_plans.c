@@ -10,7 +10,11 @@
  *    under ASan, where weight copies come from malloc);
  *  - concurrent: two threads run the batch-1 plan over and over while a third builds plans for
  *    new batch sizes in a fresh model, each thread with its own one-thread context (the
- *    server's workers sharing a model under dynamic batching).
+ *    server's workers sharing a model under dynamic batching);
+ *  - eviction: the binary runs with MTS_MAX_PLANS=3, so the two checks above also free plans
+ *    while others are held and run; then one context walks batches 1..6 twice (the second pass
+ *    rebuilds evicted plans; outputs identical bit for bit), and with three contexts each
+ *    holding a plan a fourth signature is refused until one of them is freed.
  */
 #include <pthread.h>
 #include <setjmp.h>
@@ -184,9 +188,72 @@ static void test_concurrent_plan_builds(void **state)
     free(expected);
 }
 
+static void test_plan_eviction(void **state)
+{
+    (void)state;
+    char path[4096] = "";
+    for (size_t i = 0; i < N_MODELS && !path[0]; i++) {
+        test_path(path, sizeof path, MODELS[i]);
+        if (!exists(path)) path[0] = 0;
+    }
+    if (!path[0]) {
+        printf("plans: no model with a batch dimension generated; skipped\n");
+        return;
+    }
+    mts_err err = {0};
+    mts_model *m;
+    assert_int_equal(mts_model_load(path, &OPTS, &m, &err), 0);
+    mts_ctx *c;
+    assert_int_equal(mts_ctx_create(m, 1, &c, &err), 0);
+    float *first[7] = {0};
+    int64_t n[7], n2, evicted = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (int64_t b = 1; b <= 6; b++) {
+            float *o = run_copy(m, c, b, &n2);
+            assert_true(mts_model_plan_count(m, &evicted) <= 3);
+            if (!pass) {
+                first[b] = o, n[b] = n2;
+                continue;
+            }
+            assert_int_equal(n2, n[b]);
+            if (memcmp(o, first[b], (size_t)n2 * sizeof(float)))
+                fail_msg("%s batch %lld: outputs differ after its plan was evicted and rebuilt", path, (long long)b);
+            free(o);
+        }
+    printf("plans: %s, limit 3: 12 runs over 6 batch sizes, %lld plans evicted, outputs identical\n", path,
+           (long long)evicted);
+    assert_true(evicted >= 9);
+    /* three contexts hold three plans: a fourth signature cannot evict any of them */
+    mts_ctx_free(c); /* c held batch 6's plan */
+    mts_ctx *h[3];
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(mts_ctx_create(m, 1, &h[i], &err), 0);
+        free(run_copy(m, h[i], i + 1, &n2));
+    }
+    mts_model_info info;
+    mts_model_get_info(m, &info);
+    mts_tensor *in = test_make_inputs(m, 4, 7);
+    const mts_tensor *out[16];
+    assert_int_equal(mts_ctx_create(m, 1, &c, &err), 0);
+    int rc = mts_ctx_run(c, in, info.n_inputs, out, &err);
+    assert_int_equal(rc, MTS_ELIMIT);
+    assert_non_null(strstr(err.msg, "in use at once"));
+    mts_ctx_free(h[0]);
+    err = (mts_err){0};
+    if (mts_ctx_run(c, in, info.n_inputs, out, &err)) fail_msg("batch 4 after a plan was let go: %s", err.msg);
+    assert_true(mts_model_plan_count(m, NULL) <= 3);
+    test_free_inputs(m, in);
+    for (int i = 1; i < 3; i++) mts_ctx_free(h[i]);
+    mts_ctx_free(c);
+    for (int b = 1; b <= 6; b++) free(first[b]);
+    mts_model_free(m);
+}
+
 int main(void)
 {
+    setenv("MTS_MAX_PLANS", "3", 1); /* before any plan: every test here runs at the limit */
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_sequential_batch_switch),
-                                       cmocka_unit_test(test_concurrent_plan_builds)};
+                                       cmocka_unit_test(test_concurrent_plan_builds),
+                                       cmocka_unit_test(test_plan_eviction)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -707,6 +707,38 @@ static bool dnnl_enabled(int kind)
     return kind == MTS_BACKEND_DEFAULT;
 }
 
+/* Which convolutions run as Winograd (dnnl_conv.c, mts_dconv_wino_ok): its transformed weights
+ * take up to 4x a kernel's bytes, so the eligible convolutions are taken in order of output
+ * pixels (the speed gained per weight byte grows with them: the multiply-adds saved scale with
+ * pixels x weights) while their extra bytes stay within 10 % of the model's parameter bytes
+ * (at least 2 MB), keeping resident memory near the 1.2x target. */
+static void choose_winograd(const mts_model *m, cinfo *ci, int n)
+{
+    int *order = malloc(sizeof(int) * (size_t)(n + 1)), k = 0;
+    if (!order) return; /* none: direct convolutions */
+    for (int i = 0; i < n; i++) {
+        ci[i].spec.wino = false;
+        if (mts_dconv_wino_ok(&ci[i].spec)) order[k++] = i;
+    }
+    for (int i = 1; i < k; i++) { /* by output pixels, most first (insertion sort; few) */
+        int v = order[i], j = i;
+        int64_t pv = ci[v].spec.g.out[1] * ci[v].spec.g.out[2];
+        while (j > 0 && ci[order[j - 1]].spec.g.out[1] * ci[order[j - 1]].spec.g.out[2] < pv) {
+            order[j] = order[j - 1];
+            j--;
+        }
+        order[j] = v;
+    }
+    double budget = fmax(0.10 * (double)m->param_bytes, 2e6), used = 0;
+    for (int i = 0; i < k; i++) {
+        double extra = (double)mts_dconv_wino_extra_bytes(&ci[order[i]].spec);
+        if (used + extra > budget) continue;
+        used += extra;
+        ci[order[i]].spec.wino = true;
+    }
+    free(order);
+}
+
 /* Claims convolutions, pools and constant-weight MatMul/Gemm with their fusions. */
 static int dnnl_claim(mts__opt *o, int self, void **mstate, mts_err *err)
 {
@@ -838,6 +870,7 @@ static int dnnl_claim(mts__opt *o, int self, void **mstate, mts_err *err)
         for (int j = 0; j < c->n_resid; j++) st->in[1 + j] = c->resid[j];
         o->prod[cur] = s;
     }
+    choose_winograd(m, ci, d->nci);
     return MTS_OK;
 }
 

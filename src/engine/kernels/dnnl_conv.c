@@ -798,27 +798,40 @@ static dnnl_status_t wino_attr(const mts_dconv_spec *s, dnnl_primitive_attr_t *o
     return st;
 }
 
-/* Whether a convolution runs as Winograd (oneDNN's F(2x2,3x3) / F(4x4,3x3) kernels on AVX-512):
- * fp32, 2-D, 3x3, stride 1, no dilation, padding at most 1, one group, at least 32 channels in
- * and out (channel counts multiples of 16, as the kernels need). Those kernels read and write
- * the 16-channel blocked layout, so the step's edges convert to and from it in scratch memory;
- * measured on AVX-512 with the conversions included (2 threads), 1.7-2.6x faster than the
- * direct kernel from 32 channels and 20x20 pixels up, a wash below. Its rounding differs from the
- * direct kernel's (relative L2 about 1e-6 against a double-precision reference, direct 2e-7).
- * MTS_NO_WINOGRAD=1 keeps every convolution direct. */
-static bool wino_eligible(const mts_dconv_spec *s)
+/* Whether a convolution may run as Winograd (oneDNN's F(2x2,3x3) / F(4x4,3x3) kernels on
+ * AVX-512): fp32, 2-D, 3x3, stride 1, no dilation, padding at most 1, one group, at least 32
+ * channels in and out (channel counts multiples of 16, as the kernels need). Those kernels read
+ * and write the 16-channel blocked layout, so the step's edges convert to and from it in scratch
+ * memory; measured on AVX-512 with the conversions included (2 threads), 1.7-2.6x faster than
+ * the direct kernel from 32 channels and 20x20 pixels up, a wash below. Its rounding differs
+ * from the direct kernel's (relative L2 about 1e-6 against a double-precision reference, direct
+ * 2e-7). The transformed weights take up to 4x the kernel's bytes, so the planner chooses which
+ * convs get it within a memory budget (kernels/dnnl_backend.c), and the transformed tiles need
+ * scratch memory (bounded below). MTS_NO_WINOGRAD=1 keeps every convolution direct. */
+bool mts_dconv_wino_ok(const mts_dconv_spec *s)
 {
     static int off = -1;
     if (off < 0) off = getenv("MTS_NO_WINOGRAD") != NULL;
     const mts_conv_geom *g = &s->g;
-    if (off || s->kind != MTS_DPRIM_CONV || s->q8 || s->bf16 || s->src_bf16 || s->dst_bf16 || g->nsp != 2 || g->group != 1)
+    if (off || s->kind != MTS_DPRIM_CONV || s->q8 || s->bf16 || s->src_bf16 || s->dst_bf16 || g->nsp != 2 ||
+        g->group != 1 || s->up[0] * s->up[1] > 1)
         return false;
     if (g->C < 32 || g->M < 32 || g->C % 16 || g->M % 16 || g->out[1] * g->out[2] < 64) return false;
+    /* the transformed tiles live in the context's scratch: about 36/16 of the source and
+     * destination for F(4x4,3x3); above 16 MB a run (high resolution, large batches) the conv
+     * stays direct, so contexts do not grow by more than that */
+    double tiles = 2.25 * (double)(g->C + g->M) * (double)(g->out[1] * g->out[2]) * (double)g->N * sizeof(float);
+    if (tiles > 16e6) return false;
     for (int i = 1; i < 3; i++)
         if (g->k[i] != 3 || g->s[i] != 1 || g->d[i] != 1 || g->pb[i] > 1 || g->pe[i] > 1) return false;
     for (int i = 0; i < s->n_post; i++)
         if (s->post[i].kind == MTS_DPOST_ADD && s->post[i].bf16) return false;
     return true;
+}
+
+int64_t mts_dconv_wino_extra_bytes(const mts_dconv_spec *s)
+{
+    return 4 * s->g.M * s->g.C * 9 * (int64_t)sizeof(float);
 }
 
 static int create_one(const mts_dconv_spec *s, mts_dconv **out, mts_err *err)
@@ -957,7 +970,7 @@ static int create_one(const mts_dconv_spec *s, mts_dconv **out, mts_err *err)
                 direct = false;
             }
         }
-        if (!direct && wino_eligible(s)) {
+        if (!direct && s->wino && mts_dconv_wino_ok(s)) {
             /* the blocked layout on every edge; back to channels-last when oneDNN declines (a
              * post-op it does not take) */
             dnnl_memory_desc_t keep[N_EDGES];

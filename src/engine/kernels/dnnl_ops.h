@@ -69,6 +69,8 @@ typedef struct mts_dconv_spec {
     bool src_bf16;       /* bf16: the source tensor already holds bf16 values (written by a bf16
                           * step with dst_bf16), in the planner's layout */
     bool dst_bf16;       /* bf16: write the destination as bf16 (its readers are bf16 steps) */
+    bool wino;           /* run as Winograd where oneDNN can (the planner sets it for convs that
+                          * pass mts_dconv_wino_ok, within the model's memory budget) */
     /* int8 convolution (QLinearConv / ConvInteger, kind MTS_DPRIM_CONV, no post-ops): q8 set,
      * w and b unused. Source uint8 or int8 (q8_src), weights int8 in the ONNX layout (qw),
      * destination uint8 / int8 with output scales qscale (one per output channel, or one when
@@ -105,6 +107,11 @@ typedef struct mts_dconv mts_dconv;
 bool mts_dconv_up_ok(const mts_dconv_spec *s);
 /* Packed weight bytes the phase convolutions of s need beyond the plain convolution's. */
 int64_t mts_dconv_up_extra_bytes(const mts_dconv_spec *s);
+/* Whether s may run as Winograd (fp32 3x3 stride-1 2-D, 32+ channels; MTS_NO_WINOGRAD unset),
+ * and the weight bytes that would add at most (the transformed weights, up to 4x the kernel's,
+ * plus the plain copy the step keeps, less the usual packed copy). */
+bool mts_dconv_wino_ok(const mts_dconv_spec *s);
+int64_t mts_dconv_wino_extra_bytes(const mts_dconv_spec *s);
 
 /* Creates the primitive (MTS_EUNSUPPORTED when oneDNN has no good implementation). */
 int mts_dconv_create(const mts_dconv_spec *s, mts_dconv **out, mts_err *err);
