@@ -95,7 +95,8 @@ const mts_precision_info *mts_model_precision(const mts_model *m);
  * subgraphs' plans added; 0 for an fp32 model). */
 int mts_model_bf16_steps(const mts_model *m);
 /* Steps whose (possibly fused) node has op type `op_type` in the model's plans built so far (the
- * most of any one plan, subgraphs' plans added): which rewrites a plan took, for tests and tools. */
+ * most of any one plan, subgraphs' plans added): which rewrites a plan took, for tests and tools.
+ * "OP/ATTR" counts those whose integer attribute ATTR is set ("Concat/mts_out_bf16"). */
 int mts_model_op_steps(const mts_model *m, const char *op_type);
 /* Plans (one per input signature) the model holds now, and in *evicted (may be NULL) how many
  * it has freed to make room for others (MTS_MAX_PLANS, default 256, are kept). */

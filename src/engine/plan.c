@@ -539,7 +539,13 @@ static int op_steps(mts_model *m, const char *op_type)
     pthread_mutex_lock(&m->plan_lock);
     for (const mts__plan *p = m->plans; p; p = p->next) {
         int k = 0;
-        for (int s = 0; s < p->n_steps; s++) k += p->steps[s].nd && !strcmp(p->steps[s].nd->op_type, op_type);
+        const char *slash = strchr(op_type, '/');
+        size_t len = slash ? (size_t)(slash - op_type) : strlen(op_type);
+        for (int s = 0; s < p->n_steps; s++) {
+            const mts_node *nd = p->steps[s].nd;
+            k += nd && strlen(nd->op_type) == len && !strncmp(nd->op_type, op_type, len) &&
+                 (!slash || mts_attr_int(nd, slash + 1, 0) != 0);
+        }
         n = k > n ? k : n;
     }
     pthread_mutex_unlock(&m->plan_lock);

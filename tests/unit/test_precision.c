@@ -104,6 +104,47 @@ static void test_lipsync_bf16_pixels(void **state)
     }
 }
 
+/* bf16 plans hand bf16 tensors on between steps: a decoder's skip Concat read only by bf16
+ * convolutions converts as it copies (kernels/nhwc.c). The outputs are the same bits as with
+ * every hand-off in fp32 (MTS_BF16_NO_HANDOFF, each convolution converting its own source),
+ * since both round the same floats to nearest even. */
+static void test_bf16_handoff_bits(void **state)
+{
+    (void)state;
+    char path[4096];
+    if (!model_path(path, sizeof path, "lipsync_unet_w8")) return;
+    setenv("MTS_BF16_NO_HANDOFF", "1", 1);
+    mts_model *plain = load(path, "bf16", 0, NULL);
+    if (strcmp(mts_model_precision(plain)->effective, "bf16")) {
+        unsetenv("MTS_BF16_NO_HANDOFF");
+        printf("precision: no bf16 kernels here; hand-off check skipped\n");
+        mts_model_free(plain);
+        return;
+    }
+    /* its batch-2 plan is built now, while hand-offs are off */
+    mts_tensor *in = test_make_inputs(plain, 2, 7);
+    mts_model_info info;
+    mts_model_get_info(plain, &info);
+    mts_ctx *c;
+    mts_err err = {0};
+    const mts_tensor *o[8];
+    assert_int_equal(mts_ctx_create(plain, 1, &c, &err), 0);
+    if (mts_ctx_run(c, in, info.n_inputs, o, &err)) fail_msg("run: %s", err.msg);
+    mts_ctx_free(c);
+    test_free_inputs(plain, in);
+    unsetenv("MTS_BF16_NO_HANDOFF");
+    mts_model *handoff = load(path, "bf16", 0, NULL);
+    double d = max_abs_diff(plain, handoff, 2);
+    int cats = mts_model_op_steps(handoff, "Concat/mts_out_bf16"), cats0 = mts_model_op_steps(plain, "Concat/mts_out_bf16");
+    printf("precision: lipsync_unet_w8 bf16 with and without hand-offs: max abs diff %g, bf16 Concats %d and %d\n", d,
+           cats, cats0);
+    assert_true(cats >= 4);
+    assert_int_equal(cats0, 0);
+    assert_true(d == 0);
+    mts_model_free(plain);
+    mts_model_free(handoff);
+}
+
 static void test_guard_rejects(void **state)
 {
     (void)state;
@@ -180,6 +221,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lipsync_bf16_pixels),
+        cmocka_unit_test(test_bf16_handoff_bits),
         cmocka_unit_test(test_guard_rejects),
         cmocka_unit_test(test_int8_and_names),
         cmocka_unit_test(test_calibration_files),

@@ -884,13 +884,24 @@ static bool dnnl_layout_anchor(const mts__opt *o, int self, int s)
 /* Whether a bf16 step may write its destination as bf16: a plain convolution (the
  * depth-to-space and upsampling forms scatter floats) whose output is no graph output and is
  * read only by bf16 convolutions or MatMuls, as their source. */
+static bool bf16_readers(const mts__opt *o, const dnnl_opt *d, int v);
+
 static bool bf16_out_ok(const mts__opt *o, const dnnl_opt *d, const cinfo *c)
 {
     const mts__plan *p = o->p;
-    int v = p->steps[c->step].out[0], readers = 0;
+    int v = p->steps[c->step].out[0];
     if (!c->spec.bf16 || c->spec.kind != MTS_DPRIM_CONV || c->spec.up[0] * c->spec.up[1] > 1 || v < 0 ||
         o->is_out[v] || p->state[v] != MTS__V_STATIC)
         return false;
+    return bf16_readers(o, d, v);
+}
+
+/* Whether value v is read only by bf16 convolutions or MatMuls, as their source (and at least
+ * once). */
+static bool bf16_readers(const mts__opt *o, const dnnl_opt *d, int v)
+{
+    const mts__plan *p = o->p;
+    int readers = 0;
     for (int s = 0; s < p->n_steps; s++) {
         if (o->removed[s]) continue;
         const mts__step *st = &p->steps[s];
@@ -928,6 +939,31 @@ static void bf16_handoff(mts__opt *o, dnnl_opt *d)
                 d->ci[i].spec.dst_bf16 = true;
                 vb[p->steps[d->ci[i].step].out[0]] = 1;
             }
+    /* A channels-last channel Concat of float tensors whose readers are all bf16 convolutions
+     * (a UNet decoder's skip concat) writes bf16, converting as it copies (kernels/nhwc.c): its
+     * output is half the bytes and the convolution reads it without a conversion of its own. */
+    for (int s = 0; !getenv("MTS_BF16_NO_HANDOFF") && s < p->n_steps; s++) {
+        mts__step *st = &p->steps[s];
+        if (o->removed[s] || st->kind != MTS__S_KERNEL || st->dynamic || !is_op(st, "Concat") || st->n_out != 1) continue;
+        int v = st->out[0];
+        int64_t ax = mts_attr_int(st->nd, "axis", 1);
+        if (v < 0 || !is_cand(o, v) || !p->nhwc[v] || o->is_out[v] || p->vals[v].dtype != MTS_DTYPE_FLOAT ||
+            (ax != 1 && ax != -3))
+            continue;
+        bool ok = true;
+        for (int j = 0; j < st->n_in; j++)
+            ok &= st->in[j] >= 0 && p->vals[st->in[j]].dtype == MTS_DTYPE_FLOAT && p->vals[st->in[j]].rank == 4 &&
+                  !vb[st->in[j]];
+        if (!ok || !bf16_readers(o, d, v)) continue;
+        mts_attr a = {0};
+        a.name = "mts_out_bf16";
+        a.type = MTS_ATTR_INT;
+        a.i = 1;
+        mts_node *n = mts__node_with_attr(p, st, NULL, a);
+        if (!n) continue; /* out of memory: an fp32 hand-off */
+        st->nd = n;
+        vb[v] = 1;
+    }
     for (int i = 0; i < d->nci; i++) {
         cinfo *c = &d->ci[i];
         c->spec.src_bf16 = vb[p->steps[c->step].in[0]];

@@ -122,7 +122,7 @@ static int fuse_channel_pool(mts__opt *o, mts_err *err)
     mts__plan *p = o->p;
     for (int s = 0; s < p->n_steps; s++) {
         mts__step *st = &p->steps[s];
-        if (!plain_step(o, s, "Concat") || st->n_in != 2) continue;
+        if (!plain_step(o, s, "Concat") || st->n_in != 2 || mts_attr_int(st->nd, "mts_out_bf16", 0)) continue;
         int y = st->out[0];
         int64_t axc = mts_attr_int(st->nd, "axis", 1);
         if ((axc != 1 && axc != -3) || !is_cand(o, y) || !p->nhwc[y] || p->vals[y].dtype != MTS_DTYPE_FLOAT) continue;

@@ -7,9 +7,13 @@
  *     nearest upsampling by integer factors (INTS attribute "mts_up": sh, sw per input, set when
  *     the optimizer folds a Resize read only by the Concat), so UNet decoders write the
  *     upsampled tensor once, into its channel slice, instead of writing it and copying it;
+ *     with attribute "mts_out_bf16" (bf16 plans: every reader is a bf16 convolution) the
+ *     float inputs are converted to bfloat16 as they are copied;
  *   - a Transpose between NCHW and NHWC order whose NCHW side is stored channels-last: a copy;
  *   - a graph output copied (Identity, no-op Cast) from channels-last data: a transpose.
  */
+#include <stdbool.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "engine/kernels/kernel.h"
@@ -28,6 +32,21 @@ static void copy_runs(char *dst, size_t ds, const char *src, size_t ss, size_t p
         for (int64_t r = 0; r < n; r++, dst += ds, src += ss) memcpy(dst, src, px);
     }
 #undef RUNS
+}
+
+/* As copy_runs, converting runs of c floats to bfloat16 (round to nearest even, NaN kept quiet:
+ * oneDNN's conversion, bit for bit). */
+static void cvt_runs(char *dst, size_t ds, const char *src, size_t ss, int64_t c, int64_t n)
+{
+    for (int64_t r = 0; r < n; r++, dst += ds, src += ss) {
+        const uint32_t *s = (const void *)src;
+        uint16_t *d = (void *)dst;
+        for (int64_t i = 0; i < c; i++) {
+            uint32_t x = s[i];
+            uint32_t q = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+            d[i] = (uint16_t)((x & 0x7fffffffu) > 0x7f800000u ? (x >> 16) | 0x40u : q);
+        }
+    }
 }
 
 static void split(int64_t n, int ithr, int nthr, int64_t *lo, int64_t *hi)
@@ -80,33 +99,38 @@ static int up_nearest_run(mts_kctx *k)
 
 typedef struct cat_job {
     const mts_kctx *k;
+    bool bf16; /* attribute mts_out_bf16: float inputs, the output written as bfloat16 */
 } cat_job;
 
 static void cat_part(void *arg, int ithr, int nthr)
 {
-    const mts_kctx *k = ((const cat_job *)arg)->k;
+    const cat_job *j = arg;
+    const mts_kctx *k = j->k;
     const mts_tensor *y = &k->out[0];
-    size_t es = mts_dtype_size(y->dtype), opx = (size_t)y->dims[3] * es;
+    size_t es = mts_dtype_size(y->dtype), oes = j->bf16 ? 2 : es, opx = (size_t)y->dims[3] * oes;
     int64_t rows = y->dims[0] * y->dims[1] * y->dims[2], lo, hi;
     split(rows, ithr, nthr, &lo, &hi);
     size_t off = 0;
     for (int i = 0; i < k->n_in; i++) {
         const mts_tensor *x = k->in[i];
         size_t px = (size_t)x->dims[3] * es;
-        copy_runs((char *)y->data + (size_t)lo * opx + off, opx, (const char *)x->data + (size_t)lo * px, px, px,
-                  hi - lo);
-        off += px;
+        char *dst = (char *)y->data + (size_t)lo * opx + off;
+        const char *src = (const char *)x->data + (size_t)lo * px;
+        if (j->bf16) cvt_runs(dst, opx, src, px, x->dims[3], hi - lo);
+        else copy_runs(dst, opx, src, px, px, hi - lo);
+        off += (size_t)x->dims[3] * oes;
     }
 }
 
 /* With upsampled inputs: by output rows [n, y]; input i's row is y / sh_i, pixel x / sw_i. */
 static void cat_up_part(void *arg, int ithr, int nthr)
 {
-    const mts_kctx *k = ((const cat_job *)arg)->k;
+    const cat_job *j = arg;
+    const mts_kctx *k = j->k;
     int n_up = 0;
     const int64_t *up = mts_attr_ints(k->node, "mts_up", &n_up);
     const mts_tensor *y = &k->out[0];
-    size_t es = mts_dtype_size(y->dtype), opx = (size_t)y->dims[3] * es;
+    size_t es = mts_dtype_size(y->dtype), oes = j->bf16 ? 2 : es, opx = (size_t)y->dims[3] * oes;
     int64_t OH = y->dims[1], OW = y->dims[2], lo, hi;
     split(y->dims[0] * OH, ithr, nthr, &lo, &hi);
     for (int64_t r = lo; r < hi; r++) {
@@ -118,15 +142,21 @@ static void cat_up_part(void *arg, int ithr, int nthr)
             size_t px = (size_t)x->dims[3] * es;
             int64_t sh = up[2 * i], sw = up[2 * i + 1], IH = x->dims[1], IW = x->dims[2];
             const char *src = (const char *)x->data + (size_t)((n * IH + oy / sh) * IW) * px;
-            for (int64_t s = 0; s < sw; s++) copy_runs(dst + off + (size_t)s * opx, (size_t)sw * opx, src, px, px, IW);
-            off += px;
+            for (int64_t s = 0; s < sw; s++) {
+                if (j->bf16) cvt_runs(dst + off + (size_t)s * opx, (size_t)sw * opx, src, px, x->dims[3], IW);
+                else copy_runs(dst + off + (size_t)s * opx, (size_t)sw * opx, src, px, px, IW);
+            }
+            off += (size_t)x->dims[3] * oes;
         }
     }
 }
 
 static int concat_run(mts_kctx *k)
 {
-    cat_job j = {k};
+    cat_job j = {k, mts_attr_int(k->node, "mts_out_bf16", 0) != 0};
+    for (int i = 0; j.bf16 && i < k->n_in; i++)
+        if (k->in[i]->dtype != MTS_DTYPE_FLOAT || k->out[0].dtype != MTS_DTYPE_FLOAT)
+            return mts_err_set(k->err, MTS_EINVAL, "bf16-writing Concat needs float tensors");
     int n_up = 0;
     const int64_t *up = mts_attr_ints(k->node, "mts_up", &n_up);
     bool scaled = false;
