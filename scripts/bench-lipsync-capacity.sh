@@ -21,7 +21,10 @@
 # About 3-4 minutes per model.
 # Knobs: MODELS, FRAMES (16), THREADS (2), LEVEL_S (15), FPS2 (auto), ITERS (engine runs, 6),
 # IOBUF_MB (the server's MTS_IOBUF_CACHE_MB; unset: the server's own policy), PRECISION (fp32 |
-# bf16 | auto | int8: the model's precision in the server and in the bare engine run, fp32).
+# bf16 | auto | int8: the model's precision in the server and in the bare engine run, fp32),
+# ENGINE_BATCH (the model's engine_batch: a request's frames run in engine runs of at most this
+# many; the bare engine is then measured at that batch size, so the bound is its throughput;
+# unset: one run per request, engine measured at FRAMES).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=/usr/bin/python3
@@ -33,6 +36,7 @@ LEVEL_S=${LEVEL_S:-15}
 FPS2=${FPS2:-}
 ITERS=${ITERS:-6}
 PRECISION=${PRECISION:-fp32}
+ENGINE_BATCH=${ENGINE_BATCH:-}
 AVATAR=models/out/avatar
 TMP=$(mktemp -d)
 SERVER=
@@ -43,9 +47,10 @@ cleanup() {
 trap cleanup EXIT
 [ -f "$AVATAR/crop_rects.json" ] || $PY models/gen/avatar.py assets "$AVATAR"
 
-engine() { # MODEL -> frames/s at batch FRAMES
-  echo "bare engine: mtserve run $1 --batch $FRAMES --threads $THREADS --iters $ITERS --precision $PRECISION" >&2
-  "$MTSERVE" run "models/out/$1.onnx" --batch "$FRAMES" --threads "$THREADS" --iters "$ITERS" --precision "$PRECISION" --json |
+engine() { # MODEL -> frames/s at batch FRAMES (or ENGINE_BATCH)
+  local b=${ENGINE_BATCH:-$FRAMES}
+  echo "bare engine: mtserve run $1 --batch $b --threads $THREADS --iters $ITERS --precision $PRECISION" >&2
+  "$MTSERVE" run "models/out/$1.onnx" --batch "$b" --threads "$THREADS" --iters "$ITERS" --precision "$PRECISION" --json |
     $PY -c 'import json,sys; print(json.load(sys.stdin)["throughput_per_s"])'
 }
 
@@ -54,6 +59,7 @@ start_server() { # MODEL
   ln -s "$PWD/models/out/$1.onnx" "$TMP/repo/$1/model.onnx"
   printf 'preload: true\nmax_batch: %d\nmax_queue_delay_us: 2000\nbackground_dir: %s\ncrop_rects_path: %s\nnum_frames: 100\nbackground_cache_frames: 100\nprecision: %s\n' \
     "$FRAMES" "$PWD/$AVATAR/frames" "$PWD/$AVATAR/crop_rects.json" "$PRECISION" > "$TMP/repo/$1/config.yaml"
+  if [ -n "$ENGINE_BATCH" ]; then echo "engine_batch: $ENGINE_BATCH" >> "$TMP/repo/$1/config.yaml"; fi
   cat > "$TMP/config.yaml" <<EOT
 server:
   http_port: 0
@@ -119,13 +125,13 @@ for MODEL in $MODELS; do
   echo "$MODEL $before $after $fps" >> "$TMP/engines.txt"
 done
 
-$PY - "$TMP" "$FRAMES" "$THREADS" "$PRECISION" <<'PYEOF'
+$PY - "$TMP" "$FRAMES" "$THREADS" "$PRECISION" "${ENGINE_BATCH:-$FRAMES}" <<'PYEOF'
 import json, os, sys
-tmp, frames, threads, precision = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+tmp, frames, threads, precision, ebatch = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5])
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
 print(f"CPU: {cpu}, {os.cpu_count()} cores; {threads} engine threads, 1 worker; requests of {frames} frames; "
-      f"precision {precision} (server and bare engine)\n")
-print("| model | engine frames/s (batch %d) | bound at 25 FPS | user rate | bound at that rate | users, InferBatch (raw) | users, InferBatchComposite (JPEG) | composite / raw | raw / bound | composite / bound |" % frames)
+      f"precision {precision} (server and bare engine)" + (f"; engine_batch {ebatch}" if ebatch != frames else "") + "\n")
+print("| model | engine frames/s (batch %d) | bound at 25 FPS | user rate | bound at that rate | users, InferBatch (raw) | users, InferBatchComposite (JPEG) | composite / raw | raw / bound | composite / bound |" % ebatch)
 print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 rows = []
 for line in open(os.path.join(tmp, "engines.txt")):

@@ -319,7 +319,7 @@ static const char *const capacity_keys[] = {"max_models", "max_memory_gb", "evic
                                             "background_cache_frames"};
 static const char *const model_keys[] = {
     "model_path", "background_dir", "crop_rects_path", "num_frames", "preload", "pin", "preferred_gpu",
-    "preferred_device", "max_batch", "max_queue_delay_us", "max_queue_delay_ms", "queue_size", "instances",
+    "preferred_device", "max_batch", "engine_batch", "max_queue_delay_us", "max_queue_delay_ms", "queue_size", "instances",
     "weight", "priority", "background_cache_frames", "tokenizer", "pooling", "normalize", "lowercase",
     "max_tokens", "input_ids_name", "attention_mask_name", "token_type_ids_name", "output_name", "precision",
     "max_error", "embedding_policy"};
@@ -867,6 +867,7 @@ static int model_key(pctx *x, const char *key, const char *full, const ynode *k,
         rc = get_int32(x, v, full, 0, 4096, &m->max_batch);
         if (rc == 1) m->no_batching = m->max_batch == 0; /* 0: no batch dimension (Triton's max_batch_size 0) */
     }
+    else if (strcmp(key, "engine_batch") == 0) rc = get_int32(x, v, full, 0, 4096, &m->engine_batch);
     else if (strcmp(key, "max_queue_delay_us") == 0) {
         rc = get_int(x, v, full, 0, 60000000, &i64);
         if (rc == 1) m->max_queue_delay_us = i64, st->us_node = k;

@@ -49,6 +49,8 @@ typedef struct mts_model_config {
                                 * is not a batch dimension (not limited, never batched; max_batch
                                 * becomes 1) */
     int64_t max_queue_delay_us;/* batching delay; default 2000 */
+    int engine_batch;          /* > 0: a batch of more samples runs as engine runs of at most this
+                                * many (in order, on the same worker); 0 (default): one run */
     int queue_size;            /* per-model queue bound (requests); default server.queue_size */
     bool preload;              /* load at start-up */
     bool pin;                  /* never evicted */

@@ -91,6 +91,7 @@ typedef struct mts__version {
     int n_ctx_free, cap_ctx_free;
     bool batchable;       /* every input and output has a variable leading dimension */
     int max_batch;
+    int engine_batch;     /* cfg engine_batch when batchable (runs of at most this many), else 0 */
     /* Memory-aware batching: the activation bytes of a context after its largest batch so far
      * (act_samples samples); bytes / samples is the per-sample cost the scheduler budgets. */
     int64_t act_bytes, act_samples;

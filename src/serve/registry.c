@@ -347,6 +347,7 @@ static void fill_meta(mts__version *v, const mts_model_config *cfg)
         }
     }
     v->max_batch = v->batchable ? (cfg->max_batch > 0 ? cfg->max_batch : 1) : 1;
+    v->engine_batch = v->batchable && cfg->engine_batch > 0 ? cfg->engine_batch : 0;
 }
 
 /* The engine holds sequence and optional values inside a graph; the protocols carry tensors
