@@ -105,9 +105,15 @@ static void measure(const char *name)
         /* Weights are shared: more contexts add nothing to the model (1 MB of slack for the
          * allocator). Beyond 1.2 x the weights, a plan holds its oneDNN kernels' JIT code and
          * descriptors, a few MB whatever the model's size: allowed for as a fixed 8 MB. */
-        assert_true(model_8 <= model_1 + (1 << 20));
+        /* A context's resident size varies by up to about 1.5 % from one context to the next
+         * (w16, Winograd steps: 53.99-55.62 MB), since which pages of its scratch a kernel
+         * touches depends on where the block lands; 8 contexts sum 7 such deviations. A copy
+         * of the weights per context would add the parameter bytes (20-50 % of a context here)
+         * each time. */
+        double noise = 0.02 * 7 * (double)inc; /* in model_8, derived from r[8] - 8 x inc */
+        assert_true(model_8 <= model_1 + (1 << 20) + noise);
         assert_true((double)model_1 <= 1.2 * p + 8e6);
-        assert_true((double)model_8 <= 1.2 * p + 8e6);
+        assert_true((double)model_8 <= 1.2 * p + 8e6 + noise);
     }
     for (int i = 0; i < 8; i++) mts_ctx_free(ctx[i]);
     test_free_inputs(m, in);
@@ -117,6 +123,12 @@ static void measure(const char *name)
 static void test_model_memory(void **state)
 {
     (void)state;
+    /* The server's allocation policy (serve/registry.c): a fixed 128 KB mmap threshold, so
+     * activation and scratch buffers are mappings of their own, returned whole when freed.
+     * With glibc's default the threshold rises to the largest block freed (a context's
+     * multi-MB scratch) and later contexts are carved from the heap around other blocks, which
+     * moved the 8-context figure of w16 by -4 to +5 MB from run to run. */
+    mallopt(M_MMAP_THRESHOLD, 128 * 1024);
     /* Warm the process up: libdnnl, OpenMP, allocator arenas. */
     char path[4096];
     mts_err err = {0};
