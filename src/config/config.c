@@ -1189,15 +1189,25 @@ static long long pick_version(const char *folder, const char *file, const mts_pb
     return best;
 }
 
-/* parameters { key: "precision" value: { string_value: "bf16" } } and key "max_error". */
+/* parameters { key: "precision" value: { string_value: "bf16" } }, keys "max_error" and
+ * "engine_batch". */
 static int pb_parameter(mts_model_config *m, const mts_pbtxt *k, const char *file, mts_err *err)
 {
     const mts_pbtxt *key = mts_pbtxt_get(k, "key"), *val = mts_pbtxt_get(k, "value");
     const mts_pbtxt *sv = val ? mts_pbtxt_get(val, "string_value") : NULL;
-    bool prec = !strcmp(key->scalar, "precision"); /* else max_error: the caller routes only these */
+    bool prec = !strcmp(key->scalar, "precision"); /* else max_error or engine_batch: the caller routes only these */
     if (!sv || !sv->scalar)
         return mts_err_set(err, MTS_EINVAL, "%s:%d: parameter '%s' needs value { string_value: \"...\" }", file, k->line,
                            key->scalar);
+    if (!strcmp(key->scalar, "engine_batch")) {
+        char *e;
+        long n = strtol(sv->scalar, &e, 10);
+        if (e == sv->scalar || *e || n < 0 || n > 4096)
+            return mts_err_set(err, MTS_EINVAL, "%s:%d: parameter 'engine_batch': expected an integer from 0 to 4096, got '%.40s'",
+                               file, sv->line, sv->scalar);
+        m->engine_batch = (int)n;
+        return MTS_OK;
+    }
     if (prec) {
         static const char *const names[] = {"auto", "fp32", "bf16", "int8"};
         for (int i = 0; i < 4; i++)
@@ -1307,7 +1317,8 @@ static int apply_pbtxt(mts_model_config *m, const mts_pbtxt *pb, const char *fol
         } else if (!strcmp(k->name, "parameters")) {
             /* precision keys here, the embedding keys (and the warning for others) there */
             const mts_pbtxt *pk = mts_pbtxt_get(k, "key");
-            bool prec = pk && pk->scalar && (!strcmp(pk->scalar, "precision") || !strcmp(pk->scalar, "max_error"));
+            bool prec = pk && pk->scalar && (!strcmp(pk->scalar, "precision") || !strcmp(pk->scalar, "max_error") ||
+                                             !strcmp(pk->scalar, "engine_batch"));
             int prc = prec ? pb_parameter(m, k, file, err) : apply_pb_param(m, k, folder, file, warn, user, err);
             if (prc) return prc;
         } else if (!strcmp(k->name, "name") && k->scalar && strcmp(k->scalar, m->name)) {

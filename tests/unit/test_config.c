@@ -404,12 +404,16 @@ static void test_errors(void **state)
         mts_config c;
         warns w = {0};
         mts_err err = {0};
-        assert_int_equal(parse("models:\n  a:\n    model_path: a.onnx\n    precision: BF16\n    max_error: 0.02\n",
+        assert_int_equal(parse("models:\n  a:\n    model_path: a.onnx\n    precision: BF16\n    max_error: 0.02\n"
+                               "    engine_batch: 8\n",
                                "t.yaml", &c, &w, &err), MTS_OK);
         assert_string_equal(c.models[0].precision, "bf16");
         assert_true(c.models[0].max_error == 0.02);
+        assert_int_equal(c.models[0].engine_batch, 8);
         mts_config_free(&c);
     }
+    expect_error("models:\n  a:\n    model_path: a.onnx\n    engine_batch: -1\n", MTS_EINVAL,
+                 "t.yaml:4: key 'models.a.engine_batch'", NULL);
     expect_error("models:\n  a:\n    model_path: \"\"\n", MTS_EINVAL, "t.yaml:3: key 'models.a.model_path'",
                  "non-empty string");
     expect_error("models:\n  a:\n    model_path: x\n  b:\n    model_path: y\n  a:\n    model_path: z\n", MTS_EINVAL,
@@ -962,6 +966,7 @@ static void test_embedding_keys(void **state)
                      "parameters { key: \"pooling\" value: { string_value: \"last\" } }\n"
                      "parameters { key: \"normalize\" value: { string_value: \"yes\" } }\n"
                      "parameters { key: \"max_tokens\" value: { string_value: \"128\" } }\n"
+                     "parameters { key: \"engine_batch\" value: { string_value: \"4\" } }\n"
                      "parameters { key: \"foo\" value: { string_value: \"1\" } }\n");
     mts_config_defaults(&c);
     w.n = 0;
@@ -973,7 +978,15 @@ static void test_embedding_keys(void **state)
     assert_int_equal(e->pooling, MTS_POOL_LAST);
     assert_true(e->normalize);
     assert_int_equal(e->max_tokens, 128);
+    assert_int_equal(e->engine_batch, 4);
     assert_int_equal(count_warns(&w, "parameter 'foo' does not apply"), 1);
+    mts_config_free(&c);
+    snprintf(path, sizeof path, "%s/enc/config.pbtxt", dir);
+    write_file(path, "parameters { key: \"engine_batch\" value: { string_value: \"8x\" } }\n");
+    mts_config_defaults(&c);
+    err = (mts_err){0};
+    assert_int_equal(mts_config_scan_repository(&c, dir, on_warn, &w, &err), MTS_EINVAL);
+    assert_non_null(strstr(err.msg, "config.pbtxt:1: parameter 'engine_batch': expected an integer"));
     mts_config_free(&c);
     snprintf(path, sizeof path, "%s/enc/config.pbtxt", dir);
     write_file(path, "parameters { key: \"max_tokens\" value: { string_value: \"lots\" } }\n");
