@@ -536,11 +536,11 @@ int mts_model_analyze(mts_model *m, const mts_tensor *inputs, int n_inputs, doub
 static int op_steps(mts_model *m, const char *op_type)
 {
     int n = 0;
+    const char *slash = strchr(op_type, '/');
+    size_t len = slash ? (size_t)(slash - op_type) : strlen(op_type);
     pthread_mutex_lock(&m->plan_lock);
     for (const mts__plan *p = m->plans; p; p = p->next) {
         int k = 0;
-        const char *slash = strchr(op_type, '/');
-        size_t len = slash ? (size_t)(slash - op_type) : strlen(op_type);
         for (int s = 0; s < p->n_steps; s++) {
             const mts_node *nd = p->steps[s].nd;
             k += nd && strlen(nd->op_type) == len && !strncmp(nd->op_type, op_type, len) &&

@@ -151,14 +151,6 @@ float mts_bf16_to_f32(uint16_t h)
     return bits_f32((uint32_t)h << 16);
 }
 
-uint16_t mts_f32_to_bf16(float f)
-{
-    uint32_t x = f32_bits(f);
-    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u);
-    x += 0x7fffu + ((x >> 16) & 1u);
-    return (uint16_t)(x >> 16);
-}
-
 uint16_t mts_f64_to_bf16(double d)
 {
     return mts_f32_to_bf16(f64_to_f32_odd(d));

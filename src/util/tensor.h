@@ -67,8 +67,19 @@ float mts_f16_to_f32(uint16_t h);
 uint16_t mts_f32_to_f16(float f);
 uint16_t mts_f64_to_f16(double d);
 float mts_bf16_to_f32(uint16_t h);
-uint16_t mts_f32_to_bf16(float f);
 uint16_t mts_f64_to_bf16(double d);
+/* Inline: per-element loops (the bf16-writing Concat, half.c's conversions) call it. */
+static inline uint16_t mts_f32_to_bf16(float f)
+{
+    union {
+        float f;
+        uint32_t u;
+    } b = {f};
+    uint32_t x = b.u;
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u);
+    x += 0x7fffu + ((x >> 16) & 1u);
+    return (uint16_t)(x >> 16);
+}
 /* True for float16 and bfloat16. */
 bool mts_dtype_is_half(mts_dtype t);
 /* Writes "[1,3,224,224]" into buf. */

@@ -321,7 +321,7 @@ struct mts_dconv {
     variant *_Atomic var[MTS_DNNL_MAX_THREADS + 1];
     char impl[64];
     bool bf16;                         /* computes in bf16 (spec.bf16 and a fast bf16 implementation) */
-    bool wino;                         /* Winograd algorithm on nChw16c edges (wino_eligible) */
+    bool wino;                         /* Winograd algorithm on nChw16c edges (spec.wino) */
     bool sum_resid;                    /* the residual (edge 2) is converted into the destination,
                                         * which a sum post-op adds to (wino_attr) */
     /* ConvTranspose with kernel == stride and no padding: a 1x1 convolution to k*k*M channels

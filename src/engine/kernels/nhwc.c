@@ -34,18 +34,14 @@ static void copy_runs(char *dst, size_t ds, const char *src, size_t ss, size_t p
 #undef RUNS
 }
 
-/* As copy_runs, converting runs of c floats to bfloat16 (round to nearest even, NaN kept quiet:
- * oneDNN's conversion, bit for bit). */
+/* As copy_runs, converting runs of c floats to bfloat16 (mts_f32_to_bf16: round to nearest
+ * even, NaN kept quiet, which is oneDNN's conversion bit for bit). */
 static void cvt_runs(char *dst, size_t ds, const char *src, size_t ss, int64_t c, int64_t n)
 {
     for (int64_t r = 0; r < n; r++, dst += ds, src += ss) {
-        const uint32_t *s = (const void *)src;
+        const float *s = (const void *)src;
         uint16_t *d = (void *)dst;
-        for (int64_t i = 0; i < c; i++) {
-            uint32_t x = s[i];
-            uint32_t q = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
-            d[i] = (uint16_t)((x & 0x7fffffffu) > 0x7f800000u ? (x >> 16) | 0x40u : q);
-        }
+        for (int64_t i = 0; i < c; i++) d[i] = mts_f32_to_bf16(s[i]);
     }
 }
 
