@@ -36,15 +36,20 @@ def linear(g, x, din, dout, name):
     return g.node("Add", [y, b], name=name + ".add")
 
 
-def layer_norm(g, x, name, out=None):
-    s = g.init(name + ".weight", g.uniform((HIDDEN,), 0.8, 1.2))
-    b = g.init(name + ".bias", g.randn((HIDDEN,), 0.02))
+def layer_norm(g, x, name, out=None, dim=HIDDEN):
+    s = g.init(name + ".weight", g.uniform((dim,), 0.8, 1.2))
+    b = g.init(name + ".bias", g.randn((dim,), 0.02))
     return g.node("LayerNormalization", [x, s, b], name=name, outputs=[out] if out else None,
                   axis=-1, epsilon=EPS)
 
 
-def build():
-    g = GraphBuilder("minilm_like", seed=5101)
+def build(vocab=VOCAB, hidden=HIDDEN, heads=HEADS, ffn=FFN, layers=LAYERS, pooled=False, name="minilm_like"):
+    """The encoder; smaller settings give the unit tests' variants (tests/models). pooled adds a
+    second output, the plain mean of last_hidden_state over the sequence axis, computed in the
+    graph (a reduction across tokens, which keeps a plan from running padding-free)."""
+    VOCAB, HIDDEN, HEADS, FFN, LAYERS = vocab, hidden, heads, ffn, layers  # noqa: N806
+    HEAD_DIM = HIDDEN // HEADS  # noqa: N806
+    g = GraphBuilder(name, seed=5101)
     ids = g.input("input_ids", INT64, ["N", "S"])
     mask = g.input("attention_mask", INT64, ["N", "S"])
     types = g.input("token_type_ids", INT64, ["N", "S"])
@@ -81,7 +86,7 @@ def build():
     p = g.node("Gather", [pemb, pos], name="embeddings.position", axis=0)
     x = g.node("Add", [x, t], name="embeddings.add_type")
     x = g.node("Add", [x, p], name="embeddings.add")
-    x = layer_norm(g, x, "embeddings.LayerNorm")
+    x = layer_norm(g, x, "embeddings.LayerNorm", dim=HIDDEN)
 
     scale = g.const_f("attention.scale", math.sqrt(HEAD_DIM))
     half = g.const_f("gelu.half", 0.5)
@@ -107,7 +112,7 @@ def build():
         ctx = g.node("Reshape", [ctx, merge_shape], name=pre + ".context.reshape")
         o = linear(g, ctx, HIDDEN, HIDDEN, pre + ".attention.output.dense")
         o = g.node("Add", [o, x], name=pre + ".attention.output.residual")
-        x = layer_norm(g, o, pre + ".attention.output.LayerNorm")
+        x = layer_norm(g, o, pre + ".attention.output.LayerNorm", dim=HIDDEN)
         h = linear(g, x, HIDDEN, FFN, pre + ".intermediate.dense")
         e = g.node("Div", [h, sqrt2], name=pre + ".gelu.div")
         e = g.node("Erf", [e], name=pre + ".gelu.erf")
@@ -117,8 +122,11 @@ def build():
         o = linear(g, h, FFN, HIDDEN, pre + ".output.dense")
         o = g.node("Add", [o, x], name=pre + ".output.residual")
         x = layer_norm(g, o, pre + ".output.LayerNorm",
-                       out="last_hidden_state" if layer == LAYERS - 1 else None)
+                       out="last_hidden_state" if layer == LAYERS - 1 else None, dim=HIDDEN)
     g.output("last_hidden_state", FLOAT, ["N", "S", HIDDEN])
+    if pooled:
+        g.node("ReduceMean", [x], name="pooled.mean", outputs=["pooled"], axes=[1], keepdims=0)
+        g.output("pooled", FLOAT, ["N", HIDDEN])
     return g.model("6-layer MiniLM-sized sentence encoder (random weights), vocab %d" % VOCAB)
 
 

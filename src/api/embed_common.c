@@ -295,6 +295,7 @@ static void submit_part(embed_call *c, const int *order, int from, int to, int l
     r->n_requested = 1;
     r->threads = c->threads;
     r->alone = c->alone;
+    r->padding_mask = c->e.mask_name[0] ? c->e.mask_name : NULL; /* pooling reads the valid tokens only */
     r->done = part_done;
     pthread_mutex_lock(&c->lock);
     c->pending++;

@@ -808,6 +808,10 @@ static void write_model_stats(mts_jw *w, const mts_model_status *st)
     mts_jw_end_object(w);
     mts_jw_key(w, "threads_set_batches");
     mts_jw_uint(w, st->hinted_batches);
+    mts_jw_key(w, "padding_free_batches");
+    mts_jw_uint(w, st->padfree_batches);
+    mts_jw_key(w, "padding_rows_skipped");
+    mts_jw_uint(w, st->padding_rows_skipped);
     if (st->embedding_policy[0]) {
         mts_jw_key(w, "embedding_policy");
         mts_jw_string(w, st->embedding_policy);

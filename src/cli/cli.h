@@ -30,6 +30,9 @@ int mts_cli_embed_find(const char *model, const char *config, struct mts_config 
 struct mts_embedder;
 int mts_cli_embedder_init(struct mts_embedder *e, const struct mts_model_config *mc, const mts_model *mdl,
                           int64_t pad_id, int *n_in, int *n_out, char *err, size_t errlen);
+/* Makes ctx's runs padding-free (engine.h mts_ctx_set_padding_mask) on the embedder's attention
+ * mask input, when the model has one: the embedder pools over the valid tokens only. */
+void mts_cli_embed_padding(struct mts_ctx *ctx, const struct mts_embedder *e, const mts_model *mdl);
 /* True when path is a model folder whose configuration makes it an embedding model (it names a
  * tokenizer); quiet. */
 int mts_cli_is_embedding_folder(const char *path);
@@ -75,6 +78,10 @@ const char *mts_cli_auth_header(void);
 extern const char *mts_cli_precision;
 extern double mts_cli_max_error;
 int mts_cli_load(const char *path, mts_model **m, double *load_ms);
+/* The same for a model of a configuration (embed, tune --embedding): --precision / --max-error
+ * when given on the command line, else the model's own `precision` / `max_error` settings. */
+struct mts_model_config;
+int mts_cli_load_config(const struct mts_model_config *mc, mts_model **m, double *load_ms);
 /* Handles --precision P and --max-error E at argv[*i] (advancing *i): 1 when consumed, 0 when
  * argv[*i] is another option, -1 (message printed) on a bad value. */
 int mts_cli_precision_arg(const char *cmd, int argc, char **argv, int *i);

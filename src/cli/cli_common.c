@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "cli/cli.h"
+#include "config/config.h"
 
 double mts_cli_now_ms(void)
 {
@@ -65,6 +66,17 @@ int mts_cli_load(const char *path, mts_model **m, double *load_ms)
                     pi->guard_runs == 1 ? "" : "es");
         fprintf(stderr, ")\n");
     }
+    return rc;
+}
+
+int mts_cli_load_config(const mts_model_config *mc, mts_model **m, double *load_ms)
+{
+    const char *p = mts_cli_precision;
+    double e = mts_cli_max_error;
+    if (!mts_cli_precision && mc->precision) mts_cli_precision = mc->precision;
+    if (!(mts_cli_max_error > 0) && mc->max_error > 0) mts_cli_max_error = mc->max_error;
+    int rc = mts_cli_load(mc->model_path, m, load_ms);
+    mts_cli_precision = p, mts_cli_max_error = e;
     return rc;
 }
 

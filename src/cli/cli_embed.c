@@ -33,7 +33,9 @@ static void usage(FILE *f)
             "  --threads N     intra-op threads (default: online cores)\n"
             "  --batch N       texts per run (default 32)\n"
             "  --bench SECONDS run the texts repeatedly for SECONDS and print texts per second\n"
-            "  --tokens        print each text's token ids (one line per text) instead of vectors\n");
+            "  --tokens        print each text's token ids (one line per text) instead of vectors\n"
+            "  --precision P   auto, fp32, bf16 or int8 (default: the model's `precision` setting)\n"
+            "  --max-error E   the reduced-precision guard's bound (default: the model's `max_error`)\n");
 }
 
 typedef struct emb_text {
@@ -227,6 +229,14 @@ static int embed_all(mts_ctx *ctx, const mts_model *mdl, const mts_embedder *e, 
     return rc;
 }
 
+void mts_cli_embed_padding(struct mts_ctx *ctx, const struct mts_embedder *e, const mts_model *mdl)
+{
+    mts_model_info info;
+    mts_model_get_info(mdl, &info);
+    for (int i = 0; e->mask_name[0] && i < info.n_inputs; i++)
+        if (!strcmp(mts_model_input(mdl, i)->name, e->mask_name)) mts_ctx_set_padding_mask(ctx, i);
+}
+
 int mts_cli_embedder_init(struct mts_embedder *e, const struct mts_model_config *mc, const mts_model *mdl,
                           int64_t pad_id, int *n_in_out, int *n_out_out, char *err, size_t errlen)
 {
@@ -259,6 +269,9 @@ int mts_cli_embed(int argc, char **argv)
     int n = 0, cap = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
+        int pa = mts_cli_precision_arg("embed", argc, argv, &i);
+        if (pa < 0) return 2;
+        if (pa > 0) continue;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             return 0;
@@ -331,7 +344,7 @@ int mts_cli_embed(int argc, char **argv)
         goto done;
     }
     double load_ms;
-    if (mts_cli_load(mc->model_path, &mdl, &load_ms)) goto done;
+    if (mts_cli_load_config(mc, &mdl, &load_ms)) goto done;
     if (mts_cli_embedder_init(&e, mc, mdl, mts_tokenizer_pad_id(tok), NULL, NULL, err, sizeof err)) {
         fprintf(stderr, "mtserve embed: %s\n", err);
         goto done;
@@ -341,6 +354,7 @@ int mts_cli_embed(int argc, char **argv)
         fprintf(stderr, "mtserve embed: %s\n", merr.msg);
         goto done;
     }
+    mts_cli_embed_padding(ctx, &e, mdl);
     if (show_tokens) {
         if (tokenize_all(tok, e.max_tokens, texts, n, &tokens)) goto done;
         for (int i = 0; i < n; i++) {

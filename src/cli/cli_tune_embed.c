@@ -385,7 +385,7 @@ int mts_cli_tune_embed(const char *model, const mts_tune_embed_opts *o)
     }
     t->tok = tok;
     double load_ms;
-    if (mts_cli_load(mc->model_path, &t->mdl, &load_ms)) goto done;
+    if (mts_cli_load_config(mc, &t->mdl, &load_ms)) goto done;
     int n_in, n_out;
     if (mts_cli_embedder_init(&t->e, mc, t->mdl, mts_tokenizer_pad_id(tok), &n_in, &n_out, err, sizeof err)) {
         fprintf(stderr, "mtserve tune: %s\n", err);
@@ -412,6 +412,7 @@ int mts_cli_tune_embed(const char *model, const mts_tune_embed_opts *o)
             fprintf(stderr, "mtserve tune: %s\n", e2.msg);
             goto done;
         }
+        mts_cli_embed_padding(t->w[k].ctx, &t->e, t->mdl);
     }
     pthread_barrier_init(&t->start, NULL, (unsigned)nw + 1);
     pthread_barrier_init(&t->end, NULL, (unsigned)nw + 1);

@@ -54,6 +54,13 @@ struct mts_ctx {
     void *cf;           /* control-flow kernels' subgraph contexts and node states (subgraph.c) */
     mts_step_hook hook; /* called between steps (the scheduler's preemption point) */
     void *hook_arg;
+    /* Padding-free runs (padfree.c): the input holding the padding mask (-1: none), the rows
+     * of the run in progress (NULL: whole), their buffer, and the rows its runs skipped. */
+    int pad_input;
+    const mts_rows *rows, *step_rows;
+    mts_rows rows_buf;
+    int32_t *rows_mem;
+    int64_t rows_cap, rows_skipped;
 };
 
 void **mts__ctx_cf_slot(mts_ctx *c)
@@ -94,6 +101,7 @@ int mts_ctx_create(mts_model *m, int threads, mts_ctx **out, mts_err *err)
     if (!c) return mts_err_set(err, MTS_ENOMEM, "out of memory");
     c->m = m;
     c->threads = ctx_threads(threads);
+    c->pad_input = -1;
     size_t nv = (size_t)m->n_values + 1;
     c->vals = calloc(nv, sizeof *c->vals);
     c->dyn = calloc(nv, sizeof *c->dyn);
@@ -122,6 +130,58 @@ void mts_ctx_set_step_hook(mts_ctx *c, mts_step_hook fn, void *arg)
 {
     c->hook = fn;
     c->hook_arg = arg;
+}
+
+void mts_ctx_set_padding_mask(mts_ctx *c, int input)
+{
+    c->pad_input = input >= 0 && input < c->m->n_inputs ? input : -1;
+}
+
+const mts_rows *mts_kctx_rows(const mts_kctx *k)
+{
+    return k->ctx ? k->ctx->step_rows : NULL;
+}
+
+int64_t mts_ctx_rows_skipped(const mts_ctx *c)
+{
+    return c->rows_skipped;
+}
+
+/* The valid rows of this run from the padding mask input, when the plan allows skipping and
+ * every row of the mask is ones then zeros (at least one one); NULL (run whole) otherwise. */
+static const mts_rows *padding_rows(mts_ctx *c, const mts__plan *p, const mts_tensor *inputs, int n_inputs)
+{
+    static int off = -1; /* MTS_NO_PADFREE=1: every run whole (for comparisons) */
+    if (off < 0) off = getenv("MTS_NO_PADFREE") && atoi(getenv("MTS_NO_PADFREE")) == 1;
+    if (off || c->pad_input < 0 || c->pad_input >= n_inputs || !p->rows_ok) return NULL;
+    const mts_tensor *t = &inputs[c->pad_input];
+    int64_t B = p->tok_B, S = p->tok_S;
+    if (t->rank != 2 || t->dims[0] != B || t->dims[1] != S || !t->data) return NULL;
+    if (t->dtype != MTS_DTYPE_INT64 && t->dtype != MTS_DTYPE_INT32 && t->dtype != MTS_DTYPE_BOOL) return NULL;
+    if (B * S + B > c->rows_cap) {
+        int32_t *nm = realloc(c->rows_mem, sizeof(int32_t) * (size_t)(B * S + B));
+        if (!nm) return NULL;
+        c->rows_mem = nm;
+        c->rows_cap = B * S + B;
+    }
+    int32_t *len = c->rows_mem, *map = c->rows_mem + B;
+    int64_t n = 0;
+    for (int64_t b = 0; b < B; b++) {
+        int64_t l = 0;
+        for (int64_t s = 0; s < S; s++) {
+            int64_t i = b * S + s;
+            bool one = t->dtype == MTS_DTYPE_INT64   ? ((const int64_t *)t->data)[i] != 0
+                       : t->dtype == MTS_DTYPE_INT32 ? ((const int32_t *)t->data)[i] != 0
+                                                     : ((const uint8_t *)t->data)[i] != 0;
+            if (one && l != s) return NULL; /* a one after a zero: not a right-padded row */
+            if (one) map[n++] = (int32_t)i, l++;
+        }
+        if (l == 0) return NULL;
+        len[b] = (int32_t)l;
+    }
+    if (n == B * S) return NULL; /* no padding */
+    c->rows_buf = (mts_rows){B, S, n, len, map};
+    return &c->rows_buf;
 }
 
 void mts_ctx_team_stats(const mts_ctx *c, int64_t *runs, int64_t *one_thread_runs)
@@ -171,6 +231,7 @@ void mts_ctx_free(mts_ctx *c)
     free(c->kin);
     free(c->kout);
     free(c->kview);
+    free(c->rows_mem);
     free(c->scratch);
     for (int b = 0; mts_backends[b]; b++)
         if (c->bstate[b] && mts_backends[b]->ctx_free) mts_backends[b]->ctx_free(c->bstate[b]);
@@ -514,7 +575,10 @@ int mts__ctx_run_into(mts_ctx *c, const mts_tensor *inputs, int n_inputs, const 
             if ((p->backends & (1u << b)) && mts_backends[b]->set_threads) mts_backends[b]->set_threads(c->run_threads);
     }
     double t0 = arm ? now_ms() : 0;
+    c->rows = padding_rows(c, p, inputs, n_inputs);
     rc = run_steps(c, p, outputs, err);
+    c->rows_skipped += c->rows ? c->rows->B * c->rows->S - c->rows->n : 0;
+    c->rows = c->step_rows = NULL;
     if (arm && !rc) mts_team_record(arm, mode, now_ms() - t0);
     c->runs++;
     c->one_thread_runs += c->run_threads == 1;
@@ -545,7 +609,9 @@ static int run_steps(mts_ctx *c, const mts__plan *p, const mts_tensor **outputs,
         const mts_node *n = st->nd;
         if (st->kind == MTS__S_BACKEND) {
             const mts_backend *be = mts_backends[st->backend];
-            if ((rc = be->run(st, c->bstate[st->backend], c->vals, c->scratch, c->run_threads, err))) goto node_fail;
+            if ((rc = be->run(st, c->bstate[st->backend], c->vals, c->scratch, c->run_threads, st->rows ? c->rows : NULL,
+                              err)))
+                goto node_fail;
             continue;
         }
         for (int j = 0; j < st->n_in; j++) {
@@ -565,6 +631,7 @@ static int run_steps(mts_ctx *c, const mts__plan *p, const mts_tensor **outputs,
             c->kin[j] = t;
         }
         mts_kctx k = {n, c->kin, st->n_in, c->kout, st->n_out, err, c->run_threads, c};
+        c->step_rows = st->rows ? c->rows : NULL;
         if (st->dynamic) {
             memset(c->kout, 0, sizeof *c->kout * (size_t)st->n_out);
             if ((rc = st->op->infer(&k))) goto node_fail;

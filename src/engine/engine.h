@@ -122,6 +122,17 @@ void mts_ctx_set_threads(mts_ctx *c, int threads);
  * returns nonzero when it ran something on this thread; fn NULL removes the hook. */
 typedef int (*mts_step_hook)(void *arg);
 void mts_ctx_set_step_hook(mts_ctx *c, mts_step_hook fn, void *arg);
+/* Padding-free runs: input `input` (int64, int32 or bool [B, S]; -1 turns this off) is a padding
+ * mask, ones then zeros along each row, and the caller ignores every output at the positions
+ * where it is zero (an embedding pooled over the valid tokens). Runs of a plan whose token rows
+ * are computed independently (engine/padfree.c) then compute the products and the attention of
+ * the valid positions only; their outputs at padded positions are not those of a whole run (the
+ * padded rows are zeroed where skipped). The valid positions' outputs are those of a whole run
+ * up to summation order when the model's attention mask hides padded keys. Stays set for later
+ * runs of this context. MTS_NO_PADFREE=1 runs every batch whole. */
+void mts_ctx_set_padding_mask(mts_ctx *c, int input);
+/* Token rows this context's runs skipped as padding, in all. */
+int64_t mts_ctx_rows_skipped(const mts_ctx *c);
 /* Runs so far and how many of them ran on one thread: all of a one-thread context's, and those
  * of a context of T > 1 threads that ran on one thread instead of its team while that was faster
  * (engine/team.h; MTS_TEAM_ADAPT=0 turns this off). */

@@ -53,6 +53,7 @@ typedef struct mts__step {
     uint8_t dynamic;          /* infer runs at run time */
     uint8_t nhwc;             /* 4-D tensors are passed as [N,H,W,C] views (channels-last data) */
     uint8_t backend;          /* MTS__S_BACKEND: index in mts_backends[] */
+    uint8_t rows;             /* may skip padded rows in a padding-free run (padfree.c) */
     int n_in, n_out;
     int *in, *out;
     const mts_tensor **cin;   /* per input: plan-time replacement (permuted constants), or NULL */
@@ -80,6 +81,8 @@ typedef struct mts__plan {
     double flops;
     int64_t activation_bytes;
     int n_bf16;            /* backend steps computing in bf16 */
+    bool rows_ok;          /* padding-free runs may skip padded rows (padfree.c) */
+    int64_t tok_B, tok_S;  /* ... of token tensors [tok_B, tok_S, ...] */
     mts_pool pool;         /* folded constants and the arrays above */
     /* Under the model's plan_lock: contexts bound to this plan (and callers between
      * mts__plan_get and mts__plan_release), the model's plan clock at its last lookup, and
@@ -152,6 +155,8 @@ void mts__plan_release(mts_model *m, const mts__plan *p);
 void mts__plan_free_all(mts_model *m);
 /* Graph optimizer and layout pass (optimize.c): rewrites p->steps for the enabled backends. */
 int mts__optimize(mts_model *m, mts__plan *p, mts_err *err);
+/* Sets p->rows_ok, p->tok_B/tok_S and the steps' rows flags (padfree.c). */
+void mts__plan_padfree(const mts_model *m, mts__plan *p);
 /* Applies opts->precision to a freshly loaded model (precision.c): may run the accuracy guard,
  * which loads the model a second time with load(); on a failed guard *m is replaced by that
  * fp32 instance. */

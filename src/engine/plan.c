@@ -172,8 +172,8 @@ static const char *describe_step(const mts__step *st)
 /* MTS_PLAN_VERBOSE=1: one line per step on stderr (kind, layout, backend implementation). */
 static void dump_plan(const mts_model *m, const mts__plan *p)
 {
-    fprintf(stderr, "plan for %s: %d steps (%d nodes fused), scratch %lld bytes\n", m->path, p->n_steps, p->n_fused,
-            (long long)p->scratch_bytes);
+    fprintf(stderr, "plan for %s: %d steps (%d nodes fused), scratch %lld bytes%s\n", m->path, p->n_steps, p->n_fused,
+            (long long)p->scratch_bytes, p->rows_ok ? ", padding-free runs possible (steps marked 'rows')" : "");
     for (int s = 0; s < p->n_steps; s++) {
         const mts__step *st = &p->steps[s];
         int y = st->n_out > 0 ? st->out[0] : -1;
@@ -186,9 +186,9 @@ static void dump_plan(const mts_model *m, const mts__plan *p)
             snprintf(note, sizeof note, " (special kernel)");
         else if (st->dynamic)
             snprintf(note, sizeof note, " dynamic");
-        fprintf(stderr, "  %3d %-18s %-24s -> %-24s %s%s%s\n", s, m->nodes[st->node].op_type, m->nodes[st->node].name,
+        fprintf(stderr, "  %3d %-18s %-24s -> %-24s %s%s%s%s\n", s, m->nodes[st->node].op_type, m->nodes[st->node].name,
                 y >= 0 ? m->values[y].name : "-", describe_step(st),
-                st->nhwc || (y >= 0 && p->nhwc[y]) ? " nhwc" : "", note);
+                st->nhwc || (y >= 0 && p->nhwc[y]) ? " nhwc" : "", note, st->rows ? " rows" : "");
     }
 }
 
@@ -346,6 +346,7 @@ static int build(mts_model *m, const mts_tensor *inputs, int n_in, mts__plan **o
         goto fail;
     }
     if (m->backend == MTS_BACKEND_DEFAULT && (rc = mts__optimize(m, p, err))) goto fail;
+    mts__plan_padfree(m, p);
     if (getenv("MTS_PLAN_VERBOSE")) dump_plan(m, p);
     for (int s = 0; s < p->n_steps; s++) {
         if (p->steps[s].n_in > p->max_io) p->max_io = p->steps[s].n_in;

@@ -170,6 +170,7 @@ typedef struct mts__entry {
     uint64_t n_preempt;   /* batches run inside a pause of another model's long batch */
     uint64_t team_batches[MTS_TEAM_STATS + 1]; /* batches by intra-op threads */
     uint64_t alone_batches, hinted_batches; /* see mts_model_status */
+    uint64_t padfree_batches, padding_rows_skipped;
     uint64_t n_timeout, n_cancelled, n_rejected;
     /* Per request (a batch's time counted once for each request in it), as Triton's
      * nv_inference_compute_*_duration_us; request_ns: end-to-end time of answered requests. */

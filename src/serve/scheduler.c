@@ -490,6 +490,13 @@ static int run_batch(mts__worker *w, mts__version *v, mts_ctx *ctx, mts_request 
         in[i].data = w->scratch[depth][i];
     }
     int64_t t1 = mts__now_ns();
+    /* every request of the batch ignores its padded positions: a padding-free run */
+    int pad = -1;
+    for (int i = 0; i < v->n_in && reqs[0]->padding_mask; i++)
+        if (!strcmp(reqs[0]->input_names[br[0].order[i]], reqs[0]->padding_mask)) pad = i;
+    for (int k = 1; k < n && pad >= 0; k++)
+        if (!reqs[k]->padding_mask || strcmp(reqs[k]->padding_mask, reqs[0]->padding_mask)) pad = -1;
+    mts_ctx_set_padding_mask(ctx, pad);
     mts_tensor staged[MTS_REQ_MAX_TENSORS];
     int n_staged = 0;
     bool chunks = v->engine_batch > 0 && samples > v->engine_batch;
@@ -497,6 +504,7 @@ static int run_batch(mts__worker *w, mts__version *v, mts_ctx *ctx, mts_request 
     int rc = chunks ? run_chunks(v, ctx, in, samples, outs, staged, &n_staged, &err)
                     : mts_ctx_run(ctx, in, v->n_in, outs, &err);
     int64_t t2 = mts__now_ns();
+    mts_ctx_set_padding_mask(ctx, -1);
     *input_ms = (double)(t1 - t0) / 1e6;
     *infer_ms = (double)(t2 - t1) / 1e6;
     if (rc) {
@@ -857,6 +865,7 @@ static int serve_one(mts__worker *w, mts__device *d, int mode, mts__entry *outer
     int64_t ctx_before = ctx ? mts_ctx_bytes(ctx) : 0;
     double in_ms = 0, infer_ms = 0, out_ms = 0;
     int runs = 1;
+    int64_t skipped = ctx ? mts_ctx_rows_skipped(ctx) : 0;
     if (!rc) {
         mts_ctx_set_threads(ctx, threads);
         mts_crash_set_model(e->cfg->name);
@@ -867,6 +876,7 @@ static int serve_one(mts__worker *w, mts__device *d, int mode, mts__entry *outer
         mts_ctx_set_step_hook(ctx, hook ? preempt_hook : NULL, &pa);
         rc = run_batch(w, v, ctx, reqs, br, n, samples, depth, &in_ms, &infer_ms, &out_ms, &runs, msg, sizeof msg);
         mts_ctx_set_step_hook(ctx, NULL, NULL);
+        skipped = mts_ctx_rows_skipped(ctx) - skipped;
         mts_crash_set_model(outer ? outer->cfg->name : NULL);
     }
     int64_t ctx_after = ctx ? mts_ctx_bytes(ctx) : 0;
@@ -896,6 +906,7 @@ static int serve_one(mts__worker *w, mts__device *d, int mode, mts__entry *outer
     e->team_batches[threads < MTS_TEAM_STATS ? threads : MTS_TEAM_STATS]++;
     if (hinted) e->hinted_batches++;
     if (n == 1 && reqs[0]->alone) e->alone_batches++;
+    if (!rc && skipped > 0) e->padfree_batches++, e->padding_rows_skipped += (uint64_t)skipped;
     if (!rc && samples > 0) {
         double per = cost / (double)samples;
         e->cost_per_sample = e->cost_per_sample > 0 ? e->cost_per_sample + COST_ALPHA * (per - e->cost_per_sample) : per;

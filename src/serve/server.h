@@ -63,6 +63,11 @@ struct mts_request {
                                                 * device's cores; an embedding_policy entry's) */
     bool alone;                                /* runs as a batch of its own, never merged with
                                                 * other requests (an embedding_policy sub-batch) */
+    const char *padding_mask;                  /* the name of an input that is a padding mask
+                                                * (ones then zeros per row) when the caller ignores
+                                                * the outputs at padded positions (the embedding
+                                                * path): a batch of such requests runs
+                                                * padding-free (engine.h mts_ctx_set_padding_mask) */
     /* Internal. */
     _Atomic int cancelled;
     int64_t enqueue_ns, deadline_ns;
@@ -189,6 +194,8 @@ typedef struct mts_model_status {
     uint64_t team_batches[MTS_TEAM_STATS + 1]; /* batches by intra-op threads (the last: that many or more) */
     uint64_t alone_batches;    /* batches of one request marked alone (embedding_policy sub-batches) */
     uint64_t hinted_batches;   /* batches whose threads came from the request (mts_request.threads) */
+    uint64_t padfree_batches;  /* batches that ran padding-free (mts_request.padding_mask) */
+    uint64_t padding_rows_skipped; /* token rows those batches did not compute */
     char embedding_policy[256];/* the policy in force, compact form "4:1x2,32:2x1"; "" when none */
     int model_version;         /* the repository version served (mts_server_model_version) */
     int n_inputs, n_outputs;   /* metadata (known once loaded at least once) */

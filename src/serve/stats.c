@@ -66,6 +66,8 @@ static void snapshot(mts_server *s, const mts__entry *e, mts_model_status *o)
     memcpy(o->team_batches, e->team_batches, sizeof o->team_batches);
     o->alone_batches = e->alone_batches;
     o->hinted_batches = e->hinted_batches;
+    o->padfree_batches = e->padfree_batches;
+    o->padding_rows_skipped = e->padding_rows_skipped;
     mts_embed_policy_format(e->cfg, o->embedding_policy, sizeof o->embedding_policy);
     o->n_inputs = e->n_in;
     o->n_outputs = e->n_out;

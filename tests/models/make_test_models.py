@@ -13,7 +13,9 @@ against ONNX Runtime:
 and three recurrent models for compare_ort.py: rnn_lstm_bidir (bidirectional LSTM with
 sequence_lens, initial states and peepholes), rnn_gru_batchwise (GRU, linear_before_reset=1,
 layout=1) and rnn_lstm_vad (two stacked LSTMs on one 64-sample frame with their states as inputs
-and outputs, a voice-activity detector's shape).
+and outputs, a voice-activity detector's shape); and two small BERT-style encoders with an
+attention mask for the padding-free tests (models/gen/minilm_like.py at 2 layers, hidden 64):
+bert_mask_small, and bert_mask_pooled with a second output pooled over the tokens in the graph.
 Usage: make_test_models.py OUTDIR
 """
 import os
@@ -104,6 +106,12 @@ def main():
     onnx.save(types_model(), os.path.join(out, "types_model.onnx"))
     control_flow_models(out, np.random.default_rng(7))
     recurrent_models(out)
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "models", "gen"))
+    import minilm_like  # noqa: E402
+    small = dict(vocab=1000, hidden=64, heads=2, ffn=128, layers=2)
+    onnx.save(minilm_like.build(name="bert_mask_small", **small), os.path.join(out, "bert_mask_small.onnx"))
+    onnx.save(minilm_like.build(name="bert_mask_pooled", pooled=True, **small),
+              os.path.join(out, "bert_mask_pooled.onnx"))
     print("test models written to", out)
 
 

@@ -5,8 +5,9 @@
  * of the vector width, with and without a broadcast mask, scales before and after the mask, and
  * a fully masked row (NaN, as the unfused softmax gives); and the small-M GEMM
  * (kernels/fast_sgemm.c) with row counts 1-128, transposed and plain weights, bias, Erf GELU and
- * a residual in both orders. The fusion that produces MtsAttention steps is checked end to end
- * against ONNX Runtime by tests/server/test_embeddings.py and tests/models/compare_ort.py.
+ * a residual in both orders, and through a row map (the rows a padding-free run computes). The
+ * fusion that produces MtsAttention steps is checked end to end against ONNX Runtime by
+ * tests/server/test_embeddings.py and tests/models/compare_ort.py.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -210,6 +211,23 @@ static void test_small_gemm(void **state)
             if (memcmp(c1, c + i * N, sizeof(float) * (size_t)N))
                 fail_msg("%s: row %lld alone differs from the batch", what, (long long)i);
             free(c1);
+            /* a row map (a padding-free run): the listed rows as in the whole product, bit for
+             * bit, the others untouched */
+            int32_t *map = malloc(sizeof(int32_t) * (size_t)rows);
+            uint8_t *in_map = calloc((size_t)rows, 1);
+            int64_t nm = 0;
+            for (int64_t x = 0; x < rows; x++)
+                if (irand(2) || (x == rows - 1 && nm == 0)) map[nm++] = (int32_t)x, in_map[x] = 1;
+            float *cm = malloc(sizeof(float) * (size_t)(rows * N));
+            for (int64_t x = 0; x < rows * N; x++) cm[x] = 7.0f;
+            mts_small_gemm_run_map(a, map, nm, K, N, packed, has_bias ? b : NULL, post, np, resid, cm, th);
+            for (int64_t x = 0; x < rows; x++) {
+                if (in_map[x] && memcmp(cm + x * N, c + x * N, sizeof(float) * (size_t)N))
+                    fail_msg("%s: mapped row %lld differs from the whole product", what, (long long)x);
+                for (int64_t y = 0; !in_map[x] && y < N; y++)
+                    if (cm[x * N + y] != 7.0f) fail_msg("%s: unmapped row %lld was written", what, (long long)x);
+            }
+            free(map), free(in_map), free(cm);
             free(c);
         }
         free(packed), free(a), free(w), free(b), free(r), free(ref);

@@ -1193,6 +1193,21 @@ static void to_nchw_part(void *arg, int ithr, int nthr)
         }
 }
 
+bool mts_dconv_run_rows(const mts_dconv *c, int threads, const void *src, void *dst, const float *const *resid,
+                        const mts_rows *rows)
+{
+    const mts_conv_geom *g = &c->spec.g;
+    if (!c->small || c->inner || c->n_phase || !rows || g->N != rows->B * rows->S) return false;
+    mts_small_gemm_run_map(src, rows->map, rows->n, g->C, g->M, c->small, c->spec.b, c->spec.post, c->spec.n_post,
+                           resid, dst, work_threads(c, threads));
+    float *d = dst;
+    for (int64_t b = 0; b < rows->B; b++)
+        if (rows->len[b] < rows->S)
+            memset(d + (b * rows->S + rows->len[b]) * g->M, 0,
+                   sizeof(float) * (size_t)((rows->S - rows->len[b]) * g->M));
+    return true;
+}
+
 int mts_dconv_run(const mts_dconv *c, int threads, void *stream, const void *src, void *dst,
                   const float *const *resid, const mts_tensor *src_zp, void *scratch, mts_err *err)
 {

@@ -132,6 +132,11 @@ bool mts_dconv_bf16(const mts_dconv *c);
  * spec's q8_zp[0]). */
 int mts_dconv_run(const mts_dconv *c, int threads, void *stream, const void *src, void *dst, const float *const *resid,
                   const mts_tensor *src_zp, void *scratch, mts_err *err);
+/* A padding-free run of a MatMul step on the small-M GEMM whose source and destination are
+ * rows->B * rows->S rows: computes the valid rows only and zeroes the others. Returns false
+ * (nothing done) for any other step, which then runs whole. */
+bool mts_dconv_run_rows(const mts_dconv *c, int threads, const void *src, void *dst, const float *const *resid,
+                        const mts_rows *rows);
 /* Whether c is an int8 convolution (spec.q8). */
 bool mts_dconv_q8(const mts_dconv *c);
 /* int8 convolution primitives created so far in this process, and how many of them with a

@@ -13,7 +13,10 @@
  * said): dims {N, H, S, T, dk, dv}; q_strides, k_strides, v_strides, y_strides, m_strides
  * {n, h, row, column} in elements (m_strides 0 on the mask's broadcast axes); y_dims, the
  * output value's shape; FLOAT alpha, beta. Entries (n, h) are split over the context's
- * threads when there is enough work.
+ * threads when there is enough work. In a padding-free run (kernel.h mts_rows) entry n attends
+ * over its first len[n] keys only, computes its first len[n] query rows and zeroes the rest: for
+ * a model whose mask already hides padded keys (an additive -1e4 or -inf underflows exp to 0)
+ * the valid rows are what the full computation gives.
  */
 #pragma GCC diagnostic ignored "-Wpsabi"
 
@@ -101,6 +104,7 @@ typedef struct attn_job {
     const int64_t *qs, *ks, *vs, *ys, *ms;
     float alpha, beta;
     int fail; /* a part could not get its buffers */
+    const int32_t *len; /* padding-free run: entry n has len[n] queries and keys (NULL: S and T) */
 } attn_job;
 
 /* Query rows handled together: their scores share each K vector and their context sums each V
@@ -119,9 +123,10 @@ static int64_t attn_buf_floats(const attn_job *j)
  * softmax_rows); returns 1 / their sum, by which the row's context is scaled once at the end
  * (so the division's latency overlaps the products), or 0 when the row's maximum is not finite
  * (the reference then gives NaN). */
-static inline __attribute__((always_inline)) float attn_softmax_row(const attn_job *j, float *row, const float *mi)
+static inline __attribute__((always_inline)) float attn_softmax_row(const attn_job *j, int64_t T, float *row,
+                                                                   const float *mi)
 {
-    const int64_t T = j->T, m3 = mi ? j->ms[3] : 0;
+    const int64_t m3 = mi ? j->ms[3] : 0;
     const v16f va = splat16(j->alpha), vb = splat16(j->beta);
     v16f vmx = splat16(-INFINITY);
     int64_t t = 0;
@@ -188,16 +193,20 @@ static inline __attribute__((always_inline)) void transpose16(v16f a[16])
 /* Entries [e0, e1) of the N*H (n, h) pairs, with the buffers of attn_buf_floats. */
 ATTN_CLONES static void attn_entries(const attn_job *j, int64_t e0, int64_t e1, float *buf)
 {
-    const int64_t S = j->S, T = j->T, dk = j->dk, dv = j->dv, Tp = j->Tp, dvp = j->dvp;
-    float *kt = buf, *pr = kt + dk * Tp, *vc = pr + ATTN_ROWS * Tp;
+    const int64_t dk = j->dk, dv = j->dv, dvp = j->dvp;
     const bool v_in_place = j->vs[3] == 1 && dv % 32 == 0;
     const int64_t qs3 = j->qs[3], ks2 = j->ks[2], ks3 = j->ks[3];
     for (int64_t e = e0; e < e1; e++) {
         int64_t n = e / j->H, h = e % j->H;
+        /* a padding-free run: the entry's valid queries and keys only, padded query rows zero */
+        const int64_t S = j->len ? j->len[n] : j->S, T = j->len ? j->len[n] : j->T, Tp = (T + 15) / 16 * 16;
+        float *kt = buf, *pr = kt + dk * Tp, *vc = pr + ATTN_ROWS * Tp;
         const float *q = j->q + n * j->qs[0] + h * j->qs[1];
         const float *k = j->k + n * j->ks[0] + h * j->ks[1];
         const float *v = j->v + n * j->vs[0] + h * j->vs[1];
         float *y = j->y + n * j->ys[0] + h * j->ys[1];
+        for (int64_t i = S; i < j->S; i++)
+            for (int64_t c = 0; c < dv; c++) y[i * j->ys[2] + c * j->ys[3]] = 0.0f;
         /* K as [dk][Tp], zero beyond T, so a row of scores is whole vectors */
         if (ks2 == 1 && dk % 16 == 0) { /* key rows contiguous: 16 x 16 blocks in registers */
             for (int64_t t0 = 0; t0 < T; t0 += 16)
@@ -245,7 +254,7 @@ ATTN_CLONES static void attn_entries(const attn_job *j, int64_t e0, int64_t e1, 
             for (int r = 0; r < ATTN_ROWS; r++) {
                 int64_t i = i0 + (r < nr ? r : nr - 1);
                 const float *mi = j->m ? j->m + n * j->ms[0] + h * j->ms[1] + i * j->ms[2] : NULL;
-                rs[r] = attn_softmax_row(j, pr + r * Tp, mi);
+                rs[r] = attn_softmax_row(j, T, pr + r * Tp, mi);
             }
             /* exp(s - max) times V, 32 columns of the four rows at a time, then times 1 / sum */
             for (int64_t c = 0; c < dvp; c += 32) {
@@ -342,7 +351,9 @@ static int attn_run(mts_kctx *k)
         return mts_err_set(k->err, MTS_EINVAL, "fused attention views exceed their tensors");
     attn_job j = {q->data, kk->data, v->data, m ? m->data : NULL, k->out[0].data, N, H, S, T, dk, dv,
                   (T + 15) / 16 * 16, (dv + 31) / 32 * 32, qs, ks, vs, ys, ms,
-                  mts_attr_float(k->node, "alpha", 1.0f), mts_attr_float(k->node, "beta", 1.0f), 0};
+                  mts_attr_float(k->node, "alpha", 1.0f), mts_attr_float(k->node, "beta", 1.0f), 0, NULL};
+    const mts_rows *rows = mts_kctx_rows(k);
+    if (rows && rows->B == N && rows->S == S && S == T) j.len = rows->len;
     double work = (double)N * (double)H * (double)S * (double)T * (double)(dk + dv);
     int t = work >= ATTN_MT_WORK ? k->threads : 1;
     if (t > N * H) t = (int)(N * H);

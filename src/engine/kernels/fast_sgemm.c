@@ -1,9 +1,10 @@
 /*
  * A float GEMM for few rows against constant weights packed once ("small-M GEMM"): the
  * MatMul/Gemm steps of the oneDNN backend whose source has at most MTS_SMALL_GEMM_ROWS rows (a
- * BERT encoder at batch 1-8: 16-128 tokens against 384 x 1536 weights) run here instead of in
+ * BERT encoder at batch 1-32: 16-512 tokens against 384 x 1536 weights) run here instead of in
  * oneDNN, whose kernels reach about a third of the machine's multiply-add rate on the smallest
- * of these shapes.
+ * of these shapes (and match this one at 512 rows). A row map lets a padding-free run compute
+ * only a batch's valid rows (mts_small_gemm_run_map).
  * The weights are packed into panels of 32 columns, [N/32][K][32] (each panel one contiguous
  * stream), and the product runs in 8-row x 32-column register tiles: per k, two vector loads of
  * the panel and eight broadcasts of A feed sixteen independent multiply-adds; the last one to
@@ -128,7 +129,13 @@ typedef struct sg_job {
     const mts_dpost *post;
     int n_post;
     const float *const *resid;
+    const int32_t *map; /* row i of the product is row map[i] of a, c and resid (NULL: row i) */
 } sg_job;
+
+static inline __attribute__((always_inline)) int64_t sg_row(const sg_job *j, int64_t i)
+{
+    return j->map ? j->map[i] : i;
+}
 
 /* One register tile: rows [i0, i0 + nr) of A (R rows computed; those past nr repeat the last
  * and are dropped) against P panels from column jc, 2 * R * P accumulators (at most 16). Every
@@ -142,7 +149,7 @@ static inline __attribute__((always_inline)) void sg_tile(const sg_job *j, int64
 {
     const int64_t K = j->K, N = j->N;
     const float *ar[8];
-    for (int r = 0; r < R; r++) ar[r] = j->a + (i0 + (r < nr ? r : nr - 1)) * K;
+    for (int r = 0; r < R; r++) ar[r] = j->a + sg_row(j, i0 + (r < nr ? r : nr - 1)) * K;
     const float *bp = j->bp + jc * K;
     v16f c[16];
     for (int q = 0; q < 2 * R * P; q++) c[q] = splat16(0);
@@ -165,7 +172,7 @@ static inline __attribute__((always_inline)) void sg_tile(const sg_job *j, int64
         int64_t jp = jc + 32 * p;
         v16f bl = j->bias ? ld16(j->bias + jp) : splat16(0), bh = j->bias ? ld16(j->bias + jp + 16) : splat16(0);
         for (int r = 0; r < nr; r++) {
-            int64_t off = (i0 + r) * N + jp;
+            int64_t off = sg_row(j, i0 + r) * N + jp;
             v16f lo = c[2 * (r * P + p)] + bl, hi = c[2 * (r * P + p) + 1] + bh;
             int e = 0;
             for (int q = 0; q < j->n_post; q++) {
@@ -244,7 +251,18 @@ bool mts_small_gemm_posts_ok(const mts_dpost *post, int n_post)
 void mts_small_gemm_run(const float *a, int64_t rows, int64_t K, int64_t N, const float *bp, const float *bias,
                         const mts_dpost *post, int n_post, const float *const *resid, float *c, int threads)
 {
-    sg_job j = {a, bp, bias, c, rows, K, N, post, n_post, resid};
+    sg_job j = {a, bp, bias, c, rows, K, N, post, n_post, resid, NULL};
+    int64_t np = N / 32;
+    if (threads > np) threads = (int)np;
+    mts_parallel(threads < 1 ? 1 : threads, sg_part, &j);
+}
+
+void mts_small_gemm_run_map(const float *a, const int32_t *map, int64_t n, int64_t K, int64_t N, const float *bp,
+                            const float *bias, const mts_dpost *post, int n_post, const float *const *resid, float *c,
+                            int threads)
+{
+    if (n <= 0) return;
+    sg_job j = {a, bp, bias, c, n, K, N, post, n_post, resid, map};
     int64_t np = N / 32;
     if (threads > np) threads = (int)np;
     mts_parallel(threads < 1 ? 1 : threads, sg_part, &j);

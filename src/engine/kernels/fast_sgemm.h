@@ -12,7 +12,7 @@
 
 /* Rows (tokens x batch) up to which a MatMul with constant weights runs here: at 16 rows this
  * kernel is about 1.3x oneDNN's, at 128 about 1.03x, at 512 equal (minilm_like, 2 threads). */
-#define MTS_SMALL_GEMM_ROWS 128
+#define MTS_SMALL_GEMM_ROWS 512
 
 /* Whether [rows, K] x [K, N] runs here: AVX-512, rows within the limit, N a multiple of 32. */
 bool mts_small_gemm_ok(int64_t rows, int64_t K, int64_t N);
@@ -25,5 +25,10 @@ float *mts_small_gemm_pack(const float *w, bool transpose, int64_t K, int64_t N)
  * residual tensors [rows, N] of the MTS_DPOST_ADD ones, in order), on up to `threads` threads. */
 void mts_small_gemm_run(const float *a, int64_t rows, int64_t K, int64_t N, const float *bp, const float *bias,
                         const mts_dpost *post, int n_post, const float *const *resid, float *c, int threads);
+/* The same for the n rows of a, c and the residuals listed in map (row indices, any order),
+ * leaving the other rows untouched: a padding-free run computes only a batch's valid rows. */
+void mts_small_gemm_run_map(const float *a, const int32_t *map, int64_t n, int64_t K, int64_t N, const float *bp,
+                            const float *bias, const mts_dpost *post, int n_post, const float *const *resid, float *c,
+                            int threads);
 
 #endif

@@ -35,6 +35,16 @@
 #include "engine/graph.h"
 #include "util/status.h"
 
+/* Padding-free execution (context.c, engine.h mts_ctx_set_padding_mask): the valid positions of
+ * a run's [B, S] token tensors, len[b] leading positions of batch entry b, the rest padding
+ * whose outputs the caller ignores. map lists the valid rows of a [B, S, ...] tensor seen as
+ * B * S rows (b * S + s for s < len[b]), n of them. Steps the plan marked (mts__step.rows) may
+ * compute only those rows; the rest of their output rows they set to zero. */
+typedef struct mts_rows {
+    int64_t B, S, n;
+    const int32_t *len, *map;
+} mts_rows;
+
 typedef struct mts_kctx {
     const mts_node *node;
     const mts_tensor *const *in;
@@ -48,6 +58,10 @@ typedef struct mts_kctx {
      * in it (engine/subgraph.h). */
     struct mts_ctx *ctx;
 } mts_kctx;
+
+/* The valid rows of a padding-free run for the step being run, when the plan marked it
+ * (mts__step.rows); NULL otherwise and at plan time (context.c). */
+const mts_rows *mts_kctx_rows(const mts_kctx *k);
 
 typedef int (*mts_infer_fn)(mts_kctx *k);
 typedef int (*mts_run_fn)(mts_kctx *k);
@@ -104,14 +118,15 @@ typedef struct mts_backend {
      *     per-context state *cstate (a oneDNN stream) and raises *scratch to the bytes one of its
      *     steps needs.
      *   set_threads: before each run of a plan with its steps.
-     *   run: one step; vals are the context's values, scratch the context's scratch memory.
+     *   run: one step; vals are the context's values, scratch the context's scratch memory; rows,
+     *     for a step the plan marked, the valid rows of a padding-free run (else NULL).
      *   describe: the implementation behind a step, for MTS_PLAN_VERBOSE and `mtserve inspect`.
      *   step_free / ctx_free / model_free: a step's compiled form, a context's state, a model's
      *     state (caches); model_bytes: the bytes of a model's state (resident memory). */
     int (*prepare)(const struct mts__plan *p, int self, int threads, void **cstate, int64_t *scratch, mts_err *err);
     void (*set_threads)(int threads);
     int (*run)(const struct mts__step *st, void *cstate, const mts_tensor *vals, void *scratch, int threads,
-               mts_err *err);
+               const mts_rows *rows, mts_err *err);
     const char *(*describe)(const struct mts__step *st);
     void (*step_free)(void *impl);
     void (*ctx_free)(void *cstate);
