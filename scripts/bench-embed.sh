@@ -2,10 +2,13 @@
 # The body of `make bench-embed`: sentence-embedding throughput of mtserve against ONNX Runtime
 # on the same model (models/out/minilm_like.onnx, MiniLM-L6-sized) at batch 1, 8 and 32, THREADS
 # intra-op threads each (default 2). mtserve's side is `mtserve embed --bench`: tokenization,
-# bucketing, padding, inference, mean pooling and normalization of the 64 texts of
-# bench/embed_texts.txt (10 to 16 tokens each, so one length bucket of 16). ONNX Runtime's side
-# is tools/ort/ort_bench.js on already-padded [batch, 16] int64 inputs (tokenization and pooling
-# excluded). Both run in this invocation, alternately per batch size; the CPU is named.
+# bucketing, padding, inference (padding-free: only the real tokens' rows), mean pooling and
+# normalization of the 64 texts of bench/embed_texts.txt (10 to 16 tokens each, so one length
+# bucket of 16). ONNX Runtime's side is tools/ort/ort_bench.js on already-padded [batch, S] int64
+# inputs (tokenization and pooling excluded), S the mean over the batches of the texts, taken in
+# order, of their longest text: what a server padding each batch to its longest text gives ONNX
+# Runtime (batch 1: the texts' mean length). Both run in this invocation, alternately per batch
+# size; the CPU is named. NOPADFREE=1 adds a column with padding-free runs off (MTS_NO_PADFREE).
 # BENCH_SECONDS (default 3) is the measuring time of each point.
 # The embedding_policy columns: `mtserve tune --embedding --policy` runs requests of B texts the
 # way the server does, tokenization included, once as one batch on one worker with THREADS
@@ -29,8 +32,14 @@ mkdir "$work/minilm"
 ln -s "$(readlink -f "$MODEL")" "$work/minilm/model.onnx"
 /usr/bin/python3 models/gen/bert_vocab.py "$work/minilm/vocab.txt" >/dev/null
 printf 'tokenizer: vocab.txt\npooling: mean\nnormalize: true\nmax_tokens: 128\n' > "$work/minilm/config.yaml"
+# the texts' token counts
+"$MTSERVE" embed "$work/minilm" --tokens - < "$TEXTS" | awk '{ print NF }' > "$work/lengths"
+longest=$(awk '{ if ($1 > m) m = $1 } END { print m }' "$work/lengths")
+# ONNX Runtime's padded length at batch b: the mean of each batch's longest text, rounded
+ort_len() { /usr/bin/python3 -c "import sys
+n=[int(x) for x in open(sys.argv[1])]; b=int(sys.argv[2])
+m=[max(n[i:i + b]) for i in range(0, len(n), b)]; print(round(sum(m) / len(m)))" "$work/lengths" "$1"; }
 # the bucket every text falls into: the next power of two from 8 above the longest
-longest=$("$MTSERVE" embed "$work/minilm" --tokens - < "$TEXTS" | awk '{ if (NF > m) m = NF } END { print m }')
 bucket=8
 while [ "$bucket" -lt "$longest" ]; do bucket=$((bucket * 2)); done
 cpu=$(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -1)
@@ -43,17 +52,22 @@ if [ -z "${POLICY:-}" ]; then
 print(','.join('%d:%dx%d' % (e['max_batch'], e['workers'], e['threads']) for e in json.load(sys.stdin)['embedding_policy']))")
 fi
 echo "bench-embed: embedding_policy $POLICY; load average $(cut -d' ' -f1-3 /proc/loadavg)"
-printf '%-6s %16s %16s %10s %16s %16s %10s %10s %10s\n' batch "mtserve texts/s" "no-policy" "policy WxT" \
-  "policy texts/s" "ORT texts/s" "embed/ORT" "policy/ORT" "policy/no"
+printf '%-6s %16s %16s %10s %16s %6s %16s %10s %10s %10s\n' batch "mtserve texts/s" "no-policy" "policy WxT" \
+  "policy texts/s" "ORT S" "ORT texts/s" "embed/ORT" "policy/ORT" "policy/no"
 compare() { /usr/bin/python3 -c "import json,sys; c=json.load(sys.stdin)['compare'][0]
 print(c['without_texts_per_s'], c['with_texts_per_s'], '%dx%d' % (c['workers'], c['threads']))"; }
 for b in 1 8 32; do
   ours=$("$MTSERVE" embed "$work/minilm" --bench "$SECS" --batch "$b" --threads "$THREADS" - < "$TEXTS" | field texts_per_s)
   read -r without with wt < <("$MTSERVE" tune "$work/minilm" --embedding --texts "$TEXTS" --batches "$b" \
     --cores "$THREADS" --seconds "$SECS" --policy "$POLICY" --json 2>/dev/null | compare)
-  ort=$(node tools/ort/ort_bench.js "$work/minilm/model.onnx" --batch "$b" --threads "$THREADS" --dim S="$bucket" \
+  olen=$(ort_len "$b")
+  if [ "${NOPADFREE:-0}" = 1 ]; then
+    whole=$(MTS_NO_PADFREE=1 "$MTSERVE" embed "$work/minilm" --bench "$SECS" --batch "$b" --threads "$THREADS" - < "$TEXTS" | field texts_per_s)
+    echo "bench-embed: batch $b padding-free off: $whole texts/s (on: $ours, $(/usr/bin/python3 -c "print('%.2fx' % ($ours / $whole))"))"
+  fi
+  ort=$(node tools/ort/ort_bench.js "$work/minilm/model.onnx" --batch "$b" --threads "$THREADS" --dim S="$olen" \
         --min-seconds "$SECS" --iters 10 | field throughput_per_s)
-  printf '%-6s %16.1f %16.1f %10s %16.1f %16.1f %9.2fx %9.2fx %9.2fx\n' "$b" "$ours" "$without" "$wt" "$with" "$ort" \
+  printf '%-6s %16.1f %16.1f %10s %16.1f %6s %16.1f %9.2fx %9.2fx %9.2fx\n' "$b" "$ours" "$without" "$wt" "$with" "$olen" "$ort" \
     "$(/usr/bin/python3 -c "print($ours / $ort)")" "$(/usr/bin/python3 -c "print($with / $ort)")" \
     "$(/usr/bin/python3 -c "print($with / $without)")"
 done

@@ -233,6 +233,11 @@ static void test_small_gemm(void **state)
         free(packed), free(a), free(w), free(b), free(r), free(ref);
     }
     assert_false(mts_small_gemm_ok(MTS_SMALL_GEMM_ROWS + 1, 384, 384));
+    if (mts_small_gemm_ok(16, 384, 384)) { /* (AVX-512 machines) */
+        assert_true(mts_small_gemm_ok(MTS_SMALL_GEMM_ROWS, 384, 1536));
+        assert_false(mts_small_gemm_ok(MTS_SMALL_GEMM_ROWS, 1024, 1024)); /* large weights: oneDNN */
+        assert_true(mts_small_gemm_ok(MTS_SMALL_GEMM_ROWS_SMALL, 1024, 1024));
+    }
     assert_false(mts_small_gemm_ok(16, 384, 100));
 }
 

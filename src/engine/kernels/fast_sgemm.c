@@ -107,7 +107,7 @@ bool mts_small_gemm_ok(int64_t rows, int64_t K, int64_t N)
     return false;
 #endif
     return rows >= 1 && rows <= MTS_SMALL_GEMM_ROWS && K >= 1 && N >= 32 && N % 32 == 0 && K <= (1 << 20) &&
-           N <= (1 << 20);
+           N <= (1 << 20) && (rows <= MTS_SMALL_GEMM_ROWS_SMALL || K * N <= MTS_SMALL_GEMM_BIG_ROWS_FLOATS);
 }
 
 float *mts_small_gemm_pack(const float *w, bool transpose, int64_t K, int64_t N)

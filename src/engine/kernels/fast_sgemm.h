@@ -11,10 +11,14 @@
 #include "engine/kernels/dnnl_ops.h"
 
 /* Rows (tokens x batch) up to which a MatMul with constant weights runs here: at 16 rows this
- * kernel is about 1.3x oneDNN's, at 128 about 1.03x, at 512 equal (minilm_like, 2 threads). */
+ * kernel is about 1.3x oneDNN's, at 128 about 1.03x, at 512 equal (minilm_like, 2 threads).
+ * Each 8-row tile streams a thread's share of the weights, so past MTS_SMALL_GEMM_ROWS_SMALL
+ * rows only weights of at most MTS_SMALL_GEMM_BIG_ROWS_FLOATS (a 384 x 1536 layer) qualify. */
 #define MTS_SMALL_GEMM_ROWS 512
+#define MTS_SMALL_GEMM_ROWS_SMALL 128
+#define MTS_SMALL_GEMM_BIG_ROWS_FLOATS (640 * 1024)
 
-/* Whether [rows, K] x [K, N] runs here: AVX-512, rows within the limit, N a multiple of 32. */
+/* Whether [rows, K] x [K, N] runs here: AVX-512, rows within the limits, N a multiple of 32. */
 bool mts_small_gemm_ok(int64_t rows, int64_t K, int64_t N);
 /* Whether the fused operations are ones the epilogue applies (Erf GELU, a plain fp32 residual). */
 bool mts_small_gemm_posts_ok(const mts_dpost *post, int n_post);
