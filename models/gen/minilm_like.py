@@ -43,10 +43,13 @@ def layer_norm(g, x, name, out=None, dim=HIDDEN):
                   axis=-1, epsilon=EPS)
 
 
-def build(vocab=VOCAB, hidden=HIDDEN, heads=HEADS, ffn=FFN, layers=LAYERS, pooled=False, name="minilm_like"):
+def build(vocab=VOCAB, hidden=HIDDEN, heads=HEADS, ffn=FFN, layers=LAYERS, pooled=False, pooler=False,
+          name="minilm_like"):
     """The encoder; smaller settings give the unit tests' variants (tests/models). pooled adds a
     second output, the plain mean of last_hidden_state over the sequence axis, computed in the
-    graph (a reduction across tokens, which keeps a plan from running padding-free)."""
+    graph (a reduction across tokens, which keeps a plan from running padding-free); pooler adds
+    BERT's pooler_output, tanh(dense(first token)), the first token taken by a Gather along the
+    sequence axis as the exports write it."""
     VOCAB, HIDDEN, HEADS, FFN, LAYERS = vocab, hidden, heads, ffn, layers  # noqa: N806
     HEAD_DIM = HIDDEN // HEADS  # noqa: N806
     g = GraphBuilder(name, seed=5101)
@@ -124,6 +127,13 @@ def build(vocab=VOCAB, hidden=HIDDEN, heads=HEADS, ffn=FFN, layers=LAYERS, poole
         x = layer_norm(g, o, pre + ".output.LayerNorm",
                        out="last_hidden_state" if layer == LAYERS - 1 else None, dim=HIDDEN)
     g.output("last_hidden_state", FLOAT, ["N", "S", HIDDEN])
+    if pooler:
+        first = g.node("Gather", [x, g.const_i("pooler.index", 0)], name="pooler.first_token", axis=1)
+        w = g.init("pooler.dense.weight", g.randn((HIDDEN, HIDDEN), 1.0 / math.sqrt(HIDDEN)))
+        b = g.init("pooler.dense.bias", g.randn((HIDDEN,), 0.02))
+        d = g.node("Gemm", [first, w, b], name="pooler.dense")
+        g.node("Tanh", [d], name="pooler.tanh", outputs=["pooler_output"])
+        g.output("pooler_output", FLOAT, ["N", HIDDEN])
     if pooled:
         g.node("ReduceMean", [x], name="pooled.mean", outputs=["pooled"], axes=[1], keepdims=0)
         g.output("pooled", FLOAT, ["N", HIDDEN])

@@ -19,8 +19,10 @@
  *     the same row of its inputs): the skipping steps, elementwise kernels, normalizations over
  *     the trailing axes, a Reshape that keeps [B, S]; a fused attention may read tainted
  *     queries, keys and values (it skips padded keys itself) but not a tainted mask.
- * Anything else reading a tainted value (a reduction over the sequence, a transpose, a pooling
- * inside the graph, control flow) makes the plan ineligible and every run computes whole.
+ * A Gather of position 0 along the sequence axis (the first token, which every text has: a BERT
+ * pooler) reads a tainted value and gives an exact one. Anything else reading a tainted value (a
+ * reduction over the sequence, a transpose, a pooling inside the graph, control flow) makes the
+ * plan ineligible and every run computes whole.
  * Graph outputs may be tainted: that is the caller's side of the contract.
  */
 #include <stdlib.h>
@@ -88,6 +90,22 @@ static bool attention_skipper(const mts__plan *p, const mts__step *st)
            d[0] == p->tok_B && d[2] == p->tok_S && d[3] == p->tok_S && st->n_out == 1 && lead_bs(p, st->out[0], 3);
 }
 
+/* A Gather of position 0 along the sequence axis (a BERT pooler's first token, the exports'
+ * Gather(hidden, 0, axis=1)): it reads only rows every text has, so its output is exact. */
+static bool first_token(const mts__plan *p, const mts__step *st, const uint8_t *taint)
+{
+    if (st->kind != MTS__S_KERNEL || strcmp(st->nd->op_type, "Gather") || st->n_in != 2 || st->n_out != 1) return false;
+    int x = st->in[0], ix = st->in[1];
+    if (x < 0 || ix < 0 || taint[ix] || !lead_bs(p, x, 2) || mts_attr_int(st->nd, "axis", 0) != 1) return false;
+    bool folded = st->cin && st->cin[1];
+    const mts_tensor *t = folded ? st->cin[1] : &p->vals[ix];
+    if (!folded && p->state[ix] != MTS__V_CONST) return false;
+    if (!t->data || (t->dtype != MTS_DTYPE_INT64 && t->dtype != MTS_DTYPE_INT32) || mts_tensor_numel(t) != 1)
+        return false;
+    int64_t v = t->dtype == MTS_DTYPE_INT64 ? ((const int64_t *)t->data)[0] : ((const int32_t *)t->data)[0];
+    return v == 0 || v == -p->tok_S;
+}
+
 void mts__plan_padfree(const mts_model *m, mts__plan *p)
 {
     p->rows_ok = false;
@@ -117,6 +135,8 @@ void mts__plan_padfree(const mts_model *m, mts__plan *p)
         } else if (attention_skipper(p, st)) {
             if (st->n_in > 3 && st->in[3] >= 0 && taint[st->in[3]]) ok = false;
             st->rows = 1;
+        } else if (reads && first_token(p, st, taint)) {
+            continue; /* its output is the first position's rows, always valid: not tainted */
         } else if (reads) {
             ok = st->kind == MTS__S_KERNEL && row_local(p, st, taint);
         } else {

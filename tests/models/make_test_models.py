@@ -15,7 +15,8 @@ sequence_lens, initial states and peepholes), rnn_gru_batchwise (GRU, linear_bef
 layout=1) and rnn_lstm_vad (two stacked LSTMs on one 64-sample frame with their states as inputs
 and outputs, a voice-activity detector's shape); and two small BERT-style encoders with an
 attention mask for the padding-free tests (models/gen/minilm_like.py at 2 layers, hidden 64):
-bert_mask_small, and bert_mask_pooled with a second output pooled over the tokens in the graph.
+bert_mask_small, bert_mask_pooled with a second output pooled over the tokens in the graph, and
+bert_mask_pooler with BERT's pooler_output (the first token, a dense layer and tanh).
 Usage: make_test_models.py OUTDIR
 """
 import os
@@ -112,6 +113,8 @@ def main():
     onnx.save(minilm_like.build(name="bert_mask_small", **small), os.path.join(out, "bert_mask_small.onnx"))
     onnx.save(minilm_like.build(name="bert_mask_pooled", pooled=True, **small),
               os.path.join(out, "bert_mask_pooled.onnx"))
+    onnx.save(minilm_like.build(name="bert_mask_pooler", pooler=True, **small),
+              os.path.join(out, "bert_mask_pooler.onnx"))
     print("test models written to", out)
 
 

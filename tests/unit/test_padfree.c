@@ -6,7 +6,8 @@
  * attention's summation order) at 1 and 2 threads, over several shapes, batch sizes and a
  * length-1 text. A mask that is not ones-then-zeros (a hole, all ones) and a model whose output
  * pools across the tokens inside the graph run whole, bit-identical to a run without the mask
- * set.
+ * set; a BERT pooler (the first token's dense + tanh) keeps the plan eligible and its output
+ * exact.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -201,12 +202,41 @@ static void test_pooled_in_graph_runs_whole(void **state)
     mts_model_free(m);
 }
 
+static void test_first_token_pooler_stays_exact(void **state)
+{
+    (void)state;
+    /* pooler_output = tanh(dense(first token)): the first position is valid in every text, so
+     * the plan stays eligible and the pooled output is the whole run's */
+    mts_model *m = load("bert_mask_pooler");
+    int len[4] = {13, 2, 9, 5};
+    batch x;
+    make_batch(&x, 4, 13, len);
+    int64_t n;
+    float *ref = run_whole(m, &x, MAX_THREADS, 1, &n);
+    mts_ctx *c;
+    mts_err err = {0};
+    assert_int_equal(mts_ctx_create(m, MAX_THREADS, &c, &err), 0);
+    mts_ctx_set_padding_mask(c, 1);
+    const mts_tensor *out[2];
+    if (mts_ctx_run(c, x.in, 3, out, &err)) fail_msg("%s", err.msg);
+    assert_int_equal(mts_ctx_rows_skipped(c), 4 * 13 - (13 + 2 + 9 + 5));
+    assert_int_equal(n, 4 * 64);
+    const float *got = out[1]->data;
+    for (int64_t i = 0; i < n; i++)
+        if (!(fabs((double)got[i] - ref[i]) <= 1e-5)) fail_msg("pooler_output[%lld]: %g, whole run %g", (long long)i, got[i], ref[i]);
+    free(ref);
+    mts_ctx_free(c);
+    free_batch(&x);
+    mts_model_free(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_valid_rows_match),
         cmocka_unit_test(test_runs_whole_when_not_padding),
         cmocka_unit_test(test_pooled_in_graph_runs_whole),
+        cmocka_unit_test(test_first_token_pooler_stays_exact),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
