@@ -147,13 +147,21 @@ int64_t mts_ctx_rows_skipped(const mts_ctx *c)
     return c->rows_skipped;
 }
 
+/* MTS_NO_PADFREE=1: every run whole (for comparisons). */
+static int padfree_off;
+static pthread_once_t padfree_once = PTHREAD_ONCE_INIT;
+static void padfree_init(void)
+{
+    const char *e = getenv("MTS_NO_PADFREE");
+    padfree_off = e && strcmp(e, "1") == 0;
+}
+
 /* The valid rows of this run from the padding mask input, when the plan allows skipping and
  * every row of the mask is ones then zeros (at least one one); NULL (run whole) otherwise. */
 static const mts_rows *padding_rows(mts_ctx *c, const mts__plan *p, const mts_tensor *inputs, int n_inputs)
 {
-    static int off = -1; /* MTS_NO_PADFREE=1: every run whole (for comparisons) */
-    if (off < 0) off = getenv("MTS_NO_PADFREE") && atoi(getenv("MTS_NO_PADFREE")) == 1;
-    if (off || c->pad_input < 0 || c->pad_input >= n_inputs || !p->rows_ok) return NULL;
+    pthread_once(&padfree_once, padfree_init);
+    if (padfree_off || c->pad_input < 0 || c->pad_input >= n_inputs || !p->rows_ok) return NULL;
     const mts_tensor *t = &inputs[c->pad_input];
     int64_t B = p->tok_B, S = p->tok_S;
     if (t->rank != 2 || t->dims[0] != B || t->dims[1] != S || !t->data) return NULL;
