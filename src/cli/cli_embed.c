@@ -2,10 +2,11 @@
  * `mtserve embed MODEL TEXT...`: sentence embeddings on the command line, no server. MODEL is
  * a model folder (model.onnx or <version>/model.onnx with config.yaml / config.pbtxt giving the
  * embedding keys, docs/embeddings.md) or, with --config FILE, a model name in that
- * configuration. The texts are tokenized, grouped by length bucket, run in batches of up to
- * --batch texts and pooled exactly as the server does (text/embed.h); the vectors are printed one
- * per line, or as an OpenAI-style JSON document with --json. --bench SECONDS instead measures
- * texts per second over the given texts (tokenization included) at --batch texts per run;
+ * configuration. The texts are taken --batch at a time (a request of that many), each group
+ * tokenized, grouped by length bucket, run and pooled exactly as the server does a request
+ * (text/embed.h); the vectors are printed one per line, or as an OpenAI-style JSON document with
+ * --json. --bench SECONDS instead measures texts per second over the given texts (tokenization
+ * included) in requests of --batch texts;
  * --tokens prints the token ids (what the model is fed, before padding).
  */
 #include <errno.h>
@@ -31,7 +32,8 @@ static void usage(FILE *f)
             "  --config FILE   the server configuration (YAML) that defines MODEL\n"
             "  --json          print {\"data\":[{\"index\",\"embedding\"}],\"usage\"} instead of one vector per line\n"
             "  --threads N     intra-op threads (default: online cores)\n"
-            "  --batch N       texts per run (default 32)\n"
+            "  --batch N       texts per request (default 32): the texts N at a time, each group sorted\n"
+            "                  by length and run in length buckets, as the server runs a request\n"
             "  --bench SECONDS run the texts repeatedly for SECONDS and print texts per second\n"
             "  --tokens        print each text's token ids (one line per text) instead of vectors\n"
             "  --precision P   auto, fp32, bf16 or int8 (default: the model's `precision` setting)\n"
@@ -149,7 +151,9 @@ static int tokenize_all(const mts_tokenizer *tok, int max_tokens, emb_text *t, i
     return 0;
 }
 
-/* Runs every text through the model into vecs (n x *dim, allocated here on first use). */
+/* Runs every text through the model into vecs (n x *dim, allocated here on first use): the
+ * texts `batch` at a time in their order, as the server gets a request of that many, each such
+ * group sorted by length and run in length buckets as the server runs a request. */
 static int embed_all(mts_ctx *ctx, const mts_model *mdl, const mts_embedder *e, emb_text *t, int n, int batch,
                      float **vecs, int64_t *dim)
 {
@@ -157,15 +161,16 @@ static int embed_all(mts_ctx *ctx, const mts_model *mdl, const mts_embedder *e, 
     if (!order) return 1;
     for (int i = 0; i < n; i++) order[i] = i;
     g_sort_texts = t;
-    qsort(order, (size_t)n, sizeof(int), cmp_len_g);
+    for (int c = 0; c < n; c += batch)
+        qsort(order + c, (size_t)(n - c < batch ? n - c : batch), sizeof(int), cmp_len_g);
     int rc = 0;
     mts_model_info info;
     mts_model_get_info(mdl, &info);
     int n_in = info.n_inputs;
     for (int i = 0; i < n && !rc;) {
         int len = mts_embed_bucket(e, t[order[i]].n);
-        int j = i;
-        while (j < n && j - i < batch && t[order[j]].n <= len) j++;
+        int j = i, group_end = (i / batch + 1) * batch < n ? (i / batch + 1) * batch : n;
+        while (j < group_end && t[order[j]].n <= len) j++;
         int k = j - i;
         const int64_t *ids[k > 0 ? k : 1], *types[k > 0 ? k : 1];
         int cnt[k > 0 ? k : 1];
