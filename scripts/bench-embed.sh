@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The body of `make bench-embed`: sentence-embedding throughput of mtserve against ONNX Runtime
 # on the same model (models/out/minilm_like.onnx, MiniLM-L6-sized) at batch 1, 8 and 32, THREADS
-# intra-op threads each (default 2). mtserve's side is `mtserve embed --bench`: tokenization,
+# intra-op threads each (default 2). mtserve's side is `mtserve embed --bench` on requests of
+# batch texts (the texts in order, b at a time): tokenization,
 # bucketing, padding, inference (padding-free: only the real tokens' rows), mean pooling and
 # normalization of the 64 texts of bench/embed_texts.txt (10 to 16 tokens each, so one length
 # bucket of 16). ONNX Runtime's side is tools/ort/ort_bench.js on already-padded [batch, S] int64
