@@ -91,6 +91,17 @@ static float *run_whole(mts_model *m, batch *x, int threads, int o, int64_t *num
     return copy;
 }
 
+/* A context of `threads` threads with the padding mask on input 1, after one run of x. */
+static mts_ctx *run_padded(mts_model *m, batch *x, int threads, const mts_tensor **out)
+{
+    mts_ctx *c;
+    mts_err err = {0};
+    assert_int_equal(mts_ctx_create(m, threads, &c, &err), 0);
+    mts_ctx_set_padding_mask(c, 1);
+    if (mts_ctx_run(c, x->in, 3, out, &err)) fail_msg("%s", err.msg);
+    return c;
+}
+
 static void test_valid_rows_match(void **state)
 {
     (void)state;
@@ -187,12 +198,8 @@ static void test_pooled_in_graph_runs_whole(void **state)
     make_batch(&x, 3, 11, len);
     int64_t n;
     float *ref = run_whole(m, &x, MAX_THREADS, 1, &n);
-    mts_ctx *c;
-    mts_err err = {0};
-    assert_int_equal(mts_ctx_create(m, MAX_THREADS, &c, &err), 0);
-    mts_ctx_set_padding_mask(c, 1);
     const mts_tensor *out[2];
-    if (mts_ctx_run(c, x.in, 3, out, &err)) fail_msg("%s", err.msg);
+    mts_ctx *c = run_padded(m, &x, MAX_THREADS, out);
     assert_int_equal(mts_ctx_rows_skipped(c), 0); /* the ReduceMean reads every token row */
     assert_int_equal(n, 3 * 64);
     assert_memory_equal(out[1]->data, ref, sizeof(float) * (size_t)n);
@@ -213,12 +220,8 @@ static void test_first_token_pooler_stays_exact(void **state)
     make_batch(&x, 4, 13, len);
     int64_t n;
     float *ref = run_whole(m, &x, MAX_THREADS, 1, &n);
-    mts_ctx *c;
-    mts_err err = {0};
-    assert_int_equal(mts_ctx_create(m, MAX_THREADS, &c, &err), 0);
-    mts_ctx_set_padding_mask(c, 1);
     const mts_tensor *out[2];
-    if (mts_ctx_run(c, x.in, 3, out, &err)) fail_msg("%s", err.msg);
+    mts_ctx *c = run_padded(m, &x, MAX_THREADS, out);
     assert_int_equal(mts_ctx_rows_skipped(c), 4 * 13 - (13 + 2 + 9 + 5));
     assert_int_equal(n, 4 * 64);
     const float *got = out[1]->data;
