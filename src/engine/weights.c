@@ -64,11 +64,34 @@ void mts__unmap_file(void *addr, size_t len)
 /* Under AddressSanitizer every copy comes from malloc (ENGINE_MALLOC_ONLY), so a read of a
  * dropped copy is reported as a use after free: ASan cannot see into an anonymous mapping, and
  * a read of one that is unmapped is a bare SIGSEGV. */
+/* A copy is written whole right after it is made, so a mapping's pages are faulted in by the
+ * mmap call (MAP_POPULATE) rather than one fault per page as memcpy first touches them: about a
+ * third of a plan's rebuild of minilm_like's 88 MB of copies. */
 static void *copy_alloc(size_t len)
 {
     if (len < COPY_MMAP_MIN || ENGINE_MALLOC_ONLY) return malloc(len ? len : 1);
-    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
     return p == MAP_FAILED ? NULL : p;
+}
+
+/* The same for the source: a range of the file mapping (its pages dropped after an earlier copy,
+ * or never read) is read in by one call (MADV_POPULATE_READ, Linux 5.14; an older kernel refuses
+ * it and memcpy faults the pages in as before). */
+static void populate_src(const mts_model *m, const void *src, size_t len)
+{
+#if defined(MADV_POPULATE_READ)
+    long page = sysconf(_SC_PAGESIZE);
+    if (ENGINE_MALLOC_ONLY || page <= 0 || len < (size_t)page * 2) return;
+    for (int i = 0; i < m->n_maps; i++)
+        if ((const uint8_t *)src >= (const uint8_t *)m->maps[i].addr &&
+            (const uint8_t *)src + len <= (const uint8_t *)m->maps[i].addr + m->maps[i].len) {
+            uintptr_t a = (uintptr_t)src / (uintptr_t)page * (uintptr_t)page;
+            (void)madvise((void *)a, (uintptr_t)src + len - a, MADV_POPULATE_READ);
+            return;
+        }
+#else
+    (void)m, (void)src, (void)len;
+#endif
 }
 
 /* Drops the whole pages of a copied range of a file mapping from the resident set right after
@@ -97,6 +120,7 @@ static void copy_out(const mts_model *m, void *dst, const void *src, size_t len)
     const size_t piece = (size_t)1 << 20;
     for (size_t off = 0; off < len; off += piece) {
         size_t n = len - off < piece ? len - off : piece;
+        populate_src(m, (const uint8_t *)src + off, n);
         memcpy((uint8_t *)dst + off, (const uint8_t *)src + off, n);
         drop_src_pages(m, (const uint8_t *)src + off, n);
     }
