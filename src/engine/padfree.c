@@ -37,6 +37,12 @@ static bool lead_bs(const mts__plan *p, int v, int min_rank)
     return t->rank >= min_rank && t->dims[0] == p->tok_B && t->dims[1] == p->tok_S;
 }
 
+/* A rank-3 [B, S, features] value: the source and destination of a skipping MatMul. */
+static bool tokens3(const mts__plan *p, int v)
+{
+    return lead_bs(p, v, 3) && p->vals[v].rank == 3;
+}
+
 static bool is_op(const char *op, const char *const *names)
 {
     for (int i = 0; names[i]; i++)
@@ -78,8 +84,7 @@ static bool matmul_skipper(const mts_model *m, const mts__plan *p, const mts__st
 {
     const char *op = m->nodes[st->node].op_type;
     return st->kind == MTS__S_BACKEND && (!strcmp(op, "MatMul") || !strcmp(op, "Gemm")) && st->n_out == 1 &&
-           st->n_in >= 1 && lead_bs(p, st->in[0], 3) && p->vals[st->in[0]].rank == 3 && lead_bs(p, st->out[0], 3) &&
-           p->vals[st->out[0]].rank == 3;
+           st->n_in >= 1 && tokens3(p, st->in[0]) && tokens3(p, st->out[0]);
 }
 
 static bool attention_skipper(const mts__plan *p, const mts__step *st)
@@ -124,12 +129,11 @@ void mts__plan_padfree(const mts_model *m, mts__plan *p)
     int marked = 0;
     for (int s = 0; s < p->n_steps && ok; s++) {
         mts__step *st = &p->steps[s];
-        st->rows = 0;
         bool reads = false;
         for (int j = 0; j < st->n_in; j++) reads |= st->in[j] >= 0 && taint[st->in[j]];
         if (matmul_skipper(m, p, st)) {
             for (int j = 1; j < st->n_in; j++) /* residuals: added row by row */
-                if (st->in[j] >= 0 && taint[st->in[j]] && !(lead_bs(p, st->in[j], 3) && p->vals[st->in[j]].rank == 3))
+                if (st->in[j] >= 0 && taint[st->in[j]] && !tokens3(p, st->in[j]))
                     ok = false;
             st->rows = 1;
         } else if (attention_skipper(p, st)) {

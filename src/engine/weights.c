@@ -63,10 +63,10 @@ void mts__unmap_file(void *addr, size_t len)
 
 /* Under AddressSanitizer every copy comes from malloc (ENGINE_MALLOC_ONLY), so a read of a
  * dropped copy is reported as a use after free: ASan cannot see into an anonymous mapping, and
- * a read of one that is unmapped is a bare SIGSEGV. */
-/* A copy is written whole right after it is made, so a mapping's pages are faulted in by the
- * mmap call (MAP_POPULATE) rather than one fault per page as memcpy first touches them: about a
- * third of a plan's rebuild of minilm_like's 88 MB of copies. */
+ * a read of one that is unmapped is a bare SIGSEGV. A copy is written whole right after it is
+ * made, so a mapping's pages are faulted in by the mmap call (MAP_POPULATE) rather than one fault
+ * per page as memcpy first touches them: about a third of a plan's rebuild of minilm_like's 88 MB
+ * of copies. */
 static void *copy_alloc(size_t len)
 {
     if (len < COPY_MMAP_MIN || ENGINE_MALLOC_ONLY) return malloc(len ? len : 1);
@@ -74,55 +74,56 @@ static void *copy_alloc(size_t len)
     return p == MAP_FAILED ? NULL : p;
 }
 
-/* The same for the source: a range of the file mapping (its pages dropped after an earlier copy,
- * or never read) is read in by one call (MADV_POPULATE_READ, Linux 5.14; an older kernel refuses
- * it and memcpy faults the pages in as before). */
-static void populate_src(const mts_model *m, const void *src, size_t len)
+/* Whether [src, src + len) lies in one of m's file mappings: only a mapping's pages are read in
+ * or dropped around a copy (dropped heap pages would read zero). */
+static bool in_mapping(const mts_model *m, const void *src, size_t len)
 {
-#if defined(MADV_POPULATE_READ)
-    long page = sysconf(_SC_PAGESIZE);
-    if (ENGINE_MALLOC_ONLY || page <= 0 || len < (size_t)page * 2) return;
     for (int i = 0; i < m->n_maps; i++)
         if ((const uint8_t *)src >= (const uint8_t *)m->maps[i].addr &&
-            (const uint8_t *)src + len <= (const uint8_t *)m->maps[i].addr + m->maps[i].len) {
-            uintptr_t a = (uintptr_t)src / (uintptr_t)page * (uintptr_t)page;
-            (void)madvise((void *)a, (uintptr_t)src + len - a, MADV_POPULATE_READ);
-            return;
-        }
+            (const uint8_t *)src + len <= (const uint8_t *)m->maps[i].addr + m->maps[i].len)
+            return true;
+    return false;
+}
+
+/* Reads the pages of a mapped source range in by one call before it is copied (its pages were
+ * dropped after an earlier copy, or never read): MADV_POPULATE_READ, Linux 5.14; an older kernel
+ * refuses it and memcpy faults the pages in as before. */
+static void populate_pages(const void *src, size_t len, size_t page)
+{
+#if defined(MADV_POPULATE_READ)
+    uintptr_t a = (uintptr_t)src / page * page;
+    (void)madvise((void *)a, (uintptr_t)src + len - a, MADV_POPULATE_READ);
 #else
-    (void)m, (void)src, (void)len;
+    (void)src, (void)len, (void)page;
 #endif
 }
 
-/* Drops the whole pages of a copied range of a file mapping from the resident set right after
- * it is copied: the copy is what is read from now on, and a model's load or plan build would
+/* Drops the whole pages of a copied mapped range from the resident set right after it is
+ * copied: the copy is what is read from now on, and a model's load or plan build would
  * otherwise hold its weights twice (copies and mapped pages) until it ends. Pages shared with
  * an in-place initializer fault back in from the page cache when read. */
-static void drop_src_pages(const mts_model *m, const void *src, size_t len)
+static void drop_pages(const void *src, size_t len, size_t page)
 {
-    long page = sysconf(_SC_PAGESIZE);
-    if (ENGINE_MALLOC_ONLY || page <= 0 || len < (size_t)page * 2) return;
-    bool mapped = false; /* only ever a file mapping's pages: dropped heap pages would read zero */
-    for (int i = 0; i < m->n_maps && !mapped; i++)
-        mapped = (const uint8_t *)src >= (const uint8_t *)m->maps[i].addr &&
-                 (const uint8_t *)src + len <= (const uint8_t *)m->maps[i].addr + m->maps[i].len;
-    if (!mapped) return;
-    uintptr_t a = ((uintptr_t)src + (uintptr_t)page - 1) / (uintptr_t)page * (uintptr_t)page;
-    uintptr_t e = ((uintptr_t)src + len) / (uintptr_t)page * (uintptr_t)page;
+    uintptr_t a = ((uintptr_t)src + page - 1) / page * page;
+    uintptr_t e = ((uintptr_t)src + len) / page * page;
     if (e > a) madvise((void *)a, e - a, MADV_DONTNEED);
 }
 
-/* Copies len bytes out of m's file mapping in 1 MB pieces, dropping each piece's mapped pages
- * once copied: a large initializer's file pages never all sit beside its copy (two loader
- * threads copying 26 MB tensors held 50 MB of file pages for a moment before). */
+/* Copies len bytes out of m's file mapping in 1 MB pieces, reading each piece's mapped pages in
+ * first and dropping them once copied: a large initializer's file pages never all sit beside its
+ * copy (two loader threads copying 26 MB tensors held 50 MB of file pages for a moment before). */
 static void copy_out(const mts_model *m, void *dst, const void *src, size_t len)
 {
     const size_t piece = (size_t)1 << 20;
+    long page = sysconf(_SC_PAGESIZE);
+    bool mapped = !ENGINE_MALLOC_ONLY && page > 0 && in_mapping(m, src, len);
     for (size_t off = 0; off < len; off += piece) {
         size_t n = len - off < piece ? len - off : piece;
-        populate_src(m, (const uint8_t *)src + off, n);
-        memcpy((uint8_t *)dst + off, (const uint8_t *)src + off, n);
-        drop_src_pages(m, (const uint8_t *)src + off, n);
+        const uint8_t *from = (const uint8_t *)src + off;
+        bool pages = mapped && n >= (size_t)page * 2;
+        if (pages) populate_pages(from, n, (size_t)page);
+        memcpy((uint8_t *)dst + off, from, n);
+        if (pages) drop_pages(from, n, (size_t)page);
     }
 }
 

@@ -1126,15 +1126,12 @@ static int dnnl_run(const mts__step *st, void *stream, const mts_tensor *vals, v
                     const mts_rows *rows, mts_err *err)
 {
     const float *resid[8];
-    if (rows && !mts_dconv_q8(st->impl)) {
-        for (int j = 1; j < st->n_in && j <= 8; j++) resid[j - 1] = vals[st->in[j]].data;
-        if (mts_dconv_run_rows(st->impl, threads, vals[st->in[0]].data, vals[st->out[0]].data, resid, rows))
-            return MTS_OK;
-    }
     if (mts_dconv_q8(st->impl)) /* in[1]: the source's zero point when it is computed */
         return mts_dconv_run(st->impl, threads, stream, vals[st->in[0]].data, vals[st->out[0]].data, NULL,
                              st->n_in > 1 ? &vals[st->in[1]] : NULL, scratch, err);
     for (int j = 1; j < st->n_in && j <= 8; j++) resid[j - 1] = vals[st->in[j]].data;
+    if (rows && mts_dconv_run_rows(st->impl, threads, vals[st->in[0]].data, vals[st->out[0]].data, resid, rows))
+        return MTS_OK;
     return mts_dconv_run(st->impl, threads, stream, vals[st->in[0]].data, vals[st->out[0]].data, resid, NULL, scratch,
                          err);
 }

@@ -248,13 +248,18 @@ bool mts_small_gemm_posts_ok(const mts_dpost *post, int n_post)
     return true;
 }
 
+static void sg_run(const sg_job *j, int threads)
+{
+    int64_t np = j->N / 32;
+    if (threads > np) threads = (int)np;
+    mts_parallel(threads < 1 ? 1 : threads, sg_part, (void *)j);
+}
+
 void mts_small_gemm_run(const float *a, int64_t rows, int64_t K, int64_t N, const float *bp, const float *bias,
                         const mts_dpost *post, int n_post, const float *const *resid, float *c, int threads)
 {
     sg_job j = {a, bp, bias, c, rows, K, N, post, n_post, resid, NULL};
-    int64_t np = N / 32;
-    if (threads > np) threads = (int)np;
-    mts_parallel(threads < 1 ? 1 : threads, sg_part, &j);
+    sg_run(&j, threads);
 }
 
 void mts_small_gemm_run_map(const float *a, const int32_t *map, int64_t n, int64_t K, int64_t N, const float *bp,
@@ -263,7 +268,5 @@ void mts_small_gemm_run_map(const float *a, const int32_t *map, int64_t n, int64
 {
     if (n <= 0) return;
     sg_job j = {a, bp, bias, c, n, K, N, post, n_post, resid, map};
-    int64_t np = N / 32;
-    if (threads > np) threads = (int)np;
-    mts_parallel(threads < 1 ? 1 : threads, sg_part, &j);
+    sg_run(&j, threads);
 }
