@@ -7,9 +7,11 @@
  * length-1 text. A mask that is not ones-then-zeros (a hole, all ones) and a model whose output
  * pools across the tokens inside the graph run whole, bit-identical to a run without the mask
  * set; a BERT pooler (the first token's dense + tanh) keeps the plan eligible and its output
- * exact.
+ * exact; four threads run padding-free batches on one model at once, two per plan with
+ * different lengths.
  */
 #include <math.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -233,6 +235,71 @@ static void test_first_token_pooler_stays_exact(void **state)
     mts_model_free(m);
 }
 
+/* Several contexts of one model run padding-free batches of different lengths at once (the
+ * server's workers): each thread's valid rows must equal its batch's whole run, computed
+ * beforehand. Under TSan this checks what the contexts share (the plan, its step flags, the
+ * packed weights) against what each owns (its row list). */
+typedef struct pf_worker {
+    mts_model *m;
+    batch x;
+    float *ref;
+    int len[6];
+    int bad;
+} pf_worker;
+
+static void *pf_worker_main(void *arg)
+{
+    pf_worker *w = arg;
+    mts_ctx *c;
+    mts_err err = {0};
+    if (mts_ctx_create(w->m, 1, &c, &err)) {
+        w->bad = 1;
+        return NULL;
+    }
+    mts_ctx_set_padding_mask(c, 1);
+    const mts_tensor *out[1];
+    for (int rep = 0; rep < 20 && !w->bad; rep++) {
+        if (mts_ctx_run(c, w->x.in, 3, out, &err)) {
+            w->bad = 1;
+            break;
+        }
+        const float *got = out[0]->data;
+        int64_t S = w->x.S, H = out[0]->dims[2];
+        for (int64_t b = 0; b < w->x.B; b++)
+            for (int64_t i = b * S * H; i < (b * S + w->len[b]) * H; i++)
+                if (!(fabs((double)got[i] - w->ref[i]) <= 1e-5 * (fabs(w->ref[i]) > 1 ? fabs(w->ref[i]) : 1)))
+                    w->bad = 2;
+    }
+    if (mts_ctx_rows_skipped(c) == 0) w->bad = 3;
+    mts_ctx_free(c);
+    return NULL;
+}
+
+static void test_concurrent_contexts(void **state)
+{
+    (void)state;
+    mts_model *m = load("bert_mask_small");
+    pf_worker w[4];
+    pthread_t th[4];
+    for (int k = 0; k < 4; k++) {
+        w[k] = (pf_worker){.m = m};
+        int64_t B = 3 + k % 2, S = 9 + 4 * (k % 2); /* two threads per plan, different lengths */
+        for (int64_t b = 0; b < B; b++) w[k].len[b] = 1 + irand((int)S);
+        w[k].len[0] = (int)S;
+        make_batch(&w[k].x, B, S, w[k].len);
+        int64_t n;
+        w[k].ref = run_whole(m, &w[k].x, 1, 0, &n);
+    }
+    for (int k = 0; k < 4; k++) assert_int_equal(pthread_create(&th[k], NULL, pf_worker_main, &w[k]), 0);
+    for (int k = 0; k < 4; k++) pthread_join(th[k], NULL);
+    for (int k = 0; k < 4; k++) {
+        if (w[k].bad) fail_msg("thread %d: %s", k, w[k].bad == 1 ? "run failed" : w[k].bad == 2 ? "valid rows differ" : "nothing skipped");
+        free(w[k].ref);
+        free_batch(&w[k].x);
+    }
+    mts_model_free(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -240,6 +307,7 @@ int main(void)
         cmocka_unit_test(test_runs_whole_when_not_padding),
         cmocka_unit_test(test_pooled_in_graph_runs_whole),
         cmocka_unit_test(test_first_token_pooler_stays_exact),
+        cmocka_unit_test(test_concurrent_contexts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
