@@ -186,7 +186,9 @@ typedef struct mts__device {
     int64_t used, budget;
     int models;
     mts__entry *ready_head, *ready_tail;
-    pthread_cond_t cv;
+    pthread_cond_t cv;    /* regular workers wait here */
+    pthread_cond_t lane_cv; /* the short-work lane waits here */
+    int lane_waiting;     /* the lane is waiting on lane_cv (under the server lock) */
     uint64_t *w_batches;  /* per worker, the short-work lane last (index `workers`) */
     int64_t *w_busy_ns;
     double vclock;        /* virtual time of the last batch started (fair sharing) */

@@ -126,6 +126,8 @@ static int ready_priority(const mts__entry *e)
     return e->qh && e->qh->priority > 0 ? e->qh->priority : entry_priority(e);
 }
 
+static bool lane_takes(mts__device *d, const mts__entry *e);
+
 void mts__ready_push(mts_server *s, mts__entry *e)
 {
     if (e->in_ready || !e->cur || e->qlen == 0) return;
@@ -142,7 +144,11 @@ void mts__ready_push(mts_server *s, mts__entry *e)
     else d->ready_head = e;
     d->ready_tail = e;
     atomic_fetch_add_explicit(&d->ready_n, 1, memory_order_relaxed);
-    pthread_cond_broadcast(&d->cv); /* the short-work lane may not take it: wake every worker */
+    /* One thread is woken, not every worker: a light request costs one wake-up (each one a pair
+     * of context switches taken from the busy workers). The lane when it waits and would take
+     * the batch, else a regular worker; a lane that then cannot take it hands it on. */
+    if (d->lane_waiting > 0 && lane_takes(d, e)) pthread_cond_signal(&d->lane_cv);
+    else pthread_cond_signal(&d->cv);
 }
 
 /* Engine time a batch of the model's next requests is expected to cost (core-ns); 0 when the
@@ -207,6 +213,17 @@ static void lane_refill(mts__device *d, int64_t now)
     if (d->lane_refill_ns) d->lane_credit_ns += (double)(now - d->lane_refill_ns) * LANE_SHARE;
     if (d->lane_credit_ns > LANE_BURST_NS) d->lane_credit_ns = LANE_BURST_NS;
     d->lane_refill_ns = now;
+}
+
+/* Whether the short-work lane would take e's next batch now (ready_pick's test for it, with
+ * the lane's time budget brought up to date). */
+static bool lane_takes(mts__device *d, const mts__entry *e)
+{
+    if (e->qh && e->qh->threads > 1) return false; /* asks for a team: not one-thread lane work */
+    double est = batch_estimate(e);
+    if (!(e->cost_per_sample > 0) || est > LANE_MAX_NS || !lane_fits(d, e)) return false;
+    lane_refill(d, mts__now_ns());
+    return est <= d->lane_credit_ns;
 }
 
 static void queue_remove(mts_server *s, mts__entry *e, mts_request *prev, mts_request *r)
@@ -721,7 +738,16 @@ void *mts__worker_main(void *arg)
             ts.tv_sec++;
             ts.tv_nsec -= 1000000000;
         }
-        pthread_cond_timedwait(&d->cv, &s->lock, &ts);
+        if (lane) {
+            /* ready work the lane does not take (woken for it, but its credit ran short):
+             * a regular worker's */
+            if (atomic_load_explicit(&d->ready_n, memory_order_relaxed) > 0) pthread_cond_signal(&d->cv);
+            d->lane_waiting++;
+            pthread_cond_timedwait(&d->lane_cv, &s->lock, &ts);
+            d->lane_waiting--;
+        } else {
+            pthread_cond_timedwait(&d->cv, &s->lock, &ts);
+        }
     }
     pthread_mutex_unlock(&s->lock);
     for (int k = 0; k < 2; k++) {

@@ -124,6 +124,7 @@ int mts_server_create(const mts_config *cfg, mts_server **out, mts_err *err)
         dev->cores = cfg->threads_per_device > 0 ? cfg->threads_per_device : 1;
         dev->budget = (int64_t)(cfg->memory_gb_per_device * 1e9);
         pthread_cond_init(&dev->cv, NULL);
+        pthread_cond_init(&dev->lane_cv, NULL);
         dev->w_batches = calloc((size_t)dev->workers + 1, sizeof(uint64_t));
         dev->w_busy_ns = calloc((size_t)dev->workers + 1, sizeof(int64_t));
         total_workers += dev->workers + 1; /* + the short-work lane (scheduler.c) */
@@ -248,7 +249,10 @@ void mts_server_shutdown(mts_server *s, int grace_s)
     }
     s->stop_workers = true;
     mts_request *left = drain_all(s);
-    for (int d = 0; d < s->n_devs; d++) pthread_cond_broadcast(&s->devs[d].cv);
+    for (int d = 0; d < s->n_devs; d++) {
+        pthread_cond_broadcast(&s->devs[d].cv);
+        pthread_cond_broadcast(&s->devs[d].lane_cv);
+    }
     pthread_mutex_unlock(&s->lock);
     mts__fail_list(left, MTS_EUNAVAILABLE, "server shut down before the request could run");
     for (int i = 0; i < s->n_workers; i++) pthread_join(s->worker_threads[i], NULL);
@@ -308,6 +312,7 @@ void mts_server_free(mts_server *s)
     }
     for (int d = 0; s->devs && d < s->n_devs; d++) {
         pthread_cond_destroy(&s->devs[d].cv);
+        pthread_cond_destroy(&s->devs[d].lane_cv);
         free(s->devs[d].w_batches);
         free(s->devs[d].w_busy_ns);
     }
