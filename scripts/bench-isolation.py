@@ -13,14 +13,25 @@ default config). For each protocol (HTTP, gRPC) it measures, with `mtserve bench
 Each heavy load runs ROUNDS times alone and ROUNDS times with the light tenant beside it,
 interleaved (timings drift on this shared machine); a row prints medians: the light tenant's p50,
 p99, p99 of its time queued in the server, answered/sent, and the heavy tenant's throughput alone
-and beside the light one with their ratio (what the heavy tenant lost for the light one). The heavy model's batch
+and beside the light one with their ratio (the median of the rounds' ratios: what the heavy
+tenant lost for the light one). The heavy model's batch
 engine time (the server's mean compute per request at the heavy load) is printed beside it: the
 target for the light p99 is 5 ms plus one engine step of the heavy model, and a batch is many
 steps. Then two heavy tenants of equal weight (lipsync_unet_w8 and seg_unet, whose batches cost
 different times) run side by side: each one's share of the engine time, target 50 % +- 10 %.
 The CPU model is printed first (it changes between machines).
 
+The load generators run on the server's 2 cores. They stand in for clients on other machines, so
+they run at fixed priorities: the heavy tenant's generator at nice HEAVY_NICE (default 19) and
+the light tenant's client, which measures, at nice LIGHT_NICE (default -10; lowering a nice value
+needs root or CAP_SYS_NICE, else it is left at 0). The server itself runs as it would in production
+(front ends at nice 0, regular workers at nice 10). At equal priorities (HEAVY_NICE=0
+LIGHT_NICE=0) a heavy flood's generator, writing 2.4 MB requests 250-300 times a second, takes
+CPU from the server's I/O threads and from the measuring client: the client then starts its own
+requests late (reported as "client late starts") and that lateness counts in the light p99.
+
 Knobs (environment): DURATION (seconds per measured run, default 10), ROUNDS (default 3),
+PROTOCOLS (default "http,grpc"),
 LIGHT_RATE (default 200), PARTS (default "light,two-heavy": which parts to run; "modes" adds
 the scheduler comparison below), MTSERVE (binary, default build/mtserve); MTS_SHORT_LANE=0 runs the
 server without its short-work lane (fair sharing alone), MTS_PREEMPT=1 with preemption between
@@ -32,6 +43,7 @@ heavy capacity), rounds interleaved across the servers.
 """
 import json
 import os
+import resource
 import urllib.request
 import re
 import subprocess
@@ -46,6 +58,7 @@ DURATION = float(os.environ.get("DURATION", "10"))
 LIGHT_RATE = float(os.environ.get("LIGHT_RATE", "200"))
 ROUNDS = int(os.environ.get("ROUNDS", "3"))
 PARTS = os.environ.get("PARTS", "light,two-heavy").split(",")
+PROTOCOLS = os.environ.get("PROTOCOLS", "http,grpc").split(",")
 HEAVY, LIGHT, HEAVY2 = "lipsync_unet_w8", "tiny", "seg_unet"
 
 
@@ -83,10 +96,19 @@ def start_server(tmp, env=None):
     sys.exit("bench-isolation: the server did not start:\n" + errp.read_text())
 
 
+HEAVY_NICE = int(os.environ.get("HEAVY_NICE", "19"))
+LIGHT_NICE = int(os.environ.get("LIGHT_NICE", "-10"))
+
+
+if LIGHT_NICE < 0 and os.geteuid() != 0:
+    LIGHT_NICE = 0  # `nice` would run it at 0 anyway, with a warning
+
+
 def bench_cmd(proto, url, grpc, model, *args):
     where = ["--url", url] if proto == "http" else ["--grpc", grpc]
-    return [MTSERVE, "bench", *where, "--model", model, "--json", "--quiet", "--no-server-stats",
-            *[str(a) for a in args]]
+    nice = HEAVY_NICE if model != LIGHT else LIGHT_NICE
+    return (["nice", "-n", str(nice)] if nice else []) + \
+        [MTSERVE, "bench", *where, "--model", model, "--json", "--quiet", "--no-server-stats", *[str(a) for a in args]]
 
 
 def run(cmds):
@@ -99,6 +121,23 @@ def run(cmds):
             sys.exit(f"bench-isolation: {' '.join(c)} failed ({p.returncode}): {err[-1000:]}")
         res.append(json.loads(out))
     return res
+
+
+def proc_cpu_s(pid):
+    """CPU seconds (user + system) a running process has used so far."""
+    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_s():
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def late_starts(summary):
+    """Requests the open-loop client itself sent late (it was not scheduled in time); "-" where
+    the client does not report it."""
+    return summary.get("pool", {}).get("late_starts", "-")
 
 
 def light_args():
@@ -182,7 +221,8 @@ def median(xs):
 
 def main():
     print(f"bench-isolation: {cpu_model()}, {os.cpu_count()} cores, {DURATION:.0f} s per run, {ROUNDS} rounds, "
-          f"light rate {LIGHT_RATE:.0f}/s, short-work lane {'off' if os.environ.get('MTS_SHORT_LANE') == '0' else 'on'}",
+          f"light rate {LIGHT_RATE:.0f}/s, short-work lane {'off' if os.environ.get('MTS_SHORT_LANE') == '0' else 'on'}; "
+          f"load generators at nice {HEAVY_NICE} (heavy) and {LIGHT_NICE} (light client)",
           flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         if "modes" in PARTS:
@@ -191,7 +231,7 @@ def main():
                 return
         server, url, grpc = start_server(tmp)
         try:
-            for proto in ("http", "grpc") if "light" in PARTS else ():
+            for proto in PROTOCOLS if "light" in PARTS else ():
                 # warm both tenants' plans for the batch sizes they will see
                 run([bench_cmd(proto, url, grpc, HEAVY, "--concurrency", 8, "--duration", 3),
                      bench_cmd(proto, url, grpc, LIGHT, "--concurrency", 4, "--duration", 3)])
@@ -201,18 +241,20 @@ def main():
                       f"{LIGHT} at {LIGHT_RATE:.0f}/s (open loop). Medians of {ROUNDS} rounds; each round runs the heavy "
                       f"load alone and with the light tenant beside it, back to back.\n")
                 print("| heavy load | light p50 | light p99 | light p99 queued in server | light answered | "
-                      "heavy alone | heavy with light | ratio | heavy compute/request |")
-                print("|---|---|---|---|---|---|---|---|---|")
+                      "client late starts | heavy alone | heavy with light | ratio | heavy compute/request |")
+                print("|---|---|---|---|---|---|---|---|---|---|")
+                s0, c0 = proc_cpu_s(server.pid), children_cpu_s()
                 (light,) = run([bench_cmd(proto, url, grpc, LIGHT, *light_args())])
+                s_cpu, c_cpu = proc_cpu_s(server.pid) - s0, children_cpu_s() - c0
                 lat, q = light["latency_ms"], light["server_queue_ms"]
                 print(f"| none | {lat['p50']:.2f} ms | {lat['p99']:.2f} ms | {q['p99']:.2f} ms | "
-                      f"{light['ok']}/{light['requests']} | - | - | - | - |", flush=True)
+                      f"{light['ok']}/{light['requests']} | {late_starts(light)} | - | - | - | - |", flush=True)
                 shapes = (("closed loop, concurrency 4", ("--concurrency", 4)),
                           ("closed loop, concurrency 32", ("--concurrency", 32)),
                           (f"open loop, 5x capacity ({5 * cap:.0f}/s)", ("--rate", f"{5 * cap:.2f}",
                                                                        "--max-connections", 256)))
                 for label, hargs in shapes:
-                    alone, beside, p50, p99, q99, ok, sent, comp = [], [], [], [], [], 0, 0, []
+                    alone, beside, p50, p99, q99, ok, sent, comp, late = [], [], [], [], [], 0, 0, [], None
                     for _ in range(ROUNDS):
                         (h,) = run([bench_cmd(proto, url, grpc, HEAVY, *hargs, "--duration", DURATION)])
                         alone.append(h["throughput_rps"])
@@ -225,9 +267,19 @@ def main():
                         q99.append(l["server_queue_ms"]["p99"])
                         ok += l["ok"]
                         sent += l["requests"]
+                        n = late_starts(l)
+                        late = n if late is None or n == "-" else late if late == "-" else late + n
+                    # each round's pair was measured back to back: the ratio is the median of the
+                    # rounds' ratios (the machine's speed drifts between rounds)
                     a, b = median(alone), median(beside)
-                    print(f"| {label} | {median(p50):.2f} ms | {median(p99):.2f} ms | {median(q99):.2f} ms | {ok}/{sent} | "
-                          f"{a:.2f} req/s | {b:.2f} req/s | {b / a if a else 0:.3f} | {median(comp):.1f} ms |", flush=True)
+                    ratio = median([y / x for x, y in zip(alone, beside) if x > 0] or [0])
+                    print(f"| {label} | {median(p50):.2f} ms | {median(p99):.2f} ms | {median(q99):.2f} ms | {ok}/{sent} | {late} | "
+                          f"{a:.2f} req/s | {b:.2f} req/s | {ratio:.3f} | {median(comp):.1f} ms |", flush=True)
+                nreq, cores = max(light["requests"], 1), os.cpu_count() * DURATION
+                print(f"\nThe light tenant alone cost the server {1e3 * s_cpu / nreq:.3f} ms of CPU per request "
+                      f"({100 * s_cpu / cores:.1f} % of the cores) and its client, on the same cores, "
+                      f"{1e3 * c_cpu / nreq:.3f} ms ({100 * c_cpu / cores:.1f} %): about what the heavy tenant "
+                      f"loses beside it on this machine.", flush=True)
             if "two-heavy" in PARTS:
                 run([bench_cmd("http", url, grpc, h, "--concurrency", 4, "--duration", 3) for h in (HEAVY, HEAVY2)])
                 two_heavy(url, grpc)
