@@ -632,6 +632,61 @@ static void test_fair_share_by_compute_time(void **state)
 }
 
 
+/* Batches the short-work lane ("short") or the regular workers have run, from /metrics. */
+static unsigned long long worker_batches(mts_server *s, bool lane)
+{
+    size_t len = 0;
+    char *m = mts_server_metrics(s, &len);
+    assert_non_null(m);
+    unsigned long long total = 0;
+    for (char *p = m; (p = strstr(p, "mts_worker_batches_total{")); p++) {
+        char *w = strstr(p, "worker=\""), *end = strchr(p, '}');
+        assert_true(w && end && w < end);
+        bool is_lane = !strncmp(w + 8, "short\"", 6);
+        if (is_lane == lane) total += strtoull(end + 1, NULL, 10);
+    }
+    free(m);
+    return total;
+}
+
+/* Light requests one at a time on an idle device wake the short-work lane alone: a ready model
+ * wakes one thread, not every worker, so every one of their batches runs on the lane (when every
+ * idle worker was woken, one of the regular workers took some of them). */
+static void test_light_work_wakes_the_lane(void **state)
+{
+    (void)state;
+    mts_config cfg;
+    make_config(&cfg, 1, 4, model_path);
+    mts_server *s;
+    mts_err err = {0};
+    assert_int_equal(mts_server_create(&cfg, &s, &err), 0);
+    for (int i = 0; i < 20; i++) { /* loaded, planned, its batch cost measured, lane budget earned */
+        call *c = call_new("m00", 1);
+        assert_int_equal(submit(s, c), 0);
+        assert_int_equal(call_wait(c), 0);
+        call_free(c);
+        usleep(3000);
+    }
+    unsigned long long lane0 = worker_batches(s, true), regular0 = worker_batches(s, false);
+    for (int i = 0; i < 100; i++) {
+        call *c = call_new("m00", 1);
+        assert_int_equal(submit(s, c), 0);
+        assert_int_equal(call_wait(c), 0);
+        call_free(c);
+        usleep(5000); /* every thread back to waiting, and the lane's time budget refilled */
+    }
+    unsigned long long lane = worker_batches(s, true) - lane0, regular = worker_batches(s, false) - regular0;
+    printf("100 light requests on an idle device: %llu batches on the lane, %llu on regular workers\n", lane,
+           regular);
+    assert_int_equal(lane + regular, 100);
+    /* a few may go to a worker: a stalled batch raises the model's cost estimate above what the
+     * lane takes for a while. Waking every idle worker sent 11-16 % of them there. */
+    assert_true(regular <= 7);
+    mts_server_shutdown(s, 5);
+    mts_server_free(s);
+    mts_config_free(&cfg);
+}
+
 static int count_done(call **c, int n)
 {
     int k = 0;
@@ -990,6 +1045,7 @@ int main(void)
         cmocka_unit_test(test_memory_aware_batching),
         cmocka_unit_test(test_devices_and_idle_timeout),
         cmocka_unit_test(test_fair_share_by_compute_time),
+        cmocka_unit_test(test_light_work_wakes_the_lane),
         cmocka_unit_test(test_priorities),
         cmocka_unit_test(test_load_waits_for_busy_model),
         cmocka_unit_test(test_preemption_between_steps),
