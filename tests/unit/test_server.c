@@ -661,18 +661,12 @@ static void test_light_work_wakes_the_lane(void **state)
     mts_err err = {0};
     assert_int_equal(mts_server_create(&cfg, &s, &err), 0);
     for (int i = 0; i < 20; i++) { /* loaded, planned, its batch cost measured, lane budget earned */
-        call *c = call_new("m00", 1);
-        assert_int_equal(submit(s, c), 0);
-        assert_int_equal(call_wait(c), 0);
-        call_free(c);
+        assert_int_equal(infer_once(s, "m00"), 0);
         usleep(3000);
     }
     unsigned long long lane0 = worker_batches(s, true), regular0 = worker_batches(s, false);
     for (int i = 0; i < 100; i++) {
-        call *c = call_new("m00", 1);
-        assert_int_equal(submit(s, c), 0);
-        assert_int_equal(call_wait(c), 0);
-        call_free(c);
+        assert_int_equal(infer_once(s, "m00"), 0);
         usleep(5000); /* every thread back to waiting, and the lane's time budget refilled */
     }
     unsigned long long lane = worker_batches(s, true) - lane0, regular = worker_batches(s, false) - regular0;
