@@ -10,7 +10,9 @@
 # order, of their longest text: what a server padding each batch to its longest text gives ONNX
 # Runtime (batch 1: the texts' mean length). Both run in this invocation, alternately per batch
 # size; the CPU is named. NOPADFREE=1 adds a column with padding-free runs off (MTS_NO_PADFREE).
-# BENCH_SECONDS (default 3) is the measuring time of each point.
+# BENCH_SECONDS (default 3) is the measuring time of each point. The mtserve and ONNX Runtime runs
+# are repeated ROUNDS times (default 3) in back-to-back pairs: texts/s are the medians, embed/ORT
+# the median of the pairs' ratios (each round's ratio is printed above the table).
 # The embedding_policy columns: `mtserve tune --embedding --policy` runs requests of B texts the
 # way the server does, tokenization included, once as one batch on one worker with THREADS
 # threads (no policy, idle device) and once as the policy says (split over W workers of T
@@ -24,6 +26,7 @@ MTSERVE=${MTSERVE:-build/mtserve}
 MODEL=${MODEL:-models/out/minilm_like.onnx}
 THREADS=${THREADS:-2}
 SECS=${BENCH_SECONDS:-3}
+ROUNDS=${ROUNDS:-3}
 TEXTS=bench/embed_texts.txt
 [ -x "$MTSERVE" ] || { echo "bench-embed: $MTSERVE is missing (make build)" >&2; exit 1; }
 [ -f "$MODEL" ] || { echo "bench-embed: $MODEL is missing (make models)" >&2; exit 1; }
@@ -57,21 +60,32 @@ printf '%-6s %16s %16s %10s %16s %6s %16s %10s %10s %10s\n' batch "mtserve texts
   "policy texts/s" "ORT S" "ORT texts/s" "embed/ORT" "policy/ORT" "policy/no"
 compare() { /usr/bin/python3 -c "import json,sys; c=json.load(sys.stdin)['compare'][0]
 print(c['without_texts_per_s'], c['with_texts_per_s'], '%dx%d' % (c['workers'], c['threads']))"; }
+round_lines=()
+median() { /usr/bin/python3 -c "import statistics,sys; print(statistics.median(float(x) for x in sys.argv[1:]))" "$@"; }
 for b in 1 8 32; do
-  ours=$("$MTSERVE" embed "$work/minilm" --bench "$SECS" --batch "$b" --threads "$THREADS" - < "$TEXTS" | field texts_per_s)
+  olen=$(ort_len "$b")
+  # ROUNDS pairs, each mtserve's run then ONNX Runtime's, back to back: the machine's speed
+  # drifts by tens of percent between seconds, so the ratio is the median of the pairs' ratios
+  o_runs=() r_runs=() ratios=()
+  for _ in $(seq "$ROUNDS"); do
+    o=$("$MTSERVE" embed "$work/minilm" --bench "$SECS" --batch "$b" --threads "$THREADS" - < "$TEXTS" | field texts_per_s)
+    r=$(node tools/ort/ort_bench.js "$work/minilm/model.onnx" --batch "$b" --threads "$THREADS" --dim S="$olen" \
+          --min-seconds "$SECS" --iters 10 | field throughput_per_s)
+    o_runs+=("$o") r_runs+=("$r") ratios+=("$(/usr/bin/python3 -c "print('%.3f' % ($o / $r))")")
+  done
+  ours=$(median "${o_runs[@]}") ort=$(median "${r_runs[@]}") ratio=$(median "${ratios[@]}")
+  round_lines+=("bench-embed: batch $b, embed/ORT per round: ${ratios[*]} (median $ratio)")
   read -r without with wt < <("$MTSERVE" tune "$work/minilm" --embedding --texts "$TEXTS" --batches "$b" \
     --cores "$THREADS" --seconds "$SECS" --policy "$POLICY" --json 2>/dev/null | compare)
-  olen=$(ort_len "$b")
   if [ "${NOPADFREE:-0}" = 1 ]; then
     whole=$(MTS_NO_PADFREE=1 "$MTSERVE" embed "$work/minilm" --bench "$SECS" --batch "$b" --threads "$THREADS" - < "$TEXTS" | field texts_per_s)
     echo "bench-embed: batch $b padding-free off: $whole texts/s (on: $ours, $(/usr/bin/python3 -c "print('%.2fx' % ($ours / $whole))"))"
   fi
-  ort=$(node tools/ort/ort_bench.js "$work/minilm/model.onnx" --batch "$b" --threads "$THREADS" --dim S="$olen" \
-        --min-seconds "$SECS" --iters 10 | field throughput_per_s)
   printf '%-6s %16.1f %16.1f %10s %16.1f %6s %16.1f %9.2fx %9.2fx %9.2fx\n' "$b" "$ours" "$without" "$wt" "$with" "$olen" "$ort" \
-    "$(/usr/bin/python3 -c "print($ours / $ort)")" "$(/usr/bin/python3 -c "print($with / $ort)")" \
+    "$ratio" "$(/usr/bin/python3 -c "print($with / $ort)")" \
     "$(/usr/bin/python3 -c "print($with / $without)")"
 done
+printf '%s\n' "${round_lines[@]}"
 # the same policy through the server: /v1/embeddings, one client, with vs without
 /usr/bin/python3 scripts/bench-embed-serve.py "$MTSERVE" "$work/minilm" "$TEXTS" "$POLICY" "$SECS"
 echo "bench-embed: load average $(cut -d' ' -f1-3 /proc/loadavg) at the end"
