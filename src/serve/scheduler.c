@@ -172,6 +172,15 @@ static bool lane_fits(const mts__device *d, const mts__entry *e)
     return need <= d->budget - d->used;
 }
 
+/* e's next batch as one-thread short work: its estimated cost when that is known, at most
+ * short_ns and the device has room for its activations (lane_fits), else -1. */
+static double short_work(const mts__device *d, const mts__entry *e, double short_ns)
+{
+    if (e->qh && e->qh->threads > 1) return -1; /* asks for a team: not one-thread lane work */
+    double est = batch_estimate(e);
+    return e->cost_per_sample > 0 && est <= short_ns && lane_fits(d, e) ? est : -1;
+}
+
 /* Fair sharing: the ready model of the best priority with the least virtual time (compute
  * charged divided by weight), so each model gets device time in proportion to its weight
  * whatever its batches cost, not turns. The short-work lane takes only models whose next batch
@@ -183,10 +192,8 @@ static mts__entry *ready_pick(mts__device *d, int mode, const mts__entry *outer,
     mts__entry *best = NULL, *best_prev = NULL, *prev = NULL;
     for (mts__entry *e = d->ready_head; e; prev = e, e = e->ready_next) {
         if (mode != PICK_REGULAR) {
-            if (e->qh && e->qh->threads > 1) continue; /* asks for a team: not one-thread lane work */
-            double est = batch_estimate(e);
-            if (!(e->cost_per_sample > 0) || est > short_ns || !lane_fits(d, e)) continue;
-            if (mode == PICK_LANE && est > d->lane_credit_ns) continue;
+            double est = short_work(d, e, short_ns);
+            if (est < 0 || (mode == PICK_LANE && est > d->lane_credit_ns)) continue;
             if (mode == PICK_PREEMPT && (e == outer || ready_priority(e) > entry_priority(outer) ||
                                          e->vtime > outer->vtime))
                 continue;
@@ -219,9 +226,8 @@ static void lane_refill(mts__device *d, int64_t now)
  * the lane's time budget brought up to date). */
 static bool lane_takes(mts__device *d, const mts__entry *e)
 {
-    if (e->qh && e->qh->threads > 1) return false; /* asks for a team: not one-thread lane work */
-    double est = batch_estimate(e);
-    if (!(e->cost_per_sample > 0) || est > LANE_MAX_NS || !lane_fits(d, e)) return false;
+    double est = short_work(d, e, LANE_MAX_NS);
+    if (est < 0) return false;
     lane_refill(d, mts__now_ns());
     return est <= d->lane_credit_ns;
 }
