@@ -12,7 +12,7 @@
 # size; the CPU is named. NOPADFREE=1 adds a column with padding-free runs off (MTS_NO_PADFREE).
 # BENCH_SECONDS (default 3) is the measuring time of each point. The mtserve and ONNX Runtime runs
 # are repeated ROUNDS times (default 3) in back-to-back pairs: texts/s are the medians, embed/ORT
-# the median of the pairs' ratios (each round's ratio is printed above the table).
+# the median of the pairs' ratios (each round's ratio is printed below the table).
 # The embedding_policy columns: `mtserve tune --embedding --policy` runs requests of B texts the
 # way the server does, tokenization included, once as one batch on one worker with THREADS
 # threads (no policy, idle device) and once as the policy says (split over W workers of T

@@ -60,6 +60,10 @@ ROUNDS = int(os.environ.get("ROUNDS", "3"))
 PARTS = os.environ.get("PARTS", "light,two-heavy").split(",")
 PROTOCOLS = os.environ.get("PROTOCOLS", "http,grpc").split(",")
 HEAVY, LIGHT, HEAVY2 = "lipsync_unet_w8", "tiny", "seg_unet"
+HEAVY_NICE = int(os.environ.get("HEAVY_NICE", "19"))
+LIGHT_NICE = int(os.environ.get("LIGHT_NICE", "-10"))
+if LIGHT_NICE < 0 and os.geteuid() != 0:
+    LIGHT_NICE = 0  # `nice` would run it at 0 anyway, with a warning
 
 
 def cpu_model():
@@ -96,14 +100,6 @@ def start_server(tmp, env=None):
     sys.exit("bench-isolation: the server did not start:\n" + errp.read_text())
 
 
-HEAVY_NICE = int(os.environ.get("HEAVY_NICE", "19"))
-LIGHT_NICE = int(os.environ.get("LIGHT_NICE", "-10"))
-
-
-if LIGHT_NICE < 0 and os.geteuid() != 0:
-    LIGHT_NICE = 0  # `nice` would run it at 0 anyway, with a warning
-
-
 def bench_cmd(proto, url, grpc, model, *args):
     where = ["--url", url] if proto == "http" else ["--grpc", grpc]
     nice = HEAVY_NICE if model != LIGHT else LIGHT_NICE
@@ -135,9 +131,14 @@ def children_cpu_s():
 
 
 def late_starts(summary):
-    """Requests the open-loop client itself sent late (it was not scheduled in time); "-" where
+    """Requests the open-loop client itself sent late (it was not scheduled in time); None where
     the client does not report it."""
-    return summary.get("pool", {}).get("late_starts", "-")
+    return summary.get("pool", {}).get("late_starts")
+
+
+def total(xs):
+    """The sum, or "-" when any is unknown."""
+    return "-" if None in xs else sum(xs)
 
 
 def light_args():
@@ -248,13 +249,13 @@ def main():
                 s_cpu, c_cpu = proc_cpu_s(server.pid) - s0, children_cpu_s() - c0
                 lat, q = light["latency_ms"], light["server_queue_ms"]
                 print(f"| none | {lat['p50']:.2f} ms | {lat['p99']:.2f} ms | {q['p99']:.2f} ms | "
-                      f"{light['ok']}/{light['requests']} | {late_starts(light)} | - | - | - | - |", flush=True)
+                      f"{light['ok']}/{light['requests']} | {total([late_starts(light)])} | - | - | - | - |", flush=True)
                 shapes = (("closed loop, concurrency 4", ("--concurrency", 4)),
                           ("closed loop, concurrency 32", ("--concurrency", 32)),
                           (f"open loop, 5x capacity ({5 * cap:.0f}/s)", ("--rate", f"{5 * cap:.2f}",
                                                                        "--max-connections", 256)))
                 for label, hargs in shapes:
-                    alone, beside, p50, p99, q99, ok, sent, comp, late = [], [], [], [], [], 0, 0, [], None
+                    alone, beside, p50, p99, q99, ok, sent, comp, late = [], [], [], [], [], 0, 0, [], []
                     for _ in range(ROUNDS):
                         (h,) = run([bench_cmd(proto, url, grpc, HEAVY, *hargs, "--duration", DURATION)])
                         alone.append(h["throughput_rps"])
@@ -267,13 +268,12 @@ def main():
                         q99.append(l["server_queue_ms"]["p99"])
                         ok += l["ok"]
                         sent += l["requests"]
-                        n = late_starts(l)
-                        late = n if late is None or n == "-" else late if late == "-" else late + n
+                        late.append(late_starts(l))
                     # each round's pair was measured back to back: the ratio is the median of the
                     # rounds' ratios (the machine's speed drifts between rounds)
                     a, b = median(alone), median(beside)
                     ratio = median([y / x for x, y in zip(alone, beside) if x > 0] or [0])
-                    print(f"| {label} | {median(p50):.2f} ms | {median(p99):.2f} ms | {median(q99):.2f} ms | {ok}/{sent} | {late} | "
+                    print(f"| {label} | {median(p50):.2f} ms | {median(p99):.2f} ms | {median(q99):.2f} ms | {ok}/{sent} | {total(late)} | "
                           f"{a:.2f} req/s | {b:.2f} req/s | {ratio:.3f} | {median(comp):.1f} ms |", flush=True)
                 nreq, cores = max(light["requests"], 1), os.cpu_count() * DURATION
                 print(f"\nThe light tenant alone cost the server {1e3 * s_cpu / nreq:.3f} ms of CPU per request "
