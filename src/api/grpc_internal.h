@@ -40,6 +40,9 @@ typedef struct mts__grpc_method {
     void (*on_cancel)(mts__grpc_call *c);     /* optional: the client went away / deadline */
     void (*state_free)(void *state);          /* optional: frees c->state with the call */
     int scope;                                /* enum mts_scope (auth.h): 0 = infer */
+    /* Unary with on_cancel: the handler calls mts__grpc_watch_close when its call may wait,
+     * instead of every call watching for cancellation from its start (see grpc_server.c). */
+    bool lazy_close;
 } mts__grpc_method;
 
 /* One send queued on a stream. */
@@ -83,6 +86,7 @@ struct mts__grpc_call {
     bool reading;
     bool finished;           /* status sent (or being sent) */
     bool closed;             /* RECV_CLOSE_ON_SERVER fired */
+    bool close_with_status;  /* unary: RECV_CLOSE_ON_SERVER goes in the status batch */
     _Atomic bool cancelled;  /* client cancelled or deadline passed */
     mts__grpc_out *out_head, *out_tail;
     bool close_pending;      /* stream_close asked: send status when the queue is empty */
@@ -98,6 +102,9 @@ struct mts__grpc_call {
 };
 
 /* ---- framework (grpc_server.c) ---- */
+/* Unary calls of a lazy_close method: from now on a cancellation reaches on_cancel (the call
+ * starts watching for its close). Does nothing for other calls or once the call finished. */
+void mts__grpc_watch_close(mts__grpc_call *c);
 void mts__grpc_call_ref(mts__grpc_call *c);
 void mts__grpc_call_unref(mts__grpc_call *c);
 /* Unary: sends msg (may be NULL for an empty message) and status OK; drops the alive ref. */

@@ -429,6 +429,7 @@ static void model_infer(mts__grpc_call *c, const uint8_t *data, size_t len)
         kinfer_free(k);
         return;
     }
+    if (texts) mts__grpc_watch_close(c); /* the embedding path reads the cancellation itself */
     if (mts__grpc_embed_infer(c, k->msg, k->req.arrival_ns)) { /* texts to an embedding model */
         k->msg = NULL;
         kinfer_free(k);
@@ -457,7 +458,14 @@ static void model_infer(mts__grpc_call *c, const uint8_t *data, size_t len)
         mts__grpc_fail_status(c, rc, err.msg);
         kinfer_free(k);
         mts__grpc_call_unref(c);
+        return;
     }
+    /* A request a worker was woken for runs now: cancelling it would save nothing. One that
+     * waits (queued behind others, its model loading) is watched, so a cancellation drops it. */
+    pthread_mutex_lock(&c->lock);
+    bool watch = c->state == k && !k->req.prompt; /* (k is the call's until it is answered) */
+    pthread_mutex_unlock(&c->lock);
+    if (watch) mts__grpc_watch_close(c);
 }
 
 int mts__grpc_kserve_check_infer(mts_server *srv, const uint8_t *data, size_t len, char *msg, size_t msglen)
@@ -1074,18 +1082,18 @@ static void repository_unload(mts__grpc_call *c, const uint8_t *data, size_t len
 
 #define KS "/inference.GRPCInferenceService/"
 const mts__grpc_method mts__grpc_kserve_methods[] = {
-    {KS "ServerLive", false, server_live, NULL, NULL, NULL, MTS_SCOPE_OPEN},
-    {KS "ServerReady", false, server_ready, NULL, NULL, NULL, MTS_SCOPE_OPEN},
-    {KS "ServerMetadata", false, server_metadata, NULL, NULL, NULL, MTS_SCOPE_INFER},
-    {KS "ModelReady", false, model_ready, NULL, NULL, NULL, MTS_SCOPE_INFER},
-    {KS "ModelMetadata", false, model_metadata, NULL, NULL, NULL, MTS_SCOPE_INFER},
-    {KS "ModelConfig", false, model_config, NULL, NULL, NULL, MTS_SCOPE_INFER},
-    {KS "ModelInfer", false, model_infer, NULL, model_infer_cancel, NULL, MTS_SCOPE_INFER},
+    {KS "ServerLive", false, server_live, NULL, NULL, NULL, MTS_SCOPE_OPEN, false},
+    {KS "ServerReady", false, server_ready, NULL, NULL, NULL, MTS_SCOPE_OPEN, false},
+    {KS "ServerMetadata", false, server_metadata, NULL, NULL, NULL, MTS_SCOPE_INFER, false},
+    {KS "ModelReady", false, model_ready, NULL, NULL, NULL, MTS_SCOPE_INFER, false},
+    {KS "ModelMetadata", false, model_metadata, NULL, NULL, NULL, MTS_SCOPE_INFER, false},
+    {KS "ModelConfig", false, model_config, NULL, NULL, NULL, MTS_SCOPE_INFER, false},
+    {KS "ModelInfer", false, model_infer, NULL, model_infer_cancel, NULL, MTS_SCOPE_INFER, true},
     {KS "ModelStreamInfer", true, stream_message, stream_half_close, stream_cancel, stream_state_free,
-     MTS_SCOPE_INFER},
-    {KS "ModelStatistics", false, model_statistics, NULL, NULL, NULL, MTS_SCOPE_INFER},
-    {KS "RepositoryIndex", false, repository_index, NULL, NULL, NULL, MTS_SCOPE_INFER},
-    {KS "RepositoryModelLoad", false, repository_load, NULL, NULL, NULL, MTS_SCOPE_ADMIN},
-    {KS "RepositoryModelUnload", false, repository_unload, NULL, NULL, NULL, MTS_SCOPE_ADMIN},
-    {NULL, false, NULL, NULL, NULL, NULL, 0},
+     MTS_SCOPE_INFER, false},
+    {KS "ModelStatistics", false, model_statistics, NULL, NULL, NULL, MTS_SCOPE_INFER, false},
+    {KS "RepositoryIndex", false, repository_index, NULL, NULL, NULL, MTS_SCOPE_INFER, false},
+    {KS "RepositoryModelLoad", false, repository_load, NULL, NULL, NULL, MTS_SCOPE_ADMIN, false},
+    {KS "RepositoryModelUnload", false, repository_unload, NULL, NULL, NULL, MTS_SCOPE_ADMIN, false},
+    {NULL, false, NULL, NULL, NULL, NULL, 0, false},
 };

@@ -28,17 +28,25 @@
 
 #include "util/log.h"
 
-#define MTS_GRPC_SLOTS 32
+#define MTS_GRPC_SLOTS 32       /* pending requests for calls of streaming or unknown methods */
+#define MTS_GRPC_UNARY_SLOTS 8  /* pending requests per unary method */
 #define MTS_GRPC_MAX_THREADS 16
 
-/* A pending grpc_server_request_call: when it fires, its call becomes an mts__grpc_call and the
- * slot asks for the next one. */
+/* A pending request for a new call: when it fires, its call becomes an mts__grpc_call and the
+ * slot asks for the next one. A slot of a unary method (`method` set) asks gRPC core for calls
+ * of that registered method with their request message read already (one completion per call
+ * instead of two: the call, then its message); the others ask for any call and read messages
+ * themselves. */
 typedef struct request_slot {
     mts__grpc_tag tag;
     mts_grpc *g;
+    const struct mts__grpc_method *method; /* registered unary method, or NULL */
+    void *registered;                      /* its grpc_server_register_method handle */
     grpc_call *call;
     grpc_call_details details;
     grpc_metadata_array md;
+    gpr_timespec deadline;                 /* registered calls: the call's deadline */
+    grpc_byte_buffer *payload;             /* registered calls: the request message */
 } request_slot;
 
 struct mts_grpc {
@@ -49,7 +57,8 @@ struct mts_grpc {
     int port;
     int n_threads;
     pthread_t threads[MTS_GRPC_MAX_THREADS];
-    request_slot slots[MTS_GRPC_SLOTS];
+    request_slot *slots;
+    size_t n_slots;
     mts__grpc_tag t_shutdown;
     pthread_mutex_t lock;
     pthread_cond_t cv;
@@ -406,6 +415,26 @@ static void on_status_sent(mts__grpc_tag *t, bool ok)
     mts__grpc_call_unref(c);
 }
 
+static void on_close(mts__grpc_tag *t, bool ok);
+
+/* Starts watching for the call's close (RECV_CLOSE_ON_SERVER), under c->lock. */
+static void start_close_locked(mts__grpc_call *c)
+{
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    op.data.recv_close_on_server.cancelled = &c->cancelled_flag;
+    c->close_with_status = false;
+    start_batch(c, &op, 1, &c->t_close);
+}
+
+void mts__grpc_watch_close(mts__grpc_call *c)
+{
+    pthread_mutex_lock(&c->lock);
+    if (c->close_with_status && !c->finished) start_close_locked(c);
+    pthread_mutex_unlock(&c->lock);
+}
+
 /* Sends the final status (with the reply message for unary calls), under c->lock. Drops the
  * alive reference. Returns false if the call was already finished. */
 static void finish_locked(mts__grpc_call *c, grpc_byte_buffer *reply, int code, const char *msg)
@@ -415,9 +444,14 @@ static void finish_locked(mts__grpc_call *c, grpc_byte_buffer *reply, int code, 
         return;
     }
     c->finished = true;
-    grpc_op ops[3];
+    grpc_op ops[4];
     memset(ops, 0, sizeof ops);
     size_t n = 0;
+    if (c->close_with_status) { /* a unary call that did not watch for its close */
+        ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+        ops[n].data.recv_close_on_server.cancelled = &c->cancelled_flag;
+        n++;
+    }
     if (!c->sent_initial_md) {
         ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
         n++;
@@ -596,15 +630,10 @@ static bool read_message(grpc_byte_buffer_reader *r, grpc_slice *out)
     return true;
 }
 
-static void on_read(mts__grpc_tag *t, bool ok)
+/* Hands a call's next request message (bb, taken over; NULL: the client sent no more) to its
+ * method's handler. ok false: the read failed (the call is gone). */
+static void deliver(mts__grpc_call *c, bool ok, grpc_byte_buffer *bb)
 {
-    mts__grpc_call *c = t->call;
-    pthread_mutex_lock(&c->lock);
-    c->reading = false;
-    grpc_byte_buffer *bb = c->recv_buf;
-    c->recv_buf = NULL;
-    c->t_read_ms = mts_now_ms();
-    pthread_mutex_unlock(&c->lock);
     const mts__grpc_method *m = c->method;
     if (!ok || atomic_load(&c->cancelled)) {
         if (bb) grpc_byte_buffer_destroy(bb);
@@ -628,7 +657,6 @@ static void on_read(mts__grpc_tag *t, bool ok)
             grpc_byte_buffer_destroy(bb);
             if (!got) {
                 mts__grpc_fail(c, MTS_GRPC_RESOURCE_EXHAUSTED, "out of memory reading the request message");
-                mts__grpc_call_unref(c);
                 return;
             }
             handled_message = s;
@@ -637,7 +665,19 @@ static void on_read(mts__grpc_tag *t, bool ok)
             grpc_slice_unref(s);
         }
     }
-    mts__grpc_call_unref(c);
+}
+
+static void on_read(mts__grpc_tag *t, bool ok)
+{
+    mts__grpc_call *c = t->call;
+    pthread_mutex_lock(&c->lock);
+    c->reading = false;
+    grpc_byte_buffer *bb = c->recv_buf;
+    c->recv_buf = NULL;
+    c->t_read_ms = mts_now_ms();
+    pthread_mutex_unlock(&c->lock);
+    deliver(c, ok, bb);
+    mts__grpc_call_unref(c); /* the read's reference */
 }
 
 void mts__grpc_read_locked(mts__grpc_call *c)
@@ -710,13 +750,21 @@ static void on_new_call(mts__grpc_tag *t, bool ok)
 {
     request_slot *s = (request_slot *)t;
     mts_grpc *g = s->g;
+    grpc_byte_buffer *payload = s->payload; /* a registered call's request message */
+    s->payload = NULL;
     if (!ok) { /* server shutting down: this slot is spent */
+        if (payload) grpc_byte_buffer_destroy(payload);
         grpc_call_details_destroy(&s->details);
         grpc_metadata_array_destroy(&s->md);
         return;
     }
+    if (s->method) { /* gRPC core reports no details for a registered method's call */
+        s->details.method = grpc_slice_from_static_string(s->method->path);
+        s->details.deadline = s->deadline;
+    }
     mts__grpc_call *c = calloc(1, sizeof *c);
     if (!c) {
+        if (payload) grpc_byte_buffer_destroy(payload);
         grpc_call_cancel_with_status(s->call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory", NULL);
         grpc_call_unref(s->call);
         grpc_call_details_destroy(&s->details);
@@ -737,15 +785,22 @@ static void on_new_call(mts__grpc_tag *t, bool ok)
     c->t_send = (mts__grpc_tag){on_sent, c, 0};
     c->t_status = (mts__grpc_tag){on_status_sent, c, 0};
     atomic_fetch_add(&g->live_calls, 1);
-    arm_slot(s);
 
-    grpc_op op;
-    memset(&op, 0, sizeof op);
-    op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
-    op.data.recv_close_on_server.cancelled = &c->cancelled_flag;
-    start_batch(c, &op, 1, &c->t_close);
-
-    c->method = find_method(c->details.method);
+    c->method = s->method ? s->method : find_method(c->details.method);
+    bool registered = s->method != NULL;
+    arm_slot(s); /* s is the next call's from here on */
+    /* A unary call's close (RECV_CLOSE_ON_SERVER) completes when the call ends, or earlier when
+     * the client cancels. Watched from the start, it is a completion of its own, one more
+     * wake-up of a polling thread per call (a light request's whole cost is a few of them). A
+     * unary call nobody acts on cancellation for (no on_cancel: gRPC core drops the reply of a
+     * cancelled call itself), or whose handler says when to watch (lazy_close), has the close
+     * ride in the status batch unless mts__grpc_watch_close asks for it first. */
+    c->close_with_status = registered && (!c->method->on_cancel || c->method->lazy_close);
+    if (!c->close_with_status) {
+        pthread_mutex_lock(&c->lock);
+        start_close_locked(c);
+        pthread_mutex_unlock(&c->lock);
+    }
     if (!c->method) {
         mts__grpc_fail(c, MTS_GRPC_UNIMPLEMENTED, "method %.*s is not implemented by mtserve",
                        (int)GRPC_SLICE_LENGTH(c->details.method), (const char *)GRPC_SLICE_START_PTR(c->details.method));
@@ -765,15 +820,24 @@ static void on_new_call(mts__grpc_tag *t, bool ok)
         mts_err e = {0};
         int rc = mts_auth_check(g->auth, v, vlen, c->method->scope, &e);
         if (rc) {
+            if (payload) grpc_byte_buffer_destroy(payload);
             mts__grpc_fail(c, mts_proto_grpc_code(rc), "%s", e.msg);
             return;
         }
     }
     if (mts__grpc_timeout_us(c) < 0) {
+        if (payload) grpc_byte_buffer_destroy(payload);
         mts__grpc_fail(c, MTS_GRPC_DEADLINE_EXCEEDED, "the deadline passed before the call started");
         return;
     }
-    mts__grpc_read(c);
+    if (!registered) {
+        mts__grpc_read(c);
+        return;
+    }
+    mts__grpc_call_ref(c); /* the message's, as a read's */
+    c->t_read_ms = mts_now_ms();
+    deliver(c, true, payload);
+    mts__grpc_call_unref(c);
 }
 
 static void arm_slot(request_slot *s)
@@ -781,8 +845,12 @@ static void arm_slot(request_slot *s)
     s->call = NULL;
     grpc_call_details_init(&s->details);
     grpc_metadata_array_init(&s->md);
+    s->payload = NULL;
     mts__grpc_tag_handoff(&s->tag);
-    grpc_call_error e = grpc_server_request_call(s->g->server, &s->call, &s->details, &s->md, s->g->cq, s->g->cq, s);
+    grpc_call_error e =
+        s->registered ? grpc_server_request_registered_call(s->g->server, s->registered, &s->call, &s->deadline, &s->md,
+                                                            &s->payload, s->g->cq, s->g->cq, s)
+                      : grpc_server_request_call(s->g->server, &s->call, &s->details, &s->md, s->g->cq, s->g->cq, s);
     if (e != GRPC_CALL_OK) {
         grpc_call_details_destroy(&s->details);
         grpc_metadata_array_destroy(&s->md);
@@ -868,8 +936,37 @@ static void discard_unstarted(mts_grpc *g)
     grpc_completion_queue_destroy(g->cq);
     pthread_mutex_destroy(&g->lock);
     pthread_cond_destroy(&g->cv);
+    free(g->slots);
     free(g);
     grpc_shutdown();
+}
+
+/* The request slots: MTS_GRPC_SLOTS for any call, and MTS_GRPC_UNARY_SLOTS for each unary method,
+ * registered with gRPC core (before the server starts) to have its request message read with the
+ * call. False when out of memory. */
+static bool register_methods(mts_grpc *g)
+{
+    size_t n_unary = 0;
+    for (size_t k = 0; k < sizeof method_tables / sizeof method_tables[0]; k++)
+        for (const mts__grpc_method *m = method_tables[k]; m->path; m++) n_unary += !m->streaming;
+    g->n_slots = MTS_GRPC_SLOTS + n_unary * MTS_GRPC_UNARY_SLOTS;
+    g->slots = calloc(g->n_slots, sizeof *g->slots);
+    if (!g->slots) return false;
+    size_t i = 0;
+    for (; i < MTS_GRPC_SLOTS; i++) g->slots[i] = (request_slot){.tag.fn = on_new_call, .g = g};
+    for (size_t k = 0; k < sizeof method_tables / sizeof method_tables[0]; k++)
+        for (const mts__grpc_method *m = method_tables[k]; m->path; m++) {
+            if (m->streaming) continue;
+            void *rm = grpc_server_register_method(g->server, m->path, NULL, GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
+            if (!rm) { /* (a path registered twice) its calls come through the general slots */
+                MTS_WARN("grpc: cannot register method %s", m->path);
+                continue;
+            }
+            for (int j = 0; j < MTS_GRPC_UNARY_SLOTS; j++)
+                g->slots[i++] = (request_slot){.tag.fn = on_new_call, .g = g, .method = m, .registered = rm};
+        }
+    g->n_slots = i;
+    return true;
 }
 
 /* gRPC core's own log lines go through mtserve's log (one format, one level setting); while a
@@ -913,6 +1010,11 @@ int mts_grpc_start(mts_server *srv, const mts_grpc_opts *o, mts_grpc **out, mts_
     grpc_server_register_completion_queue(g->server, g->cq, NULL);
     char addr[300];
     snprintf(addr, sizeof addr, "%s:%d", o->host ? o->host : "127.0.0.1", o->port);
+    if (!register_methods(g)) {
+        mts_err_set(err, MTS_ENOMEM, "out of memory");
+        discard_unstarted(g);
+        return MTS_ENOMEM;
+    }
     grpc_server_credentials *creds = server_credentials(o, err);
     if (!creds) {
         discard_unstarted(g);
@@ -929,11 +1031,7 @@ int mts_grpc_start(mts_server *srv, const mts_grpc_opts *o, mts_grpc **out, mts_
         return MTS_EIO;
     }
     grpc_server_start(g->server);
-    for (int i = 0; i < MTS_GRPC_SLOTS; i++) {
-        g->slots[i].tag.fn = on_new_call;
-        g->slots[i].g = g;
-        arm_slot(&g->slots[i]);
-    }
+    for (size_t i = 0; i < g->n_slots; i++) arm_slot(&g->slots[i]);
     g->t_shutdown.fn = on_shutdown;
     mts_err qerr = {0};
     if (mts_workq_create(1, 0, "mts-grpc-reply", &g->replies, &qerr))
@@ -1003,6 +1101,7 @@ void mts_grpc_stop(mts_grpc *g)
     grpc_completion_queue_destroy(g->cq);
     pthread_mutex_destroy(&g->lock);
     pthread_cond_destroy(&g->cv);
+    free(g->slots);
     free(g);
     grpc_shutdown();
 }

@@ -287,7 +287,9 @@ void mts__event_add(mts_server *s, const char *kind, const mts__entry *e, int de
     __attribute__((format(printf, 5, 6)));
 
 /* scheduler.c */
-void mts__ready_push(mts_server *s, mts__entry *e);       /* lock held */
+/* lock held; true when it woke a waiting thread that is to take e's batch now (the lane, or an
+ * idle regular worker with e first in line) */
+bool mts__ready_push(mts_server *s, mts__entry *e);
 void *mts__worker_main(void *arg);
 /* Removes every queued request of e and chains them via ->next (lock held). */
 mts_request *mts__drain_queue(mts_server *s, mts__entry *e);

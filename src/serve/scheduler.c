@@ -128,11 +128,11 @@ static int ready_priority(const mts__entry *e)
 
 static bool lane_takes(mts__device *d, const mts__entry *e);
 
-void mts__ready_push(mts_server *s, mts__entry *e)
+bool mts__ready_push(mts_server *s, mts__entry *e)
 {
-    if (e->in_ready || !e->cur || e->qlen == 0) return;
+    if (e->in_ready || !e->cur || e->qlen == 0) return false;
     int limit = e->cfg->instances > 0 ? e->cfg->instances : s->devs[e->cur->device].workers;
-    if (e->running >= limit) return;
+    if (e->running >= limit) return false;
     mts__device *d = &s->devs[e->cur->device];
     /* A model that was idle starts at the device's virtual time: no credit for the time it
      * did not use. (One that only waited for its own batches to finish keeps its place.) */
@@ -147,8 +147,12 @@ void mts__ready_push(mts_server *s, mts__entry *e)
     /* One thread is woken, not every worker: a light request costs one wake-up (each one a pair
      * of context switches taken from the busy workers). The lane when it waits and would take
      * the batch, else a regular worker; a lane that then cannot take it hands it on. */
-    if (d->lane_waiting > 0 && lane_takes(d, e)) pthread_cond_signal(&d->lane_cv);
-    else pthread_cond_signal(&d->cv);
+    if (d->lane_waiting > 0 && lane_takes(d, e)) {
+        pthread_cond_signal(&d->lane_cv);
+        return true;
+    }
+    pthread_cond_signal(&d->cv);
+    return d->ready_head == e && d->busy_workers < d->workers;
 }
 
 /* Engine time a batch of the model's next requests is expected to cost (core-ns); 0 when the
@@ -327,8 +331,9 @@ int mts_server_submit(mts_server *s, mts_request *req, int *retry_after_s, mts_e
     s->total_queued++;
     s->submitted++;
     req->cold = e->state != MTS_MODEL_READY;
+    req->prompt = false;
     if (e->state == MTS_MODEL_UNLOADED || e->state == MTS_MODEL_FAILED) mts__request_load(s, e);
-    else if (e->cur) mts__ready_push(s, e);
+    else if (e->cur) req->prompt = mts__ready_push(s, e) && e->qlen == 1;
     pthread_mutex_unlock(&s->lock);
     return MTS_OK;
 }

@@ -56,6 +56,9 @@ struct mts_request {
     int device;                                /* device that ran it */
     int batch_size;                            /* samples in the batch it ran in */
     bool cold;                                 /* the model was not resident when it arrived */
+    bool prompt;                               /* set by mts_server_submit: a waiting worker was
+                                                * woken to run it now (a front end may skip
+                                                * watching a prompt request for cancellation) */
     int64_t arrival_ns;                        /* when the front end received it (mts_server_clock_ns);
                                                 * 0: the submit time */
     int threads;                               /* 0: the scheduler decides; else the intra-op threads

@@ -665,17 +665,39 @@ static void test_light_work_wakes_the_lane(void **state)
         usleep(3000);
     }
     unsigned long long lane0 = worker_batches(s, true), regular0 = worker_batches(s, false);
+    int prompt = 0;
     for (int i = 0; i < 100; i++) {
-        assert_int_equal(infer_once(s, "m00"), 0);
+        call *c = call_new("m00", 1);
+        assert_int_equal(submit(s, c), 0);
+        prompt += c->req.prompt; /* (set by submit on this thread) */
+        assert_int_equal(call_wait(c), 0);
+        call_free(c);
         usleep(5000); /* every thread back to waiting, and the lane's time budget refilled */
     }
     unsigned long long lane = worker_batches(s, true) - lane0, regular = worker_batches(s, false) - regular0;
-    printf("100 light requests on an idle device: %llu batches on the lane, %llu on regular workers\n", lane,
-           regular);
+    printf("100 light requests on an idle device: %llu batches on the lane, %llu on regular workers, %d "
+           "reported prompt\n", lane, regular, prompt);
     assert_int_equal(lane + regular, 100);
     /* a few may go to a worker: a stalled batch raises the model's cost estimate above what the
      * lane takes for a while. Waking every idle worker sent 11-16 % of them there. */
     assert_true(regular <= 7);
+    /* each found a waiting thread woken for it (the lane, or an idle worker) */
+    assert_true(prompt >= 90);
+    /* a burst: the requests after the first find it still queued, so they are not prompt (a
+     * front end watches those for cancellation) */
+    call *burst[16];
+    int burst_prompt = 0;
+    for (int i = 0; i < 16; i++) {
+        burst[i] = call_new("m00", 1);
+        assert_int_equal(submit(s, burst[i]), 0);
+        burst_prompt += burst[i]->req.prompt;
+    }
+    for (int i = 0; i < 16; i++) {
+        assert_int_equal(call_wait(burst[i]), 0);
+        call_free(burst[i]);
+    }
+    printf("a burst of 16: %d reported prompt\n", burst_prompt);
+    assert_true(burst_prompt < 16);
     mts_server_shutdown(s, 5);
     mts_server_free(s);
     mts_config_free(&cfg);
