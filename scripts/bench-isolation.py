@@ -30,6 +30,13 @@ LIGHT_NICE=0) a heavy flood's generator, writing 2.4 MB requests 250-300 times a
 CPU from the server's I/O threads and from the measuring client: the client then starts its own
 requests late (reported as "client late starts") and that lateness counts in the light p99.
 
+Each round also runs the heavy load beside a stand-in for the light tenant's client (STANDIN=1,
+the default; 0 leaves it out): a process at the client's priority that wakes LIGHT_RATE times a
+second and burns the client's measured CPU per request each time, sending nothing. The heavy
+tenant's throughput beside it is what the measuring client alone takes from it on these shared
+cores, and "with light / with stand-in" (the median of the rounds' ratios) what the server's
+handling of the light tenant costs it.
+
 Knobs (environment): DURATION (seconds per measured run, default 10), ROUNDS (default 3),
 PROTOCOLS (default "http,grpc"),
 LIGHT_RATE (default 200), PARTS (default "light,two-heavy": which parts to run; "modes" adds
@@ -62,6 +69,7 @@ PROTOCOLS = os.environ.get("PROTOCOLS", "http,grpc").split(",")
 HEAVY, LIGHT, HEAVY2 = "lipsync_unet_w8", "tiny", "seg_unet"
 HEAVY_NICE = int(os.environ.get("HEAVY_NICE", "19"))
 LIGHT_NICE = int(os.environ.get("LIGHT_NICE", "-10"))
+STANDIN = os.environ.get("STANDIN", "1") != "0"
 if LIGHT_NICE < 0 and os.geteuid() != 0:
     LIGHT_NICE = 0  # `nice` would run it at 0 anyway, with a warning
 
@@ -139,6 +147,26 @@ def late_starts(summary):
 def total(xs):
     """The sum, or "-" when any is unknown."""
     return "-" if None in xs else sum(xs)
+
+
+def stand_in_cmd(burn_ms):
+    """A process standing in for the light tenant's client: LIGHT_RATE wake-ups a second at the
+    client's priority, each burning burn_ms of CPU (the client's measured cost per request),
+    sending nothing. Prints {} (run() reads every command's JSON)."""
+    return (["nice", "-n", str(LIGHT_NICE)] if LIGHT_NICE else []) + \
+        [sys.executable, __file__, "--stand-in", str(LIGHT_RATE), f"{burn_ms:.4f}", str(DURATION)]
+
+
+def stand_in(rate, burn_ms, duration):
+    t0 = time.monotonic()
+    for i in range(int(rate * duration)):
+        delay = t0 + i / rate - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        end = time.thread_time() + burn_ms / 1e3
+        while time.thread_time() < end:
+            pass
+    print("{}")
 
 
 def light_args():
@@ -241,24 +269,33 @@ def main():
                 print(f"\n{proto}: heavy tenant {HEAVY} (closed loop, concurrency 4): {cap:.2f} req/s; light tenant "
                       f"{LIGHT} at {LIGHT_RATE:.0f}/s (open loop). Medians of {ROUNDS} rounds; each round runs the heavy "
                       f"load alone and with the light tenant beside it, back to back.\n")
-                print("| heavy load | light p50 | light p99 | light p99 queued in server | light answered | "
-                      "client late starts | heavy alone | heavy with light | ratio | heavy compute/request |")
-                print("|---|---|---|---|---|---|---|---|---|---|")
                 s0, c0 = proc_cpu_s(server.pid), children_cpu_s()
                 (light,) = run([bench_cmd(proto, url, grpc, LIGHT, *light_args())])
                 s_cpu, c_cpu = proc_cpu_s(server.pid) - s0, children_cpu_s() - c0
+                client_ms = 1e3 * c_cpu / max(light["requests"], 1)
+                print("| heavy load | light p50 | light p99 | light p99 queued in server | light answered | "
+                      "client late starts | heavy alone | heavy with light | ratio | "
+                      + ("heavy beside the client stand-in | with light / with stand-in | " if STANDIN else "")
+                      + "heavy compute/request |")
+                print("|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if STANDIN else ""))
                 lat, q = light["latency_ms"], light["server_queue_ms"]
                 print(f"| none | {lat['p50']:.2f} ms | {lat['p99']:.2f} ms | {q['p99']:.2f} ms | "
-                      f"{light['ok']}/{light['requests']} | {total([late_starts(light)])} | - | - | - | - |", flush=True)
+                      f"{light['ok']}/{light['requests']} | {total([late_starts(light)])} | - | - | - | "
+                      + ("- | - | " if STANDIN else "") + "- |", flush=True)
                 shapes = (("closed loop, concurrency 4", ("--concurrency", 4)),
                           ("closed loop, concurrency 32", ("--concurrency", 32)),
                           (f"open loop, 5x capacity ({5 * cap:.0f}/s)", ("--rate", f"{5 * cap:.2f}",
                                                                        "--max-connections", 256)))
                 for label, hargs in shapes:
                     alone, beside, p50, p99, q99, ok, sent, comp, late = [], [], [], [], [], 0, 0, [], []
+                    stand = []
                     for _ in range(ROUNDS):
                         (h,) = run([bench_cmd(proto, url, grpc, HEAVY, *hargs, "--duration", DURATION)])
                         alone.append(h["throughput_rps"])
+                        if STANDIN:
+                            h, _ = run([bench_cmd(proto, url, grpc, HEAVY, *hargs, "--duration", DURATION),
+                                        stand_in_cmd(client_ms)])
+                            stand.append(h["throughput_rps"])
                         h, l = run([bench_cmd(proto, url, grpc, HEAVY, *hargs, "--duration", DURATION),
                                     bench_cmd(proto, url, grpc, LIGHT, *light_args())])
                         beside.append(h["throughput_rps"])
@@ -273,13 +310,22 @@ def main():
                     # rounds' ratios (the machine's speed drifts between rounds)
                     a, b = median(alone), median(beside)
                     ratio = median([y / x for x, y in zip(alone, beside) if x > 0] or [0])
+                    control = ""
+                    if STANDIN:
+                        sr = median([y / x for x, y in zip(stand, beside) if x > 0] or [0])
+                        control = f"{median(stand):.2f} req/s | {sr:.3f} | "
                     print(f"| {label} | {median(p50):.2f} ms | {median(p99):.2f} ms | {median(q99):.2f} ms | {ok}/{sent} | {total(late)} | "
-                          f"{a:.2f} req/s | {b:.2f} req/s | {ratio:.3f} | {median(comp):.1f} ms |", flush=True)
+                          f"{a:.2f} req/s | {b:.2f} req/s | {ratio:.3f} | {control}{median(comp):.1f} ms |", flush=True)
                 nreq, cores = max(light["requests"], 1), os.cpu_count() * DURATION
                 print(f"\nThe light tenant alone cost the server {1e3 * s_cpu / nreq:.3f} ms of CPU per request "
                       f"({100 * s_cpu / cores:.1f} % of the cores) and its client, on the same cores, "
                       f"{1e3 * c_cpu / nreq:.3f} ms ({100 * c_cpu / cores:.1f} %): about what the heavy tenant "
-                      f"loses beside it on this machine.", flush=True)
+                      f"loses beside it on this machine."
+                      + (f" The stand-in burns the client's {client_ms:.3f} ms per request at "
+                         f"{LIGHT_RATE:.0f}/s and nice {LIGHT_NICE} without sending anything: the heavy "
+                         f"tenant's throughput beside it is what the measuring client alone takes, and "
+                         f"'with light / with stand-in' what the server's handling of the light "
+                         f"tenant costs the heavy one." if STANDIN else ""), flush=True)
             if "two-heavy" in PARTS:
                 run([bench_cmd("http", url, grpc, h, "--concurrency", 4, "--duration", 3) for h in (HEAVY, HEAVY2)])
                 two_heavy(url, grpc)
@@ -289,4 +335,7 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) == 5 and sys.argv[1] == "--stand-in":
+        stand_in(float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]))
+    else:
+        main()
