@@ -444,6 +444,7 @@ static void model_infer(mts__grpc_call *c, const uint8_t *data, size_t len)
     }
     k->req.done = unary_done;
     k->req.user = k;
+    k->req.run_inline = true; /* this polling thread may run a short batch itself (scheduler.c) */
     mts__grpc_call_ref(c);
     pthread_mutex_lock(&c->lock);
     c->state = k;

@@ -195,7 +195,12 @@ typedef struct mts__device {
     double lane_credit_ns;/* the short-work lane's time budget (scheduler.c) */
     int64_t lane_refill_ns;
     atomic_int ready_n;   /* models in the ready list (read without the lock by preemption) */
+    struct mts__worker *inline_w; /* MTS__INLINE_MAX workers for short work run by the
+                                   * submitting thread (scheduler.c), allocated on first use */
+    bool inline_busy[4];
 } mts__device;
+
+#define MTS__INLINE_MAX 4
 
 typedef struct mts__worker {
     struct mts_server *s;
@@ -235,6 +240,9 @@ struct mts_server {
     pthread_cond_t load_cv, idle_cv, janitor_cv;
     bool stopping, stop_workers, stop_all;
     bool preempt; /* MTS_PREEMPT=1: long batches pause between steps for short work (scheduler.c) */
+    bool inline_short; /* a request marked run_inline may run on its submitting thread
+                        * (MTS_INLINE_SHORT=0: never) */
+    int inline_running; /* batches running on submitting threads (shutdown waits for them) */
     int total_queued;
     int resident;
     int rr_next;
@@ -291,6 +299,7 @@ void mts__event_add(mts_server *s, const char *kind, const mts__entry *e, int de
  * idle regular worker with e first in line) */
 bool mts__ready_push(mts_server *s, mts__entry *e);
 void *mts__worker_main(void *arg);
+void mts__inline_free(mts__device *d); /* the device's inline worker slots (scheduler.c) */
 /* Removes every queued request of e and chains them via ->next (lock held). */
 mts_request *mts__drain_queue(mts_server *s, mts__entry *e);
 void mts__fail_list(mts_request *list, int status, const char *msg);

@@ -128,11 +128,13 @@ static int ready_priority(const mts__entry *e)
 
 static bool lane_takes(mts__device *d, const mts__entry *e);
 
-bool mts__ready_push(mts_server *s, mts__entry *e)
+/* Links e into its device's ready list (lock held): the device, or NULL when e has nothing to
+ * run or runs as many batches as it may. */
+static mts__device *ready_link(mts_server *s, mts__entry *e)
 {
-    if (e->in_ready || !e->cur || e->qlen == 0) return false;
+    if (e->in_ready || !e->cur || e->qlen == 0) return NULL;
     int limit = e->cfg->instances > 0 ? e->cfg->instances : s->devs[e->cur->device].workers;
-    if (e->running >= limit) return false;
+    if (e->running >= limit) return NULL;
     mts__device *d = &s->devs[e->cur->device];
     /* A model that was idle starts at the device's virtual time: no credit for the time it
      * did not use. (One that only waited for its own batches to finish keeps its place.) */
@@ -144,9 +146,15 @@ bool mts__ready_push(mts_server *s, mts__entry *e)
     else d->ready_head = e;
     d->ready_tail = e;
     atomic_fetch_add_explicit(&d->ready_n, 1, memory_order_relaxed);
-    /* One thread is woken, not every worker: a light request costs one wake-up (each one a pair
-     * of context switches taken from the busy workers). The lane when it waits and would take
-     * the batch, else a regular worker; a lane that then cannot take it hands it on. */
+    return d;
+}
+
+/* Wakes one thread for e, just made ready on d: true when that thread is to take e's batch now.
+ * One thread, not every worker: a light request costs one wake-up (each one a pair of context
+ * switches taken from the busy workers). The lane when it waits and would take the batch, else a
+ * regular worker; a lane that then cannot take it hands it on. */
+static bool wake_one(mts__device *d, mts__entry *e)
+{
     if (d->lane_waiting > 0 && lane_takes(d, e)) {
         pthread_cond_signal(&d->lane_cv);
         return true;
@@ -155,12 +163,29 @@ bool mts__ready_push(mts_server *s, mts__entry *e)
     return d->ready_head == e && d->busy_workers < d->workers;
 }
 
+bool mts__ready_push(mts_server *s, mts__entry *e)
+{
+    mts__device *d = ready_link(s, e);
+    return d && wake_one(d, e);
+}
+
 /* Engine time a batch of the model's next requests is expected to cost (core-ns); 0 when the
  * model has not run yet. */
 static double batch_estimate(const mts__entry *e)
 {
-    int64_t n = e->qlen;
-    if (e->cur && e->cur->max_batch > 0 && n > e->cur->max_batch) n = e->cur->max_batch;
+    /* samples of the next batch: the first request's whole (one larger than max_batch runs
+     * alone), then the following ones while they fit; a request's samples are its first
+     * input's leading dimension when the model batches */
+    const mts__version *v = e->cur;
+    int64_t n = 0, cap = v && v->max_batch > 0 ? v->max_batch : 1;
+    for (const mts_request *r = e->qh; r; r = r->next) {
+        int64_t k = 1;
+        if (v && v->batchable && r->n_inputs > 0 && r->inputs[0].rank > 0 && r->inputs[0].dims[0] > 0)
+            k = r->inputs[0].dims[0];
+        if (n > 0 && n + k > cap) break;
+        n += k;
+        if (n >= cap) break;
+    }
     return e->cost_per_sample * (double)(n > 0 ? n : 1);
 }
 
@@ -259,6 +284,8 @@ mts_request *mts__drain_queue(mts_server *s, mts__entry *e)
     return list;
 }
 
+static bool run_inline(mts_server *s, mts__device *d, mts__entry *e, mts_request *req);
+
 int mts_server_submit(mts_server *s, mts_request *req, int *retry_after_s, mts_err *err)
 {
     if (retry_after_s) *retry_after_s = 0;
@@ -332,8 +359,13 @@ int mts_server_submit(mts_server *s, mts_request *req, int *retry_after_s, mts_e
     s->submitted++;
     req->cold = e->state != MTS_MODEL_READY;
     req->prompt = false;
-    if (e->state == MTS_MODEL_UNLOADED || e->state == MTS_MODEL_FAILED) mts__request_load(s, e);
-    else if (e->cur) req->prompt = mts__ready_push(s, e) && e->qlen == 1;
+    if (e->state == MTS_MODEL_UNLOADED || e->state == MTS_MODEL_FAILED) {
+        mts__request_load(s, e);
+    } else if (e->cur) {
+        bool alone = e->qlen == 1;
+        mts__device *d = ready_link(s, e);
+        if (d && !run_inline(s, d, e, req)) req->prompt = wake_one(d, e) && alone;
+    }
     pthread_mutex_unlock(&s->lock);
     return MTS_OK;
 }
@@ -695,6 +727,63 @@ static void finish_dropped(mts_request *cancelled, mts_request *expired, mts_req
  * model, forms a batch, runs it outside the lock and completes it. Returns 0 when there was
  * nothing to do. `outer` is the model whose batch is paused (PICK_PREEMPT), else NULL. */
 static int serve_one(mts__worker *w, mts__device *d, int mode, mts__entry *outer, double outer_ns);
+
+/* Short work on the submitting thread. When a request the front end marked run_inline arrives
+ * alone at an idle model, and the short-work lane waits and would take its batch at once, the
+ * submitting thread (a gRPC polling thread) runs the lane's next batch itself instead of waking
+ * the lane: the wake-up and the hand-back were most of what a light request cost the server
+ * (docs/server.md). The batch is picked and charged exactly as the lane's (PICK_LANE, the lane's
+ * credit and counters); the thread borrows one of MTS__INLINE_MAX worker slots of the device
+ * (their gather buffers), and when none is free the lane is woken as usual. */
+static mts__worker *inline_get(mts_server *s, mts__device *d)
+{
+    if (!d->inline_w) {
+        d->inline_w = calloc(MTS__INLINE_MAX, sizeof *d->inline_w);
+        if (!d->inline_w) return NULL;
+        for (int i = 0; i < MTS__INLINE_MAX; i++) {
+            mts__worker *w = &d->inline_w[i];
+            *w = (mts__worker){.s = s, .device = d->id, .index = d->workers}; /* the lane's counters */
+            for (int k = 0; k < 2; k++) w->br[k] = calloc(MTS__MAX_BATCH_REQS, sizeof(batch_req));
+        }
+    }
+    for (int i = 0; i < MTS__INLINE_MAX; i++)
+        if (!d->inline_busy[i] && d->inline_w[i].br[0] && d->inline_w[i].br[1]) {
+            d->inline_busy[i] = true;
+            return &d->inline_w[i];
+        }
+    return NULL;
+}
+
+void mts__inline_free(mts__device *d)
+{
+    for (int i = 0; d->inline_w && i < MTS__INLINE_MAX; i++)
+        for (int k = 0; k < 2; k++) {
+            for (int j = 0; j < MTS_REQ_MAX_TENSORS; j++) free(d->inline_w[i].scratch[k][j]);
+            free(d->inline_w[i].br[k]);
+        }
+    free(d->inline_w);
+    d->inline_w = NULL;
+}
+
+/* Lock held (and held again on return). True when the batch ran (or was tried) here; req may then
+ * be answered and gone. */
+static bool run_inline(mts_server *s, mts__device *d, mts__entry *e, mts_request *req)
+{
+    if (!req->run_inline || !s->inline_short || e->qlen != 1 || d->lane_waiting == 0 || !lane_takes(d, e))
+        return false;
+    mts__worker *w = inline_get(s, d);
+    if (!w) return false;
+    req->prompt = true;
+    s->inline_running++;
+    serve_one(w, d, PICK_LANE, NULL, 0);
+    d->inline_busy[w - d->inline_w] = false;
+    s->inline_running--;
+    /* whatever is still ready (another model picked first, the credit ran out) gets its thread */
+    if (d->ready_head) wake_one(d, d->ready_head);
+    pthread_cond_broadcast(&s->idle_cv);
+    return true;
+}
+
 
 /* Preemption between engine steps (MTS_PREEMPT=1; off by default: the short-work lane is the
  * measured better choice, see docs/server.md): a regular worker's batch estimated to cost more

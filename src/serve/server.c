@@ -116,6 +116,8 @@ int mts_server_create(const mts_config *cfg, mts_server **out, mts_err *err)
     }
     const char *pre = getenv("MTS_PREEMPT");
     s->preempt = pre && strcmp(pre, "0") != 0;
+    const char *inl = getenv("MTS_INLINE_SHORT");
+    s->inline_short = !(inl && !strcmp(inl, "0"));
     int total_workers = 0;
     for (int d = 0; d < s->n_devs; d++) {
         mts__device *dev = &s->devs[d];
@@ -248,6 +250,7 @@ void mts_server_shutdown(mts_server *s, int grace_s)
         pthread_cond_timedwait(&s->idle_cv, &s->lock, &ts);
     }
     s->stop_workers = true;
+    while (s->inline_running > 0) pthread_cond_wait(&s->idle_cv, &s->lock); /* short batches */
     mts_request *left = drain_all(s);
     for (int d = 0; d < s->n_devs; d++) {
         pthread_cond_broadcast(&s->devs[d].cv);
@@ -315,6 +318,7 @@ void mts_server_free(mts_server *s)
         pthread_cond_destroy(&s->devs[d].lane_cv);
         free(s->devs[d].w_batches);
         free(s->devs[d].w_busy_ns);
+        mts__inline_free(&s->devs[d]);
     }
     free(s->devs);
     free(s->entries);

@@ -56,9 +56,14 @@ struct mts_request {
     int device;                                /* device that ran it */
     int batch_size;                            /* samples in the batch it ran in */
     bool cold;                                 /* the model was not resident when it arrived */
-    bool prompt;                               /* set by mts_server_submit: a waiting worker was
-                                                * woken to run it now (a front end may skip
-                                                * watching a prompt request for cancellation) */
+    bool run_inline;                           /* the front end lets the submitting thread run
+                                                * the request's batch itself when it is short
+                                                * work the lane would take at once: done may then
+                                                * be called before mts_server_submit returns */
+    bool prompt;                               /* set by mts_server_submit: run at once, or a
+                                                * waiting worker was woken to run it now (a
+                                                * front end may skip watching a prompt request
+                                                * for cancellation) */
     int64_t arrival_ns;                        /* when the front end received it (mts_server_clock_ns);
                                                 * 0: the submit time */
     int threads;                               /* 0: the scheduler decides; else the intra-op threads

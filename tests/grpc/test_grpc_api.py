@@ -326,12 +326,17 @@ def test_cancel_drops_queued_request(start_server, pb):
     srv = start_server({"seg": {"model_path": str(SEG), "max_batch": 32, **SLOW}})
     s = ks(srv, pb)
     s.RepositoryModelLoad(pb.ks.RepositoryModelLoadRequest(model_name="seg"))
+    # one instance: of busy and blocker, one runs and the other waits (whichever the server read
+    # first: a 32-frame message can take longer to arrive than a 4-frame one), so doomed queues
+    # behind a waiting request and is watched for cancellation
     busy = s.ModelInfer.future(seg_request(pb, 32), timeout=60)
-    time.sleep(0.2)
-    doomed = s.ModelInfer.future(seg_request(pb, 4), timeout=60)
+    blocker = s.ModelInfer.future(seg_request(pb, 4), timeout=60)
     wait_queued(srv, pb, "seg", 1)
+    doomed = s.ModelInfer.future(seg_request(pb, 4), timeout=60)
+    wait_queued(srv, pb, "seg", 2)
     assert doomed.cancel()
     busy.result()
+    blocker.result()
     stub = lip(srv, pb)
     t0 = time.monotonic()
     # a cancelled request is dropped when a worker next takes from the queue; the workers run at
@@ -340,7 +345,7 @@ def test_cancel_drops_queued_request(start_server, pb):
         assert time.monotonic() - t0 < 30, "the cancelled request was not dropped"
         time.sleep(0.05)
     info = stub.GetModelStats(pb.ls.GetModelStatsRequest(model_id="seg")).models[0]
-    assert info.stats.execution_count == 1  # the cancelled one never ran
+    assert info.stats.execution_count == 2  # busy and blocker; the cancelled one never ran
 
 
 def test_cancel_storm_on_light_requests(start_server, pb):
