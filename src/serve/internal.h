@@ -179,6 +179,8 @@ typedef struct mts__entry {
     mts__win_bucket win[MTS__WIN_SECONDS]; /* dashboard window (dashboard.c) */
 } mts__entry;
 
+#define MTS__INLINE_MAX 4 /* per device: submitting threads running short work at once */
+
 typedef struct mts__device {
     int id;
     int workers, cores;
@@ -197,10 +199,8 @@ typedef struct mts__device {
     atomic_int ready_n;   /* models in the ready list (read without the lock by preemption) */
     struct mts__worker *inline_w; /* MTS__INLINE_MAX workers for short work run by the
                                    * submitting thread (scheduler.c), allocated on first use */
-    bool inline_busy[4];
+    bool inline_busy[MTS__INLINE_MAX];
 } mts__device;
-
-#define MTS__INLINE_MAX 4
 
 typedef struct mts__worker {
     struct mts_server *s;

@@ -728,6 +728,26 @@ static void finish_dropped(mts_request *cancelled, mts_request *expired, mts_req
  * nothing to do. `outer` is the model whose batch is paused (PICK_PREEMPT), else NULL. */
 static int serve_one(mts__worker *w, mts__device *d, int mode, mts__entry *outer, double outer_ns);
 
+/* A worker's batch bookkeeping, one per depth ([0] its own batch, [1] short work run inside a
+ * pause of it), and its gather buffers (grown by scratch_get). */
+static void worker_buffers_alloc(mts__worker *w)
+{
+    for (int k = 0; k < 2; k++) w->br[k] = calloc(MTS__MAX_BATCH_REQS, sizeof(batch_req));
+}
+
+static bool worker_buffers_ok(const mts__worker *w)
+{
+    return w->br[0] && w->br[1];
+}
+
+static void worker_buffers_free(mts__worker *w)
+{
+    for (int k = 0; k < 2; k++) {
+        for (int i = 0; i < MTS_REQ_MAX_TENSORS; i++) free(w->scratch[k][i]);
+        free(w->br[k]);
+    }
+}
+
 /* Short work on the submitting thread. When a request the front end marked run_inline arrives
  * alone at an idle model, and the short-work lane waits and would take its batch at once, the
  * submitting thread (a gRPC polling thread) runs the lane's next batch itself instead of waking
@@ -743,11 +763,11 @@ static mts__worker *inline_get(mts_server *s, mts__device *d)
         for (int i = 0; i < MTS__INLINE_MAX; i++) {
             mts__worker *w = &d->inline_w[i];
             *w = (mts__worker){.s = s, .device = d->id, .index = d->workers}; /* the lane's counters */
-            for (int k = 0; k < 2; k++) w->br[k] = calloc(MTS__MAX_BATCH_REQS, sizeof(batch_req));
+            worker_buffers_alloc(w);
         }
     }
     for (int i = 0; i < MTS__INLINE_MAX; i++)
-        if (!d->inline_busy[i] && d->inline_w[i].br[0] && d->inline_w[i].br[1]) {
+        if (!d->inline_busy[i] && worker_buffers_ok(&d->inline_w[i])) {
             d->inline_busy[i] = true;
             return &d->inline_w[i];
         }
@@ -756,11 +776,7 @@ static mts__worker *inline_get(mts_server *s, mts__device *d)
 
 void mts__inline_free(mts__device *d)
 {
-    for (int i = 0; d->inline_w && i < MTS__INLINE_MAX; i++)
-        for (int k = 0; k < 2; k++) {
-            for (int j = 0; j < MTS_REQ_MAX_TENSORS; j++) free(d->inline_w[i].scratch[k][j]);
-            free(d->inline_w[i].br[k]);
-        }
+    for (int i = 0; d->inline_w && i < MTS__INLINE_MAX; i++) worker_buffers_free(&d->inline_w[i]);
     free(d->inline_w);
     d->inline_w = NULL;
 }
@@ -783,7 +799,6 @@ static bool run_inline(mts_server *s, mts__device *d, mts__entry *e, mts_request
     pthread_cond_broadcast(&s->idle_cv);
     return true;
 }
-
 
 /* Preemption between engine steps (MTS_PREEMPT=1; off by default: the short-work lane is the
  * measured better choice, see docs/server.md): a regular worker's batch estimated to cost more
@@ -820,7 +835,7 @@ void *mts__worker_main(void *arg)
     bool lane = w->index == d->workers; /* the short-work lane */
     const char *lane_env = getenv("MTS_SHORT_LANE");
     if (lane && lane_env && !strcmp(lane_env, "0")) return NULL; /* off: for comparisons */
-    for (int k = 0; k < 2; k++) w->br[k] = calloc(MTS__MAX_BATCH_REQS, sizeof(batch_req));
+    worker_buffers_alloc(w);
     /* Regular workers (and the intra-op threads they start, which inherit it) run at a lower
      * CPU priority than the front ends, the lane and the loaders: a request arriving while the
      * workers fill the cores is read, parsed and queued (or run on the lane) at once instead of
@@ -830,7 +845,7 @@ void *mts__worker_main(void *arg)
     if (!lane && nice > 0 && nice < 20) setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), nice);
     pthread_mutex_lock(&s->lock);
     while (!s->stop_workers) {
-        if (w->br[0] && w->br[1] && serve_one(w, d, lane ? PICK_LANE : PICK_REGULAR, NULL, 0)) continue;
+        if (worker_buffers_ok(w) && serve_one(w, d, lane ? PICK_LANE : PICK_REGULAR, NULL, 0)) continue;
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += 20000000;
@@ -850,10 +865,7 @@ void *mts__worker_main(void *arg)
         }
     }
     pthread_mutex_unlock(&s->lock);
-    for (int k = 0; k < 2; k++) {
-        for (int i = 0; i < MTS_REQ_MAX_TENSORS; i++) free(w->scratch[k][i]);
-        free(w->br[k]);
-    }
+    worker_buffers_free(w);
     return NULL;
 }
 

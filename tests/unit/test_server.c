@@ -649,6 +649,26 @@ static unsigned long long worker_batches(mts_server *s, bool lane)
     return total;
 }
 
+/* n requests to model, one at a time, each answered before the next, with a pause after each
+ * (every thread back to waiting, and the lane's time budget refilled). Counts the ones submit
+ * reported prompt and the ones already answered when submit returned. */
+static void one_at_a_time(mts_server *s, const char *model, int n, bool run_inline, int *prompt, int *at_return)
+{
+    *prompt = *at_return = 0;
+    for (int i = 0; i < n; i++) {
+        call *c = call_new(model, 1);
+        c->req.run_inline = run_inline;
+        assert_int_equal(submit(s, c), 0);
+        *prompt += c->req.prompt; /* (set by submit on this thread) */
+        pthread_mutex_lock(&c->mu);
+        *at_return += c->done;
+        pthread_mutex_unlock(&c->mu);
+        assert_int_equal(call_wait(c), 0);
+        call_free(c);
+        usleep(5000);
+    }
+}
+
 /* Light requests one at a time on an idle device wake the short-work lane alone: a ready model
  * wakes one thread, not every worker, so every one of their batches runs on the lane (when every
  * idle worker was woken, one of the regular workers took some of them). */
@@ -665,15 +685,8 @@ static void test_light_work_wakes_the_lane(void **state)
         usleep(3000);
     }
     unsigned long long lane0 = worker_batches(s, true), regular0 = worker_batches(s, false);
-    int prompt = 0;
-    for (int i = 0; i < 100; i++) {
-        call *c = call_new("m00", 1);
-        assert_int_equal(submit(s, c), 0);
-        prompt += c->req.prompt; /* (set by submit on this thread) */
-        assert_int_equal(call_wait(c), 0);
-        call_free(c);
-        usleep(5000); /* every thread back to waiting, and the lane's time budget refilled */
-    }
+    int prompt, at_return;
+    one_at_a_time(s, "m00", 100, false, &prompt, &at_return);
     unsigned long long lane = worker_batches(s, true) - lane0, regular = worker_batches(s, false) - regular0;
     printf("100 light requests on an idle device: %llu batches on the lane, %llu on regular workers, %d "
            "reported prompt\n", lane, regular, prompt);
@@ -702,18 +715,7 @@ static void test_light_work_wakes_the_lane(void **state)
      * thread runs each batch itself, answered before submit returns, counted as the lane's */
     usleep(20000);
     lane0 = worker_batches(s, true), regular0 = worker_batches(s, false);
-    int at_return = 0;
-    for (int i = 0; i < 100; i++) {
-        call *c = call_new("m00", 1);
-        c->req.run_inline = true;
-        assert_int_equal(submit(s, c), 0);
-        pthread_mutex_lock(&c->mu);
-        at_return += c->done;
-        pthread_mutex_unlock(&c->mu);
-        assert_int_equal(call_wait(c), 0);
-        call_free(c);
-        usleep(5000);
-    }
+    one_at_a_time(s, "m00", 100, true, &prompt, &at_return);
     lane = worker_batches(s, true) - lane0, regular = worker_batches(s, false) - regular0;
     printf("100 requests run_inline: %d answered before submit returned; %llu lane batches, %llu regular\n",
            at_return, lane, regular);
