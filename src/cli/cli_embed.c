@@ -36,7 +36,7 @@ static void usage(FILE *f)
             "                  by length and run in length buckets, as the server runs a request\n"
             "  --bench SECONDS run the texts repeatedly for SECONDS and print texts per second\n"
             "  --tokens        print each text's token ids (one line per text) instead of vectors\n"
-            "  --precision P   auto, fp32, bf16 or int8 (default: the model's `precision` setting)\n"
+            "  --precision P   auto, fp32, bf16, fp16 or int8 (default: the model's `precision` setting)\n"
             "  --max-error E   the reduced-precision guard's bound (default: the model's `max_error`)\n");
 }
 

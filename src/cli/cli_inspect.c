@@ -152,6 +152,9 @@ int mts_cli_inspect(int argc, char **argv)
         if (!strcmp(pi->effective, "bf16"))
             printf("bf16 steps  %d oneDNN steps compute in bf16 (MTS_PLAN_VERBOSE=1 names each implementation)\n",
                    mts_model_bf16_steps(m));
+        if (!strcmp(pi->effective, "fp16"))
+            printf("fp16 steps  %d few-row products keep IEEE half weights (float arithmetic)\n",
+                   mts_model_half_steps(m));
         for (int i = 0; i < info.n_inputs; i++) {
             const mts_value *v = mts_model_input(m, i);
             shape_of(v, shp, sizeof shp);

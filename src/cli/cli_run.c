@@ -48,7 +48,7 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: mtserve run MODEL [--batch N] [--threads T] [--iters K] [--warmup W] [--json]\n"
                "                 [--input NAME=FILE.npy ...] [--output DIR] [--dim NAME=VALUE ...]\n"
-               "                 [--precision auto|fp32|bf16|int8] [--max-error E]\n"
+               "                 [--precision auto|fp32|bf16|fp16|int8] [--max-error E]\n"
                "  Inputs not given with --input are random (floats in [0,1), integers 0/1), with the\n"
                "  first symbolic dimension set to --batch (default 1).\n");
 }

@@ -113,7 +113,7 @@ int mts_cli_tune(int argc, char **argv)
             }
         } else if (!strcmp(a, "--help")) {
             printf("usage: mtserve tune MODEL [--cores N] [--batches 1,2,4,8] [--seconds S] [--max-latency-ms L]\n"
-                   "                  [--dim NAME=VALUE] [--json] [--precision auto|fp32|bf16|int8] [--max-error E]\n"
+                   "                  [--dim NAME=VALUE] [--json] [--precision auto|fp32|bf16|fp16|int8] [--max-error E]\n"
                    "       mtserve tune MODEL_FOLDER --embedding [--texts FILE] [-o policy.yaml]\n"
                    "                  [--batches 1,2,4,8,16,32] [--rounds 3]\n"
                    "                  [--policy 4:1x2,32:2x1 (measure it against one worker with every core)]\n"

@@ -900,9 +900,9 @@ static int model_key(pctx *x, const char *key, const char *full, const ynode *k,
         if (rc == 1 && set_string(dst, s)) return mts_err_set(x->err, MTS_ENOMEM, "%s: out of memory", x->name);
     }
     else if (strcmp(key, "precision") == 0) {
-        static const char *const names[] = {"auto", "fp32", "bf16", "int8"};
+        static const char *const names[] = {"auto", "fp32", "bf16", "int8", "fp16"};
         int i;
-        rc = get_enum(x, v, full, names, 4, &i);
+        rc = get_enum(x, v, full, names, 5, &i);
         if (rc == 1 && set_string(&m->precision, names[i])) return mts_err_set(x->err, MTS_ENOMEM, "out of memory");
     } else if (strcmp(key, "max_error") == 0)
         rc = get_num(x, v, full, false, 1e6, &m->max_error);
@@ -1209,8 +1209,8 @@ static int pb_parameter(mts_model_config *m, const mts_pbtxt *k, const char *fil
         return MTS_OK;
     }
     if (prec) {
-        static const char *const names[] = {"auto", "fp32", "bf16", "int8"};
-        for (int i = 0; i < 4; i++)
+        static const char *const names[] = {"auto", "fp32", "bf16", "int8", "fp16"};
+        for (int i = 0; i < 5; i++)
             if (!strcasecmp(sv->scalar, names[i])) {
                 char *d = strdup(names[i]);
                 if (!d) return mts_err_set(err, MTS_ENOMEM, "out of memory");
@@ -1218,7 +1218,7 @@ static int pb_parameter(mts_model_config *m, const mts_pbtxt *k, const char *fil
                 m->precision = d;
                 return MTS_OK;
             }
-        return mts_err_set(err, MTS_EINVAL, "%s:%d: parameter 'precision': expected auto, fp32, bf16 or int8, got '%.40s'",
+        return mts_err_set(err, MTS_EINVAL, "%s:%d: parameter 'precision': expected auto, fp32, bf16, fp16 or int8, got '%.40s'",
                            file, sv->line, sv->scalar);
     }
     char *end;

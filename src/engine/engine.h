@@ -35,15 +35,20 @@ typedef struct mts_load_opts {
      * bias, accumulation, softmax, normalizations and reductions) after an accuracy guard;
      * "auto" = "bf16" when the CPU computes bf16 natively (AVX512-BF16 or AMX) and the guard
      * passes, else "fp32"; "int8" = the quantized kernels of a QDQ model (a float model runs
-     * in fp32). Only the default backend computes in bf16. */
+     * in fp32); "fp16" = the MatMul/Gemm products with constant weights and at most 32 source
+     * rows (transformer encoders at batch 1-2) keep their weights in IEEE half precision, read
+     * and widened to float in registers (float arithmetic and activations; everything else
+     * fp32), after the same guard: on AVX-512 CPUs, where the few-row GEMM runs. Only the
+     * default backend computes in bf16 or fp16. */
     const char *precision;
     /* The guard: calibration inputs (calibration_dir, default calibration/ beside the model,
-     * else one seeded random batch in [0, 1)) run in fp32 and bf16; bf16 is kept when the relative
-     * L2 error of every output is <= max_error (0 = 1e-2), otherwise the model runs in fp32. */
+     * else one seeded random batch in [0, 1)) run in fp32 and bf16 (fp16); the reduced form is kept
+     * when the relative L2 error of every output is <= max_error (0 = 1e-2), otherwise the model
+     * runs in fp32. */
     double max_error;
     const char *calibration_dir;
     /* The verdict of an earlier guard of the same file with the same settings (the server keeps
-     * it across evictions, so a reload costs no second model and no guard runs): "bf16" or
+     * it across evictions, so a reload costs no second model and no guard runs): "bf16", "fp16" or
      * "fp32" applies it without running the guard, guard_error being the error measured then;
      * NULL or "" runs the guard. */
     const char *guard_verdict;
@@ -80,11 +85,11 @@ const mts_node *mts_model_node(const mts_model *m, int i);  /* topological order
 
 /* The arithmetic a model runs in and why (mts_load_opts.precision). */
 typedef struct mts_precision_info {
-    const char *requested;  /* "fp32", "bf16", "auto" or "int8" */
-    const char *effective;  /* "fp32", "bf16" or "int8" */
+    const char *requested;  /* "fp32", "bf16", "fp16", "auto" or "int8" */
+    const char *effective;  /* "fp32", "bf16", "fp16" or "int8" */
     const char *reason;     /* one phrase: "requested", "auto: cpu has avx512_bf16, guard passed",
                              * "guard failed", "cpu lacks native bf16", "not a QDQ model", ... */
-    double guard_error;     /* worst relative L2 error of the outputs, bf16 vs fp32; < 0: not measured */
+    double guard_error;     /* worst relative L2 error of the outputs, bf16 (fp16) vs fp32; < 0: not measured */
     double max_error;       /* the guard's threshold */
     int guard_runs;         /* calibration batches run */
     const char *guard_inputs; /* "calibration" (.npy files), "random", or "remembered" (the verdict
@@ -94,6 +99,8 @@ const mts_precision_info *mts_model_precision(const mts_model *m);
 /* oneDNN steps computing in bf16 in the model's plans built so far (the most of any one plan,
  * subgraphs' plans added; 0 for an fp32 model). */
 int mts_model_bf16_steps(const mts_model *m);
+/* Products running on IEEE half weights (precision fp16) in the plans built so far (likewise). */
+int mts_model_half_steps(const mts_model *m);
 /* Steps whose (possibly fused) node has op type `op_type` in the model's plans built so far (the
  * most of any one plan, subgraphs' plans added): which rewrites a plan took, for tests and tools.
  * "OP/ATTR" counts those whose integer attribute ATTR is set ("Concat/mts_out_bf16"). */

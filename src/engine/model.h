@@ -81,6 +81,7 @@ typedef struct mts__plan {
     double flops;
     int64_t activation_bytes;
     int n_bf16;            /* backend steps computing in bf16 */
+    int n_f16w;            /* backend steps on IEEE half weights (precision fp16) */
     bool rows_ok;          /* padding-free runs may skip padded rows (padfree.c) */
     int64_t tok_B, tok_S;  /* ... of token tensors [tok_B, tok_S, ...] */
     mts_pool pool;         /* folded constants and the arrays above */
@@ -118,6 +119,7 @@ struct mts_model {
     int64_t copy_bytes;    /* bytes of copies held now */
     int backend;           /* mts_backend_kind */
     bool bf16;             /* oneDNN steps compute in bf16 (the root's flag holds for subgraphs) */
+    bool f16w;             /* few-row MatMuls keep IEEE half weights (precision fp16; the root's) */
     mts_precision_info prec; /* precision.c */
     char prec_reason[160];
     void *bstate[MTS_MAX_BACKENDS]; /* per backend of mts_backends[]: its per-model state (the

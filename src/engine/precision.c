@@ -12,7 +12,10 @@
  * The worst relative L2 error over the float outputs must stay within max_error; otherwise the
  * fp32 instance replaces the bf16 one and the model reports why. A model on which oneDNN made no
  * bf16 step (a CPU without AVX-512, where oneDNN offers only reference bf16 kernels) also
- * stays fp32. "int8" keeps the quantized kernels of a QDQ model; a float model runs in fp32.
+ * stays fp32. "fp16" marks the model so that its few-row MatMul/Gemm products keep IEEE half
+ * weights (kernels/fast_sgemm.c), under the same guard; a model where no product took them
+ * (no AVX-512, or only products with many rows) stays fp32. "int8" keeps the quantized kernels
+ * of a QDQ model; a float model runs in fp32.
  */
 #include <cpuid.h>
 #include <dirent.h>
@@ -38,13 +41,13 @@ const char *mts_cpu_bf16_native(void)
     return NULL;
 }
 
-static const char *const g_names[] = {"fp32", "bf16", "auto", "int8"};
+static const char *const g_names[] = {"fp32", "bf16", "auto", "int8", "fp16"};
 
 const char *mts_precision_check(const char *name)
 {
     for (size_t i = 0; i < sizeof g_names / sizeof g_names[0]; i++)
         if (!strcmp(name, g_names[i])) return NULL;
-    return "expected auto, fp32, bf16 or int8";
+    return "expected auto, fp32, bf16, fp16 or int8";
 }
 
 static const char *canon(const char *name)
@@ -236,6 +239,7 @@ out:
 }
 
 static int bf16_steps(mts_model *m);
+static int half_steps(mts_model *m);
 
 int mts_model_bf16_steps(const mts_model *m)
 {
@@ -250,6 +254,22 @@ static int bf16_steps(mts_model *m)
     for (const mts__plan *p = m->plans; p; p = p->next) n = p->n_bf16 > n ? p->n_bf16 : n;
     pthread_mutex_unlock(&m->plan_lock);
     for (int i = 0; i < m->n_subs; i++) n += bf16_steps(m->subs[i]);
+    return n;
+}
+
+int mts_model_half_steps(const mts_model *m)
+{
+    while (m->root) m = m->root;
+    return half_steps((mts_model *)m);
+}
+
+static int half_steps(mts_model *m)
+{
+    int n = 0;
+    pthread_mutex_lock(&m->plan_lock);
+    for (const mts__plan *p = m->plans; p; p = p->next) n = p->n_f16w > n ? p->n_f16w : n;
+    pthread_mutex_unlock(&m->plan_lock);
+    for (int i = 0; i < m->n_subs; i++) n += half_steps(m->subs[i]);
     return n;
 }
 
@@ -283,13 +303,18 @@ int mts__apply_precision(mts_model **pm, const mts_load_opts *opts, mts__reload_
         set(m, "fp32", "auto: cpu lacks native bf16", NULL);
         return MTS_OK;
     }
-    /* bf16 (asked for, or auto on a native CPU): guard it, unless an earlier load did. */
+    /* The reduced form: fp16 (half weights) when asked for, else bf16 (asked for, or auto on a
+     * native CPU). Guard it, unless an earlier load did. */
+    bool f16 = !strcmp(req, "fp16");
+    const char *red = f16 ? "fp16" : "bf16";
     if (opts && opts->guard_verdict && *opts->guard_verdict) {
-        bool bf = !strcmp(opts->guard_verdict, "bf16");
+        bool ok = !strcmp(opts->guard_verdict, red);
         m->prec.guard_error = opts->guard_error;
         m->prec.guard_inputs = "remembered";
-        m->bf16 = bf;
-        if (!bf) set(m, "fp32", "guard failed (at an earlier load of this file)", NULL);
+        m->bf16 = ok && !f16;
+        m->f16w = ok && f16;
+        if (!ok) set(m, "fp32", "guard failed (at an earlier load of this file)", NULL);
+        else if (f16) set(m, "fp16", "requested, guard passed (at an earlier load)", NULL);
         else if (!strcmp(req, "auto")) set(m, "bf16", "auto: cpu has %s, guard passed (at an earlier load)", native);
         else set(m, "bf16", native ? "requested, guard passed (at an earlier load)"
                                    : "requested (cpu emulates bf16), guard passed (at an earlier load)", NULL);
@@ -302,7 +327,8 @@ int mts__apply_precision(mts_model **pm, const mts_load_opts *opts, mts__reload_
     int rc = load(arg, &fo, &fp, err);
     if (rc) return rc;
     fp->prec = m->prec;
-    m->bf16 = true;
+    m->bf16 = !f16;
+    m->f16w = f16;
     gset sets[GUARD_MAX_FILES];
     memset(sets, 0, sizeof sets);
     int n_sets = 0;
@@ -329,11 +355,14 @@ int mts__apply_precision(mts_model **pm, const mts_load_opts *opts, mts__reload_
         set(m, "fp32", "guard could not run: %s", e2.msg);
     } else if (!(worst <= m->prec.max_error)) {
         set(m, "fp32", "guard failed", NULL);
-    } else if (bf16_steps(m) == 0) {
+    } else if (f16 && half_steps(m) == 0) {
+        set(m, "fp32", "no few-row products with constant weights to keep in half (or no AVX-512)", NULL);
+    } else if (!f16 && bf16_steps(m) == 0) {
         set(m, "fp32", "no bf16 kernels for this model on this cpu", NULL);
     } else {
         keep = true;
-        if (!strcmp(req, "auto")) set(m, "bf16", "auto: cpu has %s, guard passed", native);
+        if (f16) set(m, "fp16", "requested, guard passed", NULL);
+        else if (!strcmp(req, "auto")) set(m, "bf16", "auto: cpu has %s, guard passed", native);
         else set(m, "bf16", native ? "requested, guard passed" : "requested (cpu emulates bf16), guard passed", NULL);
     }
     if (keep) {

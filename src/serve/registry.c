@@ -437,7 +437,8 @@ static void load_one(mts_server *s, mts__entry *e)
         rc = mts_model_load(cfg->model_path, &lo, &m, &err);
         const mts_precision_info *pi = rc ? NULL : mts_model_precision(m);
         e->guard_verdict[0] = '\0';
-        if (pi && pi->guard_error >= 0 && (!strcmp(pi->effective, "bf16") || !strcmp(pi->effective, "fp32"))) {
+        if (pi && pi->guard_error >= 0 && (!strcmp(pi->effective, "bf16") || !strcmp(pi->effective, "fp16") ||
+                                           !strcmp(pi->effective, "fp32"))) {
             snprintf(e->guard_verdict, sizeof e->guard_verdict, "%s", pi->effective);
             e->guard_error = pi->guard_error;
             snprintf(e->guard_key, sizeof e->guard_key, "%s", gkey);

@@ -81,12 +81,14 @@ def pb(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, assets):
     """One server for the module: minilm (the embedding model), minilm_q8 (the same with
-    max_batch 8 and a queue of 8 requests) and tiny (a tensor model)."""
+    max_batch 8 and a queue of 8 requests), minilm_f16 (the same with `precision: fp16`) and
+    tiny (a tensor model)."""
     _ensure_models()
     model, vocab = assets
     work = tmp_path_factory.mktemp("emb_server")
     for name, path, cfg in (("minilm", model, dict(EMB_CFG, tokenizer=str(vocab))),
                             ("minilm_q8", model, dict(EMB_CFG, tokenizer=str(vocab), max_batch=8, queue_size=8)),
+                            ("minilm_f16", model, dict(EMB_CFG, tokenizer=str(vocab), precision="fp16")),
                             ("tiny", TINY, None)):
         d = work / "repo" / name
         d.mkdir(parents=True)
@@ -364,3 +366,15 @@ def test_same_as_onnxruntime_and_cli(server, assets, tmp_path):
     cos = cosine(v, ref.astype(np.float64))
     assert np.all(cos >= 0.99999), cos
     assert np.max(np.abs(v - ref)) < 1e-4
+    # precision fp16: one text per request (its products have few rows and run on half weights)
+    half = np.concatenate([vectors(embed(server, t, model="minilm_f16")) for t in TEXTS])
+    cos = cosine(v, half.astype(np.float64))
+    assert np.all(cos >= 0.99999), cos
+    st = server.model_stats("minilm_f16")
+    assert st["precision_requested"] == "fp16"
+    if st["precision"] == "fp16":
+        assert st["precision_reason"] == "requested, guard passed"
+        assert 0 < st["precision_guard_error"] <= 1e-2
+        assert np.max(np.abs(half - ref)) > 0  # the half weights were used
+    else:  # a CPU without AVX-512 runs no few-row GEMM
+        assert st["precision"] == "fp32" and "no few-row products" in st["precision_reason"]

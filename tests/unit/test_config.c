@@ -396,8 +396,8 @@ static void test_errors(void **state)
                  "t.yaml:4: key 'models.a.preferred_gpu'", "from -1 to 1023");
     expect_error("models:\n  a:\n    num_frames: 10\n", MTS_EINVAL, "t.yaml:2: key 'models.a'", "no model_path");
     expect_error("models:\n  a:\n", MTS_EINVAL, "t.yaml:2: key 'models.a'", "no model_path");
-    expect_error("models:\n  a:\n    model_path: a.onnx\n    precision: fp16\n", MTS_EINVAL,
-                 "t.yaml:4: key 'models.a.precision'", "'auto', 'fp32', 'bf16', 'int8', got 'fp16'");
+    expect_error("models:\n  a:\n    model_path: a.onnx\n    precision: fp8\n", MTS_EINVAL,
+                 "t.yaml:4: key 'models.a.precision'", "'auto', 'fp32', 'bf16', 'int8', 'fp16', got 'fp8'");
     expect_error("models:\n  a:\n    model_path: a.onnx\n    max_error: 0\n", MTS_EINVAL,
                  "t.yaml:4: key 'models.a.max_error'", "positive number");
     {
@@ -410,6 +410,10 @@ static void test_errors(void **state)
         assert_string_equal(c.models[0].precision, "bf16");
         assert_true(c.models[0].max_error == 0.02);
         assert_int_equal(c.models[0].engine_batch, 8);
+        mts_config_free(&c);
+        assert_int_equal(parse("models:\n  a:\n    model_path: a.onnx\n    precision: fp16\n", "t.yaml", &c, &w, &err),
+                         MTS_OK);
+        assert_string_equal(c.models[0].precision, "fp16");
         mts_config_free(&c);
     }
     expect_error("models:\n  a:\n    model_path: a.onnx\n    engine_batch: -1\n", MTS_EINVAL,

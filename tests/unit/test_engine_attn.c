@@ -22,6 +22,7 @@
 #include "engine/kernels/dnnl_ops.h"
 #include "engine/kernels/fast_sgemm.h"
 #include "engine/kernels/kernel.h"
+#include "util/tensor.h"
 
 #if defined(__SANITIZE_THREAD__)
 #define MAX_THREADS 1
@@ -198,7 +199,7 @@ static void test_small_gemm(void **state)
         const float *resid[1] = {r};
         for (int th = 1; th <= MAX_THREADS; th++) {
             float *c = calloc((size_t)(rows * N), sizeof(float));
-            mts_small_gemm_run(a, rows, K, N, packed, has_bias ? b : NULL, post, np, resid, c, th);
+            mts_small_gemm_run(a, rows, K, N, packed, false, has_bias ? b : NULL, post, np, resid, c, th);
             char what[96];
             snprintf(what, sizeof what, "small GEMM %lldx%lldx%lld%s posts %d threads %d", (long long)rows, (long long)K,
                      (long long)N, tr ? " transposed" : "", n_post, th);
@@ -207,7 +208,7 @@ static void test_small_gemm(void **state)
             int64_t i = irand((int)rows);
             float *c1 = calloc((size_t)N, sizeof(float));
             const float *resid1[1] = {r + i * N};
-            mts_small_gemm_run(a + i * K, 1, K, N, packed, has_bias ? b : NULL, post, np, resid1, c1, th);
+            mts_small_gemm_run(a + i * K, 1, K, N, packed, false, has_bias ? b : NULL, post, np, resid1, c1, th);
             if (memcmp(c1, c + i * N, sizeof(float) * (size_t)N))
                 fail_msg("%s: row %lld alone differs from the batch", what, (long long)i);
             free(c1);
@@ -220,7 +221,7 @@ static void test_small_gemm(void **state)
                 if (irand(2) || (x == rows - 1 && nm == 0)) map[nm++] = (int32_t)x, in_map[x] = 1;
             float *cm = malloc(sizeof(float) * (size_t)(rows * N));
             for (int64_t x = 0; x < rows * N; x++) cm[x] = 7.0f;
-            mts_small_gemm_run_map(a, map, nm, K, N, packed, has_bias ? b : NULL, post, np, resid, cm, th);
+            mts_small_gemm_run_map(a, map, nm, K, N, packed, false, has_bias ? b : NULL, post, np, resid, cm, th);
             for (int64_t x = 0; x < rows; x++) {
                 if (in_map[x] && memcmp(cm + x * N, c + x * N, sizeof(float) * (size_t)N))
                     fail_msg("%s: mapped row %lld differs from the whole product", what, (long long)x);
@@ -230,8 +231,47 @@ static void test_small_gemm(void **state)
             free(map), free(in_map), free(cm);
             free(c);
         }
+        /* half weights: bit for bit the float product on the weights rounded to half (the
+         * widening is exact and the multiply-adds run in the same order), whole and mapped */
+        bool fits = false;
+        uint16_t *ph = mts_small_gemm_pack_half(w, tr, K, N, &fits);
+        assert_true(fits);
+        assert_non_null(ph);
+        for (int64_t x = 0; x < K * N; x++) w[x] = mts_f16_to_f32(mts_f32_to_f16(w[x]));
+        float *pr = mts_small_gemm_pack(w, tr, K, N);
+        assert_non_null(pr);
+        for (int th = 1; th <= MAX_THREADS; th++) {
+            float *ch = calloc((size_t)(rows * N), sizeof(float)), *cr = calloc((size_t)(rows * N), sizeof(float));
+            mts_small_gemm_run(a, rows, K, N, ph, true, has_bias ? b : NULL, post, np, resid, ch, th);
+            mts_small_gemm_run(a, rows, K, N, pr, false, has_bias ? b : NULL, post, np, resid, cr, th);
+            if (memcmp(ch, cr, sizeof(float) * (size_t)(rows * N)))
+                fail_msg("half-weight small GEMM %lldx%lldx%lld threads %d differs from float on rounded weights",
+                         (long long)rows, (long long)K, (long long)N, th);
+            int32_t one = (int32_t)irand((int)rows);
+            float *cm = calloc((size_t)(rows * N), sizeof(float));
+            mts_small_gemm_run_map(a, &one, 1, K, N, ph, true, has_bias ? b : NULL, post, np, resid, cm, th);
+            if (memcmp(cm + one * N, cr + one * N, sizeof(float) * (size_t)N))
+                fail_msg("half-weight mapped row %d differs", (int)one);
+            free(ch), free(cr), free(cm);
+        }
+        free(ph), free(pr);
         free(packed), free(a), free(w), free(b), free(r), free(ref);
     }
+    /* weights half cannot hold are refused, so the step keeps float weights */
+    float big[32 * 2] = {0};
+    big[5] = 70000.0f;
+    bool fits = true;
+    assert_null(mts_small_gemm_pack_half(big, false, 2, 32, &fits));
+    assert_false(fits);
+    big[5] = NAN;
+    fits = true;
+    assert_null(mts_small_gemm_pack_half(big, false, 2, 32, &fits));
+    assert_false(fits);
+    big[5] = 65504.0f;
+    uint16_t *okh = mts_small_gemm_pack_half(big, false, 2, 32, &fits);
+    assert_true(fits);
+    assert_non_null(okh);
+    free(okh);
     assert_false(mts_small_gemm_ok(MTS_SMALL_GEMM_ROWS + 1, 384, 384));
     if (mts_small_gemm_ok(16, 384, 384)) { /* (AVX-512 machines) */
         assert_true(mts_small_gemm_ok(MTS_SMALL_GEMM_ROWS, 384, 1536));

@@ -3,7 +3,7 @@
  * (their outputs are pixels in [0, 1]) of fp32 at every pixel; the accuracy guard rejects bf16
  * when max_error is below what bf16 achieves (the model then runs fp32 and says why); "int8"
  * on a float model falls back to fp32; unknown names are refused; calibration .npy files are
- * used when present. On a CPU where oneDNN makes no bf16 kernels the guard's fallback to fp32
+ * used when present; fp16 keeps a transformer's few-row products on half weights. On a CPU where oneDNN makes no bf16 kernels the guard's fallback to fp32
  * is what is asserted instead. Uses the generated models (models/out) when present.
  */
 #include <setjmp.h>
@@ -171,10 +171,10 @@ static void test_int8_and_names(void **state)
     assert_true(strstr(mts_model_precision(m)->reason, "QDQ") != NULL);
     mts_model_free(m);
     mts_load_opts o = {0};
-    o.precision = "fp16";
+    o.precision = "fp8";
     mts_err err = {0};
     assert_int_equal(mts_model_load(path, &o, &m, &err), MTS_EINVAL);
-    assert_non_null(strstr(err.msg, "unknown precision 'fp16'"));
+    assert_non_null(strstr(err.msg, "unknown precision 'fp8'"));
     /* auto: bf16 only where the CPU computes it natively */
     m = load(path, "auto", 0, NULL);
     const mts_precision_info *pi = mts_model_precision(m);
@@ -185,6 +185,48 @@ static void test_int8_and_names(void **state)
         assert_non_null(strstr(pi->reason, mts_cpu_bf16_native()));
     }
     mts_model_free(m);
+}
+
+/* fp16: a transformer encoder's few-row products on IEEE half weights. At batch 4 (4 x 4 = 16
+ * rows) the outputs move, by about half's rounding; at batch 8 (64 rows, past the half-weight
+ * limit) the products use float weights and the outputs are fp32's bit for bit. A remembered
+ * verdict applies without a guard. */
+static void test_fp16_weights(void **state)
+{
+    (void)state;
+    char path[4096];
+    if (!model_path(path, sizeof path, "bert_tiny")) return;
+    mts_model *fp = load(path, "fp32", 0, NULL), *h = load(path, "fp16", 0, NULL);
+    const mts_precision_info *pi = mts_model_precision(h);
+    assert_string_equal(pi->requested, "fp16");
+    if (!strcmp(pi->effective, "fp32")) { /* no AVX-512: the few-row GEMM does not run here */
+        assert_non_null(strstr(pi->reason, "no few-row products"));
+        assert_int_equal(mts_model_half_steps(h), 0);
+    } else {
+        assert_string_equal(pi->effective, "fp16");
+        assert_string_equal(pi->reason, "requested, guard passed");
+        assert_true(pi->guard_error > 0 && pi->guard_error < 1e-2);
+        assert_true(mts_model_half_steps(h) > 0);
+        double d4 = max_abs_diff(fp, h, 4), d8 = max_abs_diff(fp, h, 8);
+        printf("precision: bert_tiny fp16 max abs diff batch 4 %.3g, batch 8 %.3g, guard %.3g\n", d4, d8,
+               pi->guard_error);
+        assert_true(d4 > 0 && d4 < 1e-2);
+        assert_true(d8 == 0);
+        mts_load_opts o = {0};
+        o.backend = "default";
+        o.precision = "fp16";
+        o.guard_verdict = "fp16";
+        o.guard_error = pi->guard_error;
+        mts_model *r = NULL;
+        mts_err err = {0};
+        assert_int_equal(mts_model_load(path, &o, &r, &err), 0);
+        assert_string_equal(mts_model_precision(r)->effective, "fp16");
+        assert_string_equal(mts_model_precision(r)->guard_inputs, "remembered");
+        assert_true(max_abs_diff(fp, r, 4) == d4);
+        mts_model_free(r);
+    }
+    mts_model_free(fp);
+    mts_model_free(h);
 }
 
 static void test_calibration_files(void **state)
@@ -225,6 +267,7 @@ int main(void)
         cmocka_unit_test(test_guard_rejects),
         cmocka_unit_test(test_int8_and_names),
         cmocka_unit_test(test_calibration_files),
+        cmocka_unit_test(test_fp16_weights),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -318,6 +318,7 @@ static bool conv_eligible(mts__opt *o, int s, const uint8_t *no_dnnl, void **cac
     const mts_model *root = o->m;
     while (root->root) root = root->root;
     c->spec.bf16 = root->bf16;
+    c->spec.half_weights = root->f16w;
     c->spec.key = st->node;
     c->spec.cache = cache;
     mts_err e = {0};
@@ -1027,6 +1028,7 @@ static int dnnl_commit(mts__opt *o, int self, mts_err *err)
         st->backend = (uint8_t)self;
         st->impl = d->ci[i].dc;
         if (mts_dconv_bf16(d->ci[i].dc)) p->n_bf16++;
+        if (mts_dconv_half(d->ci[i].dc)) p->n_f16w++;
         d->ci[i].dc = NULL;
     }
     return MTS_OK;

@@ -340,7 +340,8 @@ struct mts_dconv {
     size_t phase_tmp;                  /* bytes of one phase's output */
     /* A MatMul/Gemm with few rows: no primitive, the small-M GEMM (fast_sgemm.c) on weights
      * packed for it in the model's cache. */
-    const float *small;
+    const void *small;
+    bool small_half;                   /* small holds IEEE half weights */
 };
 
 /* Variant creation for one thread count of a convolution already in use (mts_dconv_prepare): one
@@ -724,33 +725,47 @@ static int small_create(mts_dconv *c, const mts_dconv_spec *s, mts_err *err)
         !s->w || !mts_fast_enabled() || !mts_small_gemm_ok(g->N, g->C, g->M) ||
         !mts_small_gemm_posts_ok(s->post, s->n_post))
         return MTS_OK;
+    bool half = s->half_weights && g->N <= MTS_SMALL_GEMM_HALF_ROWS;
     dnnl_memory_desc_t md;
     dnnl_dims_t d = {g->M / 32, g->C, 32};
-    mts_dnnl.dnnl_memory_desc_init_by_tag(&md, 3, d, dnnl_f32, dnnl_abc); /* tells this copy from oneDNN's */
+    /* (tells this copy from oneDNN's, and a half copy from a float one) */
+    mts_dnnl.dnnl_memory_desc_init_by_tag(&md, 3, d, half ? dnnl_f16 : dnnl_f32, dnnl_abc);
     int rc = MTS_OK;
     pthread_mutex_lock(&g_lock);
     wcache *q = *(wcache **)s->cache;
     while (q && !(q->key == s->key && q->transpose == s->transpose && mts_dnnl.dnnl_memory_desc_equal(&q->md, &md)))
         q = q->next;
     if (!q) {
-        if ((q = calloc(1, sizeof *q)) && (q->data = mts_small_gemm_pack(s->w, s->transpose, g->C, g->M))) {
+        bool fits = true;
+        void *data = NULL;
+        if (half) data = mts_small_gemm_pack_half(s->w, s->transpose, g->C, g->M, &fits);
+        else data = mts_small_gemm_pack(s->w, s->transpose, g->C, g->M);
+        if (data && (q = calloc(1, sizeof *q))) {
+            q->data = data;
             q->key = s->key;
             q->transpose = s->transpose;
             q->md = md;
-            q->bytes = sizeof(float) * (size_t)(g->C * g->M);
+            q->bytes = (half ? sizeof(uint16_t) : sizeof(float)) * (size_t)(g->C * g->M);
             q->next = *(wcache **)s->cache;
             *(wcache **)s->cache = q;
+        } else if (!fits) {
+            half = false; /* a weight beyond half's range: this step keeps float weights */
         } else {
-            free(q);
-            q = NULL;
+            free(data);
             rc = mts_err_set(err, MTS_ENOMEM, "out of memory");
         }
     }
     pthread_mutex_unlock(&g_lock);
     if (rc) return rc;
+    if (!q) { /* (retry in float) */
+        mts_dconv_spec f = *s;
+        f.half_weights = false;
+        return small_create(c, &f, err);
+    }
     c->small = q->data;
+    c->small_half = half;
     c->spec.w = NULL;
-    snprintf(c->impl, sizeof c->impl, "mts:small_gemm");
+    snprintf(c->impl, sizeof c->impl, half ? "mts:small_gemm_f16w" : "mts:small_gemm");
     return MTS_OK;
 }
 
@@ -1142,6 +1157,11 @@ bool mts_dconv_q8(const mts_dconv *c)
     return c->spec.q8;
 }
 
+bool mts_dconv_half(const mts_dconv *c)
+{
+    return c->small && c->small_half;
+}
+
 bool mts_dconv_bf16(const mts_dconv *c)
 {
     return c->bf16;
@@ -1198,8 +1218,8 @@ bool mts_dconv_run_rows(const mts_dconv *c, int threads, const void *src, void *
 {
     const mts_conv_geom *g = &c->spec.g;
     if (!c->small || c->inner || c->n_phase || !rows || g->N != rows->B * rows->S) return false;
-    mts_small_gemm_run_map(src, rows->map, rows->n, g->C, g->M, c->small, c->spec.b, c->spec.post, c->spec.n_post,
-                           resid, dst, work_threads(c, threads));
+    mts_small_gemm_run_map(src, rows->map, rows->n, g->C, g->M, c->small, c->small_half, c->spec.b, c->spec.post,
+                           c->spec.n_post, resid, dst, work_threads(c, threads));
     float *d = dst;
     for (int64_t b = 0; b < rows->B; b++)
         if (rows->len[b] < rows->S)
@@ -1237,8 +1257,8 @@ int mts_dconv_run(const mts_dconv *c, int threads, void *stream, const void *src
     threads = work_threads(c, threads);
     if (c->small) {
         const mts_conv_geom *g = &c->spec.g;
-        mts_small_gemm_run(src, g->N, g->C, g->M, c->small, c->spec.b, c->spec.post, c->spec.n_post, resid, dst,
-                           threads);
+        mts_small_gemm_run(src, g->N, g->C, g->M, c->small, c->small_half, c->spec.b, c->spec.post, c->spec.n_post, resid,
+                           dst, threads);
         return MTS_OK;
     }
     const variant *v = atomic_load(&((mts_dconv *)c)->var[threads]);

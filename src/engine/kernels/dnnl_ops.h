@@ -69,6 +69,9 @@ typedef struct mts_dconv_spec {
     bool src_bf16;       /* bf16: the source tensor already holds bf16 values (written by a bf16
                           * step with dst_bf16), in the planner's layout */
     bool dst_bf16;       /* bf16: write the destination as bf16 (its readers are bf16 steps) */
+    bool half_weights;   /* a MatMul run by the small-M GEMM with at most
+                          * MTS_SMALL_GEMM_HALF_ROWS rows keeps its weights in IEEE half
+                          * precision (fast_sgemm.c); arithmetic in float */
     bool wino;           /* run as Winograd where oneDNN can (the planner sets it for convs that
                           * pass mts_dconv_wino_ok, within the model's memory budget) */
     /* int8 convolution (QLinearConv / ConvInteger, kind MTS_DPRIM_CONV, no post-ops): q8 set,
@@ -127,6 +130,8 @@ bool mts_dconv_ready(const mts_dconv *c, int threads);
 const char *mts_dconv_impl(const mts_dconv *c);
 /* Whether c computes in bf16 (spec.bf16 asked for it and oneDNN had a fast implementation). */
 bool mts_dconv_bf16(const mts_dconv *c);
+/* Whether c runs the small-M GEMM on IEEE half weights (spec.half_weights, few rows). */
+bool mts_dconv_half(const mts_dconv *c);
 /* Runs on the calling thread's OpenMP team. resid: the MTS_DPOST_ADD tensors in post-op order;
  * src_zp: an int8 convolution's source zero point when it is computed at run time (NULL: the
  * spec's q8_zp[0]). */
