@@ -12,7 +12,9 @@
 # size; the CPU is named. NOPADFREE=1 adds a column with padding-free runs off (MTS_NO_PADFREE).
 # BENCH_SECONDS (default 3) is the measuring time of each point. The mtserve and ONNX Runtime runs
 # are repeated ROUNDS times (default 3) in back-to-back pairs: texts/s are the medians, embed/ORT
-# the median of the pairs' ratios (each round's ratio is printed below the table).
+# the median of the pairs' ratios (each round's ratio is printed below the table). Each round
+# also runs mtserve at `--precision fp16` (few-row products on IEEE half weights, docs/engine.md;
+# from batch 8 the products have more rows and keep float weights): the fp16 columns.
 # The embedding_policy columns: `mtserve tune --embedding --policy` runs requests of B texts the
 # way the server does, tokenization included, once as one batch on one worker with THREADS
 # threads (no policy, idle device) and once as the policy says (split over W workers of T
@@ -56,8 +58,8 @@ if [ -z "${POLICY:-}" ]; then
 print(','.join('%d:%dx%d' % (e['max_batch'], e['workers'], e['threads']) for e in json.load(sys.stdin)['embedding_policy']))")
 fi
 echo "bench-embed: embedding_policy $POLICY; load average $(cut -d' ' -f1-3 /proc/loadavg)"
-printf '%-6s %16s %16s %10s %16s %6s %16s %10s %10s %10s\n' batch "mtserve texts/s" "no-policy" "policy WxT" \
-  "policy texts/s" "ORT S" "ORT texts/s" "embed/ORT" "policy/ORT" "policy/no"
+printf '%-6s %16s %16s %10s %16s %6s %16s %10s %10s %10s %13s %10s\n' batch "mtserve texts/s" "no-policy" "policy WxT" \
+  "policy texts/s" "ORT S" "ORT texts/s" "embed/ORT" "policy/ORT" "policy/no" "fp16 texts/s" "fp16/ORT"
 compare() { /usr/bin/python3 -c "import json,sys; c=json.load(sys.stdin)['compare'][0]
 print(c['without_texts_per_s'], c['with_texts_per_s'], '%dx%d' % (c['workers'], c['threads']))"; }
 round_lines=()
@@ -66,24 +68,29 @@ for b in 1 8 32; do
   olen=$(ort_len "$b")
   # ROUNDS pairs, each mtserve's run then ONNX Runtime's, back to back: the machine's speed
   # drifts by tens of percent between seconds, so the ratio is the median of the pairs' ratios
-  o_runs=() r_runs=() ratios=()
+  o_runs=() r_runs=() ratios=() h_runs=() h_ratios=()
   for _ in $(seq "$ROUNDS"); do
     o=$("$MTSERVE" embed "$work/minilm" --bench "$SECS" --batch "$b" --threads "$THREADS" - < "$TEXTS" | field texts_per_s)
+    h=$("$MTSERVE" embed "$work/minilm" --bench "$SECS" --batch "$b" --threads "$THREADS" --precision fp16 - \
+          < "$TEXTS" 2>/dev/null | field texts_per_s)
     r=$(node tools/ort/ort_bench.js "$work/minilm/model.onnx" --batch "$b" --threads "$THREADS" --dim S="$olen" \
           --min-seconds "$SECS" --iters 10 | field throughput_per_s)
     o_runs+=("$o") r_runs+=("$r") ratios+=("$(/usr/bin/python3 -c "print('%.3f' % ($o / $r))")")
+    h_runs+=("$h") h_ratios+=("$(/usr/bin/python3 -c "print('%.3f' % ($h / $r))")")
   done
   ours=$(median "${o_runs[@]}") ort=$(median "${r_runs[@]}") ratio=$(median "${ratios[@]}")
+  half=$(median "${h_runs[@]}") hratio=$(median "${h_ratios[@]}")
   round_lines+=("bench-embed: batch $b, embed/ORT per round: ${ratios[*]} (median $ratio)")
+  round_lines+=("bench-embed: batch $b, fp16/ORT per round: ${h_ratios[*]} (median $hratio)")
   read -r without with wt < <("$MTSERVE" tune "$work/minilm" --embedding --texts "$TEXTS" --batches "$b" \
     --cores "$THREADS" --seconds "$SECS" --policy "$POLICY" --json 2>/dev/null | compare)
   if [ "${NOPADFREE:-0}" = 1 ]; then
     whole=$(MTS_NO_PADFREE=1 "$MTSERVE" embed "$work/minilm" --bench "$SECS" --batch "$b" --threads "$THREADS" - < "$TEXTS" | field texts_per_s)
     echo "bench-embed: batch $b padding-free off: $whole texts/s (on: $ours, $(/usr/bin/python3 -c "print('%.2fx' % ($ours / $whole))"))"
   fi
-  printf '%-6s %16.1f %16.1f %10s %16.1f %6s %16.1f %9.2fx %9.2fx %9.2fx\n' "$b" "$ours" "$without" "$wt" "$with" "$olen" "$ort" \
-    "$ratio" "$(/usr/bin/python3 -c "print($with / $ort)")" \
-    "$(/usr/bin/python3 -c "print($with / $without)")"
+  printf '%-6s %16.1f %16.1f %10s %16.1f %6s %16.1f %9.2fx %9.2fx %9.2fx %13.1f %9.2fx\n' "$b" "$ours" "$without" "$wt" \
+    "$with" "$olen" "$ort" "$ratio" "$(/usr/bin/python3 -c "print($with / $ort)")" \
+    "$(/usr/bin/python3 -c "print($with / $without)")" "$half" "$hratio"
 done
 printf '%s\n' "${round_lines[@]}"
 # the same policy through the server: /v1/embeddings, one client, with vs without
