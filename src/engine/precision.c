@@ -238,8 +238,30 @@ out:
     return rc;
 }
 
-static int bf16_steps(mts_model *m);
-static int half_steps(mts_model *m);
+/* Steps of the reduced form in m's plans (the most of any one plan, subgraphs' added): bf16
+ * steps, or with half the products on half weights. */
+static int reduced_steps(mts_model *m, bool half)
+{
+    int n = 0;
+    pthread_mutex_lock(&m->plan_lock);
+    for (const mts__plan *p = m->plans; p; p = p->next) {
+        int k = half ? p->n_f16w : p->n_bf16;
+        n = k > n ? k : n;
+    }
+    pthread_mutex_unlock(&m->plan_lock);
+    for (int i = 0; i < m->n_subs; i++) n += reduced_steps(m->subs[i], half);
+    return n;
+}
+
+static int bf16_steps(mts_model *m)
+{
+    return reduced_steps(m, false);
+}
+
+static int half_steps(mts_model *m)
+{
+    return reduced_steps(m, true);
+}
 
 int mts_model_bf16_steps(const mts_model *m)
 {
@@ -247,30 +269,10 @@ int mts_model_bf16_steps(const mts_model *m)
     return bf16_steps((mts_model *)m); /* takes the plan locks only */
 }
 
-static int bf16_steps(mts_model *m)
-{
-    int n = 0;
-    pthread_mutex_lock(&m->plan_lock);
-    for (const mts__plan *p = m->plans; p; p = p->next) n = p->n_bf16 > n ? p->n_bf16 : n;
-    pthread_mutex_unlock(&m->plan_lock);
-    for (int i = 0; i < m->n_subs; i++) n += bf16_steps(m->subs[i]);
-    return n;
-}
-
 int mts_model_half_steps(const mts_model *m)
 {
     while (m->root) m = m->root;
     return half_steps((mts_model *)m);
-}
-
-static int half_steps(mts_model *m)
-{
-    int n = 0;
-    pthread_mutex_lock(&m->plan_lock);
-    for (const mts__plan *p = m->plans; p; p = p->next) n = p->n_f16w > n ? p->n_f16w : n;
-    pthread_mutex_unlock(&m->plan_lock);
-    for (int i = 0; i < m->n_subs; i++) n += half_steps(m->subs[i]);
-    return n;
 }
 
 int mts__apply_precision(mts_model **pm, const mts_load_opts *opts, mts__reload_fn load, void *arg, mts_err *err)
