@@ -257,6 +257,11 @@ static void test_small_gemm(void **state)
         free(ph), free(pr);
         free(packed), free(a), free(w), free(b), free(r), free(ref);
     }
+    /* every finite half value survives the widening and the packing's rounding back (an F16
+     * GGUF file's weights reach the half panels unchanged) */
+    for (uint32_t h = 0; h < 0x10000; h++)
+        if ((h & 0x7c00) != 0x7c00 && mts_f32_to_f16(mts_f16_to_f32((uint16_t)h)) != h)
+            fail_msg("half 0x%04x does not round-trip", (unsigned)h);
     /* weights half cannot hold are refused, so the step keeps float weights */
     float big[32 * 2] = {0};
     big[5] = 70000.0f;
