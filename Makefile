@@ -45,7 +45,7 @@
 JOBS ?= 2
 PY := /usr/bin/python3
 BUILD := build
-MODELS := models/out
+MODELS_OUT := models/out
 TESTDATA := /usr/share/libonnx-testdata/data
 export MTSERVE := $(CURDIR)/$(BUILD)/mtserve
 
@@ -88,10 +88,10 @@ fuzz: build-fuzz
 	@bash scripts/fuzz.sh $(FUZZ_SECONDS)
 
 models: deps
-	@$(PY) models/gen/generate_all.py $(MODELS)
+	@$(PY) models/gen/generate_all.py $(MODELS_OUT)
 
 avatar: deps
-	@$(PY) models/gen/avatar.py assets $(MODELS)/avatar
+	@$(PY) models/gen/avatar.py assets $(MODELS_OUT)/avatar
 
 run: build models avatar
 	@bash scripts/demo.sh

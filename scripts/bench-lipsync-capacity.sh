@@ -22,6 +22,7 @@
 # Knobs: MODELS, FRAMES (16), THREADS (2), LEVEL_S (15), FPS2 (auto), ITERS (engine runs, 6),
 # IOBUF_MB (the server's MTS_IOBUF_CACHE_MB; unset: the server's own policy), PRECISION (fp32 |
 # bf16 | auto | int8: the model's precision in the server and in the bare engine run, fp32),
+# PHASES (the users' --request-phases: spread, the default, or grid),
 # ENGINE_BATCH (the model's engine_batch: a request's frames run in engine runs of at most this
 # many; the bare engine is then measured at that batch size, so the bound is its throughput;
 # unset: one run per request, engine measured at FRAMES).
@@ -37,6 +38,7 @@ FPS2=${FPS2:-}
 ITERS=${ITERS:-6}
 PRECISION=${PRECISION:-fp32}
 ENGINE_BATCH=${ENGINE_BATCH:-}
+PHASES=${PHASES:-spread}
 AVATAR=models/out/avatar
 TMP=$(mktemp -d)
 SERVER=
@@ -113,7 +115,7 @@ for MODEL in $MODELS; do
     echo "running: mtserve bench --api lipsync --rpc $rpc --model $MODEL --frames-per-request $FRAMES --fps $fps --find-capacity --start-users $startu --max-users $max --level-seconds $LEVEL_S" >&2
     "$MTSERVE" bench --url "$URL" --grpc "$GRPC" --api lipsync --rpc "$rpc" --format jpeg --model "$MODEL" \
       --frames-per-request "$FRAMES" --fps "$fps" --find-capacity --start-users "$startu" --max-users "$max" \
-      --level-seconds "$LEVEL_S" --json > "$TMP/$MODEL.$rpc.json"
+      --level-seconds "$LEVEL_S" --request-phases "$PHASES" --json > "$TMP/$MODEL.$rpc.json"
   done
   # one closed-loop run of each for the per-request server times and bytes per frame
   for rpc in infer composite; do

@@ -199,6 +199,17 @@ void mts_bench_popularity_free(mts_bench_popularity *p);
 /* Rank for a uniform u in [0,1). */
 int mts_bench_popularity_pick(const mts_bench_popularity *p, double u);
 
+/* Users mode: where user u of n is in the conversation cycle (cycle_ms long) when the run
+ * starts; it sends a request every period_ms while speaking, at (-offset) mod period_ms after
+ * the start plus multiples of period_ms. grid: cycle_ms * u / n, offsets exactly even. Else the
+ * same offsets each moved by under one period (back by one when past the cycle's end) so that
+ * user u's request phase is period_ms * frac(u * golden ratio): even offsets alone can line up
+ * the requests of users who speak together (15 s over 12 users is 1.25 s, 30 ms short of two
+ * 640 ms periods), so each queues behind the others' whole requests, while real users' phases
+ * are unrelated; the golden-ratio sequence spreads any run of consecutive users over the
+ * period. */
+double mts_bench_user_offset_ms(int u, int n, double cycle_ms, double period_ms, bool grid);
+
 /* xorshift64* generator; state must be nonzero. */
 uint64_t mts_bench_rand(uint64_t *state);
 double mts_bench_rand01(uint64_t *state);

@@ -60,6 +60,7 @@ typedef struct bench_opts {
      * InferBatchComposite (else InferBatch); format of the composited frames; avatar_frames: the
      * background frame count users walk over (0: learned from the first composite reply). */
     bool lipsync, composite, deadline_set, start_zero;
+    bool phase_grid; /* users: conversation offsets exactly even (else request phases spread) */
     int frames_per_request, avatar_frames;
     const char *format;
 } bench_opts;

@@ -355,9 +355,11 @@ int mts_bench_run_load(bench_run *r, int mode, int n_users, int initial_threads)
         if (!r->users) return -1;
         double cycle = (o->speak_s + o->listen_s + o->wait_s) * 1e3, fi = 1e3 / o->fps;
         int64_t step = o->lipsync ? o->frames_per_request : 1; /* requests start at multiples of it */
+        double period = (double)step * fi; /* one request's frames: a user sends one per period */
         for (int u = 0; u < n_users; u++) {
             uint64_t urng = o->seed * 1000003 + (uint64_t)u * 7 + 1;
-            double pos = cycle * u / n_users; /* position in the cycle at t0 */
+            /* position in the cycle at t0 */
+            double pos = mts_bench_user_offset_ms(u, n_users, cycle, period, o->phase_grid);
             int64_t k = (int64_t)ceil(pos / fi / (double)step - 1e-9) * step;
             double cs = r->t0 - pos;
             if ((double)k * fi >= o->speak_s * 1e3 - 1e-9) {

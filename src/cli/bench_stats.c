@@ -137,6 +137,17 @@ void mts_bench_popularity_free(mts_bench_popularity *p)
     p->n = 0;
 }
 
+double mts_bench_user_offset_ms(int u, int n, double cycle_ms, double period_ms, bool grid)
+{
+    double pos = cycle_ms * u / (n > 0 ? n : 1);
+    if (grid || n <= 1 || !(period_ms > 0) || period_ms >= cycle_ms) return pos;
+    double want = period_ms * fmod((double)u * 0.6180339887498949, 1.0);
+    double have = fmod(fmod(-pos, period_ms) + period_ms, period_ms);
+    double moved = pos + fmod(have - want + period_ms, period_ms);
+    if (moved >= cycle_ms) moved -= period_ms; /* the same phase, within the cycle */
+    return moved >= 0 && moved < cycle_ms ? moved : pos;
+}
+
 int mts_bench_popularity_pick(const mts_bench_popularity *p, double u)
 {
     int lo = 0, hi = p->n - 1;

@@ -84,6 +84,10 @@ static void usage(FILE *f)
             "  --users N              conversational users (open loop of frames)\n"
             "    --speak-s 4 --listen-s 7 --wait-s 4 --fps 25 --frame-deadline-ms 200\n"
             "    --frame-timeout      also give the server each frame's deadline (stale frames dropped)\n"
+            "    --request-phases spread|grid  conversations offset evenly over the cycle, each moved\n"
+            "                         by under one request period so that the users' requests spread\n"
+            "                         over that period (default), or exactly even (grid: users\n"
+            "                         speaking together may send their requests almost at once)\n"
             "  --find-capacity        ramp users to the largest count with >= --on-time-target (0.99)\n"
             "                         frames on time; --level-seconds S (default one cycle),\n"
             "                         --start-users N (1), --max-users N (1024)\n"
@@ -287,6 +291,13 @@ static int parse_args(int argc, char **argv, bench_opts *o)
             if (!strcmp(v, "zero")) o->start_zero = true;
             else if (strcmp(v, "spread")) {
                 fprintf(stderr, "mtserve bench: --start-frame '%s': expected spread or zero\n", v);
+                return 2;
+            }
+        } else if (!strcmp(a, "--request-phases")) {
+            NEED();
+            if (!strcmp(v, "grid")) o->phase_grid = true;
+            else if (strcmp(v, "spread")) {
+                fprintf(stderr, "mtserve bench: --request-phases '%s': expected spread or grid\n", v);
                 return 2;
             }
         } else if (!strcmp(a, "--avatar-frames")) {
@@ -605,6 +616,16 @@ int mts_cli_bench(int argc, char **argv)
         mts_jw_double(&w, o.frame_deadline_ms);
         mts_jw_key(&w, "duty_cycle");
         mts_jw_double(&w, o.speak_s / (o.speak_s + o.listen_s + o.wait_s));
+        mts_jw_key(&w, "request_phases");
+        mts_jw_string(&w, o.phase_grid ? "grid" : "spread");
+        if (o.users > 0 && o.users <= 1024) { /* each user's place in the cycle at the start */
+            double cyc = (o.speak_s + o.listen_s + o.wait_s) * 1e3;
+            double per = (o.lipsync ? o.frames_per_request : 1) * 1e3 / o.fps;
+            mts_jw_key(&w, "user_offsets_ms");
+            mts_jw_begin_array(&w);
+            for (int u = 0; u < o.users; u++) mts_jw_double(&w, mts_bench_user_offset_ms(u, o.users, cyc, per, o.phase_grid));
+            mts_jw_end_array(&w);
+        }
         mts_jw_end_object(&w);
     }
     const char *shape = mode == MODE_CLOSED ? "closed loop" : mode == MODE_OPEN ? "open loop" : "conversational users";

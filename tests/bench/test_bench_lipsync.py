@@ -111,6 +111,44 @@ def test_each_user_walks_its_own_frames(servers, assets, bench, policy, expect):
     assert frames_cached(url) == expect
 
 
+def test_request_phases(servers, assets, bench):
+    """Users mode places 12 users evenly over the 15 s cycle; their 8-frame requests come every
+    320 ms. grid keeps the even offsets, whose request phases (15 s / 12 = 1.25 s, 30 ms short of
+    four periods) put the requests of users speaking together within 30 ms of each other; spread
+    (the default) moves each offset by under one period so the phases follow the golden-ratio
+    sequence, whose 4 consecutive points leave gaps of at least 0.146 of the period."""
+    url, grpc_addr = lip_server(servers, assets)
+    period, n = 320.0, 12
+    phases = {}
+    for policy in ("grid", "spread"):
+        s, _ = bench(url, "--grpc", grpc_addr, "--api", "lipsync", "--model", MODEL, "--users", n, "--duration", 0.3,
+                     "--frames-per-request", 8, "--request-phases", policy, "--frame-deadline-ms", 20000, "--timeout-ms", 20000)
+        assert s["cycle"]["request_phases"] == policy
+        off = s["cycle"]["user_offsets_ms"]
+        assert len(off) == n
+        even = [15000.0 * u / n for u in range(n)]
+        if policy == "grid":
+            assert off == pytest.approx(even)
+        else:
+            for u in range(n):
+                assert 0 <= off[u] < 15000 and abs(off[u] - even[u]) < period, (u, off[u])
+                want = period * ((u * 0.6180339887498949) % 1.0)
+                assert (-off[u]) % period == pytest.approx(want, abs=1e-6)
+        phases[policy] = [(-o) % period for o in off]
+
+    def closest(ph):  # the smallest circular gap between the phases of 4 consecutive users
+        gaps = []
+        for u in range(n - 3):
+            p = sorted(ph[u:u + 4])
+            gaps += [b - a for a, b in zip(p, p[1:])] + [p[0] + period - p[-1]]
+        return min(gaps)
+    assert closest(phases["grid"]) == pytest.approx(30, abs=1e-6)
+    assert closest(phases["spread"]) > 0.14 * period
+    r = subprocess.run([str(MTSERVE), "bench", "--api", "lipsync", "--model", "x", "--users", "2",
+                        "--request-phases", "random"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "expected spread or grid" in r.stderr
+
+
 def test_find_capacity_over_http(servers, assets, bench):
     url, _ = lip_server(servers, assets)
     s, _ = bench(url, "--api", "lipsync", "--model", MODEL, "--frames-per-request", 4, "--find-capacity",
