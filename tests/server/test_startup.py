@@ -281,11 +281,19 @@ def test_threads_are_named(start_server):
     srv = start_server(models={"tiny": TINY})
     r = srv.infer("tiny", {"inputs": [json_input("x", np.ones((1, 16), np.float32))]})
     assert r.status_code == 200, r.text
-    names = set()
-    for tid in os.listdir(f"/proc/{srv.proc.pid}/task"):
-        try:
-            names.add(open(f"/proc/{srv.proc.pid}/task/{tid}/comm").read().strip())
-        except OSError:
-            pass  # a thread that ended meanwhile
-    for want in ("mts-d0-w0", "mts-d0-lane", "mts-http", "mts-grpc", "mts-grpc-reply", "mts-loader", "mts-janitor"):
+    wanted = ("mts-d0-w0", "mts-d0-lane", "mts-http", "mts-grpc", "mts-grpc-reply", "mts-loader", "mts-janitor")
+    # The HTTP serving line (what start_server waits for) comes before the gRPC listener starts,
+    # so its threads may appear a moment later: look again for up to 10 s.
+    deadline = time.monotonic() + 10
+    while True:
+        names = set()
+        for tid in os.listdir(f"/proc/{srv.proc.pid}/task"):
+            try:
+                names.add(open(f"/proc/{srv.proc.pid}/task/{tid}/comm").read().strip())
+            except OSError:
+                pass  # a thread that ended meanwhile
+        if all(w in names for w in wanted) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    for want in wanted:
         assert want in names, f"no thread named {want}: {sorted(names)}"
