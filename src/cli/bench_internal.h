@@ -65,6 +65,17 @@ typedef struct bench_opts {
     const char *format;
 } bench_opts;
 
+/* Users mode: one conversation cycle (speak, listen, wait), and the time between a speaking
+ * user's requests (one request's frames at fps), in ms. */
+static inline double bench_cycle_ms(const bench_opts *o)
+{
+    return (o->speak_s + o->listen_s + o->wait_s) * 1e3;
+}
+static inline double bench_request_period_ms(const bench_opts *o)
+{
+    return (o->lipsync ? o->frames_per_request : 1) * 1e3 / o->fps;
+}
+
 typedef struct bench_model {
     char name[256];
     int n_inputs;

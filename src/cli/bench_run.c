@@ -353,9 +353,8 @@ int mts_bench_run_load(bench_run *r, int mode, int n_users, int initial_threads)
     if (mode == MODE_USERS) {
         r->users = calloc((size_t)n_users, sizeof *r->users);
         if (!r->users) return -1;
-        double cycle = (o->speak_s + o->listen_s + o->wait_s) * 1e3, fi = 1e3 / o->fps;
+        double cycle = bench_cycle_ms(o), fi = 1e3 / o->fps, period = bench_request_period_ms(o);
         int64_t step = o->lipsync ? o->frames_per_request : 1; /* requests start at multiples of it */
-        double period = (double)step * fi; /* one request's frames: a user sends one per period */
         for (int u = 0; u < n_users; u++) {
             uint64_t urng = o->seed * 1000003 + (uint64_t)u * 7 + 1;
             /* position in the cycle at t0 */

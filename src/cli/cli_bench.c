@@ -181,6 +181,16 @@ static int parse_args(int argc, char **argv, bench_opts *o)
         }                                                                     \
         i++;                                                                  \
     } while (0)
+/* An option with two values, OFF and ON: sets FLAG to whether it was ON (the last one given). */
+#define CHOICE(OFF, ON, FLAG)                                                                     \
+    do {                                                                                          \
+        NEED();                                                                                   \
+        if (strcmp(v, OFF) && strcmp(v, ON)) {                                                    \
+            fprintf(stderr, "mtserve bench: %s '%s': expected " OFF " or " ON "\n", a, v);        \
+            return 2;                                                                             \
+        }                                                                                         \
+        FLAG = !strcmp(v, ON);                                                                    \
+    } while (0)
 #define NUM(lo, dst)                                                                        \
     do {                                                                                    \
         NEED();                                                                             \
@@ -260,19 +270,9 @@ static int parse_args(int argc, char **argv, bench_opts *o)
             NUM(0.001, o->frame_deadline_ms);
             o->deadline_set = true;
         } else if (!strcmp(a, "--api")) {
-            NEED();
-            if (strcmp(v, "kserve") && strcmp(v, "lipsync")) {
-                fprintf(stderr, "mtserve bench: --api '%s': expected kserve or lipsync\n", v);
-                return 2;
-            }
-            o->lipsync = !strcmp(v, "lipsync");
+            CHOICE("kserve", "lipsync", o->lipsync);
         } else if (!strcmp(a, "--rpc")) {
-            NEED();
-            if (strcmp(v, "infer") && strcmp(v, "composite")) {
-                fprintf(stderr, "mtserve bench: --rpc '%s': expected infer or composite\n", v);
-                return 2;
-            }
-            o->composite = !strcmp(v, "composite");
+            CHOICE("infer", "composite", o->composite);
         } else if (!strcmp(a, "--frames-per-request")) {
             NUM(1, o->frames_per_request);
             if (o->frames_per_request > 25) {
@@ -287,19 +287,9 @@ static int parse_args(int argc, char **argv, bench_opts *o)
             }
             o->format = v;
         } else if (!strcmp(a, "--start-frame")) {
-            NEED();
-            if (!strcmp(v, "zero")) o->start_zero = true;
-            else if (strcmp(v, "spread")) {
-                fprintf(stderr, "mtserve bench: --start-frame '%s': expected spread or zero\n", v);
-                return 2;
-            }
+            CHOICE("spread", "zero", o->start_zero);
         } else if (!strcmp(a, "--request-phases")) {
-            NEED();
-            if (!strcmp(v, "grid")) o->phase_grid = true;
-            else if (strcmp(v, "spread")) {
-                fprintf(stderr, "mtserve bench: --request-phases '%s': expected spread or grid\n", v);
-                return 2;
-            }
+            CHOICE("spread", "grid", o->phase_grid);
         } else if (!strcmp(a, "--avatar-frames")) {
             NUM(1, o->avatar_frames);
         } else if (!strcmp(a, "--frame-timeout")) {
@@ -619,8 +609,7 @@ int mts_cli_bench(int argc, char **argv)
         mts_jw_key(&w, "request_phases");
         mts_jw_string(&w, o.phase_grid ? "grid" : "spread");
         if (o.users > 0 && o.users <= 1024) { /* each user's place in the cycle at the start */
-            double cyc = (o.speak_s + o.listen_s + o.wait_s) * 1e3;
-            double per = (o.lipsync ? o.frames_per_request : 1) * 1e3 / o.fps;
+            double cyc = bench_cycle_ms(&o), per = bench_request_period_ms(&o);
             mts_jw_key(&w, "user_offsets_ms");
             mts_jw_begin_array(&w);
             for (int u = 0; u < o.users; u++) mts_jw_double(&w, mts_bench_user_offset_ms(u, o.users, cyc, per, o.phase_grid));
