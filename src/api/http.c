@@ -55,6 +55,7 @@
 #define LINGER_MS 2000              /* reading and discarding after an error response */
 #define STOP_LINGER_MS 1000         /* at stop: longest wait for clients to close after their answers */
 #define ACCEPT_BATCH 64
+#define LISTEN_CLOSE_MS 50          /* a closing listener completes handshakes begun before for this long */
 #define MAX_EVENTS 256
 #define IOV_BATCH 64
 
@@ -121,6 +122,7 @@ struct io_thread {
     int epfd, evfd, lfd;
     bool listener_registered;
     int64_t accept_resume_ms;   /* accept paused (EMFILE) until then; 0 = not paused */
+    int64_t listen_close_ms;    /* closing: new SYNs are dropped, the listener closes then */
     int64_t stop_deadline_ms;   /* stopping: connections still open then are closed at once */
     int64_t now_ms, next_scan_ms;
     mts_http_conn *conns;       /* open connections */
@@ -1393,22 +1395,40 @@ static void drain_queue(io_thread *io)
 
 static bool on_accept(io_thread *io);
 
-/* Stops listening. Connections the kernel has already completed (clients that may have sent a
- * request) are accepted first, to be answered: closing the socket would reset them. Before that,
- * a socket filter that drops every packet stops the listener from completing more handshakes
- * while it drains (one completed after the last accept would be reset by the close): those
- * clients' SYNs go unanswered and their retry finds the port closed, a refusal before anything
- * was sent. */
+/* Stops listening, in two steps, so that no client whose connection the kernel completed (and
+ * who may have sent a request on it) is reset by the close. begin_listener_close attaches a
+ * socket filter that drops SYNs without ACK (packets a TCP socket filter sees start at the TCP
+ * header; byte 13 holds the flags): no new handshake starts, and those clients' retry finds the
+ * port closed, a refusal before anything was sent. Handshakes already under way still complete
+ * (their ACK passes), and the event loop keeps accepting them for LISTEN_CLOSE_MS, a round trip
+ * on any network a server like this one serves; then close_listener accepts what the kernel
+ * still holds and closes the socket. (A filter that dropped everything would also drop the ACK
+ * of a handshake whose SYN-ACK was already out: its client believes it is connected, sends its
+ * request, and is reset when the listener closes.) */
+static void begin_listener_close(io_thread *io)
+{
+    if (io->lfd < 0 || io->listen_close_ms) return;
+    struct sock_filter drop_syn[] = {
+        BPF_STMT(BPF_LD | BPF_B | BPF_ABS, 13),            /* TCP flags */
+        BPF_STMT(BPF_ALU | BPF_AND | BPF_K, 0x12),         /* SYN | ACK */
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0x02, 0, 1),   /* SYN alone: a new handshake */
+        BPF_STMT(BPF_RET | BPF_K, 0),                      /* drop */
+        BPF_STMT(BPF_RET | BPF_K, 0xffffffffu),            /* keep */
+    };
+    struct sock_fprog prog = {.len = sizeof drop_syn / sizeof drop_syn[0], .filter = drop_syn};
+    (void)setsockopt(io->lfd, SOL_SOCKET, SO_ATTACH_FILTER, &prog, sizeof prog); /* best effort */
+    io->listen_close_ms = io->now_ms + LISTEN_CLOSE_MS;
+}
+
 static void close_listener(io_thread *io)
 {
     if (io->lfd < 0) return;
-    struct sock_filter drop_all = BPF_STMT(BPF_RET | BPF_K, 0);
-    struct sock_fprog prog = {.len = 1, .filter = &drop_all};
-    (void)setsockopt(io->lfd, SOL_SOCKET, SO_ATTACH_FILTER, &prog, sizeof prog); /* best effort */
+    begin_listener_close(io);
     while (io->accept_resume_ms == 0 && on_accept(io)) {
     }
     close(io->lfd);
     io->lfd = -1;
+    io->listen_close_ms = 0;
     io->listener_registered = false;
     mts_http_server *s = io->srv;
     pthread_mutex_lock(&s->mu);
@@ -1568,6 +1588,11 @@ static void *io_main(void *arg)
             if (d < 0) d = 0;
             if (timeout < 0 || d < timeout) timeout = (int)d;
         }
+        if (io->listen_close_ms) {
+            int64_t d = io->listen_close_ms - io->now_ms;
+            if (d < 0) d = 0;
+            if (timeout < 0 || d < timeout) timeout = (int)d;
+        }
         if (io->stop_done && io->now_ms < io->stop_deadline_ms) { /* wake for the stop deadline */
             int64_t d = io->stop_deadline_ms - io->now_ms;
             d = d < 0 ? 0 : d > 20 ? 20 : d;
@@ -1592,7 +1617,7 @@ static void *io_main(void *arg)
         if (!io->drain_done && atomic_load(&s->draining)) {
             io->drain_done = true;
             io->accept_resume_ms = 0;
-            close_listener(io);
+            begin_listener_close(io);
             /* Open connections stay: a request still arriving on one is answered (by a 503 with
              * Connection: close once the server stops taking work) instead of being cut off
              * in flight, which closing idle keep-alive connections here would risk. Every
@@ -1604,7 +1629,7 @@ static void *io_main(void *arg)
              * when the answers are out and the clients have closed, or at STOP_LINGER_MS. */
             io->stop_done = true;
             io->accept_resume_ms = 0;
-            close_listener(io);
+            begin_listener_close(io);
             io->stop_deadline_ms = io->now_ms + STOP_LINGER_MS;
             for (mts_http_conn *c = io->conns, *next; c; c = next) {
                 next = c->next; /* conn_run may take c off the list, never another connection */
@@ -1621,6 +1646,7 @@ static void *io_main(void *arg)
                 RELEASE(c);
             }
         }
+        if (io->listen_close_ms && io->now_ms >= io->listen_close_ms) close_listener(io);
         free_graveyard(io);
         if (io->stop_done && io->conns && io->now_ms >= io->stop_deadline_ms) {
             while (io->conns) { /* cancels what is still in flight; its answer ends npending */
@@ -1631,7 +1657,7 @@ static void *io_main(void *arg)
             }
             free_graveyard(io);
         }
-        if (io->stop_done && io->npending == 0 && !io->conns) break;
+        if (io->stop_done && io->npending == 0 && !io->conns && io->lfd < 0) break;
         if (io->accept_resume_ms && io->now_ms >= io->accept_resume_ms && io->lfd >= 0) {
             io->accept_resume_ms = 0;
             struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &io->l_tag};

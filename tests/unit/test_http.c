@@ -950,6 +950,69 @@ static void test_stop_accepting(void **state)
     app_stop(a);
 }
 
+/* Clients that connect, send one request and read its answer, in tight loops, while the server
+ * stops accepting: each connection either is refused or gets its answer; none that connected is
+ * reset or closed unanswered (a handshake under way when the listener starts closing completes
+ * and is accepted, not dropped and then reset by the close). */
+typedef struct storm {
+    int port;
+    atomic_int answered, refused, lost, other;
+} storm;
+
+static void *storm_client(void *arg)
+{
+    storm *st = arg;
+    static const char req[] = "GET /hello HTTP/1.1\r\nConnection: close\r\n\r\n";
+    for (;;) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct timeval tv = {5, 0};
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)st->port)};
+        sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+            atomic_fetch_add(errno == ECONNREFUSED ? &st->refused : &st->other, 1);
+            close(fd);
+            return NULL;
+        }
+        bool ok = send(fd, req, sizeof req - 1, MSG_NOSIGNAL) == (ssize_t)(sizeof req - 1);
+        char buf[512];
+        size_t len = 0;
+        while (ok && len < 12) { /* "HTTP/1.1 200" */
+            ssize_t n = recv(fd, buf + len, sizeof buf - len, 0);
+            if (n <= 0) ok = false;
+            else len += (size_t)n;
+        }
+        close(fd);
+        if (!ok || memcmp(buf, "HTTP/1.1 200", 12)) {
+            atomic_fetch_add(&st->lost, 1);
+            return NULL;
+        }
+        atomic_fetch_add(&st->answered, 1);
+    }
+}
+
+static void test_stop_accepting_under_connect_storm(void **state)
+{
+    (void)state;
+    mts_http_opts o = {.io_threads = 2};
+    app *a = app_start(&o);
+    storm st = {.port = mts_http_port(a->srv)};
+    enum { N = 6 };
+    pthread_t t[N];
+    for (int i = 0; i < N; i++) assert_int_equal(pthread_create(&t[i], NULL, storm_client, &st), 0);
+    for (int64_t end = now_ms() + 3000; atomic_load(&st.answered) < 200 && now_ms() < end;) sleep_ms(1);
+    mts_http_stop_accepting(a->srv);
+    for (int i = 0; i < N; i++) pthread_join(t[i], NULL);
+    printf("connect storm across stop_accepting: %d answered, %d refused, %d lost, %d other errors\n",
+           atomic_load(&st.answered), atomic_load(&st.refused), atomic_load(&st.lost), atomic_load(&st.other));
+    assert_true(atomic_load(&st.answered) >= 200);
+    assert_int_equal(atomic_load(&st.lost), 0);
+    assert_int_equal(atomic_load(&st.other), 0);
+    assert_int_equal(atomic_load(&st.refused), N);
+    app_stop(a);
+}
+
 static void test_max_connections(void **state)
 {
     mts_http_opts o = {.io_threads = 1, .max_connections = 2};
@@ -1059,6 +1122,7 @@ int main(void)
         cmocka_unit_test(test_zero_copy_done),
         cmocka_unit_test(test_timeouts),
         cmocka_unit_test(test_stop_accepting),
+        cmocka_unit_test(test_stop_accepting_under_connect_storm),
         cmocka_unit_test(test_max_connections),
         cmocka_unit_test(test_stop_with_open_connections),
         cmocka_unit_test(test_start_errors),
