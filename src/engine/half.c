@@ -25,8 +25,7 @@ void mts__half_to_f32(mts_dtype dt, const uint16_t *src, float *dst, int64_t n)
 /* Converts n floats into 16-bit values of type dt (round to nearest even). */
 void mts__f32_to_half(mts_dtype dt, const float *src, uint16_t *dst, int64_t n)
 {
-    if (dt == MTS_DTYPE_BFLOAT16)
-        for (int64_t i = 0; i < n; i++) dst[i] = mts_f32_to_bf16(src[i]);
+    if (dt == MTS_DTYPE_BFLOAT16) mts_f32_to_bf16_n(src, dst, n);
     else
         for (int64_t i = 0; i < n; i++) dst[i] = mts_f32_to_f16(src[i]);
 }

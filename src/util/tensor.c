@@ -1,6 +1,8 @@
 /*
  * Element types (sizes and ONNX names), float16/bfloat16 conversions and shape arithmetic with
- * overflow checks (see tensor.h).
+ * overflow checks (see tensor.h). The bulk float-to-bfloat16 conversion has an AVX-512 form
+ * (integer rounding on 16 lanes, the same bits as the scalar one, subnormals included, which the
+ * AVX512-BF16 instruction would flush), chosen at run time.
  */
 #include "util/tensor.h"
 
@@ -154,4 +156,56 @@ float mts_bf16_to_f32(uint16_t h)
 uint16_t mts_f64_to_bf16(double d)
 {
     return mts_f32_to_bf16(f64_to_f32_odd(d));
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+
+/* Round to nearest even on the bit pattern, as mts_f32_to_bf16: the upper half of x + 0x7fff +
+ * (bit 16 of x), or for a NaN its upper half with the quiet bit set. */
+__attribute__((target("avx512f"))) static inline __m512i bf16_round16(__m512i x)
+{
+    const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+    const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff), quiet = _mm512_set1_epi32(0x40);
+    __m512i hi = _mm512_srli_epi32(x, 16);
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(x, _mm512_add_epi32(bias, _mm512_and_si512(hi, one))), 16);
+    __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(x, abs_mask), inf);
+    return _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(hi, quiet));
+}
+
+/* Full vectors narrowed in a register and stored plainly (the masked narrowing store, vpmovdw
+ * to memory, took 1.4x as long on a Zen 5 EPYC); the tail with masks. */
+__attribute__((target("avx512f"))) static void f32_to_bf16_avx512(const float *src, uint16_t *dst, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((void *)(dst + i), _mm512_cvtepi32_epi16(bf16_round16(_mm512_loadu_si512(src + i))));
+    if (i < n) {
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_cvtepi32_storeu_epi16(dst + i, m, bf16_round16(_mm512_maskz_loadu_epi32(m, src + i)));
+    }
+}
+
+static bool has_avx512f(void)
+{
+    static int v = -1;
+    int got = __atomic_load_n(&v, __ATOMIC_RELAXED);
+    if (got < 0) {
+        __builtin_cpu_init();
+        got = __builtin_cpu_supports("avx512f") ? 1 : 0;
+        __atomic_store_n(&v, got, __ATOMIC_RELAXED);
+    }
+    return got == 1;
+}
+#endif
+
+void mts_f32_to_bf16_n(const float *src, uint16_t *dst, int64_t n)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (has_avx512f()) {
+        f32_to_bf16_avx512(src, dst, n);
+        return;
+    }
+#endif
+    for (int64_t i = 0; i < n; i++) dst[i] = mts_f32_to_bf16(src[i]);
 }

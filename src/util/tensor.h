@@ -80,6 +80,8 @@ static inline uint16_t mts_f32_to_bf16(float f)
     x += 0x7fffu + ((x >> 16) & 1u);
     return (uint16_t)(x >> 16);
 }
+/* n floats to bfloat16, bit for bit as mts_f32_to_bf16 (AVX-512 where the CPU has it). */
+void mts_f32_to_bf16_n(const float *src, uint16_t *dst, int64_t n);
 /* True for float16 and bfloat16. */
 bool mts_dtype_is_half(mts_dtype t);
 /* Writes "[1,3,224,224]" into buf. */

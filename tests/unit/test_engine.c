@@ -112,6 +112,33 @@ static void test_half_conversions(void **state)
     assert_true(mts_bf16_to_f32(0xc040) == -3.0f);
     assert_true(isnan(mts_bf16_to_f32(mts_f32_to_bf16(NAN))));
     assert_int_equal(mts_f64_to_bf16(1.0 + 1.0 / 256 + 1e-12), 0x3f81);
+    /* the bulk conversion (AVX-512 on CPUs that have it) gives mts_f32_to_bf16's bits for every
+     * kind of value (ties, subnormals, infinities, NaNs of both signs and payloads, random bit
+     * patterns) and every tail length, and writes nothing past n */
+    enum { N = 4099 };
+    float *src = malloc(sizeof(float) * N);
+    uint16_t *dst = malloc(sizeof(uint16_t) * (N + 16));
+    assert_non_null(src);
+    assert_non_null(dst);
+    static const uint32_t special[] = {0x00000000u, 0x80000000u, 0x00000001u, 0x807fffffu, 0x00008000u, 0x00018000u,
+                                       0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x7f7fffffu, 0xff7f8000u, 0x7f800000u,
+                                       0xff800000u, 0x7f800001u, 0xff800001u, 0x7fc00000u, 0x7fffffffu, 0xffffffffu,
+                                       0x7f80ffffu, 0x7fbf0000u};
+    uint64_t st = 0x9e3779b97f4a7c15ull;
+    for (int i = 0; i < N; i++) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        uint32_t u = i < (int)(sizeof special / sizeof special[0]) ? special[i] : (uint32_t)(st >> 32);
+        memcpy(&src[i], &u, sizeof u);
+    }
+    for (int n = 0; n <= N; n += n < 40 ? 1 : 1021) {
+        for (int i = 0; i < N + 16; i++) dst[i] = 0xabcd;
+        mts_f32_to_bf16_n(src, dst, n);
+        for (int i = 0; i < n; i++)
+            if (dst[i] != mts_f32_to_bf16(src[i])) fail_msg("n %d, element %d: %04x, want %04x", n, i, dst[i], mts_f32_to_bf16(src[i]));
+        for (int i = n; i < N + 16; i++) assert_int_equal(dst[i], 0xabcd);
+    }
+    free(src);
+    free(dst);
 }
 
 static void test_load_buffer_garbage(void **state)

@@ -105,7 +105,9 @@ static void test_lipsync_bf16_pixels(void **state)
 }
 
 /* bf16 plans hand bf16 tensors on between steps: a decoder's skip Concat read only by bf16
- * convolutions converts as it copies (kernels/nhwc.c). The outputs are the same bits as with
+ * convolutions writes bf16, converting its float inputs as it copies and copying those that
+ * bf16 convolutions wrote as bf16 (the upsampled branch, the encoder's skip; kernels/nhwc.c).
+ * The outputs are the same bits as with
  * every hand-off in fp32 (MTS_BF16_NO_HANDOFF, each convolution converting its own source),
  * since both round the same floats to nearest even. */
 static void test_bf16_handoff_bits(void **state)
@@ -136,9 +138,11 @@ static void test_bf16_handoff_bits(void **state)
     mts_model *handoff = load(path, "bf16", 0, NULL);
     double d = max_abs_diff(plain, handoff, 2);
     int cats = mts_model_op_steps(handoff, "Concat/mts_out_bf16"), cats0 = mts_model_op_steps(plain, "Concat/mts_out_bf16");
-    printf("precision: lipsync_unet_w8 bf16 with and without hand-offs: max abs diff %g, bf16 Concats %d and %d\n", d,
-           cats, cats0);
+    int cat_in = mts_model_op_steps(handoff, "Concat/mts_in_bf16");
+    printf("precision: lipsync_unet_w8 bf16 with and without hand-offs: max abs diff %g, bf16 Concats %d and %d, %d "
+           "of them with bf16 inputs\n", d, cats, cats0, cat_in);
     assert_true(cats >= 4);
+    assert_true(cat_in >= 4); /* the four decoder levels' upsampled branches */
     assert_int_equal(cats0, 0);
     assert_true(d == 0);
     mts_model_free(plain);

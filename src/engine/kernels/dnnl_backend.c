@@ -884,22 +884,26 @@ static bool dnnl_layout_anchor(const mts__opt *o, int self, int s)
 
 /* Whether a bf16 step may write its destination as bf16: a plain convolution (the
  * depth-to-space and upsampling forms scatter floats) whose output is no graph output and is
- * read only by bf16 convolutions or MatMuls, as their source. */
-static bool bf16_readers(const mts__opt *o, const dnnl_opt *d, int v);
+ * read only by bf16 convolutions or MatMuls, as their source, or by bf16-writing Concats
+ * (cat[s] set; NULL: none yet). */
+static bool bf16_readers(const mts__opt *o, const dnnl_opt *d, int v, const uint8_t *cat);
 
-static bool bf16_out_ok(const mts__opt *o, const dnnl_opt *d, const cinfo *c)
+static bool bf16_out_ok(const mts__opt *o, const dnnl_opt *d, const cinfo *c, const uint8_t *cat)
 {
     const mts__plan *p = o->p;
     int v = p->steps[c->step].out[0];
     if (!c->spec.bf16 || c->spec.kind != MTS_DPRIM_CONV || c->spec.up[0] * c->spec.up[1] > 1 || v < 0 ||
         o->is_out[v] || p->state[v] != MTS__V_STATIC)
         return false;
-    return bf16_readers(o, d, v);
+    return bf16_readers(o, d, v, cat);
 }
 
-/* Whether value v is read only by bf16 convolutions or MatMuls, as their source (and at least
- * once). */
-static bool bf16_readers(const mts__opt *o, const dnnl_opt *d, int v)
+/* Inputs a bf16-writing Concat can take as bf16 (a bit each in its mts_in_bf16 mask). */
+#define CAT_BF16_INPUTS 62
+
+/* Whether value v is read only by bf16 convolutions or MatMuls, as their source, or by
+ * bf16-writing Concats (cat, may be NULL), and at least once. */
+static bool bf16_readers(const mts__opt *o, const dnnl_opt *d, int v, const uint8_t *cat)
 {
     const mts__plan *p = o->p;
     int readers = 0;
@@ -908,6 +912,10 @@ static bool bf16_readers(const mts__opt *o, const dnnl_opt *d, int v)
         const mts__step *st = &p->steps[s];
         for (int k = 0; k < st->n_in; k++) {
             if (st->in[k] != v) continue;
+            if (cat && cat[s] && k < CAT_BF16_INPUTS) { /* copied as it is into bf16 */
+                readers++;
+                continue;
+            }
             const cinfo *r = d->cstep[s] >= 0 ? &d->ci[d->cstep[s]] : NULL;
             /* in[1..] of a claimed step are its residuals: kept fp32 (a bf16 residual costs
              * accuracy: lip-sync w8 max abs error 0.0062 -> 0.0067 of a 0.0078 budget) */
@@ -921,29 +929,46 @@ static bool bf16_readers(const mts__opt *o, const dnnl_opt *d, int v)
     return readers > 0;
 }
 
+/* Sets integer attribute `name` on step st (a plan-owned copy of its node); false when out of
+ * memory. */
+static bool step_set_int(mts__plan *p, mts__step *st, const char *name, int64_t v)
+{
+    mts_attr a = {0};
+    a.name = name;
+    a.type = MTS_ATTR_INT;
+    a.i = v;
+    mts_node *n = mts__node_with_attr(p, st, NULL, a);
+    if (!n) return false;
+    st->nd = n;
+    return true;
+}
+
 /* bf16 activations between oneDNN steps: a chain of bf16 convolutions hands bf16 tensors on
  * (half the memory traffic, no conversion at each step's source); fp32 where any other kernel
- * reads the tensor. */
+ * reads the tensor.
+ *
+ * A channels-last channel Concat of float tensors whose readers are all bf16 convolutions (a
+ * UNet decoder's skip concat) writes bf16 (kernels/nhwc.c): its output is half the bytes and
+ * the convolution reads it without a conversion of its own. Its inputs that come from bf16
+ * convolutions read by nothing else (the decoder's upsampled branch; the encoder's skip, read
+ * by the next encoder stage's convolution too) arrive as bf16 and are copied as they are
+ * (attribute mts_in_bf16, a bit per input); the others are converted as they are copied. Both
+ * round the same floats to nearest even, so the outputs are the bits of fp32 hand-offs. */
 static void bf16_handoff(mts__opt *o, dnnl_opt *d)
 {
     mts__plan *p = o->p;
-    uint8_t *vb = calloc((size_t)o->nv + 1, 1);
-    if (!vb) return; /* all fp32 hand-offs: correct, only slower */
+    uint8_t *vb = calloc((size_t)o->nv + 1, 1), *cat = calloc((size_t)p->n_steps + 1, 1);
     for (int i = 0; i < d->nci; i++) {
         cinfo *c = &d->ci[i];
         c->spec.src_bf16 = c->spec.dst_bf16 = false;
         for (int j = 0; j < c->spec.n_post; j++) c->spec.post[j].bf16 = false;
     }
-    if (!getenv("MTS_BF16_NO_HANDOFF"))
-        for (int i = 0; i < d->nci; i++)
-            if (bf16_out_ok(o, d, &d->ci[i])) {
-                d->ci[i].spec.dst_bf16 = true;
-                vb[p->steps[d->ci[i].step].out[0]] = 1;
-            }
-    /* A channels-last channel Concat of float tensors whose readers are all bf16 convolutions
-     * (a UNet decoder's skip concat) writes bf16, converting as it copies (kernels/nhwc.c): its
-     * output is half the bytes and the convolution reads it without a conversion of its own. */
-    for (int s = 0; !getenv("MTS_BF16_NO_HANDOFF") && s < p->n_steps; s++) {
+    if (!vb || !cat || getenv("MTS_BF16_NO_HANDOFF")) { /* all fp32 hand-offs: correct, only slower */
+        free(vb);
+        free(cat);
+        return;
+    }
+    for (int s = 0; s < p->n_steps; s++) {
         mts__step *st = &p->steps[s];
         if (o->removed[s] || st->kind != MTS__S_KERNEL || st->dynamic || !is_op(st, "Concat") || st->n_out != 1) continue;
         int v = st->out[0];
@@ -953,17 +978,28 @@ static void bf16_handoff(mts__opt *o, dnnl_opt *d)
             continue;
         bool ok = true;
         for (int j = 0; j < st->n_in; j++)
-            ok &= st->in[j] >= 0 && p->vals[st->in[j]].dtype == MTS_DTYPE_FLOAT && p->vals[st->in[j]].rank == 4 &&
-                  !vb[st->in[j]];
-        if (!ok || !bf16_readers(o, d, v)) continue;
-        mts_attr a = {0};
-        a.name = "mts_out_bf16";
-        a.type = MTS_ATTR_INT;
-        a.i = 1;
-        mts_node *n = mts__node_with_attr(p, st, NULL, a);
-        if (!n) continue; /* out of memory: an fp32 hand-off */
-        st->nd = n;
+            ok &= st->in[j] >= 0 && p->vals[st->in[j]].dtype == MTS_DTYPE_FLOAT && p->vals[st->in[j]].rank == 4;
+        const mts_node *orig = st->nd;
+        if (!ok || !bf16_readers(o, d, v, NULL) || !step_set_int(p, st, "mts_out_bf16", 1)) continue;
+        if (!step_set_int(p, st, "mts_in_bf16", 0)) { /* (its mask, set below; last attribute) */
+            st->nd = orig; /* out of memory: an fp32 hand-off */
+            continue;
+        }
+        cat[s] = 1;
         vb[v] = 1;
+    }
+    for (int i = 0; i < d->nci; i++)
+        if (bf16_out_ok(o, d, &d->ci[i], cat)) {
+            d->ci[i].spec.dst_bf16 = true;
+            vb[p->steps[d->ci[i].step].out[0]] = 1;
+        }
+    for (int s = 0; s < p->n_steps; s++) {
+        if (!cat[s]) continue;
+        mts__step *st = &p->steps[s];
+        int64_t mask = 0;
+        for (int j = 0; j < st->n_in && j < CAT_BF16_INPUTS; j++)
+            if (vb[st->in[j]]) mask |= (int64_t)1 << j;
+        st->nd->attrs[st->nd->n_attr - 1].i = mask; /* the plan's own copy of the node */
     }
     for (int i = 0; i < d->nci; i++) {
         cinfo *c = &d->ci[i];
@@ -972,6 +1008,7 @@ static void bf16_handoff(mts__opt *o, dnnl_opt *d)
             if (c->spec.post[j].kind == MTS_DPOST_ADD) c->spec.post[j].bf16 = vb[c->resid[r++]];
     }
     free(vb);
+    free(cat);
 }
 
 /* Primitives: layouts first (in order), then the creations, which are independent and mostly

@@ -8,7 +8,9 @@
  *     the optimizer folds a Resize read only by the Concat), so UNet decoders write the
  *     upsampled tensor once, into its channel slice, instead of writing it and copying it;
  *     with attribute "mts_out_bf16" (bf16 plans: every reader is a bf16 convolution) the
- *     float inputs are converted to bfloat16 as they are copied;
+ *     float inputs are converted to bfloat16 as they are copied, except those marked in the
+ *     bit mask "mts_in_bf16", which a bf16 convolution wrote as bfloat16 and are copied as
+ *     they are;
  *   - a Transpose between NCHW and NHWC order whose NCHW side is stored channels-last: a copy;
  *   - a graph output copied (Identity, no-op Cast) from channels-last data: a transpose.
  */
@@ -34,14 +36,27 @@ static void copy_runs(char *dst, size_t ds, const char *src, size_t ss, size_t p
 #undef RUNS
 }
 
-/* As copy_runs, converting runs of c floats to bfloat16 (mts_f32_to_bf16: round to nearest
- * even, NaN kept quiet, which is oneDNN's conversion bit for bit). */
-static void cvt_runs(char *dst, size_t ds, const char *src, size_t ss, int64_t c, int64_t n)
+/* As copy_runs from n runs of c contiguous floats, converting them to bfloat16
+ * (mts_f32_to_bf16_n, bit for bit mts_f32_to_bf16: round to nearest even, NaN kept quiet, which
+ * is oneDNN's conversion), and writing each run rep times, copy s at dst + s * rs. Runs are
+ * converted a few thousand values at a time into a buffer that stays in L1, then copied out
+ * as copy_runs does: one vector conversion over many runs instead of a scalar loop per run
+ * (runs are often 8 or 16 channels), and an upsampled input is converted once, not per copy. */
+#define CVT_BUF 4096
+static void cvt_runs(char *dst, size_t ds, int64_t rep, size_t rs, const float *src, int64_t c, int64_t n)
 {
-    for (int64_t r = 0; r < n; r++, dst += ds, src += ss) {
-        const float *s = (const void *)src;
-        uint16_t *d = (void *)dst;
-        for (int64_t i = 0; i < c; i++) d[i] = mts_f32_to_bf16(s[i]);
+    uint16_t buf[CVT_BUF];
+    size_t run = (size_t)c * sizeof(uint16_t);
+    if (c > CVT_BUF) { /* long runs: straight into place */
+        for (int64_t r = 0; r < n; r++)
+            for (int64_t s = 0; s < rep; s++) mts_f32_to_bf16_n(src + r * c, (void *)(dst + (size_t)s * rs + (size_t)r * ds), c);
+        return;
+    }
+    int64_t per = CVT_BUF / c;
+    for (int64_t r0 = 0; r0 < n; r0 += per) {
+        int64_t k = n - r0 < per ? n - r0 : per;
+        mts_f32_to_bf16_n(src + r0 * c, buf, k * c);
+        for (int64_t s = 0; s < rep; s++) copy_runs(dst + (size_t)s * rs + (size_t)r0 * ds, ds, (const char *)buf, run, run, k);
     }
 }
 
@@ -95,8 +110,21 @@ static int up_nearest_run(mts_kctx *k)
 
 typedef struct cat_job {
     const mts_kctx *k;
-    bool bf16; /* attribute mts_out_bf16: float inputs, the output written as bfloat16 */
+    bool bf16;       /* attribute mts_out_bf16: float inputs, the output written as bfloat16 */
+    int64_t in_bf16; /* attribute mts_in_bf16: bit i, input i holds bfloat16 already */
 } cat_job;
+
+/* Bytes per element of input i as the Concat reads it. */
+static size_t cat_in_size(const cat_job *j, int i)
+{
+    return j->bf16 && i < 62 && (j->in_bf16 >> i & 1) ? 2 : mts_dtype_size(j->k->in[i]->dtype);
+}
+
+/* Pixels per block: every input's channels for a block of output pixels are written before
+ * the next block, so each output cache line is completed while it is in L1 (input by input
+ * over the whole range, each line was filled in pieces, one pass per input, and fetched from
+ * memory again for each). */
+#define CAT_BLOCK_BYTES (32 << 10)
 
 static void cat_part(void *arg, int ithr, int nthr)
 {
@@ -106,15 +134,19 @@ static void cat_part(void *arg, int ithr, int nthr)
     size_t es = mts_dtype_size(y->dtype), oes = j->bf16 ? 2 : es, opx = (size_t)y->dims[3] * oes;
     int64_t rows = y->dims[0] * y->dims[1] * y->dims[2], lo, hi;
     split(rows, ithr, nthr, &lo, &hi);
-    size_t off = 0;
-    for (int i = 0; i < k->n_in; i++) {
-        const mts_tensor *x = k->in[i];
-        size_t px = (size_t)x->dims[3] * es;
-        char *dst = (char *)y->data + (size_t)lo * opx + off;
-        const char *src = (const char *)x->data + (size_t)lo * px;
-        if (j->bf16) cvt_runs(dst, opx, src, px, x->dims[3], hi - lo);
-        else copy_runs(dst, opx, src, px, px, hi - lo);
-        off += (size_t)x->dims[3] * oes;
+    int64_t block = opx < CAT_BLOCK_BYTES ? (int64_t)(CAT_BLOCK_BYTES / opx) : 1;
+    for (int64_t b0 = lo; b0 < hi; b0 += block) {
+        int64_t nb = hi - b0 < block ? hi - b0 : block;
+        size_t off = 0;
+        for (int i = 0; i < k->n_in; i++) {
+            const mts_tensor *x = k->in[i];
+            size_t ies = cat_in_size(j, i), px = (size_t)x->dims[3] * ies;
+            char *dst = (char *)y->data + (size_t)b0 * opx + off;
+            const char *src = (const char *)x->data + (size_t)b0 * px;
+            if (j->bf16 && ies == 4) cvt_runs(dst, opx, 1, 0, (const float *)src, x->dims[3], nb);
+            else copy_runs(dst, opx, src, px, px, nb);
+            off += (size_t)x->dims[3] * oes;
+        }
     }
 }
 
@@ -135,13 +167,12 @@ static void cat_up_part(void *arg, int ithr, int nthr)
         size_t off = 0;
         for (int i = 0; i < k->n_in; i++) {
             const mts_tensor *x = k->in[i];
-            size_t px = (size_t)x->dims[3] * es;
+            size_t ies = cat_in_size(j, i), px = (size_t)x->dims[3] * ies;
             int64_t sh = up[2 * i], sw = up[2 * i + 1], IH = x->dims[1], IW = x->dims[2];
             const char *src = (const char *)x->data + (size_t)((n * IH + oy / sh) * IW) * px;
-            for (int64_t s = 0; s < sw; s++) {
-                if (j->bf16) cvt_runs(dst + off + (size_t)s * opx, (size_t)sw * opx, src, px, x->dims[3], IW);
-                else copy_runs(dst + off + (size_t)s * opx, (size_t)sw * opx, src, px, px, IW);
-            }
+            if (j->bf16 && ies == 4) cvt_runs(dst + off, (size_t)sw * opx, sw, opx, (const float *)src, x->dims[3], IW);
+            else
+                for (int64_t s = 0; s < sw; s++) copy_runs(dst + off + (size_t)s * opx, (size_t)sw * opx, src, px, px, IW);
             off += (size_t)x->dims[3] * oes;
         }
     }
@@ -149,7 +180,7 @@ static void cat_up_part(void *arg, int ithr, int nthr)
 
 static int concat_run(mts_kctx *k)
 {
-    cat_job j = {k, mts_attr_int(k->node, "mts_out_bf16", 0) != 0};
+    cat_job j = {k, mts_attr_int(k->node, "mts_out_bf16", 0) != 0, mts_attr_int(k->node, "mts_in_bf16", 0)};
     for (int i = 0; j.bf16 && i < k->n_in; i++)
         if (k->in[i]->dtype != MTS_DTYPE_FLOAT || k->out[0].dtype != MTS_DTYPE_FLOAT)
             return mts_err_set(k->err, MTS_EINVAL, "bf16-writing Concat needs float tensors");
