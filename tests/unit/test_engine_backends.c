@@ -874,6 +874,34 @@ static void test_reference_models(void **state)
     }
 }
 
+/* A small-channel Conv followed by a Sigmoid (a UNet's 3-channel head) or a Relu: the
+ * activation is applied as the Conv writes its rows, and its step goes (two Conv steps with
+ * mts_act). The source is channels-last (a oneDNN convolution's output), W = 37: vectors of 16
+ * pixels and a tail. */
+static void test_small_conv_act(void **state)
+{
+    (void)state;
+    graph G;
+    memset(&G, 0, sizeof G);
+    G.seed = 13;
+    io(&G, 11, "x", 4, D(-1, 8, 12, 37));
+    init_f(&G, "w0", 4, D(8, 8, 3, 3), -0.3f, 0.3f);
+    init_f(&G, "wh", 4, D(3, 8, 3, 3), -0.4f, 0.4f);
+    init_f(&G, "bh", 1, D(3), -0.1f, 0.1f);
+    init_f(&G, "wr", 4, D(2, 8, 3, 3), -0.4f, 0.4f);
+    node(&G, "Conv", "x w0", "c0", "pads=ii:1,1,1,1");
+    node(&G, "Relu", "c0", "r0", NULL);
+    node(&G, "Conv", "r0 wh bh", "h", "pads=ii:1,1,1,1");
+    node(&G, "Sigmoid", "h", "y", NULL);
+    node(&G, "Conv", "r0 wr", "g", "pads=ii:1,1,1,1");
+    node(&G, "Relu", "g", "y2", NULL);
+    io(&G, 12, "y", 4, D(-1, 3, 12, 37));
+    io(&G, 12, "y2", 4, D(-1, 2, 12, 37));
+    G.expect_op = "Conv/mts_act";
+    G.expect_steps = 2;
+    compare_backends(&G, "small conv + activation", 1e-5);
+}
+
 /* A bf16 plan's skip Concat (read by a bf16 convolution) takes as bf16 the inputs that bf16
  * convolutions wrote for it alone or for it and other bf16 convolutions: here the skip c0, also
  * read by the strided convolution. d comes through a nearest upsampling, which the fast
@@ -948,6 +976,7 @@ int main(void)
         cmocka_unit_test(test_winograd),
         cmocka_unit_test(test_reference_models),
         cmocka_unit_test(test_bf16_concat_inputs),
+        cmocka_unit_test(test_small_conv_act),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

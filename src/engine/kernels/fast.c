@@ -131,6 +131,20 @@ static inline __attribute__((always_inline)) v16f vexp16(v16f x)
     return p * (v16f)e;
 }
 
+/* Relu (NaN kept) or Sigmoid (MTS_CHAIN_RELU / MTS_CHAIN_SIGMOID) on n floats in place: the
+ * elementwise chains' stages and the small-channel conv's fused activation. */
+static inline __attribute__((always_inline)) void act_inplace(float *b, int64_t n, int op)
+{
+    int64_t i = 0;
+    if (op == MTS_CHAIN_RELU) {
+        for (; i + 16 <= n; i += 16) st16(b + i, vmax16(ld16(b + i), splat16(0)));
+        for (; i < n; i++) b[i] = b[i] > 0 ? b[i] : (b[i] != b[i] ? b[i] : 0.0f);
+    } else {
+        for (; i + 16 <= n; i += 16) st16(b + i, splat16(1.0f) / (splat16(1.0f) + vexp16(-ld16(b + i))));
+        for (; i < n; i++) b[i] = 1.0f / (1.0f + expf(-b[i]));
+    }
+}
+
 /* The reference kernel of the same op type (the fallback). */
 static int ref_run(mts_kctx *k, const char *op_type)
 {
@@ -530,14 +544,8 @@ FAST_CLONES static void chain_block(const chain_job *j, const float *const *src,
     int in = 1;
     for (int s = 0; s < j->n_ops; s++) {
         int op = (int)j->ops[s];
-        if (op == MTS_CHAIN_RELU) {
-            for (i = 0; i + 16 <= n; i += 16) st16(buf + i, vmax16(ld16(buf + i), splat16(0)));
-            for (; i < n; i++) buf[i] = buf[i] > 0 ? buf[i] : (buf[i] != buf[i] ? buf[i] : 0.0f);
-            continue;
-        }
-        if (op == MTS_CHAIN_SIGMOID) {
-            for (i = 0; i + 16 <= n; i += 16) st16(buf + i, splat16(1.0f) / (splat16(1.0f) + vexp16(-ld16(buf + i))));
-            for (; i < n; i++) buf[i] = 1.0f / (1.0f + expf(-buf[i]));
+        if (op == MTS_CHAIN_RELU || op == MTS_CHAIN_SIGMOID) {
+            act_inplace(buf, n, op);
             continue;
         }
         const float *b = src[in];
@@ -978,7 +986,40 @@ typedef struct sconv_job {
     float *y, *pad; /* pad: per thread C planes of (BAND + KH - 1) x PW (+16 floats of slack) */
     int64_t PW, band_floats;
     int nhwc, nhwc_dst; /* source is [N,H,W,C]; output is [N,OH,OW,M] */
+    int act;            /* attribute mts_act: 0, or the Relu / Sigmoid applied to each row */
 } sconv_job;
+
+FAST_CLONES static void act_all(float *y, int64_t n, int act)
+{
+    act_inplace(y, n, act);
+}
+
+/* The fused activation on a row of M outputs of OW values (each row in L1 as just written). */
+FAST_CLONES static void sconv_act_rows(float *const *out, int64_t M, int64_t OW, int act)
+{
+    for (int64_t m = 0; m < M; m++) act_inplace(out[m], OW, act);
+}
+
+/* 16 channels-last pixels of C channels (C a power of two, 2..FAST_SCONV_MAX_C) into C planes:
+ * plane c's 16 values at dst + c * cs. The 16 x C block is C vectors of one stream; a perfect
+ * unshuffle of the stream (evens, then odds: one two-source shuffle per output vector) moves
+ * the lowest channel bit to the top of the vector index, so log2(C) of them leave vector c
+ * holding channel c of the 16 pixels, in order. */
+FAST_CLONES static void sconv_transpose16(const float *src, int64_t C, float *dst, int64_t cs)
+{
+    static const v16i even = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
+    static const v16i odd = {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
+    v16f r[FAST_SCONV_MAX_C], t[FAST_SCONV_MAX_C];
+    for (int64_t i = 0; i < C; i++) r[i] = ld16(src + 16 * i);
+    for (int64_t w = C; w > 1; w /= 2) {
+        for (int64_t k = 0; k < C / 2; k++) {
+            t[k] = __builtin_shuffle(r[2 * k], r[2 * k + 1], even);
+            t[C / 2 + k] = __builtin_shuffle(r[2 * k], r[2 * k + 1], odd);
+        }
+        memcpy(r, t, sizeof(v16f) * (size_t)C);
+    }
+    for (int64_t c = 0; c < C; c++) st16(dst + c * cs, r[c]);
+}
 
 /* Padded rows [r0, r1) of image n, as C planes of rows of PW (row r0 first). */
 static void sconv_pad_rows(const sconv_job *j, int64_t n, int64_t r0, int64_t r1, float *pad)
@@ -1001,8 +1042,10 @@ static void sconv_pad_rows(const sconv_job *j, int64_t n, int64_t r0, int64_t r1
         /* channels-last source: one pass over the row's pixels, C planes written side by side */
         const float *src = j->x + ((n * H + sy) * W) * C;
         float *d0 = pad + (r - r0) * PW + pl;
-        int64_t cs = rows * PW;
-        for (int64_t x = 0; x < W; x++, src += C)
+        int64_t cs = rows * PW, x = 0;
+        if (C >= 2 && (C & (C - 1)) == 0 && C <= FAST_SCONV_MAX_C)
+            for (; x + 16 <= W; x += 16, src += 16 * C) sconv_transpose16(src, C, d0 + x, cs);
+        for (; x < W; x++, src += C)
             for (int64_t c = 0; c < C; c++) d0[c * cs + x] = src[c];
     }
 }
@@ -1025,6 +1068,7 @@ static void sconv_part(void *arg, int ithr, int nthr)
                 float *out[FAST_SCONV_MAX_M];
                 for (int64_t m = 0; m < M; m++) out[m] = j->nhwc_dst ? row + m * OW : j->y + ((n * M + m) * OH + y) * OW;
                 sconv_row(pad, j->PW, rows * j->PW, C, KH, KW, M, j->w, j->wv, j->b, y - b0, OW, out);
+                if (j->act) sconv_act_rows(out, M, OW, j->act);
                 if (j->nhwc_dst)
                     for (int64_t x = 0; x < OW; x++)
                         for (int64_t q = 0; q < M; q++) j->y[((n * OH + y) * OW + x) * M + q] = row[q * OW + x];
@@ -1057,10 +1101,15 @@ static int fast_conv_small_run(mts_kctx *k)
     mts_kctx kk = *k;
     kk.in = kin;
     kk.n_in = k->n_in > 3 ? 3 : k->n_in;
+    int act = (int)mts_attr_int(k->node, "mts_act", 0);
+    if (act && act != MTS_CHAIN_RELU && act != MTS_CHAIN_SIGMOID)
+        return mts_err_set(k->err, MTS_EINVAL, "small conv: unknown fused activation %d", act);
     if (!kin[0] || kin[0]->dtype != MTS_DTYPE_FLOAT || mts_conv_geometry(&kk, false, &g) != MTS_OK ||
         !mts_fast_conv_small_ok(&g)) {
         if (views) return mts_err_set(k->err, MTS_EINVAL, "channels-last small conv with an unsupported geometry");
-        return ref_run(k, "Conv");
+        int rc = ref_run(k, "Conv");
+        if (!rc && act) act_all(k->out[0].data, mts_tensor_numel(&k->out[0]), act);
+        return rc;
     }
     sconv_job j;
     memset(&j, 0, sizeof j);
@@ -1071,6 +1120,7 @@ static int fast_conv_small_run(mts_kctx *k)
     j.y = k->out[0].data;
     j.PW = g.in[2] + g.pb[2] + g.pe[2];
     j.nhwc = nhwc;
+    j.act = act;
     j.nhwc_dst = g.M > 1 && mts_attr_int(k->node, "mts_nhwc_dst", 0) != 0;
     /* the band's padded planes, plus M output rows when the output is interleaved */
     j.band_floats = g.C * (FAST_SCONV_BAND + g.k[1] - 1) * j.PW + (j.nhwc_dst ? g.M * g.out[2] : 0);

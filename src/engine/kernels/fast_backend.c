@@ -6,7 +6,8 @@
  *   - A Conv with 1-4 output channels from a few inputs (CBAM's spatial attention) runs the
  *     direct small-channel kernel; it reads and writes either layout, so it anchors a
  *     channels-last group like a oneDNN convolution (layout_anchor).
- *   - Fusions (fuse), in this order: a Div/Mul by a constant scalar before a last-axis Softmax
+ *   - Fusions (fuse), in this order: a Relu or Sigmoid after a small-channel Conv is applied as
+ *     the Conv writes its rows; a Div/Mul by a constant scalar before a last-axis Softmax
  *     becomes the softmax's input scale; rank-4 float MatMuls (attention) read their operands
  *     through the Reshape + Transpose steps before them and write through a Transpose
  *     (+ Reshape) after them as strides, so those copies go; CBAM's channel pooling
@@ -53,6 +54,43 @@ static bool small_conv_step(const mts__opt *o, const mts__step *st)
     mts_kctx k = {st->nd, kin, st->n_in > 3 ? 3 : st->n_in, kout, 1, &e, 1, NULL};
     mts_conv_geom g;
     return mts_conv_geometry(&k, false, &g) == MTS_OK && mts_fast_conv_small_ok(&g);
+}
+
+/* A small-channel Conv (fast.c) whose output only a Relu or Sigmoid reads: the activation is
+ * applied to each output row as it is written (attribute "mts_act", the chain stage's code) and
+ * its step goes. A lip-sync UNet's 3-channel head and its final sigmoid: the output is written
+ * once instead of written, read back and written again. */
+static int fuse_small_conv_act(mts__opt *o, mts_err *err)
+{
+    mts__plan *p = o->p;
+    for (int s = 0; s < p->n_steps; s++) {
+        mts__step *st = &p->steps[s];
+        if (o->removed[s] || !small_conv_step(o, st) || mts_attr_int(st->nd, "mts_act", 0)) continue;
+        int y = st->out[0], t = sole_reader(o, y);
+        bool relu = plain_step(o, t, "Relu"), sig = plain_step(o, t, "Sigmoid");
+        if (!relu && !sig) continue;
+        const mts__step *a = &p->steps[t];
+        int z = a->out[0];
+        if (a->n_in != 1 || z < 0 || p->state[y] != MTS__V_STATIC || p->vals[z].dtype != MTS_DTYPE_FLOAT ||
+            !mts_shape_equal(&p->vals[y], &p->vals[z]) || p->nhwc[y] != p->nhwc[z] || st->nhwc != a->nhwc)
+            continue;
+        mts_attr at = {0};
+        at.name = "mts_act";
+        at.type = MTS_ATTR_INT;
+        at.i = sig ? MTS_CHAIN_SIGMOID : MTS_CHAIN_RELU;
+        mts_node *n = mts__node_with_attr(p, st, NULL, at);
+        int *io = mts_pool_alloc(&p->pool, sizeof(int) * (size_t)(st->n_in + 1));
+        if (!n || !io) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+        memcpy(io, st->in, sizeof(int) * (size_t)st->n_in);
+        io[st->n_in] = z;
+        st->nd = n;
+        st->in = io;
+        st->out = io + st->n_in;
+        o->removed[t] = 1;
+        p->state[y] = MTS__V_UNUSED;
+        mts__count_uses(o);
+    }
+    return MTS_OK;
 }
 
 /* Softmax over the last axis reading x / c or x * c (c a constant scalar, the attention scale):
@@ -784,7 +822,7 @@ static int fast_fuse(mts__opt *o, int self, mts_err *err)
 {
     (void)self;
     int rc;
-    if ((rc = fuse_softmax_scale(o, err)) || (rc = fuse_layernorm(o, err)) || (rc = fuse_strided_matmuls(o, err)) || (rc = fuse_attention(o, err)) ||
+    if ((rc = fuse_small_conv_act(o, err)) || (rc = fuse_softmax_scale(o, err)) || (rc = fuse_layernorm(o, err)) || (rc = fuse_strided_matmuls(o, err)) || (rc = fuse_attention(o, err)) ||
         (rc = fuse_channel_pool(o, err)) ||
         (rc = fuse_chains(o, err)) || (rc = fuse_upsample_concat(o, err)))
         return rc;
