@@ -882,8 +882,10 @@ static bool dnnl_layout_anchor(const mts__opt *o, int self, int s)
     return d && d->cstep[s] >= 0 && d->ci[d->cstep[s]].spec.kind != MTS_DPRIM_MATMUL;
 }
 
-/* Whether a bf16 step may write its destination as bf16: a plain convolution (the
- * depth-to-space and upsampling forms scatter floats) whose output is no graph output and is
+/* Whether a bf16 step may write its destination as bf16: a plain convolution, or the
+ * upsampling form with a channels-last destination (its phases then write bf16 and the scatter
+ * copies 2-byte values; the depth-to-space form scatters floats), whose output is no graph
+ * output and is
  * read only by bf16 convolutions or MatMuls, as their source, or by bf16-writing Concats
  * (cat[s] set; NULL: none yet). */
 static bool bf16_readers(const mts__opt *o, const dnnl_opt *d, int v, const uint8_t *cat);
@@ -892,7 +894,7 @@ static bool bf16_out_ok(const mts__opt *o, const dnnl_opt *d, const cinfo *c, co
 {
     const mts__plan *p = o->p;
     int v = p->steps[c->step].out[0];
-    if (!c->spec.bf16 || c->spec.kind != MTS_DPRIM_CONV || c->spec.up[0] * c->spec.up[1] > 1 || v < 0 ||
+    if (!c->spec.bf16 || c->spec.kind != MTS_DPRIM_CONV || (c->spec.up[0] * c->spec.up[1] > 1 && !c->spec.dst_nhwc) || v < 0 ||
         o->is_out[v] || p->state[v] != MTS__V_STATIC)
         return false;
     return bf16_readers(o, d, v, cat);

@@ -658,7 +658,9 @@ static int up_create(const mts_dconv_spec *s, mts_dconv **out, mts_err *err)
             ps.up[0] = ps.up[1] = 0;
             ps.w = w;
             ps.dst_nhwc = true;
-            ps.dst_bf16 = false; /* into fp32 scratch, interleaved as floats */
+            /* into scratch, interleaved as floats, or as bf16 when the planner keeps the
+             * (channels-last) destination in bf16 for bf16 readers */
+            ps.dst_bf16 = s->dst_bf16 && s->dst_nhwc;
             ps.key = -(s->key * 16 + (int)(py * fw + px)) - 1; /* its own packed weights */
             ps.g.in[1] = H, ps.g.in[2] = W;
             ps.g.out[1] = H, ps.g.out[2] = W;
@@ -682,11 +684,12 @@ static int up_create(const mts_dconv_spec *s, mts_dconv **out, mts_err *err)
 
 typedef struct up_scatter_job {
     const mts_dconv *c;
-    const float *tmp; /* n_phase x [N, H, W, M] */
-    float *dst;
+    const void *tmp; /* n_phase x [N, H, W, M], each phase at a multiple of phase_tmp bytes */
+    void *dst;
 } up_scatter_job;
 
-/* Interleaves the phase outputs into dst ([N, H*fh, W*fw, M] or NCHW), by low-res rows. */
+/* Interleaves the phase outputs into dst ([N, H*fh, W*fw, M] or NCHW), by low-res rows. A bf16
+ * destination (channels-last only) comes from phases that wrote bf16. */
 static void up_scatter_part(void *arg, int ithr, int nthr)
 {
     const up_scatter_job *j = arg;
@@ -695,19 +698,20 @@ static void up_scatter_part(void *arg, int ithr, int nthr)
     int64_t fh = c->spec.up[0], fw = c->spec.up[1], M = g->M, OH = g->out[1], OW = g->out[2];
     int64_t H = OH / fh, W = OW / fw, rows = g->N * H;
     int64_t lo = rows * ithr / nthr, hi = rows * (ithr + 1) / nthr;
-    size_t ph = c->phase_tmp / sizeof(float);
+    size_t es = c->spec.dst_bf16 && c->spec.dst_nhwc ? 2 : sizeof(float), px_bytes = (size_t)M * es;
     for (int64_t r = lo; r < hi; r++) {
         int64_t n = r / H, i = r % H;
         for (int64_t py = 0; py < fh; py++)
             for (int64_t px = 0; px < fw; px++) {
-                const float *t = j->tmp + (size_t)(py * fw + px) * ph + (size_t)(r * W * M);
+                const char *t = (const char *)j->tmp + (size_t)(py * fw + px) * c->phase_tmp + (size_t)(r * W) * px_bytes;
                 if (c->spec.dst_nhwc) {
-                    float *d = j->dst + ((n * OH + i * fh + py) * OW + px) * M;
-                    for (int64_t x = 0; x < W; x++) memcpy(d + x * fw * M, t + x * M, sizeof(float) * (size_t)M);
+                    char *d = (char *)j->dst + (size_t)((n * OH + i * fh + py) * OW + px) * px_bytes;
+                    for (int64_t x = 0; x < W; x++) memcpy(d + (size_t)(x * fw) * px_bytes, t + (size_t)x * px_bytes, px_bytes);
                 } else {
+                    const float *tf = (const float *)t;
                     for (int64_t m = 0; m < M; m++) {
-                        float *d = j->dst + ((n * M + m) * OH + i * fh + py) * OW + px;
-                        for (int64_t x = 0; x < W; x++) d[x * fw] = t[x * M + m];
+                        float *d = (float *)j->dst + ((n * M + m) * OH + i * fh + py) * OW + px;
+                        for (int64_t x = 0; x < W; x++) d[x * fw] = tf[x * M + m];
                     }
                 }
             }
