@@ -983,7 +983,7 @@ static void bf16_handoff(mts__opt *o, dnnl_opt *d)
             ok &= st->in[j] >= 0 && p->vals[st->in[j]].dtype == MTS_DTYPE_FLOAT && p->vals[st->in[j]].rank == 4;
         const mts_node *orig = st->nd;
         if (!ok || !bf16_readers(o, d, v, NULL) || !step_set_int(p, st, "mts_out_bf16", 1)) continue;
-        if (!step_set_int(p, st, "mts_in_bf16", 0)) { /* (its mask, set below; last attribute) */
+        if (!step_set_int(p, st, "mts_in_bf16", 0)) { /* (its mask, set below) */
             st->nd = orig; /* out of memory: an fp32 hand-off */
             continue;
         }
@@ -1001,7 +1001,8 @@ static void bf16_handoff(mts__opt *o, dnnl_opt *d)
         int64_t mask = 0;
         for (int j = 0; j < st->n_in && j < CAT_BF16_INPUTS; j++)
             if (vb[st->in[j]]) mask |= (int64_t)1 << j;
-        st->nd->attrs[st->nd->n_attr - 1].i = mask; /* the plan's own copy of the node */
+        for (int a = 0; a < st->nd->n_attr; a++) /* the plan's own copy of the node */
+            if (!strcmp(st->nd->attrs[a].name, "mts_in_bf16")) st->nd->attrs[a].i = mask;
     }
     for (int i = 0; i < d->nci; i++) {
         cinfo *c = &d->ci[i];
