@@ -22,7 +22,9 @@
  *     lip-sync UNets' 3-channel heads):
  *     direct, all output channels of 16 pixels per pass over bands of zero-padded input rows
  *     (oneDNN's blocked kernels compute 16 output channels at a time, so 1-4 waste most lanes);
- *     source and output each channels-last or not;
+ *     source and output each channels-last or not (a channels-last source is transposed into
+ *     the padded planes 16 pixels at a time); a Relu or Sigmoid fused into it (attribute
+ *     "mts_act") is applied to each output row as it is written;
  *   - Conv on one input pixel with a 1x1 kernel (squeeze-and-excitation and attention MLPs):
  *     a matrix-vector product per sample on the weights as stored, where the reference
  *     GEMM would pack the weights on every call;
