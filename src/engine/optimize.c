@@ -118,13 +118,7 @@ static int fuse_half_rounding(mts__opt *o, mts_err *err)
         if (rs->dynamic || rs->kind != MTS__S_KERNEL || !is_op(rs, "Resize") || rs->n_out != 1 ||
             mts_node_attr(rs->nd, "mts_round") || (strcmp(mode, "linear") && strcmp(mode, "cubic")))
             continue;
-        mts_attr a = {0};
-        a.name = "mts_round";
-        a.type = MTS_ATTR_INT;
-        a.i = to;
-        mts_node *n = mts__node_with_attr(p, rs, NULL, a);
-        if (!n) return mts_err_set(err, MTS_ENOMEM, "out of memory");
-        rs->nd = n;
+        if (!mts__step_set_int(p, rs, "mts_round", to)) return mts_err_set(err, MTS_ENOMEM, "out of memory");
         rs->out[0] = y;
         o->removed[s] = 1;
         p->state[x] = MTS__V_UNUSED;

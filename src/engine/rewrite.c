@@ -103,6 +103,18 @@ mts_node *mts__node_with_attr(mts__plan *p, const mts__step *st, const char *op,
     return n;
 }
 
+bool mts__step_set_int(mts__plan *p, mts__step *st, const char *name, int64_t v)
+{
+    mts_attr a = {0};
+    a.name = name;
+    a.type = MTS_ATTR_INT;
+    a.i = v;
+    mts_node *n = mts__node_with_attr(p, st, NULL, a);
+    if (!n) return false;
+    st->nd = n;
+    return true;
+}
+
 int64_t *mts__pool_ints(mts__plan *p, const int64_t *v, int n)
 {
     int64_t *d = mts_pool_alloc(&p->pool, sizeof(int64_t) * (size_t)n);

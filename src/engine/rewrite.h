@@ -87,6 +87,9 @@ float mts__scaled_by(const mts__plan *p, const mts__step *st, int x);
 bool mts__nearest_upsample(const mts__plan *p, const mts__step *st);
 /* A plan-owned copy of st->nd with op_type `op` (NULL: unchanged) and one more attribute. */
 mts_node *mts__node_with_attr(mts__plan *p, const mts__step *st, const char *op, mts_attr extra);
+/* Gives step st a plan-owned copy of its node with integer attribute `name` = v added; false
+ * (st unchanged) when out of memory. */
+bool mts__step_set_int(mts__plan *p, mts__step *st, const char *name, int64_t v);
 /* A plan-owned copy of n int64 values. */
 int64_t *mts__pool_ints(mts__plan *p, const int64_t *v, int n);
 

@@ -885,9 +885,8 @@ static bool dnnl_layout_anchor(const mts__opt *o, int self, int s)
 /* Whether a bf16 step may write its destination as bf16: a plain convolution, or the
  * upsampling form with a channels-last destination (its phases then write bf16 and the scatter
  * copies 2-byte values; the depth-to-space form scatters floats), whose output is no graph
- * output and is
- * read only by bf16 convolutions or MatMuls, as their source, or by bf16-writing Concats
- * (cat[s] set; NULL: none yet). */
+ * output and is read only by bf16 convolutions or MatMuls, as their source, or by bf16-writing
+ * Concats (cat[s] set; NULL: none yet). */
 static bool bf16_readers(const mts__opt *o, const dnnl_opt *d, int v, const uint8_t *cat);
 
 static bool bf16_out_ok(const mts__opt *o, const dnnl_opt *d, const cinfo *c, const uint8_t *cat)
@@ -900,9 +899,6 @@ static bool bf16_out_ok(const mts__opt *o, const dnnl_opt *d, const cinfo *c, co
     return bf16_readers(o, d, v, cat);
 }
 
-/* Inputs a bf16-writing Concat can take as bf16 (a bit each in its mts_in_bf16 mask). */
-#define CAT_BF16_INPUTS 62
-
 /* Whether value v is read only by bf16 convolutions or MatMuls, as their source, or by
  * bf16-writing Concats (cat, may be NULL), and at least once. */
 static bool bf16_readers(const mts__opt *o, const dnnl_opt *d, int v, const uint8_t *cat)
@@ -914,7 +910,7 @@ static bool bf16_readers(const mts__opt *o, const dnnl_opt *d, int v, const uint
         const mts__step *st = &p->steps[s];
         for (int k = 0; k < st->n_in; k++) {
             if (st->in[k] != v) continue;
-            if (cat && cat[s] && k < CAT_BF16_INPUTS) { /* copied as it is into bf16 */
+            if (cat && cat[s] && k < MTS_CAT_BF16_INPUTS) { /* copied as it is into bf16 */
                 readers++;
                 continue;
             }
@@ -929,20 +925,6 @@ static bool bf16_readers(const mts__opt *o, const dnnl_opt *d, int v, const uint
         for (int r = 0; r < d->ci[i].n_resid; r++)
             if (d->ci[i].resid[r] == v) return false;
     return readers > 0;
-}
-
-/* Sets integer attribute `name` on step st (a plan-owned copy of its node); false when out of
- * memory. */
-static bool step_set_int(mts__plan *p, mts__step *st, const char *name, int64_t v)
-{
-    mts_attr a = {0};
-    a.name = name;
-    a.type = MTS_ATTR_INT;
-    a.i = v;
-    mts_node *n = mts__node_with_attr(p, st, NULL, a);
-    if (!n) return false;
-    st->nd = n;
-    return true;
 }
 
 /* bf16 activations between oneDNN steps: a chain of bf16 convolutions hands bf16 tensors on
@@ -982,8 +964,8 @@ static void bf16_handoff(mts__opt *o, dnnl_opt *d)
         for (int j = 0; j < st->n_in; j++)
             ok &= st->in[j] >= 0 && p->vals[st->in[j]].dtype == MTS_DTYPE_FLOAT && p->vals[st->in[j]].rank == 4;
         const mts_node *orig = st->nd;
-        if (!ok || !bf16_readers(o, d, v, NULL) || !step_set_int(p, st, "mts_out_bf16", 1)) continue;
-        if (!step_set_int(p, st, "mts_in_bf16", 0)) { /* (its mask, set below) */
+        if (!ok || !bf16_readers(o, d, v, NULL) || !mts__step_set_int(p, st, "mts_out_bf16", 1)) continue;
+        if (!mts__step_set_int(p, st, "mts_in_bf16", 0)) { /* (its mask, set below) */
             st->nd = orig; /* out of memory: an fp32 hand-off */
             continue;
         }
@@ -999,7 +981,7 @@ static void bf16_handoff(mts__opt *o, dnnl_opt *d)
         if (!cat[s]) continue;
         mts__step *st = &p->steps[s];
         int64_t mask = 0;
-        for (int j = 0; j < st->n_in && j < CAT_BF16_INPUTS; j++)
+        for (int j = 0; j < st->n_in && j < MTS_CAT_BF16_INPUTS; j++)
             if (vb[st->in[j]]) mask |= (int64_t)1 << j;
         for (int a = 0; a < st->nd->n_attr; a++) /* the plan's own copy of the node */
             if (!strcmp(st->nd->attrs[a].name, "mts_in_bf16")) st->nd->attrs[a].i = mask;

@@ -991,16 +991,13 @@ typedef struct sconv_job {
     int act;            /* attribute mts_act: 0, or the Relu / Sigmoid applied to each row */
 } sconv_job;
 
+/* A fused Relu / Sigmoid (the chain stage codes) on n outputs in place. */
 FAST_CLONES static void act_all(float *y, int64_t n, int act)
 {
     act_inplace(y, n, act);
 }
 
-/* The fused activation on a row of M outputs of OW values (each row in L1 as just written). */
-FAST_CLONES static void sconv_act_rows(float *const *out, int64_t M, int64_t OW, int act)
-{
-    for (int64_t m = 0; m < M; m++) act_inplace(out[m], OW, act);
-}
+
 
 /* 16 channels-last pixels of C channels (C a power of two, 2..FAST_SCONV_MAX_C) into C planes:
  * plane c's 16 values at dst + c * cs. The 16 x C block is C vectors of one stream; a perfect
@@ -1070,7 +1067,7 @@ static void sconv_part(void *arg, int ithr, int nthr)
                 float *out[FAST_SCONV_MAX_M];
                 for (int64_t m = 0; m < M; m++) out[m] = j->nhwc_dst ? row + m * OW : j->y + ((n * M + m) * OH + y) * OW;
                 sconv_row(pad, j->PW, rows * j->PW, C, KH, KW, M, j->w, j->wv, j->b, y - b0, OW, out);
-                if (j->act) sconv_act_rows(out, M, OW, j->act);
+                for (int64_t m = 0; j->act && m < M; m++) act_all(out[m], OW, j->act); /* rows still in L1 */
                 if (j->nhwc_dst)
                     for (int64_t x = 0; x < OW; x++)
                         for (int64_t q = 0; q < M; q++) j->y[((n * OH + y) * OW + x) * M + q] = row[q * OW + x];

@@ -74,16 +74,11 @@ static int fuse_small_conv_act(mts__opt *o, mts_err *err)
         if (a->n_in != 1 || z < 0 || p->state[y] != MTS__V_STATIC || p->vals[z].dtype != MTS_DTYPE_FLOAT ||
             !mts_shape_equal(&p->vals[y], &p->vals[z]) || p->nhwc[y] != p->nhwc[z] || st->nhwc != a->nhwc)
             continue;
-        mts_attr at = {0};
-        at.name = "mts_act";
-        at.type = MTS_ATTR_INT;
-        at.i = sig ? MTS_CHAIN_SIGMOID : MTS_CHAIN_RELU;
-        mts_node *n = mts__node_with_attr(p, st, NULL, at);
         int *io = mts_pool_alloc(&p->pool, sizeof(int) * (size_t)(st->n_in + 1));
-        if (!n || !io) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+        if (!io || !mts__step_set_int(p, st, "mts_act", sig ? MTS_CHAIN_SIGMOID : MTS_CHAIN_RELU))
+            return mts_err_set(err, MTS_ENOMEM, "out of memory");
         memcpy(io, st->in, sizeof(int) * (size_t)st->n_in);
         io[st->n_in] = z;
-        st->nd = n;
         st->in = io;
         st->out = io + st->n_in;
         o->removed[t] = 1;
@@ -785,15 +780,8 @@ static int fast_substitute(mts__opt *o, int self, mts__step *st, mts_err *err)
             const mts_tensor *x = &p->vals[st->in[0]], *y = &p->vals[st->out[0]];
             const char *names[3] = {"mts_nhwc_views", "mts_nhwc_src", "mts_nhwc_dst"};
             int64_t vals[3] = {1, p->nhwc[st->in[0]] || is_neutral(x), p->nhwc[st->out[0]] || is_neutral(y)};
-            for (int i = 0; i < 3; i++) {
-                mts_attr a = {0};
-                a.name = names[i];
-                a.type = MTS_ATTR_INT;
-                a.i = vals[i];
-                mts_node *n = mts__node_with_attr(p, st, NULL, a);
-                if (!n) return mts_err_set(err, MTS_ENOMEM, "out of memory");
-                st->nd = n;
-            }
+            for (int i = 0; i < 3; i++)
+                if (!mts__step_set_int(p, st, names[i], vals[i])) return mts_err_set(err, MTS_ENOMEM, "out of memory");
         }
         return MTS_OK;
     }

@@ -188,6 +188,9 @@ typedef enum mts_backend_kind { MTS_BACKEND_DEFAULT = 0, MTS_BACKEND_REFERENCE =
 
 /* Channels-last special cases the optimizer substitutes (kernels/nhwc.c). */
 extern const mts_op mts_nhwc_upsample_nearest; /* [N,H,W,C] nearest upsampling by integer factors */
+/* Inputs a bf16-writing channels-last Concat can take as bf16: a bit each in its integer
+ * attribute "mts_in_bf16" (the bf16 hand-offs, kernels/dnnl_backend.c). */
+#define MTS_CAT_BF16_INPUTS 62
 extern const mts_op mts_nhwc_concat;           /* concatenation of [N,H,W,Ci] along C */
 extern const mts_op mts_nhwc_copy;             /* NCHW<->NHWC Transpose of channels-last data: a copy */
 extern const mts_op mts_nhwc_to_nchw;          /* graph output copied from channels-last data */

@@ -117,7 +117,7 @@ typedef struct cat_job {
 /* Bytes per element of input i as the Concat reads it. */
 static size_t cat_in_size(const cat_job *j, int i)
 {
-    return j->bf16 && i < 62 && (j->in_bf16 >> i & 1) ? 2 : mts_dtype_size(j->k->in[i]->dtype);
+    return j->bf16 && i < MTS_CAT_BF16_INPUTS && (j->in_bf16 >> i & 1) ? 2 : mts_dtype_size(j->k->in[i]->dtype);
 }
 
 /* Pixels per block: every input's channels for a block of output pixels are written before
