@@ -962,6 +962,140 @@ static void test_bf16_concat_inputs(void **state)
     free(G.g.p);
 }
 
+/* Depthwise-separable pairs (a depthwise 3x3 convolution read only by a 1x1 convolution) run
+ * as one step of the engine's own kernel (dwsep.c): the UNet block (8 channels, LeakyRelu
+ * before, Relu between, the block's input added back), 16 -> 24 channels with Clip between and
+ * Relu after, 24 -> 64 channels (a weight period of 48) with BatchNormalization, Relu and a
+ * scalar Mul after, and a depthwise convolution with two readers, which stays two steps. Widths 21
+ * and 13 leave half vectors and partial pixel groups at the row ends. */
+static void build_dwsep(graph *G, int64_t W)
+{
+    memset(G, 0, sizeof *G);
+    G->seed = 21;
+    io(G, 11, "x", 4, D(-1, 6, 9, W));
+    init_f(G, "w0", 4, D(8, 6, 3, 3), -0.4f, 0.4f);
+    init_f(G, "d1", 4, D(8, 1, 3, 3), -0.5f, 0.5f);
+    init_f(G, "db1", 1, D(8), -0.1f, 0.1f);
+    init_f(G, "p1", 4, D(8, 8, 1, 1), -0.4f, 0.4f);
+    init_f(G, "pb1", 1, D(8), -0.1f, 0.1f);
+    node(G, "Conv", "x w0", "c0", "pads=ii:1,1,1,1");
+    node(G, "LeakyRelu", "c0", "a0", "alpha=f:0.1");
+    node(G, "Conv", "a0 d1 db1", "dw1", "group=i:8 pads=ii:1,1,1,1");
+    node(G, "Relu", "dw1", "r1", NULL);
+    node(G, "Conv", "r1 p1 pb1", "pw1", NULL);
+    node(G, "Add", "a0 pw1", "blk1", NULL);
+    init_f(G, "w2", 4, D(16, 8, 3, 3), -0.3f, 0.3f);
+    init_f(G, "d2", 4, D(16, 1, 3, 3), -0.5f, 0.5f);
+    init_f(G, "p2", 4, D(24, 16, 1, 1), -0.3f, 0.3f);
+    init_f(G, "pb2", 1, D(24), -0.1f, 0.1f);
+    float lo = 0.0f, hi = 0.4f;
+    init_vals(G, "lo", 0, NULL, 1, &lo, sizeof lo);
+    init_vals(G, "hi", 0, NULL, 1, &hi, sizeof hi);
+    node(G, "Conv", "blk1 w2", "c2", "pads=ii:1,1,1,1");
+    node(G, "Conv", "c2 d2", "dw2", "group=i:16 pads=ii:1,1,1,1");
+    node(G, "Clip", "dw2 lo hi", "k2", NULL);
+    node(G, "Conv", "k2 p2 pb2", "pw2", NULL);
+    node(G, "Relu", "pw2", "blk2", NULL);
+    init_f(G, "d3", 4, D(24, 1, 3, 3), -0.5f, 0.5f);
+    init_f(G, "db3", 1, D(24), -0.1f, 0.1f);
+    init_f(G, "p3", 4, D(64, 24, 1, 1), -0.3f, 0.3f);
+    init_f(G, "bn_s", 1, D(64), 0.5f, 1.5f);
+    init_f(G, "bn_b", 1, D(64), -0.2f, 0.2f);
+    init_f(G, "bn_m", 1, D(64), -0.1f, 0.1f);
+    init_f(G, "bn_v", 1, D(64), 0.5f, 1.5f);
+    float two = 2.0f;
+    init_vals(G, "two", 0, NULL, 1, &two, sizeof two);
+    node(G, "Conv", "blk2 d3 db3", "dw3", "group=i:24 pads=ii:1,1,1,1");
+    node(G, "Conv", "dw3 p3", "pw3", NULL);
+    node(G, "BatchNormalization", "pw3 bn_s bn_b bn_m bn_v", "bn3", NULL);
+    node(G, "Relu", "bn3", "r3", NULL);
+    node(G, "Mul", "r3 two", "m3", NULL);
+    init_f(G, "w5", 4, D(8, 64, 3, 3), -0.1f, 0.1f);
+    node(G, "Conv", "m3 w5", "y", "pads=ii:1,1,1,1");
+    init_f(G, "d4", 4, D(8, 1, 3, 3), -0.5f, 0.5f);
+    init_f(G, "p4", 4, D(8, 8, 1, 1), -0.4f, 0.4f);
+    node(G, "Conv", "blk1 d4", "dw4", "group=i:8 pads=ii:1,1,1,1");
+    node(G, "Conv", "dw4 p4", "pw4", NULL);
+    node(G, "Add", "dw4 pw4", "y2", NULL);
+    io(G, 12, "y", 4, D(-1, 8, 9, W));
+    io(G, 12, "y2", 4, D(-1, 8, 9, W));
+    /* c0, three pairs, c2, dw4 + pw4 unpaired (two readers; y2, a graph output, is NCHW, which
+     * the kernel does not write either) and the last: 8 convolution steps (11 without pairing) */
+    G->expect_op = "Conv";
+    G->expect_steps = 8;
+}
+
+static void test_dwsep(void **state)
+{
+    (void)state;
+    graph G;
+    build_dwsep(&G, 21);
+    compare_backends(&G, "depthwise-separable pairs, width 21", 1e-5);
+    build_dwsep(&G, 13);
+    compare_backends(&G, "depthwise-separable pairs, width 13", 1e-5);
+    setenv("MTS_NO_DWSEP", "1", 1);
+    build_dwsep(&G, 13);
+    G.expect_steps = 11;
+    compare_backends(&G, "depthwise-separable pairs unpaired", 1e-5);
+    unsetenv("MTS_NO_DWSEP");
+}
+
+/* bf16 plans: a pair whose source a bf16 convolution writes as bf16 (not also a residual) and
+ * whose output a bf16 convolution reads gives the same bits with bf16 and with float hand-offs
+ * (the kernel rounds what a bf16 step would), and stays within bf16's error of the reference. */
+static void test_bf16_dwsep(void **state)
+{
+    (void)state;
+    graph G;
+    memset(&G, 0, sizeof G);
+    G.seed = 8;
+    io(&G, 11, "x", 4, D(-1, 8, 11, 19));
+    init_f(&G, "w0", 4, D(16, 8, 3, 3), -0.3f, 0.3f);
+    init_f(&G, "d1", 4, D(16, 1, 3, 3), -0.5f, 0.5f);
+    init_f(&G, "p1", 4, D(16, 16, 1, 1), -0.3f, 0.3f);
+    init_f(&G, "w2", 4, D(8, 16, 3, 3), -0.3f, 0.3f);
+    node(&G, "Conv", "x w0", "c0", "pads=ii:1,1,1,1");
+    node(&G, "Conv", "c0 d1", "dw1", "group=i:16 pads=ii:1,1,1,1");
+    node(&G, "Relu", "dw1", "r1", NULL);
+    node(&G, "Conv", "r1 p1", "pw1", NULL);
+    node(&G, "Conv", "pw1 w2", "y", "pads=ii:1,1,1,1");
+    io(&G, 12, "y", 4, D(-1, 8, 11, 19));
+    mts_load_opts o = {0};
+    o.precision = "bf16";
+    mts_model *m[3];
+    const mts_tensor *out[3][1];
+    mts_ctx *c[3];
+    mts_tensor *in = NULL;
+    for (int k = 0; k < 3; k++) { /* 0: fp32 hand-offs, 1: bf16, 2: the reference backend */
+        if (k == 0) setenv("MTS_BF16_NO_HANDOFF", "1", 1);
+        mts_load_opts ok = o;
+        if (k == 2) ok.precision = "fp32", ok.backend = "reference";
+        m[k] = finish_opts(&G, &ok);
+        if (k < 2 && strcmp(mts_model_precision(m[k])->effective, "bf16")) {
+            unsetenv("MTS_BF16_NO_HANDOFF");
+            printf("bf16 pairs: no bf16 kernels here (%s); skipped\n", mts_model_precision(m[k])->reason);
+            for (int i = 0; i <= k; i++) mts_model_free(m[i]);
+            free(G.g.p);
+            return;
+        }
+        if (!in) in = test_make_inputs(m[k], 2, 4);
+        mts_err err = {0};
+        assert_int_equal(mts_ctx_create(m[k], 2, &c[k], &err), 0);
+        if (mts_ctx_run(c[k], in, 1, out[k], &err)) fail_msg("run: %s", err.msg);
+        unsetenv("MTS_BF16_NO_HANDOFF");
+    }
+    int64_t n = mts_tensor_numel(out[0][0]);
+    assert_int_equal(n, 2 * 8 * 11 * 19);
+    assert_int_equal(mts_model_op_steps(m[1], "Conv"), 3); /* c0, the pair, the last conv */
+    assert_memory_equal(out[0][0]->data, out[1][0]->data, (size_t)n * sizeof(float));
+    double e = rel_l2(out[1][0], out[2][0]);
+    if (!(e <= 2e-2)) fail_msg("bf16 pair against the reference: relative L2 error %.3g", e);
+    for (int k = 0; k < 3; k++) mts_ctx_free(c[k]);
+    test_free_inputs(m[0], in);
+    for (int k = 0; k < 3; k++) mts_model_free(m[k]);
+    free(G.g.p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -977,6 +1111,8 @@ int main(void)
         cmocka_unit_test(test_reference_models),
         cmocka_unit_test(test_bf16_concat_inputs),
         cmocka_unit_test(test_small_conv_act),
+        cmocka_unit_test(test_dwsep),
+        cmocka_unit_test(test_bf16_dwsep),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -40,6 +40,8 @@ typedef struct cinfo {
     void *wtmp;     /* BN-folded float weights or zero-point-shifted int8 weights (malloc'd; freed
                      * once packed) */
     float *bfold;   /* BN-folded bias (plan pool) */
+    void *wtmp2;    /* a depthwise-separable pair: the pointwise convolution's wtmp */
+    bool merged;    /* folded into the depthwise convolution before it (pair_dwsep) */
     int resid[MTS_DPOST_MAX];
     int n_resid;
     int create_rc;  /* mts_dconv_create's result (create_all) */
@@ -689,16 +691,25 @@ typedef struct dnnl_opt {
     int nci;
     int *cstep;       /* per step: index into ci, -1 */
     uint8_t *no_dnnl; /* per node: declined */
+    uint8_t *no_pair; /* per node: a depthwise convolution not to pair (its layouts did not fit) */
 } dnnl_opt;
+
+static void cinfo_free_tmp(cinfo *c)
+{
+    free(c->wtmp);
+    free(c->wtmp2);
+    c->wtmp = c->wtmp2 = NULL;
+}
 
 static void dnnl_opt_free(mts__opt *o, int self)
 {
     dnnl_opt *d = o->bopt[self];
     if (!d) return;
-    for (int i = 0; d->ci && i < d->nci; i++) free(d->ci[i].wtmp);
+    for (int i = 0; d->ci && i < d->nci; i++) cinfo_free_tmp(&d->ci[i]);
     free(d->ci);
     free(d->cstep);
     free(d->no_dnnl);
+    free(d->no_pair);
     free(d);
     o->bopt[self] = NULL;
 }
@@ -741,6 +752,58 @@ static void choose_winograd(const mts_model *m, cinfo *ci, int n)
 }
 
 /* Claims convolutions, pools and constant-weight MatMul/Gemm with their fusions. */
+/* A claimed depthwise 3x3 convolution whose output only a claimed 1x1 convolution reads
+ * becomes one step with it (mts_dconv_dwsep_ok; the kernel is dwsep.c): the depthwise step
+ * takes the pointwise one's post-ops, residuals and destination, and the pointwise step goes.
+ * The pointwise residuals must exist before the depthwise step runs. MTS_NO_DWSEP=1 (or
+ * MTS_NO_FAST=1) keeps the two oneDNN steps, for comparisons. */
+static void pair_dwsep(mts__opt *o, dnnl_opt *d)
+{
+    mts__plan *p = o->p;
+    if (!mts_fast_enabled() || getenv("MTS_NO_DWSEP")) return;
+    bool any = false;
+    for (int i = 0; i < d->nci; i++) {
+        cinfo *a = &d->ci[i];
+        mts__step *sa = &p->steps[a->step];
+        int v = sa->out[0], r = sole_reader(o, v);
+        if (a->merged || a->n_resid || d->no_pair[sa->node] || r < 0 || d->cstep[r] < 0) continue;
+        cinfo *b = &d->ci[d->cstep[r]];
+        mts__step *sb = &p->steps[r];
+        if (b->merged || sb->in[0] != v || !mts_dconv_dwsep_ok(&a->spec, &b->spec)) continue;
+        bool ok = true;
+        for (int j = 0; j < b->n_resid; j++) {
+            int rv = b->resid[j];
+            ok &= rv != v && (p->state[rv] == MTS__V_INPUT || (o->prod[rv] >= 0 && o->prod[rv] < a->step));
+        }
+        if (!ok) continue;
+        a->spec.pw_M = b->spec.g.M;
+        a->spec.pw_w = b->spec.w;
+        a->spec.pw_b = b->spec.b;
+        a->spec.n_dw_post = a->spec.n_post;
+        for (int j = 0; j < b->spec.n_post; j++) a->spec.post[a->spec.n_post++] = b->spec.post[j];
+        for (int j = 0; j < b->n_resid; j++) a->resid[a->n_resid++] = b->resid[j];
+        a->wtmp2 = b->wtmp;
+        b->wtmp = NULL;
+        b->merged = any = true;
+        sa->out[0] = sb->out[0];
+        sa->n_in = 1 + a->n_resid;
+        for (int j = 0; j < a->n_resid; j++) sa->in[1 + j] = a->resid[j];
+        o->prod[sa->out[0]] = a->step;
+        o->removed[r] = 1;
+        p->state[v] = MTS__V_UNUSED;
+    }
+    if (!any) return;
+    int n = 0;
+    for (int i = 0; i < d->nci; i++) d->cstep[d->ci[i].step] = -1;
+    for (int i = 0; i < d->nci; i++) {
+        if (d->ci[i].merged) continue;
+        d->ci[n] = d->ci[i];
+        d->cstep[d->ci[n].step] = n;
+        n++;
+    }
+    d->nci = n;
+}
+
 static int dnnl_claim(mts__opt *o, int self, void **mstate, mts_err *err)
 {
     mts_model *m = o->m;
@@ -753,11 +816,13 @@ static int dnnl_claim(mts__opt *o, int self, void **mstate, mts_err *err)
             d->ci = calloc((size_t)ns + 1, sizeof *d->ci);
             d->cstep = malloc(sizeof(int) * ((size_t)ns + 1));
             d->no_dnnl = calloc((size_t)m->n_nodes + 1, 1);
+            d->no_pair = calloc((size_t)m->n_nodes + 1, 1);
         }
-        if (!d || !d->ci || !d->cstep || !d->no_dnnl) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+        if (!d || !d->ci || !d->cstep || !d->no_dnnl || !d->no_pair)
+            return mts_err_set(err, MTS_ENOMEM, "out of memory");
     }
     /* A new attempt: nothing claimed yet. */
-    for (int i = 0; i < d->nci; i++) free(d->ci[i].wtmp);
+    for (int i = 0; i < d->nci; i++) cinfo_free_tmp(&d->ci[i]);
     d->nci = 0;
     for (int s = 0; s < ns; s++) d->cstep[s] = -1;
     cinfo *ci = d->ci;
@@ -871,7 +936,8 @@ static int dnnl_claim(mts__opt *o, int self, void **mstate, mts_err *err)
         for (int j = 0; j < c->n_resid; j++) st->in[1 + j] = c->resid[j];
         o->prod[cur] = s;
     }
-    choose_winograd(m, ci, d->nci);
+    pair_dwsep(o, d);
+    choose_winograd(m, d->ci, d->nci);
     return MTS_OK;
 }
 
@@ -1018,6 +1084,18 @@ static int dnnl_commit(mts__opt *o, int self, mts_err *err)
                 c->spec.post[j].nhwc = !mm && t->rank == 4 && (p->nhwc[rv] || is_neutral(t));
             }
     }
+    /* The depthwise-separable kernel reads and writes channels-last tensors only. */
+    bool unpair = false;
+    for (int i = 0; i < d->nci; i++) {
+        cinfo *c = &d->ci[i];
+        bool ok = c->spec.src_nhwc && c->spec.dst_nhwc;
+        for (int j = 0; j < c->spec.n_post; j++) ok &= c->spec.post[j].kind != MTS_DPOST_ADD || c->spec.post[j].nhwc;
+        if (c->spec.pw_M && !ok) {
+            d->no_pair[p->steps[c->step].node] = 1;
+            unpair = true;
+        }
+    }
+    if (unpair) return MTS__RETRY;
     bf16_handoff(o, d);
     create_all(d->ci, d->nci);
     int failed = -1;
@@ -1033,8 +1111,7 @@ static int dnnl_commit(mts__opt *o, int self, mts_err *err)
             }
             continue;
         }
-        free(c->wtmp);
-        c->wtmp = NULL;
+        cinfo_free_tmp(c);
     }
     if (failed >= 0) {
         for (int i = 0; i < d->nci; i++) {

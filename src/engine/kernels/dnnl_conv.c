@@ -29,6 +29,7 @@
 
 #include "engine/kernels/dnnl_ops.h"
 #include "engine/kernels/dnnl_rt.h"
+#include "engine/kernels/dwsep.h"
 #include "engine/kernels/fast_sgemm.h"
 
 #define MTS_EINTERNAL MTS_EUNAVAILABLE
@@ -342,6 +343,8 @@ struct mts_dconv {
      * packed for it in the model's cache. */
     const void *small;
     bool small_half;                   /* small holds IEEE half weights */
+    /* A depthwise-separable pair (spec.pw_M > 0): no primitive, the engine's kernel (dwsep.c). */
+    mts_dwsep *dwsep;
 };
 
 /* Variant creation for one thread count of a convolution already in use (mts_dconv_prepare): one
@@ -853,6 +856,24 @@ int64_t mts_dconv_wino_extra_bytes(const mts_dconv_spec *s)
     return 4 * s->g.M * s->g.C * 9 * (int64_t)sizeof(float);
 }
 
+/* The depthwise-separable form: the engine's own kernel on a copy of the weights. */
+static int dwsep_create(const mts_dconv_spec *s, mts_dconv **out, mts_err *err)
+{
+    mts_dconv *c = calloc(1, sizeof *c);
+    if (!c) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+    int rc = mts_dwsep_create(s, &c->dwsep, err);
+    if (rc) {
+        free(c);
+        return rc;
+    }
+    c->spec = *s;
+    c->spec.w = c->spec.b = c->spec.pw_w = c->spec.pw_b = NULL; /* (copied) */
+    c->bf16 = s->bf16;
+    snprintf(c->impl, sizeof c->impl, "%s", mts_dwsep_impl(c->dwsep));
+    *out = c;
+    return MTS_OK;
+}
+
 static int create_one(const mts_dconv_spec *s, mts_dconv **out, mts_err *err)
 {
     int rc = MTS_OK;
@@ -870,6 +891,7 @@ static int create_one(const mts_dconv_spec *s, mts_dconv **out, mts_err *err)
                 return mts_err_set(err, MTS_EUNSUPPORTED, "output extends past the last input tap");
         }
     }
+    if (s->pw_M > 0) return dwsep_create(s, out, err);
     if (s->kind == MTS_DPRIM_DECONV && s2d_eligible(s)) return s2d_create(s, out, err);
     if (s->up[0] * s->up[1] > 1) {
         if (!mts_dconv_up_ok(s)) return mts_err_set(err, MTS_EUNSUPPORTED, "upsampled source geometry");
@@ -1066,6 +1088,7 @@ void mts_dconv_free(mts_dconv *c)
 {
     if (!c) return;
     mts_dconv_free(c->inner);
+    mts_dwsep_free(c->dwsep);
     for (int i = 0; i < c->n_phase; i++) mts_dconv_free(c->phase[i]);
     free(c->s2d_bias);
     free(c->qbias);
@@ -1129,6 +1152,10 @@ int mts_dconv_prepare(const mts_dconv *cc, int threads, size_t *scratch, mts_err
         *scratch = 0;
         return MTS_OK;
     }
+    if (c->dwsep) {
+        *scratch = mts_dwsep_scratch(c->dwsep, threads);
+        return MTS_OK;
+    }
     int t = work_threads(c, threads);
     variant *v = atomic_load(&c->var[t]);
     if (!v) {
@@ -1147,7 +1174,7 @@ bool mts_dconv_ready(const mts_dconv *c, int threads)
     if (c->inner) return mts_dconv_ready(c->inner, threads);
     for (int i = 0; i < c->n_phase; i++)
         if (!mts_dconv_ready(c->phase[i], threads)) return false;
-    if (c->n_phase || c->small) return true;
+    if (c->n_phase || c->small || c->dwsep) return true;
     return atomic_load(&((mts_dconv *)c)->var[work_threads(c, threads)]) != NULL;
 }
 
@@ -1256,6 +1283,10 @@ int mts_dconv_run(const mts_dconv *c, int threads, void *stream, const void *src
         int64_t bytes = (int64_t)c->n_phase * (int64_t)c->phase_tmp;
         int t = (int)(bytes / (256 << 10));
         mts_parallel(t < 1 ? 1 : t < threads ? t : threads, up_scatter_part, &j);
+        return MTS_OK;
+    }
+    if (c->dwsep) {
+        mts_dwsep_run(c->dwsep, threads, src, dst, resid, scratch);
         return MTS_OK;
     }
     threads = work_threads(c, threads);

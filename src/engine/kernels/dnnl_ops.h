@@ -74,6 +74,14 @@ typedef struct mts_dconv_spec {
                           * precision (fast_sgemm.c); arithmetic in float */
     bool wino;           /* run as Winograd where oneDNN can (the planner sets it for convs that
                           * pass mts_dconv_wino_ok, within the model's memory budget) */
+    /* A depthwise-separable pair (mts_dconv_dwsep_ok; the planner pairs them): this step is a
+     * depthwise 3x3 convolution (g, w, b, the first n_dw_post post-ops) whose output only a 1x1
+     * convolution to pw_M channels reads (pw_w [pw_M, C], pw_b, the post-ops after the first
+     * n_dw_post); both run in one pass of the engine's own kernel (dwsep.c), the destination
+     * has pw_M channels. pw_M == 0: a plain step. */
+    int64_t pw_M;
+    const float *pw_w, *pw_b;
+    int n_dw_post;
     /* int8 convolution (QLinearConv / ConvInteger, kind MTS_DPRIM_CONV, no post-ops): q8 set,
      * w and b unused. Source uint8 or int8 (q8_src), weights int8 in the ONNX layout (qw),
      * destination uint8 / int8 with output scales qscale (one per output channel, or one when
@@ -115,6 +123,14 @@ int64_t mts_dconv_up_extra_bytes(const mts_dconv_spec *s);
  * plus the plain copy the step keeps, less the usual packed copy). */
 bool mts_dconv_wino_ok(const mts_dconv_spec *s);
 int64_t mts_dconv_wino_extra_bytes(const mts_dconv_spec *s);
+
+/* Whether dw (a claimed convolution) and pw (the claimed convolution that alone reads dw's
+ * output) can run as one depthwise-separable step: dw depthwise 3x3, stride 1, padding 1, 8-64
+ * channels (a multiple of 8), with at most two Relu / LeakyRelu / Clip post-ops and no
+ * residual; pw 1x1, stride 1, no padding, 8-64 output channels (a multiple of 8), with Relu /
+ * LeakyRelu / Clip / scalar affine / residual Add post-ops; neither int8, upsampled nor
+ * Winograd; together at most MTS_DPOST_MAX post-ops. */
+bool mts_dconv_dwsep_ok(const mts_dconv_spec *dw, const mts_dconv_spec *pw);
 
 /* Creates the primitive (MTS_EUNSUPPORTED when oneDNN has no good implementation). */
 int mts_dconv_create(const mts_dconv_spec *s, mts_dconv **out, mts_err *err);
