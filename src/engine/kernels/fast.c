@@ -1004,20 +1004,41 @@ FAST_CLONES static void act_all(float *y, int64_t n, int act)
  * unshuffle of the stream (evens, then odds: one two-source shuffle per output vector) moves
  * the lowest channel bit to the top of the vector index, so log2(C) of them leave vector c
  * holding channel c of the 16 pixels, in order. */
-FAST_CLONES static void sconv_transpose16(const float *src, int64_t C, float *dst, int64_t cs)
+static inline __attribute__((always_inline)) void transpose16_c(const float *src, const int C, float *dst, int64_t cs)
 {
     static const v16i even = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
     static const v16i odd = {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
-    v16f r[FAST_SCONV_MAX_C], t[FAST_SCONV_MAX_C];
-    for (int64_t i = 0; i < C; i++) r[i] = ld16(src + 16 * i);
-    for (int64_t w = C; w > 1; w /= 2) {
-        for (int64_t k = 0; k < C / 2; k++) {
-            t[k] = __builtin_shuffle(r[2 * k], r[2 * k + 1], even);
-            t[C / 2 + k] = __builtin_shuffle(r[2 * k], r[2 * k + 1], odd);
+    v16f a[FAST_SCONV_MAX_C], b[FAST_SCONV_MAX_C];
+    for (int i = 0; i < C; i++) a[i] = ld16(src + 16 * i);
+    for (int w = C; w > 1; w /= 4) { /* two unshuffles per round, so the result is back in a */
+        for (int k = 0; k < C / 2; k++) {
+            b[k] = __builtin_shuffle(a[2 * k], a[2 * k + 1], even);
+            b[C / 2 + k] = __builtin_shuffle(a[2 * k], a[2 * k + 1], odd);
         }
-        memcpy(r, t, sizeof(v16f) * (size_t)C);
+        if (w == 2) {
+            for (int c = 0; c < C; c++) st16(dst + c * cs, b[c]);
+            return;
+        }
+        for (int k = 0; k < C / 2; k++) {
+            a[k] = __builtin_shuffle(b[2 * k], b[2 * k + 1], even);
+            a[C / 2 + k] = __builtin_shuffle(b[2 * k], b[2 * k + 1], odd);
+        }
     }
-    for (int64_t c = 0; c < C; c++) st16(dst + c * cs, r[c]);
+    for (int c = 0; c < C; c++) st16(dst + c * cs, a[c]);
+}
+
+/* C a constant in each case, so the vectors stay in registers (with a variable C the rounds'
+ * copies went through memory: a memmove call per round). */
+FAST_CLONES static void sconv_transpose16(const float *src, int64_t C, float *dst, int64_t cs)
+{
+    switch (C) {
+    case 2: transpose16_c(src, 2, dst, cs); break;
+    case 4: transpose16_c(src, 4, dst, cs); break;
+    case 8: transpose16_c(src, 8, dst, cs); break;
+    case 16: transpose16_c(src, 16, dst, cs); break;
+    case 32: transpose16_c(src, 32, dst, cs); break;
+    default: transpose16_c(src, 64, dst, cs); break;
+    }
 }
 
 /* Padded rows [r0, r1) of image n, as C planes of rows of PW (row r0 first). */
@@ -1033,8 +1054,8 @@ static void sconv_pad_rows(const sconv_job *j, int64_t n, int64_t r0, int64_t r1
                 memset(d, 0, sizeof(float) * (size_t)PW);
                 continue;
             }
-            memset(d, 0, sizeof(float) * (size_t)pl);
-            memset(d + pl + W, 0, sizeof(float) * (size_t)(PW - pl - W));
+            for (int64_t q = 0; q < pl; q++) d[q] = 0.0f; /* a few columns: no memset calls */
+            for (int64_t q = pl + W; q < PW; q++) d[q] = 0.0f;
             if (!j->nhwc) memcpy(d + pl, j->x + ((n * C + c) * H + sy) * W, sizeof(float) * (size_t)W);
         }
         if (!j->nhwc || sy < 0 || sy >= H) continue;
