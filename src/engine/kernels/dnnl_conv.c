@@ -869,7 +869,8 @@ static int dwsep_create(const mts_dconv_spec *s, mts_dconv **out, mts_err *err)
     c->spec = *s;
     c->spec.w = c->spec.b = c->spec.pw_w = c->spec.pw_b = NULL; /* (copied) */
     c->bf16 = s->bf16;
-    snprintf(c->impl, sizeof c->impl, "%s", mts_dwsep_impl(c->dwsep));
+    snprintf(c->impl, sizeof c->impl, "%s%s%s", mts_dwsep_impl(c->dwsep), s->src_bf16 ? " <bf16" : "",
+             s->dst_bf16 ? " >bf16" : "");
     *out = c;
     return MTS_OK;
 }
