@@ -1042,7 +1042,8 @@ static void test_dwsep(void **state)
 
 /* bf16 plans: a pair whose source a bf16 convolution writes as bf16 (not also a residual) and
  * whose output a bf16 convolution reads gives the same bits with bf16 and with float hand-offs
- * (the kernel rounds what a bf16 step would), and stays within bf16's error of the reference. */
+ * (given the source as float, the kernel rounds it as the hand-off would), and stays within
+ * bf16's error of the reference. */
 static void test_bf16_dwsep(void **state)
 {
     (void)state;
@@ -1052,8 +1053,8 @@ static void test_bf16_dwsep(void **state)
     io(&G, 11, "x", 4, D(-1, 8, 11, 19));
     init_f(&G, "w0", 4, D(16, 8, 3, 3), -0.3f, 0.3f);
     init_f(&G, "d1", 4, D(16, 1, 3, 3), -0.5f, 0.5f);
-    init_f(&G, "p1", 4, D(16, 16, 1, 1), -0.3f, 0.3f);
-    init_f(&G, "w2", 4, D(8, 16, 3, 3), -0.3f, 0.3f);
+    init_f(&G, "p1", 4, D(8, 16, 1, 1), -0.3f, 0.3f); /* 19 x 8 values a row: a half vector left */
+    init_f(&G, "w2", 4, D(8, 8, 3, 3), -0.3f, 0.3f);
     node(&G, "Conv", "x w0", "c0", "pads=ii:1,1,1,1");
     node(&G, "Conv", "c0 d1", "dw1", "group=i:16 pads=ii:1,1,1,1");
     node(&G, "Relu", "dw1", "r1", NULL);

@@ -1010,14 +1010,17 @@ static void bf16_handoff(mts__opt *o, dnnl_opt *d)
     uint8_t *vb = calloc((size_t)o->nv + 1, 1), *cat = calloc((size_t)p->n_steps + 1, 1);
     for (int i = 0; i < d->nci; i++) {
         cinfo *c = &d->ci[i];
-        c->spec.src_bf16 = c->spec.dst_bf16 = false;
+        c->spec.src_bf16 = c->spec.dst_bf16 = c->spec.src_round = false;
         for (int j = 0; j < c->spec.n_post; j++) c->spec.post[j].bf16 = false;
     }
-    if (!vb || !cat || getenv("MTS_BF16_NO_HANDOFF")) { /* all fp32 hand-offs: correct, only slower */
+    if (!vb || !cat) { /* all fp32 hand-offs: correct, only slower */
         free(vb);
         free(cat);
         return;
     }
+    /* MTS_BF16_NO_HANDOFF=1: every hand-off in fp32 (for comparisons); the choices are still
+     * made, for the depthwise-separable steps' src_round */
+    bool none = getenv("MTS_BF16_NO_HANDOFF") != NULL;
     for (int s = 0; s < p->n_steps; s++) {
         mts__step *st = &p->steps[s];
         if (o->removed[s] || st->kind != MTS__S_KERNEL || st->dynamic || !is_op(st, "Concat") || st->n_out != 1) continue;
@@ -1030,8 +1033,8 @@ static void bf16_handoff(mts__opt *o, dnnl_opt *d)
         for (int j = 0; j < st->n_in; j++)
             ok &= st->in[j] >= 0 && p->vals[st->in[j]].dtype == MTS_DTYPE_FLOAT && p->vals[st->in[j]].rank == 4;
         const mts_node *orig = st->nd;
-        if (!ok || !bf16_readers(o, d, v, NULL) || !mts__step_set_int(p, st, "mts_out_bf16", 1)) continue;
-        if (!mts__step_set_int(p, st, "mts_in_bf16", 0)) { /* (its mask, set below) */
+        if (!ok || !bf16_readers(o, d, v, NULL) || (!none && !mts__step_set_int(p, st, "mts_out_bf16", 1))) continue;
+        if (!none && !mts__step_set_int(p, st, "mts_in_bf16", 0)) { /* (its mask, set below) */
             st->nd = orig; /* out of memory: an fp32 hand-off */
             continue;
         }
@@ -1040,11 +1043,11 @@ static void bf16_handoff(mts__opt *o, dnnl_opt *d)
     }
     for (int i = 0; i < d->nci; i++)
         if (bf16_out_ok(o, d, &d->ci[i], cat)) {
-            d->ci[i].spec.dst_bf16 = true;
+            d->ci[i].spec.dst_bf16 = !none;
             vb[p->steps[d->ci[i].step].out[0]] = 1;
         }
     for (int s = 0; s < p->n_steps; s++) {
-        if (!cat[s]) continue;
+        if (!cat[s] || none) continue;
         mts__step *st = &p->steps[s];
         int64_t mask = 0;
         for (int j = 0; j < st->n_in && j < MTS_CAT_BF16_INPUTS; j++)
@@ -1054,6 +1057,8 @@ static void bf16_handoff(mts__opt *o, dnnl_opt *d)
     }
     for (int i = 0; i < d->nci; i++) {
         cinfo *c = &d->ci[i];
+        c->spec.src_round = c->spec.pw_M > 0 && vb[p->steps[c->step].in[0]];
+        if (none) continue;
         c->spec.src_bf16 = vb[p->steps[c->step].in[0]];
         for (int j = 0, r = 0; j < c->spec.n_post; j++)
             if (c->spec.post[j].kind == MTS_DPOST_ADD) c->spec.post[j].bf16 = vb[c->resid[r++]];

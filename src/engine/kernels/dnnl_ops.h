@@ -82,6 +82,10 @@ typedef struct mts_dconv_spec {
     int64_t pw_M;
     const float *pw_w, *pw_b;
     int n_dw_post;
+    bool src_round;      /* pw_M > 0 in a bf16 plan: the source is the output of a step that
+                          * hands bf16 on; when it is given as float (MTS_BF16_NO_HANDOFF) it is
+                          * rounded to bf16 as it is read, so the results do not depend on the
+                          * hand-offs. (The pair computes in float otherwise.) */
     /* int8 convolution (QLinearConv / ConvInteger, kind MTS_DPRIM_CONV, no post-ops): q8 set,
      * w and b unused. Source uint8 or int8 (q8_src), weights int8 in the ONNX layout (qw),
      * destination uint8 / int8 with output scales qscale (one per output channel, or one when

@@ -15,10 +15,10 @@
  * (4 when more than 16 output channels) at a time: each depthwise value, broadcast, times the
  * weight row of its channel. Then the post-ops, and the store as float or bf16.
  *
- * bf16 plans: the step computes in float but rounds what the unfused bf16 steps round (the
- * depthwise source, both weight tensors, the depthwise output), so its results do not depend
- * on whether its neighbours hand it bf16 or float tensors (the planner's bf16 hand-offs stay
- * bit-identical to float ones).
+ * bf16 plans: the step computes in float (float weights, the depthwise output kept float), reads
+ * a bf16 source where its producer hands one on, and writes bf16 for bf16 readers. A source
+ * that a bf16 hand-off would give it but that comes as float (hand-offs off) is rounded to
+ * bf16 as it is read (spec.src_round), so the results do not depend on the hand-offs.
  *
  * GCC vector extensions (16 floats) with AVX-512 / AVX2 clones chosen at load, as in fast.c;
  * rows are split over the context's threads with mts_parallel.
@@ -43,6 +43,7 @@ typedef float v16f __attribute__((vector_size(64)));
 typedef float v8f __attribute__((vector_size(32)));
 typedef uint32_t v16u __attribute__((vector_size(64)));
 typedef int32_t v16i __attribute__((vector_size(64)));
+typedef uint16_t v16h __attribute__((vector_size(32)));
 
 static inline __attribute__((always_inline)) v16f ld16(const float *p)
 {
@@ -76,7 +77,7 @@ struct mts_dwsep {
     float *bp;                /* [M] */
     mts_dpost dpost[MTS_DPOST_MAX], ppost[MTS_DPOST_MAX];
     int n_dpost, n_ppost;
-    bool rnd;                 /* bf16 plan: round as the unfused bf16 steps would */
+    bool rnd;                 /* round a float source to bf16 as it is read (spec.src_round) */
     bool src_bf16, dst_bf16;
     size_t row_f;             /* floats per padded source row */
     size_t t_f, o_f;          /* floats of the depthwise and pointwise row buffers */
@@ -110,12 +111,6 @@ bool mts_dconv_dwsep_ok(const mts_dconv_spec *dw, const mts_dconv_spec *pw)
     return true;
 }
 
-/* f rounded to bf16 (as mts_f32_to_bf16), as a float. */
-static float bf16_float(float f)
-{
-    return mts_bf16_to_f32(mts_f32_to_bf16(f));
-}
-
 static int64_t gcd64(int64_t a, int64_t b)
 {
     while (b) {
@@ -140,21 +135,21 @@ int mts_dwsep_create(const mts_dconv_spec *s, mts_dwsep **out, mts_err *err)
     k->bpat = k->wpat + 9 * (L + 64);
     k->bp = k->wp + C * M;
     k->N = g->N, k->H = g->in[1], k->W = g->in[2], k->C = C, k->M = M, k->L = L;
-    k->rnd = s->bf16;
+    k->rnd = s->src_round && !s->src_bf16;
     k->src_bf16 = s->src_bf16;
     k->dst_bf16 = s->dst_bf16;
     for (int64_t j = 0; j < L + 64; j++) { /* L + 64: four vectors from any offset below L */
         int64_t c = j % C;
         for (int t = 0; t < 9; t++) {
             float w = s->w[c * 9 + t];
-            k->wpat[t * (L + 64) + j] = k->rnd ? bf16_float(w) : w;
+            k->wpat[t * (L + 64) + j] = w;
         }
         k->bpat[j] = s->b ? s->b[c] : 0.0f;
     }
     for (int64_t c = 0; c < C; c++)
         for (int64_t m = 0; m < M; m++) {
             float w = s->pw_w[m * C + c];
-            k->wp[c * M + m] = k->rnd ? bf16_float(w) : w;
+            k->wp[c * M + m] = w;
         }
     for (int64_t m = 0; m < M; m++) k->bp[m] = s->pw_b ? s->pw_b[m] : 0.0f;
     k->n_dpost = s->n_dw_post;
@@ -166,7 +161,7 @@ int mts_dwsep_create(const mts_dconv_spec *s, mts_dwsep **out, mts_err *err)
     k->t_f = (size_t)(k->W * C + 32);
     k->o_f = (size_t)(k->W * M + 32);
     k->per_thread = ((4 * k->row_f + k->t_f + k->o_f) * sizeof(float) + 63) / 64 * 64;
-    snprintf(k->impl, sizeof k->impl, "mts:dw3x3+pw1x1%s", k->rnd ? ":bf16" : "");
+    snprintf(k->impl, sizeof k->impl, "mts:dw3x3+pw1x1");
     *out = k;
     return MTS_OK;
 }
@@ -266,20 +261,8 @@ static inline __attribute__((always_inline)) float post1(float x, const mts_dpos
     }
 }
 
-/* 16 floats rounded to bf16 (as mts_f32_to_bf16), as floats. */
-static inline __attribute__((always_inline)) v16f round16(v16f x)
-{
-    v16u u;
-    memcpy(&u, &x, sizeof u);
-    v16u r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u, q = (u & 0xffff0000u) | 0x400000u;
-    v16u nan = (v16u)((u & 0x7fffffffu) > 0x7f800000u);
-    u = (r & ~nan) | (q & nan);
-    memcpy(&x, &u, sizeof x);
-    return x;
-}
-
 /* One vector of the depthwise pass: the 9 taps at flat index i of the rows r0..r2, weights at
- * pattern offset v (w: [9][L + 64]), then the post-ops and the rounding. */
+ * pattern offset v (w: [9][L + 64]). */
 static inline __attribute__((always_inline)) v16f dw_vec(const float *r0, const float *r1, const float *r2,
                                                          const float *w, const float *bias, int64_t C,
                                                          int64_t WL, int64_t i, int64_t v)
@@ -305,7 +288,6 @@ static DWS_CLONES void dw_row(const mts_dwsep *k, const float *r0, const float *
     const int64_t C = k->C, L = k->L, WL = L + 64, n = k->W * C;
     const float *w = k->wpat, *bias = k->bpat;
     const int np = k->n_dpost;
-    const bool rnd = k->rnd;
     mts_dpost post[2];
     for (int j = 0; j < np; j++) post[j] = k->dpost[j];
     int64_t v = 0, i = 0;
@@ -324,7 +306,6 @@ static DWS_CLONES void dw_row(const mts_dwsep *k, const float *r0, const float *
             y0 += ld16(r2 + i + 2 * C) * wt[8], y1 += ld16(r2 + i + 16 + 2 * C) * wt[8];
             y0 += z0, y1 += z1;
             for (int j = 0; j < np; j++) y0 = post16(y0, &post[j]), y1 = post16(y1, &post[j]);
-            if (rnd) y0 = round16(y0), y1 = round16(y1);
             st16(t + i, y0);
             st16(t + i + 16, y1);
         }
@@ -334,7 +315,6 @@ static DWS_CLONES void dw_row(const mts_dwsep *k, const float *r0, const float *
         for (int q = 0; q < 4; q++) y[q] = dw_vec(r0, r1, r2, w, bias, C, WL, i + 16 * q, v + 16 * q);
         for (int q = 0; q < 4; q++) {
             for (int j = 0; j < np; j++) y[q] = post16(y[q], &post[j]);
-            if (rnd) y[q] = round16(y[q]);
             st16(t + i + 16 * q, y[q]);
         }
         v = (v + 64) % L;
@@ -342,7 +322,6 @@ static DWS_CLONES void dw_row(const mts_dwsep *k, const float *r0, const float *
     for (; i < n; i += 16) {
         v16f y = dw_vec(r0, r1, r2, w, bias, C, WL, i, v);
         for (int j = 0; j < np; j++) y = post16(y, &post[j]);
-        if (rnd) y = round16(y);
         st16(t + i, y);
         v = (v + 16) % L;
     }
@@ -402,12 +381,25 @@ static DWS_CLONES void pw_row(const mts_dwsep *k, const float *t, float *o)
     }
 }
 
+/* 16 floats to bf16 in a register, bit for bit as mts_f32_to_bf16 (nearest even, NaN kept
+ * quiet). */
+static inline __attribute__((always_inline)) v16h to_bf16(v16f x)
+{
+    v16u u;
+    memcpy(&u, &x, sizeof u);
+    v16u r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x40u;
+    v16u nan = (v16u)((u & 0x7fffffffu) > 0x7f800000u);
+    return __builtin_convertvector((r & ~nan) | (q & nan), v16h);
+}
+
 /* The pointwise post-ops on row o (W*M floats at element offset off of the destination), then
- * the store. */
+ * the store (bf16 narrowed in registers). */
 static DWS_CLONES void post_row(const mts_dwsep *k, float *o, const float *const *resid, int64_t off, void *dst)
 {
     const int64_t n = k->W * k->M;
-    float *df = k->dst_bf16 ? o : (float *)dst + off;
+    const bool bf = k->dst_bf16;
+    float *df = bf ? o : (float *)dst + off;
+    uint16_t *dh = (uint16_t *)dst + off;
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
         v16f v = ld16(o + i);
@@ -426,8 +418,14 @@ static DWS_CLONES void post_row(const mts_dwsep *k, float *o, const float *const
                 v += ld16(resid[r++] + off + i);
             }
         }
-        st16(df + i, v);
+        if (bf) {
+            v16h h = to_bf16(v);
+            memcpy(dh + i, &h, sizeof h);
+        } else {
+            st16(df + i, v);
+        }
     }
+    int64_t tail = i;
     for (; i < n; i++) {
         float v = o[i];
         for (int j = 0, r = 0; j < k->n_ppost; j++) {
@@ -438,7 +436,7 @@ static DWS_CLONES void post_row(const mts_dwsep *k, float *o, const float *const
         }
         df[i] = v;
     }
-    if (k->dst_bf16) mts_f32_to_bf16_n(o, (uint16_t *)dst + off, n);
+    if (bf && tail < n) mts_f32_to_bf16_n(o + tail, dh + tail, n - tail);
 }
 
 typedef struct dws_job {
