@@ -133,7 +133,7 @@ int64_t mts_dconv_wino_extra_bytes(const mts_dconv_spec *s);
  * channels (a multiple of 8), with at most two Relu / LeakyRelu / Clip post-ops and no
  * residual; pw 1x1, stride 1, no padding, 8-64 output channels (a multiple of 8), with Relu /
  * LeakyRelu / Clip / scalar affine / residual Add post-ops; neither int8, upsampled nor
- * Winograd; together at most MTS_DPOST_MAX post-ops. */
+ * Winograd; together at most MTS_DPOST_MAX post-ops; in bf16 plans, C x M at most 512. */
 bool mts_dconv_dwsep_ok(const mts_dconv_spec *dw, const mts_dconv_spec *pw);
 
 /* Creates the primitive (MTS_EUNSUPPORTED when oneDNN has no good implementation). */
