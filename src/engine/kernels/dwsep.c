@@ -30,34 +30,13 @@
 #include <string.h>
 
 #include "engine/kernels/dwsep.h"
+#include "engine/kernels/vec16.h"
 
 #define MTS_DWSEP_BF16_MAX_CM 512
 
-/* As in fast.c: the TSan build compiles the portable variant only (an ifunc resolver runs
- * before the TSan runtime is up). */
-#if defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
-#define DWS_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define DWS_CLONES
-#endif
-
-typedef float v16f __attribute__((vector_size(64)));
 typedef float v8f __attribute__((vector_size(32)));
 typedef uint32_t v16u __attribute__((vector_size(64)));
-typedef int32_t v16i __attribute__((vector_size(64)));
 typedef uint16_t v16h __attribute__((vector_size(32)));
-
-static inline __attribute__((always_inline)) v16f ld16(const float *p)
-{
-    v16f v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-static inline __attribute__((always_inline)) void st16(float *p, v16f v)
-{
-    memcpy(p, &v, sizeof v);
-}
 
 static inline __attribute__((always_inline)) v8f ld8(const float *p)
 {
@@ -203,7 +182,7 @@ size_t mts_dwsep_scratch(const mts_dwsep *k, int threads)
 
 /* Source row (n, y) into the data part of a padded row: widened from bf16, rounded to bf16
  * (k->rnd: the value a bf16 convolution reads; NaN kept quiet, as mts_f32_to_bf16), or copied. */
-static DWS_CLONES void fill_row(const mts_dwsep *k, const void *src, int64_t n, int64_t y, float *row)
+static MTS_VEC_CLONES void fill_row(const mts_dwsep *k, const void *src, int64_t n, int64_t y, float *row)
 {
     int64_t cnt = k->W * k->C, off = (n * k->H + y) * cnt;
     float *d = row + k->C;
@@ -290,7 +269,7 @@ static inline __attribute__((always_inline)) v16f dw_vec(const float *r0, const 
 /* The depthwise pass over one output row: t[x*C + c] from the padded rows r0..r2 (source rows
  * y-1, y, y+1), four vectors at a time (independent chains of multiply-adds). Writes up to 15
  * floats past W*C (t's slack). */
-static DWS_CLONES void dw_row(const mts_dwsep *k, const float *r0, const float *r1, const float *r2, float *t)
+static MTS_VEC_CLONES void dw_row(const mts_dwsep *k, const float *r0, const float *r1, const float *r2, float *t)
 {
     const int64_t C = k->C, L = k->L, WL = L + 64, n = k->W * C;
     const float *w = k->wpat, *bias = k->bpat;
@@ -374,7 +353,7 @@ static inline __attribute__((always_inline)) void pw_case(const mts_dwsep *k, co
     for (; x < k->W; x++) pw_block(k, t, o, x, 1, MB, H8);
 }
 
-static DWS_CLONES void pw_row(const mts_dwsep *k, const float *t, float *o)
+static MTS_VEC_CLONES void pw_row(const mts_dwsep *k, const float *t, float *o)
 {
     switch (k->M) {
     case 8: pw_case(k, t, o, 8, 0, 1); break;
@@ -401,7 +380,7 @@ static inline __attribute__((always_inline)) v16h to_bf16(v16f x)
 
 /* The pointwise post-ops on row o (W*M floats at element offset off of the destination), then
  * the store (bf16 narrowed in registers). */
-static DWS_CLONES void post_row(const mts_dwsep *k, float *o, const float *const *resid, int64_t off, void *dst)
+static MTS_VEC_CLONES void post_row(const mts_dwsep *k, float *o, const float *const *resid, int64_t off, void *dst)
 {
     const int64_t n = k->W * k->M;
     const bool bf = k->dst_bf16;

@@ -45,17 +45,7 @@
 
 #include "engine/kernels/gemm.h"
 #include "engine/kernels/kernel.h"
-
-/* The ASan build keeps the clones: it must run the code the release build runs. The TSan build
- * compiles the portable ("default") variant only: an ifunc resolver runs while the program is
- * relocated, before the TSan runtime is up, and its instrumented entry crashes there. That
- * variant is the same source; what TSan checks (data shared between threads) does not depend
- * on the vector width. */
-#if defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
-#define FAST_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define FAST_CLONES
-#endif
+#include "engine/kernels/vec16.h"
 
 /* Multiply-adds from which the small-channel conv splits over the context's threads. */
 #define FAST_SCONV_MT (1 << 21)
@@ -65,21 +55,6 @@
 #define FAST_SCONV_MAX_M 4
 #define FAST_SCONV_MAX_C 64
 #define FAST_SCONV_BAND 8
-
-typedef float v16f __attribute__((vector_size(64)));
-typedef int32_t v16i __attribute__((vector_size(64)));
-
-static inline __attribute__((always_inline)) v16f ld16(const float *p)
-{
-    v16f v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-static inline __attribute__((always_inline)) void st16(float *p, v16f v)
-{
-    memcpy(p, &v, sizeof v);
-}
 
 static inline __attribute__((always_inline)) v16f splat16(float f)
 {
@@ -183,7 +158,7 @@ typedef struct red_job {
 } red_job;
 
 /* One row of R contiguous values. */
-FAST_CLONES static double red_row(int op, const float *x, int64_t R)
+MTS_VEC_CLONES static double red_row(int op, const float *x, int64_t R)
 {
     int64_t i = 0;
     if (op == FR_MAX) {
@@ -216,8 +191,8 @@ FAST_CLONES static double red_row(int op, const float *x, int64_t R)
 }
 
 /* Rows [r0, r1) of x ([R][inner]) reduced into acc[inner] (doubles; acc holds the start value). */
-FAST_CLONES static void red_cols(int op, const float *x, int64_t r0, int64_t r1, int64_t inner, double *acc,
-                                 float *tmp)
+MTS_VEC_CLONES static void red_cols(int op, const float *x, int64_t r0, int64_t r1, int64_t inner, double *acc,
+                                    float *tmp)
 {
     float chk[256];
     for (int64_t c0 = 0; c0 < inner; c0 += 256) {
@@ -369,8 +344,8 @@ static int fast_reduce_infer(mts_kctx *k)
 /* LayerNormalization and Softmax over trailing axes                                          */
 /* ------------------------------------------------------------------------------------------ */
 
-FAST_CLONES static void ln_rows(const float *x, float *y, int64_t rows, int64_t m, const float *sc, const float *bi,
-                                float eps, bool relu)
+MTS_VEC_CLONES static void ln_rows(const float *x, float *y, int64_t rows, int64_t m, const float *sc, const float *bi,
+                                   float eps, bool relu)
 {
     for (int64_t r = 0; r < rows; r++, x += m, y += m) {
         v16f a = splat16(0);
@@ -465,7 +440,7 @@ static int fast_ln_written_run(mts_kctx *k)
     return MTS_OK;
 }
 
-FAST_CLONES static void softmax_rows(const float *x, float *y, int64_t rows, int64_t n, float scale)
+MTS_VEC_CLONES static void softmax_rows(const float *x, float *y, int64_t rows, int64_t n, float scale)
 {
     v16f vs = splat16(scale);
     for (int64_t r = 0; r < rows; r++, x += n, y += n) {
@@ -536,7 +511,7 @@ typedef struct chain_job {
     int64_t total;
 } chain_job;
 
-FAST_CLONES static void chain_block(const chain_job *j, const float *const *src, const bool *vec, int64_t n, float *y)
+MTS_VEC_CLONES static void chain_block(const chain_job *j, const float *const *src, const bool *vec, int64_t n, float *y)
 {
     float buf[CHAIN_BLOCK] __attribute__((aligned(64)));
     int64_t i;
@@ -818,7 +793,7 @@ typedef struct cpool_job {
     int64_t N, P, C, Ns;
 } cpool_job;
 
-FAST_CLONES static void cpool_rows(const float *x, const float *sc, float *y, int64_t n, int64_t C)
+MTS_VEC_CLONES static void cpool_rows(const float *x, const float *sc, float *y, int64_t n, int64_t C)
 {
     for (int64_t p = 0; p < n; p++, x += C, y += 2) {
         v16f s = splat16(0), m = splat16(-INFINITY), chk = splat16(0);
@@ -885,7 +860,7 @@ static int fast_cpool_infer(mts_kctx *k)
 /* Conv on one pixel with a 1x1 kernel: y[n, m] = b[m] + W[m, :] . x[n, :]                     */
 /* ------------------------------------------------------------------------------------------ */
 
-FAST_CLONES static void gemv_rows(const float *W, const float *x, const float *b, float *y, int64_t M, int64_t C)
+MTS_VEC_CLONES static void gemv_rows(const float *W, const float *x, const float *b, float *y, int64_t M, int64_t C)
 {
     for (int64_t m = 0; m < M; m++) {
         const float *w = W + m * C;
@@ -969,9 +944,9 @@ static inline __attribute__((always_inline)) void sconv_row_m(const float *pad, 
         }
 }
 
-FAST_CLONES static void sconv_row(const float *pad, int64_t PW, int64_t PHW, int64_t C, int64_t KH, int64_t KW,
-                                  int64_t M, const float *w, const v16f *wv, const float *b, int64_t y, int64_t OW,
-                                  float *const *out)
+MTS_VEC_CLONES static void sconv_row(const float *pad, int64_t PW, int64_t PHW, int64_t C, int64_t KH, int64_t KW,
+                                     int64_t M, const float *w, const v16f *wv, const float *b, int64_t y, int64_t OW,
+                                     float *const *out)
 {
     switch (M) {
     case 1: sconv_row_m(pad, PW, PHW, C, KH, KW, 1, w, wv, b, y, OW, out); break;
@@ -992,12 +967,10 @@ typedef struct sconv_job {
 } sconv_job;
 
 /* A fused Relu / Sigmoid (the chain stage codes) on n outputs in place. */
-FAST_CLONES static void act_all(float *y, int64_t n, int act)
+MTS_VEC_CLONES static void act_all(float *y, int64_t n, int act)
 {
     act_inplace(y, n, act);
 }
-
-
 
 /* 16 channels-last pixels of C channels (C a power of two, 2..FAST_SCONV_MAX_C) into C planes:
  * plane c's 16 values at dst + c * cs. The 16 x C block is C vectors of one stream; a perfect
@@ -1029,7 +1002,7 @@ static inline __attribute__((always_inline)) void transpose16_c(const float *src
 
 /* C a constant in each case, so the vectors stay in registers (with a variable C the rounds'
  * copies went through memory: a memmove call per round). */
-FAST_CLONES static void sconv_transpose16(const float *src, int64_t C, float *dst, int64_t cs)
+MTS_VEC_CLONES static void sconv_transpose16(const float *src, int64_t C, float *dst, int64_t cs)
 {
     switch (C) {
     case 2: transpose16_c(src, 2, dst, cs); break;

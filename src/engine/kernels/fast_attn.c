@@ -25,30 +25,10 @@
 #include <string.h>
 
 #include "engine/kernels/kernel.h"
-
-#if defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
-#define ATTN_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define ATTN_CLONES
-#endif
+#include "engine/kernels/vec16.h"
 
 /* Multiply-adds (S*T*(dk+dv) per entry) from which the entries are split over threads. */
 #define ATTN_MT_WORK (1 << 18)
-
-typedef float v16f __attribute__((vector_size(64)));
-typedef int32_t v16i __attribute__((vector_size(64)));
-
-static inline __attribute__((always_inline)) v16f ld16(const float *p)
-{
-    v16f v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-static inline __attribute__((always_inline)) void st16(float *p, v16f v)
-{
-    memcpy(p, &v, sizeof v);
-}
 
 static inline __attribute__((always_inline)) v16f splat16(float f)
 {
@@ -191,7 +171,7 @@ static inline __attribute__((always_inline)) void transpose16(v16f a[16])
 }
 
 /* Entries [e0, e1) of the N*H (n, h) pairs, with the buffers of attn_buf_floats. */
-ATTN_CLONES static void attn_entries(const attn_job *j, int64_t e0, int64_t e1, float *buf)
+MTS_VEC_CLONES static void attn_entries(const attn_job *j, int64_t e0, int64_t e1, float *buf)
 {
     const int64_t dk = j->dk, dv = j->dv, dvp = j->dvp;
     const bool v_in_place = j->vs[3] == 1 && dv % 32 == 0;

@@ -27,6 +27,7 @@
 
 #include "engine/kernels/dnnl_ops.h"
 #include "engine/kernels/fast_sgemm.h"
+#include "engine/kernels/vec16.h"
 #include "util/tensor.h"
 
 #if defined(__x86_64__)
@@ -38,21 +39,6 @@
 #define SG_TARGET
 #define SG_INLINE static inline __attribute__((always_inline))
 #endif
-
-typedef float v16f __attribute__((vector_size(64)));
-typedef int32_t v16i __attribute__((vector_size(64)));
-
-static inline __attribute__((always_inline)) v16f ld16(const float *p)
-{
-    v16f v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-static inline __attribute__((always_inline)) void st16(float *p, v16f v)
-{
-    memcpy(p, &v, sizeof v);
-}
 
 #if defined(__x86_64__)
 /* sixteen IEEE half values to floats (exact) */
@@ -318,7 +304,6 @@ static void sg_part(void *arg, int ithr, int nthr)
     if (j->half) sg_panels_f16(j, p0 * 32, p1 * 32);
     else sg_panels_f32(j, p0 * 32, p1 * 32);
 }
-
 
 bool mts_small_gemm_posts_ok(const mts_dpost *post, int n_post)
 {

@@ -32,12 +32,7 @@
 #include "engine/kernels/gemm.h"
 #include "engine/kernels/kernel.h"
 #include "engine/tensor.h"
-
-#if defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
-#define RNN_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define RNN_CLONES
-#endif
+#include "engine/kernels/vec16.h"
 
 /* Floats of input projection computed per block of time steps (16 MB). */
 #define RNN_XW_FLOATS ((int64_t)4 << 20)
@@ -279,21 +274,6 @@ static int rnn_infer(mts_kctx *k) { return rnn_infer_kind(k, RNN_K_RNN); }
 /* Vector helpers                                                                              */
 /* ------------------------------------------------------------------------------------------ */
 
-typedef float v16f __attribute__((vector_size(64)));
-typedef int32_t v16i __attribute__((vector_size(64)));
-
-static inline __attribute__((always_inline)) v16f ld16(const float *p)
-{
-    v16f v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-static inline __attribute__((always_inline)) void st16(float *p, v16f v)
-{
-    memcpy(p, &v, sizeof v);
-}
-
 static inline __attribute__((always_inline)) v16f splat16(float f)
 {
     return (v16f){0} + f;
@@ -341,7 +321,7 @@ static inline __attribute__((always_inline)) v16f vtanh16(v16f x)
 
 /* In place: x[0..n) = sigmoid (tanh when is_tanh) of x. A partial vector goes through a local
  * copy so every element gets the same approximation. */
-RNN_CLONES static void vec_sig_tanh(float *x, int64_t n, int is_tanh)
+MTS_VEC_CLONES static void vec_sig_tanh(float *x, int64_t n, int is_tanh)
 {
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) st16(x + i, is_tanh ? vtanh16(ld16(x + i)) : vsigmoid16(ld16(x + i)));
@@ -354,7 +334,7 @@ RNN_CLONES static void vec_sig_tanh(float *x, int64_t n, int is_tanh)
 }
 
 /* y[j] = sum_p A[j*lda + p] * x[p] for j < N: R (or its row block) times one hidden state. */
-RNN_CLONES static void gemv_rows(const float *A, int64_t lda, const float *x, float *y, int64_t N, int64_t K)
+MTS_VEC_CLONES static void gemv_rows(const float *A, int64_t lda, const float *x, float *y, int64_t N, int64_t K)
 {
     int64_t K16 = K & ~(int64_t)15;
     int64_t j = 0;
