@@ -1040,6 +1040,64 @@ static void test_dwsep(void **state)
     unsetenv("MTS_NO_DWSEP");
 }
 
+/* Random pairs: channels 8-64 in and out (multiples of 8), sizes that leave partial vectors and
+ * pixel groups, each of the depthwise post-ops (none, Relu, LeakyRelu, Clip) and pointwise
+ * endings (none, Relu, a residual Add of the block's input, Relu then a scalar Mul), biases or
+ * none; every case against the reference backend, and paired (2 convolution steps besides the
+ * first and last). */
+static void test_dwsep_random(void **state)
+{
+    (void)state;
+    uint32_t r = 12345;
+#define RND(n) ((r = r * 1103515245u + 12345u) >> 16) % (n)
+    for (int it = 0; it < 12; it++) {
+        int64_t C = 8 * (1 + (int64_t)RND(8)), M = 8 * (1 + (int64_t)RND(8)), H = 3 + (int64_t)RND(6),
+                W = 5 + (int64_t)RND(20);
+        int dpost = (int)RND(4), ppost = (int)RND(4);
+        bool dbias = RND(2), pbias = RND(2);
+        if (ppost == 2 && M != C) ppost = 1;
+        graph G;
+        memset(&G, 0, sizeof G);
+        G.seed = 100u + (unsigned)it;
+        io(&G, 11, "x", 4, D(-1, 4, H, W));
+        init_f(&G, "w0", 4, D(C, 4, 3, 3), -0.4f, 0.4f);
+        init_f(&G, "dw", 4, D(C, 1, 3, 3), -0.5f, 0.5f);
+        init_f(&G, "db", 1, D(C), -0.2f, 0.2f);
+        init_f(&G, "pw", 4, D(M, C, 1, 1), -0.3f, 0.3f);
+        init_f(&G, "pb", 1, D(M), -0.2f, 0.2f);
+        init_f(&G, "w9", 4, D(8, M, 3, 3), -0.2f, 0.2f);
+        float lo = -0.1f, hi = 0.3f, k3 = 1.5f;
+        init_vals(&G, "lo", 0, NULL, 1, &lo, sizeof lo);
+        init_vals(&G, "hi", 0, NULL, 1, &hi, sizeof hi);
+        init_vals(&G, "k3", 0, NULL, 1, &k3, sizeof k3);
+        node(&G, "Conv", "x w0", "c0", "pads=ii:1,1,1,1");
+        char gattr[64];
+        snprintf(gattr, sizeof gattr, "group=i:%lld pads=ii:1,1,1,1", (long long)C);
+        node(&G, "Conv", dbias ? "c0 dw db" : "c0 dw", "d", gattr);
+        const char *dout = "d";
+        if (dpost == 1) node(&G, "Relu", "d", "da", NULL), dout = "da";
+        if (dpost == 2) node(&G, "LeakyRelu", "d", "da", "alpha=f:0.2"), dout = "da";
+        if (dpost == 3) node(&G, "Clip", "d lo hi", "da", NULL), dout = "da";
+        char ins[64];
+        snprintf(ins, sizeof ins, pbias ? "%s pw pb" : "%s pw", dout);
+        node(&G, "Conv", ins, "p", NULL);
+        const char *pout = "p";
+        if (ppost == 1) node(&G, "Relu", "p", "pa", NULL), pout = "pa";
+        if (ppost == 2) node(&G, "Add", "c0 p", "pa", NULL), pout = "pa";
+        if (ppost == 3) node(&G, "Relu", "p", "pr", NULL), node(&G, "Mul", "pr k3", "pa", NULL), pout = "pa";
+        snprintf(ins, sizeof ins, "%s w9", pout);
+        node(&G, "Conv", ins, "y", "pads=ii:1,1,1,1");
+        io(&G, 12, "y", 4, D(-1, 8, H, W));
+        G.expect_op = "Conv";
+        G.expect_steps = 3;
+        char what[160];
+        snprintf(what, sizeof what, "pair %d: C %lld M %lld %lldx%lld, depthwise post %d, pointwise post %d, biases %d %d", it,
+                 (long long)C, (long long)M, (long long)H, (long long)W, dpost, ppost, dbias, pbias);
+        compare_backends(&G, what, 1e-5);
+    }
+#undef RND
+}
+
 /* bf16 plans: a pair whose source a bf16 convolution writes as bf16 (not also a residual) and
  * whose output a bf16 convolution reads gives the same bits with bf16 and with float hand-offs
  * (given the source as float, the kernel rounds it as the hand-off would), and stays within
@@ -1113,6 +1171,7 @@ int main(void)
         cmocka_unit_test(test_bf16_concat_inputs),
         cmocka_unit_test(test_small_conv_act),
         cmocka_unit_test(test_dwsep),
+        cmocka_unit_test(test_dwsep_random),
         cmocka_unit_test(test_bf16_dwsep),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
