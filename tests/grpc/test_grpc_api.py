@@ -310,16 +310,21 @@ def test_deadline_exceeded(start_server, pb):
     srv = start_server({"seg": {"model_path": str(SEG), "max_batch": 32, **SLOW}})
     s = ks(srv, pb)
     s.RepositoryModelLoad(pb.ks.RepositoryModelLoadRequest(model_name="seg"))
-    busy = s.ModelInfer.future(seg_request(pb, 32), timeout=60)  # keeps the one worker busy
-    time.sleep(0.1)
+    # one instance: of busy and blocker, one runs and the other waits (a 32-frame message can
+    # arrive after a smaller one, so a fixed pause does not show the instance busy), and the
+    # late requests queue behind the waiting one
+    busy = s.ModelInfer.future(seg_request(pb, 32), timeout=60)
+    blocker = s.ModelInfer.future(seg_request(pb, 4), timeout=60)
+    wait_queued(srv, pb, "seg", 1)
     t0 = time.monotonic()
     c, _ = code_of(lambda: s.ModelInfer(seg_request(pb, 1), timeout=0.05))  # gRPC deadline
     assert c == grpc.StatusCode.DEADLINE_EXCEEDED and time.monotonic() - t0 < 5
     c, msg = code_of(lambda: s.ModelInfer(seg_request(pb, 1, timeout_us=100_000), timeout=60))  # request timeout
     assert c == grpc.StatusCode.DEADLINE_EXCEEDED, (c, msg)
     assert busy.result().outputs[0].name == "mask"
+    assert blocker.result().outputs[0].name == "mask"
     g = lip(srv, pb).GetModelStats(pb.ls.GetModelStatsRequest()).totals
-    assert g.timed_out + g.cancelled >= 1 and g.requests_completed <= 2  # neither late request ran
+    assert g.timed_out + g.cancelled >= 1 and g.requests_completed <= 3  # neither late request ran
 
 
 def test_cancel_drops_queued_request(start_server, pb):
