@@ -856,6 +856,14 @@ int64_t mts_dconv_wino_extra_bytes(const mts_dconv_spec *s)
     return 4 * s->g.M * s->g.C * 9 * (int64_t)sizeof(float);
 }
 
+/* " <bf16" / " >bf16" after the implementation's name: tensors handed on in bf16
+ * (MTS_PLAN_VERBOSE). */
+static void mark_handoffs(mts_dconv *c, const mts_dconv_spec *s)
+{
+    size_t l = strlen(c->impl);
+    snprintf(c->impl + l, sizeof c->impl - l, "%s%s", s->src_bf16 ? " <bf16" : "", s->dst_bf16 ? " >bf16" : "");
+}
+
 /* The depthwise-separable form: the engine's own kernel on a copy of the weights. */
 static int dwsep_create(const mts_dconv_spec *s, mts_dconv **out, mts_err *err)
 {
@@ -869,8 +877,8 @@ static int dwsep_create(const mts_dconv_spec *s, mts_dconv **out, mts_err *err)
     c->spec = *s;
     c->spec.w = c->spec.b = c->spec.pw_w = c->spec.pw_b = NULL; /* (copied) */
     c->bf16 = s->bf16;
-    snprintf(c->impl, sizeof c->impl, "%s%s%s", mts_dwsep_impl(c->dwsep), s->src_bf16 ? " <bf16" : "",
-             s->dst_bf16 ? " >bf16" : "");
+    snprintf(c->impl, sizeof c->impl, "%s", mts_dwsep_impl(c->dwsep));
+    mark_handoffs(c, s);
     *out = c;
     return MTS_OK;
 }
@@ -1058,10 +1066,7 @@ static int create_one(const mts_dconv_spec *s, mts_dconv **out, mts_err *err)
     }
     c->spec.w = NULL;
     c->spec.qw = NULL;
-    if (s->src_bf16 || s->dst_bf16) { /* tensors handed on in bf16 (MTS_PLAN_VERBOSE) */
-        size_t l = strlen(c->impl);
-        snprintf(c->impl + l, sizeof c->impl - l, "%s%s", s->src_bf16 ? " <bf16" : "", s->dst_bf16 ? " >bf16" : "");
-    }
+    mark_handoffs(c, s);
 done:
     if (po) mts_dnnl.dnnl_post_ops_destroy(po);
     if (rc) {

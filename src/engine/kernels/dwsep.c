@@ -25,7 +25,6 @@
  */
 #pragma GCC diagnostic ignored "-Wpsabi"
 
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -63,7 +62,6 @@ struct mts_dwsep {
     size_t row_f;             /* floats per padded source row */
     size_t t_f, o_f;          /* floats of the depthwise and pointwise row buffers */
     size_t per_thread;        /* scratch bytes per thread */
-    char impl[48];
 };
 
 bool mts_dconv_dwsep_ok(const mts_dconv_spec *dw, const mts_dconv_spec *pw)
@@ -126,17 +124,11 @@ int mts_dwsep_create(const mts_dconv_spec *s, mts_dwsep **out, mts_err *err)
     k->dst_bf16 = s->dst_bf16;
     for (int64_t j = 0; j < L + 64; j++) { /* L + 64: four vectors from any offset below L */
         int64_t c = j % C;
-        for (int t = 0; t < 9; t++) {
-            float w = s->w[c * 9 + t];
-            k->wpat[t * (L + 64) + j] = w;
-        }
+        for (int t = 0; t < 9; t++) k->wpat[t * (L + 64) + j] = s->w[c * 9 + t];
         k->bpat[j] = s->b ? s->b[c] : 0.0f;
     }
     for (int64_t c = 0; c < C; c++)
-        for (int64_t m = 0; m < M; m++) {
-            float w = s->pw_w[m * C + c];
-            k->wp[c * M + m] = w;
-        }
+        for (int64_t m = 0; m < M; m++) k->wp[c * M + m] = s->pw_w[m * C + c];
     for (int64_t m = 0; m < M; m++) k->bp[m] = s->pw_b ? s->pw_b[m] : 0.0f;
     k->n_dpost = s->n_dw_post;
     k->n_ppost = s->n_post - s->n_dw_post;
@@ -147,7 +139,6 @@ int mts_dwsep_create(const mts_dconv_spec *s, mts_dwsep **out, mts_err *err)
     k->t_f = (size_t)(k->W * C + 32);
     k->o_f = (size_t)(k->W * M + 32);
     k->per_thread = ((4 * k->row_f + k->t_f + k->o_f) * sizeof(float) + 63) / 64 * 64;
-    snprintf(k->impl, sizeof k->impl, "mts:dw3x3+pw1x1");
     *out = k;
     return MTS_OK;
 }
@@ -162,7 +153,8 @@ void mts_dwsep_free(mts_dwsep *k)
 
 const char *mts_dwsep_impl(const mts_dwsep *k)
 {
-    return k->impl;
+    (void)k;
+    return "mts:dw3x3+pw1x1";
 }
 
 /* Threads worth using: one per 100k multiply-adds, as the oneDNN steps (dnnl_conv.c). */
@@ -181,7 +173,7 @@ size_t mts_dwsep_scratch(const mts_dwsep *k, int threads)
 }
 
 /* Source row (n, y) into the data part of a padded row: widened from bf16, rounded to bf16
- * (k->rnd: the value a bf16 convolution reads; NaN kept quiet, as mts_f32_to_bf16), or copied. */
+ * (k->rnd: the value a bf16 convolution reads, mts_f32_to_bf16), or copied. */
 static MTS_VEC_CLONES void fill_row(const mts_dwsep *k, const void *src, int64_t n, int64_t y, float *row)
 {
     int64_t cnt = k->W * k->C, off = (n * k->H + y) * cnt;
@@ -193,11 +185,9 @@ static MTS_VEC_CLONES void fill_row(const mts_dwsep *k, const void *src, int64_t
             memcpy(d + i, &u, sizeof u);
         }
     } else if (k->rnd) {
-        const uint32_t *s = (const uint32_t *)((const float *)src + off);
+        const float *s = (const float *)src + off;
         for (int64_t i = 0; i < cnt; i++) {
-            uint32_t u = s[i];
-            uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u, q = (u & 0xffff0000u) | 0x400000u;
-            u = (u & 0x7fffffffu) > 0x7f800000u ? q : r;
+            uint32_t u = (uint32_t)mts_f32_to_bf16(s[i]) << 16;
             memcpy(d + i, &u, sizeof u);
         }
     } else {
