@@ -29,6 +29,7 @@
 
 #include "engine/kernels/dnnl_ops.h"
 #include "engine/kernels/dnnl_rt.h"
+#include "engine/kernels/bfconv.h"
 #include "engine/kernels/dwsep.h"
 #include "engine/kernels/fast_sgemm.h"
 
@@ -345,6 +346,8 @@ struct mts_dconv {
     bool small_half;                   /* small holds IEEE half weights */
     /* A depthwise-separable pair (spec.pw_M > 0): no primitive, the engine's kernel (dwsep.c). */
     mts_dwsep *dwsep;
+    /* A bf16 3x3 convolution to 8 channels (mts_bfconv_ok): no primitive, bfconv.c. */
+    mts_bfconv *bfc;
 };
 
 /* Variant creation for one thread count of a convolution already in use (mts_dconv_prepare): one
@@ -883,6 +886,25 @@ static int dwsep_create(const mts_dconv_spec *s, mts_dconv **out, mts_err *err)
     return MTS_OK;
 }
 
+/* The bf16 small-output form: the engine's own kernel (bfconv.c) on its packed weight pairs. */
+static int bfc_create(const mts_dconv_spec *s, mts_dconv **out, mts_err *err)
+{
+    mts_dconv *c = calloc(1, sizeof *c);
+    if (!c) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+    int rc = mts_bfconv_create(s, &c->bfc, err);
+    if (rc) {
+        free(c);
+        return rc;
+    }
+    c->spec = *s;
+    c->spec.w = c->spec.b = NULL; /* (packed) */
+    c->bf16 = true;
+    snprintf(c->impl, sizeof c->impl, "mts:bf16conv3x3");
+    mark_handoffs(c, s);
+    *out = c;
+    return MTS_OK;
+}
+
 static int create_one(const mts_dconv_spec *s, mts_dconv **out, mts_err *err)
 {
     int rc = MTS_OK;
@@ -901,6 +923,7 @@ static int create_one(const mts_dconv_spec *s, mts_dconv **out, mts_err *err)
         }
     }
     if (s->pw_M > 0) return dwsep_create(s, out, err);
+    if (mts_bfconv_ok(s)) return bfc_create(s, out, err);
     if (s->kind == MTS_DPRIM_DECONV && s2d_eligible(s)) return s2d_create(s, out, err);
     if (s->up[0] * s->up[1] > 1) {
         if (!mts_dconv_up_ok(s)) return mts_err_set(err, MTS_EUNSUPPORTED, "upsampled source geometry");
@@ -1095,6 +1118,7 @@ void mts_dconv_free(mts_dconv *c)
     if (!c) return;
     mts_dconv_free(c->inner);
     mts_dwsep_free(c->dwsep);
+    mts_bfconv_free(c->bfc);
     for (int i = 0; i < c->n_phase; i++) mts_dconv_free(c->phase[i]);
     free(c->s2d_bias);
     free(c->qbias);
@@ -1162,6 +1186,10 @@ int mts_dconv_prepare(const mts_dconv *cc, int threads, size_t *scratch, mts_err
         *scratch = mts_dwsep_scratch(c->dwsep, threads);
         return MTS_OK;
     }
+    if (c->bfc) {
+        *scratch = mts_bfconv_scratch(c->bfc, threads);
+        return MTS_OK;
+    }
     int t = work_threads(c, threads);
     variant *v = atomic_load(&c->var[t]);
     if (!v) {
@@ -1180,7 +1208,7 @@ bool mts_dconv_ready(const mts_dconv *c, int threads)
     if (c->inner) return mts_dconv_ready(c->inner, threads);
     for (int i = 0; i < c->n_phase; i++)
         if (!mts_dconv_ready(c->phase[i], threads)) return false;
-    if (c->n_phase || c->small || c->dwsep) return true;
+    if (c->n_phase || c->small || c->dwsep || c->bfc) return true;
     return atomic_load(&((mts_dconv *)c)->var[work_threads(c, threads)]) != NULL;
 }
 
@@ -1293,6 +1321,10 @@ int mts_dconv_run(const mts_dconv *c, int threads, void *stream, const void *src
     }
     if (c->dwsep) {
         mts_dwsep_run(c->dwsep, threads, src, dst, resid, scratch);
+        return MTS_OK;
+    }
+    if (c->bfc) {
+        mts_bfconv_run(c->bfc, threads, src, dst, resid, scratch);
         return MTS_OK;
     }
     threads = work_threads(c, threads);

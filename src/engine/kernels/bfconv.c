@@ -1,0 +1,385 @@
+/*
+ * A bf16 3x3 convolution (stride 1, padding 1) for 8 output channels, on AVX512-BF16's pair dot
+ * product (vdpbf16ps: per float lane, the sum of two bf16 products added to the lane). oneDNN's
+ * bf16 kernels put output channels in the vector lanes, 16 per vector: with 8 outputs (the
+ * lip-sync UNets' full-resolution layers, 16 -> 8 channels at 320 x 320) half of every
+ * multiply-add is wasted. Here the lanes are 16 neighbouring pixels of one output channel.
+ *
+ * Per output row (image n, row y) a thread keeps the source rows y-1, y, y+1 in a ring of three
+ * "pair-planar" rows: for each pair of input channels (2p, 2p+1), the row's pixels as 32-bit
+ * words holding the two bf16 values, with one zero pixel before and zeros after. Source rows
+ * come channels-last (bf16 or float, rounded to bf16 to nearest even as oneDNN's bf16
+ * convolution rounds its source) or channels-first float; 16 channels of bf16 are transposed
+ * 16 pixels at a time in registers (three rounds of two-source permutes). Then, for 32 output
+ * pixels at a time, 16 accumulators (8 channels x 2 blocks of 16 pixels) start at the bias and
+ * take, for each of the 9 taps and each channel pair, one load of the shifted planar row and
+ * one pair dot product per output channel with the weight pair broadcast. The accumulators are
+ * transposed back to channels-last (three permute rounds), the post-ops applied and the result
+ * stored as float or bf16 (narrowed to nearest even in registers). The next source row is
+ * prefetched while a row is computed.
+ *
+ * Accumulation is float, as in oneDNN's bf16 convolutions; the order of the sums differs, so
+ * results agree with oneDNN's to float rounding, not bit for bit. Rows are split over the
+ * context's threads with mts_parallel.
+ */
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/kernels/bfconv.h"
+#include "engine/kernels/dpost16.h"
+#include "util/tensor.h"
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <immintrin.h>
+#define BFC_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+#define BFC_M 8 /* output channels */
+#endif
+
+struct mts_bfconv {
+    int64_t N, H, W, C, P; /* P: channel pairs, ceil(C / 2) */
+    int64_t Wp;            /* 32-bit words per pair row of a planar source row */
+    uint32_t *wt;          /* [9 taps][P][8]: the bf16 weight pairs of (2p, 2p+1) per output channel */
+    float bias[8];
+    mts_dpost post[MTS_DPOST_MAX];
+    int n_post;
+    bool src_bf16, src_nhwc, dst_bf16;
+    size_t row_w;          /* words of one planar row: P * Wp */
+    size_t per_thread;     /* scratch bytes per thread: the ring of three rows and a zero row */
+};
+
+#if defined(__x86_64__)
+
+/* AVX512-BF16 with AVX-512BW/VL, no AMX-BF16 (CPUID leaf 7: subleaf 1 EAX bit 5; subleaf 0
+ * EDX bit 22). */
+static bool cpu_ok(void)
+{
+    static int got = -1;
+    int g = __atomic_load_n(&got, __ATOMIC_RELAXED);
+    if (g < 0) {
+        unsigned a, b, c, d;
+        bool bf16 = false, amx = false;
+        __builtin_cpu_init();
+        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+            if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) bf16 = (a >> 5) & 1;
+            if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) amx = (d >> 22) & 1;
+        }
+        g = bf16 && !amx;
+        __atomic_store_n(&got, g, __ATOMIC_RELAXED);
+    }
+    return g == 1;
+}
+
+bool mts_bfconv_ok(const mts_dconv_spec *s)
+{
+    const mts_conv_geom *g = &s->g;
+    if (!s->bf16 || s->kind != MTS_DPRIM_CONV || s->transpose || s->q8 || s->wino || s->half_weights || s->pw_M ||
+        !s->w || s->up[0] * s->up[1] > 1 || g->nsp != 2 || g->group != 1 || g->M != BFC_M || g->C < 1 || g->C > 64 ||
+        !s->dst_nhwc || (!s->src_nhwc && s->src_bf16))
+        return false;
+    for (int i = 1; i < 3; i++)
+        if (g->k[i] != 3 || g->s[i] != 1 || g->d[i] != 1 || g->pb[i] != 1 || g->pe[i] != 1 || g->out[i] != g->in[i])
+            return false;
+    for (int i = 0; i < s->n_post; i++) {
+        int k = s->post[i].kind;
+        if (k != MTS_DPOST_RELU && k != MTS_DPOST_CLIP && k != MTS_DPOST_LINEAR && k != MTS_DPOST_ADD) return false;
+        if (k == MTS_DPOST_ADD && !s->post[i].nhwc) return false;
+    }
+    return !getenv("MTS_NO_BFCONV") && cpu_ok();
+}
+
+int mts_bfconv_create(const mts_dconv_spec *s, mts_bfconv **out, mts_err *err)
+{
+    const mts_conv_geom *g = &s->g;
+    mts_bfconv *k = calloc(1, sizeof *k);
+    if (!k) return mts_err_set(err, MTS_ENOMEM, "out of memory");
+    k->N = g->N, k->H = g->in[1], k->W = g->in[2], k->C = g->C, k->P = (g->C + 1) / 2;
+    k->Wp = (k->W + 31) / 32 * 32 + 16; /* one zero pixel before, reads up to 2 past the last block */
+    k->wt = malloc(sizeof(uint32_t) * (size_t)(9 * k->P * BFC_M));
+    if (!k->wt) {
+        free(k);
+        return mts_err_set(err, MTS_ENOMEM, "out of memory");
+    }
+    for (int t = 0; t < 9; t++)
+        for (int64_t p = 0; p < k->P; p++)
+            for (int m = 0; m < BFC_M; m++) {
+                uint32_t pair = 0;
+                for (int h = 0; h < 2; h++) {
+                    int64_t c = 2 * p + h;
+                    if (c < k->C) pair |= (uint32_t)mts_f32_to_bf16(s->w[(m * k->C + c) * 9 + t]) << (16 * h);
+                }
+                k->wt[(t * k->P + p) * BFC_M + m] = pair;
+            }
+    for (int m = 0; m < BFC_M; m++) k->bias[m] = s->b ? s->b[m] : 0.0f;
+    k->n_post = s->n_post;
+    memcpy(k->post, s->post, sizeof(mts_dpost) * (size_t)s->n_post);
+    k->src_bf16 = s->src_bf16, k->src_nhwc = s->src_nhwc, k->dst_bf16 = s->dst_bf16;
+    k->row_w = (size_t)(k->P * k->Wp);
+    k->per_thread = (4 * k->row_w * sizeof(uint32_t) + 63) / 64 * 64;
+    *out = k;
+    return MTS_OK;
+}
+
+/* Source row (n, y) into planar row `row` (pixel x of pair p at row[p * Wp + 1 + x]). */
+BFC_TARGET static void fill_row(const mts_bfconv *k, const void *src, int64_t n, int64_t y, uint32_t *row)
+{
+    const int64_t W = k->W, C = k->C, P = k->P, Wp = k->Wp;
+    int64_t x = 0;
+    if (!k->src_nhwc) { /* channels-first float: two channel rows interleaved per pair */
+        const float *s = (const float *)src + (n * C * k->H + y) * W;
+        const int64_t plane = k->H * W;
+        for (int64_t p = 0; p < P; p++) {
+            const float *a = s + 2 * p * plane, *b = 2 * p + 1 < C ? a + plane : NULL;
+            uint32_t *d = row + p * Wp + 1;
+            for (x = 0; x + 16 <= W; x += 16) {
+                __m512i lo = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(a + x)));
+                __m512i hi = b ? _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(b + x)))
+                               : _mm512_setzero_si512();
+                _mm512_storeu_si512(d + x, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+            }
+            for (; x < W; x++) d[x] = mts_f32_to_bf16(a[x]) | (b ? (uint32_t)mts_f32_to_bf16(b[x]) << 16 : 0);
+        }
+        return;
+    }
+    if (k->src_bf16 && C == 16) {
+        /* 16 pixels x 8 words (a[i]: pixels 2i, 2i+1) -> 8 rows of 16 pixels, one per pair: at
+         * each round, registers i and i + d exchange halves of their lanes */
+        static const int32_t t0[2][16] = {{0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27},
+                                          {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31}};
+        static const int32_t t1[2][16] = {{0, 1, 4, 5, 16, 17, 20, 21, 8, 9, 12, 13, 24, 25, 28, 29},
+                                          {2, 3, 6, 7, 18, 19, 22, 23, 10, 11, 14, 15, 26, 27, 30, 31}};
+        static const int32_t t2[2][16] = {{0, 2, 16, 18, 4, 6, 20, 22, 8, 10, 24, 26, 12, 14, 28, 30},
+                                          {1, 3, 17, 19, 5, 7, 21, 23, 9, 11, 25, 27, 13, 15, 29, 31}};
+        const __m512i i0l = _mm512_loadu_si512(t0[0]), i0h = _mm512_loadu_si512(t0[1]);
+        const __m512i i1l = _mm512_loadu_si512(t1[0]), i1h = _mm512_loadu_si512(t1[1]);
+        const __m512i i2l = _mm512_loadu_si512(t2[0]), i2h = _mm512_loadu_si512(t2[1]);
+        const uint32_t *s = (const uint32_t *)src + (n * k->H + y) * W * 8;
+        for (; x + 16 <= W; x += 16) {
+            __m512i a[8], b[8];
+            for (int i = 0; i < 8; i++) a[i] = _mm512_loadu_si512(s + (x + 2 * i) * 8);
+            for (int i = 0; i < 4; i++) {
+                b[i] = _mm512_permutex2var_epi32(a[i], i0l, a[i + 4]);
+                b[i + 4] = _mm512_permutex2var_epi32(a[i], i0h, a[i + 4]);
+            }
+            for (int i = 0; i < 8; i += 4)
+                for (int j = i; j < i + 2; j++) {
+                    a[j] = _mm512_permutex2var_epi32(b[j], i1l, b[j + 2]);
+                    a[j + 2] = _mm512_permutex2var_epi32(b[j], i1h, b[j + 2]);
+                }
+            for (int i = 0; i < 8; i += 2) {
+                b[i] = _mm512_permutex2var_epi32(a[i], i2l, a[i + 1]);
+                b[i + 1] = _mm512_permutex2var_epi32(a[i], i2h, a[i + 1]);
+            }
+            for (int p = 0; p < 8; p++) _mm512_storeu_si512(row + p * Wp + 1 + x, b[p]);
+        }
+    }
+    /* any other channels-last source, and the last pixels: one word at a time */
+    for (; x < W; x++) {
+        int64_t off = ((n * k->H + y) * W + x) * C;
+        for (int64_t p = 0; p < P; p++) {
+            uint32_t w = 0;
+            for (int h = 0; h < 2 && 2 * p + h < C; h++) {
+                int64_t c = 2 * p + h;
+                uint16_t v = k->src_bf16 ? ((const uint16_t *)src)[off + c] : mts_f32_to_bf16(((const float *)src)[off + c]);
+                w |= (uint32_t)v << (16 * h);
+            }
+            row[p * Wp + 1 + x] = w;
+        }
+    }
+}
+
+/* The post-ops on 16 channels-last floats at element offset off of the destination. */
+BFC_TARGET static inline __attribute__((always_inline)) __m512 post_vec(const mts_bfconv *k, __m512 v,
+                                                                        const float *const *resid, int64_t off)
+{
+    for (int j = 0, r = 0; j < k->n_post; j++) {
+        const mts_dpost *p = &k->post[j];
+        if (p->kind != MTS_DPOST_ADD) {
+            v = (__m512)post16((v16f)v, p);
+        } else if (p->bf16) {
+            __m256i rs = _mm256_loadu_si256((const __m256i *)((const uint16_t *)resid[r++] + off));
+            v = _mm512_add_ps(v, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(rs), 16)));
+        } else {
+            v = _mm512_add_ps(v, _mm512_loadu_ps(resid[r++] + off));
+        }
+    }
+    return v;
+}
+
+/* Output row (n, y) from the planar rows r0..r2 (source rows y-1, y, y+1); pf: the next
+ * source row to prefetch (pfb bytes, NULL: none). */
+BFC_TARGET static void conv_row(const mts_bfconv *k, const uint32_t *r0, const uint32_t *r1, const uint32_t *r2,
+                                int64_t n, int64_t y, void *dst, const float *const *resid, const char *pf, size_t pfb)
+{
+    const int64_t W = k->W, P = k->P, Wp = k->Wp;
+    const uint32_t *rows[3] = {r0, r1, r2};
+    const int64_t nblk = (W + 31) / 32;
+    const size_t pstep = pf ? (pfb / (size_t)nblk + 63) & ~(size_t)63 : 0;
+    size_t poff = 0;
+    const __m512i il = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i ih = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    for (int64_t x0 = 0; x0 < W; x0 += 32) {
+        for (size_t q = 0; q < pstep && poff < pfb; q += 64, poff += 64) _mm_prefetch(pf + poff, _MM_HINT_T0);
+        __m512 a0[BFC_M], a1[BFC_M];
+#pragma GCC unroll 8
+        for (int m = 0; m < BFC_M; m++) a0[m] = a1[m] = _mm512_set1_ps(k->bias[m]);
+        for (int r = 0; r < 3; r++)
+            for (int kw = 0; kw < 3; kw++) {
+                const uint32_t *sp = rows[r] + x0 + kw, *w = k->wt + (r * 3 + kw) * P * BFC_M;
+                for (int64_t p = 0; p < P; p++, sp += Wp, w += BFC_M) {
+                    __m512bh s0 = (__m512bh)_mm512_loadu_si512(sp), s1 = (__m512bh)_mm512_loadu_si512(sp + 16);
+#pragma GCC unroll 8
+                    for (int m = 0; m < BFC_M; m++) {
+                        __m512bh wb = (__m512bh)_mm512_set1_epi32((int)w[m]);
+                        a0[m] = _mm512_dpbf16_ps(a0[m], s0, wb);
+                        a1[m] = _mm512_dpbf16_ps(a1[m], s1, wb);
+                    }
+                }
+            }
+#pragma GCC unroll 2
+        for (int half = 0; half < 2; half++) {
+            const int64_t xb = x0 + 16 * half, cnt = W - xb;
+            if (cnt <= 0) break;
+            __m512 a[8];
+#pragma GCC unroll 8
+            for (int m = 0; m < 8; m++) a[m] = half ? a1[m] : a0[m];
+            /* [8 channels][16 pixels] -> [16 pixels][8 channels]: registers i and i + d
+             * interleave their lanes, d = 4, 2, 1 */
+            __m512 b[8];
+            for (int i = 0; i < 4; i++) {
+                b[i] = _mm512_permutex2var_ps(a[i], il, a[i + 4]);
+                b[i + 4] = _mm512_permutex2var_ps(a[i], ih, a[i + 4]);
+            }
+            for (int i = 0; i < 8; i += 4)
+                for (int j = i; j < i + 2; j++) {
+                    a[j] = _mm512_permutex2var_ps(b[j], il, b[j + 2]);
+                    a[j + 2] = _mm512_permutex2var_ps(b[j], ih, b[j + 2]);
+                }
+            for (int i = 0; i < 8; i += 2) {
+                b[i] = _mm512_permutex2var_ps(a[i], il, a[i + 1]);
+                b[i + 1] = _mm512_permutex2var_ps(a[i], ih, a[i + 1]);
+            }
+            const int64_t off = ((n * k->H + y) * W + xb) * BFC_M;
+            if (cnt >= 16) {
+#pragma GCC unroll 8
+                for (int i = 0; i < 8; i++) b[i] = post_vec(k, b[i], resid, off + 16 * i);
+                if (k->dst_bf16) /* (cvtne2ps: the second operand's values come first) */
+                    for (int i = 0; i < 8; i += 2)
+                        _mm512_storeu_si512((uint16_t *)dst + off + 16 * i, (__m512i)_mm512_cvtne2ps_pbh(b[i + 1], b[i]));
+                else
+                    for (int i = 0; i < 8; i++) _mm512_storeu_ps((float *)dst + off + 16 * i, b[i]);
+            } else { /* the row's last pixels: one value at a time */
+                float t[128];
+                for (int i = 0; i < 8; i++) _mm512_storeu_ps(t + 16 * i, b[i]);
+                for (int64_t e = 0; e < cnt * BFC_M; e++) {
+                    float v = t[e];
+                    for (int j = 0, r = 0; j < k->n_post; j++) {
+                        const mts_dpost *p = &k->post[j];
+                        if (p->kind != MTS_DPOST_ADD) v = post1(v, p);
+                        else if (p->bf16) v += mts_bf16_to_f32(((const uint16_t *)resid[r++])[off + e]);
+                        else v += resid[r++][off + e];
+                    }
+                    if (k->dst_bf16) ((uint16_t *)dst)[off + e] = mts_f32_to_bf16(v);
+                    else ((float *)dst)[off + e] = v;
+                }
+            }
+        }
+    }
+}
+
+typedef struct bfc_job {
+    const mts_bfconv *k;
+    const void *src;
+    void *dst;
+    const float *const *resid;
+    char *scratch;
+} bfc_job;
+
+static void bfc_part(void *arg, int ithr, int nthr)
+{
+    const bfc_job *j = arg;
+    const mts_bfconv *k = j->k;
+    const int64_t H = k->H, rows = k->N * H, lo = rows * ithr / nthr, hi = rows * (ithr + 1) / nthr;
+    uint32_t *ring = (uint32_t *)(j->scratch + (size_t)ithr * k->per_thread), *zero = ring + 3 * k->row_w;
+    memset(ring, 0, sizeof(uint32_t) * 4 * k->row_w); /* the padding pixels and the zero row */
+    const size_t esz = k->src_bf16 ? 2 : 4, row_bytes = (size_t)(k->W * k->C) * esz;
+    int64_t have_n = -1, have_y = -2;
+    for (int64_t r = lo; r < hi; r++) {
+        int64_t n = r / H, y = r % H;
+        /* ring slot (yy + 3) % 3 holds source row yy while yy is one of y-1, y, y+1 */
+        for (int64_t yy = y - 1; yy <= y + 1; yy++) {
+            bool held = n == have_n && yy >= have_y - 1 && yy <= have_y + 1;
+            if (yy >= 0 && yy < H && !held) fill_row(k, j->src, n, yy, ring + (size_t)((yy + 3) % 3) * k->row_w);
+        }
+        have_n = n, have_y = y;
+        const uint32_t *rp[3];
+        for (int d = 0; d < 3; d++) {
+            int64_t yy = y - 1 + d;
+            rp[d] = yy < 0 || yy >= H ? zero : ring + (size_t)((yy + 3) % 3) * k->row_w;
+        }
+        /* the row the next output row will read first (channels-last sources: one block) */
+        const char *pf = NULL;
+        if (k->src_nhwc && y + 2 < H && r + 1 < hi)
+            pf = (const char *)j->src + (size_t)((n * H + y + 2) * k->W * k->C) * esz;
+        conv_row(k, rp[0], rp[1], rp[2], n, y, j->dst, j->resid, pf, row_bytes);
+    }
+}
+
+/* Threads worth using: one per 100k multiply-adds (as the oneDNN steps), at most one per row. */
+static int bfc_threads(const mts_bfconv *k, int threads)
+{
+    double t = (double)(k->N * k->H * k->W) * (double)(9 * k->C * BFC_M) / 1e5;
+    int64_t rows = k->N * k->H;
+    int n = t < 1 ? 1 : t < threads ? (int)t : threads;
+    return n > rows ? (int)rows : n < 1 ? 1 : n;
+}
+
+void mts_bfconv_run(const mts_bfconv *k, int threads, const void *src, void *dst, const float *const *resid,
+                    void *scratch)
+{
+    bfc_job j = {k, src, dst, resid, scratch};
+    mts_parallel(bfc_threads(k, threads), bfc_part, &j);
+}
+
+size_t mts_bfconv_scratch(const mts_bfconv *k, int threads)
+{
+    return (size_t)bfc_threads(k, threads) * k->per_thread;
+}
+
+#else /* not x86-64: never chosen */
+
+bool mts_bfconv_ok(const mts_dconv_spec *s)
+{
+    (void)s;
+    return false;
+}
+
+int mts_bfconv_create(const mts_dconv_spec *s, mts_bfconv **out, mts_err *err)
+{
+    (void)s, (void)out;
+    return mts_err_set(err, MTS_EUNSUPPORTED, "bf16 convolution kernel: x86-64 only");
+}
+
+size_t mts_bfconv_scratch(const mts_bfconv *k, int threads)
+{
+    (void)k, (void)threads;
+    return 0;
+}
+
+void mts_bfconv_run(const mts_bfconv *k, int threads, const void *src, void *dst, const float *const *resid,
+                    void *scratch)
+{
+    (void)k, (void)threads, (void)src, (void)dst, (void)resid, (void)scratch;
+}
+
+#endif
+
+void mts_bfconv_free(mts_bfconv *k)
+{
+    if (!k) return;
+    free(k->wt);
+    free(k);
+}
