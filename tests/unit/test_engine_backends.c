@@ -19,6 +19,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "engine/engine.h"
+#include "engine/kernels/bfconv.h"
 #include "engine/kernels/dnnl_ops.h"
 #include "test_util.h"
 
@@ -1155,6 +1157,98 @@ static void test_bf16_dwsep(void **state)
     free(G.g.p);
 }
 
+/* The bf16 3x3 convolution to 8 channels (bfconv.c, where the CPU has AVX512-BF16 and no AMX):
+ * sources of 1-8 channels straight from the model input (float), 16 channels from a bf16
+ * convolution (the transposed path) and 24 (word by word), widths that leave partial 16- and
+ * 32-pixel blocks, each post-op kind (none, Relu, LeakyRelu, Clip, Relu then a scalar Mul, a
+ * residual Add), biases or none, and a second such convolution reading the first one's bf16
+ * output. Each case: bf16 plans with and without hand-offs (bits equal), against the
+ * reference backend, and against oneDNN's bf16 steps (MTS_NO_BFCONV=1). */
+static void test_bfconv(void **state)
+{
+    (void)state;
+    const char *native = mts_cpu_bf16_native();
+    bool here = native && !strcmp(native, "avx512_bf16") && __builtin_cpu_supports("avx512bw");
+    uint32_t r = 4242;
+#define RND(n) ((r = r * 1103515245u + 12345u) >> 16) % (n)
+    for (int it = 0; it < 12; it++) {
+        int kind = it % 3, post = (int)RND(6);
+        bool bias = RND(2);
+        int64_t H = 3 + (int64_t)RND(5), W = 5 + (int64_t)RND(60), Cx = kind ? 4 : 1 + (int64_t)RND(8);
+        int64_t C = kind == 0 ? Cx : kind == 1 ? 16 : 24;
+        graph G;
+        memset(&G, 0, sizeof G);
+        G.seed = 300u + (unsigned)it;
+        io(&G, 11, "x", 4, D(-1, Cx, H, W));
+        init_f(&G, "w0", 4, D(C, Cx, 3, 3), -0.4f, 0.4f);
+        init_f(&G, "w1", 4, D(8, C, 3, 3), -0.3f, 0.3f);
+        init_f(&G, "b1", 1, D(8), -0.2f, 0.2f);
+        init_f(&G, "wr", 4, D(8, Cx, 1, 1), -0.5f, 0.5f);
+        init_f(&G, "w9", 4, D(8, 8, 3, 3), -0.2f, 0.2f);
+        float lo = -0.1f, hi = 0.3f, k3 = 1.5f;
+        init_vals(&G, "lo", 0, NULL, 1, &lo, sizeof lo);
+        init_vals(&G, "hi", 0, NULL, 1, &hi, sizeof hi);
+        init_vals(&G, "k3", 0, NULL, 1, &k3, sizeof k3);
+        const char *src = "x";
+        if (kind) node(&G, "Conv", "x w0", "c0", "pads=ii:1,1,1,1"), node(&G, "Relu", "c0", "r0", NULL), src = "r0";
+        char ins[64];
+        snprintf(ins, sizeof ins, bias ? "%s w1 b1" : "%s w1", src);
+        node(&G, "Conv", ins, "y0", "pads=ii:1,1,1,1");
+        const char *y = "y0";
+        if (post == 1) node(&G, "Relu", "y0", "y1", NULL), y = "y1";
+        if (post == 2) node(&G, "LeakyRelu", "y0", "y1", "alpha=f:0.2"), y = "y1";
+        if (post == 3) node(&G, "Clip", "y0 lo hi", "y1", NULL), y = "y1";
+        if (post == 4) node(&G, "Relu", "y0", "yr", NULL), node(&G, "Mul", "yr k3", "y1", NULL), y = "y1";
+        if (post == 5) node(&G, "Conv", "x wr", "res", NULL), node(&G, "Add", "y0 res", "y1", NULL), y = "y1";
+        snprintf(ins, sizeof ins, "%s w9", y);
+        node(&G, "Conv", ins, "y", "pads=ii:1,1,1,1");
+        io(&G, 12, "y", 4, D(-1, 8, H, W));
+        mts_model *m[4];
+        const mts_tensor *out[4][1];
+        mts_ctx *c[4];
+        mts_tensor *in = NULL;
+        int64_t made = 0;
+        /* 0: bf16, fp32 hand-offs; 1: bf16; 2: bf16 on oneDNN's steps; 3: the reference backend */
+        for (int k = 0; k < 4; k++) {
+            mts_load_opts o = {0};
+            o.precision = k == 3 ? "fp32" : "bf16";
+            o.backend = k == 3 ? "reference" : NULL;
+            o.max_error = 1.0; /* (the comparisons below are the check) */
+            if (k == 0) setenv("MTS_BF16_NO_HANDOFF", "1", 1);
+            if (k == 2) setenv("MTS_NO_BFCONV", "1", 1);
+            int64_t before = mts_bfconv_created();
+            m[k] = finish_opts(&G, &o);
+            if (!in) in = test_make_inputs(m[k], 1 + it % 2 * 2, 5u + (unsigned)it);
+            mts_err err = {0};
+            assert_int_equal(mts_ctx_create(m[k], 1 + it % 2, &c[k], &err), 0);
+            if (mts_ctx_run(c[k], in, 1, out[k], &err)) fail_msg("case %d run %d: %s", it, k, err.msg);
+            if (k == 1) made = mts_bfconv_created() - before;
+            unsetenv("MTS_BF16_NO_HANDOFF");
+            unsetenv("MTS_NO_BFCONV");
+        }
+        if (!strcmp(mts_model_precision(m[1])->effective, "bf16")) {
+            /* the two 8-channel convolutions of each plan (the guard's and the run's batch), where
+             * the CPU has the instructions */
+            int plans = mts_model_plan_count(m[1], NULL);
+            if (here && made != 2 * plans)
+                fail_msg("case %d: %lld bf16 kernels made for %d plans, expected 2 each", it, (long long)made, plans);
+            int64_t n = mts_tensor_numel(out[0][0]);
+            assert_memory_equal(out[0][0]->data, out[1][0]->data, (size_t)n * sizeof(float));
+            double e = rel_l2(out[1][0], out[3][0]), e2 = rel_l2(out[1][0], out[2][0]);
+            if (!(e <= 2e-2) || !(e2 <= 1e-2))
+                fail_msg("case %d (C %lld, W %lld, post %d): relative L2 error %.3g against the reference, %.3g "
+                         "against oneDNN's bf16", it, (long long)C, (long long)W, post, e, e2);
+        } else if (it == 0) {
+            printf("bf16 convolution: no bf16 kernels here (%s); compared nothing\n", mts_model_precision(m[1])->reason);
+        }
+        for (int k = 0; k < 4; k++) mts_ctx_free(c[k]);
+        test_free_inputs(m[0], in);
+        for (int k = 0; k < 4; k++) mts_model_free(m[k]);
+        free(G.g.p);
+    }
+#undef RND
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1173,6 +1267,7 @@ int main(void)
         cmocka_unit_test(test_dwsep),
         cmocka_unit_test(test_dwsep_random),
         cmocka_unit_test(test_bf16_dwsep),
+        cmocka_unit_test(test_bfconv),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -24,15 +24,16 @@
  */
 #pragma GCC diagnostic ignored "-Wpsabi"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/engine.h"
 #include "engine/kernels/bfconv.h"
 #include "engine/kernels/dpost16.h"
 #include "util/tensor.h"
 
 #if defined(__x86_64__)
-#include <cpuid.h>
 #include <immintrin.h>
 #define BFC_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 #define BFC_M 8 /* output channels */
@@ -45,32 +46,26 @@ struct mts_bfconv {
     float bias[8];
     mts_dpost post[MTS_DPOST_MAX];
     int n_post;
-    bool src_bf16, src_nhwc, dst_bf16;
+    bool src_bf16, src_nhwc, dst_bf16, dst_nhwc;
     size_t row_w;          /* words of one planar row: P * Wp */
     size_t per_thread;     /* scratch bytes per thread: the ring of three rows and a zero row */
 };
 
 #if defined(__x86_64__)
 
-/* AVX512-BF16 with AVX-512BW/VL, no AMX-BF16 (CPUID leaf 7: subleaf 1 EAX bit 5; subleaf 0
- * EDX bit 22). */
+static _Atomic int64_t g_created;
+
+int64_t mts_bfconv_created(void)
+{
+    return g_created;
+}
+
+/* AVX512-BF16 with AVX-512BW/VL/DQ, and no AMX-BF16 (mts_cpu_bf16_native). */
 static bool cpu_ok(void)
 {
-    static int got = -1;
-    int g = __atomic_load_n(&got, __ATOMIC_RELAXED);
-    if (g < 0) {
-        unsigned a, b, c, d;
-        bool bf16 = false, amx = false;
-        __builtin_cpu_init();
-        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
-            if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) bf16 = (a >> 5) & 1;
-            if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) amx = (d >> 22) & 1;
-        }
-        g = bf16 && !amx;
-        __atomic_store_n(&got, g, __ATOMIC_RELAXED);
-    }
-    return g == 1;
+    const char *native = mts_cpu_bf16_native();
+    return native && !strcmp(native, "avx512_bf16") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
 }
 
 bool mts_bfconv_ok(const mts_dconv_spec *s)
@@ -78,7 +73,7 @@ bool mts_bfconv_ok(const mts_dconv_spec *s)
     const mts_conv_geom *g = &s->g;
     if (!s->bf16 || s->kind != MTS_DPRIM_CONV || s->transpose || s->q8 || s->wino || s->half_weights || s->pw_M ||
         !s->w || s->up[0] * s->up[1] > 1 || g->nsp != 2 || g->group != 1 || g->M != BFC_M || g->C < 1 || g->C > 64 ||
-        !s->dst_nhwc || (!s->src_nhwc && s->src_bf16))
+        (!s->src_nhwc && s->src_bf16))
         return false;
     for (int i = 1; i < 3; i++)
         if (g->k[i] != 3 || g->s[i] != 1 || g->d[i] != 1 || g->pb[i] != 1 || g->pe[i] != 1 || g->out[i] != g->in[i])
@@ -86,7 +81,7 @@ bool mts_bfconv_ok(const mts_dconv_spec *s)
     for (int i = 0; i < s->n_post; i++) {
         int k = s->post[i].kind;
         if (k != MTS_DPOST_RELU && k != MTS_DPOST_CLIP && k != MTS_DPOST_LINEAR && k != MTS_DPOST_ADD) return false;
-        if (k == MTS_DPOST_ADD && !s->post[i].nhwc) return false;
+        if (k == MTS_DPOST_ADD && s->post[i].nhwc != s->dst_nhwc) return false;
     }
     return !getenv("MTS_NO_BFCONV") && cpu_ok();
 }
@@ -116,9 +111,10 @@ int mts_bfconv_create(const mts_dconv_spec *s, mts_bfconv **out, mts_err *err)
     for (int m = 0; m < BFC_M; m++) k->bias[m] = s->b ? s->b[m] : 0.0f;
     k->n_post = s->n_post;
     memcpy(k->post, s->post, sizeof(mts_dpost) * (size_t)s->n_post);
-    k->src_bf16 = s->src_bf16, k->src_nhwc = s->src_nhwc, k->dst_bf16 = s->dst_bf16;
+    k->src_bf16 = s->src_bf16, k->src_nhwc = s->src_nhwc, k->dst_bf16 = s->dst_bf16, k->dst_nhwc = s->dst_nhwc;
     k->row_w = (size_t)(k->P * k->Wp);
     k->per_thread = (4 * k->row_w * sizeof(uint32_t) + 63) / 64 * 64;
+    g_created++;
     *out = k;
     return MTS_OK;
 }
@@ -191,22 +187,28 @@ BFC_TARGET static void fill_row(const mts_bfconv *k, const void *src, int64_t n,
     }
 }
 
-/* The post-ops on 16 channels-last floats at element offset off of the destination. */
-BFC_TARGET static inline __attribute__((always_inline)) __m512 post_vec(const mts_bfconv *k, __m512 v,
-                                                                        const float *const *resid, int64_t off)
+/* The post-ops and the store of 16 floats at element offset off of the destination, the
+ * lanes of mask mk only (a row's last pixels). */
+BFC_TARGET static inline __attribute__((always_inline)) void put16(const mts_bfconv *k, __m512 v,
+                                                                   const float *const *resid, int64_t off,
+                                                                   __mmask16 mk, void *dst)
 {
     for (int j = 0, r = 0; j < k->n_post; j++) {
         const mts_dpost *p = &k->post[j];
         if (p->kind != MTS_DPOST_ADD) {
             v = (__m512)post16((v16f)v, p);
         } else if (p->bf16) {
-            __m256i rs = _mm256_loadu_si256((const __m256i *)((const uint16_t *)resid[r++] + off));
+            __m256i rs = _mm256_maskz_loadu_epi16(mk, (const uint16_t *)resid[r++] + off);
             v = _mm512_add_ps(v, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(rs), 16)));
         } else {
-            v = _mm512_add_ps(v, _mm512_loadu_ps(resid[r++] + off));
+            v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mk, resid[r++] + off));
         }
     }
-    return v;
+    /* (masked stores only at a row's end: full ones are faster where the stores are the bound) */
+    if (k->dst_bf16 && mk == 0xffff) _mm256_storeu_si256((__m256i *)((uint16_t *)dst + off), (__m256i)_mm512_cvtneps_pbh(v));
+    else if (k->dst_bf16) _mm256_mask_storeu_epi16((uint16_t *)dst + off, mk, (__m256i)_mm512_cvtneps_pbh(v));
+    else if (mk == 0xffff) _mm512_storeu_ps((float *)dst + off, v);
+    else _mm512_mask_storeu_ps((float *)dst + off, mk, v);
 }
 
 /* Output row (n, y) from the planar rows r0..r2 (source rows y-1, y, y+1); pf: the next
@@ -246,6 +248,12 @@ BFC_TARGET static void conv_row(const mts_bfconv *k, const uint32_t *r0, const u
             __m512 a[8];
 #pragma GCC unroll 8
             for (int m = 0; m < 8; m++) a[m] = half ? a1[m] : a0[m];
+            if (!k->dst_nhwc) { /* channels-first: each accumulator is a row piece of its channel */
+                __mmask16 mk = cnt >= 16 ? 0xffff : (__mmask16)((1u << cnt) - 1);
+#pragma GCC unroll 8
+                for (int m = 0; m < 8; m++) put16(k, a[m], resid, ((n * BFC_M + m) * k->H + y) * W + xb, mk, dst);
+                continue;
+            }
             /* [8 channels][16 pixels] -> [16 pixels][8 channels]: registers i and i + d
              * interleave their lanes, d = 4, 2, 1 */
             __m512 b[8];
@@ -263,28 +271,11 @@ BFC_TARGET static void conv_row(const mts_bfconv *k, const uint32_t *r0, const u
                 b[i + 1] = _mm512_permutex2var_ps(a[i], ih, a[i + 1]);
             }
             const int64_t off = ((n * k->H + y) * W + xb) * BFC_M;
-            if (cnt >= 16) {
 #pragma GCC unroll 8
-                for (int i = 0; i < 8; i++) b[i] = post_vec(k, b[i], resid, off + 16 * i);
-                if (k->dst_bf16) /* (cvtne2ps: the second operand's values come first) */
-                    for (int i = 0; i < 8; i += 2)
-                        _mm512_storeu_si512((uint16_t *)dst + off + 16 * i, (__m512i)_mm512_cvtne2ps_pbh(b[i + 1], b[i]));
-                else
-                    for (int i = 0; i < 8; i++) _mm512_storeu_ps((float *)dst + off + 16 * i, b[i]);
-            } else { /* the row's last pixels: one value at a time */
-                float t[128];
-                for (int i = 0; i < 8; i++) _mm512_storeu_ps(t + 16 * i, b[i]);
-                for (int64_t e = 0; e < cnt * BFC_M; e++) {
-                    float v = t[e];
-                    for (int j = 0, r = 0; j < k->n_post; j++) {
-                        const mts_dpost *p = &k->post[j];
-                        if (p->kind != MTS_DPOST_ADD) v = post1(v, p);
-                        else if (p->bf16) v += mts_bf16_to_f32(((const uint16_t *)resid[r++])[off + e]);
-                        else v += resid[r++][off + e];
-                    }
-                    if (k->dst_bf16) ((uint16_t *)dst)[off + e] = mts_f32_to_bf16(v);
-                    else ((float *)dst)[off + e] = v;
-                }
+            for (int i = 0; i < 8; i++) { /* b[i]: pixels 2i, 2i + 1 */
+                int64_t valid = cnt * BFC_M - 16 * i;
+                if (valid <= 0) break;
+                put16(k, b[i], resid, off + 16 * i, valid >= 16 ? 0xffff : (__mmask16)((1u << valid) - 1), dst);
             }
         }
     }
@@ -350,6 +341,11 @@ size_t mts_bfconv_scratch(const mts_bfconv *k, int threads)
 }
 
 #else /* not x86-64: never chosen */
+
+int64_t mts_bfconv_created(void)
+{
+    return 0;
+}
 
 bool mts_bfconv_ok(const mts_dconv_spec *s)
 {

@@ -24,5 +24,7 @@ size_t mts_bfconv_scratch(const mts_bfconv *k, int threads);
 /* src, dst and the residuals (the ADD post-ops' tensors, in post-op order) as the spec said. */
 void mts_bfconv_run(const mts_bfconv *k, int threads, const void *src, void *dst, const float *const *resid,
                     void *scratch);
+/* Kernels created so far in this process (for tests). */
+int64_t mts_bfconv_created(void);
 
 #endif
