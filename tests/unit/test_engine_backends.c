@@ -1159,9 +1159,10 @@ static void test_bf16_dwsep(void **state)
 
 /* The bf16 3x3 convolution to 8 channels (bfconv.c, where the CPU has AVX512-BF16 and no AMX):
  * sources of 1-8 channels straight from the model input (float), 16 channels from a bf16
- * convolution (the transposed path) and 24 (word by word), widths that leave partial 16- and
- * 32-pixel blocks, each post-op kind (none, Relu, LeakyRelu, Clip, Relu then a scalar Mul, a
- * residual Add), biases or none, and a second such convolution reading the first one's bf16
+ * convolution (the transposed path) and 24 (word by word), the upsampled form (a nearest 2x
+ * Resize before it, of the input or of a 16-channel bf16 step), widths that leave partial 16-
+ * and 32-pixel blocks, each post-op kind (none, Relu, LeakyRelu, Clip, Relu then a scalar Mul,
+ * a residual Add), biases or none, and a second such convolution reading the first one's bf16
  * output. Each case: bf16 plans with and without hand-offs (bits equal), against the
  * reference backend, and against oneDNN's bf16 steps (MTS_NO_BFCONV=1). */
 static void test_bfconv(void **state)
@@ -1171,11 +1172,12 @@ static void test_bfconv(void **state)
     bool here = native && !strcmp(native, "avx512_bf16") && __builtin_cpu_supports("avx512bw");
     uint32_t r = 4242;
 #define RND(n) ((r = r * 1103515245u + 12345u) >> 16) % (n)
-    for (int it = 0; it < 12; it++) {
-        int kind = it % 3, post = (int)RND(6);
-        bool bias = RND(2);
-        int64_t H = 3 + (int64_t)RND(5), W = 5 + (int64_t)RND(60), Cx = kind ? 4 : 1 + (int64_t)RND(8);
-        int64_t C = kind == 0 ? Cx : kind == 1 ? 16 : 24;
+    for (int it = 0; it < 16; it++) {
+        int kind = it % 4, post = (int)RND(6); /* kind 3: upsampled, of r0 (it % 8 == 3) or of x */
+        bool bias = RND(2), up_x = it % 8 == 7;
+        int64_t H = 3 + (int64_t)RND(5), W = 5 + (int64_t)RND(60), Cx = kind && !up_x ? 4 : 1 + (int64_t)RND(8);
+        int64_t C = kind == 0 || up_x ? Cx : kind == 2 ? 24 : 16, Ho = kind == 3 ? 2 * H : H, Wo = kind == 3 ? 2 * W : W;
+        if (kind == 3 && post == 5) post = 1;
         graph G;
         memset(&G, 0, sizeof G);
         G.seed = 300u + (unsigned)it;
@@ -1189,9 +1191,16 @@ static void test_bfconv(void **state)
         init_vals(&G, "lo", 0, NULL, 1, &lo, sizeof lo);
         init_vals(&G, "hi", 0, NULL, 1, &hi, sizeof hi);
         init_vals(&G, "k3", 0, NULL, 1, &k3, sizeof k3);
-        const char *src = "x";
-        if (kind) node(&G, "Conv", "x w0", "c0", "pads=ii:1,1,1,1"), node(&G, "Relu", "c0", "r0", NULL), src = "r0";
         char ins[64];
+        float s22[4] = {1, 1, 2, 2};
+        init_vals(&G, "s22", 1, D(4), 1, s22, sizeof s22);
+        const char *src = "x";
+        if (kind && !up_x) node(&G, "Conv", "x w0", "c0", "pads=ii:1,1,1,1"), node(&G, "Relu", "c0", "r0", NULL), src = "r0";
+        if (kind == 3) {
+            snprintf(ins, sizeof ins, "%s - s22", src);
+            node(&G, "Resize", ins, "u", "mode=s:nearest");
+            src = "u";
+        }
         snprintf(ins, sizeof ins, bias ? "%s w1 b1" : "%s w1", src);
         node(&G, "Conv", ins, "y0", "pads=ii:1,1,1,1");
         const char *y = "y0";
@@ -1202,7 +1211,7 @@ static void test_bfconv(void **state)
         if (post == 5) node(&G, "Conv", "x wr", "res", NULL), node(&G, "Add", "y0 res", "y1", NULL), y = "y1";
         snprintf(ins, sizeof ins, "%s w9", y);
         node(&G, "Conv", ins, "y", "pads=ii:1,1,1,1");
-        io(&G, 12, "y", 4, D(-1, 8, H, W));
+        io(&G, 12, "y", 4, D(-1, 8, Ho, Wo));
         mts_model *m[4];
         const mts_tensor *out[4][1];
         mts_ctx *c[4];

@@ -40,9 +40,12 @@
 #endif
 
 struct mts_bfconv {
-    int64_t N, H, W, C, P; /* P: channel pairs, ceil(C / 2) */
+    int64_t N, H, W, C, P; /* H, W: the destination's; P: channel pairs, ceil(C / 2) */
+    int64_t Hs, Ws;        /* the source's: H, W, or H / 2, W / 2 when upsampled */
+    bool up;               /* the source is read through a nearest 2x upsampling */
     int64_t Wp;            /* 32-bit words per pair row of a planar source row */
     uint32_t *wt;          /* [9 taps][P][8]: the bf16 weight pairs of (2p, 2p+1) per output channel */
+    uint32_t *wup;         /* up: [phase py*2+px][a*2+b][P][8]: the taps each phase sums */
     float bias[8];
     mts_dpost post[MTS_DPOST_MAX];
     int n_post;
@@ -72,7 +75,8 @@ bool mts_bfconv_ok(const mts_dconv_spec *s)
 {
     const mts_conv_geom *g = &s->g;
     if (!s->bf16 || s->kind != MTS_DPRIM_CONV || s->transpose || s->q8 || s->wino || s->half_weights || s->pw_M ||
-        !s->w || s->up[0] * s->up[1] > 1 || g->nsp != 2 || g->group != 1 || g->M != BFC_M || g->C < 1 || g->C > 64 ||
+        !s->w || (s->up[0] * s->up[1] > 1 && (s->up[0] != 2 || s->up[1] != 2 || g->in[1] % 2 || g->in[2] % 2)) ||
+        g->nsp != 2 || g->group != 1 || g->M != BFC_M || g->C < 1 || g->C > 64 ||
         (!s->src_nhwc && s->src_bf16))
         return false;
     for (int i = 1; i < 3; i++)
@@ -92,15 +96,22 @@ int mts_bfconv_create(const mts_dconv_spec *s, mts_bfconv **out, mts_err *err)
     mts_bfconv *k = calloc(1, sizeof *k);
     if (!k) return mts_err_set(err, MTS_ENOMEM, "out of memory");
     k->N = g->N, k->H = g->in[1], k->W = g->in[2], k->C = g->C, k->P = (g->C + 1) / 2;
-    k->Wp = (k->W + 31) / 32 * 32 + 16; /* one zero pixel before, reads up to 2 past the last block */
-    k->wt = malloc(sizeof(uint32_t) * (size_t)(9 * k->P * BFC_M));
+    k->up = s->up[0] * s->up[1] > 1;
+    k->Hs = k->up ? k->H / 2 : k->H, k->Ws = k->up ? k->W / 2 : k->W;
+    k->Wp = (k->Ws + 31) / 32 * 32 + 16; /* one zero pixel before, reads up to 2 past the last block */
+    size_t nw = (size_t)(9 * k->P * BFC_M), nu = k->up ? (size_t)(16 * k->P * BFC_M) : 0;
+    k->wt = calloc(nw + nu, sizeof(uint32_t));
     if (!k->wt) {
         free(k);
         return mts_err_set(err, MTS_ENOMEM, "out of memory");
     }
-    for (int t = 0; t < 9; t++)
-        for (int64_t p = 0; p < k->P; p++)
-            for (int m = 0; m < BFC_M; m++) {
+    k->wup = k->up ? k->wt + nw : NULL;
+    /* the taps (of 0..2) that an upsampled phase's tap a sums: phase 0 reads pixel j - 1 with
+     * tap 0 and pixel j with taps 1, 2; phase 1 pixel j with taps 0, 1 and j + 1 with tap 2 */
+    static const int lo[2][2] = {{0, 1}, {0, 2}}, hi[2][2] = {{0, 2}, {1, 2}};
+    for (int64_t p = 0; p < k->P; p++)
+        for (int m = 0; m < BFC_M; m++) {
+            for (int t = 0; t < 9; t++) {
                 uint32_t pair = 0;
                 for (int h = 0; h < 2; h++) {
                     int64_t c = 2 * p + h;
@@ -108,6 +119,21 @@ int mts_bfconv_create(const mts_dconv_spec *s, mts_bfconv **out, mts_err *err)
                 }
                 k->wt[(t * k->P + p) * BFC_M + m] = pair;
             }
+            for (int ph = 0; k->up && ph < 4; ph++)
+                for (int ab = 0; ab < 4; ab++) {
+                    int py = ph / 2, px = ph % 2, a = ab / 2, b = ab % 2;
+                    uint32_t pair = 0;
+                    for (int h = 0; h < 2; h++) {
+                        int64_t c = 2 * p + h;
+                        if (c >= k->C) continue;
+                        float sum = 0;
+                        for (int r = lo[py][a]; r <= hi[py][a]; r++)
+                            for (int q = lo[px][b]; q <= hi[px][b]; q++) sum += s->w[((m * k->C + c) * 3 + r) * 3 + q];
+                        pair |= (uint32_t)mts_f32_to_bf16(sum) << (16 * h);
+                    }
+                    k->wup[((ph * 4 + ab) * k->P + p) * BFC_M + m] = pair;
+                }
+        }
     for (int m = 0; m < BFC_M; m++) k->bias[m] = s->b ? s->b[m] : 0.0f;
     k->n_post = s->n_post;
     memcpy(k->post, s->post, sizeof(mts_dpost) * (size_t)s->n_post);
@@ -122,11 +148,11 @@ int mts_bfconv_create(const mts_dconv_spec *s, mts_bfconv **out, mts_err *err)
 /* Source row (n, y) into planar row `row` (pixel x of pair p at row[p * Wp + 1 + x]). */
 BFC_TARGET static void fill_row(const mts_bfconv *k, const void *src, int64_t n, int64_t y, uint32_t *row)
 {
-    const int64_t W = k->W, C = k->C, P = k->P, Wp = k->Wp;
+    const int64_t W = k->Ws, C = k->C, P = k->P, Wp = k->Wp;
     int64_t x = 0;
     if (!k->src_nhwc) { /* channels-first float: two channel rows interleaved per pair */
-        const float *s = (const float *)src + (n * C * k->H + y) * W;
-        const int64_t plane = k->H * W;
+        const float *s = (const float *)src + (n * C * k->Hs + y) * W;
+        const int64_t plane = k->Hs * W;
         for (int64_t p = 0; p < P; p++) {
             const float *a = s + 2 * p * plane, *b = 2 * p + 1 < C ? a + plane : NULL;
             uint32_t *d = row + p * Wp + 1;
@@ -152,7 +178,7 @@ BFC_TARGET static void fill_row(const mts_bfconv *k, const void *src, int64_t n,
         const __m512i i0l = _mm512_loadu_si512(t0[0]), i0h = _mm512_loadu_si512(t0[1]);
         const __m512i i1l = _mm512_loadu_si512(t1[0]), i1h = _mm512_loadu_si512(t1[1]);
         const __m512i i2l = _mm512_loadu_si512(t2[0]), i2h = _mm512_loadu_si512(t2[1]);
-        const uint32_t *s = (const uint32_t *)src + (n * k->H + y) * W * 8;
+        const uint32_t *s = (const uint32_t *)src + (n * k->Hs + y) * W * 8;
         for (; x + 16 <= W; x += 16) {
             __m512i a[8], b[8];
             for (int i = 0; i < 8; i++) a[i] = _mm512_loadu_si512(s + (x + 2 * i) * 8);
@@ -174,7 +200,7 @@ BFC_TARGET static void fill_row(const mts_bfconv *k, const void *src, int64_t n,
     }
     /* any other channels-last source, and the last pixels: one word at a time */
     for (; x < W; x++) {
-        int64_t off = ((n * k->H + y) * W + x) * C;
+        int64_t off = ((n * k->Hs + y) * W + x) * C;
         for (int64_t p = 0; p < P; p++) {
             uint32_t w = 0;
             for (int h = 0; h < 2 && 2 * p + h < C; h++) {
@@ -211,6 +237,39 @@ BFC_TARGET static inline __attribute__((always_inline)) void put16(const mts_bfc
     else _mm512_mask_storeu_ps((float *)dst + off, mk, v);
 }
 
+/* [8 channels][16 pixels] -> [16 pixels][8 channels] (b[i]: pixels 2i, 2i + 1): registers i
+ * and i + d interleave their lanes, d = 4, 2, 1. a is overwritten. */
+BFC_TARGET static inline __attribute__((always_inline)) void to_nhwc(__m512 *a, __m512 *b)
+{
+    const __m512i il = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i ih = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    for (int i = 0; i < 4; i++) {
+        b[i] = _mm512_permutex2var_ps(a[i], il, a[i + 4]);
+        b[i + 4] = _mm512_permutex2var_ps(a[i], ih, a[i + 4]);
+    }
+    for (int i = 0; i < 8; i += 4)
+        for (int j = i; j < i + 2; j++) {
+            a[j] = _mm512_permutex2var_ps(b[j], il, b[j + 2]);
+            a[j + 2] = _mm512_permutex2var_ps(b[j], ih, b[j + 2]);
+        }
+    for (int i = 0; i < 8; i += 2) {
+        b[i] = _mm512_permutex2var_ps(a[i], il, a[i + 1]);
+        b[i + 1] = _mm512_permutex2var_ps(a[i], ih, a[i + 1]);
+    }
+}
+
+/* Consecutive 16-float vectors v[0..nv) from element offset off, the first `valid` elements. */
+BFC_TARGET static inline __attribute__((always_inline)) void put_run(const mts_bfconv *k, const __m512 *v, int nv,
+                                                                     const float *const *resid, int64_t off,
+                                                                     int64_t valid, void *dst)
+{
+    for (int i = 0; i < nv; i++) {
+        int64_t left = valid - 16 * i;
+        if (left <= 0) break;
+        put16(k, v[i], resid, off + 16 * i, left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1), dst);
+    }
+}
+
 /* Output row (n, y) from the planar rows r0..r2 (source rows y-1, y, y+1); pf: the next
  * source row to prefetch (pfb bytes, NULL: none). */
 BFC_TARGET static void conv_row(const mts_bfconv *k, const uint32_t *r0, const uint32_t *r1, const uint32_t *r2,
@@ -221,8 +280,6 @@ BFC_TARGET static void conv_row(const mts_bfconv *k, const uint32_t *r0, const u
     const int64_t nblk = (W + 31) / 32;
     const size_t pstep = pf ? (pfb / (size_t)nblk + 63) & ~(size_t)63 : 0;
     size_t poff = 0;
-    const __m512i il = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-    const __m512i ih = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
     for (int64_t x0 = 0; x0 < W; x0 += 32) {
         for (size_t q = 0; q < pstep && poff < pfb; q += 64, poff += 64) _mm_prefetch(pf + poff, _MM_HINT_T0);
         __m512 a0[BFC_M], a1[BFC_M];
@@ -245,38 +302,75 @@ BFC_TARGET static void conv_row(const mts_bfconv *k, const uint32_t *r0, const u
         for (int half = 0; half < 2; half++) {
             const int64_t xb = x0 + 16 * half, cnt = W - xb;
             if (cnt <= 0) break;
-            __m512 a[8];
+            __m512 a[8], b[8];
 #pragma GCC unroll 8
             for (int m = 0; m < 8; m++) a[m] = half ? a1[m] : a0[m];
             if (!k->dst_nhwc) { /* channels-first: each accumulator is a row piece of its channel */
-                __mmask16 mk = cnt >= 16 ? 0xffff : (__mmask16)((1u << cnt) - 1);
 #pragma GCC unroll 8
-                for (int m = 0; m < 8; m++) put16(k, a[m], resid, ((n * BFC_M + m) * k->H + y) * W + xb, mk, dst);
+                for (int m = 0; m < 8; m++) put_run(k, &a[m], 1, resid, ((n * BFC_M + m) * k->H + y) * W + xb, cnt, dst);
                 continue;
             }
-            /* [8 channels][16 pixels] -> [16 pixels][8 channels]: registers i and i + d
-             * interleave their lanes, d = 4, 2, 1 */
-            __m512 b[8];
-            for (int i = 0; i < 4; i++) {
-                b[i] = _mm512_permutex2var_ps(a[i], il, a[i + 4]);
-                b[i + 4] = _mm512_permutex2var_ps(a[i], ih, a[i + 4]);
-            }
-            for (int i = 0; i < 8; i += 4)
-                for (int j = i; j < i + 2; j++) {
-                    a[j] = _mm512_permutex2var_ps(b[j], il, b[j + 2]);
-                    a[j + 2] = _mm512_permutex2var_ps(b[j], ih, b[j + 2]);
-                }
-            for (int i = 0; i < 8; i += 2) {
-                b[i] = _mm512_permutex2var_ps(a[i], il, a[i + 1]);
-                b[i + 1] = _mm512_permutex2var_ps(a[i], ih, a[i + 1]);
-            }
-            const int64_t off = ((n * k->H + y) * W + xb) * BFC_M;
+            to_nhwc(a, b);
+            put_run(k, b, 8, resid, ((n * k->H + y) * W + xb) * BFC_M, cnt * BFC_M, dst);
+        }
+    }
+}
+
+/* The upsampled form: output rows 2i and 2i + 1 from the planar low-resolution rows
+ * r0..r2 (rows i-1, i, i+1). Output pixel X = 2j + px of row 2i + py reads low-resolution rows
+ * i + py - 1 + a and pixels j + px - 1 + b (a, b in {0, 1}) with the phase's summed taps
+ * (k->wup); 16 consecutive j of both phases px at a time. */
+BFC_TARGET static void conv_row_up(const mts_bfconv *k, const uint32_t *r0, const uint32_t *r1,
+                                   const uint32_t *r2, int64_t n, int64_t i, void *dst, const float *const *resid,
+                                   const char *pf, size_t pfb)
+{
+    const int64_t W = k->W, Ws = k->Ws, P = k->P, Wp = k->Wp;
+    const uint32_t *rows[3] = {r0, r1, r2};
+    const int64_t nblk = 2 * ((Ws + 15) / 16);
+    const size_t pstep = pf ? (pfb / (size_t)nblk + 63) & ~(size_t)63 : 0;
+    size_t poff = 0;
+    const __m512i il = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i ih = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    for (int py = 0; py < 2; py++) {
+        const int64_t y = 2 * i + py;
+        for (int64_t j0 = 0; j0 < Ws; j0 += 16) {
+            for (size_t q = 0; q < pstep && poff < pfb; q += 64, poff += 64) _mm_prefetch(pf + poff, _MM_HINT_T0);
+            __m512 a0[BFC_M], a1[BFC_M]; /* phases px = 0 and 1 */
 #pragma GCC unroll 8
-            for (int i = 0; i < 8; i++) { /* b[i]: pixels 2i, 2i + 1 */
-                int64_t valid = cnt * BFC_M - 16 * i;
-                if (valid <= 0) break;
-                put16(k, b[i], resid, off + 16 * i, valid >= 16 ? 0xffff : (__mmask16)((1u << valid) - 1), dst);
+            for (int m = 0; m < BFC_M; m++) a0[m] = a1[m] = _mm512_set1_ps(k->bias[m]);
+            for (int a = 0; a < 2; a++) {
+                const uint32_t *sp = rows[py + a] + j0;
+                const uint32_t *w0 = k->wup + ((py * 2 + 0) * 4 + a * 2) * P * BFC_M; /* px 0: b 0, 1 */
+                const uint32_t *w1 = k->wup + ((py * 2 + 1) * 4 + a * 2) * P * BFC_M; /* px 1 */
+                for (int64_t p = 0; p < P; p++, sp += Wp, w0 += BFC_M, w1 += BFC_M) {
+                    __m512bh sm = (__m512bh)_mm512_loadu_si512(sp), s0 = (__m512bh)_mm512_loadu_si512(sp + 1),
+                             sq = (__m512bh)_mm512_loadu_si512(sp + 2);
+#pragma GCC unroll 8
+                    for (int m = 0; m < BFC_M; m++) {
+                        a0[m] = _mm512_dpbf16_ps(a0[m], sm, (__m512bh)_mm512_set1_epi32((int)w0[m]));
+                        a0[m] = _mm512_dpbf16_ps(a0[m], s0, (__m512bh)_mm512_set1_epi32((int)w0[P * BFC_M + m]));
+                        a1[m] = _mm512_dpbf16_ps(a1[m], s0, (__m512bh)_mm512_set1_epi32((int)w1[m]));
+                        a1[m] = _mm512_dpbf16_ps(a1[m], sq, (__m512bh)_mm512_set1_epi32((int)w1[P * BFC_M + m]));
+                    }
+                }
             }
+            const int64_t x0 = 2 * j0, cnt = W - x0; /* up to 32 output pixels */
+            if (!k->dst_nhwc) {
+#pragma GCC unroll 8
+                for (int m = 0; m < BFC_M; m++) {
+                    __m512 v[2] = {_mm512_permutex2var_ps(a0[m], il, a1[m]), _mm512_permutex2var_ps(a0[m], ih, a1[m])};
+                    put_run(k, v, 2, resid, ((n * BFC_M + m) * k->H + y) * W + x0, cnt, dst);
+                }
+                continue;
+            }
+            __m512 b0[8], b1[8], v[16];
+            to_nhwc(a0, b0);
+            to_nhwc(a1, b1);
+            for (int q = 0; q < 8; q++) { /* pixels j = 2q, 2q+1 of both phases: X = 4q .. 4q+3 */
+                v[2 * q] = _mm512_shuffle_f32x4(b0[q], b1[q], 0x44);
+                v[2 * q + 1] = _mm512_shuffle_f32x4(b0[q], b1[q], 0xee);
+            }
+            put_run(k, v, 16, resid, ((n * k->H + y) * W + x0) * BFC_M, cnt * BFC_M, dst);
         }
     }
 }
@@ -293,12 +387,12 @@ static void bfc_part(void *arg, int ithr, int nthr)
 {
     const bfc_job *j = arg;
     const mts_bfconv *k = j->k;
-    const int64_t H = k->H, rows = k->N * H, lo = rows * ithr / nthr, hi = rows * (ithr + 1) / nthr;
+    const int64_t H = k->Hs, rows = k->N * H, lo = rows * ithr / nthr, hi = rows * (ithr + 1) / nthr;
     uint32_t *ring = (uint32_t *)(j->scratch + (size_t)ithr * k->per_thread), *zero = ring + 3 * k->row_w;
     memset(ring, 0, sizeof(uint32_t) * 4 * k->row_w); /* the padding pixels and the zero row */
-    const size_t esz = k->src_bf16 ? 2 : 4, row_bytes = (size_t)(k->W * k->C) * esz;
+    const size_t esz = k->src_bf16 ? 2 : 4, row_bytes = (size_t)(k->Ws * k->C) * esz;
     int64_t have_n = -1, have_y = -2;
-    for (int64_t r = lo; r < hi; r++) {
+    for (int64_t r = lo; r < hi; r++) { /* source rows: one output row each, two when upsampled */
         int64_t n = r / H, y = r % H;
         /* ring slot (yy + 3) % 3 holds source row yy while yy is one of y-1, y, y+1 */
         for (int64_t yy = y - 1; yy <= y + 1; yy++) {
@@ -314,8 +408,9 @@ static void bfc_part(void *arg, int ithr, int nthr)
         /* the row the next output row will read first (channels-last sources: one block) */
         const char *pf = NULL;
         if (k->src_nhwc && y + 2 < H && r + 1 < hi)
-            pf = (const char *)j->src + (size_t)((n * H + y + 2) * k->W * k->C) * esz;
-        conv_row(k, rp[0], rp[1], rp[2], n, y, j->dst, j->resid, pf, row_bytes);
+            pf = (const char *)j->src + (size_t)((n * H + y + 2) * k->Ws * k->C) * esz;
+        if (k->up) conv_row_up(k, rp[0], rp[1], rp[2], n, y, j->dst, j->resid, pf, row_bytes);
+        else conv_row(k, rp[0], rp[1], rp[2], n, y, j->dst, j->resid, pf, row_bytes);
     }
 }
 
@@ -323,7 +418,7 @@ static void bfc_part(void *arg, int ithr, int nthr)
 static int bfc_threads(const mts_bfconv *k, int threads)
 {
     double t = (double)(k->N * k->H * k->W) * (double)(9 * k->C * BFC_M) / 1e5;
-    int64_t rows = k->N * k->H;
+    int64_t rows = k->N * k->Hs;
     int n = t < 1 ? 1 : t < threads ? (int)t : threads;
     return n > rows ? (int)rows : n < 1 ? 1 : n;
 }

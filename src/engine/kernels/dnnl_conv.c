@@ -901,6 +901,10 @@ static int bfc_create(const mts_dconv_spec *s, mts_dconv **out, mts_err *err)
     c->bf16 = true;
     snprintf(c->impl, sizeof c->impl, "mts:bf16conv3x3");
     mark_handoffs(c, s);
+    if (s->up[0] * s->up[1] > 1) {
+        size_t l = strlen(c->impl);
+        snprintf(c->impl + l, sizeof c->impl - l, "+up%lldx%lld", (long long)s->up[0], (long long)s->up[1]);
+    }
     *out = c;
     return MTS_OK;
 }
