@@ -145,6 +145,28 @@ int mts_bfconv_create(const mts_dconv_spec *s, mts_bfconv **out, mts_err *err)
     return MTS_OK;
 }
 
+/* Three rounds of two-source permutes over eight registers (a is overwritten, the result in
+ * b): round r pairs registers i and i + 4, then i and i + 2, then i and i + 1, the lower one of
+ * each pair taking lanes lo[r] of the two and the upper one lanes hi[r]. With the right lanes
+ * this is each of the kernel's transpositions of 16 x 8 words. */
+BFC_TARGET static inline __attribute__((always_inline)) void net8(__m512 *a, __m512 *b, const __m512i *lo,
+                                                                  const __m512i *hi)
+{
+    for (int i = 0; i < 4; i++) {
+        b[i] = _mm512_permutex2var_ps(a[i], lo[0], a[i + 4]);
+        b[i + 4] = _mm512_permutex2var_ps(a[i], hi[0], a[i + 4]);
+    }
+    for (int i = 0; i < 8; i += 4)
+        for (int j = i; j < i + 2; j++) {
+            a[j] = _mm512_permutex2var_ps(b[j], lo[1], b[j + 2]);
+            a[j + 2] = _mm512_permutex2var_ps(b[j], hi[1], b[j + 2]);
+        }
+    for (int i = 0; i < 8; i += 2) {
+        b[i] = _mm512_permutex2var_ps(a[i], lo[2], a[i + 1]);
+        b[i + 1] = _mm512_permutex2var_ps(a[i], hi[2], a[i + 1]);
+    }
+}
+
 /* Source row (n, y) into planar row `row` (pixel x of pair p at row[p * Wp + 1 + x]). */
 BFC_TARGET static void fill_row(const mts_bfconv *k, const void *src, int64_t n, int64_t y, uint32_t *row)
 {
@@ -169,33 +191,20 @@ BFC_TARGET static void fill_row(const mts_bfconv *k, const void *src, int64_t n,
     if (k->src_bf16 && C == 16) {
         /* 16 pixels x 8 words (a[i]: pixels 2i, 2i+1) -> 8 rows of 16 pixels, one per pair: at
          * each round, registers i and i + d exchange halves of their lanes */
-        static const int32_t t0[2][16] = {{0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27},
-                                          {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31}};
-        static const int32_t t1[2][16] = {{0, 1, 4, 5, 16, 17, 20, 21, 8, 9, 12, 13, 24, 25, 28, 29},
-                                          {2, 3, 6, 7, 18, 19, 22, 23, 10, 11, 14, 15, 26, 27, 30, 31}};
-        static const int32_t t2[2][16] = {{0, 2, 16, 18, 4, 6, 20, 22, 8, 10, 24, 26, 12, 14, 28, 30},
-                                          {1, 3, 17, 19, 5, 7, 21, 23, 9, 11, 25, 27, 13, 15, 29, 31}};
-        const __m512i i0l = _mm512_loadu_si512(t0[0]), i0h = _mm512_loadu_si512(t0[1]);
-        const __m512i i1l = _mm512_loadu_si512(t1[0]), i1h = _mm512_loadu_si512(t1[1]);
-        const __m512i i2l = _mm512_loadu_si512(t2[0]), i2h = _mm512_loadu_si512(t2[1]);
+        static const int32_t t[6][16] = {{0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27},
+                                         {0, 1, 4, 5, 16, 17, 20, 21, 8, 9, 12, 13, 24, 25, 28, 29},
+                                         {0, 2, 16, 18, 4, 6, 20, 22, 8, 10, 24, 26, 12, 14, 28, 30},
+                                         {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31},
+                                         {2, 3, 6, 7, 18, 19, 22, 23, 10, 11, 14, 15, 26, 27, 30, 31},
+                                         {1, 3, 17, 19, 5, 7, 21, 23, 9, 11, 25, 27, 13, 15, 29, 31}};
+        __m512i idx[6];
+        for (int i = 0; i < 6; i++) idx[i] = _mm512_loadu_si512(t[i]);
         const uint32_t *s = (const uint32_t *)src + (n * k->Hs + y) * W * 8;
         for (; x + 16 <= W; x += 16) {
-            __m512i a[8], b[8];
-            for (int i = 0; i < 8; i++) a[i] = _mm512_loadu_si512(s + (x + 2 * i) * 8);
-            for (int i = 0; i < 4; i++) {
-                b[i] = _mm512_permutex2var_epi32(a[i], i0l, a[i + 4]);
-                b[i + 4] = _mm512_permutex2var_epi32(a[i], i0h, a[i + 4]);
-            }
-            for (int i = 0; i < 8; i += 4)
-                for (int j = i; j < i + 2; j++) {
-                    a[j] = _mm512_permutex2var_epi32(b[j], i1l, b[j + 2]);
-                    a[j + 2] = _mm512_permutex2var_epi32(b[j], i1h, b[j + 2]);
-                }
-            for (int i = 0; i < 8; i += 2) {
-                b[i] = _mm512_permutex2var_epi32(a[i], i2l, a[i + 1]);
-                b[i + 1] = _mm512_permutex2var_epi32(a[i], i2h, a[i + 1]);
-            }
-            for (int p = 0; p < 8; p++) _mm512_storeu_si512(row + p * Wp + 1 + x, b[p]);
+            __m512 a[8], b[8]; /* (words moved as floats: the permutes do not look at them) */
+            for (int i = 0; i < 8; i++) a[i] = _mm512_loadu_ps(s + (x + 2 * i) * 8);
+            net8(a, b, idx, idx + 3);
+            for (int p = 0; p < 8; p++) _mm512_storeu_ps(row + p * Wp + 1 + x, b[p]);
         }
     }
     /* any other channels-last source, and the last pixels: one word at a time */
@@ -243,19 +252,8 @@ BFC_TARGET static inline __attribute__((always_inline)) void to_nhwc(__m512 *a, 
 {
     const __m512i il = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
     const __m512i ih = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
-    for (int i = 0; i < 4; i++) {
-        b[i] = _mm512_permutex2var_ps(a[i], il, a[i + 4]);
-        b[i + 4] = _mm512_permutex2var_ps(a[i], ih, a[i + 4]);
-    }
-    for (int i = 0; i < 8; i += 4)
-        for (int j = i; j < i + 2; j++) {
-            a[j] = _mm512_permutex2var_ps(b[j], il, b[j + 2]);
-            a[j + 2] = _mm512_permutex2var_ps(b[j], ih, b[j + 2]);
-        }
-    for (int i = 0; i < 8; i += 2) {
-        b[i] = _mm512_permutex2var_ps(a[i], il, a[i + 1]);
-        b[i + 1] = _mm512_permutex2var_ps(a[i], ih, a[i + 1]);
-    }
+    const __m512i lo[3] = {il, il, il}, hi[3] = {ih, ih, ih};
+    net8(a, b, lo, hi);
 }
 
 /* Consecutive 16-float vectors v[0..nv) from element offset off, the first `valid` elements. */
