@@ -10,13 +10,16 @@
  * words holding the two bf16 values, with one zero pixel before and zeros after. Source rows
  * come channels-last (bf16 or float, rounded to bf16 to nearest even as oneDNN's bf16
  * convolution rounds its source) or channels-first float; 16 channels of bf16 are transposed
- * 16 pixels at a time in registers (three rounds of two-source permutes). Then, for 32 output
+ * 16 pixels at a time in registers (three rounds of two-source permutes), other channels-last
+ * sources are copied word by word. Then, for 32 output
  * pixels at a time, 16 accumulators (8 channels x 2 blocks of 16 pixels) start at the bias and
  * take, for each of the 9 taps and each channel pair, one load of the shifted planar row and
  * one pair dot product per output channel with the weight pair broadcast. The accumulators are
- * transposed back to channels-last (three permute rounds), the post-ops applied and the result
- * stored as float or bf16 (narrowed to nearest even in registers). The next source row is
- * prefetched while a row is computed.
+ * transposed back to channels-last (three permute rounds; a channels-first destination takes
+ * them as they are), the post-ops applied and the result stored as float or bf16 (narrowed to
+ * nearest even in registers), a row's last pixels with masked loads and stores. The upsampled
+ * form (conv_row_up) computes each output phase from a 2x2 window of the low-resolution rows
+ * with summed taps. The next source row is prefetched while a row is computed.
  *
  * Accumulation is float, as in oneDNN's bf16 convolutions; the order of the sums differs, so
  * results agree with oneDNN's to float rounding, not bit for bit. Rows are split over the

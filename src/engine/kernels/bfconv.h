@@ -11,10 +11,10 @@
 typedef struct mts_bfconv mts_bfconv;
 
 /* Whether s runs here: a bf16 2-D convolution, group 1, 3x3, stride 1, dilation 1, padding 1,
- * 8 output channels from at most 64 inputs, channels-last destination (source channels-last,
- * or channels-first float), post-ops Relu / LeakyRelu / Clip / scalar affine / a channels-last
- * residual Add; the CPU has AVX512-BF16 and no AMX (there oneDNN's tiles win);
- * MTS_NO_BFCONV unset. */
+ * 8 output channels from at most 64 inputs, perhaps read through a nearest 2x upsampling;
+ * source channels-last (bf16 or float) or channels-first float, destination in either layout;
+ * post-ops Relu / LeakyRelu / Clip / scalar affine / a residual Add in the destination's
+ * layout; the CPU has AVX512-BF16 and no AMX (there oneDNN's tiles win); MTS_NO_BFCONV unset. */
 bool mts_bfconv_ok(const mts_dconv_spec *s);
 /* Copies and packs the weights it needs. */
 int mts_bfconv_create(const mts_dconv_spec *s, mts_bfconv **out, mts_err *err);
