@@ -415,13 +415,12 @@ static void bfc_part(void *arg, int ithr, int nthr)
     }
 }
 
-/* Threads worth using: one per 100k multiply-adds (as the oneDNN steps), at most one per row. */
+/* Threads worth using: the oneDNN steps' rule (mts_dconv_threads_for), at most one per row. */
 static int bfc_threads(const mts_bfconv *k, int threads)
 {
-    double t = (double)(k->N * k->H * k->W) * (double)(9 * k->C * BFC_M) / 1e5;
+    int n = mts_dconv_threads_for((double)(k->N * k->H * k->W) * (double)(9 * k->C * BFC_M), threads);
     int64_t rows = k->N * k->Hs;
-    int n = t < 1 ? 1 : t < threads ? (int)t : threads;
-    return n > rows ? (int)rows : n < 1 ? 1 : n;
+    return n > rows ? (rows < 1 ? 1 : (int)rows) : n;
 }
 
 void mts_bfconv_run(const mts_bfconv *k, int threads, const void *src, void *dst, const float *const *resid,

@@ -1150,8 +1150,7 @@ static int work_threads(const mts_dconv *c, int threads)
     else if (c->spec.kind == MTS_DPRIM_DECONV)
         macs = (double)g->N * (double)g->C * (double)(g->M / g->group) * k * (double)(g->in[0] * g->in[1] * g->in[2]);
     else macs = (double)g->N * (double)g->M * (double)(g->C / g->group) * k * outv;
-    double t = macs / 1e5;
-    return clamp_threads(t < 1 ? 1 : t < threads ? (int)t : threads);
+    return clamp_threads(mts_dconv_threads_for(macs, threads));
 }
 
 /* The largest oneDNN scratch any phase convolution of c needs at `threads` (preparing them). */

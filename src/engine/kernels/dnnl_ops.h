@@ -136,6 +136,14 @@ int64_t mts_dconv_wino_extra_bytes(const mts_dconv_spec *s);
  * Winograd; together at most MTS_DPOST_MAX post-ops; in bf16 plans, C x M at most 512. */
 bool mts_dconv_dwsep_ok(const mts_dconv_spec *dw, const mts_dconv_spec *pw);
 
+/* Threads worth giving a step of `macs` multiply-adds: one per 100k (about 4 us of work), at
+ * least one, at most `threads`. The oneDNN steps and the engine's own kernels share the rule. */
+static inline int mts_dconv_threads_for(double macs, int threads)
+{
+    double t = macs / 1e5;
+    return t < 1 ? 1 : t < threads ? (int)t : threads;
+}
+
 /* Creates the primitive (MTS_EUNSUPPORTED when oneDNN has no good implementation). */
 int mts_dconv_create(const mts_dconv_spec *s, mts_dconv **out, mts_err *err);
 void mts_dconv_free(mts_dconv *c);

@@ -158,14 +158,12 @@ const char *mts_dwsep_impl(const mts_dwsep *k)
     return "mts:dw3x3+pw1x1";
 }
 
-/* Threads worth using: one per 100k multiply-adds, as the oneDNN steps (dnnl_conv.c). */
+/* Threads worth using: the oneDNN steps' rule (mts_dconv_threads_for), at most one per row. */
 static int dws_threads(const mts_dwsep *k, int threads)
 {
-    double macs = (double)(k->N * k->H * k->W) * (double)(9 * k->C + k->C * k->M);
+    int n = mts_dconv_threads_for((double)(k->N * k->H * k->W) * (double)(9 * k->C + k->C * k->M), threads);
     int64_t rows = k->N * k->H;
-    double t = macs / 1e5;
-    int n = t < 1 ? 1 : t < threads ? (int)t : threads;
-    return n > rows ? (int)rows : n < 1 ? 1 : n;
+    return n > rows ? (rows < 1 ? 1 : (int)rows) : n;
 }
 
 size_t mts_dwsep_scratch(const mts_dwsep *k, int threads)
