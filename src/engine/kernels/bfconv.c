@@ -93,6 +93,23 @@ bool mts_bfconv_ok(const mts_dconv_spec *s)
     return !getenv("MTS_NO_BFCONV") && cpu_ok();
 }
 
+/* The sum of the 3x3 weights w[m][c][r0..r1][q0..q1] (ONNX layout, C input channels); 0 for a
+ * channel past the last (the second half of an odd channel count's last pair). */
+static float tap_sum(const float *w, int64_t C, int m, int64_t c, int r0, int r1, int q0, int q1)
+{
+    if (c >= C) return 0.0f;
+    float sum = -0.0f; /* (-0 + x is x for every x: one tap is its weight, bit for bit) */
+    for (int r = r0; r <= r1; r++)
+        for (int q = q0; q <= q1; q++) sum += w[((m * C + c) * 3 + r) * 3 + q];
+    return sum;
+}
+
+/* Two values as one word of bf16 (to nearest even), the first in the low half. */
+static uint32_t bf16_pair(float lo, float hi)
+{
+    return mts_f32_to_bf16(lo) | (uint32_t)mts_f32_to_bf16(hi) << 16;
+}
+
 int mts_bfconv_create(const mts_dconv_spec *s, mts_bfconv **out, mts_err *err)
 {
     const mts_conv_geom *g = &s->g;
@@ -114,27 +131,18 @@ int mts_bfconv_create(const mts_dconv_spec *s, mts_bfconv **out, mts_err *err)
     static const int lo[2][2] = {{0, 1}, {0, 2}}, hi[2][2] = {{0, 2}, {1, 2}};
     for (int64_t p = 0; p < k->P; p++)
         for (int m = 0; m < BFC_M; m++) {
+            const int64_t c0 = 2 * p, c1 = 2 * p + 1;
             for (int t = 0; t < 9; t++) {
-                uint32_t pair = 0;
-                for (int h = 0; h < 2; h++) {
-                    int64_t c = 2 * p + h;
-                    if (c < k->C) pair |= (uint32_t)mts_f32_to_bf16(s->w[(m * k->C + c) * 9 + t]) << (16 * h);
-                }
-                k->wt[(t * k->P + p) * BFC_M + m] = pair;
+                int r = t / 3, q = t % 3;
+                k->wt[(t * k->P + p) * BFC_M + m] =
+                    bf16_pair(tap_sum(s->w, k->C, m, c0, r, r, q, q), tap_sum(s->w, k->C, m, c1, r, r, q, q));
             }
             for (int ph = 0; k->up && ph < 4; ph++)
                 for (int ab = 0; ab < 4; ab++) {
                     int py = ph / 2, px = ph % 2, a = ab / 2, b = ab % 2;
-                    uint32_t pair = 0;
-                    for (int h = 0; h < 2; h++) {
-                        int64_t c = 2 * p + h;
-                        if (c >= k->C) continue;
-                        float sum = 0;
-                        for (int r = lo[py][a]; r <= hi[py][a]; r++)
-                            for (int q = lo[px][b]; q <= hi[px][b]; q++) sum += s->w[((m * k->C + c) * 3 + r) * 3 + q];
-                        pair |= (uint32_t)mts_f32_to_bf16(sum) << (16 * h);
-                    }
-                    k->wup[((ph * 4 + ab) * k->P + p) * BFC_M + m] = pair;
+                    int r0 = lo[py][a], r1 = hi[py][a], q0 = lo[px][b], q1 = hi[px][b];
+                    k->wup[((ph * 4 + ab) * k->P + p) * BFC_M + m] =
+                        bf16_pair(tap_sum(s->w, k->C, m, c0, r0, r1, q0, q1), tap_sum(s->w, k->C, m, c1, r0, r1, q0, q1));
                 }
         }
     for (int m = 0; m < BFC_M; m++) k->bias[m] = s->b ? s->b[m] : 0.0f;
