@@ -13,6 +13,7 @@
  * the same way at batch 1.
  */
 #include <math.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -1259,6 +1260,83 @@ static void test_bfconv(void **state)
 #undef RND
 }
 
+typedef struct bfc_worker {
+    mts_ctx *c;
+    const mts_tensor *in;
+    const mts_tensor *ref;
+    int mismatches, failures;
+} bfc_worker;
+
+static void *bfc_worker_run(void *arg)
+{
+    bfc_worker *w = arg;
+    for (int rep = 0; rep < 6; rep++) {
+        const mts_tensor *out[1];
+        mts_err err = {0};
+        if (mts_ctx_run(w->c, w->in, 1, out, &err)) {
+            w->failures++;
+            continue;
+        }
+        if (memcmp(out[0]->data, w->ref->data, (size_t)mts_tensor_numel(w->ref) * sizeof(float))) w->mismatches++;
+    }
+    return NULL;
+}
+
+/* Contexts of one bf16 model whose 8-channel convolutions run the kernel (upsampled and plain,
+ * two threads each), run from four threads at once: every run's output equals a lone run's, bit
+ * for bit (the packed weights are shared and read-only, rings and rows are per context). */
+static void test_bfconv_concurrent(void **state)
+{
+    (void)state;
+    graph G;
+    memset(&G, 0, sizeof G);
+    G.seed = 77;
+    io(&G, 11, "x", 4, D(-1, 4, 9, 37));
+    init_f(&G, "w0", 4, D(16, 4, 3, 3), -0.4f, 0.4f);
+    init_f(&G, "w1", 4, D(8, 16, 3, 3), -0.3f, 0.3f);
+    init_f(&G, "w2", 4, D(8, 8, 3, 3), -0.3f, 0.3f);
+    float s22[4] = {1, 1, 2, 2};
+    init_vals(&G, "s22", 1, D(4), 1, s22, sizeof s22);
+    node(&G, "Conv", "x w0", "c0", "pads=ii:1,1,1,1");
+    node(&G, "Relu", "c0", "r0", NULL);
+    node(&G, "Resize", "r0 - s22", "u", "mode=s:nearest");
+    node(&G, "Conv", "u w1", "c1", "pads=ii:1,1,1,1");
+    node(&G, "Relu", "c1", "r1", NULL);
+    node(&G, "Conv", "r1 w2", "y", "pads=ii:1,1,1,1");
+    io(&G, 12, "y", 4, D(-1, 8, 18, 74));
+    mts_load_opts o = {0};
+    o.precision = "bf16";
+    o.max_error = 1.0;
+    int64_t before = mts_bfconv_created();
+    mts_model *m = finish_opts(&G, &o);
+    mts_tensor *in = test_make_inputs(m, 3, 11);
+    mts_err err = {0};
+    enum { NW = 4 };
+    mts_ctx *c[NW + 1];
+    for (int i = 0; i <= NW; i++) assert_int_equal(mts_ctx_create(m, 2, &c[i], &err), 0);
+    const mts_tensor *ref[1];
+    if (mts_ctx_run(c[NW], in, 1, ref, &err)) fail_msg("lone run: %s", err.msg);
+    const char *native = mts_cpu_bf16_native();
+    if (native && !strcmp(native, "avx512_bf16") && !strcmp(mts_model_precision(m)->effective, "bf16") &&
+        mts_bfconv_created() - before < 2)
+        fail_msg("the bf16 convolution kernel did not run (%lld made)", (long long)(mts_bfconv_created() - before));
+    bfc_worker w[NW];
+    pthread_t th[NW];
+    for (int i = 0; i < NW; i++) {
+        w[i] = (bfc_worker){c[i], in, ref[0], 0, 0};
+        assert_int_equal(pthread_create(&th[i], NULL, bfc_worker_run, &w[i]), 0);
+    }
+    for (int i = 0; i < NW; i++) {
+        pthread_join(th[i], NULL);
+        if (w[i].failures || w[i].mismatches)
+            fail_msg("worker %d: %d failed runs, %d outputs unlike the lone run's", i, w[i].failures, w[i].mismatches);
+    }
+    for (int i = 0; i <= NW; i++) mts_ctx_free(c[i]);
+    test_free_inputs(m, in);
+    mts_model_free(m);
+    free(G.g.p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1278,6 +1356,7 @@ int main(void)
         cmocka_unit_test(test_dwsep_random),
         cmocka_unit_test(test_bf16_dwsep),
         cmocka_unit_test(test_bfconv),
+        cmocka_unit_test(test_bfconv_concurrent),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
