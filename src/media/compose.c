@@ -3,13 +3,14 @@
  * crop rectangle, resize the mouth region into a patch, build the composited frame's row
  * pointers (only the rectangle's rows are copied) and encode (JPEG: by re-encoding only the
  * restart intervals around the rectangle onto the frame's cached encoding, jpeg_splice.h).
- * Scratch buffers are allocated once per batch; timings are split into background (cache),
+ * Scratch buffers are taken once per batch from the I/O buffer cache; timings are split into background (cache),
  * composite and encode.
  */
 #include "media/compose.h"
 
 #include "media/jpeg_splice.h"
 #include "util/clock.h"
+#include "util/iobuf.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -70,8 +71,10 @@ int mts_composite_batch(mts_bgcache *c, const float *mouths, int n, int side_w, 
     out->width = W;
     out->height = H;
     const uint8_t **rows = malloc(sizeof *rows * (size_t)H);
-    uint8_t *scratch = malloc((size_t)W * H * 3); /* rectangle rows (at most the frame) */
-    uint8_t *patch = malloc((size_t)W * H * 3);
+    /* rectangle rows (at most the frame) and the resized patch: frame-sized blocks, reused from
+     * the I/O buffer cache batch after batch instead of mapped and faulted in for each */
+    uint8_t *scratch = mts_iobuf_alloc((size_t)W * H * 3);
+    uint8_t *patch = mts_iobuf_alloc((size_t)W * H * 3);
     int rc = MTS_OK;
     if (!rows || !scratch || !patch) rc = mts_err_set(err, MTS_ENOMEM, "out of memory for compositing");
     size_t per = (size_t)3 * side_w * side_h;
@@ -117,8 +120,8 @@ int mts_composite_batch(mts_bgcache *c, const float *mouths, int n, int side_w, 
         mts_bgcache_put(c, f);
     }
     free(rows);
-    free(scratch);
-    free(patch);
+    mts_iobuf_free(scratch);
+    mts_iobuf_free(patch);
     if (rc) mts_composite_out_free(out);
     return rc;
 }

@@ -915,10 +915,10 @@ bool mts_fast_conv_small_ok(const mts_conv_geom *g)
  * [c][ky][kx][m] (an FMA reads one straight from memory). M is a constant after inlining. */
 static inline __attribute__((always_inline)) void sconv_row_m(const float *pad, int64_t PW, int64_t PHW, int64_t C,
                                                               int64_t KH, int64_t KW, const int M, const float *w,
-                                                              const v16f *wv, const float *b, int64_t y, int64_t OW,
-                                                              float *const *out)
+                                                              const v16f *wv, const float *b, int64_t y, int64_t x,
+                                                              int64_t OW, float *const *out)
 {
-    int64_t CKK = C * KH * KW, x = 0;
+    int64_t CKK = C * KH * KW;
     for (; x + 16 <= OW; x += 16) {
         v16f acc[FAST_SCONV_MAX_M];
         for (int m = 0; m < M; m++) acc[m] = splat16(b ? b[m] : 0.0f);
@@ -944,15 +944,63 @@ static inline __attribute__((always_inline)) void sconv_row_m(const float *pad, 
         }
 }
 
+/* The same for kernels three wide, NB blocks of 16 outputs at a time, for x < OW rounded down
+ * to 16 NB; returns where it stopped. One block alone is a chain of C KH 3 dependent FMAs per
+ * output channel (at four cycles each: a quarter of the FMA units busy); NB M independent
+ * accumulators keep them full. Per kernel row the three taps of a block are the vectors at x,
+ * x + 1 and x + 2, made from NB + 1 loads by lane shifts of neighbouring pairs (valignd)
+ * instead of 3 NB loads, two of three of them split across cache lines, and the 3 M broadcast
+ * weights of that row are loaded once for the NB blocks. (Reads up to 14 floats past x + 16 NB
+ * + 1, within the padded row or the band's slack.) */
+static inline __attribute__((always_inline)) int64_t sconv_row3_m(const float *pad, int64_t PW, int64_t PHW,
+                                                                  int64_t C, int64_t KH, const int M, const int NB,
+                                                                  const v16f *wv, const float *b, int64_t y,
+                                                                  int64_t OW, float *const *out)
+{
+    static const v16i sh1 = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+    static const v16i sh2 = {2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17};
+    int64_t x = 0;
+    for (; x + 16 * NB <= OW; x += 16 * NB) {
+        v16f acc[4][FAST_SCONV_MAX_M];
+        for (int q = 0; q < NB; q++)
+            for (int m = 0; m < M; m++) acc[q][m] = splat16(b ? b[m] : 0.0f);
+        const v16f *wp = wv;
+        for (int64_t c = 0; c < C; c++)
+            for (int64_t ky = 0; ky < KH; ky++, wp += 3 * M) {
+                const float *row = pad + c * PHW + (y + ky) * PW + x;
+                v16f wt[3][FAST_SCONV_MAX_M], a[5];
+                for (int t = 0; t < 3; t++)
+                    for (int m = 0; m < M; m++) wt[t][m] = wp[t * M + m];
+                for (int q = 0; q <= NB; q++) a[q] = ld16(row + 16 * q);
+                for (int q = 0; q < NB; q++) {
+                    v16f v1 = __builtin_shuffle(a[q], a[q + 1], sh1), v2 = __builtin_shuffle(a[q], a[q + 1], sh2);
+                    for (int m = 0; m < M; m++) {
+                        acc[q][m] += wt[0][m] * a[q];
+                        acc[q][m] += wt[1][m] * v1;
+                        acc[q][m] += wt[2][m] * v2;
+                    }
+                }
+            }
+        for (int q = 0; q < NB; q++)
+            for (int m = 0; m < M; m++) st16(out[m] + x + 16 * q, acc[q][m]);
+    }
+    return x;
+}
+
 MTS_VEC_CLONES static void sconv_row(const float *pad, int64_t PW, int64_t PHW, int64_t C, int64_t KH, int64_t KW,
                                      int64_t M, const float *w, const v16f *wv, const float *b, int64_t y, int64_t OW,
                                      float *const *out)
 {
+    int64_t x = 0;
+    if (KW == 3 && M == 3) x = sconv_row3_m(pad, PW, PHW, C, KH, 3, 4, wv, b, y, OW, out);
+    else if (KW == 3 && M == 4) x = sconv_row3_m(pad, PW, PHW, C, KH, 4, 3, wv, b, y, OW, out);
+    else if (KW == 3 && M == 2) x = sconv_row3_m(pad, PW, PHW, C, KH, 2, 4, wv, b, y, OW, out);
+    else if (KW == 3 && M == 1) x = sconv_row3_m(pad, PW, PHW, C, KH, 1, 4, wv, b, y, OW, out);
     switch (M) {
-    case 1: sconv_row_m(pad, PW, PHW, C, KH, KW, 1, w, wv, b, y, OW, out); break;
-    case 2: sconv_row_m(pad, PW, PHW, C, KH, KW, 2, w, wv, b, y, OW, out); break;
-    case 3: sconv_row_m(pad, PW, PHW, C, KH, KW, 3, w, wv, b, y, OW, out); break;
-    default: sconv_row_m(pad, PW, PHW, C, KH, KW, 4, w, wv, b, y, OW, out); break;
+    case 1: sconv_row_m(pad, PW, PHW, C, KH, KW, 1, w, wv, b, y, x, OW, out); break;
+    case 2: sconv_row_m(pad, PW, PHW, C, KH, KW, 2, w, wv, b, y, x, OW, out); break;
+    case 3: sconv_row_m(pad, PW, PHW, C, KH, KW, 3, w, wv, b, y, x, OW, out); break;
+    default: sconv_row_m(pad, PW, PHW, C, KH, KW, 4, w, wv, b, y, x, OW, out); break;
     }
 }
 
