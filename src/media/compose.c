@@ -3,8 +3,8 @@
  * crop rectangle, resize the mouth region into a patch, build the composited frame's row
  * pointers (only the rectangle's rows are copied) and encode (JPEG: by re-encoding only the
  * restart intervals around the rectangle onto the frame's cached encoding, jpeg_splice.h).
- * Scratch buffers are taken once per batch from the I/O buffer cache; timings are split into background (cache),
- * composite and encode.
+ * Scratch buffers are taken once per batch from the I/O buffer cache; timings are split into
+ * background (cache), composite and encode.
  */
 #include "media/compose.h"
 

@@ -987,20 +987,26 @@ static inline __attribute__((always_inline)) int64_t sconv_row3_m(const float *p
     return x;
 }
 
+/* A row with M outputs: the three-wide kernel's blocks of NB x 16 first where the kernel is three
+ * wide, the general one for the rest. M and NB are constants after inlining. */
+static inline __attribute__((always_inline)) void sconv_row_mn(const float *pad, int64_t PW, int64_t PHW, int64_t C,
+                                                               int64_t KH, int64_t KW, const int M, const int NB,
+                                                               const float *w, const v16f *wv, const float *b,
+                                                               int64_t y, int64_t OW, float *const *out)
+{
+    int64_t x = KW == 3 ? sconv_row3_m(pad, PW, PHW, C, KH, M, NB, wv, b, y, OW, out) : 0;
+    sconv_row_m(pad, PW, PHW, C, KH, KW, M, w, wv, b, y, x, OW, out);
+}
+
 MTS_VEC_CLONES static void sconv_row(const float *pad, int64_t PW, int64_t PHW, int64_t C, int64_t KH, int64_t KW,
                                      int64_t M, const float *w, const v16f *wv, const float *b, int64_t y, int64_t OW,
                                      float *const *out)
 {
-    int64_t x = 0;
-    if (KW == 3 && M == 3) x = sconv_row3_m(pad, PW, PHW, C, KH, 3, 4, wv, b, y, OW, out);
-    else if (KW == 3 && M == 4) x = sconv_row3_m(pad, PW, PHW, C, KH, 4, 3, wv, b, y, OW, out);
-    else if (KW == 3 && M == 2) x = sconv_row3_m(pad, PW, PHW, C, KH, 2, 4, wv, b, y, OW, out);
-    else if (KW == 3 && M == 1) x = sconv_row3_m(pad, PW, PHW, C, KH, 1, 4, wv, b, y, OW, out);
     switch (M) {
-    case 1: sconv_row_m(pad, PW, PHW, C, KH, KW, 1, w, wv, b, y, x, OW, out); break;
-    case 2: sconv_row_m(pad, PW, PHW, C, KH, KW, 2, w, wv, b, y, x, OW, out); break;
-    case 3: sconv_row_m(pad, PW, PHW, C, KH, KW, 3, w, wv, b, y, x, OW, out); break;
-    default: sconv_row_m(pad, PW, PHW, C, KH, KW, 4, w, wv, b, y, x, OW, out); break;
+    case 1: sconv_row_mn(pad, PW, PHW, C, KH, KW, 1, 4, w, wv, b, y, OW, out); break;
+    case 2: sconv_row_mn(pad, PW, PHW, C, KH, KW, 2, 4, w, wv, b, y, OW, out); break;
+    case 3: sconv_row_mn(pad, PW, PHW, C, KH, KW, 3, 4, w, wv, b, y, OW, out); break;
+    default: sconv_row_mn(pad, PW, PHW, C, KH, KW, 4, 3, w, wv, b, y, OW, out); break;
     }
 }
 
