@@ -35,7 +35,9 @@ the default; 0 leaves it out): a process at the client's priority that wakes LIG
 second and burns the client's measured CPU per request each time, sending nothing. The heavy
 tenant's throughput beside it is what the measuring client alone takes from it on these shared
 cores, and "with light / with stand-in" (the median of the rounds' ratios) what the server's
-handling of the light tenant costs it.
+handling of the light tenant costs it. The stand-in also records how late the OS wakes it
+("stand-in woken late": median of the rounds' p99, and the worst): a floor under the light p99
+that no server can lower, set by the machine's scheduling of the load generators beside it.
 
 Knobs (environment): DURATION (seconds per measured run, default 10), ROUNDS (default 3),
 PROTOCOLS (default "http,grpc"),
@@ -152,21 +154,28 @@ def total(xs):
 def stand_in_cmd(burn_ms):
     """A process standing in for the light tenant's client: LIGHT_RATE wake-ups a second at the
     client's priority, each burning burn_ms of CPU (the client's measured cost per request),
-    sending nothing. Prints {} (run() reads every command's JSON)."""
+    sending nothing. Prints how late it was woken (run() reads every command's JSON)."""
     return (["nice", "-n", str(LIGHT_NICE)] if LIGHT_NICE else []) + \
         [sys.executable, __file__, "--stand-in", str(LIGHT_RATE), f"{burn_ms:.4f}", str(DURATION)]
 
 
 def stand_in(rate, burn_ms, duration):
+    """Also measures how late the OS wakes it (a probe of the machine's scheduling under the
+    heavy load: what any client at this priority sees before it sends anything)."""
     t0 = time.monotonic()
+    lags = []
     for i in range(int(rate * duration)):
-        delay = t0 + i / rate - time.monotonic()
+        due = t0 + i / rate
+        delay = due - time.monotonic()
         if delay > 0:
             time.sleep(delay)
+            lags.append(1e3 * (time.monotonic() - due))
         end = time.thread_time() + burn_ms / 1e3
         while time.thread_time() < end:
             pass
-    print("{}")
+    lags.sort()
+    print(json.dumps({"wake_lag_ms": {"p99": lags[len(lags) * 99 // 100] if lags else 0,
+                                      "max": lags[-1] if lags else 0}}))
 
 
 def light_args():
@@ -275,27 +284,30 @@ def main():
                 client_ms = 1e3 * c_cpu / max(light["requests"], 1)
                 print("| heavy load | light p50 | light p99 | light p99 queued in server | light answered | "
                       "client late starts | heavy alone | heavy with light | ratio | "
-                      + ("heavy beside the client stand-in | with light / with stand-in | " if STANDIN else "")
+                      + ("heavy beside the client stand-in | with light / with stand-in | "
+                         "stand-in woken late, p99 / max | " if STANDIN else "")
                       + "heavy compute/request |")
-                print("|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if STANDIN else ""))
+                print("|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if STANDIN else ""))
                 lat, q = light["latency_ms"], light["server_queue_ms"]
                 print(f"| none | {lat['p50']:.2f} ms | {lat['p99']:.2f} ms | {q['p99']:.2f} ms | "
                       f"{light['ok']}/{light['requests']} | {total([late_starts(light)])} | - | - | - | "
-                      + ("- | - | " if STANDIN else "") + "- |", flush=True)
+                      + ("- | - | - | " if STANDIN else "") + "- |", flush=True)
                 shapes = (("closed loop, concurrency 4", ("--concurrency", 4)),
                           ("closed loop, concurrency 32", ("--concurrency", 32)),
                           (f"open loop, 5x capacity ({5 * cap:.0f}/s)", ("--rate", f"{5 * cap:.2f}",
                                                                        "--max-connections", 256)))
                 for label, hargs in shapes:
                     alone, beside, p50, p99, q99, ok, sent, comp, late = [], [], [], [], [], 0, 0, [], []
-                    stand = []
+                    stand, wake99, wakemax = [], [], []
                     for _ in range(ROUNDS):
                         (h,) = run([bench_cmd(proto, url, grpc, HEAVY, *hargs, "--duration", DURATION)])
                         alone.append(h["throughput_rps"])
                         if STANDIN:
-                            h, _ = run([bench_cmd(proto, url, grpc, HEAVY, *hargs, "--duration", DURATION),
-                                        stand_in_cmd(client_ms)])
+                            h, si = run([bench_cmd(proto, url, grpc, HEAVY, *hargs, "--duration", DURATION),
+                                         stand_in_cmd(client_ms)])
                             stand.append(h["throughput_rps"])
+                            wake99.append(si["wake_lag_ms"]["p99"])
+                            wakemax.append(si["wake_lag_ms"]["max"])
                         h, l = run([bench_cmd(proto, url, grpc, HEAVY, *hargs, "--duration", DURATION),
                                     bench_cmd(proto, url, grpc, LIGHT, *light_args())])
                         beside.append(h["throughput_rps"])
@@ -313,7 +325,8 @@ def main():
                     control = ""
                     if STANDIN:
                         sr = median([y / x for x, y in zip(stand, beside) if x > 0] or [0])
-                        control = f"{median(stand):.2f} req/s | {sr:.3f} | "
+                        control = (f"{median(stand):.2f} req/s | {sr:.3f} | "
+                                   f"{median(wake99):.2f} / {max(wakemax):.1f} ms | ")
                     print(f"| {label} | {median(p50):.2f} ms | {median(p99):.2f} ms | {median(q99):.2f} ms | {ok}/{sent} | {total(late)} | "
                           f"{a:.2f} req/s | {b:.2f} req/s | {ratio:.3f} | {control}{median(comp):.1f} ms |", flush=True)
                 nreq, cores = max(light["requests"], 1), os.cpu_count() * DURATION

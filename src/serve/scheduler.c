@@ -364,7 +364,11 @@ int mts_server_submit(mts_server *s, mts_request *req, int *retry_after_s, mts_e
     } else if (e->cur) {
         bool alone = e->qlen == 1;
         mts__device *d = ready_link(s, e);
-        if (d && !run_inline(s, d, e, req)) req->prompt = wake_one(d, e) && alone;
+        if (d) {
+            if (!run_inline(s, d, e, req)) req->prompt = wake_one(d, e) && alone;
+        } else if (e->in_ready) { /* queued already, a thread woken for it: this one may be sooner */
+            run_inline(s, &s->devs[e->cur->device], e, req);
+        }
     }
     pthread_mutex_unlock(&s->lock);
     return MTS_OK;
@@ -749,12 +753,15 @@ static void worker_buffers_free(mts__worker *w)
 }
 
 /* Short work on the submitting thread. When a request the front end marked run_inline arrives
- * alone at an idle model, and the short-work lane waits and would take its batch at once, the
- * submitting thread (a gRPC polling thread) runs the lane's next batch itself instead of waking
- * the lane: the wake-up and the hand-back were most of what a light request cost the server
- * (docs/server.md). The batch is picked and charged exactly as the lane's (PICK_LANE, the lane's
- * credit and counters); the thread borrows one of MTS__INLINE_MAX worker slots of the device
- * (their gather buffers), and when none is free the lane is woken as usual. */
+ * and the short-work lane would take its model's batch at once, the submitting thread (a gRPC
+ * polling thread) runs the lane's next batch itself instead of waking the lane: the wake-up and
+ * the hand-back were most of what a light request cost the server (docs/server.md). It does so
+ * whether the lane waits or not: a lane that is running, or woken but not yet given a core by
+ * the OS (tens of ms on a loaded VM), would otherwise hold this request and every one queued
+ * behind it, while the submitting thread demonstrably has a core now. The batch is picked and
+ * charged exactly as the lane's (PICK_LANE, the lane's credit and counters); the thread borrows
+ * one of MTS__INLINE_MAX worker slots of the device (their gather buffers), and when none is
+ * free the lane is woken as usual. */
 static mts__worker *inline_get(mts_server *s, mts__device *d)
 {
     if (!d->inline_w) {
@@ -785,8 +792,7 @@ void mts__inline_free(mts__device *d)
  * be answered and gone. */
 static bool run_inline(mts_server *s, mts__device *d, mts__entry *e, mts_request *req)
 {
-    if (!req->run_inline || !s->inline_short || e->qlen != 1 || d->lane_waiting == 0 || !lane_takes(d, e))
-        return false;
+    if (!req->run_inline || !s->inline_short || !lane_takes(d, e)) return false;
     mts__worker *w = inline_get(s, d);
     if (!w) return false;
     req->prompt = true;

@@ -116,8 +116,9 @@ int mts_server_create(const mts_config *cfg, mts_server **out, mts_err *err)
     }
     const char *pre = getenv("MTS_PREEMPT");
     s->preempt = pre && strcmp(pre, "0") != 0;
-    const char *inl = getenv("MTS_INLINE_SHORT");
-    s->inline_short = !(inl && !strcmp(inl, "0"));
+    const char *inl = getenv("MTS_INLINE_SHORT"), *lane = getenv("MTS_SHORT_LANE");
+    /* short work on the submitting thread is the lane's work: off with the lane */
+    s->inline_short = !(inl && !strcmp(inl, "0")) && !(lane && !strcmp(lane, "0"));
     int total_workers = 0;
     for (int d = 0; d < s->n_devs; d++) {
         mts__device *dev = &s->devs[d];

@@ -727,6 +727,27 @@ static void test_light_work_wakes_the_lane(void **state)
            at_return, lane, regular);
     assert_int_equal(lane + regular, 100);
     assert_true(at_return >= 90);
+    /* a run_inline request behind one the lane was just woken for (queued, the lane not yet on
+     * a core): the submitting thread runs the model's batch, both requests, instead of leaving
+     * its own to a lane the OS may not schedule for a long while */
+    int pairs_done = 0;
+    for (int i = 0; i < 50; i++) {
+        call *first = call_new("m00", 1), *second = call_new("m00", 1);
+        second->req.run_inline = true;
+        assert_int_equal(submit(s, first), 0);
+        assert_int_equal(submit(s, second), 0);
+        pthread_mutex_lock(&second->mu);
+        pairs_done += second->done;
+        pthread_mutex_unlock(&second->mu);
+        assert_int_equal(call_wait(first), 0);
+        assert_int_equal(call_wait(second), 0);
+        call_free(first);
+        call_free(second);
+        usleep(5000);
+    }
+    printf("50 run_inline requests behind one queued for the lane: %d answered before submit returned\n",
+           pairs_done);
+    assert_true(pairs_done >= 25);
     mts_server_shutdown(s, 5);
     mts_server_free(s);
     mts_config_free(&cfg);
