@@ -698,8 +698,9 @@ static void test_light_work_wakes_the_lane(void **state)
            "reported prompt\n", lane, regular, prompt);
     assert_int_equal(lane + regular, 100);
     /* a few may go to a worker: a stalled batch raises the model's cost estimate above what the
-     * lane takes for a while. Waking every idle worker sent 11-16 % of them there. */
-    assert_true(regular <= 7);
+     * lane takes for a while (0-2 here, up to 8 seen under ThreadSanitizer). Waking every idle
+     * worker sent 11-16 % of them there. */
+    assert_true(regular <= 9);
     /* each found a waiting thread woken for it (the lane, or an idle worker) */
     assert_true(prompt >= 90);
     /* a burst: the requests after the first find it still queued, so they are not prompt (a
