@@ -145,6 +145,7 @@ typedef struct mts__entry {
     /* fair sharing of the device (scheduler.c): virtual time = CPU ns charged / weight, and the
      * CPU cost of one sample (ns x threads, moving average; 0 until a batch has run) */
     double vtime, cost_per_sample;
+    bool cost_provisional; /* cost_per_sample is from a batch that built a plan or a context */
     bool idle; /* had no queued or running work before its last request: joins at the device's
                 * virtual time when next ready */
     mts__waiter *load_waiters, *unload_waiters;

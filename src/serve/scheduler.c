@@ -101,6 +101,7 @@ enum { PICK_REGULAR, PICK_LANE, PICK_PREEMPT };
 
 /* Moving-average weight of a batch's measured cost per sample. */
 #define COST_ALPHA 0.2
+#define COST_JUMP 4.0 /* the most one batch's per-sample cost counts, against the estimate */
 
 static int64_t thread_cpu_ns(void)
 {
@@ -992,6 +993,11 @@ static int serve_one(mts__worker *w, mts__device *d, int mode, mts__entry *outer
     /* the model can only grow in a batch that may build a plan or a team size's primitives */
     int team_bit = threads < 63 ? threads : 63;
     bool may_grow = plan_reserve || !(v->teams_run & (1ULL << team_bit));
+    /* a batch that builds a plan, a team size's primitives or a context costs more than the
+     * model's batches do: it does not move the cost estimate (once there is one), and an
+     * estimate it set is replaced by the next batch's */
+    bool first_of_kind = !(v->sizes_run & (1ULL << size_bit)) || !(v->teams_run & (1ULL << team_bit)) ||
+                         v->n_ctx_free == 0;
     if (!lane) {
         d->busy_cores += threads;
         d->busy_workers++;
@@ -1051,9 +1057,18 @@ static int serve_one(mts__worker *w, mts__device *d, int mode, mts__entry *outer
     if (hinted) e->hinted_batches++;
     if (n == 1 && reqs[0]->alone) e->alone_batches++;
     if (!rc && skipped > 0) e->padfree_batches++, e->padding_rows_skipped += (uint64_t)skipped;
-    if (!rc && samples > 0) {
-        double per = cost / (double)samples;
-        e->cost_per_sample = e->cost_per_sample > 0 ? e->cost_per_sample + COST_ALPHA * (per - e->cost_per_sample) : per;
+    if (!rc && samples > 0 && !(first_of_kind && e->cost_per_sample > 0)) {
+        /* One sample moves the estimate at most COST_JUMP-fold: a batch that did some rare
+         * extra work, or whose thread a VM stalled (without steal-time accounting a guest
+         * counts that as CPU time), is not what the model costs, and one such sample made a
+         * light model's next batches look long: they went to the regular workers and waited
+         * behind a heavy model's batches (docs/server.md). A real change of cost is followed
+         * within a few batches. */
+        double per = cost / (double)samples, cap = e->cost_per_sample * COST_JUMP;
+        if (e->cost_per_sample > 0 && per > cap && !e->cost_provisional) per = cap;
+        if (e->cost_per_sample <= 0 || e->cost_provisional) e->cost_per_sample = per; /* the first, or the first real one */
+        else e->cost_per_sample += COST_ALPHA * (per - e->cost_per_sample);
+        e->cost_provisional = first_of_kind;
     }
     /* A version replaced during the batch (force_reload) left the device's bytes with what
      * it held then; only the current version's changes move them. */

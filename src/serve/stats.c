@@ -374,6 +374,13 @@ char *mts_server_metrics(mts_server *s, size_t *len)
         outf(&b, "mts_model_memory_bytes{model=\"%s\"} %lld\n", e->cfg->name,
              (long long)(e->cur ? e->cur->base_bytes + e->cur->ctx_bytes : 0));
     }
+    outf(&b, "# HELP mts_model_cost_per_sample_seconds The scheduler's estimate of a sample's engine CPU "
+             "time (what fair sharing charges and the short-work lane goes by).\n"
+             "# TYPE mts_model_cost_per_sample_seconds gauge\n");
+    for (int i = 0; i < s->n_entries; i++)
+        if (s->entries[i].cost_per_sample > 0)
+            outf(&b, "mts_model_cost_per_sample_seconds{model=\"%s\"} %.9g\n", s->entries[i].cfg->name,
+                 s->entries[i].cost_per_sample / 1e9);
     outf(&b, "# HELP mts_model_precision Arithmetic of the resident model (1 per model: precision, requested, "
              "reason).\n# TYPE mts_model_precision gauge\n");
     for (int i = 0; i < s->n_entries; i++) {

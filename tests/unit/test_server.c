@@ -754,6 +754,66 @@ static void test_light_work_wakes_the_lane(void **state)
     mts_config_free(&cfg);
 }
 
+static double cost_estimate(mts_server *s, const char *model)
+{
+    size_t len = 0;
+    char *m = mts_server_metrics(s, &len);
+    assert_non_null(m);
+    char key[128];
+    snprintf(key, sizeof key, "mts_model_cost_per_sample_seconds{model=\"%s\"} ", model);
+    char *p = strstr(m, key);
+    double v = p ? strtod(p + strlen(key), NULL) : -1;
+    free(m);
+    return v;
+}
+
+/* The scheduler's cost estimate, which decides what the short-work lane takes, is not moved
+ * by batches that build a plan for a new batch size (one such batch made a light model look
+ * long: its next requests went to the regular workers, behind a heavy model's batches). */
+static void test_cost_estimate_ignores_plan_builds(void **state)
+{
+    (void)state;
+    mts_config cfg;
+    make_config(&cfg, 1, 4, model_path);
+    mts_server *s;
+    mts_err err = {0};
+    assert_int_equal(mts_server_create(&cfg, &s, &err), 0);
+    /* the first batch builds the model's plan and context: the estimate it sets is replaced by
+     * the second batch's */
+    assert_int_equal(infer_once(s, "m00"), 0);
+    double first = cost_estimate(s, "m00");
+    assert_int_equal(infer_once(s, "m00"), 0);
+    double second = cost_estimate(s, "m00");
+    printf("cost estimate per sample after the first batch %.1f us, after the second %.1f us\n", first * 1e6,
+           second * 1e6);
+    assert_true(first > 0 && second > 0 && second < first / 2);
+    for (int i = 0; i < 30; i++) { /* batches of one sample, the estimate settled */
+        assert_int_equal(infer_once(s, "m00"), 0);
+        usleep(2000);
+    }
+    double before = cost_estimate(s, "m00");
+    assert_true(before > 0);
+    /* batches of sizes 2..4, each the first of its size (a plan built in it) */
+    for (int size = 2; size <= 4; size++) { /* (a call holds at most 4 samples) */
+        call *c = call_new("m00", size);
+        assert_int_equal(submit(s, c), 0);
+        assert_int_equal(call_wait(c), 0);
+        call_free(c);
+    }
+    double after = cost_estimate(s, "m00");
+    printf("cost estimate per sample: %.1f us after 30 single-sample batches, %.1f us after the first "
+           "batches of sizes 2-4\n", before * 1e6, after * 1e6);
+    assert_true(after <= before * 1.0001);
+    /* and ordinary batches still move it */
+    for (int i = 0; i < 5; i++) assert_int_equal(infer_once(s, "m00"), 0);
+    double later = cost_estimate(s, "m00");
+    printf("after 5 more single-sample batches: %.1f us\n", later * 1e6);
+    assert_true(later > 0 && later != after);
+    mts_server_shutdown(s, 5);
+    mts_server_free(s);
+    mts_config_free(&cfg);
+}
+
 static int count_done(call **c, int n)
 {
     int k = 0;
@@ -1113,6 +1173,7 @@ int main(void)
         cmocka_unit_test(test_devices_and_idle_timeout),
         cmocka_unit_test(test_fair_share_by_compute_time),
         cmocka_unit_test(test_light_work_wakes_the_lane),
+        cmocka_unit_test(test_cost_estimate_ignores_plan_builds),
         cmocka_unit_test(test_priorities),
         cmocka_unit_test(test_load_waits_for_busy_model),
         cmocka_unit_test(test_preemption_between_steps),
