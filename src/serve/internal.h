@@ -241,6 +241,7 @@ struct mts_server {
     pthread_cond_t load_cv, idle_cv, janitor_cv;
     bool stopping, stop_workers, stop_all;
     bool preempt; /* MTS_PREEMPT=1: long batches pause between steps for short work (scheduler.c) */
+    bool short_lane;   /* the devices run a short-work lane (MTS_SHORT_LANE=0: not) */
     bool inline_short; /* a request marked run_inline may run on its submitting thread
                         * (MTS_INLINE_SHORT=0: never) */
     int inline_running; /* batches running on submitting threads (shutdown waits for them) */

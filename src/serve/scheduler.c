@@ -37,6 +37,7 @@
  * such batches stay off the short-work lane, which runs one thread), and mts_request.alone keeps
  * it a batch of its own, so the sub-batches a policy split a request into are not merged back.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -840,8 +841,7 @@ void *mts__worker_main(void *arg)
     mts_server *s = w->s;
     mts__device *d = &s->devs[w->device];
     bool lane = w->index == d->workers; /* the short-work lane */
-    const char *lane_env = getenv("MTS_SHORT_LANE");
-    if (lane && lane_env && !strcmp(lane_env, "0")) return NULL; /* off: for comparisons */
+    if (lane && !s->short_lane) return NULL; /* off (MTS_SHORT_LANE=0): for comparisons */
     worker_buffers_alloc(w);
     /* Regular workers (and the intra-op threads they start, which inherit it) run at a lower
      * CPU priority than the front ends, the lane and the loaders: a request arriving while the
@@ -970,7 +970,8 @@ static int serve_one(mts__worker *w, mts__device *d, int mode, mts__entry *outer
     int size_bit = samples < 63 ? (int)samples : 63;
     int64_t plan_reserve = 0;
     mts__version *pre_free = NULL;
-    if (!(v->sizes_run & (1ULL << size_bit))) {
+    bool new_size = !(v->sizes_run & (1ULL << size_bit));
+    if (new_size) {
         if (v->load_transient) {
             v->load_transient = false;
             plan_reserve = v->transient_bytes; /* this batch releases the load's part */
@@ -992,12 +993,12 @@ static int serve_one(mts__worker *w, mts__device *d, int mode, mts__entry *outer
     if (hinted && !lane) threads = reqs[0]->threads < d->cores ? reqs[0]->threads : d->cores;
     /* the model can only grow in a batch that may build a plan or a team size's primitives */
     int team_bit = threads < 63 ? threads : 63;
-    bool may_grow = plan_reserve || !(v->teams_run & (1ULL << team_bit));
+    bool new_team = !(v->teams_run & (1ULL << team_bit));
+    bool may_grow = plan_reserve || new_team;
     /* a batch that builds a plan, a team size's primitives or a context costs more than the
      * model's batches do: it does not move the cost estimate (once there is one), and an
      * estimate it set is replaced by the next batch's */
-    bool first_of_kind = !(v->sizes_run & (1ULL << size_bit)) || !(v->teams_run & (1ULL << team_bit)) ||
-                         v->n_ctx_free == 0;
+    bool first_of_kind = new_size || new_team || v->n_ctx_free == 0;
     if (!lane) {
         d->busy_cores += threads;
         d->busy_workers++;
@@ -1064,10 +1065,9 @@ static int serve_one(mts__worker *w, mts__device *d, int mode, mts__entry *outer
          * light model's next batches look long: they went to the regular workers and waited
          * behind a heavy model's batches (docs/server.md). A real change of cost is followed
          * within a few batches. */
-        double per = cost / (double)samples, cap = e->cost_per_sample * COST_JUMP;
-        if (e->cost_per_sample > 0 && per > cap && !e->cost_provisional) per = cap;
+        double per = cost / (double)samples;
         if (e->cost_per_sample <= 0 || e->cost_provisional) e->cost_per_sample = per; /* the first, or the first real one */
-        else e->cost_per_sample += COST_ALPHA * (per - e->cost_per_sample);
+        else e->cost_per_sample += COST_ALPHA * (fmin(per, COST_JUMP * e->cost_per_sample) - e->cost_per_sample);
         e->cost_provisional = first_of_kind;
     }
     /* A version replaced during the batch (force_reload) left the device's bytes with what

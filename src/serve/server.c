@@ -117,8 +117,9 @@ int mts_server_create(const mts_config *cfg, mts_server **out, mts_err *err)
     const char *pre = getenv("MTS_PREEMPT");
     s->preempt = pre && strcmp(pre, "0") != 0;
     const char *inl = getenv("MTS_INLINE_SHORT"), *lane = getenv("MTS_SHORT_LANE");
+    s->short_lane = !(lane && !strcmp(lane, "0"));
     /* short work on the submitting thread is the lane's work: off with the lane */
-    s->inline_short = !(inl && !strcmp(inl, "0")) && !(lane && !strcmp(lane, "0"));
+    s->inline_short = !(inl && !strcmp(inl, "0")) && s->short_lane;
     int total_workers = 0;
     for (int d = 0; d < s->n_devs; d++) {
         mts__device *dev = &s->devs[d];
