@@ -46,7 +46,8 @@ the scheduler comparison below), MTSERVE (binary, default build/mtserve); MTS_SH
 server without its short-work lane (fair sharing alone), MTS_PREEMPT=1 with preemption between
 engine steps. PARTS=modes compares the ways of bounding the light tenant's wait side by side
 (MODES, default "lane,preempt,none"; also "lane+preempt", and "nice0" / "nice10": the regular
-workers at nice 0 or 10, MTS_WORKER_NICE): one server per mode, the light tenant beside the heavy
+workers at nice 0 or 10, MTS_WORKER_NICE; "noinline": short work never run on the thread that
+read the request, MTS_INLINE_SHORT=0): one server per mode, the light tenant beside the heavy
 one at concurrency 4 and 32 and an open-loop flood of FLOOD_RATE/s (default 230, about 5x the
 heavy capacity), rounds interleaved across the servers.
 """
@@ -208,7 +209,8 @@ def two_heavy(url, grpc):
 # server environment per mode.
 MODES = {"lane": {}, "preempt": {"MTS_SHORT_LANE": "0", "MTS_PREEMPT": "1"},
          "lane+preempt": {"MTS_PREEMPT": "1"}, "none": {"MTS_SHORT_LANE": "0"},
-         "nice0": {"MTS_WORKER_NICE": "0"}, "nice10": {"MTS_WORKER_NICE": "10"}}
+         "nice0": {"MTS_WORKER_NICE": "0"}, "nice10": {"MTS_WORKER_NICE": "10"},
+         "noinline": {"MTS_INLINE_SHORT": "0"}}
 FLOOD_RATE = float(os.environ.get("FLOOD_RATE", "230"))  # the open-loop row of PARTS=modes
 
 
@@ -218,7 +220,7 @@ def modes(tmp):
     names = [m for m in os.environ.get("MODES", "lane,preempt,none").split(",") if m]
     servers = {m: start_server(tmp, MODES[m]) for m in names}
     try:
-        for proto in ("http", "grpc"):
+        for proto in PROTOCOLS:
             for m in names:
                 _, url, grpc = servers[m]
                 run([bench_cmd(proto, url, grpc, HEAVY, "--concurrency", 8, "--duration", 3),

@@ -523,6 +523,9 @@ static void handle_infer(mts_server *srv, mts_http_conn *c, mts_http_req *hr, co
     snprintf(ic->model, sizeof ic->model, "%s", model);
     ic->req.model = ic->model;
     ic->req.done = infer_done;
+    /* this I/O thread may run a short batch itself (scheduler.c): the answer then comes back
+     * inside the handler and goes out when it returns (http.c, inline responses) */
+    ic->req.run_inline = true;
     char msg[512];
     int rc = parse_infer(ic, hr, msg, sizeof msg);
     if (rc) {

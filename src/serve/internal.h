@@ -201,11 +201,13 @@ typedef struct mts__device {
     struct mts__worker *inline_w; /* MTS__INLINE_MAX workers for short work run by the
                                    * submitting thread (scheduler.c), allocated on first use */
     bool inline_busy[MTS__INLINE_MAX];
+    uint64_t inline_batches;      /* batches run that way (also counted as the lane's) */
 } mts__device;
 
 typedef struct mts__worker {
     struct mts_server *s;
     int device, index; /* index within the device; index == workers: the short-work lane */
+    bool borrowed;     /* a slot for short work on the submitting thread (scheduler.c) */
     /* batch gather buffers, one per input, and batch bookkeeping: [0] for the worker's own
      * batch, [1] for short work it runs while that batch is paused (preemption) */
     void *scratch[2][MTS_REQ_MAX_TENSORS];

@@ -771,7 +771,7 @@ static mts__worker *inline_get(mts_server *s, mts__device *d)
         if (!d->inline_w) return NULL;
         for (int i = 0; i < MTS__INLINE_MAX; i++) {
             mts__worker *w = &d->inline_w[i];
-            *w = (mts__worker){.s = s, .device = d->id, .index = d->workers}; /* the lane's counters */
+            *w = (mts__worker){.s = s, .device = d->id, .index = d->workers, .borrowed = true}; /* the lane's counters */
             worker_buffers_alloc(w);
         }
     }
@@ -1046,6 +1046,7 @@ static int serve_one(mts__worker *w, mts__device *d, int mode, mts__entry *outer
         d->busy_workers--;
     }
     d->w_batches[w->index]++;
+    if (w->borrowed) d->inline_batches++;
     d->w_busy_ns[w->index] += t_end - t_start;
     /* CPU time, not wall time: a batch that waited for a core (the OS shares them with the
      * short-work lane, the front ends and other processes) did not cost more. A team's other

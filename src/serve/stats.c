@@ -455,6 +455,10 @@ char *mts_server_metrics(mts_server *s, size_t *len)
         for (int w = 0; w <= s->devs[d].workers; w++)
             outf(&b, "mts_worker_batches_total{device=\"cpu:%d\",worker=\"%s\"} %llu\n", d,
                  worker_label(s, d, w, wl, sizeof wl), (unsigned long long)s->devs[d].w_batches[w]);
+    outf(&b, "# HELP mts_inline_batches_total Short-work batches run by the front-end thread that read "
+             "the request (also counted under worker=\"short\").\n# TYPE mts_inline_batches_total counter\n");
+    for (int d = 0; d < s->n_devs; d++)
+        outf(&b, "mts_inline_batches_total{device=\"cpu:%d\"} %llu\n", d, (unsigned long long)s->devs[d].inline_batches);
     outf(&b, "# HELP mts_resident_models Models resident (loading, ready or draining).\n# TYPE mts_resident_models gauge\n"
              "mts_resident_models %d\n",
          s->resident);

@@ -128,6 +128,47 @@ def test_triton_metrics_move_with_traffic(start_server, ks):
         metric(samples, "mts_device_memory_bytes", device="cpu:0")
 
 
+
+@pytest.mark.parametrize("inline", [True, False])
+def test_short_work_runs_on_the_thread_that_read_it(start_server, ks, monkeypatch, inline):
+    """A light model's requests, over HTTP and over gRPC, run on the front-end thread that read
+    them (mts_inline_batches_total counts them, and they are the lane's batches); with
+    MTS_INLINE_SHORT=0 the short-work lane's own thread runs them instead."""
+    pb, pbg = ks
+    if not inline:
+        monkeypatch.setenv("MTS_INLINE_SHORT", "0")
+    srv = start_server({"tiny": TINY})
+    rng = np.random.default_rng(3)
+    x = lambda: rng.standard_normal((1, 16)).astype(np.float32)
+
+    def counts():
+        samples, types = parse_metrics(srv.metrics())
+        assert types["mts_inline_batches_total"] == "counter"
+        return (metric(samples, "mts_inline_batches_total", device="cpu:0"),
+                metric(samples, "mts_worker_batches_total", device="cpu:0", worker="short"))
+
+    # the first batches build plans and set the cost estimate that makes tiny short work
+    for _ in range(3):
+        assert srv.infer("tiny", {"inputs": [json_input("x", x())]}).status_code == 200
+    ch, stub = grpc_stub(srv, pbg)
+    with ch:
+        grpc_infer(pb, stub, "tiny", x())
+        inl0, short0 = counts()
+        for _ in range(20):
+            r = srv.http.post(f"{srv.url}/v2/models/tiny/infer", json={"inputs": [json_input("x", x())]}, timeout=30)
+            assert r.status_code == 200, r.text
+        inl1, short1 = counts()
+        for _ in range(20):
+            grpc_infer(pb, stub, "tiny", x())
+        inl2, short2 = counts()
+    if inline:
+        # sequential requests on an idle server: every one is a batch of its own, run inline
+        assert inl1 - inl0 >= 18 and inl2 - inl1 >= 18, (inl0, inl1, inl2)
+        assert short2 - short0 >= inl2 - inl0  # counted as the lane's too
+    else:
+        assert inl2 == 0
+        assert short1 - short0 >= 18 and short2 - short1 >= 18, (short0, short1, short2)
+
 def test_max_batch_size_enforced(start_server, ks, tmp_path):
     import grpc
     pb, pbg = ks

@@ -10,7 +10,8 @@ from outside that the server survived it: still running, ready, no crash trace o
 report on stderr, every bench request answered with success, a clean exit on SIGTERM. It also
 checks from the model's batch statistics that batches of several different sizes really ran, so
 a passing run provably exercised plan switches between batch sizes while other batches were in
-flight.
+flight. Then a light model (tiny) runs at concurrency 8 over both front ends, whose batches the
+front ends' own threads run (short work), and the test checks that they did.
 
 MTS_BATCHING_SECONDS sets the length of each bench phase (default 4 s).
 """
@@ -73,5 +74,20 @@ def test_mobilenetv3_default_batching_survives_concurrency_8_http_then_grpc(star
         # The server counted every request the bench saw answered (plus the warm-up ones: none
         # went to mobilenetv3).
         assert st["inference_count"] >= ok_total, (st["inference_count"], ok_total)
+
+    # A light model at concurrency 8: its batches are short work, run by the front ends' own
+    # threads (HTTP I/O threads, gRPC pollers) several at a time, beside the lane.
+    def inline_batches():
+        return sum(v for n, _, v in srv.metrics() if n == "mts_inline_batches_total")
+
+    for transport in ("http", "grpc"):
+        before = inline_batches()
+        b = Bench(srv, transport, ["tiny"], 8, PHASE_S / 2)
+        rc, summary, err = b.result()
+        summary = check_bench(srv, rc, summary, err, b.cmd)
+        assert summary["errors"] == 0, summary["errors_by_code"]
+        ran = inline_batches() - before
+        print(f"{transport}: tiny {summary['ok']} requests, {ran:.0f} batches run inline")
+        assert ran > 0, f"{transport}: no tiny batch ran on a front-end thread"
 
     srv.assert_clean_exit()
