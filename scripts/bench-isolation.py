@@ -12,7 +12,11 @@ default config). For each protocol (HTTP, gRPC) it measures, with `mtserve bench
 
 Each heavy load runs ROUNDS times alone and ROUNDS times with the light tenant beside it,
 interleaved (timings drift on this shared machine); a row prints medians: the light tenant's p50,
-p99, p99 of its time queued in the server, answered/sent, and the heavy tenant's throughput alone
+p99, p99 measured from the moment the client actually sent (without the client's own late
+starts), p99 of the server's end-to-end time (from the request read to the answer handed back, a
+bucket bound of the server's mts_request_duration_seconds histogram: what lies between this and
+the client's figure is spent in the kernels' delivery of the bytes and in the threads' wake-ups),
+p99 of its time queued in the server, answered/sent, and the heavy tenant's throughput alone
 and beside the light one with their ratio (the median of the rounds' ratios: what the heavy
 tenant lost for the light one). The heavy model's batch
 engine time (the server's mean compute per request at the heavy load) is printed beside it: the
@@ -139,6 +143,31 @@ def proc_cpu_s(pid):
 def children_cpu_s():
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return r.ru_utime + r.ru_stime
+
+
+def duration_buckets(url, model):
+    """The server's end-to-end request-duration histogram of one model (/metrics): {le: count}."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    pat = re.compile(r'mts_request_duration_seconds_bucket\{model="%s",le="([^"]+)"\} (\S+)' % re.escape(model))
+    return {m.group(1): float(m.group(2)) for m in pat.finditer(text)}
+
+
+def server_p99(before, after):
+    """The upper bound (ms) of the bucket holding the 99th percentile of the requests counted
+    between two duration_buckets readings; None without any."""
+    d = {k: v - before.get(k, 0) for k, v in after.items()}
+    n = d.get("+Inf", 0)
+    if n <= 0:
+        return None
+    for le in sorted((k for k in d if k != "+Inf"), key=float):
+        if d[le] >= 0.99 * n:
+            return 1e3 * float(le)
+    return float("inf")
+
+
+def fmt_bound(ms):
+    return "-" if ms is None else f"<= {ms:g} ms"
 
 
 def late_starts(summary):
@@ -281,17 +310,21 @@ def main():
                       f"{LIGHT} at {LIGHT_RATE:.0f}/s (open loop). Medians of {ROUNDS} rounds; each round runs the heavy "
                       f"load alone and with the light tenant beside it, back to back.\n")
                 s0, c0 = proc_cpu_s(server.pid), children_cpu_s()
+                hb = duration_buckets(url, LIGHT)
                 (light,) = run([bench_cmd(proto, url, grpc, LIGHT, *light_args())])
+                srv0 = server_p99(hb, duration_buckets(url, LIGHT))
                 s_cpu, c_cpu = proc_cpu_s(server.pid) - s0, children_cpu_s() - c0
                 client_ms = 1e3 * c_cpu / max(light["requests"], 1)
-                print("| heavy load | light p50 | light p99 | light p99 queued in server | light answered | "
+                print("| heavy load | light p50 | light p99 | light p99 from the send | light p99 in the server "
+                      "(read to answer) | light p99 queued in server | light answered | "
                       "client late starts | heavy alone | heavy with light | ratio | "
                       + ("heavy beside the client stand-in | with light / with stand-in | "
                          "stand-in woken late, p99 / max | " if STANDIN else "")
                       + "heavy compute/request |")
-                print("|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if STANDIN else ""))
+                print("|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if STANDIN else ""))
                 lat, q = light["latency_ms"], light["server_queue_ms"]
-                print(f"| none | {lat['p50']:.2f} ms | {lat['p99']:.2f} ms | {q['p99']:.2f} ms | "
+                print(f"| none | {lat['p50']:.2f} ms | {lat['p99']:.2f} ms | "
+                      f"{light['latency_from_send_ms']['p99']:.2f} ms | {fmt_bound(srv0)} | {q['p99']:.2f} ms | "
                       f"{light['ok']}/{light['requests']} | {total([late_starts(light)])} | - | - | - | "
                       + ("- | - | - | " if STANDIN else "") + "- |", flush=True)
                 shapes = (("closed loop, concurrency 4", ("--concurrency", 4)),
@@ -300,6 +333,7 @@ def main():
                                                                        "--max-connections", 256)))
                 for label, hargs in shapes:
                     alone, beside, p50, p99, q99, ok, sent, comp, late = [], [], [], [], [], 0, 0, [], []
+                    sent99, srv99 = [], []
                     stand, wake99, wakemax = [], [], []
                     for _ in range(ROUNDS):
                         (h,) = run([bench_cmd(proto, url, grpc, HEAVY, *hargs, "--duration", DURATION)])
@@ -310,8 +344,11 @@ def main():
                             stand.append(h["throughput_rps"])
                             wake99.append(si["wake_lag_ms"]["p99"])
                             wakemax.append(si["wake_lag_ms"]["max"])
+                        hb = duration_buckets(url, LIGHT)
                         h, l = run([bench_cmd(proto, url, grpc, HEAVY, *hargs, "--duration", DURATION),
                                     bench_cmd(proto, url, grpc, LIGHT, *light_args())])
+                        srv99.append(server_p99(hb, duration_buckets(url, LIGHT)))
+                        sent99.append(l["latency_from_send_ms"]["p99"])
                         beside.append(h["throughput_rps"])
                         comp.append(h["server_compute_ms"]["mean"])
                         p50.append(l["latency_ms"]["p50"])
@@ -329,7 +366,9 @@ def main():
                         sr = median([y / x for x, y in zip(stand, beside) if x > 0] or [0])
                         control = (f"{median(stand):.2f} req/s | {sr:.3f} | "
                                    f"{median(wake99):.2f} / {max(wakemax):.1f} ms | ")
-                    print(f"| {label} | {median(p50):.2f} ms | {median(p99):.2f} ms | {median(q99):.2f} ms | {ok}/{sent} | {total(late)} | "
+                    srv = None if None in srv99 else median(srv99)
+                    print(f"| {label} | {median(p50):.2f} ms | {median(p99):.2f} ms | {median(sent99):.2f} ms | "
+                          f"{fmt_bound(srv)} | {median(q99):.2f} ms | {ok}/{sent} | {total(late)} | "
                           f"{a:.2f} req/s | {b:.2f} req/s | {ratio:.3f} | {control}{median(comp):.1f} ms |", flush=True)
                 nreq, cores = max(light["requests"], 1), os.cpu_count() * DURATION
                 print(f"\nThe light tenant alone cost the server {1e3 * s_cpu / nreq:.3f} ms of CPU per request "

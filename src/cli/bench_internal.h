@@ -97,6 +97,7 @@ typedef struct bench_agg {
     uint64_t requests, ok, errors;
     mts_bench_codes codes;
     mts_bench_hist lat, lat_warm, lat_cold, server_queue, server_compute;
+    mts_bench_hist lat_sent; /* open loop and users: from the actual send, without the start lag */
     uint64_t n_warm, n_cold, probe_failed;
     uint64_t frames, on_time, late, failed;
     /* lip-sync replies: server times per request, frames and payload bytes received */

@@ -97,6 +97,7 @@ void mts_bench_json_run(mts_jw *w, const bench_run *r, const bench_model *models
     mts_jw_key(w, "samples_per_s");
     mts_jw_double(w, win > 0 ? (double)a->ok * (double)o->batch / win : 0);
     mts_bench_json_latency(w, "latency_ms", &a->lat);
+    if (a->lat_sent.count) mts_bench_json_latency(w, "latency_from_send_ms", &a->lat_sent);
     if (a->server_queue.count) mts_bench_json_latency(w, "server_queue_ms", &a->server_queue);
     if (a->server_compute.count) mts_bench_json_latency(w, "server_compute_ms", &a->server_compute);
     if (o->lipsync) {
@@ -212,6 +213,7 @@ void mts_bench_text_run(const bench_run *r, const bench_model *models)
            (unsigned long long)a->requests, win, (unsigned long long)a->ok, (unsigned long long)a->errors,
            win > 0 ? (double)a->ok / win : 0, win > 0 ? (double)a->ok * (double)o->batch / win : 0);
     print_latency("latency", &a->lat);
+    if (a->lat_sent.count) print_latency("from send", &a->lat_sent);
     if (a->server_queue.count) print_latency("server queue", &a->server_queue);
     if (a->server_compute.count) print_latency(o->lipsync ? "server infer" : "server comp.", &a->server_compute);
     if (o->lipsync) {

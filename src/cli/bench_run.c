@@ -182,7 +182,8 @@ static void note_lag(bench_run *r, double lag, bool measured)
 
 /* Counts one response. Returns true when the request reached no server and the last
  * LOST_STREAK did not either: the client should pause before its next request. */
-static bool record(bench_run *r, const job *j, const mts_bench_result *res, double latency_ms, int cold)
+static bool record(bench_run *r, const job *j, const mts_bench_result *res, double latency_ms, double sent_ms,
+                   int cold)
 {
     bool ok = res->status >= 200 && res->status < 300;
     char key[24];
@@ -220,6 +221,7 @@ static bool record(bench_run *r, const job *j, const mts_bench_result *res, doub
             a->ok++;
             m->ok++;
             mts_bench_hist_add(&a->lat, us);
+            if (r->mode != MODE_CLOSED) mts_bench_hist_add(&a->lat_sent, sent_ms * 1e3);
             if (!m->lat && (m->lat = malloc(sizeof *m->lat))) mts_bench_hist_init(m->lat);
             if (m->lat) mts_bench_hist_add(m->lat, us);
             if (cold == 1) {
@@ -286,8 +288,10 @@ static void *worker_main(void *arg)
         double start = r->mode == MODE_CLOSED ? mts_bench_now_ms() : j.intended + probe_ms;
         mts_bench_result res;
         const void *prepared = j.frames != r->o->frames_per_request && m->prepared_tail ? m->prepared_tail : m->prepared;
+        double sent = mts_bench_now_ms();
         r->tp->infer(conn, prepared, j.start_frame, r->o->timeout_ms, &res);
-        if (record(r, &j, &res, mts_bench_now_ms() - start, cold))
+        double end = mts_bench_now_ms();
+        if (record(r, &j, &res, end - start, end - sent, cold))
             mts_bench_sleep_until(mts_bench_now_ms() + LOST_PAUSE_MS);
     }
     r->tp->close(conn);
@@ -332,6 +336,7 @@ int mts_bench_run_load(bench_run *r, int mode, int n_users, int initial_threads)
     mts_bench_hist_init(&r->a.lat_warm);
     mts_bench_hist_init(&r->a.lat_cold);
     mts_bench_hist_init(&r->a.server_queue);
+    mts_bench_hist_init(&r->a.lat_sent);
     mts_bench_hist_init(&r->a.server_compute);
     mts_bench_hist_init(&r->a.server_composite);
     mts_bench_hist_init(&r->a.server_encode);

@@ -8,7 +8,9 @@
  *                counts from the intended send time, so a slow server cannot hide its queueing
  *                by slowing the client down (no coordinated omission). A pool of connections
  *                grows up to --max-connections when no connection is free at a scheduled time;
- *                the report says how often that happened and whether the pool was exhausted;
+ *                the report says how often that happened and whether the pool was exhausted,
+ *                and gives the latency from the actual send beside it ("from send",
+ *                latency_from_send_ms: what the client's own late starts added is the difference);
  *   users        --users N conversational users, each cycling speaking (one frame every
  *                1/--fps s for --speak-s), listening (--listen-s) and waiting (--wait-s), with
  *                phases offset evenly across users; each frame has a deadline

@@ -52,6 +52,7 @@ def test_closed_loop(serve, bench):
     assert {m["model"] for m in j["per_model"]} == {"tiny", "tiny2"}
     assert all(m["requests"] > 0 for m in j["per_model"])  # uniform popularity reaches both
     assert j["server"]["available"]
+    assert "latency_from_send_ms" not in j  # a closed loop sends when it means to
 
 
 def test_closed_loop_request_bound_and_zipf(serve, bench):
@@ -91,6 +92,9 @@ def test_open_loop_pool_exhaustion_reported(serve, bench):
     assert j["pool"]["exhausted"] is True and j["pool"]["exhausted_starts"] > 0
     assert j["requests"] == 20000
     assert j["latency_ms"]["max"] > 50  # the backlog shows: the last ones waited for their turn
+    # ... and from the actual send each is one quick round trip: the backlog is the client's
+    sent = j["latency_from_send_ms"]
+    assert sent["max"] <= j["latency_ms"]["max"] and sent["p50"] < j["latency_ms"]["p50"] / 10, (sent, j["latency_ms"])
 
 
 def test_users(serve, bench):
