@@ -14,7 +14,8 @@
  * (req_start), so the buffer can be compacted or reallocated while a request head or body is
  * still arriving. A complete request is dispatched with pointers into the buffer and nothing more
  * is read until it is answered (at most one request in flight). Chunked bodies are decoded in
- * place. Output is a list of chunks (a formatted head with an optional copied body, plus optional
+ * place; a gzip or deflate body (Content-Encoding) is then inflated into a buffer of its own,
+ * bounded by max_body as it grows, which lives until the answer is dequeued. Output is a list of chunks (a formatted head with an optional copied body, plus optional
  * application-owned pieces) written with sendmsg(MSG_NOSIGNAL) and gathered iovecs.
  *
  * Lifetime: a connection's memory is freed only on its I/O thread and only when its socket is
@@ -28,6 +29,7 @@
 #include "util/iobuf.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <linux/filter.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -46,6 +48,7 @@
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #define OUT_HIGH_WATER (64 * 1024) /* stop parsing pipelined requests above this much output */
 #define RBUF_INIT 4096
@@ -65,6 +68,8 @@
 enum { P_MORE, P_READY, P_ERROR };
 enum { RS_HEAD, RS_BODY_CL, RS_BODY_CHUNKED, RS_READY, RS_PENDING, RS_CLOSING, RS_LINGER };
 enum { CH_SIZE, CH_DATA, CH_DATA_END, CH_TRAILER };
+enum { ENC_IDENTITY, ENC_GZIP, ENC_DEFLATE }; /* request Content-Encoding */
+#define INFLATE_FIRST (256 * 1024) /* first size of a decoded body's buffer (it doubles as needed) */
 
 typedef struct io_thread io_thread;
 
@@ -94,6 +99,11 @@ struct mts_http_conn {
     bool in_cb;                 /* inside handler/on_cancel: answers are taken inline */
     bool cancelled, peer_eof, rdhup, drained;
     bool served;                /* has dispatched a request (a fresh connection has not) */
+    int encoding;               /* the request body's Content-Encoding (ENC_*) */
+    size_t align_at;            /* body offset the application wants 64-byte aligned, or SIZE_MAX */
+    char *inflated;             /* the decoded body of a compressed request (an I/O buffer), until
+                                 * its answer is dequeued */
+    size_t inflated_off, inflated_len;
     bool keep_alive, is_head, http10, chunked, expect_continue, path_root;
     atomic_int responded;
     out_chunk *inline_resp;
@@ -372,6 +382,7 @@ static size_t avail_bytes(const mts_http_conn *c)
 
 static void conn_free(mts_http_conn *c)
 {
+    mts_iobuf_free(c->inflated);
     while (c->out_head) {
         out_chunk *ch = c->out_head;
         c->out_head = ch->next;
@@ -571,6 +582,11 @@ static int http_error(mts_http_conn *c, int status, const char *fmt, ...)
 
 static void reset_request(mts_http_conn *c)
 {
+    mts_iobuf_free(c->inflated);
+    c->inflated = NULL;
+    c->inflated_off = c->inflated_len = 0;
+    c->encoding = ENC_IDENTITY;
+    c->align_at = SIZE_MAX;
     c->state = RS_HEAD;
     c->scan = c->line_start = c->head_end = c->body_start = c->body_len = 0;
     c->content_length = c->req_end = c->cpos = c->chunk_left = c->trailer_start = 0;
@@ -899,6 +915,14 @@ static int parse_head(mts_http_conn *c)
             while (k < vlen && val[k] >= '0' && val[k] <= '9' && x < ((size_t)1 << 40))
                 x = x * 10 + (size_t)(val[k++] - '0');
             if (k == vlen && k > 0) align_at = x; /* else the application reports the bad value */
+        } else if (ieq(ls, nl_, "content-encoding")) {
+            if (c->encoding != ENC_IDENTITY)
+                return http_error(c, 415, "more than one Content-Encoding; one of gzip, deflate or identity is supported");
+            if (ieq(val, vlen, "gzip") || ieq(val, vlen, "x-gzip")) c->encoding = ENC_GZIP;
+            else if (ieq(val, vlen, "deflate")) c->encoding = ENC_DEFLATE;
+            else if (!ieq(val, vlen, "identity"))
+                return http_error(c, 415, "unsupported Content-Encoding \"%.60s\" (gzip, deflate and identity are "
+                                          "supported)", val);
         } else if (ieq(ls, nl_, "expect")) {
             if (!ieq(val, vlen, "100-continue"))
                 return http_error(c, 417, "unsupported Expect value \"%.60s\"", val);
@@ -914,6 +938,7 @@ static int parse_head(mts_http_conn *c)
         c->chunked = true;
     }
     c->keep_alive = c->http10 ? (conn_ka && !conn_close) : !conn_close;
+    c->align_at = align_at;
 
     size_t need_more_body = 0;
     if (c->chunked) {
@@ -930,7 +955,9 @@ static int parse_head(mts_http_conn *c)
         c->body_start = end;
         c->content_length = cl;
         need_more_body = avail_bytes(c) - end < cl;
-        if (!rbuf_place(c, end + cl, align_at <= cl ? end + align_at : SIZE_MAX)) {
+        /* a compressed body is decoded into a buffer of its own, aligned there */
+        bool align = align_at <= cl && c->encoding == ENC_IDENTITY;
+        if (!rbuf_place(c, end + cl, align ? end + align_at : SIZE_MAX)) {
             conn_abort(c);
             return P_ERROR;
         }
@@ -1115,6 +1142,95 @@ static int parse(mts_http_conn *c)
     }
 }
 
+/* Decodes the complete body of a request sent with Content-Encoding gzip or deflate into
+ * c->inflated (an I/O buffer, placed so that the application's aligned offset lands on 64
+ * bytes), at most max_body bytes of it: a small body that inflates past the limit is refused
+ * (413) before it is all decoded. "deflate" is the zlib format (RFC 9110); a raw deflate stream,
+ * which some clients send under that name, is accepted too. Returns P_READY, or P_ERROR with the
+ * error response queued (the connection closes after it). */
+static int inflate_body(mts_http_conn *c)
+{
+    const mts_http_server *srv = c->io->srv;
+    const unsigned char *in = (const unsigned char *)c->rbuf + c->req_start + c->body_start;
+    size_t in_len = c->body_len;
+    const char *name = c->encoding == ENC_GZIP ? "gzip" : "deflate";
+    for (int attempt = 0; attempt < 2; attempt++) {
+        /* gzip: a gzip header; deflate: a zlib header, else (second try) raw deflate */
+        int wbits = c->encoding == ENC_GZIP ? 16 + MAX_WBITS : attempt == 0 ? MAX_WBITS : -MAX_WBITS;
+        z_stream z;
+        memset(&z, 0, sizeof z);
+        if (inflateInit2(&z, wbits) != Z_OK) {
+            conn_abort(c);
+            return P_ERROR;
+        }
+        size_t lead = c->align_at == SIZE_MAX ? 0 : (64 - c->align_at % 64) % 64;
+        size_t cap = INFLATE_FIRST, len = 0;
+        char *buf = NULL;
+        int zr = Z_OK;
+        z.next_in = (unsigned char *)in;
+        while (zr != Z_STREAM_END) {
+            if (!buf || lead + len == cap) {
+                if (buf && len >= srv->o.max_body + 1) break; /* past the limit */
+                size_t ncap = buf ? cap * 2 : cap;
+                if (ncap > lead + srv->o.max_body + 1) ncap = lead + srv->o.max_body + 1; /* > lead + len */
+                char *nb = mts_iobuf_alloc(ncap);
+                if (!nb) {
+                    inflateEnd(&z);
+                    mts_iobuf_free(buf);
+                    conn_abort(c);
+                    return P_ERROR;
+                }
+                if (buf) memcpy(nb + lead, buf + lead, len);
+                mts_iobuf_free(buf);
+                buf = nb;
+                cap = mts_iobuf_capacity(nb);
+            }
+            size_t room = cap - lead - len, limit_room = srv->o.max_body + 1 - len;
+            if (room > limit_room) room = limit_room;
+            if (room > UINT_MAX) room = UINT_MAX;
+            size_t in_left = in_len - (size_t)(z.next_in - in);
+            z.avail_in = in_left > UINT_MAX ? UINT_MAX : (unsigned)in_left;
+            z.next_out = (unsigned char *)buf + lead + len;
+            z.avail_out = (unsigned)room;
+            zr = inflate(&z, Z_NO_FLUSH);
+            len += room - z.avail_out;
+            if (len > srv->o.max_body) break;
+            if (zr == Z_STREAM_END) break;
+            if (zr == Z_BUF_ERROR && z.avail_in == 0 && z.avail_out > 0) {
+                zr = Z_DATA_ERROR; /* the input ended inside the stream */
+                z.msg = (char *)"the compressed body is truncated";
+                break;
+            }
+            if (zr != Z_OK && zr != Z_BUF_ERROR) break;
+        }
+        size_t at = (size_t)(z.next_in - in);
+        char zmsg[160];
+        snprintf(zmsg, sizeof zmsg, "%s", z.msg ? z.msg : "invalid data");
+        inflateEnd(&z);
+        if (len > srv->o.max_body) {
+            mts_iobuf_free(buf);
+            return http_error(c, 413, "the %s request body decodes to more than the limit of %zu bytes "
+                                      "(max_message_size_mb)", name, srv->o.max_body);
+        }
+        if (zr == Z_STREAM_END && at != in_len) {
+            mts_iobuf_free(buf);
+            return http_error(c, 400, "the %s request body has %zu bytes after the end of its compressed "
+                                      "stream", name, in_len - at);
+        }
+        if (zr != Z_STREAM_END) {
+            mts_iobuf_free(buf);
+            if (c->encoding == ENC_DEFLATE && attempt == 0 && at <= 2) continue; /* no zlib header: raw */
+            return http_error(c, 400, "the request body is not valid %s data: %s (at compressed byte %zu of %zu)",
+                              name, zmsg, at, in_len);
+        }
+        c->inflated = buf;
+        c->inflated_off = lead;
+        c->inflated_len = len;
+        return P_READY;
+    }
+    return http_error(c, 400, "the request body is not valid deflate data");
+}
+
 /* Fills c->req from the parsed offsets of a complete request. */
 static void fill_request(mts_http_conn *c)
 {
@@ -1123,8 +1239,8 @@ static void fill_request(mts_http_conn *c)
     r->method = b + c->m_off;
     r->path = c->path_root ? "/" : b + c->p_off;
     r->query = b + c->q_off;
-    r->body = c->body_len ? b + c->body_start : "";
-    r->body_len = c->body_len;
+    r->body = c->inflated ? c->inflated + c->inflated_off : c->body_len ? b + c->body_start : "";
+    r->body_len = c->inflated ? c->inflated_len : c->body_len;
     r->n_headers = c->nh;
     for (int i = 0; i < c->nh; i++) {
         r->headers[i].name = b + c->h_off[i][0];
@@ -1174,6 +1290,7 @@ static void conn_pump(mts_http_conn *c)
             continue;
         }
         int r = parse(c);
+        if (r == P_READY && c->encoding != ENC_IDENTITY && !c->inflated) r = inflate_body(c);
         if (r == P_READY) {
             dispatch(c);
             continue;
@@ -1924,6 +2041,7 @@ int mts_http_parse_stream(const void *data, size_t len, size_t read_size, size_t
     int n = 0;
     for (;;) {
         int r = parse(c);
+        if (r == P_READY && c->encoding != ENC_IDENTITY && !c->inflated) r = inflate_body(c);
         if (r == P_READY) {
             fill_request(c);
             n++;
@@ -1960,6 +2078,7 @@ int mts_http_parse_stream(const void *data, size_t len, size_t read_size, size_t
     if (c->fd >= 0) close(c->fd);
     close(sv[1]);
     mts_iobuf_free(c->rbuf);
+    mts_iobuf_free(c->inflated);
     free(c);
     return n;
 }

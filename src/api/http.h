@@ -3,16 +3,19 @@
  * sockets and the wire format and nothing else: N I/O threads, each with its own epoll set and
  * its own SO_REUSEPORT listener, parse requests incrementally (keep-alive, pipelining with one
  * request in flight per connection, Content-Length and chunked bodies, Expect: 100-continue),
- * enforce the size and time limits, and hand each complete request to one application callback.
+ * enforce the size and time limits, decode request bodies sent with Content-Encoding gzip or
+ * deflate, and hand each complete request to one application callback.
  * The callback runs on the I/O thread and must not block: it answers at once with
  * mts_http_respond*, or keeps the connection handle and answers later from any thread (the
  * answer is queued to the connection's I/O thread and wakes it through an eventfd). Errors this
- * layer produces itself (400, 408, 413, 417, 431, 501, 503, 505) carry KServe-style JSON bodies
+ * layer produces itself (400, 408, 413, 415, 417, 431, 501, 503, 505) carry KServe-style JSON bodies
  * {"error":"..."}.
  *
  * Limits: a request head (request line + header fields) longer than max_header -> 431; more than
  * MTS_HTTP_MAX_HEADERS fields -> 431; a body (Content-Length, or the decoded size of a chunked
- * body) larger than max_body -> 413; a Transfer-Encoding other than "chunked" -> 501; invalid
+ * body, or the decoded size of a compressed one) larger than max_body -> 413; a Content-Encoding
+ * other than gzip, x-gzip, deflate or identity -> 415; compressed data that is invalid, truncated
+ * or followed by more bytes -> 400; a Transfer-Encoding other than "chunked" -> 501; invalid
  * Content-Length (non-digits, overflow, conflicting duplicates) or both Content-Length and
  * Transfer-Encoding -> 400. After any of these the connection is closed (framing is lost). A bare
  * LF is accepted as a line end (RFC 9112 section 2.2 allows it); a bare CR is rejected (400).

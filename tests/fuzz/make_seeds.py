@@ -4,6 +4,7 @@ small valid and near-valid inputs per target. The committed corpus was made with
 (plus crash reproducers added by hand, named after the bug); rerunning it rewrites the seeds it
 owns and leaves other files alone. Usage: make_seeds.py [CORPUS_DIR]
 """
+import gzip
 import io
 import json
 import os
@@ -26,7 +27,7 @@ def put(d, name, data):
 def http(d):
     """The first two bytes pick the read size and the limits (tests/fuzz/fuzz_http.c)."""
     def put(d, name, text, cfg=b"\0\0"):
-        globals()["put"](d, name, cfg + text.encode())
+        globals()["put"](d, name, cfg + (text if isinstance(text, bytes) else text.encode()))
     put(d, "get_1byte_reads", "GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n", b"\x01\0")
     put(d, "chunked_small_limits", "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
         "a\r\n0123456789\r\n0\r\n\r\n", b"\x03\x0a")
@@ -41,6 +42,18 @@ def http(d):
     put(d, "bare_lf", "OPTIONS * HTTP/1.1\nX-A:  v \n\n")
     put(d, "bad_te", "POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\nContent-Length: 1\r\n\r\nx")
     put(d, "version", "GET / HTTP/2.0\r\n\r\n")
+    # compressed bodies (Content-Encoding): gzip, zlib-deflate in chunks, one that inflates past
+    # a 300-byte body limit
+    body = b'{"inputs":[{"name":"x","shape":[1,3],"datatype":"FP32","data":[1,2,3]}]}'
+    gz = gzip.compress(body, mtime=0)
+    put(d, "gzip_cl", b"POST /v2/models/m/infer HTTP/1.1\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n"
+        % len(gz) + gz)
+    zd = zlib.compress(body)
+    put(d, "deflate_chunked", b"POST / HTTP/1.1\r\nContent-Encoding: deflate\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + b"%x\r\n" % 10 + zd[:10] + b"\r\n" + b"%x\r\n" % (len(zd) - 10) + zd[10:] + b"\r\n0\r\n\r\n", b"\x05\0")
+    bomb = gzip.compress(b"\0" * 4096, mtime=0)
+    put(d, "gzip_past_limit", b"POST / HTTP/1.1\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n"
+        % len(bomb) + bomb, b"\0\x0c")
 
 
 def json_(d):

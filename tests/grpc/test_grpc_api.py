@@ -107,6 +107,12 @@ def test_model_infer_raw_and_typed(start_server, pb):
     req.outputs.add(name="y")
     assert [o.name for o in s.ModelInfer(req).outputs] == ["y"]
 
+    # compressed messages (grpc-encoding gzip / deflate), as Triton's clients send them with
+    # compression_algorithm, both ways
+    for comp in (grpc.Compression.Gzip, grpc.Compression.Deflate):
+        r = s.ModelInfer(tiny_request(pb, x), compression=comp)
+        y = np.frombuffer(r.raw_output_contents[0], np.float32).reshape(3, 16)
+        np.testing.assert_allclose(y, tiny_reference(x), rtol=1e-4, atol=1e-4)
 
 def test_model_infer_errors(start_server, pb):
     srv = start_server()

@@ -13,6 +13,7 @@ temporary model repository and checks, over HTTP with `requests`:
 The slow model (seg_unet) is used only where slowness is the point; the rest use tiny.onnx and
 tests/models/out/small_cnn.onnx.
 """
+import gzip
 import importlib.util
 import json
 import random
@@ -21,6 +22,7 @@ import signal
 import socket
 import threading
 import time
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -562,6 +564,58 @@ def test_oversize_body_413(start_server):
     assert r.status_code == 200, r.text
     outs, _ = parse_response(r)
     assert outs["probs"].shape == (80, 10) and np.isfinite(outs["probs"]).all()
+    assert srv.get("/v2/health/live").status_code == 200
+
+
+def test_compressed_request_bodies(start_server):
+    """Content-Encoding gzip and deflate (zlib, or raw deflate as some clients send it) on infer
+    requests, JSON and binary (Inference-Header-Content-Length counts the decoded JSON); bodies
+    that are not such data, truncated, followed by junk, in an unknown coding, or that decode past
+    max_message_size_mb are refused with a message saying so, and the server goes on serving."""
+    srv = start_server({"tiny": TINY}, config={"server": {"max_message_size_mb": 1}})
+    url = f"{srv.url}/v2/models/tiny/infer"
+    x = np.random.default_rng(7).standard_normal((3, 16)).astype(np.float32)
+    body = json.dumps({"inputs": [json_input("x", x)]}).encode()
+    raw_deflate = zlib.compressobj(wbits=-15)
+    raw_deflate = raw_deflate.compress(body) + raw_deflate.flush()
+    for enc, data in (("gzip", gzip.compress(body)), ("x-gzip", gzip.compress(body)),
+                      ("deflate", zlib.compress(body)), ("deflate", raw_deflate), ("identity", body)):
+        r = requests.post(url, data=data, headers={"Content-Encoding": enc}, timeout=30)
+        assert r.status_code == 200, (enc, r.text)
+        y = np.array(r.json()["outputs"][0]["data"], dtype=np.float32).reshape(3, 16)
+        np.testing.assert_allclose(y, tiny_reference(x), rtol=1e-5, atol=1e-5)
+    # binary extension, gzip over the whole body; chunked transfer of it too
+    xb = np.random.default_rng(8).standard_normal((5, 16)).astype(np.float32)
+    bbody, headers = binary_body([("x", xb)], parameters={"binary_data_output": True})
+    gz = gzip.compress(bbody)
+    for data in (gz, iter([gz[:7], gz[7:40], gz[40:]])):
+        r = requests.post(url, data=data, headers={**headers, "Content-Encoding": "gzip"}, timeout=30)
+        assert r.status_code == 200, r.text
+        outs, _ = parse_response(r)
+        np.testing.assert_allclose(outs["y"], tiny_reference(xb), rtol=1e-5, atol=1e-5)
+
+    def refused(data, enc, status):
+        r = requests.post(url, data=data, headers={"Content-Encoding": enc}, timeout=30)
+        assert r.status_code == status, (enc, r.status_code, r.text)
+        return error_of(r)
+
+    msg = refused(body, "gzip", 400)  # not compressed at all
+    assert "not valid gzip data" in msg and "at compressed byte" in msg, msg
+    msg = refused(gzip.compress(body)[:-12], "gzip", 400)
+    assert "truncated" in msg, msg
+    msg = refused(gzip.compress(body) + b"junk", "gzip", 400)
+    assert "4 bytes after the end" in msg, msg
+    msg = refused(b"\x00\x01garbage", "deflate", 400)
+    assert "not valid deflate data" in msg, msg
+    msg = refused(body, "br", 415)
+    assert '"br"' in msg and "gzip" in msg, msg
+    # 40 MB of zeros in 40 KB: refused at the 1 MiB limit without being decoded whole
+    msg = refused(gzip.compress(b"\0" * (40 << 20)), "gzip", 413)
+    assert str(1 << 20) in msg and "max_message_size_mb" in msg, msg
+    r = requests.post(url, data=body, headers={"Content-Encoding": "gzip, gzip"}, timeout=30)
+    assert r.status_code == 415, r.text
+    # everyone else is still served
+    assert srv.infer("tiny", {"inputs": [json_input("x", x)]}).status_code == 200
     assert srv.get("/v2/health/live").status_code == 200
 
 
