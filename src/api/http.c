@@ -15,8 +15,9 @@
  * still arriving. A complete request is dispatched with pointers into the buffer and nothing more
  * is read until it is answered (at most one request in flight). Chunked bodies are decoded in
  * place; a gzip or deflate body (Content-Encoding) is then inflated into a buffer of its own,
- * bounded by max_body as it grows, which lives until the answer is dequeued. Output is a list of chunks (a formatted head with an optional copied body, plus optional
- * application-owned pieces) written with sendmsg(MSG_NOSIGNAL) and gathered iovecs.
+ * bounded by max_body as it grows, which lives until the answer is dequeued. Output is a list of
+ * chunks (a formatted head with an optional copied body, plus optional application-owned pieces)
+ * written with sendmsg(MSG_NOSIGNAL) and gathered iovecs.
  *
  * Lifetime: a connection's memory is freed only on its I/O thread and only when its socket is
  * closed, no request is awaiting its answer and no function up the stack is using it (busy). So a
@@ -1083,8 +1084,9 @@ static int parse_chunked(mts_http_conn *c)
     }
 }
 
-/* Advances the request state machine over the buffered bytes. */
-static int parse(mts_http_conn *c)
+/* Advances the request state machine over the buffered bytes (framing only; parse adds the
+ * decoding of compressed bodies). */
+static int parse_framing(mts_http_conn *c)
 {
     const mts_http_server *srv = c->io->srv;
     for (;;) {
@@ -1170,7 +1172,6 @@ static int inflate_body(mts_http_conn *c)
         z.next_in = (unsigned char *)in;
         while (zr != Z_STREAM_END) {
             if (!buf || lead + len == cap) {
-                if (buf && len >= srv->o.max_body + 1) break; /* past the limit */
                 size_t ncap = buf ? cap * 2 : cap;
                 if (ncap > lead + srv->o.max_body + 1) ncap = lead + srv->o.max_body + 1; /* > lead + len */
                 char *nb = mts_iobuf_alloc(ncap);
@@ -1229,6 +1230,15 @@ static int inflate_body(mts_http_conn *c)
         return P_READY;
     }
     return http_error(c, 400, "the request body is not valid deflate data");
+}
+
+/* The request state machine: framing, then a compressed body's decoding once it is complete.
+ * P_READY when a request is ready to dispatch. */
+static int parse(mts_http_conn *c)
+{
+    int r = parse_framing(c);
+    if (r == P_READY && c->encoding != ENC_IDENTITY && !c->inflated) r = inflate_body(c);
+    return r;
 }
 
 /* Fills c->req from the parsed offsets of a complete request. */
@@ -1290,7 +1300,6 @@ static void conn_pump(mts_http_conn *c)
             continue;
         }
         int r = parse(c);
-        if (r == P_READY && c->encoding != ENC_IDENTITY && !c->inflated) r = inflate_body(c);
         if (r == P_READY) {
             dispatch(c);
             continue;
@@ -2041,7 +2050,6 @@ int mts_http_parse_stream(const void *data, size_t len, size_t read_size, size_t
     int n = 0;
     for (;;) {
         int r = parse(c);
-        if (r == P_READY && c->encoding != ENC_IDENTITY && !c->inflated) r = inflate_body(c);
         if (r == P_READY) {
             fill_request(c);
             n++;
