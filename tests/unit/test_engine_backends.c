@@ -476,6 +476,72 @@ static void test_quant(void **state)
     compare_backends(&G, "quant", 5e-3);
 }
 
+/* Activations between quantized tensors, Q(act(DQ(x))), as 256-entry tables (MtsQLinearUnary
+ * built with the reference kernels of HardSwish, HardSigmoid, Sigmoid, Tanh, Clip, Softplus and
+ * Elu): equal to the unfused float steps of the reference backend, value for value, over a
+ * source range of [-4, 4] that crosses every activation's bends. Then a HardSwish whose output
+ * is read twice, which ends an elementwise chain (fast.c) after a Mul and a Sub. */
+static void test_quant_tables(void **state)
+{
+    (void)state;
+    graph G;
+    memset(&G, 0, sizeof G);
+    G.seed = 29;
+    io(&G, 11, "x", 4, D(-1, 5, 9, 11));
+    float eight = 8.0f, four = 4.0f, xs = 8.0f / 255.0f, ys = 1.0f / 50.0f, lo = -1.0f, hi = 2.5f;
+    uint8_t xz = 128, yz = 100;
+    init_vals(&G, "eight", 0, NULL, 1, &eight, 4);
+    init_vals(&G, "four", 0, NULL, 1, &four, 4);
+    init_vals(&G, "xs", 0, NULL, 1, &xs, 4);
+    init_vals(&G, "xz", 0, NULL, 2, &xz, 1);
+    init_vals(&G, "ys", 0, NULL, 1, &ys, 4);
+    init_vals(&G, "yz", 0, NULL, 2, &yz, 1);
+    init_vals(&G, "lo", 0, NULL, 1, &lo, 4);
+    init_vals(&G, "hi", 0, NULL, 1, &hi, 4);
+    node(&G, "Mul", "x eight", "x8", NULL);
+    node(&G, "Sub", "x8 four", "xc", NULL);
+    node(&G, "QuantizeLinear", "xc xs xz", "xq", NULL);
+    node(&G, "DequantizeLinear", "xq xs xz", "xf", NULL);
+    static const char *const acts[][3] = {{"HardSwish", "-", NULL},
+                                          {"HardSigmoid", "-", "alpha=f:0.3 beta=f:0.4"},
+                                          {"Sigmoid", "-", NULL},
+                                          {"Tanh", "-", NULL},
+                                          {"Clip", "lo hi", NULL},
+                                          {"Softplus", "-", NULL},
+                                          {"Elu", "-", "alpha=f:0.5"}};
+    int n_acts = (int)(sizeof acts / sizeof acts[0]);
+    for (int i = 0; i < n_acts; i++) {
+        char ins[64], a[16], q[16], y[16];
+        snprintf(ins, sizeof ins, "xf%s%s", strcmp(acts[i][1], "-") ? " " : "", strcmp(acts[i][1], "-") ? acts[i][1] : "");
+        snprintf(a, sizeof a, "a%d", i);
+        snprintf(q, sizeof q, "q%d", i);
+        snprintf(y, sizeof y, "y%d", i);
+        node(&G, acts[i][0], ins, a, acts[i][2]);
+        snprintf(ins, sizeof ins, "%s ys yz", a);
+        node(&G, "QuantizeLinear", ins, q, NULL);
+        snprintf(ins, sizeof ins, "%s ys yz", q);
+        node(&G, "DequantizeLinear", ins, y, NULL);
+        io(&G, 12, y, -1, NULL);
+    }
+    G.expect_op = "MtsQLinearUnary";
+    G.expect_steps = n_acts;
+    compare_backends(&G, "quantized activation tables", 0.0);
+
+    memset(&G, 0, sizeof G);
+    io(&G, 11, "x", 4, D(-1, 5, 9, 11));
+    init_vals(&G, "eight", 0, NULL, 1, &eight, 4);
+    init_vals(&G, "four", 0, NULL, 1, &four, 4);
+    node(&G, "Mul", "x eight", "x8", NULL);
+    node(&G, "Sub", "x8 four", "xc", NULL);
+    node(&G, "HardSwish", "xc", "h", NULL);
+    node(&G, "Add", "h x", "y", NULL);
+    io(&G, 12, "h", -1, NULL);
+    io(&G, 12, "y", -1, NULL);
+    G.expect_op = "MtsEltwiseChain";
+    G.expect_steps = 2;
+    compare_backends(&G, "HardSwish chain stage", 1e-6); /* x / 6 + 1/2 is one FMA there */
+}
+
 /* Fusions into the fast kernels: a Div / Mul by a constant scalar folded into Softmax, and
  * elementwise chains with reversed Sub/Div operands, broadcast operands on either side and
  * graph inputs as operands, on NCHW data and on channels-last data next to a convolution. */
@@ -1345,6 +1411,7 @@ int main(void)
         cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_fast_fusions),
         cmocka_unit_test(test_quant),
+        cmocka_unit_test(test_quant_tables),
         cmocka_unit_test(test_upsample_conv),
         cmocka_unit_test(test_nhwc_export),
         cmocka_unit_test(test_layernorm_written),

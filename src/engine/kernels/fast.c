@@ -12,7 +12,7 @@
  *     the optimizer folds a Div/Mul by a constant scalar into it);
  *   - an elementwise chain ("MtsEltwiseChain"): in[0] followed by stages listed in the INTS
  *     attribute "ops" (Add, Sub, Mul, Div with the next input, broadcast numpy-style to the
- *     output, or Relu / Sigmoid), computed in one pass over the output;
+ *     output, or Relu / Sigmoid / HardSwish), computed in one pass over the output;
  *   - the spatial-attention pooling of CBAM ("MtsChannelPool"): per pixel of a channels-last
  *     [N,H,W,C] tensor, optionally times a per-channel scale [N,1,1,C] (the channel attention,
  *     so its product is never stored for the pooling), the channel mean and max written as the
@@ -108,14 +108,23 @@ static inline __attribute__((always_inline)) v16f vexp16(v16f x)
     return p * (v16f)e;
 }
 
-/* Relu (NaN kept) or Sigmoid (MTS_CHAIN_RELU / MTS_CHAIN_SIGMOID) on n floats in place: the
- * elementwise chains' stages and the small-channel conv's fused activation. */
+/* Relu (NaN kept), Sigmoid or HardSwish (MTS_CHAIN_RELU / _SIGMOID / _HARDSWISH) on n floats in
+ * place: the elementwise chains' stages and the small-channel conv's fused activation. HardSwish
+ * is the reference kernel's x * clamp(x / 6 + 1/2, 0, 1), with x / 6 + 1/2 one fused
+ * multiply-add (this file contracts them), so within a rounding of the reference. */
 static inline __attribute__((always_inline)) void act_inplace(float *b, int64_t n, int op)
 {
     int64_t i = 0;
     if (op == MTS_CHAIN_RELU) {
         for (; i + 16 <= n; i += 16) st16(b + i, vmax16(ld16(b + i), splat16(0)));
         for (; i < n; i++) b[i] = b[i] > 0 ? b[i] : (b[i] != b[i] ? b[i] : 0.0f);
+    } else if (op == MTS_CHAIN_HARDSWISH) {
+        for (; i + 16 <= n; i += 16) {
+            v16f v = ld16(b + i), t = v * splat16(1.0f / 6.0f) + splat16(0.5f);
+            for (int l = 0; l < 16; l++) t[l] = t[l] > 1.0f ? 1.0f : t[l] > 0.0f ? t[l] : 0.0f;
+            st16(b + i, v * t);
+        }
+        for (; i < n; i++) b[i] = b[i] * fmaxf(0.0f, fminf(1.0f, b[i] * (1.0f / 6.0f) + 0.5f));
     } else {
         for (; i + 16 <= n; i += 16) st16(b + i, splat16(1.0f) / (splat16(1.0f) + vexp16(-ld16(b + i))));
         for (; i < n; i++) b[i] = 1.0f / (1.0f + expf(-b[i]));
@@ -521,7 +530,7 @@ MTS_VEC_CLONES static void chain_block(const chain_job *j, const float *const *s
     int in = 1;
     for (int s = 0; s < j->n_ops; s++) {
         int op = (int)j->ops[s];
-        if (op == MTS_CHAIN_RELU || op == MTS_CHAIN_SIGMOID) {
+        if (mts_chain_unary(op)) {
             act_inplace(buf, n, op);
             continue;
         }
@@ -715,7 +724,7 @@ static int fast_chain_infer(mts_kctx *k)
 {
     int n_ops = 0, need = 1;
     const int64_t *ops = mts_attr_ints(k->node, "ops", &n_ops);
-    for (int s = 0; ops && s < n_ops; s++) need += ops[s] != MTS_CHAIN_RELU && ops[s] != MTS_CHAIN_SIGMOID;
+    for (int s = 0; ops && s < n_ops; s++) need += !mts_chain_unary(ops[s]);
     if (!ops || k->n_in != need || k->n_in > CHAIN_MAX_IN || k->n_out != 1)
         return mts_err_set(k->err, MTS_EINVAL, "malformed elementwise chain");
     mts_tensor acc = *k->in[0];

@@ -228,7 +228,14 @@ enum mts_chain_op {
     MTS_CHAIN_RDIV,     /* next input / acc */
     MTS_CHAIN_RELU,
     MTS_CHAIN_SIGMOID,
+    MTS_CHAIN_HARDSWISH, /* x * min(max(x / 6 + 1/2, 0), 1) */
 };
+
+/* Whether a chain stage code is a unary one (no operand of its own). */
+static inline int mts_chain_unary(int64_t op)
+{
+    return op == MTS_CHAIN_RELU || op == MTS_CHAIN_SIGMOID || op == MTS_CHAIN_HARDSWISH;
+}
 
 /* Runs fn(ctx, ithr, nthr) for ithr in [0, nthr) on `threads` threads of the calling thread's
  * OpenMP team (the one oneDNN uses; kernels/dnnl_rt.c), or inline when threads <= 1 or OpenMP

@@ -13,7 +13,8 @@
  *     x_scale * w_scale at run time: node attribute "mts_float_bias"). The DequantizeLinear of
  *     the data goes too when nothing else reads it. Results can differ from the float path by
  *     one quantization step where the float rounding differs.
- *   - Then the float ops between quantized tensors (fuse_qdq_eltwise): Q(Relu / LeakyRelu(DQ)),
+ *   - Then the float ops between quantized tensors (fuse_qdq_eltwise): Q(Relu / LeakyRelu(DQ))
+ *     and Q(activation(DQ)) for the activations of table_unary (HardSwish, Sigmoid, Clip, ...),
  *     Q(Add(DQ, DQ)), Q(Concat(DQ, DQ)) and Q(nearest integer upsample(DQ)) become integer steps
  *     (MtsQLinearUnary / Add / Concat / Upsample in ref_quant.c) that compute exactly what the
  *     unfused float steps would; DequantizeLinear steps left without readers are dropped.
@@ -163,8 +164,27 @@ static void drop_dead_dq(mts__opt *o)
     mts__count_uses(o);
 }
 
-/* QuantizeLinear step qs reading the only output of a Relu / LeakyRelu of a DequantizeLinear,
- * of an Add of two same-shape DequantizeLinears, of a two-input Concat of DequantizeLinears or
+/* Whether st is a float activation whose value depends on its input element alone and whose
+ * other operands (Clip's bounds) are constants: a QuantizeLinear of it applied to a
+ * DequantizeLinear is then a 256-entry table built with its reference kernel (ref_quant.c). */
+static bool table_unary(const mts__plan *p, const mts__step *st)
+{
+    static const char *const ops[] = {"HardSwish", "HardSigmoid", "Sigmoid", "Tanh", "Elu", "Selu",
+                                      "Softplus", "Softsign", "Clip", NULL};
+    if (st->nd->domain[0] || st->n_in < 1 || st->n_in > 3 || st->in[0] < 0 ||
+        p->vals[st->in[0]].dtype != MTS_DTYPE_FLOAT || !mts_op_lookup(st->nd->op_type))
+        return false;
+    bool known = false;
+    for (int i = 0; ops[i] && !known; i++) known = is_op(st, ops[i]);
+    if (!known || (st->n_in > 1 && !is_op(st, "Clip"))) return false;
+    for (int i = 1; i < st->n_in; i++)
+        if (st->in[i] >= 0 && (!const_value(p, st->in[i]) || mts_tensor_numel(&p->vals[st->in[i]]) != 1))
+            return false;
+    return true;
+}
+
+/* QuantizeLinear step qs reading the only output of a Relu / LeakyRelu or of another
+ * table_unary activation of a DequantizeLinear, of an Add of two same-shape DequantizeLinears, of a two-input Concat of DequantizeLinears or
  * of a nearest integer-factor upsampling (Resize) of one (all per tensor, constant parameters)
  * becomes one MtsQLinearUnary / MtsQLinearAdd / MtsQLinearConcat / MtsQLinearUpsample step on
  * the quantized tensors (ref_quant.c), with the unfused steps' results. */
@@ -184,9 +204,9 @@ static int fuse_qdq_eltwise(mts__opt *o, int qs, mts_err *err)
         return MTS_OK;
     mts__step *ust = &p->steps[u];
     int kind = is_op(ust, "Relu") ? 1 : is_op(ust, "LeakyRelu") ? 2 : is_op(ust, "Add") ? 3 : is_op(ust, "Concat") ? 4
-             : is_op(ust, "Resize") && mts__nearest_upsample(p, ust) ? 5 : 0;
+             : is_op(ust, "Resize") && mts__nearest_upsample(p, ust) ? 5 : table_unary(p, ust) ? 6 : 0;
     int n_data = kind == 3 || kind == 4 ? 2 : 1;
-    if (!kind || (kind != 5 && ust->n_in != n_data) || ust->n_in < 1) return MTS_OK;
+    if (!kind || (kind != 5 && kind != 6 && ust->n_in != n_data) || ust->n_in < 1) return MTS_OK;
     int in[8], n = 0;
     for (int i = 0; i < n_data; i++) {
         int q, sc, zp, st;
@@ -199,15 +219,26 @@ static int fuse_qdq_eltwise(mts__opt *o, int qs, mts_err *err)
     }
     in[n++] = ys;
     in[n++] = yz;
+    if (kind == 6) /* the float op's constant operands (Clip's bounds), for its table */
+        for (int i = 1; i < ust->n_in; i++) in[n++] = ust->in[i];
     mts_attr a = {0};
     a.name = "mts_qop";
     a.type = MTS_ATTR_INT;
     a.i = kind;
     static const char *const names[] = {"", "MtsQLinearUnary", "MtsQLinearUnary", "MtsQLinearAdd",
-                                        "MtsQLinearConcat", "MtsQLinearUpsample"};
+                                        "MtsQLinearConcat", "MtsQLinearUpsample", "MtsQLinearUnary"};
     static const mts_op *const ops[] = {NULL, &mts_quant_fast_qunary, &mts_quant_fast_qunary, &mts_quant_fast_qadd,
-                                        &mts_quant_fast_qconcat, &mts_quant_fast_qupsample};
+                                        &mts_quant_fast_qconcat, &mts_quant_fast_qupsample, &mts_quant_fast_qunary};
     mts_node *nd = mts__node_with_attr(p, ust, names[kind], a);
+    if (nd && kind == 6) { /* the float op the table replays */
+        mts__step tmp = *ust;
+        tmp.nd = nd;
+        mts_attr f = {0};
+        f.name = "mts_float_op";
+        f.type = MTS_ATTR_STRING;
+        f.s = ust->nd->op_type;
+        nd = mts__node_with_attr(p, &tmp, NULL, f);
+    }
     if (nd && kind == 5) { /* the integer factors, for the kernel */
         const mts_tensor *xv = &p->vals[ust->in[0]], *yv = &p->vals[y];
         mts__step tmp = *ust;

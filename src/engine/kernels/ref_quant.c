@@ -1138,7 +1138,8 @@ static int qlconv_run_fast(mts_kctx *k)
 /* Fused QDQ elementwise steps (quant_backend.c)                                               */
 /* ------------------------------------------------------------------------------------------ */
 
-/* MtsQLinearUnary (attribute mts_qop: 1 Relu, 2 LeakyRelu with its alpha) computes
+/* MtsQLinearUnary (attribute mts_qop: 1 Relu, 2 LeakyRelu with its alpha, 6 the float op named
+ * by attribute mts_float_op, e.g. HardSwish, through its reference kernel) computes
  * QuantizeLinear(op(DequantizeLinear(x))) for inputs x, x_scale, x_zero_point, y_scale,
  * y_zero_point (per tensor) through a 256-entry table built with the float ops of the unfused
  * steps, so every result is the unfused one. MtsQLinearAdd does the same for
@@ -1160,7 +1161,10 @@ static int qelt_param(mts_kctx *k, int i, const char *name, bool zp, const mts_t
 static int qelt_infer(mts_kctx *k, bool add)
 {
     int n = add ? 8 : 5, rc;
-    if (k->n_in != n) return mts_err_set(k->err, MTS_EINVAL, "expected %d inputs, got %d", n, k->n_in);
+    /* a table of another float op (mts_qop 6) takes that op's constant operands after y_zero_point */
+    int extra = !add && mts_attr_int(k->node, "mts_qop", 0) == 6 ? 2 : 0;
+    if (k->n_in < n || k->n_in > n + extra)
+        return mts_err_set(k->err, MTS_EINVAL, "expected %d inputs, got %d", n, k->n_in);
     if ((rc = chk_outs(k, 1))) return rc;
     const mts_tensor *a = mts_kin(k, 0), *b = add ? mts_kin(k, 3) : NULL, *yz = mts_kin(k, n - 1);
     if (!a || (add && !b) || !yz) return mts_err_set(k->err, MTS_EINVAL, "missing input");
@@ -1195,11 +1199,70 @@ typedef struct qelt_job {
     float as, bs, ys;
 } qelt_job;
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define QR_VBMI 1
+/* 64 table lookups at once: vpermi2b picks from two 128-byte halves of the table by the low 7
+ * bits of each index, and the top bit chooses the half. */
+__attribute__((target("avx512f,avx512bw,avx512vbmi"))) static int64_t lut_vbmi(const uint8_t *lut, const uint8_t *a,
+                                                                              uint8_t *y, int64_t n)
+{
+    __m512i t0 = _mm512_loadu_si512(lut), t1 = _mm512_loadu_si512(lut + 64);
+    __m512i t2 = _mm512_loadu_si512(lut + 128), t3 = _mm512_loadu_si512(lut + 192);
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        __m512i x = _mm512_loadu_si512(a + i);
+        __m512i lo = _mm512_permutex2var_epi8(t0, x, t1), hi = _mm512_permutex2var_epi8(t2, x, t3);
+        _mm512_storeu_si512(y + i, _mm512_mask_blend_epi8(_mm512_movepi8_mask(x), lo, hi));
+    }
+    return i;
+}
+
+static bool have_vbmi(void)
+{
+    static int v = -1;
+    if (v < 0)
+        v = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+            __builtin_cpu_supports("avx512vbmi") && !getenv("MTS_NO_VBMI");
+    return v;
+}
+#endif
+
 static void qunary_part(void *ctx, int ithr, int nthr)
 {
     const qelt_job *j = ctx;
-    int64_t i0 = j->n * ithr / nthr, i1 = j->n * (ithr + 1) / nthr;
-    for (int64_t i = i0; i < i1; i++) j->y[i] = j->lut[j->a[i]];
+    int64_t i0 = j->n * ithr / nthr, i1 = j->n * (ithr + 1) / nthr, i = i0;
+#ifdef QR_VBMI
+    if (have_vbmi()) i += lut_vbmi(j->lut, j->a + i0, j->y + i0, i1 - i0);
+#endif
+    for (; i < i1; i++) j->y[i] = j->lut[j->a[i]];
+}
+
+/* The 256 results of float op `name` (the reference kernel the unfused step would run, with
+ * the fused node's attributes and the constant operands after y_zero_point) on the dequantized
+ * values f, in place. */
+static int qunary_float_op(mts_kctx *k, const char *name, float *f)
+{
+    const mts_op *op = name ? mts_op_lookup(name) : NULL;
+    if (!op) return mts_err_set(k->err, MTS_EUNSUPPORTED, "no float kernel '%s' for the table", name ? name : "");
+    mts_tensor x = {0}, y = {0};
+    x.dtype = MTS_DTYPE_FLOAT;
+    x.rank = 1;
+    x.dims[0] = 256;
+    x.data = f;
+    const mts_tensor *in[3] = {&x, NULL, NULL};
+    int n_in = 1;
+    for (int i = 5; i < k->n_in; i++) in[n_in++] = mts_kin(k, i);
+    float out[256];
+    mts_kctx fk = {k->node, in, n_in, &y, 1, k->err, 1, NULL};
+    int rc = op->infer(&fk);
+    if (rc) return rc;
+    if (y.dtype != MTS_DTYPE_FLOAT || mts_tensor_numel(&y) != 256)
+        return mts_err_set(k->err, MTS_EINVAL, "'%s' is not an elementwise float op", name);
+    y.data = out;
+    if ((rc = op->run(&fk))) return rc;
+    memcpy(f, out, sizeof out);
+    return MTS_OK;
 }
 
 static int qunary_run(mts_kctx *k)
@@ -1212,13 +1275,15 @@ static int qunary_run(mts_kctx *k)
     float alpha = mts_attr_float(k->node, "alpha", 0.01f), xs = sc_at(mts_kin(k, 1), 0), ys = sc_at(mts_kin(k, 3), 0);
     int32_t xz = zp_at(mts_kin(k, 2), 0), yz = zp_at(mts_kin(k, 4), 0);
     bool xsg = x->dtype == MTS_DTYPE_INT8, ysg = k->out[0].dtype == MTS_DTYPE_INT8;
-    if (op != 1 && op != 2) return mts_err_set(k->err, MTS_EINVAL, "unknown mts_qop %d", op);
+    if (op != 1 && op != 2 && op != 6) return mts_err_set(k->err, MTS_EINVAL, "unknown mts_qop %d", op);
+    float f[256];
     for (int v = 0; v < 256; v++) {
         int32_t q = xsg ? (int32_t)(int8_t)v : v;
-        float f = (float)(q - xz) * xs;
-        f = op == 1 ? (f < 0 ? 0.0f : f) : (f < 0.0f ? f * alpha : f);
-        q8_store(j.lut, ysg, v, f / ys, yz);
+        f[v] = (float)(q - xz) * xs;
+        if (op != 6) f[v] = op == 1 ? (f[v] < 0 ? 0.0f : f[v]) : (f[v] < 0.0f ? f[v] * alpha : f[v]);
     }
+    if (op == 6 && (rc = qunary_float_op(k, mts_attr_string(k->node, "mts_float_op", NULL), f))) return rc;
+    for (int v = 0; v < 256; v++) q8_store(j.lut, ysg, v, f[v] / ys, yz);
     mts_parallel(threads_for(k, j.n), qunary_part, &j);
     return MTS_OK;
 }
