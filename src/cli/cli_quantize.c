@@ -23,7 +23,8 @@
  * with every tensor to quantize appended as a graph output, so the executor materializes it.
  * Inputs: `DIR/NAME.npy` (one sample, any batch) or `DIR/NAME_0.npy`, `DIR/NAME_1.npy`, ... per
  * model input NAME (every input the same number of samples), or `random:N` for N seeded samples
- * of batch 1 uniform in [0, 1).
+ * of batch 1: floats uniform in [0, 1), int64 / int32 inputs 0 or 1 (as `mtserve run` draws
+ * them), other symbolic dimensions from --dim (default 1).
  *
  * Accuracy controls (standard post-training methods): --calibrate picks the activation range
  * (min/max, a percentile, or the MSE-optimal range from a histogram collected in a second pass);
@@ -95,12 +96,14 @@ typedef struct qstate {
 static void usage(FILE *f)
 {
     fprintf(f, "usage: mtserve quantize MODEL --calibration DIR|random:N -o OUT.onnx [--threads T] [--seed S]\n"
+               "                [--dim NAME=V]\n"
                "                [--calibrate minmax|percentile|mse] [--bias-correction on|off]\n"
                "                [--keep-fp32 auto|none|NAME,...] [--target-error E]\n"
                "  Post-training static int8 quantization into a QDQ ONNX model: int8 per-channel\n"
                "  weights for Conv, ConvTranspose, MatMul and Gemm, uint8 activations calibrated on\n"
                "  DIR/NAME.npy or DIR/NAME_0.npy, DIR/NAME_1.npy, ... per model input NAME, or on N\n"
-               "  seeded random inputs in [0,1) of batch 1.\n"
+               "  seeded random inputs of batch 1 (floats in [0,1), integers 0 or 1, as mtserve run;\n"
+               "  --dim NAME=V sets their other symbolic dimensions, default 1).\n"
                "  --calibrate        activation ranges: min/max seen (default), 99.99th percentile,\n"
                "                     or the range minimizing the expected squared error\n"
                "  --bias-correction  subtract the weights' rounding error times the calibrated input\n"
@@ -438,7 +441,8 @@ static bool file_exists(const char *p)
     return stat(p, &st) == 0 && S_ISREG(st.st_mode);
 }
 
-static int calib_load(const mts_model *m, const char *spec, uint64_t seed, calib_set *cs, mts_err *err)
+static int calib_load(const mts_model *m, const char *spec, uint64_t seed, const mts_cli_dims *dims, calib_set *cs,
+                      mts_err *err)
 {
     mts_model_info info;
     mts_model_get_info(m, &info);
@@ -453,24 +457,29 @@ static int calib_load(const mts_model *m, const char *spec, uint64_t seed, calib
         if (!(cs->t = calloc((size_t)n * (size_t)info.n_inputs, sizeof(mts_tensor))))
             return mts_err_set(err, MTS_ENOMEM, "out of memory");
         uint64_t s = seed ? seed : 0x9e3779b97f4a7c15ull;
-        mts_cli_dims dims = {0};
         for (int k = 0; k < cs->n_samples; k++)
             for (int i = 0; i < info.n_inputs; i++) {
                 mts_tensor *t = &cs->t[k * info.n_inputs + i];
-                int rc = mts_cli_input_shape(m, i, 1, &dims, t, err);
+                int rc = mts_cli_input_shape(m, i, 1, dims, t, err);
                 if (rc) return rc;
-                if (t->dtype != MTS_DTYPE_FLOAT)
-                    return mts_err_set(err, MTS_EUNSUPPORTED, "input '%s' is %s: random calibration is for float inputs",
-                                       mts_model_input(m, i)->name, mts_dtype_name(t->dtype));
+                mts_dtype dt = t->dtype;
+                if (dt != MTS_DTYPE_FLOAT && dt != MTS_DTYPE_INT64 && dt != MTS_DTYPE_INT32)
+                    return mts_err_set(err, MTS_EUNSUPPORTED,
+                                       "input '%s' is %s: random calibration draws float, int64 and int32 inputs "
+                                       "(give a calibration folder)",
+                                       mts_model_input(m, i)->name, mts_dtype_name(dt));
                 int64_t ne = mts_tensor_numel(t);
-                if (ne < 0 || ne > ((int64_t)1 << 30) || !(t->data = malloc((size_t)(ne ? ne : 1) * 4)))
+                size_t es = mts_dtype_size(dt);
+                if (ne < 0 || ne > ((int64_t)1 << 30) || !(t->data = malloc((size_t)(ne ? ne : 1) * es)))
                     return mts_err_set(err, MTS_ENOMEM, "input '%s': cannot allocate %lld elements",
                                        mts_model_input(m, i)->name, (long long)ne);
                 for (int64_t e = 0; e < ne; e++) {
                     s ^= s << 13;
                     s ^= s >> 7;
                     s ^= s << 17;
-                    ((float *)t->data)[e] = (float)((s >> 40) & 0xffffff) / 16777216.0f;
+                    if (dt == MTS_DTYPE_FLOAT) ((float *)t->data)[e] = (float)((s >> 40) & 0xffffff) / 16777216.0f;
+                    else if (dt == MTS_DTYPE_INT64) ((int64_t *)t->data)[e] = (int64_t)(s & 1);
+                    else ((int32_t *)t->data)[e] = (int32_t)(s & 1);
                 }
             }
         return MTS_OK;
@@ -1220,6 +1229,7 @@ int mts_cli_quantize(int argc, char **argv)
     int threads = 2;
     uint64_t seed = 0;
     double target = -1;
+    mts_cli_dims dims = {0};
     qstate q = {0};
     q.method = CAL_MINMAX;
     q.bias_correct = true;
@@ -1267,16 +1277,24 @@ int mts_cli_quantize(int argc, char **argv)
             }
         } else if (!strcmp(a, "--seed") && has) {
             seed = strtoull(argv[++i], NULL, 10);
+        } else if (!strcmp(a, "--dim") && has) {
+            if (mts_cli_parse_dim(&dims, argv[++i])) {
+                fprintf(stderr, QPFX "bad --dim '%s' (want NAME=VALUE)\n", argv[i]);
+                mts_cli_dims_free(&dims);
+                return 2;
+            }
         } else if (a[0] != '-' && !model) {
             model = a;
         } else {
             fprintf(stderr, QPFX "unexpected argument '%s'\n", a);
             usage(stderr);
+            mts_cli_dims_free(&dims);
             return 2;
         }
     }
     if (!model || !calib || !outp || threads < 1 || threads > 256) {
         usage(stderr);
+        mts_cli_dims_free(&dims);
         return 2;
     }
     mts_err err = {0};
@@ -1291,7 +1309,9 @@ int mts_cli_quantize(int argc, char **argv)
     double t0 = mts_cli_now_ms();
     if ((rc = mts_model_load(model, NULL, &m, &err))) goto fail;
     if ((rc = read_file(model, &bytes, &len, &err))) goto fail;
-    if ((rc = calib_load(m, calib, seed, &cs, &err))) goto fail;
+    rc = calib_load(m, calib, seed, &dims, &cs, &err);
+    mts_cli_dims_free(&dims);
+    if (rc) goto fail;
     if (target >= 0) {
         if ((rc = search_keep(&q, m, &cs, threads, bytes, len, model, target, &w, &keep_found, &emax, &emean,
                               &n_added, &err)))
