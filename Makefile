@@ -42,6 +42,9 @@
 #   make bench-cluster   resident models and cold loads: model-affinity vs round-robin routing (~1 min)
 #   make bench-int8      mtserve quantize on lipsync_unet_w8: fp32 / int8 / ONNX Runtime int8
 #                        throughput ratios and the int8 output error (~1 min)
+#   make bench-precision every reference model in fp32, bf16 and int8 (QDQ by mtserve quantize)
+#                        against ONNX Runtime fp32 and int8, with each one's error against fp32
+#                        and the CPU's bf16/int8 flags (~5 min; scripts/bench-precision.sh)
 JOBS ?= 2
 PY := /usr/bin/python3
 BUILD := build

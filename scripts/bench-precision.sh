@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The body of `make bench-precision`: per reference model, mtserve's throughput in fp32 and in bf16
-# (`mtserve run --precision`), the ratio bf16/fp32, ONNX Runtime's fp32 throughput in the same run
+# The body of `make bench-precision`: per reference model, mtserve's throughput in fp32, in bf16
+# (`mtserve run --precision`) and in int8 (below), the ratio bf16/fp32, ONNX Runtime's fp32 throughput in the same run
 # (tools/ort/ort_bench.js) and the ratio to it, and the bf16 output's error against fp32 on the
 # same seeded inputs (max abs difference and relative L2 over all outputs), with the precision the
 # guard settled on. Prints the CPU model and its bf16-related flags, then a Markdown table (also
@@ -10,10 +10,19 @@
 # the median of each (the shared machine's speed drifts). Each mtserve run takes about
 # BENCH_SECONDS (default 2) s of iterations after one warm-up.
 #
+# int8: each model is quantized by `mtserve quantize --calibration random:4` (post-training,
+# static, QDQ; defaults), and the lip-sync UNets a second time with `--target-error 0.0156` (the
+# 4/255 budget of their pixel outputs, met on the calibration set by keeping the most sensitive
+# layers in float); each round then also times mtserve on the QDQ file and ONNX Runtime on the
+# same file, and a second table gives int8's throughput against fp32, bf16, ONNX Runtime fp32 and
+# ONNX Runtime int8, its error against fp32 on the same seeded inputs as bf16's, and the
+# quantizer's own maximum error on its calibration set where it measured one.
+#
 # Env knobs: BENCH_MODELS="a b" (names in models/out; default the lip-sync UNets, seg_unet,
 # cbam_resunet, mobilenetv3, bert_tiny), BENCH_BATCH (8), BENCH_THREADS (2), BENCH_ROUNDS (3),
-# BENCH_SECONDS (2), BENCH_DIMS="S=64" (symbolic dims other than the batch), MTSERVE (binary).
-# int8 (QDQ copies of these models) is not measured here yet: its rows go beside these.
+# BENCH_SECONDS (2), BENCH_DIMS="S=64" (symbolic dims other than the batch), BENCH_INT8 (1; 0
+# leaves int8 out), BENCH_INT8_QARGS (quantize options for every model's single int8 variant,
+# replacing the defaults above), MTSERVE (binary).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -47,7 +56,9 @@ trap 'rm -rf "$tmp"' EXIT
 t_start=$SECONDS
 load_start=$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)
 rows=()
+irows=()
 failures=0
+INT8=${BENCH_INT8:-1}
 
 # errors DIR_A DIR_B: "maxabs rel_l2" over every .npy output present in both
 errors() {
@@ -85,6 +96,29 @@ for model in $MODELS; do
   iters=$(calc "int($SECS * 1000 / ($p_ms > 0.001 ? $p_ms : 0.001)) + 1")
   [ "$iters" -lt 3 ] && iters=3
   [ "$iters" -gt 200 ] && iters=200
+  # int8 variants: "label|quantize options"
+  variants=()
+  if [ "$INT8" = 1 ]; then
+    if [ -n "${BENCH_INT8_QARGS+x}" ]; then variants=("${BENCH_INT8_QARGS:-defaults}|$BENCH_INT8_QARGS")
+    else
+      variants=("defaults|")
+      case $model in lipsync_unet_*) variants+=("--target-error 0.0156|--target-error 0.0156") ;; esac
+    fi
+  fi
+  qfiles=(); qkept=(); qcal=()
+  for vi in "${!variants[@]}"; do
+    qf=$tmp/$model.int8.$vi.onnx
+    # shellcheck disable=SC2086  # the options are a list
+    qout=$("$MTSERVE" quantize "$path" --calibration random:4 "${dimargs[@]}" -o "$qf" ${variants[$vi]#*|} 2>&1)
+    if [ $? -ne 0 ] || [ ! -f "$qf" ]; then
+      log "$model: quantize ${variants[$vi]%%|*} failed: $(printf '%s' "$qout" | tail -n1)"
+      failures=$((failures + 1)); qf=""
+    fi
+    qfiles+=("$qf")
+    qkept+=("$(printf '%s\n' "$qout" | grep -o 'kept_fp32=[0-9]*' | tail -n1 | sed 's/.*=//')")
+    qcal+=("$(printf '%s\n' "$qout" | sed -n 's/^search .* max_error=\([0-9.e+-]*\).*/\1/p' | tail -n1)")
+  done
+  declare -A i_all=() oi_all=()
   f_all=(); b_all=(); o_all=()
   for round in $(seq 1 "$ROUNDS"); do
     j=$("$MTSERVE" run "$path" "${common[@]}" --iters "$iters" --json --precision fp32 2>/dev/null)
@@ -95,6 +129,15 @@ for model in $MODELS; do
       j=$(node "$ORT_BENCH" "$path" "${common[@]}" --iters 3 --min-seconds "$SECS" 2>/dev/null)
       v=$(jget throughput_per_s "$j"); [ -n "$v" ] && o_all+=("$v")
     fi
+    for vi in "${!qfiles[@]}"; do
+      [ -n "${qfiles[$vi]}" ] || continue
+      j=$("$MTSERVE" run "${qfiles[$vi]}" "${common[@]}" --iters "$iters" --json 2>/dev/null)
+      v=$(jget throughput_per_s "$j"); [ -n "$v" ] && i_all[$vi]+="$v "
+      if [ "$HAVE_ORT" = 1 ]; then
+        j=$(node "$ORT_BENCH" "${qfiles[$vi]}" "${common[@]}" --iters 3 --min-seconds "$SECS" 2>/dev/null)
+        v=$(jget throughput_per_s "$j"); [ -n "$v" ] && oi_all[$vi]+="$v "
+      fi
+    done
   done
   # "bf16 (guard 0.0024)" or "fp32 (guard failed)" from the precision line of the bf16 run
   pline=$(sed -n 's/^precision *//p' "$tmp/bf16.err" | head -n1)
@@ -121,11 +164,37 @@ for model in $MODELS; do
   [ "${prec%% *}" = bf16 ] || r_cell="($r_f: ran fp32)"
   rows+=("| $model | $f_cell | $b_cell | $r_cell | $o_cell | $r_fo | $r_o | ${err% *} | ${err#* } | ${prec:-bf16} |")
   log "$model: fp32 $f_cell/s, bf16 $b_cell/s (x$r_f), ORT $o_cell/s; err ${err}; ${prec}"
+  for vi in "${!qfiles[@]}"; do
+    qf=${qfiles[$vi]}; label=${variants[$vi]%%|*}
+    # shellcheck disable=SC2086  # space-separated samples
+    i_tp=$(median ${i_all[$vi]:-}); oi_tp=$(median ${oi_all[$vi]:-})
+    if [ -z "$qf" ] || [ -z "$i_tp" ]; then
+      irows+=("| $model | $label | - | failed | | | | | | | | | |"); continue
+    fi
+    rm -rf "$tmp/i"
+    "$MTSERVE" run "$qf" --batch 2 "${dimargs[@]}" --iters 1 --warmup 0 --output "$tmp/i" >/dev/null 2>&1
+    ierr=$(errors "$tmp/f" "$tmp/i" 2>/dev/null) || ierr="? ?"
+    i_cell=$(calc "sprintf(\"%.2f\", $i_tp)")
+    r_if=$(calc "sprintf(\"%.2f\", $i_tp / $f_tp)"); r_ib=$(calc "sprintf(\"%.2f\", $i_tp / $b_tp)")
+    r_io=n/a; oi_cell=n/a; r_ioi=n/a
+    [ -n "$o_tp" ] && r_io=$(calc "sprintf(\"%.2f\", $i_tp / $o_tp)")
+    if [ -n "$oi_tp" ]; then
+      oi_cell=$(calc "sprintf(\"%.2f\", $oi_tp)"); r_ioi=$(calc "sprintf(\"%.2f\", $i_tp / $oi_tp)")
+    fi
+    emax=${ierr% *}; cal=${qcal[$vi]:-}
+    case $model in lipsync_unet_*) # pixels in [0, 1]: the error in 1/255 steps too
+      emax="$emax ($(calc "sprintf(\"%.2f\", ${ierr% *} * 255)" 2>/dev/null)/255)"
+      [ -n "$cal" ] && cal="$cal ($(calc "sprintf(\"%.2f\", $cal * 255)")/255)" ;;
+    esac
+    irows+=("| $model | $label | ${qkept[$vi]:-?} | $i_cell | **$r_if** | $r_ib | $r_io | $oi_cell | **$r_ioi** | $emax | ${ierr#* } | ${cal:--} |")
+    log "$model int8 ($label): $i_cell/s (x$r_if fp32, x$r_ioi ORT int8 $oi_cell/s); err ${ierr}"
+  done
+  unset i_all oi_all
 done
 
 elapsed=$((SECONDS - t_start))
 {
-  echo "## bf16 vs fp32 (\`make bench-precision\`)"
+  echo "## fp32, bf16 and int8 (\`make bench-precision\`)"
   echo
   echo "- machine: $(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -n1), $(nproc) cores;" \
        "flags: $(grep -m1 -o -w 'avx512f\|avx512_vnni\|avx512_bf16\|amx_bf16\|amx_tile' /proc/cpuinfo | sort -u | tr '\n' ' ')" \
@@ -140,6 +209,17 @@ elapsed=$((SECONDS - t_start))
   echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"
   printf '%s\n' "${rows[@]}"
   echo
+  if [ "${#irows[@]}" -gt 0 ]; then
+    echo "int8: \`mtserve quantize MODEL --calibration random:4 [options]\` (QDQ, per-channel int8 weights, uint8"
+    echo "activations), timed in the same rounds; ONNX Runtime int8 runs the same QDQ file. Error: against mtserve fp32"
+    echo "on the bf16 column's seeded inputs (not the calibration samples); \"calibration max\": the quantizer's own"
+    echo "maximum on its 4 calibration samples, reported by --target-error."
+    echo
+    echo "| model | quantize options | layers kept float | int8 samples/s | int8/fp32 | int8/bf16 | int8/ORT fp32 | ORT int8 samples/s | int8/ORT int8 | max abs err | rel L2 | calibration max |"
+    echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+    printf '%s\n' "${irows[@]}"
+    echo
+  fi
   echo "Total benchmark time: ${elapsed} s."
 } > "$OUT_MD.tmp"
 mv "$OUT_MD.tmp" "$OUT_MD"
