@@ -12,7 +12,7 @@
  *     the optimizer folds a Div/Mul by a constant scalar into it);
  *   - an elementwise chain ("MtsEltwiseChain"): in[0] followed by stages listed in the INTS
  *     attribute "ops" (Add, Sub, Mul, Div with the next input, broadcast numpy-style to the
- *     output, or Relu / Sigmoid / HardSwish), computed in one pass over the output;
+ *     output, or Relu / Sigmoid / HardSwish / Erf), computed in one pass over the output;
  *   - the spatial-attention pooling of CBAM ("MtsChannelPool"): per pixel of a channels-last
  *     [N,H,W,C] tensor, optionally times a per-channel scale [N,1,1,C] (the channel attention,
  *     so its product is never stored for the pooling), the channel mean and max written as the
@@ -108,7 +108,42 @@ static inline __attribute__((always_inline)) v16f vexp16(v16f x)
     return p * (v16f)e;
 }
 
-/* Relu (NaN kept), Sigmoid or HardSwish (MTS_CHAIN_RELU / _SIGMOID / _HARDSWISH) on n floats in
+/* erf(x), 16 lanes: for |x| < 1/2 the Maclaurin series to x^15 (its next term is below 1e-9 of
+ * the sum), else 1 - (a1 t + ... + a5 t^5) exp(-x^2), t = 1 / (1 + p |x|) (Abramowitz and Stegun
+ * 7.1.26, absolute error below 1.5e-7), with |x| clamped at 4 (erf(4) is 1 in float) and the
+ * sign put back; NaN stays NaN. */
+static inline __attribute__((always_inline)) v16f verf16(v16f x)
+{
+    v16f ax, sg;
+    for (int l = 0; l < 16; l++) {
+        ax[l] = x[l] < 0 ? -x[l] : x[l];
+        ax[l] = ax[l] > 4.0f ? 4.0f : ax[l];
+        sg[l] = x[l] < 0 ? -1.0f : 1.0f;
+    }
+    v16f x2 = ax * ax;
+    /* 2/sqrt(pi) * sum (-1)^n x^(2n+1) / (n! (2n+1)), n = 0..7, in Horner form over x^2 */
+    v16f s = splat16(-1.0f / 75600);
+    s = s * x2 + splat16(1.0f / 9360);
+    s = s * x2 + splat16(-1.0f / 1320);
+    s = s * x2 + splat16(1.0f / 216);
+    s = s * x2 + splat16(-1.0f / 42);
+    s = s * x2 + splat16(1.0f / 10);
+    s = s * x2 + splat16(-1.0f / 3);
+    s = s * x2 + splat16(1.0f);
+    s = s * ax * splat16(1.12837917f);
+    v16f t = splat16(1.0f) / (splat16(1.0f) + splat16(0.3275911f) * ax);
+    v16f q = splat16(1.061405429f);
+    q = q * t + splat16(-1.453152027f);
+    q = q * t + splat16(1.421413741f);
+    q = q * t + splat16(-0.284496736f);
+    q = q * t + splat16(0.254829592f);
+    v16f big = splat16(1.0f) - q * t * vexp16(-x2);
+    v16f r;
+    for (int l = 0; l < 16; l++) r[l] = x[l] != x[l] ? x[l] : sg[l] * (ax[l] < 0.5f ? s[l] : big[l]);
+    return r;
+}
+
+/* Relu (NaN kept), Sigmoid, HardSwish or Erf (MTS_CHAIN_RELU / _SIGMOID / _HARDSWISH / _ERF) on n floats in
  * place: the elementwise chains' stages and the small-channel conv's fused activation. HardSwish
  * is the reference kernel's x * clamp(x / 6 + 1/2, 0, 1), with x / 6 + 1/2 one fused
  * multiply-add (this file contracts them), so within a rounding of the reference. */
@@ -118,6 +153,9 @@ static inline __attribute__((always_inline)) void act_inplace(float *b, int64_t 
     if (op == MTS_CHAIN_RELU) {
         for (; i + 16 <= n; i += 16) st16(b + i, vmax16(ld16(b + i), splat16(0)));
         for (; i < n; i++) b[i] = b[i] > 0 ? b[i] : (b[i] != b[i] ? b[i] : 0.0f);
+    } else if (op == MTS_CHAIN_ERF) {
+        for (; i + 16 <= n; i += 16) st16(b + i, verf16(ld16(b + i)));
+        for (; i < n; i++) b[i] = erff(b[i]);
     } else if (op == MTS_CHAIN_HARDSWISH) {
         for (; i + 16 <= n; i += 16) {
             v16f v = ld16(b + i), t = v * splat16(1.0f / 6.0f) + splat16(0.5f);

@@ -209,9 +209,12 @@ static int chain_stage(const mts__opt *o, const mts__step *st, int cur, int *ope
     if (st->kind != MTS__S_KERNEL || st->dynamic || st->nd->domain[0] || st->n_out != 1 || st->out[0] < 0 ||
         p->vals[st->out[0]].dtype != MTS_DTYPE_FLOAT || p->state[st->out[0]] != MTS__V_STATIC)
         return -1;
-    if (is_op(st, "Relu") || is_op(st, "Sigmoid") || is_op(st, "HardSwish")) {
+    if (is_op(st, "Relu") || is_op(st, "Sigmoid") || is_op(st, "HardSwish") || is_op(st, "Erf")) {
         if (st->n_in != 1 || !float_value(p, st->in[0]) || (cur >= 0 && st->in[0] != cur)) return -1;
-        return is_op(st, "Relu") ? MTS_CHAIN_RELU : is_op(st, "Sigmoid") ? MTS_CHAIN_SIGMOID : MTS_CHAIN_HARDSWISH;
+        return is_op(st, "Relu")      ? MTS_CHAIN_RELU
+               : is_op(st, "Sigmoid") ? MTS_CHAIN_SIGMOID
+               : is_op(st, "Erf")     ? MTS_CHAIN_ERF
+                                      : MTS_CHAIN_HARDSWISH;
     }
     int code;
     if (is_op(st, "Add")) code = MTS_CHAIN_ADD;

@@ -229,12 +229,13 @@ enum mts_chain_op {
     MTS_CHAIN_RELU,
     MTS_CHAIN_SIGMOID,
     MTS_CHAIN_HARDSWISH, /* x * min(max(x / 6 + 1/2, 0), 1) */
+    MTS_CHAIN_ERF,
 };
 
 /* Whether a chain stage code is a unary one (no operand of its own). */
 static inline int mts_chain_unary(int64_t op)
 {
-    return op == MTS_CHAIN_RELU || op == MTS_CHAIN_SIGMOID || op == MTS_CHAIN_HARDSWISH;
+    return op == MTS_CHAIN_RELU || op == MTS_CHAIN_SIGMOID || op == MTS_CHAIN_HARDSWISH || op == MTS_CHAIN_ERF;
 }
 
 /* Runs fn(ctx, ithr, nthr) for ithr in [0, nthr) on `threads` threads of the calling thread's
