@@ -114,12 +114,9 @@ static inline __attribute__((always_inline)) v16f vexp16(v16f x)
  * sign put back; NaN stays NaN. */
 static inline __attribute__((always_inline)) v16f verf16(v16f x)
 {
-    v16f ax, sg;
-    for (int l = 0; l < 16; l++) {
-        ax[l] = x[l] < 0 ? -x[l] : x[l];
-        ax[l] = ax[l] > 4.0f ? 4.0f : ax[l];
-        sg[l] = x[l] < 0 ? -1.0f : 1.0f;
-    }
+    const v16i sign = (v16i){0} + INT32_MIN; /* the sign bit (splat16 cannot make -0) */
+    v16f ax = (v16f)((v16i)x & ~sign);
+    for (int l = 0; l < 16; l++) ax[l] = ax[l] > 4.0f ? 4.0f : ax[l]; /* NaN stays */
     v16f x2 = ax * ax;
     /* 2/sqrt(pi) * sum (-1)^n x^(2n+1) / (n! (2n+1)), n = 0..7, in Horner form over x^2 */
     v16f s = splat16(-1.0f / 75600);
@@ -137,10 +134,9 @@ static inline __attribute__((always_inline)) v16f verf16(v16f x)
     q = q * t + splat16(1.421413741f);
     q = q * t + splat16(-0.284496736f);
     q = q * t + splat16(0.254829592f);
-    v16f big = splat16(1.0f) - q * t * vexp16(-x2);
-    v16f r;
-    for (int l = 0; l < 16; l++) r[l] = x[l] != x[l] ? x[l] : sg[l] * (ax[l] < 0.5f ? s[l] : big[l]);
-    return r;
+    v16f big = splat16(1.0f) - q * t * vexp16(-x2), r;
+    for (int l = 0; l < 16; l++) r[l] = ax[l] < 0.5f ? s[l] : big[l]; /* NaN: big is NaN */
+    return (v16f)((v16i)r | ((v16i)x & sign));
 }
 
 /* Relu (NaN kept), Sigmoid, HardSwish or Erf (MTS_CHAIN_RELU / _SIGMOID / _HARDSWISH / _ERF) on n floats in

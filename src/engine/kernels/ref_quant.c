@@ -123,8 +123,10 @@ static inline void q8_store(void *d, bool is_signed, int64_t i, float v, int32_t
 }
 
 /* y[j] = saturate(round_half_even((acc[j] + bias) * s) + zp) for j < n, into int8 (sgn) or
- * uint8: the requantization of one output row, with the same results as sat_round. */
-static void requant_row(const int32_t *acc, int64_t n, int32_t bias, float s, int32_t zp, bool sgn, void *y)
+ * uint8: the requantization of one output row, with the same results as sat_round; with cs,
+ * column j's scale is cs[j] instead of s (per-column weight scales). */
+static void requant_row_cs(const int32_t *acc, int64_t n, int32_t bias, float s, const float *cs, int32_t zp, bool sgn,
+                           void *y)
 {
     int64_t j = 0;
 #ifdef QR_SSE2
@@ -135,7 +137,7 @@ static void requant_row(const int32_t *acc, int64_t n, int32_t bias, float s, in
         __m128i q[4];
         for (int t = 0; t < 4; t++) {
             __m128i a = _mm_add_epi32(_mm_loadu_si128((const __m128i *)(acc + j + 4 * t)), bv);
-            __m128 v = _mm_mul_ps(_mm_cvtepi32_ps(a), sv);
+            __m128 v = _mm_mul_ps(_mm_cvtepi32_ps(a), cs ? _mm_loadu_ps(cs + j + 4 * t) : sv);
             v = _mm_min_ps(_mm_max_ps(v, lo), hi); /* maxps returns lo for NaN */
             v = _mm_add_ps(_mm_sub_ps(_mm_add_ps(v, mg), mg), zv);
             q[t] = _mm_cvtps_epi32(v);
@@ -146,10 +148,15 @@ static void requant_row(const int32_t *acc, int64_t n, int32_t bias, float s, in
     }
 #endif
     for (; j < n; j++) {
-        float v = (float)(int32_t)((uint32_t)acc[j] + (uint32_t)bias) * s;
+        float v = (float)(int32_t)((uint32_t)acc[j] + (uint32_t)bias) * (cs ? cs[j] : s);
         if (sgn) ((int8_t *)y)[j] = (int8_t)sat_round(v, zp, -128, 127);
         else ((uint8_t *)y)[j] = (uint8_t)sat_round(v, zp, 0, 255);
     }
+}
+
+static void requant_row(const int32_t *acc, int64_t n, int32_t bias, float s, int32_t zp, bool sgn, void *y)
+{
+    requant_row_cs(acc, n, bias, s, NULL, zp, sgn, y);
 }
 
 static void set_shape(mts_tensor *o, mts_dtype t, const mts_tensor *like)
@@ -532,7 +539,10 @@ static void qmm_batch(const qmm_desc *d, int64_t n, int64_t *ao, int64_t *bo)
 }
 
 /* Requantizes rows [i0, i1) of one product (acc: those rows, N int32 each) into y. */
-static void qmm_requant(const qmm_desc *d, const int32_t *acc, void *y, int64_t yoff, int64_t i0, int64_t i1)
+/* cs: the per-column scales a_scale * b_scale[j] / y_scale when a_scale and y_scale are one
+ * value for every row (NULL otherwise: computed per row here). */
+static void qmm_requant(const qmm_desc *d, const float *cs, const int32_t *acc, void *y, int64_t yoff, int64_t i0,
+                        int64_t i1)
 {
     bool col_scales = mts_tensor_numel(d->bs) != 1;
     const float *bs = d->bs->data;
@@ -540,8 +550,9 @@ static void qmm_requant(const qmm_desc *d, const int32_t *acc, void *y, int64_t 
         float ai = sc_at(d->as, i), yi = sc_at(d->ys, i);
         int32_t zp = zp_at(d->yzp, i);
         const int32_t *a = acc + (i - i0) * d->N;
-        if (!col_scales) {
-            requant_row(a, d->N, 0, ai * bs[0] / yi, zp, d->y_sgn, (uint8_t *)y + yoff + i * d->N);
+        if (!col_scales || cs) {
+            requant_row_cs(a, d->N, 0, col_scales ? 0.0f : ai * bs[0] / yi, cs, zp, d->y_sgn,
+                           (uint8_t *)y + yoff + i * d->N);
             continue;
         }
         for (int64_t j = 0; j < d->N; j++)
@@ -553,6 +564,7 @@ typedef struct qmm_job {
     const qmm_desc *d;
     void *y;
     int32_t *acc; /* QLinearMatMul: one M x N int32 buffer per thread */
+    float *cs;    /* QLinearMatMul: per-column requantization scales (qmm_requant), or NULL */
     int64_t units, rows_per_unit, nru;
     bool fast;
     mts_qpack_b *pb; /* fast: packed B of every distinct batch matrix */
@@ -626,7 +638,7 @@ static void qmm_part(void *ctx, int ithr, int nthr)
         } else {
             qmm_ref_rows(d, j->bref, n, i0, i1, c);
         }
-        if (acc) qmm_requant(d, acc, j->y, yoff, i0, i1);
+        if (acc) qmm_requant(d, j->cs, acc, j->y, yoff, i0, i1);
     }
     if (j->fast) {
         mts_qpack_a_free(&pa);
@@ -686,6 +698,11 @@ static int qmm_run_common(mts_kctx *k, bool qlinear, bool fast)
     if (!rc && qlinear) {
         j.acc = malloc(sizeof(int32_t) * (size_t)(rpu * d.N) * (size_t)nthr);
         if (!j.acc) rc = MTS_ENOMEM;
+        if (!rc && mts_tensor_numel(d.bs) != 1 && mts_tensor_numel(d.as) == 1 && mts_tensor_numel(d.ys) == 1 &&
+            (j.cs = malloc(sizeof(float) * (size_t)d.N))) {
+            float ai = sc_at(d.as, 0), yi = sc_at(d.ys, 0);
+            for (int64_t c = 0; c < d.N; c++) j.cs[c] = ai * ((const float *)d.bs->data)[c] / yi;
+        }
     }
     if (!rc) {
         mts_parallel(nthr, qmm_part, &j);
@@ -696,6 +713,7 @@ static int qmm_run_common(mts_kctx *k, bool qlinear, bool fast)
     free(j.pb);
     free(j.bref);
     free(j.acc);
+    free(j.cs);
     if (rc) return mts_err_set(k->err, rc, "out of memory");
     return MTS_OK;
 }
