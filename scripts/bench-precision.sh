@@ -197,7 +197,7 @@ elapsed=$((SECONDS - t_start))
   echo "## fp32, bf16 and int8 (\`make bench-precision\`)"
   echo
   echo "- machine: $(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -n1), $(nproc) cores;" \
-       "flags: $(grep -m1 -o -w 'avx512f\|avx512_vnni\|avx512_bf16\|amx_bf16\|amx_tile' /proc/cpuinfo | sort -u | tr '\n' ' ')" \
+       "flags: $(grep -m1 -o -w 'avx512f\|avx512_vnni\|avx512vbmi\|avx512_bf16\|amx_bf16\|amx_int8\|amx_tile' /proc/cpuinfo | sort -u | tr '\n' ' ')" \
        "(fast bf16 kernels need avx512f; native bf16 is avx512_bf16 or amx_bf16)"
   echo "- load average at start $load_start, at end $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)"
   echo "- batch $BATCH, $THREADS threads; $ROUNDS rounds of fp32, bf16, ORT per model, medians; mtserve $MTSERVE," \
