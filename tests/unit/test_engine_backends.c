@@ -479,7 +479,8 @@ static void test_quant(void **state)
 /* Activations between quantized tensors, Q(act(DQ(x))), as 256-entry tables (MtsQLinearUnary
  * built with the reference kernels of HardSwish, HardSigmoid, Sigmoid, Tanh, Clip, Softplus and
  * Elu): equal to the unfused float steps of the reference backend, value for value, over a
- * source range of [-4, 4] that crosses every activation's bends. Then a HardSwish whose output
+ * source range of [-4, 4] that crosses every activation's bends (and a Clip with a bound from a
+ * graph input stays unfused). Then a HardSwish whose output
  * is read twice, which ends an elementwise chain (fast.c) after a Mul and a Sub. */
 static void test_quant_tables(void **state)
 {
@@ -523,6 +524,12 @@ static void test_quant_tables(void **state)
         node(&G, "DequantizeLinear", ins, y, NULL);
         io(&G, 12, y, -1, NULL);
     }
+    /* a Clip whose bound is a graph input is no function of its element alone: not a table */
+    io(&G, 11, "hi_in", 0, NULL);
+    node(&G, "Clip", "xf lo hi_in", "av", NULL);
+    node(&G, "QuantizeLinear", "av ys yz", "qv", NULL);
+    node(&G, "DequantizeLinear", "qv ys yz", "yv", NULL);
+    io(&G, 12, "yv", -1, NULL);
     G.expect_op = "MtsQLinearUnary";
     G.expect_steps = n_acts;
     compare_backends(&G, "quantized activation tables", 0.0);

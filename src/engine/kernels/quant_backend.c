@@ -180,7 +180,17 @@ static bool table_unary(const mts__plan *p, const mts__step *st)
     for (int i = 1; i < st->n_in; i++)
         if (st->in[i] >= 0 && (!const_value(p, st->in[i]) || mts_tensor_numel(&p->vals[st->in[i]]) != 1))
             return false;
-    return true;
+    /* the table will run the op on 256 floats with these operands: it must accept them */
+    mts_tensor x = {0}, y = {0};
+    x.dtype = MTS_DTYPE_FLOAT;
+    x.rank = 1;
+    x.dims[0] = 256;
+    const mts_tensor *in[3] = {&x, NULL, NULL};
+    for (int i = 1; i < st->n_in; i++) in[i] = st->in[i] >= 0 ? &p->vals[st->in[i]] : NULL;
+    mts_err e = {0};
+    mts_kctx k = {st->nd, in, st->n_in, &y, 1, &e, 1, NULL};
+    return mts_op_lookup(st->nd->op_type)->infer(&k) == MTS_OK && y.dtype == MTS_DTYPE_FLOAT &&
+           mts_tensor_numel(&y) == 256;
 }
 
 /* QuantizeLinear step qs reading the only output of a Relu / LeakyRelu or of another
