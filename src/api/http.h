@@ -76,6 +76,18 @@ typedef void (*mts_http_handler)(void *user, mts_http_conn *c, mts_http_req *req
  * moment, the two may race: `c` and `req` stay valid for the whole on_cancel call regardless. */
 typedef void (*mts_http_cancel_fn)(void *user, mts_http_conn *c, mts_http_req *req);
 
+/* Asked on the I/O thread once a request's head is read, before a body of at least
+ * MTS_HTTP_ADMIT_MIN bytes (by Content-Length) is read: method and path (NUL-terminated, the
+ * query cut off) and the body's length. 0 reads the body as usual; an HTTP status refuses the
+ * request at once, msg (NUL-terminated, at most cap bytes) being its JSON error and a positive
+ * *retry_after_s a Retry-After header: the answer goes
+ * out, the connection closes after it, and the body is discarded without being copied out of the
+ * kernel. A flood of large requests that would be refused anyway (a full queue) then costs the
+ * I/O threads no copying, and other clients' requests are read sooner. Must not block. */
+typedef int (*mts_http_admit_fn)(void *user, const char *method, const char *path, size_t content_length, char *msg,
+                                 size_t cap, int *retry_after_s);
+#define MTS_HTTP_ADMIT_MIN ((size_t)64 * 1024)
+
 typedef struct mts_http_opts {
     const char *host;         /* address to bind; NULL = "0.0.0.0" (first getaddrinfo result) */
     int port;                 /* 0 = ephemeral (see mts_http_port) */
@@ -96,6 +108,7 @@ typedef struct mts_http_opts {
     const char *align_header;
     mts_http_handler handler; /* required */
     mts_http_cancel_fn on_cancel; /* optional */
+    mts_http_admit_fn admit;      /* optional: early refusal of large requests */
     void *user;               /* first argument of handler and on_cancel */
 } mts_http_opts;
 

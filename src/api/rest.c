@@ -1,11 +1,14 @@
 /*
  * The REST front end (rest.h): starts the HTTP server with the route tables of the REST modules
  * (the dashboard's and the embeddings endpoint's included) and the front end's own /metrics route, dispatches every request
- * through the router, and cancels the request of a client that went away.
+ * through the router, and cancels the request of a client that went away. A large KServe infer
+ * upload whose model's queue is full is refused (429) from its head, before its body is read.
  */
 #include "api/rest.h"
 
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "api/dashboard_http.h"
 #include "api/embed_http.h"
@@ -62,6 +65,32 @@ static void on_cancel(void *user, mts_http_conn *c, mts_http_req *hr)
     if (hr->user) mts_request_cancel((mts_request *)hr->user);
 }
 
+/* Early refusal of a large KServe infer request (POST /v2/models/NAME[/versions/V]/infer) whose
+ * model's queue is full: its upload is then not read (mts_http_admit_fn). Not with bearer
+ * tokens, where an unauthenticated client must not learn a model's queue state. */
+static int admit(void *user, const char *method, const char *path, size_t content_length, char *msg, size_t cap,
+                 int *retry_after_s)
+{
+    mts_rest *r = user;
+    (void)content_length;
+    static const char pre[] = "/v2/models/";
+    if (r->auth || r->metrics_only || strcmp(method, "POST") || strncmp(path, pre, sizeof pre - 1)) return 0;
+    const char *name = path + sizeof pre - 1, *slash = strchr(name, '/');
+    if (!slash) return 0;
+    const char *rest = slash;
+    if (!strncmp(rest, "/versions/", 10)) {
+        rest += 10;
+        while (*rest >= '0' && *rest <= '9') rest++;
+    }
+    if (strcmp(rest, "/infer")) return 0;
+    mts_err e = {0};
+    int rc = mts_server_admit(r->srv, name, (size_t)(slash - name), &e);
+    if (!rc) return 0;
+    snprintf(msg, cap, "%s", e.msg);
+    *retry_after_s = 1; /* as the full queue's answer after submit */
+    return mts_proto_http_status(rc);
+}
+
 int mts_rest_start(mts_server *srv, const mts_rest_opts *o, mts_rest **out, mts_err *err)
 {
     mts_rest *r = calloc(1, sizeof *r);
@@ -85,6 +114,7 @@ int mts_rest_start(mts_server *srv, const mts_rest_opts *o, mts_rest **out, mts_
     ho.align_header = "Inference-Header-Content-Length"; /* binary tensors read in place */
     ho.handler = handler;
     ho.on_cancel = on_cancel;
+    ho.admit = admit;
     ho.user = r;
     int rc = mts_http_start(&ho, &r->http, err);
     if (rc) {

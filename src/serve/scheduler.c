@@ -288,6 +288,32 @@ mts_request *mts__drain_queue(mts_server *s, mts__entry *e)
 
 static bool run_inline(mts_server *s, mts__device *d, mts__entry *e, mts_request *req);
 
+/* Under s->lock: MTS_EFULL (counted as a rejection) when e's queue or the server's is full. */
+static int queue_full(mts_server *s, mts__entry *e, mts_err *err)
+{
+    if (e->qlen < e->cfg->queue_size && s->total_queued < s->cfg->max_queue_total) return MTS_OK;
+    bool model_full = e->qlen >= e->cfg->queue_size;
+    e->n_rejected++;
+    s->rejected_full++;
+    return mts_err_set(err, MTS_EFULL, "%s queue is full (%d requests queued, limit %d)",
+                       model_full ? "the model's" : "the server's", model_full ? e->qlen : s->total_queued,
+                       model_full ? e->cfg->queue_size : s->cfg->max_queue_total);
+}
+
+int mts_server_admit(mts_server *s, const char *model, size_t len, mts_err *err)
+{
+    char name[256];
+    if (len == 0 || len >= sizeof name) return MTS_OK; /* submit answers such names */
+    memcpy(name, model, len);
+    name[len] = '\0';
+    pthread_mutex_lock(&s->lock);
+    mts__entry *e = mts__find(s, name);
+    int rc = e && !s->stopping ? queue_full(s, e, err) : MTS_OK;
+    if (rc) mts__win_error(e, mts__now_ns());
+    pthread_mutex_unlock(&s->lock);
+    return rc;
+}
+
 int mts_server_submit(mts_server *s, mts_request *req, int *retry_after_s, mts_err *err)
 {
     if (retry_after_s) *retry_after_s = 0;
@@ -322,14 +348,8 @@ int mts_server_submit(mts_server *s, mts_request *req, int *retry_after_s, mts_e
                          "/v2/repository/models/%s/load)%s%s",
                          req->model, req->model, e->state == MTS_MODEL_FAILED ? "; last load failed: " : "",
                          e->state == MTS_MODEL_FAILED ? e->reason : "");
-    } else if (e->qlen >= e->cfg->queue_size || s->total_queued >= s->cfg->max_queue_total) {
-        bool model_full = e->qlen >= e->cfg->queue_size;
-        rc = mts_err_set(err, MTS_EFULL, "%s queue is full (%d requests queued, limit %d)",
-                         model_full ? "the model's" : "the server's", model_full ? e->qlen : s->total_queued,
-                         model_full ? e->cfg->queue_size : s->cfg->max_queue_total);
+    } else if ((rc = queue_full(s, e, err))) {
         if (retry_after_s) *retry_after_s = 1;
-        e->n_rejected++;
-        s->rejected_full++;
     }
     if (rc) {
         if (e) mts__win_error(e, mts__now_ns()); /* refused: shutting down, unloading, back-off, full */

@@ -7,7 +7,8 @@ temporary model repository and checks, over HTTP with `requests`:
   - inference with JSON data (checked against numpy evaluating tiny.onnx's initializers), with
     the binary tensor extension in both directions (bodies built by hand), requested outputs;
   - error handling: status codes and the messages naming what is wrong (404, 400, 405, 413);
-  - behaviour under load: queue full (429 + Retry-After), per-request timeout (504),
+  - behaviour under load: queue full (429 + Retry-After; a large upload refused from its head
+    while the queue is full), per-request timeout (504),
     20 models through max_models 5 (eviction), a storm on one cold model (one load), unload
     and force_reload while serving, SIGTERM with queued work, clients that disconnect.
 The slow model (seg_unet) is used only where slowness is the point; the rest use tiny.onnx and
@@ -642,6 +643,78 @@ def test_queue_full_429(start_server):
     m = parse_metrics(srv.metrics())
     assert metric(m, "mts_requests_total", model="seg", outcome="rejected") == n429
     assert metric(m, "mts_requests_total", model="seg", outcome="success") == n200
+
+
+def test_full_queue_refused_from_head(start_server):
+    """A large infer upload whose model's queue is full is answered 429 (Retry-After, the same
+    message as after submit) from its head alone: the server neither waits for nor reads the
+    body, and closes the connection after the answer. With room in the queue the same head waits
+    for its body. Everyone else is served throughout."""
+    srv = start_server({"seg": (SEG, {"queue_size": 1, "max_batch": 16, "instances": 1}), "tiny": TINY})
+    assert srv.post("/v2/repository/models/seg/load").status_code == 200
+    body, headers = seg_body()
+    img16 = np.random.default_rng(3).random((16, 3, 256, 256), dtype=np.float32)
+    big, big_headers = binary_body([("image", img16)])
+    head = ("POST /v2/models/seg/infer HTTP/1.1\r\nHost: t\r\nContent-Type: application/octet-stream\r\n"
+            f"Inference-Header-Content-Length: {headers['Inference-Header-Content-Length']}\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+
+    def send_head(wait_s):
+        """Sends the head alone; returns (socket, what came back within wait_s or None)."""
+        s = socket.create_connection(("127.0.0.1", srv.port), timeout=wait_s)
+        s.sendall(head)
+        data = b""
+        try:
+            while True:
+                d = s.recv(65536)
+                if not d:
+                    break
+                data += d
+        except socket.timeout:
+            pass
+        return s, data or None
+
+    def finish(s):
+        s.settimeout(30)
+        s.sendall(body)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            d = s.recv(65536)
+            assert d, data
+            data += d
+        s.close()
+        return data.split(b"\r\n", 1)[0]
+
+    s, data = send_head(1.0)
+    assert data is None, data  # room in the queue: the body is awaited
+    assert finish(s) == b"HTTP/1.1 200 OK"
+    refused = None
+    for _ in range(8):  # the queue must still be full when the head arrives: retried if it was not
+        running = in_background(lambda: srv.infer("seg", big, headers=big_headers))
+        time.sleep(0.1)  # 16 images: it runs for a while (instances: 1), the next one waits
+        queued = in_background(lambda: srv.infer("seg", big, headers=big_headers))
+        wait_queued(srv, "seg", 1)
+        t0 = time.monotonic()
+        s, data = send_head(10.0)
+        if data and data.startswith(b"HTTP/1.1 429"):
+            refused = (data, time.monotonic() - t0)
+            s.close()
+        elif data is None:
+            finish(s)
+        assert srv.infer("tiny", {"inputs": [json_input("x", np.ones((1, 16)))]}).status_code == 200
+        for f in (running, queued):
+            assert status_of(f()) in (200, 429)
+        if refused:
+            break
+    assert refused, "the queue was never full when the head arrived"
+    data, secs = refused
+    text = data.decode(errors="replace")
+    assert re.search(r"(?im)^Retry-After: *1\r$", text), text
+    assert re.search(r"(?im)^Connection: *close\r$", text), text
+    assert "queue is full" in text and "limit 1" in text, text
+    assert secs < 5, secs
+    m = parse_metrics(srv.metrics())
+    assert metric(m, "mts_requests_total", model="seg", outcome="rejected") >= 1
 
 
 def test_timeout_504(start_server):
