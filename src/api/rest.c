@@ -2,10 +2,12 @@
  * The REST front end (rest.h): starts the HTTP server with the route tables of the REST modules
  * (the dashboard's and the embeddings endpoint's included) and the front end's own /metrics route, dispatches every request
  * through the router, and cancels the request of a client that went away. A large KServe infer
- * upload whose model's queue is full is refused (429) from its head, before its body is read.
+ * or lip-sync composite upload whose model's queue is full is refused (429) from its head,
+ * before its body is read.
  */
 #include "api/rest.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,24 +67,27 @@ static void on_cancel(void *user, mts_http_conn *c, mts_http_req *hr)
     if (hr->user) mts_request_cancel((mts_request *)hr->user);
 }
 
-/* Early refusal of a large KServe infer request (POST /v2/models/NAME[/versions/V]/infer) whose
- * model's queue is full: its upload is then not read (mts_http_admit_fn). Not with bearer
- * tokens, where an unauthenticated client must not learn a model's queue state. */
+/* Early refusal of a large inference upload whose model's queue is full: its body is then not
+ * read (mts_http_admit_fn). The paths: POST /v2/models/NAME[/versions/V]/infer (KServe) and
+ * POST /api/v1/lipsync/NAME/composite. Not with bearer tokens, where an unauthenticated client
+ * must not learn a model's queue state. */
 static int admit(void *user, const char *method, const char *path, size_t content_length, char *msg, size_t cap,
                  int *retry_after_s)
 {
     mts_rest *r = user;
     (void)content_length;
-    static const char pre[] = "/v2/models/";
-    if (r->auth || r->metrics_only || strcmp(method, "POST") || strncmp(path, pre, sizeof pre - 1)) return 0;
-    const char *name = path + sizeof pre - 1, *slash = strchr(name, '/');
+    static const char kserve[] = "/v2/models/", lipsync[] = MTS_LIPSYNC_HTTP_PREFIX;
+    if (r->auth || r->metrics_only || strcmp(method, "POST")) return 0;
+    bool ks = !strncmp(path, kserve, sizeof kserve - 1);
+    if (!ks && strncmp(path, lipsync, sizeof lipsync - 1)) return 0;
+    const char *name = path + (ks ? sizeof kserve : sizeof lipsync) - 1, *slash = strchr(name, '/');
     if (!slash) return 0;
     const char *rest = slash;
-    if (!strncmp(rest, "/versions/", 10)) {
+    if (ks && !strncmp(rest, "/versions/", 10)) {
         rest += 10;
         while (*rest >= '0' && *rest <= '9') rest++;
     }
-    if (strcmp(rest, "/infer")) return 0;
+    if (strcmp(rest, ks ? "/infer" : "/composite")) return 0;
     mts_err e = {0};
     int rc = mts_server_admit(r->srv, name, (size_t)(slash - name), &e);
     if (!rc) return 0;
