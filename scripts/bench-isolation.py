@@ -51,9 +51,11 @@ server without its short-work lane (fair sharing alone), MTS_PREEMPT=1 with pree
 engine steps. PARTS=modes compares the ways of bounding the light tenant's wait side by side
 (MODES, default "lane,preempt,none"; also "lane+preempt", and "nice0" / "nice10": the regular
 workers at nice 0 or 10, MTS_WORKER_NICE; "noinline": short work never run on the thread that
-read the request, MTS_INLINE_SHORT=0): one server per mode, the light tenant beside the heavy
+read the request, MTS_INLINE_SHORT=0; "noearly": large HTTP uploads for a full queue read whole
+before the 429, MTS_EARLY_REFUSAL=0): one server per mode, the light tenant beside the heavy
 one at concurrency 4 and 32 and an open-loop flood of FLOOD_RATE/s (default 230, about 5x the
-heavy capacity), rounds interleaved across the servers.
+heavy capacity), rounds interleaved across the servers; with the heavy tenant's refused
+requests a second and the server's CPU seconds a second.
 """
 import json
 import os
@@ -239,7 +241,7 @@ def two_heavy(url, grpc):
 MODES = {"lane": {}, "preempt": {"MTS_SHORT_LANE": "0", "MTS_PREEMPT": "1"},
          "lane+preempt": {"MTS_PREEMPT": "1"}, "none": {"MTS_SHORT_LANE": "0"},
          "nice0": {"MTS_WORKER_NICE": "0"}, "nice10": {"MTS_WORKER_NICE": "10"},
-         "noinline": {"MTS_INLINE_SHORT": "0"}}
+         "noinline": {"MTS_INLINE_SHORT": "0"}, "noearly": {"MTS_EARLY_REFUSAL": "0"}}
 FLOOD_RATE = float(os.environ.get("FLOOD_RATE", "230"))  # the open-loop row of PARTS=modes
 
 
@@ -257,17 +259,20 @@ def modes(tmp):
             print(f"\n{proto}: light tenant {LIGHT} at {LIGHT_RATE:.0f}/s beside {HEAVY}; one server per mode, "
                   f"medians of {ROUNDS} interleaved rounds\n")
             print("| heavy load | mode | light p50 | light p99 | light p99 queued in server | light answered | "
-                  "heavy req/s | heavy vs lane |")
-            print("|---|---|---|---|---|---|---|---|")
+                  "heavy req/s | heavy vs lane | heavy refused/s | server CPU s/s |")
+            print("|---|---|---|---|---|---|---|---|---|---|")
             for label, hargs in (("closed loop, concurrency 4", ("--concurrency", 4)),
                                  ("closed loop, concurrency 32", ("--concurrency", 32)),
                                  (f"open loop, {FLOOD_RATE:.0f}/s", ("--rate", FLOOD_RATE))):
                 res = {m: [] for m in names}
+                cpu = {m: [] for m in names}
                 for _ in range(ROUNDS):
                     for m in names:
-                        _, url, grpc = servers[m]
+                        p, url, grpc = servers[m]
+                        c0, t0 = proc_cpu_s(p.pid), time.monotonic()
                         res[m].append(run([bench_cmd(proto, url, grpc, HEAVY, *hargs, "--duration", DURATION),
                                            bench_cmd(proto, url, grpc, LIGHT, *light_args())]))
+                        cpu[m].append((proc_cpu_s(p.pid) - c0) / (time.monotonic() - t0))
                 ref = median([h["throughput_rps"] for h, _ in res[names[0]]])
                 for m in names:
                     hs, ls = [h for h, _ in res[m]], [x for _, x in res[m]]
@@ -276,7 +281,9 @@ def modes(tmp):
                           f"{median([x['latency_ms']['p99'] for x in ls]):.2f} ms | "
                           f"{median([x['server_queue_ms']['p99'] for x in ls]):.2f} ms | "
                           f"{sum(x['ok'] for x in ls)}/{sum(x['requests'] for x in ls)} | {thr:.2f} | "
-                          f"{thr / ref if ref else 0:.3f} |", flush=True)
+                          f"{thr / ref if ref else 0:.3f} | "
+                          f"{median([h.get('errors', 0) / DURATION for h in hs]):.1f} | {median(cpu[m]):.2f} |",
+                          flush=True)
     finally:
         for p, _, _ in servers.values():
             p.terminate()
