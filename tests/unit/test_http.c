@@ -1,7 +1,7 @@
 /*
  * Tests of the HTTP/1.1 server (src/api/http.c) over real sockets on 127.0.0.1 with ephemeral
  * ports: keep-alive, bodies (Content-Length, chunked, 100-continue), pipelining, the limits and
- * their error responses, timeouts, asynchronous answers from worker threads, cancellation when
+ * their error responses, large bodies refused from their head by the admission hook, timeouts, asynchronous answers from worker threads, cancellation when
  * the client leaves, zero-copy answers, many concurrent connections, and shutdown with
  * connections open (meant to be run under ASan and TSan as well).
  */
@@ -530,6 +530,70 @@ static void test_oversize_body_413(void **state)
     resp_free(&r);
     assert_true(cli_eof(k));
     cli_close(k);
+    app_stop(a);
+}
+
+/* The admission hook: refuses "/full" (429, Retry-After 3), lets everything else through. */
+static atomic_int admit_calls;
+static int admit_full(void *user, const char *method, const char *path, size_t content_length, char *msg, size_t cap,
+                      int *retry_after_s)
+{
+    (void)user;
+    atomic_fetch_add(&admit_calls, 1);
+    if (strcmp(path, "/full")) return 0;
+    snprintf(msg, cap, "%s %s of %zu bytes: the queue is full", method, path, content_length);
+    *retry_after_s = 3;
+    return 429;
+}
+
+/* A large body is offered to the admission hook once its head is read: a refusal is answered
+ * before any of the body is sent (429 with Retry-After, then the connection closes, and what the
+ * client sends after it is discarded); an admitted one and a small one (never asked) are read
+ * and answered as usual. */
+static void test_admit_refusal(void **state)
+{
+    mts_http_opts o = {.io_threads = 1, .admit = admit_full};
+    app *a = app_start(&o);
+    atomic_store(&admit_calls, 0);
+    size_t big = MTS_HTTP_ADMIT_MIN;
+    char *body = calloc(1, big);
+    memset(body, 'b', big);
+    char head[160];
+    resp r;
+    /* refused from the head alone */
+    client *k = cli_open(mts_http_port(a->srv));
+    snprintf(head, sizeof head, "POST /full HTTP/1.1\r\nContent-Length: %zu\r\n\r\n", big);
+    cli_send(k, head);
+    assert_true(cli_read(k, &r));
+    assert_int_equal(r.status, 429);
+    assert_true(has_header(&r, "Retry-After: 3\r\n"));
+    assert_true(has_header(&r, "Connection: close\r\n"));
+    char want[160];
+    snprintf(want, sizeof want, "{\"error\":\"POST /full of %zu bytes: the queue is full\"}", big);
+    assert_string_equal(r.body, want);
+    resp_free(&r);
+    cli_sendn(k, body, big); /* the body after all: discarded by the closing server */
+    assert_true(cli_eof(k));
+    cli_close(k);
+    assert_int_equal(atomic_load(&admit_calls), 1);
+    /* small bodies are not offered: read and handed to the handler (which has no such route) */
+    k = cli_open(mts_http_port(a->srv));
+    cli_send(k, "POST /full HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello");
+    assert_true(cli_read(k, &r));
+    assert_int_equal(r.status, 404);
+    resp_free(&r);
+    assert_int_equal(atomic_load(&admit_calls), 1);
+    /* an admitted large body: read whole and echoed, the connection kept */
+    snprintf(head, sizeof head, "POST /echo HTTP/1.1\r\nContent-Length: %zu\r\n\r\n", big);
+    cli_send(k, head);
+    cli_sendn(k, body, big);
+    assert_true(cli_read(k, &r));
+    assert_int_equal(r.status, 200);
+    assert_int_equal(r.body_len, big);
+    resp_free(&r);
+    assert_int_equal(atomic_load(&admit_calls), 2);
+    cli_close(k);
+    free(body);
     app_stop(a);
 }
 
@@ -1110,6 +1174,7 @@ int main(void)
         cmocka_unit_test(test_pipelined),
         cmocka_unit_test(test_chunked),
         cmocka_unit_test(test_oversize_body_413),
+        cmocka_unit_test(test_admit_refusal),
         cmocka_unit_test(test_expect_continue),
         cmocka_unit_test(test_oversize_headers),
         cmocka_unit_test(test_malformed),
