@@ -44,7 +44,8 @@
 #                        throughput ratios and the int8 output error (~1 min)
 #   make bench-precision every reference model in fp32, bf16 and int8 (QDQ by mtserve quantize)
 #                        against ONNX Runtime fp32 and int8, with each one's error against fp32
-#                        and the CPU's bf16/int8 flags (~5 min; scripts/bench-precision.sh)
+#                        and the CPU's bf16/int8 flags, then lipsync_unet_w8's conversational users at
+#                        fp32 and bf16 (~12 min; BENCH_CAPACITY=0: ~5; scripts/bench-precision.sh)
 JOBS ?= 2
 PY := /usr/bin/python3
 BUILD := build

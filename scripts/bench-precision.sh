@@ -18,6 +18,10 @@
 # ONNX Runtime int8, its error against fp32 on the same seeded inputs as bf16's, and the
 # quantizer's own maximum error on its calibration set where it measured one.
 #
+# Last, the conversational-user capacity of lipsync_unet_w8 at fp32 and at bf16
+# (scripts/bench-lipsync-capacity.sh with PRECISION, about 7 minutes; BENCH_CAPACITY=0 leaves it
+# out), with the ratios bf16 / fp32 of the users held.
+#
 # Env knobs: BENCH_MODELS="a b" (names in models/out; default the lip-sync UNets, seg_unet,
 # cbam_resunet, mobilenetv3, bert_tiny), BENCH_BATCH (8), BENCH_THREADS (2), BENCH_ROUNDS (3),
 # BENCH_SECONDS (2), BENCH_DIMS="S=64" (symbolic dims other than the batch), BENCH_INT8 (1; 0
@@ -192,6 +196,28 @@ for model in $MODELS; do
   unset i_all oi_all
 done
 
+# Conversational users of lipsync_unet_w8 at fp32 and at bf16 (scripts/bench-lipsync-capacity.sh,
+# as `make bench-capacity`: gRPC InferBatch raw and InferBatchComposite JPEG, 16-frame requests)
+caprows=()
+if [ "${BENCH_CAPACITY:-1}" = 1 ]; then
+  declare -A capraw=() capcomp=()
+  for p in fp32 bf16; do
+    log "capacity of lipsync_unet_w8 at $p (about 3-4 minutes)"
+    cout=$(MODELS=lipsync_unet_w8 PRECISION=$p MTSERVE=$MTSERVE bash scripts/bench-lipsync-capacity.sh 2>"$tmp/cap.err")
+    row=$(printf '%s\n' "$cout" | grep '^| lipsync_unet_w8 |' | head -n1)
+    if [ -z "$row" ]; then
+      log "capacity at $p failed: $(tail -n2 "$tmp/cap.err")"; failures=$((failures + 1)); continue
+    fi
+    fps=$(printf '%s' "$row" | awk -F'|' '{gsub(/ /, "", $3); print $3}')
+    bound=$(printf '%s' "$row" | awk -F'|' '{gsub(/ /, "", $6); print $6}')
+    capraw[$p]=$(printf '%s' "$row" | awk -F'|' '{gsub(/[ *]/, "", $7); print $7}')
+    capcomp[$p]=$(printf '%s' "$row" | awk -F'|' '{gsub(/[ *]/, "", $8); print $8}')
+    caprows+=("| $p | $fps | $bound | ${capraw[$p]} | ${capcomp[$p]} |")
+  done
+  ratio() { [ -n "${1:-}" ] && [ -n "${2:-}" ] && [ "$2" != 0 ] && calc "sprintf(\"%.2f\", $1 / $2)" || echo n/a; }
+  [ "${#caprows[@]}" -eq 2 ] && caprows+=("| bf16 / fp32 | | | $(ratio "${capraw[bf16]}" "${capraw[fp32]}") | $(ratio "${capcomp[bf16]}" "${capcomp[fp32]}") |")
+fi
+
 elapsed=$((SECONDS - t_start))
 {
   echo "## fp32, bf16 and int8 (\`make bench-precision\`)"
@@ -218,6 +244,16 @@ elapsed=$((SECONDS - t_start))
     echo "| model | quantize options | layers kept float | int8 samples/s | int8/fp32 | int8/bf16 | int8/ORT fp32 | ORT int8 samples/s | int8/ORT int8 | max abs err | rel L2 | calibration max |"
     echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
     printf '%s\n' "${irows[@]}"
+    echo
+  fi
+  if [ "${#caprows[@]}" -gt 0 ]; then
+    echo "Conversational users of lipsync_unet_w8 (25 FPS, 4 s speaking in 15 s; gRPC, 16-frame requests, the"
+    echo "demo avatar; \`mtserve bench --api lipsync --find-capacity\` as in \`make bench-capacity\`; bound = engine"
+    echo "frames/s x 15/4 / 25):"
+    echo
+    echo "| precision | engine frames/s (batch 16) | bound (users) | users, InferBatch (raw) | users, InferBatchComposite (JPEG) |"
+    echo "|---|---:|---:|---:|---:|"
+    printf '%s\n' "${caprows[@]}"
     echo
   fi
   echo "Total benchmark time: ${elapsed} s."
