@@ -43,6 +43,7 @@ typedef struct buf {
 
 static void put(buf *b, const void *d, size_t n)
 {
+    if (!n) return; /* an empty field (a scalar's shape) may come with no buffer at all */
     if (b->n + n > b->cap) {
         b->cap = (b->n + n) * 2 + 64;
         b->p = realloc(b->p, b->cap);
