@@ -208,7 +208,7 @@ if [ "${BENCH_CAPACITY:-1}" = 1 ]; then
     if [ -z "$row" ]; then
       log "capacity at $p failed: $(tail -n2 "$tmp/cap.err")"; failures=$((failures + 1)); continue
     fi
-    fps=$(printf '%s' "$row" | awk -F'|' '{gsub(/ /, "", $3); print $3}')
+    fps=$(printf '%s' "$row" | awk -F'|' '{gsub(/^ +| +$/, "", $3); print $3}')
     bound=$(printf '%s' "$row" | awk -F'|' '{gsub(/ /, "", $6); print $6}')
     capraw[$p]=$(printf '%s' "$row" | awk -F'|' '{gsub(/[ *]/, "", $7); print $7}')
     capcomp[$p]=$(printf '%s' "$row" | awk -F'|' '{gsub(/[ *]/, "", $8); print $8}')
