@@ -7,7 +7,8 @@ regions (from InferBatch on the same inputs), resized with the documented biline
 numpy (float64) and pasted onto the background PNGs; every pixel must match, except that a value
 within float rounding of a .5 quantization tie may differ by one. Also: PNG = raw, JPEG
 structure, loop and ping-pong wrapping, cache statistics in GetModelStats and /metrics, every
-bad-asset case (the model keeps serving), HTTP errors, and concurrent clients."""
+bad-asset case (the model keeps serving), HTTP errors, an HTTP upload refused from its head while
+the model's queue is full, and concurrent clients."""
 import json
 import os
 import re
@@ -265,6 +266,67 @@ def test_http_composite(start_server, pb, assets):
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(base + "/api/v1/lipsync/lip/composite", timeout=30)
     assert e.value.code == 405
+
+
+def test_http_composite_refused_from_head(start_server, pb, assets):
+    """While the lip-sync model's queue is full, a composite upload is answered 429 (Retry-After,
+    Connection: close) from its head alone, before any of its frames is sent."""
+    import socket
+    import threading
+    import time
+    srv = start(start_server, {"lip": lip_models(assets, queue_size=1, max_batch=16, instances=1)})
+    base = http_base(srv)
+    host, port = base[len("http://"):].split(":")
+    vis, aud = inputs(16, seed=5)
+    busy = vis.tobytes() + aud.tobytes()  # 16 frames: one long batch
+    one = inputs(1, seed=6)
+    body = one[0].tobytes() + one[1].tobytes()
+    head = (f"POST /api/v1/lipsync/lip/composite?format=rgb HTTP/1.1\r\nHost: t\r\n"
+            f"Content-Type: application/octet-stream\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    assert http_post(base + "/api/v1/lipsync/lip/composite?format=rgb", body)[0] == 200  # loaded, warm
+    refused = None
+    for _ in range(8):  # the queue must still be full when the head arrives: retried if it was not
+        threads = [threading.Thread(target=http_post, args=(base + "/api/v1/lipsync/lip/composite", busy))
+                   for _ in range(2)]
+        threads[0].start()
+        time.sleep(0.05)
+        threads[1].start()  # waits behind the first (instances: 1): the queue of one is full
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 10:
+            with urllib.request.urlopen(base + "/v2/models/lip/stats", timeout=10) as r:
+                if json.loads(r.read())["model_stats"][0]["queue_depth"] >= 1:
+                    break
+            time.sleep(0.002)
+        sock = socket.create_connection((host, int(port)), timeout=10)
+        sock.sendall(head)
+        data = b""
+        try:
+            while True:
+                d = sock.recv(65536)
+                if not d:
+                    break
+                data += d
+        except socket.timeout:
+            pass
+        if data.startswith(b"HTTP/1.1 429"):
+            refused = data.decode(errors="replace")
+        else:
+            sock.settimeout(120)
+            sock.sendall(body)
+            while b"\r\n\r\n" not in data:
+                d = sock.recv(65536)
+                assert d, data
+                data += d
+        sock.close()
+        for t in threads:
+            t.join(300)
+        if refused:
+            break
+    assert refused, "the queue was never full when the head arrived"
+    assert re.search(r"(?im)^Retry-After: *1\r$", refused), refused
+    assert re.search(r"(?im)^Connection: *close\r$", refused), refused
+    assert "queue is full" in refused, refused
+    assert http_post(base + "/api/v1/lipsync/lip/composite?format=rgb", body)[0] == 200  # still serving
 
 
 def test_concurrent_clients(start_server, pb, assets):
