@@ -67,7 +67,7 @@
 #define ADDR_KEY 17                 /* address family + 16 address bytes (IPv4 in the first 4) */
 
 enum { P_MORE, P_READY, P_ERROR };
-enum { RS_HEAD, RS_BODY_CL, RS_BODY_CHUNKED, RS_READY, RS_PENDING, RS_CLOSING, RS_LINGER };
+enum { RS_HEAD, RS_BODY_CL, RS_BODY_CHUNKED, RS_READY, RS_PENDING, RS_CLOSING, RS_LINGER, RS_DISCARD };
 enum { CH_SIZE, CH_DATA, CH_DATA_END, CH_TRAILER };
 enum { ENC_IDENTITY, ENC_GZIP, ENC_DEFLATE }; /* request Content-Encoding */
 #define INFLATE_FIRST (256 * 1024) /* first size of a decoded body's buffer (it doubles as needed) */
@@ -106,6 +106,7 @@ struct mts_http_conn {
                                  * its answer is dequeued */
     size_t inflated_off, inflated_len;
     bool keep_alive, is_head, http10, chunked, expect_continue, path_root;
+    size_t discard_left; /* RS_DISCARD: bytes of a refused body still to drop from the socket */
     atomic_int responded;
     out_chunk *inline_resp;
 
@@ -801,6 +802,67 @@ static int conn_read(mts_http_conn *c)
 
 /* ------------------------------------------------------------------ request parsing */
 
+/* Answers a request refused from its head (status, extra header line, message) and drops its
+ * Content-Length body of cl bytes unread: what the buffer holds of it at once, the rest from the
+ * socket in the kernel (RS_DISCARD, MSG_TRUNC: no copy), after which the connection goes on with
+ * the next request (or closes, if the client asked for that). Returns P_MORE. */
+static int refuse_body(mts_http_conn *c, int status, const char *extra, const char *msg, size_t head_len, size_t cl)
+{
+    char body[1024];
+    size_t bl = json_error(body, sizeof body, msg), el = strlen(extra);
+    out_chunk *ch = chunk_alloc(0, HEAD_FIXED_MAX + 16 + el + 2 + bl);
+    if (!ch) {
+        conn_abort(c);
+        return P_ERROR;
+    }
+    char *d = chunk_data(ch, 0);
+    char *p = format_head(d, status, "application/json", 16, extra, el, true, bl, c->keep_alive ? 0 : 1);
+    memcpy(p, body, bl);
+    p += bl;
+    ch->niov = 1;
+    ch->iov[0].iov_base = d;
+    ch->iov[0].iov_len = (size_t)(p - d);
+    ch->bytes = (size_t)(p - d);
+    ch->close_after = !c->keep_alive;
+    out_append(c, ch);
+    size_t inbuf = avail_bytes(c) - head_len, have = inbuf < cl ? inbuf : cl;
+    bool keep = c->keep_alive;
+    c->req_start += head_len + have;
+    if (c->req_start == c->rlen) c->req_start = c->rlen = 0;
+    reset_request(c);
+    c->discard_left = cl - have;
+    if (!keep) c->state = RS_CLOSING; /* the answer goes, then the lingering read drops the rest */
+    else if (c->discard_left) c->state = RS_DISCARD;
+    return P_MORE;
+}
+
+/* RS_DISCARD: drops the rest of a refused body from the socket. True once it is all gone (the
+ * connection then reads its next request); false when the socket is drained for now or the
+ * connection ended. */
+static bool discard_body(mts_http_conn *c)
+{
+    while (c->discard_left) {
+        size_t want = c->discard_left < ((size_t)1 << 20) ? c->discard_left : (size_t)1 << 20;
+        ssize_t n = recv(c->fd, NULL, want, MSG_TRUNC | MSG_DONTWAIT);
+        if (n > 0) {
+            c->discard_left -= (size_t)n < c->discard_left ? (size_t)n : c->discard_left;
+            c->last_ms = c->io->now_ms;
+            continue;
+        }
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            c->drained = true;
+            return false;
+        }
+        if (n == 0) c->peer_eof = true;
+        c->state = RS_CLOSING; /* the client left, or the socket failed: the answer may still go */
+        if (n < 0) conn_abort(c);
+        return false;
+    }
+    c->state = RS_HEAD;
+    return true;
+}
+
 static int parse_head(mts_http_conn *c)
 {
     const mts_http_server *srv = c->io->srv;
@@ -977,7 +1039,9 @@ static int parse_head(mts_http_conn *c)
                                   &retry);
             if (st) {
                 if (retry > 0) snprintf(hdr, sizeof hdr, "Retry-After: %d", retry);
-                return http_error_hdr(c, st, hdr, "%s", msg);
+                /* a client waiting for 100 Continue may or may not send the body now: close */
+                if (c->expect_continue || c->ssl) return http_error_hdr(c, st, hdr, "%s", msg);
+                return refuse_body(c, st, hdr, msg, end, cl);
             }
         }
         c->state = RS_BODY_CL;
@@ -1320,6 +1384,10 @@ static void conn_pump(mts_http_conn *c)
             return;
         }
         if (c->state == RS_CLOSING) break;
+        if (c->state == RS_DISCARD) {
+            if (discard_body(c)) continue;
+            break;
+        }
         if (c->out_bytes > OUT_HIGH_WATER) {
             /* Pipelined answers backed up: write them, and go on parsing if the socket took
              * them (no EPOLLOUT will come then); otherwise EPOLLOUT resumes this pump. */
@@ -1332,7 +1400,7 @@ static void conn_pump(mts_http_conn *c)
             dispatch(c);
             continue;
         }
-        if (r == P_ERROR) continue;
+        if (r == P_ERROR || c->state == RS_DISCARD) continue; /* a refused body: from the socket */
         if (c->fd < 0) break;
         bool idle = c->state == RS_HEAD && avail_bytes(c) == 0;
         if (c->peer_eof) {
@@ -1709,6 +1777,8 @@ static void scan_timeouts(io_thread *io)
                     if (!c->ssl) send_now(c->fd, 408, "request body stalled");
                     conn_abort(c);
                 }
+            } else if (c->state == RS_DISCARD) {
+                if (now - c->last_ms >= idle) conn_abort(c); /* a refused body stalled: answered already */
             }
         }
         RELEASE(c);

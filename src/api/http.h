@@ -81,9 +81,10 @@ typedef void (*mts_http_cancel_fn)(void *user, mts_http_conn *c, mts_http_req *r
  * query cut off) and the body's length. 0 reads the body as usual; an HTTP status refuses the
  * request at once, msg (NUL-terminated, at most cap bytes) being its JSON error and a positive
  * *retry_after_s a Retry-After header: the answer goes
- * out, the connection closes after it, and the body is discarded without being copied out of the
- * kernel. A flood of large requests that would be refused anyway (a full queue) then costs the
- * I/O threads no copying, and other clients' requests are read sooner. Must not block. */
+ * out at once and the body is dropped without being copied out of the kernel, after which the
+ * connection reads its next request (it closes instead with Connection: close, Expect:
+ * 100-continue or TLS). A flood of large requests that would be refused anyway (a full queue)
+ * then costs the I/O threads no copying and no buffer of the upload's size. Must not block. */
 typedef int (*mts_http_admit_fn)(void *user, const char *method, const char *path, size_t content_length, char *msg,
                                  size_t cap, int *retry_after_s);
 #define MTS_HTTP_ADMIT_MIN ((size_t)64 * 1024)

@@ -546,10 +546,11 @@ static int admit_full(void *user, const char *method, const char *path, size_t c
     return 429;
 }
 
-/* A large body is offered to the admission hook once its head is read: a refusal is answered
- * before any of the body is sent (429 with Retry-After, then the connection closes, and what the
- * client sends after it is discarded); an admitted one and a small one (never asked) are read
- * and answered as usual. */
+/* A large body is offered to the admission hook once its head is read. A refusal is answered
+ * before any of the body is sent (429 with Retry-After); the body is then dropped unread and the
+ * connection serves its next request, whether the body came after the answer or pipelined with
+ * the next request. A client that asked to close, or waits for 100 Continue, gets the answer and
+ * the close. An admitted large body and a small one (never offered) are read as usual. */
 static void test_admit_refusal(void **state)
 {
     mts_http_opts o = {.io_threads = 1, .admit = admit_full};
@@ -558,32 +559,50 @@ static void test_admit_refusal(void **state)
     size_t big = MTS_HTTP_ADMIT_MIN;
     char *body = calloc(1, big);
     memset(body, 'b', big);
-    char head[160];
+    char head[200], want[160];
+    snprintf(want, sizeof want, "{\"error\":\"POST /full of %zu bytes: the queue is full\"}", big);
     resp r;
-    /* refused from the head alone */
+    /* refused from the head alone; the body sent after the answer is dropped */
     client *k = cli_open(mts_http_port(a->srv));
     snprintf(head, sizeof head, "POST /full HTTP/1.1\r\nContent-Length: %zu\r\n\r\n", big);
     cli_send(k, head);
     assert_true(cli_read(k, &r));
     assert_int_equal(r.status, 429);
     assert_true(has_header(&r, "Retry-After: 3\r\n"));
-    assert_true(has_header(&r, "Connection: close\r\n"));
-    char want[160];
-    snprintf(want, sizeof want, "{\"error\":\"POST /full of %zu bytes: the queue is full\"}", big);
+    assert_false(has_header(&r, "Connection: close\r\n"));
     assert_string_equal(r.body, want);
     resp_free(&r);
-    cli_sendn(k, body, big); /* the body after all: discarded by the closing server */
-    assert_true(cli_eof(k));
-    cli_close(k);
-    assert_int_equal(atomic_load(&admit_calls), 1);
+    cli_sendn(k, body, big);
+    cli_send(k, "GET /hello HTTP/1.1\r\n\r\n"); /* the same connection goes on */
+    assert_true(cli_read(k, &r));
+    assert_int_equal(r.status, 200);
+    assert_string_equal(r.body, "hello");
+    resp_free(&r);
+    /* head, body and the next request in one write */
+    size_t hl = (size_t)snprintf(head, sizeof head, "POST /full HTTP/1.1\r\nContent-Length: %zu\r\n\r\n", big);
+    static const char next[] = "POST /echo HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc";
+    char *all = malloc(hl + big + sizeof next);
+    memcpy(all, head, hl);
+    memcpy(all + hl, body, big);
+    memcpy(all + hl + big, next, sizeof next - 1);
+    cli_sendn(k, all, hl + big + sizeof next - 1);
+    free(all);
+    assert_true(cli_read(k, &r));
+    assert_int_equal(r.status, 429);
+    resp_free(&r);
+    assert_true(cli_read(k, &r));
+    assert_int_equal(r.status, 200);
+    assert_int_equal(r.body_len, 3);
+    assert_memory_equal(r.body, "abc", 3);
+    resp_free(&r);
+    assert_int_equal(atomic_load(&admit_calls), 2);
     /* small bodies are not offered: read and handed to the handler (which has no such route) */
-    k = cli_open(mts_http_port(a->srv));
     cli_send(k, "POST /full HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello");
     assert_true(cli_read(k, &r));
     assert_int_equal(r.status, 404);
     resp_free(&r);
-    assert_int_equal(atomic_load(&admit_calls), 1);
-    /* an admitted large body: read whole and echoed, the connection kept */
+    assert_int_equal(atomic_load(&admit_calls), 2);
+    /* an admitted large body: read whole and echoed */
     snprintf(head, sizeof head, "POST /echo HTTP/1.1\r\nContent-Length: %zu\r\n\r\n", big);
     cli_send(k, head);
     cli_sendn(k, body, big);
@@ -591,8 +610,22 @@ static void test_admit_refusal(void **state)
     assert_int_equal(r.status, 200);
     assert_int_equal(r.body_len, big);
     resp_free(&r);
-    assert_int_equal(atomic_load(&admit_calls), 2);
+    assert_int_equal(atomic_load(&admit_calls), 3);
     cli_close(k);
+    /* Connection: close, and Expect: 100-continue: the answer, then the connection closes */
+    static const char *const heads[] = {"POST /full HTTP/1.1\r\nConnection: close\r\nContent-Length: %zu\r\n\r\n",
+                                        "POST /full HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: %zu\r\n\r\n"};
+    for (int i = 0; i < 2; i++) {
+        k = cli_open(mts_http_port(a->srv));
+        snprintf(head, sizeof head, heads[i], big);
+        cli_send(k, head);
+        assert_true(cli_read(k, &r));
+        assert_int_equal(r.status, 429);
+        assert_true(has_header(&r, "Connection: close\r\n"));
+        resp_free(&r);
+        assert_true(cli_eof(k));
+        cli_close(k);
+    }
     free(body);
     app_stop(a);
 }
