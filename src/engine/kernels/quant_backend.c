@@ -30,6 +30,8 @@
 extern const mts_op mts_quant_fast_matmulinteger, mts_quant_fast_qlinearmatmul, mts_quant_fast_convinteger,
     mts_quant_fast_qlinearconv, mts_quant_fast_qunary, mts_quant_fast_qadd, mts_quant_fast_qconcat,
     mts_quant_fast_qupsample, mts_quant_fast_qconcat_nhwc, mts_quant_fast_qupsample_nhwc;
+int mts_quant_table_op(const mts_node *nd, const char *name, const mts_tensor *const *ops, int n_ops, float *f,
+                       mts_err *err);
 
 static bool quant_enabled(int kind)
 {
@@ -172,7 +174,7 @@ static bool table_unary(const mts__plan *p, const mts__step *st)
     static const char *const ops[] = {"HardSwish", "HardSigmoid", "Sigmoid", "Tanh", "Elu", "Selu",
                                       "Softplus", "Softsign", "Clip", NULL};
     if (st->nd->domain[0] || st->n_in < 1 || st->n_in > 3 || st->in[0] < 0 ||
-        p->vals[st->in[0]].dtype != MTS_DTYPE_FLOAT || !mts_op_lookup(st->nd->op_type))
+        p->vals[st->in[0]].dtype != MTS_DTYPE_FLOAT)
         return false;
     bool known = false;
     for (int i = 0; ops[i] && !known; i++) known = is_op(st, ops[i]);
@@ -181,16 +183,10 @@ static bool table_unary(const mts__plan *p, const mts__step *st)
         if (st->in[i] >= 0 && (!const_value(p, st->in[i]) || mts_tensor_numel(&p->vals[st->in[i]]) != 1))
             return false;
     /* the table will run the op on 256 floats with these operands: it must accept them */
-    mts_tensor x = {0}, y = {0};
-    x.dtype = MTS_DTYPE_FLOAT;
-    x.rank = 1;
-    x.dims[0] = 256;
-    const mts_tensor *in[3] = {&x, NULL, NULL};
-    for (int i = 1; i < st->n_in; i++) in[i] = st->in[i] >= 0 ? &p->vals[st->in[i]] : NULL;
+    const mts_tensor *operands[2] = {NULL, NULL};
+    for (int i = 1; i < st->n_in; i++) operands[i - 1] = st->in[i] >= 0 ? &p->vals[st->in[i]] : NULL;
     mts_err e = {0};
-    mts_kctx k = {st->nd, in, st->n_in, &y, 1, &e, 1, NULL};
-    return mts_op_lookup(st->nd->op_type)->infer(&k) == MTS_OK && y.dtype == MTS_DTYPE_FLOAT &&
-           mts_tensor_numel(&y) == 256;
+    return mts_quant_table_op(st->nd, st->nd->op_type, operands, st->n_in - 1, NULL, &e) == MTS_OK;
 }
 
 /* QuantizeLinear step qs reading the only output of a Relu / LeakyRelu or of another

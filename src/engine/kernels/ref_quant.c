@@ -1256,27 +1256,31 @@ static void qunary_part(void *ctx, int ithr, int nthr)
     for (; i < i1; i++) j->y[i] = j->lut[j->a[i]];
 }
 
-/* The 256 results of float op `name` (the reference kernel the unfused step would run, with
- * the fused node's attributes and the constant operands after y_zero_point) on the dequantized
- * values f, in place. */
-static int qunary_float_op(mts_kctx *k, const char *name, float *f)
+/* Float op `name` (its reference kernel, as the unfused step would run it, with node nd's
+ * attributes and the operands ops[0..n_ops), entries NULL where absent) on 256 floats: with f,
+ * the results replace f; with f NULL, only whether the op accepts such a call (its shape
+ * inference, float results of the same shape). The table of MtsQLinearUnary kind 6, and the
+ * planner's check before it fuses one (quant_backend.c). */
+int mts_quant_table_op(const mts_node *nd, const char *name, const mts_tensor *const *ops, int n_ops, float *f,
+                       mts_err *err)
 {
     const mts_op *op = name ? mts_op_lookup(name) : NULL;
-    if (!op) return mts_err_set(k->err, MTS_EUNSUPPORTED, "no float kernel '%s' for the table", name ? name : "");
+    if (!op) return mts_err_set(err, MTS_EUNSUPPORTED, "no float kernel '%s' for the table", name ? name : "");
+    if (n_ops < 0 || n_ops > 2) return mts_err_set(err, MTS_EINVAL, "'%s': %d operands for the table", name, n_ops);
     mts_tensor x = {0}, y = {0};
     x.dtype = MTS_DTYPE_FLOAT;
     x.rank = 1;
     x.dims[0] = 256;
     x.data = f;
     const mts_tensor *in[3] = {&x, NULL, NULL};
-    int n_in = 1;
-    for (int i = 5; i < k->n_in; i++) in[n_in++] = mts_kin(k, i);
+    for (int i = 0; i < n_ops; i++) in[i + 1] = ops[i];
     float out[256];
-    mts_kctx fk = {k->node, in, n_in, &y, 1, k->err, 1, NULL};
+    mts_kctx fk = {nd, in, n_ops + 1, &y, 1, err, 1, NULL};
     int rc = op->infer(&fk);
     if (rc) return rc;
     if (y.dtype != MTS_DTYPE_FLOAT || mts_tensor_numel(&y) != 256)
-        return mts_err_set(k->err, MTS_EINVAL, "'%s' is not an elementwise float op", name);
+        return mts_err_set(err, MTS_EINVAL, "'%s' is not an elementwise float op", name);
+    if (!f) return MTS_OK;
     y.data = out;
     if ((rc = op->run(&fk))) return rc;
     memcpy(f, out, sizeof out);
@@ -1300,7 +1304,12 @@ static int qunary_run(mts_kctx *k)
         f[v] = (float)(q - xz) * xs;
         if (op != 6) f[v] = op == 1 ? (f[v] < 0 ? 0.0f : f[v]) : (f[v] < 0.0f ? f[v] * alpha : f[v]);
     }
-    if (op == 6 && (rc = qunary_float_op(k, mts_attr_string(k->node, "mts_float_op", NULL), f))) return rc;
+    if (op == 6) { /* the float op's constant operands follow y_zero_point */
+        const mts_tensor *ops[2] = {mts_kin(k, 5), mts_kin(k, 6)};
+        if ((rc = mts_quant_table_op(k->node, mts_attr_string(k->node, "mts_float_op", NULL), ops, k->n_in - 5, f,
+                                     k->err)))
+            return rc;
+    }
     for (int v = 0; v < 256; v++) q8_store(j.lut, ysg, v, f[v] / ys, yz);
     mts_parallel(threads_for(k, j.n), qunary_part, &j);
     return MTS_OK;
