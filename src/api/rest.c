@@ -7,7 +7,6 @@
  */
 #include "api/rest.h"
 
-#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,22 +73,17 @@ static void on_cancel(void *user, mts_http_conn *c, mts_http_req *hr)
 static int admit(void *user, const char *method, const char *path, size_t content_length, char *msg, size_t cap,
                  int *retry_after_s)
 {
+    static const char *const uploads[] = {"/v2/models/{}/infer", "/v2/models/{}/versions/{#}/infer",
+                                          MTS_LIPSYNC_HTTP_PREFIX "{}/composite", NULL};
     mts_rest *r = user;
     (void)content_length;
-    static const char kserve[] = "/v2/models/", lipsync[] = MTS_LIPSYNC_HTTP_PREFIX;
     if (r->auth || r->metrics_only || strcmp(method, "POST")) return 0;
-    bool ks = !strncmp(path, kserve, sizeof kserve - 1);
-    if (!ks && strncmp(path, lipsync, sizeof lipsync - 1)) return 0;
-    const char *name = path + (ks ? sizeof kserve : sizeof lipsync) - 1, *slash = strchr(name, '/');
-    if (!slash) return 0;
-    const char *rest = slash;
-    if (ks && !strncmp(rest, "/versions/", 10)) {
-        rest += 10;
-        while (*rest >= '0' && *rest <= '9') rest++;
-    }
-    if (strcmp(rest, ks ? "/infer" : "/composite")) return 0;
+    mts_route_args a;
+    int i = 0;
+    while (uploads[i] && !mts_route_match(uploads[i], path, &a)) i++;
+    if (!uploads[i]) return 0;
     mts_err e = {0};
-    int rc = mts_server_admit(r->srv, name, (size_t)(slash - name), &e);
+    int rc = mts_server_admit(r->srv, a.arg[0], a.len[0], &e);
     if (!rc) return 0;
     snprintf(msg, cap, "%s", e.msg);
     *retry_after_s = 1; /* as the full queue's answer after submit */

@@ -33,8 +33,7 @@ static void json_error(mts_http_conn *c, int http_status, const char *extra, con
     free(text);
 }
 
-/* Matches path against pattern; fills a with the captures. */
-static bool match(const char *pattern, const char *path, mts_route_args *a)
+bool mts_route_match(const char *pattern, const char *path, mts_route_args *a)
 {
     const char *p = pattern, *s = path;
     a->n = 0;
@@ -80,7 +79,7 @@ void mts_router_dispatch(const mts_router *r, const mts_auth *auth, mts_server *
     bool path_known = false;
     for (const mts_route *const *t = r->tables; *t; t++)
         for (const mts_route *rt = *t; rt->pattern; rt++) {
-            if (!match(rt->pattern, hr->path, &a)) continue;
+            if (!mts_route_match(rt->pattern, hr->path, &a)) continue;
             if (method_ok(rt->method, hr->method)) {
                 mts_err e = {0};
                 const char *v = auth ? mts_http_header(hr, "Authorization") : NULL;

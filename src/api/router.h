@@ -17,6 +17,7 @@
 #ifndef MTS_API_ROUTER_H
 #define MTS_API_ROUTER_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "api/auth.h"
@@ -61,6 +62,9 @@ typedef struct mts_router {
  * route whose scope its bearer token does not grant is answered 401 or 403 (auth.h). */
 void mts_router_dispatch(const mts_router *r, const mts_auth *auth, mts_server *srv, mts_http_conn *c,
                          mts_http_req *hr);
+
+/* Matches path against a route pattern; fills a with the captures. */
+bool mts_route_match(const char *pattern, const char *path, mts_route_args *a);
 
 /* Copies capture i into out (cap bytes, at least MTS_ROUTE_ARG_MAX + 1 to hold any); returns out. */
 char *mts_route_arg(const mts_route_args *a, int i, char *out, size_t cap);
