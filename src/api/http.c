@@ -825,12 +825,11 @@ static int refuse_body(mts_http_conn *c, int status, const char *extra, const ch
     }
     out_append(c, ch);
     size_t inbuf = avail_bytes(c) - head_len, have = inbuf < cl ? inbuf : cl;
-    bool keep = c->keep_alive;
     c->req_start += head_len + have;
     if (c->req_start == c->rlen) c->req_start = c->rlen = 0;
-    reset_request(c);
+    reset_request(c); /* keep_alive stays: it is the connection's */
     c->discard_left = cl - have;
-    if (!keep) c->state = RS_CLOSING; /* the answer goes, then the lingering read drops the rest */
+    if (!c->keep_alive) c->state = RS_CLOSING; /* the answer goes, then the lingering read drops the rest */
     else if (c->discard_left) c->state = RS_DISCARD;
     return P_MORE;
 }
