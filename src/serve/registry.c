@@ -329,8 +329,8 @@ static void fill_meta(mts__version *v, const mts_model_config *cfg)
 {
     mts_model_info info;
     mts_model_get_info(v->model, &info);
-    v->n_in = info.n_inputs < MTS_REQ_MAX_TENSORS ? info.n_inputs : MTS_REQ_MAX_TENSORS;
-    v->n_out = info.n_outputs < MTS_REQ_MAX_TENSORS ? info.n_outputs : MTS_REQ_MAX_TENSORS;
+    v->n_in = info.n_inputs; /* at most MTS_REQ_MAX_TENSORS (check_io_kinds) */
+    v->n_out = info.n_outputs;
     v->batchable = true;
     for (int pass = 0; pass < 2; pass++) {
         int n = pass ? v->n_out : v->n_in;
@@ -352,11 +352,19 @@ static void fill_meta(mts__version *v, const mts_model_config *cfg)
 
 /* The engine holds sequence and optional values inside a graph; the protocols carry tensors
  * (numbers, and strings as KServe BYTES: api/bytes_tensor.h), so a model whose graph inputs or
- * outputs are sequences or optionals is refused at load with the reason. */
+ * outputs are sequences or optionals is refused at load with the reason, as is one with more
+ * inputs or outputs than a request holds. */
 static int check_io_kinds(const mts_model *m, char *msg, size_t len)
 {
     mts_model_info info;
     mts_model_get_info(m, &info);
+    /* a request carries at most MTS_REQ_MAX_TENSORS of each, and a batch's run hands over every
+     * output of the graph */
+    if (info.n_inputs > MTS_REQ_MAX_TENSORS || info.n_outputs > MTS_REQ_MAX_TENSORS) {
+        snprintf(msg, len, "the graph has %d inputs and %d outputs: the server serves models of at most %d of each",
+                 info.n_inputs, info.n_outputs, MTS_REQ_MAX_TENSORS);
+        return MTS_EUNSUPPORTED;
+    }
     for (int pass = 0; pass < 2; pass++)
         for (int i = 0; i < (pass ? info.n_outputs : info.n_inputs); i++) {
             const mts_value *val = pass ? mts_model_output(m, i) : mts_model_input(m, i);

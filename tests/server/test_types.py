@@ -233,3 +233,34 @@ def test_sequence_io_refused_string_io_served(start_server, tmp_path):
     assert r.status_code == 200 and r.json()["outputs"][0]["data"] == [1.5, -4], r.text
     r = srv.infer("dbl", {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP64", "data": [1, 2, 3, 4]}]})
     assert r.status_code == 200, r.text
+
+
+def test_too_many_inputs_or_outputs_refused(start_server, tmp_path):
+    """A request carries at most 16 inputs and 16 outputs: a model with more graph inputs or
+    outputs fails to load with the counts (before, a 20-output model's batch wrote past the
+    server's output table and a 20-input model was answered as if it had 16 inputs); one with
+    exactly 16 outputs loads and answers all of them."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    def save(name, n_in, n_out):
+        ins = [helper.make_tensor_value_info(f"x{i}", TensorProto.FLOAT, ["N", 4]) for i in range(n_in)]
+        nodes = [helper.make_node("Relu", [f"x{i % n_in}"], [f"y{i}"]) for i in range(n_out)]
+        outs = [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, ["N", 4]) for i in range(n_out)]
+        m = helper.make_model(helper.make_graph(nodes, name, ins, outs), opset_imports=[helper.make_opsetid("", 17)])
+        m.ir_version = 8
+        path = tmp_path / f"{name}.onnx"
+        onnx.save(m, str(path))
+        return path
+
+    srv = start_server({"out20": save("out20", 1, 20), "in20": save("in20", 20, 20), "out16": save("out16", 1, 16)})
+    x = {"name": "x0", "shape": [1, 4], "datatype": "FP32", "data": [1, -2, 3, -4]}
+    r = srv.infer("out20", {"inputs": [x]})
+    assert r.status_code == 503 and "1 inputs and 20 outputs" in error_of(r) and "at most 16" in error_of(r), r.text
+    r = srv.infer("in20", {"inputs": [x]})
+    assert r.status_code == 503 and "20 inputs and 20 outputs" in error_of(r), r.text
+    r = srv.infer("out16", {"inputs": [x]})
+    assert r.status_code == 200, r.text
+    outs = r.json()["outputs"]
+    assert sorted(o["name"] for o in outs) == sorted(f"y{i}" for i in range(16))
+    assert all(o["data"] == [1, 0, 3, 0] for o in outs), outs
