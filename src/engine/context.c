@@ -49,6 +49,7 @@ struct mts_ctx {
     /* float16/bfloat16 graph inputs and outputs (half.c): the float inputs a run uses, the
      * declared-type outputs it returns, and their buffers (inputs first, then outputs). */
     mts_tensor *hin, *hout;
+    mts_tensor *odst;   /* per graph output: the caller's buffer of an owned-output run */
     void **hbuf;
     int64_t *hcap;
     void *cf;           /* control-flow kernels' subgraph contexts and node states (subgraph.c) */
@@ -106,7 +107,8 @@ int mts_ctx_create(mts_model *m, int threads, mts_ctx **out, mts_err *err)
     c->vals = calloc(nv, sizeof *c->vals);
     c->dyn = calloc(nv, sizeof *c->dyn);
     c->dyn_cap = calloc(nv, sizeof *c->dyn_cap);
-    if (!c->vals || !c->dyn || !c->dyn_cap) {
+    c->odst = calloc((size_t)m->n_outputs + 1, sizeof *c->odst);
+    if (!c->vals || !c->dyn || !c->dyn_cap || !c->odst) {
         mts_ctx_free(c);
         return mts_err_set(err, MTS_ENOMEM, "out of memory");
     }
@@ -236,6 +238,7 @@ void mts_ctx_free(mts_ctx *c)
     free(c->hcap);
     free(c->hin);
     free(c->hout);
+    free(c->odst);
     free(c->kin);
     free(c->kout);
     free(c->kview);
@@ -538,13 +541,56 @@ static void place_outputs(mts_ctx *c, const mts__plan *p, const mts_tensor *dst)
     }
 }
 
+static int ctx_run(mts_ctx *c, const mts_tensor *inputs, int n_inputs, const mts_tensor *dst,
+                   const mts_out_alloc *oa, void **owned, const mts_tensor **outputs, mts_err *err);
+
 int mts_ctx_run(mts_ctx *c, const mts_tensor *inputs, int n_inputs, const mts_tensor **outputs, mts_err *err)
 {
-    return mts__ctx_run_into(c, inputs, n_inputs, NULL, outputs, err);
+    return ctx_run(c, inputs, n_inputs, NULL, NULL, NULL, outputs, err);
 }
 
 int mts__ctx_run_into(mts_ctx *c, const mts_tensor *inputs, int n_inputs, const mts_tensor *dst,
                       const mts_tensor **outputs, mts_err *err)
+{
+    return ctx_run(c, inputs, n_inputs, dst, NULL, NULL, outputs, err);
+}
+
+int mts_ctx_run_owned(mts_ctx *c, const mts_tensor *inputs, int n_inputs, const mts_out_alloc *oa, void **owned,
+                      const mts_tensor **outputs, mts_err *err)
+{
+    for (int i = 0; i < c->m->n_outputs; i++) owned[i] = NULL;
+    return ctx_run(c, inputs, n_inputs, NULL, oa, owned, outputs, err);
+}
+
+/* The buffers of an owned-output run: one from oa->alloc for each output of plan p that
+ * place_outputs would point at a caller's buffer (static, in a slot, not channels-last, not
+ * listed twice) and that a run returns as computed (not a float16/bfloat16 output, which
+ * half_outputs converts into the context's own buffer). c->odst describes them. */
+static int alloc_owned(mts_ctx *c, const mts__plan *p, const mts_out_alloc *oa, void **owned, mts_err *err)
+{
+    mts_model *m = c->m;
+    for (int i = 0; i < m->n_outputs; i++) {
+        int v = m->outputs[i];
+        c->odst[i].data = NULL;
+        if (p->state[v] != MTS__V_STATIC || p->slot_of[v] < 0 || p->nhwc[v] || mts_dtype_is_half(m->values[v].dtype))
+            continue;
+        bool twice = false;
+        for (int q = 0; q < m->n_outputs; q++) twice |= q != i && m->outputs[q] == v;
+        if (twice) continue;
+        int64_t b = mts_tensor_nbytes(&p->vals[v]);
+        c->odst[i] = p->vals[v];
+        if (!(owned[i] = c->odst[i].data = oa->alloc(b > 0 ? (size_t)b : 1))) {
+            for (int q = 0; q <= i; q++)
+                if (owned[q]) oa->free(owned[q]), owned[q] = NULL;
+            return mts_err_set(err, MTS_ENOMEM, "out of memory for output '%s' (%lld bytes)", m->values[v].name,
+                               (long long)b);
+        }
+    }
+    return MTS_OK;
+}
+
+static int ctx_run(mts_ctx *c, const mts_tensor *inputs, int n_inputs, const mts_tensor *dst,
+                   const mts_out_alloc *oa, void **owned, const mts_tensor **outputs, mts_err *err)
 {
     mts_model *m = c->m;
     const mts__plan *p;
@@ -570,6 +616,10 @@ int mts__ctx_run_into(mts_ctx *c, const mts_tensor *inputs, int n_inputs, const 
             return rc;
         }
     }
+    if (oa) {
+        if ((rc = alloc_owned(c, p, oa, owned, err))) return rc;
+        dst = c->odst;
+    }
     for (int i = 0; i < n_inputs; i++) c->vals[m->inputs[i]] = inputs[i];
     place_outputs(c, p, dst);
     mts_team_arm *arm = c->threads > 1 && !c->fixed_threads && team_adapt() ? team_arm(c, p) : NULL;
@@ -578,7 +628,7 @@ int mts__ctx_run_into(mts_ctx *c, const mts_tensor *inputs, int n_inputs, const 
     if (p->scratch_bytes) {
         unsigned bit = c->run_threads == 1 ? 1u : 2u;
         if ((p != c->prep_plan || !(c->prep_mask & bit)) && (rc = prepare_backends(c, p, c->run_threads, err)))
-            return rc;
+            goto done;
         for (int b = 0; mts_backends[b]; b++)
             if ((p->backends & (1u << b)) && mts_backends[b]->set_threads) mts_backends[b]->set_threads(c->run_threads);
     }
@@ -590,6 +640,10 @@ int mts__ctx_run_into(mts_ctx *c, const mts_tensor *inputs, int n_inputs, const 
     if (arm && !rc) mts_team_record(arm, mode, now_ms() - t0);
     c->runs++;
     c->one_thread_runs += c->run_threads == 1;
+done:
+    /* an owned buffer the run's result does not lie in (or any, after a failure) goes back */
+    for (int i = 0; oa && i < m->n_outputs; i++)
+        if (owned[i] && (rc || outputs[i]->data != owned[i])) oa->free(owned[i]), owned[i] = NULL;
     return rc;
 }
 

@@ -152,6 +152,22 @@ int64_t mts_ctx_bytes(const mts_ctx *c);
 int mts_ctx_run(mts_ctx *c, const mts_tensor *inputs, int n_inputs, const mts_tensor **outputs,
                 mts_err *err);
 
+/* Where mts_ctx_run_owned gets the memory of the outputs it hands over, and how the caller
+ * gives it back. */
+typedef struct mts_out_alloc {
+    void *(*alloc)(size_t bytes);
+    void (*free)(void *p);
+} mts_out_alloc;
+/* mts_ctx_run, except that each graph output whose type and shape the plan fixes before the
+ * run (every output of a model without data-dependent shapes, unless float16/bfloat16 or kept
+ * channels-last) is computed straight into a buffer from oa->alloc, with no copy after: owned
+ * (OUT, n_outputs entries) gets that buffer, which outputs[i]->data then is and the caller owns
+ * (give it back with oa->free; the context keeps no reference past its next run), or NULL where
+ * outputs[i] is a view owned by the context as with mts_ctx_run. A server hands large outputs
+ * to its replies this way. On failure every entry is NULL. */
+int mts_ctx_run_owned(mts_ctx *c, const mts_tensor *inputs, int n_inputs, const mts_out_alloc *oa, void **owned,
+                      const mts_tensor **outputs, mts_err *err);
+
 /* Parses a serialized TensorProto (as in ONNX test data .pb files) into a tensor whose data is
  * malloc'd (free with free(t->data)). name (OUT, may be NULL) gets a malloc'd copy of its name. */
 int mts_tensor_parse_pb(const void *data, size_t len, mts_tensor *t /* OUT */, char **name /* OUT */,

@@ -587,8 +587,26 @@ static int run_batch(mts__worker *w, mts__version *v, mts_ctx *ctx, mts_request 
     int n_staged = 0;
     bool chunks = v->engine_batch > 0 && samples > v->engine_batch;
     *runs = chunks ? (int)((samples + v->engine_batch - 1) / v->engine_batch) : 1;
-    int rc = chunks ? run_chunks(v, ctx, in, samples, outs, staged, &n_staged, &err)
-                    : mts_ctx_run(ctx, in, v->n_in, outs, &err);
+    int rc;
+    if (chunks) {
+        rc = run_chunks(v, ctx, in, samples, outs, staged, &n_staged, &err);
+    } else if (n == 1) {
+        /* A request alone in its batch: the engine computes its outputs straight into I/O
+         * buffers, which the request then owns (a lip-sync batch's 19.7 MB output is not copied
+         * out of the context), as staged blocks. */
+        static const mts_out_alloc iobufs = {mts_iobuf_alloc, mts_iobuf_free};
+        void *owned[MTS_REQ_MAX_TENSORS];
+        rc = mts_ctx_run_owned(ctx, in, v->n_in, &iobufs, owned, outs, &err);
+        for (int o = 0; !rc && o < v->n_out; o++) {
+            staged[o].data = NULL;
+            if (!owned[o]) continue;
+            staged[o] = *outs[o];
+            outs[o] = &staged[o];
+        }
+        if (!rc) n_staged = v->n_out;
+    } else {
+        rc = mts_ctx_run(ctx, in, v->n_in, outs, &err);
+    }
     int64_t t2 = mts__now_ns();
     mts_ctx_set_padding_mask(ctx, -1);
     *input_ms = (double)(t1 - t0) / 1e6;
