@@ -30,9 +30,11 @@
 #include "util/iobuf.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <linux/filter.h>
 #include <netdb.h>
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
@@ -158,6 +160,7 @@ typedef struct addr_count {
 
 struct mts_http_server {
     mts_http_opts o;
+    size_t admit_min; /* bodies from this many bytes are asked about (MTS_HTTP_ADMIT_MIN) */
     /* connections per client address, shared by the I/O threads (a client's connections land
      * on any of them); only used with max_per_client */
     pthread_mutex_t addr_mu;
@@ -1030,7 +1033,7 @@ static int parse_head(mts_http_conn *c)
                           "request body of %zu bytes exceeds the limit of %zu bytes (max_message_size_mb)",
                           cl, srv->o.max_body);
     } else if (cl > 0) {
-        if (srv->o.admit && cl >= MTS_HTTP_ADMIT_MIN) {
+        if (srv->o.admit && cl >= srv->admit_min) {
             char msg[300] = "", hdr[40] = "";
             int retry = 0;
             int st = srv->o.admit(srv->o.user, b + c->m_off, c->path_root ? "/" : b + c->p_off, cl, msg, sizeof msg,
@@ -1956,6 +1959,7 @@ int mts_http_start(const mts_http_opts *o, mts_http_server **out, mts_err *err)
     mts_http_server *s = calloc(1, sizeof *s);
     if (!s) return mts_err_set(err, MTS_ENOMEM, "http: out of memory");
     s->o = *o;
+    s->admit_min = MTS_HTTP_ADMIT_MIN;
     if (!s->o.host) s->o.host = "0.0.0.0";
     if (s->o.io_threads <= 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
@@ -2116,19 +2120,51 @@ void mts_http_stop(mts_http_server *s)
 
 /* ------------------------------------------------------------------ parser entry for tests */
 
+/* A connected pair of non-blocking sockets for mts_http_parse_stream: a Unix socket pair, or with
+ * tcp a loopback TCP connection (a refused body is dropped with recv(MSG_TRUNC), which Unix
+ * stream sockets do not take), closed with a reset so no TIME_WAIT is left behind. */
+static int stream_pair(int sv[2], bool tcp)
+{
+    if (!tcp) return socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof a;
+    int l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), rc = -1;
+    sv[0] = sv[1] = -1;
+    if (l >= 0 && !bind(l, (struct sockaddr *)&a, sizeof a) && !listen(l, 1) &&
+        !getsockname(l, (struct sockaddr *)&a, &al) && (sv[1] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)) >= 0 &&
+        !connect(sv[1], (struct sockaddr *)&a, sizeof a) && (sv[0] = accept4(l, NULL, NULL, SOCK_CLOEXEC)) >= 0) {
+        struct linger lg = {1, 0};
+        for (int i = 0; i < 2; i++) {
+            setsockopt(sv[i], SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+            fcntl(sv[i], F_SETFL, O_NONBLOCK);
+        }
+        rc = 0;
+    }
+    if (l >= 0) close(l);
+    if (rc) {
+        if (sv[0] >= 0) close(sv[0]);
+        if (sv[1] >= 0) close(sv[1]);
+    }
+    return rc;
+}
+
 int mts_http_parse_stream(const void *data, size_t len, size_t read_size, size_t max_header, size_t max_body,
-                          mts_http_parse_cb cb, void *user, int *error_status)
+                          mts_http_admit_fn admit, void *admit_user, size_t admit_min, mts_http_parse_cb cb,
+                          void *user, int *error_status)
 {
     *error_status = 0;
     mts_http_server srv;
     memset(&srv, 0, sizeof srv);
     srv.o.max_header = max_header ? max_header : 16 * 1024;
     srv.o.max_body = max_body ? max_body : (size_t)64 << 20;
+    srv.o.admit = admit;
+    srv.o.user = admit_user;
+    srv.admit_min = admit_min ? admit_min : MTS_HTTP_ADMIT_MIN;
     io_thread io;
     memset(&io, 0, sizeof io);
     io.srv = &srv;
     int sv[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv)) return -1;
+    if (stream_pair(sv, admit != NULL)) return -1;
     mts_http_conn *c = calloc(1, sizeof *c);
     if (!c) {
         close(sv[0]);
@@ -2159,6 +2195,20 @@ int mts_http_parse_stream(const void *data, size_t len, size_t read_size, size_t
             continue;
         }
         if (r == P_ERROR || c->fd < 0 || off == len) break;
+        if (c->state == RS_DISCARD) {
+            /* a refused body: the rest of it arrives on the socket, where the connection
+             * drops it unread, and the bytes after it are the next request's */
+            size_t take = c->discard_left;
+            if (read_size && take > read_size) take = read_size;
+            if (take > len - off) take = len - off;
+            if (take > 4096) take = 4096; /* within the socket pair's buffer */
+            ssize_t w = write(sv[1], in + off, take);
+            if (w <= 0) break;
+            off += (size_t)w;
+            discard_body(c);
+            if (c->state != RS_HEAD && c->state != RS_DISCARD) break;
+            continue;
+        }
         if (!rbuf_room(c)) break;
         size_t take = c->rcap - c->rlen;
         if (read_size && take > read_size) take = read_size;

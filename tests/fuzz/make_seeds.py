@@ -51,6 +51,18 @@ def http(d):
     zd = zlib.compress(body)
     put(d, "deflate_chunked", b"POST / HTTP/1.1\r\nContent-Encoding: deflate\r\nTransfer-Encoding: chunked\r\n\r\n"
         + b"%x\r\n" % 10 + zd[:10] + b"\r\n" + b"%x\r\n" % (len(zd) - 10) + zd[10:] + b"\r\n0\r\n\r\n", b"\x05\0")
+    # the admission hook (byte 1 bits 4-7): a body refused from its head and dropped from the
+    # socket, then the next request on the connection; refused with Connection: close and with
+    # Expect: 100-continue (both close); one path refused and another admitted
+    put(d, "admit_refused_then_next", "POST /v2/models/m/infer HTTP/1.1\r\nContent-Length: 40\r\n\r\n" + "x" * 40
+        + "GET /v2/health/ready HTTP/1.1\r\n\r\n", b"\x03\x50")
+    put(d, "admit_close", "POST /v2/models/m/infer HTTP/1.1\r\nConnection: close\r\nContent-Length: 20\r\n\r\n"
+        + "y" * 20, b"\0\x10")
+    put(d, "admit_expect", "POST /v2/models/m/infer HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 20\r\n\r\n",
+        b"\0\x10")
+    put(d, "admit_by_path", "POST /v2/models/m/infer HTTP/1.1\r\nContent-Length: 20\r\n\r\n" + "z" * 20
+        + "POST /upload HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello"
+        + "GET / HTTP/1.1\r\nConnection: close\r\n\r\n", b"\x05\x20")
     bomb = gzip.compress(b"\0" * 4096, mtime=0)
     put(d, "gzip_past_limit", b"POST / HTTP/1.1\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n"
         % len(bomb) + bomb, b"\0\x0c")

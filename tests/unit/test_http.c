@@ -26,6 +26,7 @@
 #include <cmocka.h>
 
 #include "api/http.h"
+#include "api/http_internal.h"
 
 /* ------------------------------------------------------------------ application side */
 
@@ -1172,6 +1173,58 @@ static void test_stop_with_open_connections(void **state)
     app_stop(a);
 }
 
+/* The parser driven through mts_http_parse_stream (the fuzz target's path): a body refused from
+ * its head is dropped from the socket whatever the read size, and the requests after it on the
+ * connection are parsed; a path the hook admits is read as usual. */
+static int refuse_infer(void *user, const char *method, const char *path, size_t content_length, char *msg,
+                        size_t cap, int *retry_after_s)
+{
+    (*(int *)user)++;
+    if (strcmp(method, "POST") || !strstr(path, "infer")) return 0;
+    snprintf(msg, cap, "{\"error\":\"queue full (%zu bytes)\"}", content_length);
+    *retry_after_s = 2;
+    return 503;
+}
+
+static void collect_paths(void *user, const mts_http_req *r)
+{
+    char *paths = user;
+    strcat(paths, r->path);
+    strcat(paths, ";");
+}
+
+static void test_parse_stream_admission(void **state)
+{
+    (void)state;
+    char body[200];
+    memset(body, 'x', sizeof body);
+    char stream[1024];
+    snprintf(stream, sizeof stream,
+             "POST /v2/models/m/infer HTTP/1.1\r\nContent-Length: 200\r\n\r\n%.200s"
+             "POST /upload HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello"
+             "GET /v2/health/ready HTTP/1.1\r\nConnection: close\r\n\r\n",
+             body);
+    static const size_t reads[] = {0, 1, 3, 7, 64, 150, 4096};
+    for (size_t i = 0; i < sizeof reads / sizeof reads[0]; i++) {
+        char paths[256] = "";
+        int asked = 0, status = -1;
+        int n = mts_http_parse_stream(stream, strlen(stream), reads[i], 0, 0, refuse_infer, &asked, 4, collect_paths,
+                                      paths, &status);
+        assert_int_equal(asked, 2); /* the two bodies of at least 4 bytes */
+        assert_int_equal(n, 2);
+        assert_string_equal(paths, "/upload;/v2/health/ready;");
+        assert_int_equal(status, 0);
+    }
+    /* below the hook's size the body is read, and the refused request is answered, not parsed */
+    char paths[256] = "";
+    int asked = 0, status = -1;
+    int n = mts_http_parse_stream(stream, strlen(stream), 0, 0, 0, refuse_infer, &asked, 1000, collect_paths, paths,
+                                  &status);
+    assert_int_equal(asked, 0);
+    assert_int_equal(n, 3);
+    assert_string_equal(paths, "/v2/models/m/infer;/upload;/v2/health/ready;");
+}
+
 static void test_start_errors(void **state)
 {
     mts_http_server *s;
@@ -1224,6 +1277,7 @@ int main(void)
         cmocka_unit_test(test_max_connections),
         cmocka_unit_test(test_stop_with_open_connections),
         cmocka_unit_test(test_start_errors),
+        cmocka_unit_test(test_parse_stream_admission),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
