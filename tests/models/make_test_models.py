@@ -5,7 +5,8 @@ GlobalAveragePool, Gemm, Softmax) at 32x32, small enough to run hundreds of time
 ThreadSanitizer; the same CNN exported in float16 (weights, inputs and outputs float16, the
 Resize scales float as the spec requires); a double-precision model (y = relu(x * w + b),
 z = x - b) and a model with one uint16, int16, uint32, uint64 and bfloat16 input and output
-each, for the element-type tests; and control-flow models (cf_*.onnx: If branches reading
+each, for the element-type tests; a QDQ-quantized CNN (qdq_cnn: uint8 activations, int8
+per-channel weights) for the int8 kernels under concurrency; and control-flow models (cf_*.onnx: If branches reading
 outer-scope values and initializers, an If chosen at plan time, a Loop carrying state with a scan
 output and a nested If, a while-style Loop, a Scan) that tests/models/compare_ort.py checks
 against ONNX Runtime:
@@ -98,12 +99,56 @@ def types_model():
     return m
 
 
+def qdq_cnn():
+    """A QDQ-quantized CNN as post-training static quantizers write it: uint8 activations
+    (QuantizeLinear -> DequantizeLinear before each Conv), int8 weights with per-output-channel
+    scales (DequantizeLinear, axis 0), float biases; a 3x3 Conv, a strided 3x3 Conv and a
+    depthwise Conv, each quantized on output, then a float head (GlobalAveragePool, Flatten).
+    Outputs: the pooled features and the strided Conv's (dequantized) activation map."""
+    rng = np.random.default_rng(11)
+    inits = []
+
+    def t(name, arr):
+        inits.append(numpy_helper.from_array(arr, name))
+        return name
+
+    def qconv(x, name, cin, cout, group=1, **attrs):
+        wf = rng.standard_normal((cout, cin // group, 3, 3)).astype(np.float32) * 0.3
+        ws = (np.abs(wf).reshape(cout, -1).max(axis=1) / 127).astype(np.float32)
+        wq = np.clip(np.round(wf / ws[:, None, None, None]), -127, 127).astype(np.int8)
+        return [helper.make_node("DequantizeLinear", [t(name + "_wq", wq), t(name + "_ws", ws),
+                                                      t(name + "_wz", np.zeros(cout, np.int8))], [name + "_w"], axis=0),
+                helper.make_node("Conv", [x, name + "_w", t(name + "_b", rng.standard_normal(cout).astype(np.float32) * 0.1)],
+                                 [name], pads=[1, 1, 1, 1], group=group, **attrs)]
+
+    def qdq(x, name, scale):
+        return [helper.make_node("QuantizeLinear", [x, t(name + "_s", np.array(scale, np.float32)),
+                                                    t(name + "_z", np.array(0, np.uint8))], [name + "_q"]),
+                helper.make_node("DequantizeLinear", [name + "_q", name + "_s", name + "_z"], [name])]
+
+    # each Conv's output is quantized to uint8 with zero point 0, which is its Relu (quantizers
+    # drop the Relu so): the engine runs DequantizeLinear -> Conv -> QuantizeLinear as one int8
+    # convolution
+    nodes = (qdq("x", "a0", 1 / 255) + qconv("a0", "c1", 3, 8) + qdq("c1", "a1", 0.02)
+             + qconv("a1", "c2", 8, 16, strides=[2, 2]) + qdq("c2", "r2", 0.03)
+             + qconv("r2", "c3", 16, 16, group=16) + qdq("c3", "a3", 0.03)
+             + [helper.make_node("GlobalAveragePool", ["a3"], ["gap"]), helper.make_node("Flatten", ["gap"], ["feat"])])
+    g = helper.make_graph(nodes, "qdq_cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 32, 32])],
+                          [helper.make_tensor_value_info("feat", TensorProto.FLOAT, ["N", 16]),
+                           helper.make_tensor_value_info("r2", TensorProto.FLOAT, ["N", 16, 16, 16])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.checker.check_model(m)
+    return m
+
+
 def main():
     out = sys.argv[1]
     os.makedirs(out, exist_ok=True)
     onnx.save(small_cnn(), os.path.join(out, "small_cnn.onnx"))
     onnx.save(small_cnn(half=True), os.path.join(out, "small_cnn_fp16.onnx"))
     onnx.save(double_model(), os.path.join(out, "double_model.onnx"))
+    onnx.save(qdq_cnn(), os.path.join(out, "qdq_cnn.onnx"))
     onnx.save(types_model(), os.path.join(out, "types_model.onnx"))
     control_flow_models(out, np.random.default_rng(7))
     recurrent_models(out)
