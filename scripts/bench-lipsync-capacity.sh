@@ -18,7 +18,8 @@
 # it) the users speak at a reduced rate, FPS2 = engine fps / 3 (bound 11.25 users by
 # construction), so that the ratio measured / bound stays informative; the table says which
 # rate ran. Prints Markdown with the CPU model.
-# About 3-4 minutes per model.
+# Also prints the CPU a request costs (engine threads, rest of the server, the client) and the
+# co-located ceiling that follows from it. About 3-4 minutes per model.
 # Knobs: MODELS, FRAMES (16), THREADS (2), LEVEL_S (15), FPS2 (auto), ITERS (engine runs, 6),
 # IOBUF_MB (the server's MTS_IOBUF_CACHE_MB; unset: the server's own policy), PRECISION (fp32 |
 # bf16 | auto | int8: the model's precision in the server and in the bare engine run, fp32),
@@ -117,10 +118,42 @@ for MODEL in $MODELS; do
       --frames-per-request "$FRAMES" --fps "$fps" --find-capacity --start-users "$startu" --max-users "$max" \
       --level-seconds "$LEVEL_S" --request-phases "$PHASES" --json > "$TMP/$MODEL.$rpc.json"
   done
-  # one closed-loop run of each for the per-request server times and bytes per frame
+  # one closed-loop run of each for the per-request server times and bytes per frame, and one
+  # client alone for the CPU a request costs: the server's engine worker threads (mts-dD-wN,
+  # their OpenMP team included), the rest of the server, and the bench client (same cores)
   for rpc in infer composite; do
     "$MTSERVE" bench --url "$URL" --grpc "$GRPC" --api lipsync --rpc "$rpc" --model "$MODEL" \
       --frames-per-request "$FRAMES" --concurrency 2 --requests 6 --json --quiet > "$TMP/$MODEL.$rpc.times.json"
+    $PY - "$SERVER" "$TMP/$MODEL.$rpc.cpu.json" 8 "$MTSERVE" bench --url "$URL" --grpc "$GRPC" --api lipsync \
+      --rpc "$rpc" --model "$MODEL" --frames-per-request "$FRAMES" --concurrency 1 --requests 8 --json --quiet \
+      <<'CPUEOF'
+import glob, json, os, re, subprocess, sys
+pid, out, n, cmd = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:]
+tck = os.sysconf("SC_CLK_TCK")
+def threads():
+    t = {}
+    for d in glob.glob(f"/proc/{pid}/task/*"):
+        try:
+            comm = open(d + "/comm").read().strip()
+            f = open(d + "/stat").read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        t[d] = (comm, (int(f[11]) + int(f[12])) * 1000 / tck)
+    return t
+a = threads()
+p = subprocess.run(cmd, stdout=subprocess.PIPE)
+b = threads()
+eng = oth = 0.0
+for k, (comm, ms) in b.items():
+    d = ms - a.get(k, (comm, 0.0))[1]
+    if re.match(r"mts-d\d+-w\d+$", comm): eng += d
+    else: oth += d
+# the client's own figure: its CPU while sending, not its start-up (inputs made, connections)
+client = json.loads(p.stdout)["client_cpu_ms_per_request"]
+json.dump({"engine_ms": eng / n, "server_other_ms": oth / n, "client_ms": client, "cpus": os.cpu_count()},
+          open(out, "w"))
+sys.exit(p.returncode)
+CPUEOF
   done
   stop_server
   after=$(engine "$MODEL")
@@ -143,16 +176,30 @@ for line in open(os.path.join(tmp, "engines.txt")):
     bound25, bound = eng * 15 / 4 / 25, eng * 15 / 4 / fps
     cap = {r: json.load(open(os.path.join(tmp, f"{model}.{r}.json")))["capacity"]["max_users"] for r in ("infer", "composite")}
     times = {r: json.load(open(os.path.join(tmp, f"{model}.{r}.times.json"))) for r in ("infer", "composite")}
-    rows.append((model, times))
+    cpu = {r: json.load(open(os.path.join(tmp, f"{model}.{r}.cpu.json"))) for r in ("infer", "composite")}
+    rows.append((model, times, cpu, cap, bound, fps))
     print(f"| {model} | {eng:.2f} ({float(before):.2f} / {float(after):.2f}) | {bound25:.2f} | {fps:g} FPS{'' if fps == 25 else ' (reduced)'} "
           f"| {bound:.2f} | **{cap['infer']}** | **{cap['composite']}** | "
           f"{cap['composite'] / cap['infer'] if cap['infer'] else float('nan'):.2f} | {cap['infer'] / bound:.2f} | {cap['composite'] / bound:.2f} |")
 print("\nDesign documents (GPU, 25 FPS): 150 FPS per worker, 22 users per worker, 80-90 users per GPU with 4 workers "
       "(bound 150 x 15/4 / 25 = 22.5 users per worker).\n")
+print("CPU per request and the co-located ceiling: client and server share this machine's cores, so the users it "
+      "can hold are at most (cores x 1000 ms / CPU ms per request, server and client) requests/s x %d frames x 15/4 "
+      "/ rate (1 client, 8 requests; CPU from /proc). An estimate: under load the engine's team also waits for "
+      "cores it shares, and a capacity search's levels are short.\n" % frames)
+print("| model | rpc | engine threads ms | rest of server ms | client ms | engine share | co-located ceiling (users) | users / ceiling |")
+print("|---|---|---:|---:|---:|---:|---:|---:|")
+for model, times, cpu, cap, bound, fps in rows:
+    for r, c in cpu.items():
+        tot = c["engine_ms"] + c["server_other_ms"] + c["client_ms"]
+        ceil = c["cpus"] * 1000 / tot * frames * 15 / 4 / fps if tot > 0 else float("nan")
+        print(f"| {model} | {r} | {c['engine_ms']:.0f} | {c['server_other_ms']:.0f} | {c['client_ms']:.0f} | "
+              f"{c['engine_ms'] / tot if tot > 0 else float('nan'):.2f} | {ceil:.1f} | {cap[r] / ceil if ceil > 0 else float('nan'):.2f} |")
+print()
 print("Per request (closed loop, 2 clients, %d frames):\n" % frames)
 print("| model | rpc | server inference p50 ms | composite p50 ms | encode p50 ms | background p50 ms | queue p50 ms | KB per frame |")
 print("|---|---|---:|---:|---:|---:|---:|---:|")
-for model, times in rows:
+for model, times, *_ in rows:
     for r, j in times.items():
         lip = j.get("lipsync", {})
         g = lambda d, k: d.get(k, {}).get("p50", float("nan"))

@@ -136,6 +136,7 @@ typedef struct bench_run {
     uint64_t done_all, errors_all; /* including warm-up, for the progress line */
     uint64_t no_server_streak;     /* requests in a row that reached no server (any thread) */
     double last_answer;            /* ms: the last response from the server (t0 before any) */
+    double cpu_ms;                 /* this process's CPU from the workers' start to their end */
     double prog_t; /* progress line: time and count at the last print */
     uint64_t prog_done;
 } bench_run;

@@ -98,6 +98,12 @@ void mts_bench_json_run(mts_jw *w, const bench_run *r, const bench_model *models
     mts_jw_double(w, win > 0 ? (double)a->ok * (double)o->batch / win : 0);
     mts_bench_json_latency(w, "latency_ms", &a->lat);
     if (a->lat_sent.count) mts_bench_json_latency(w, "latency_from_send_ms", &a->lat_sent);
+    /* the load generator's own CPU (all its threads, warm-up included) per request it sent:
+     * what a client on the server's cores takes from it */
+    mts_jw_key(w, "client_cpu_ms");
+    mts_jw_double(w, r->cpu_ms);
+    mts_jw_key(w, "client_cpu_ms_per_request");
+    mts_jw_double(w, r->done_all ? r->cpu_ms / (double)r->done_all : 0);
     if (a->server_queue.count) mts_bench_json_latency(w, "server_queue_ms", &a->server_queue);
     if (a->server_compute.count) mts_bench_json_latency(w, "server_compute_ms", &a->server_compute);
     if (o->lipsync) {
@@ -214,6 +220,8 @@ void mts_bench_text_run(const bench_run *r, const bench_model *models)
            win > 0 ? (double)a->ok / win : 0, win > 0 ? (double)a->ok * (double)o->batch / win : 0);
     print_latency("latency", &a->lat);
     if (a->lat_sent.count) print_latency("from send", &a->lat_sent);
+    printf("client CPU   %.0f ms, %.2f ms per request (this process, all threads)\n", r->cpu_ms,
+           r->done_all ? r->cpu_ms / (double)r->done_all : 0);
     if (a->server_queue.count) print_latency("server queue", &a->server_queue);
     if (a->server_compute.count) print_latency(o->lipsync ? "server infer" : "server comp.", &a->server_compute);
     if (o->lipsync) {

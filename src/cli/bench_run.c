@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -325,6 +326,11 @@ static void print_progress(bench_run *r, bool final)
 }
 
 /* Runs one load shape to completion; results in r->a. */
+static double tv_ms(const struct timeval *t)
+{
+    return (double)t->tv_sec * 1e3 + (double)t->tv_usec / 1e3;
+}
+
 int mts_bench_run_load(bench_run *r, int mode, int n_users, int initial_threads)
 {
     const bench_opts *o = r->o;
@@ -375,6 +381,8 @@ int mts_bench_run_load(bench_run *r, int mode, int n_users, int initial_threads)
             r->users[u].model = r->n_models == 1 ? 0 : mts_bench_popularity_pick(r->pop, mts_bench_rand01(&urng));
         }
     }
+    struct rusage ru0, ru1;
+    getrusage(RUSAGE_SELF, &ru0);
     pthread_mutex_lock(&r->lock);
     for (int i = 0; i < initial_threads; i++) spawn_worker(r);
     pthread_mutex_unlock(&r->lock);
@@ -404,6 +412,8 @@ int mts_bench_run_load(bench_run *r, int mode, int n_users, int initial_threads)
         }
     }
     if (!o->quiet && (mts_bench_now_ms() - r->prog_t > 300 || !r->prog_t)) print_progress(r, true);
+    getrusage(RUSAGE_SELF, &ru1);
+    r->cpu_ms = tv_ms(&ru1.ru_utime) + tv_ms(&ru1.ru_stime) - tv_ms(&ru0.ru_utime) - tv_ms(&ru0.ru_stime);
     return 0;
 }
 

@@ -77,6 +77,8 @@ def test_raw_frames_over_grpc_and_kserve_http(servers, assets, bench):
         # the server's times follow the mouth regions in a gRPC reply: read past 2.4 MB of them
         assert s["server_compute_ms"]["count"] == 4 and s["server_compute_ms"]["min"] > 0, s
         assert s["server_queue_ms"]["count"] == 4, s
+        # the client's own CPU while it ran: receiving 2.4 MB per request costs something
+        assert s["client_cpu_ms"] > 0 and abs(s["client_cpu_ms_per_request"] - s["client_cpu_ms"] / 4) < 0.01, s
     assert s["transport"] == "http"  # raw frames over HTTP are a KServe infer
 
 
