@@ -164,7 +164,8 @@ typedef struct mts_out_alloc {
  * (OUT, n_outputs entries) gets that buffer, which outputs[i]->data then is and the caller owns
  * (give it back with oa->free; the context keeps no reference past its next run), or NULL where
  * outputs[i] is a view owned by the context as with mts_ctx_run. A server hands large outputs
- * to its replies this way. On failure every entry is NULL. */
+ * to its replies this way. On failure every entry is NULL. A padding-free run (a padding mask
+ * set) leaves the padded rows of such a buffer as the allocator gave them. */
 int mts_ctx_run_owned(mts_ctx *c, const mts_tensor *inputs, int n_inputs, const mts_out_alloc *oa, void **owned,
                       const mts_tensor **outputs, mts_err *err);
 

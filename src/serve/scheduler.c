@@ -590,10 +590,12 @@ static int run_batch(mts__worker *w, mts__version *v, mts_ctx *ctx, mts_request 
     int rc;
     if (chunks) {
         rc = run_chunks(v, ctx, in, samples, outs, staged, &n_staged, &err);
-    } else if (n == 1) {
+    } else if (n == 1 && pad < 0) {
         /* A request alone in its batch: the engine computes its outputs straight into I/O
          * buffers, which the request then owns (a lip-sync batch's 19.7 MB output is not copied
-         * out of the context), as staged blocks. */
+         * out of the context), as staged blocks. Not in a padding-free run: that leaves the
+         * padded rows of its outputs unwritten, and a reused I/O buffer may hold another
+         * request's bytes. */
         static const mts_out_alloc iobufs = {mts_iobuf_alloc, mts_iobuf_free};
         void *owned[MTS_REQ_MAX_TENSORS];
         rc = mts_ctx_run_owned(ctx, in, v->n_in, &iobufs, owned, outs, &err);
