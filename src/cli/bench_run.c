@@ -325,12 +325,12 @@ static void print_progress(bench_run *r, bool final)
     fflush(stderr);
 }
 
-/* Runs one load shape to completion; results in r->a. */
 static double tv_ms(const struct timeval *t)
 {
     return (double)t->tv_sec * 1e3 + (double)t->tv_usec / 1e3;
 }
 
+/* Runs one load shape to completion; results in r->a. */
 int mts_bench_run_load(bench_run *r, int mode, int n_users, int initial_threads)
 {
     const bench_opts *o = r->o;

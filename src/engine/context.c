@@ -525,19 +525,25 @@ static int half_outputs(mts_ctx *c, const mts_tensor **outputs, mts_err *err)
  * output's exact type and shape (the caller's buffer: the step computing the output writes
  * there, no copy after), else at the output's own slot. Outputs listed twice and channels-last
  * ones keep their slot. Every run sets this anew. */
+/* Whether graph output i of plan p may be computed into a caller's buffer: a static value in
+ * a slot, not channels-last, not listed twice among the outputs. */
+static bool output_placeable(const mts_model *m, const mts__plan *p, int i)
+{
+    int v = m->outputs[i];
+    if (p->state[v] != MTS__V_STATIC || p->slot_of[v] < 0 || p->nhwc[v]) return false;
+    for (int q = 0; q < m->n_outputs; q++)
+        if (q != i && m->outputs[q] == v) return false;
+    return true;
+}
+
 static void place_outputs(mts_ctx *c, const mts__plan *p, const mts_tensor *dst)
 {
     mts_model *m = c->m;
     for (int i = 0; i < m->n_outputs; i++) {
         int v = m->outputs[i];
         if (p->state[v] != MTS__V_STATIC || p->slot_of[v] < 0) continue;
-        void *d = dst && dst[i].data && dst[i].dtype == p->vals[v].dtype && mts_shape_equal(&dst[i], &p->vals[v]) &&
-                          !p->nhwc[v]
-                      ? dst[i].data
-                      : NULL;
-        for (int q = 0; d && q < m->n_outputs; q++)
-            if (q != i && m->outputs[q] == v) d = NULL;
-        c->vals[v].data = d ? d : c->slots[p->slot_of[v]];
+        bool given = dst && dst[i].data && dst[i].dtype == p->vals[v].dtype && mts_shape_equal(&dst[i], &p->vals[v]);
+        c->vals[v].data = given && output_placeable(m, p, i) ? dst[i].data : c->slots[p->slot_of[v]];
     }
 }
 
@@ -563,20 +569,16 @@ int mts_ctx_run_owned(mts_ctx *c, const mts_tensor *inputs, int n_inputs, const 
 }
 
 /* The buffers of an owned-output run: one from oa->alloc for each output of plan p that
- * place_outputs would point at a caller's buffer (static, in a slot, not channels-last, not
- * listed twice) and that a run returns as computed (not a float16/bfloat16 output, which
- * half_outputs converts into the context's own buffer). c->odst describes them. */
+ * place_outputs points at a caller's buffer (output_placeable) and that a run returns as
+ * computed (not a float16/bfloat16 output, which half_outputs converts into the context's own
+ * buffer). c->odst describes them. */
 static int alloc_owned(mts_ctx *c, const mts__plan *p, const mts_out_alloc *oa, void **owned, mts_err *err)
 {
     mts_model *m = c->m;
     for (int i = 0; i < m->n_outputs; i++) {
         int v = m->outputs[i];
         c->odst[i].data = NULL;
-        if (p->state[v] != MTS__V_STATIC || p->slot_of[v] < 0 || p->nhwc[v] || mts_dtype_is_half(m->values[v].dtype))
-            continue;
-        bool twice = false;
-        for (int q = 0; q < m->n_outputs; q++) twice |= q != i && m->outputs[q] == v;
-        if (twice) continue;
+        if (!output_placeable(m, p, i) || mts_dtype_is_half(m->values[v].dtype)) continue;
         int64_t b = mts_tensor_nbytes(&p->vals[v]);
         c->odst[i] = p->vals[v];
         if (!(owned[i] = c->odst[i].data = oa->alloc(b > 0 ? (size_t)b : 1))) {
