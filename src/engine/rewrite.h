@@ -90,6 +90,12 @@ mts_node *mts__node_with_attr(mts__plan *p, const mts__step *st, const char *op,
 /* Gives step st a plan-owned copy of its node with integer attribute `name` = v added; false
  * (st unchanged) when out of memory. */
 bool mts__step_set_int(mts__plan *p, mts__step *st, const char *name, int64_t v);
+
+/* Whether step st is a Conv that the fast backend's direct small-channel kernel will run (one
+ * to four output channels; kernels/fast_backend.c), in this plan. Such a step may read a
+ * channels-last bfloat16 source (attribute mts_src_bf16), which the bf16 hand-offs of the
+ * oneDNN backend use for a lip-sync UNet's 3-channel head. */
+bool mts__fast_small_conv(const mts__opt *o, const mts__step *st);
 /* A plan-owned copy of n int64 values. */
 int64_t *mts__pool_ints(mts__plan *p, const int64_t *v, int n);
 

@@ -85,7 +85,7 @@ static void expect_close(const mts_tensor *got, const mts_tensor *ref, double re
 
 typedef struct nodebuf {
     mts_node n;
-    mts_attr a[6];
+    mts_attr a[8];
     int in[8], out[3];
 } nodebuf;
 
@@ -615,6 +615,12 @@ static void test_conv_small(void **state)
         const mts_tensor *in[3] = {&x, &w, &b};
         int nin = iter % 2 ? 3 : 2;
         mts_tensor ref = run_op(mts_op_lookup("Conv"), &nb.n, in, nin, 1);
+        /* the reference on the source rounded to bfloat16, for the bfloat16 source below */
+        mts_tensor xr = tens(4, xd);
+        for (int64_t i = 0; i < mts_tensor_numel(&x); i++)
+            ((float *)xr.data)[i] = mts_bf16_to_f32(mts_f32_to_bf16(((const float *)x.data)[i]));
+        const mts_tensor *rin[3] = {&xr, &w, &b};
+        mts_tensor refr = run_op(mts_op_lookup("Conv"), &nb.n, rin, nin, 1);
         char what[96];
         snprintf(what, sizeof what, "small conv %lld->%lld k%lld (NCHW)", (long long)C, (long long)M, (long long)K);
         for (int t = 1; t <= MAX_THREADS; t++) {
@@ -648,6 +654,68 @@ static void test_conv_small(void **state)
                 free(got.data);
             }
         }
+        /* A channels-last bfloat16 source (attribute mts_src_bf16, bf16 plans): the bits of
+         * the rounded floats, widened as they are transposed (16-pixel blocks and the tail). */
+        mts_tensor xrn = to_nhwc(&xr), refrn = to_nhwc(&refr);
+        int64_t nx = mts_tensor_numel(&xrn);
+        uint16_t *xb = malloc(sizeof(uint16_t) * (size_t)nx);
+        assert_non_null(xb);
+        for (int64_t i = 0; i < nx; i++) xb[i] = mts_f32_to_bf16(((const float *)xrn.data)[i]);
+        mts_tensor xbv = xv;
+        xbv.data = xb; /* a float tensor whose bytes hold bfloat16, as the plan's hand-off buffers */
+        asrc->i = 1;
+        mts_attr *abf = attr(&nb, "mts_src_bf16", MTS_ATTR_INT);
+        abf->i = 1;
+        for (int dst_nhwc = 0; dst_nhwc < 2; dst_nhwc++) {
+            adst->i = dst_nhwc;
+            const mts_tensor *vin[3] = {&xbv, &wv, &b};
+            for (int t = 1; t <= MAX_THREADS; t++) {
+                mts_err err = {0};
+                int64_t od[4] = {N, ref.dims[2], ref.dims[3], M};
+                mts_tensor got = tens(4, od);
+                mts_kctx k = {&nb.n, vin, nin, &got, 1, &err, t, NULL};
+                snprintf(what, sizeof what, "small conv %lld->%lld k%lld (bf16 src NHWC, dst %s)", (long long)C,
+                         (long long)M, (long long)K, dst_nhwc ? "NHWC" : "NCHW");
+                if (mts_fast_conv_small.run(&k)) fail_msg("%s: %s", what, err.msg);
+                if (!dst_nhwc) memcpy(got.dims, ref.dims, sizeof ref.dims);
+                expect_close(&got, dst_nhwc ? &refrn : &refr, 1e-5, what);
+                free(got.data);
+            }
+        }
+        /* A float source rounded to bfloat16 values as it is read (mts_src_round: bf16 plans
+         * with the hand-offs off): the same numbers, from either layout. */
+        mts_attr *around = attr(&nb, "mts_src_round", MTS_ATTR_INT);
+        for (int mode = 0; mode < 4; mode++) {
+            bool src_nhwc = mode & 1, dst_nhwc = mode & 2;
+            abf->i = 0;
+            around->i = 1;
+            asrc->i = src_nhwc, adst->i = dst_nhwc;
+            const mts_tensor *vin[3] = {src_nhwc ? &xn : &xv, &wv, &b};
+            mts_err err = {0};
+            int64_t od[4] = {N, ref.dims[2], ref.dims[3], M};
+            mts_tensor got = tens(4, od);
+            mts_kctx k = {&nb.n, vin, nin, &got, 1, &err, MAX_THREADS, NULL};
+            snprintf(what, sizeof what, "small conv %lld->%lld k%lld (rounded src %s, dst %s)", (long long)C,
+                     (long long)M, (long long)K, src_nhwc ? "NHWC" : "NCHW", dst_nhwc ? "NHWC" : "NCHW");
+            if (mts_fast_conv_small.run(&k)) fail_msg("%s: %s", what, err.msg);
+            if (!dst_nhwc) memcpy(got.dims, ref.dims, sizeof ref.dims);
+            expect_close(&got, dst_nhwc ? &refrn : &refr, 1e-5, what);
+            free(got.data);
+        }
+        around->i = 0;
+        abf->i = 1;
+        /* a bfloat16 source stored NCHW is refused, not misread */
+        {
+            asrc->i = 0, adst->i = 0;
+            const mts_tensor *vin[3] = {&xbv, &wv, &b};
+            mts_err err = {0};
+            mts_tensor got = tens(4, ref.dims);
+            mts_kctx k = {&nb.n, vin, nin, &got, 1, &err, 1, NULL};
+            assert_int_not_equal(mts_fast_conv_small.run(&k), MTS_OK);
+            assert_non_null(strstr(err.msg, "bfloat16"));
+            free(got.data);
+        }
+        free(xb), free(xr.data), free(xrn.data), free(refr.data), free(refrn.data);
         free(ref.data), free(refn.data), free(x.data), free(xn.data), free(w.data), free(b.data);
     }
 }

@@ -106,7 +106,8 @@ static void test_lipsync_bf16_pixels(void **state)
 
 /* bf16 plans hand bf16 tensors on between steps: a decoder's skip Concat read only by bf16
  * convolutions writes bf16, converting its float inputs as it copies and copying those that
- * bf16 convolutions wrote as bf16 (the upsampled branch, the encoder's skip; kernels/nhwc.c).
+ * bf16 convolutions wrote as bf16 (the upsampled branch, the encoder's skip; kernels/nhwc.c);
+ * the last convolution hands the 3-channel head (kernels/fast.c) bf16.
  * The outputs are the same bits as with
  * every hand-off in fp32 (MTS_BF16_NO_HANDOFF, each convolution converting its own source),
  * since both round the same floats to nearest even. */
@@ -139,8 +140,13 @@ static void test_bf16_handoff_bits(void **state)
     double d = max_abs_diff(plain, handoff, 2);
     int cats = mts_model_op_steps(handoff, "Concat/mts_out_bf16"), cats0 = mts_model_op_steps(plain, "Concat/mts_out_bf16");
     int cat_in = mts_model_op_steps(handoff, "Concat/mts_in_bf16");
+    /* the 3-channel head reads the last convolution's bf16 output, or rounds its float one */
+    int head_bf16 = mts_model_op_steps(handoff, "Conv/mts_src_bf16"), head_round = mts_model_op_steps(plain, "Conv/mts_src_round");
     printf("precision: lipsync_unet_w8 bf16 with and without hand-offs: max abs diff %g, bf16 Concats %d and %d, %d "
-           "of them with bf16 inputs\n", d, cats, cats0, cat_in);
+           "of them with bf16 inputs; head reading bf16 %d, rounding %d\n", d, cats, cats0, cat_in, head_bf16, head_round);
+    assert_int_equal(head_bf16, 1);
+    assert_int_equal(head_round, 1);
+    assert_int_equal(mts_model_op_steps(plain, "Conv/mts_src_bf16"), 0);
     assert_true(cats >= 4);
     assert_true(cat_in >= 4); /* the four decoder levels' upsampled branches */
     assert_int_equal(cats0, 0);

@@ -951,8 +951,8 @@ static bool dnnl_layout_anchor(const mts__opt *o, int self, int s)
 /* Whether a bf16 step may write its destination as bf16: a plain convolution, or the
  * upsampling form with a channels-last destination (its phases then write bf16 and the scatter
  * copies 2-byte values; the depth-to-space form scatters floats), whose output is no graph
- * output and is read only by bf16 convolutions or MatMuls, as their source, or by bf16-writing
- * Concats (cat[s] set; NULL: none yet). */
+ * output and is read only by bf16 convolutions or MatMuls, as their source, by bf16-writing
+ * Concats (cat[s] set; NULL: none yet) or by small-channel Convs that take a bf16 source. */
 static bool bf16_readers(const mts__opt *o, const dnnl_opt *d, int v, const uint8_t *cat);
 
 static bool bf16_out_ok(const mts__opt *o, const dnnl_opt *d, const cinfo *c, const uint8_t *cat)
@@ -965,8 +965,45 @@ static bool bf16_out_ok(const mts__opt *o, const dnnl_opt *d, const cinfo *c, co
     return bf16_readers(o, d, v, cat);
 }
 
-/* Whether value v is read only by bf16 convolutions or MatMuls, as their source, or by
- * bf16-writing Concats (cat, may be NULL), and at least once. */
+/* Whether step st, which reads v as its source, is a small-channel Conv the fast backend runs
+ * (fast.c) on channels-last views of a channels-last v: it widens a bfloat16 source as it
+ * transposes it (attribute mts_src_bf16), so a lip-sync UNet's last convolution can hand its
+ * 8 channels at full resolution to the 3-channel head in half the bytes. */
+static bool small_bf16_reader(const mts__opt *o, const mts__step *st, int v)
+{
+    const mts_model *root = o->m;
+    while (root->root) root = root->root;
+    if (!root->bf16) return false; /* (fp32 plans hand off fp32) */
+    /* (a kernel step touching a channels-last candidate value runs on channels-last views:
+     * optimize.c, pass 6) */
+    return st->n_in >= 1 && st->in[0] == v && is_cand(o, v) && o->p->nhwc[v] && mts__fast_small_conv(o, st);
+}
+
+/* Tells the small-channel Conv steps reading v (small_bf16_reader) that it holds bfloat16
+ * (attr "mts_src_bf16"), or, with the hand-offs off, to round it to bfloat16 values as they
+ * read it ("mts_src_round"), so that both give the same bits. False when out of memory, with
+ * every step as it was. */
+static bool mark_small_readers(mts__opt *o, int v, const char *attr)
+{
+    mts__plan *p = o->p;
+    const mts_node **orig = calloc((size_t)p->n_steps + 1, sizeof *orig);
+    if (!orig) return false;
+    bool ok = true;
+    for (int s = 0; ok && s < p->n_steps; s++) {
+        mts__step *st = &p->steps[s];
+        if (o->removed[s] || !small_bf16_reader(o, st, v)) continue;
+        orig[s] = st->nd;
+        ok = mts__step_set_int(p, st, attr, 1);
+    }
+    for (int s = 0; !ok && s < p->n_steps; s++)
+        if (orig[s]) p->steps[s].nd = orig[s];
+    free(orig);
+    return ok;
+}
+
+/* Whether value v is read only by bf16 convolutions or MatMuls, as their source, by
+ * bf16-writing Concats (cat, may be NULL), or by small-channel Convs that take a bfloat16
+ * source (small_bf16_reader), and at least once. */
 static bool bf16_readers(const mts__opt *o, const dnnl_opt *d, int v, const uint8_t *cat)
 {
     const mts__plan *p = o->p;
@@ -981,6 +1018,10 @@ static bool bf16_readers(const mts__opt *o, const dnnl_opt *d, int v, const uint
                 continue;
             }
             const cinfo *r = d->cstep[s] >= 0 ? &d->ci[d->cstep[s]] : NULL;
+            if (!r && k == 0 && small_bf16_reader(o, st, v)) {
+                readers++;
+                continue;
+            }
             /* in[1..] of a claimed step are its residuals: kept fp32 (a bf16 residual costs
              * accuracy: lip-sync w8 max abs error 0.0062 -> 0.0067 of a 0.0078 budget) */
             if (!r || k != 0 || !r->spec.bf16 || mts_dprim_is_pool(r->spec.kind)) return false;
@@ -1003,7 +1044,12 @@ static bool bf16_readers(const mts__opt *o, const dnnl_opt *d, int v, const uint
  * convolutions read by nothing else (the decoder's upsampled branch; the encoder's skip, read
  * by the next encoder stage's convolution too) arrive as bf16 and are copied as they are
  * (attribute mts_in_bf16, a bit per input); the others are converted as they are copied. Both
- * round the same floats to nearest even, so the outputs are the bits of fp32 hand-offs. */
+ * round the same floats to nearest even, so the outputs are the bits of fp32 hand-offs.
+ *
+ * A small-channel Conv of the fast backend (a UNet's 3-channel head after its last 8-channel
+ * convolution at full resolution) takes its channels-last source as bf16 too and widens it as it
+ * builds its padded planes (attribute mts_src_bf16); with the hand-offs off it rounds its float
+ * source to the same values (mts_src_round), so its outputs do not depend on the hand-off. */
 static void bf16_handoff(mts__opt *o, dnnl_opt *d)
 {
     mts__plan *p = o->p;
@@ -1038,11 +1084,17 @@ static void bf16_handoff(mts__opt *o, dnnl_opt *d)
             st->nd = orig; /* out of memory: an fp32 hand-off */
             continue;
         }
+        if (!mark_small_readers(o, v, none ? "mts_src_round" : "mts_src_bf16")) {
+            st->nd = orig;
+            continue;
+        }
         cat[s] = 1;
         vb[v] = 1;
     }
     for (int i = 0; i < d->nci; i++)
         if (bf16_out_ok(o, d, &d->ci[i], cat)) {
+            if (!mark_small_readers(o, p->steps[d->ci[i].step].out[0], none ? "mts_src_round" : "mts_src_bf16"))
+                continue; /* out of memory: an fp32 hand-off */
             d->ci[i].spec.dst_bf16 = !none;
             vb[p->steps[d->ci[i].step].out[0]] = 1;
         }

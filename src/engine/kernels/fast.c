@@ -23,8 +23,11 @@
  *     direct, all output channels of 16 pixels per pass over bands of zero-padded input rows
  *     (oneDNN's blocked kernels compute 16 output channels at a time, so 1-4 waste most lanes);
  *     source and output each channels-last or not (a channels-last source is transposed into
- *     the padded planes 16 pixels at a time); a Relu or Sigmoid fused into it (attribute
- *     "mts_act") is applied to each output row as it is written;
+ *     the padded planes 16 pixels at a time; in bf16 plans it may hold bfloat16, attribute
+ *     "mts_src_bf16", widened to float as it is transposed, or floats to be rounded to
+ *     bfloat16 values, attribute "mts_src_round": the same numbers when bf16 hand-offs are
+ *     off); a Relu or Sigmoid fused into it
+ *     (attribute "mts_act") is applied to each output row as it is written;
  *   - Conv on one input pixel with a 1x1 kernel (squeeze-and-excitation and attention MLPs):
  *     a matrix-vector product per sample on the weights as stored, where the reference
  *     GEMM would pack the weights on every call;
@@ -1060,6 +1063,8 @@ typedef struct sconv_job {
     float *y, *pad; /* pad: per thread C planes of (BAND + KH - 1) x PW (+16 floats of slack) */
     int64_t PW, band_floats;
     int nhwc, nhwc_dst; /* source is [N,H,W,C]; output is [N,OH,OW,M] */
+    int src_bf16;       /* attribute mts_src_bf16: the channels-last source holds bfloat16 */
+    int src_round;      /* attribute mts_src_round: the float source rounded to bfloat16 values */
     int act;            /* attribute mts_act: 0, or the Relu / Sigmoid applied to each row */
 } sconv_job;
 
@@ -1111,6 +1116,36 @@ MTS_VEC_CLONES static void sconv_transpose16(const float *src, int64_t C, float 
     }
 }
 
+/* n bfloat16 values (n a multiple of 16) widened to floats: a bfloat16 is the high half of
+ * the float with the same bits, so each is its 16 bits shifted up. */
+typedef uint16_t v16h __attribute__((vector_size(32)));
+typedef uint32_t v16u __attribute__((vector_size(64)));
+MTS_VEC_CLONES static void bf16_widen16(const uint16_t *src, float *dst, int64_t n)
+{
+    for (int64_t i = 0; i < n; i += 16) {
+        v16h h;
+        memcpy(&h, src + i, sizeof h);
+        v16u u = __builtin_convertvector(h, v16u) << 16;
+        memcpy(dst + i, &u, sizeof u);
+    }
+}
+
+/* One channels-last row of W pixels of C bfloat16 channels into the C planes at d0 (stride cs),
+ * as floats: 16 pixels at a time widened into a block that stays in L1, then transposed as
+ * a float row is. */
+static void sconv_row_bf16(const uint16_t *src, int64_t W, int64_t C, float *d0, int64_t cs)
+{
+    float blk[16 * FAST_SCONV_MAX_C] __attribute__((aligned(64)));
+    int64_t x = 0;
+    if (C >= 2 && (C & (C - 1)) == 0 && C <= FAST_SCONV_MAX_C)
+        for (; x + 16 <= W; x += 16, src += 16 * C) {
+            bf16_widen16(src, blk, 16 * C);
+            sconv_transpose16(blk, C, d0 + x, cs);
+        }
+    for (; x < W; x++, src += C)
+        for (int64_t c = 0; c < C; c++) d0[c * cs + x] = mts_bf16_to_f32(src[c]);
+}
+
 /* Padded rows [r0, r1) of image n, as C planes of rows of PW (row r0 first). */
 static void sconv_pad_rows(const sconv_job *j, int64_t n, int64_t r0, int64_t r1, float *pad)
 {
@@ -1128,15 +1163,22 @@ static void sconv_pad_rows(const sconv_job *j, int64_t n, int64_t r0, int64_t r1
             for (int64_t q = pl + W; q < PW; q++) d[q] = 0.0f;
             if (!j->nhwc) memcpy(d + pl, j->x + ((n * C + c) * H + sy) * W, sizeof(float) * (size_t)W);
         }
-        if (!j->nhwc || sy < 0 || sy >= H) continue;
-        /* channels-last source: one pass over the row's pixels, C planes written side by side */
-        const float *src = j->x + ((n * H + sy) * W) * C;
+        if (sy < 0 || sy >= H) continue;
         float *d0 = pad + (r - r0) * PW + pl;
         int64_t cs = rows * PW, x = 0;
-        if (C >= 2 && (C & (C - 1)) == 0 && C <= FAST_SCONV_MAX_C)
-            for (; x + 16 <= W; x += 16, src += 16 * C) sconv_transpose16(src, C, d0 + x, cs);
-        for (; x < W; x++, src += C)
-            for (int64_t c = 0; c < C; c++) d0[c * cs + x] = src[c];
+        if (j->nhwc && j->src_bf16) {
+            sconv_row_bf16((const uint16_t *)j->x + ((n * H + sy) * W) * C, W, C, d0, cs);
+            continue;
+        }
+        if (j->nhwc) { /* channels-last source: one pass over the row's pixels, C planes side by side */
+            const float *src = j->x + ((n * H + sy) * W) * C;
+            if (C >= 2 && (C & (C - 1)) == 0 && C <= FAST_SCONV_MAX_C)
+                for (; x + 16 <= W; x += 16, src += 16 * C) sconv_transpose16(src, C, d0 + x, cs);
+            for (; x < W; x++, src += C)
+                for (int64_t c = 0; c < C; c++) d0[c * cs + x] = src[c];
+        }
+        if (j->src_round)
+            for (int64_t c = 0; c < C; c++) mts_round_half(MTS_DTYPE_BFLOAT16, d0 + c * cs, d0 + c * cs, W);
     }
 }
 
@@ -1194,9 +1236,11 @@ static int fast_conv_small_run(mts_kctx *k)
     int act = (int)mts_attr_int(k->node, "mts_act", 0);
     if (act && act != MTS_CHAIN_RELU && act != MTS_CHAIN_SIGMOID)
         return mts_err_set(k->err, MTS_EINVAL, "small conv: unknown fused activation %d", act);
+    bool src_bf16 = mts_attr_int(k->node, "mts_src_bf16", 0) != 0;
+    if (src_bf16 && !nhwc) return mts_err_set(k->err, MTS_EINVAL, "small conv: a bfloat16 source must be channels-last");
     if (!kin[0] || kin[0]->dtype != MTS_DTYPE_FLOAT || mts_conv_geometry(&kk, false, &g) != MTS_OK ||
         !mts_fast_conv_small_ok(&g)) {
-        if (views) return mts_err_set(k->err, MTS_EINVAL, "channels-last small conv with an unsupported geometry");
+        if (views || src_bf16) return mts_err_set(k->err, MTS_EINVAL, "channels-last small conv with an unsupported geometry");
         int rc = ref_run(k, "Conv");
         if (!rc && act) act_all(k->out[0].data, mts_tensor_numel(&k->out[0]), act);
         return rc;
@@ -1210,6 +1254,8 @@ static int fast_conv_small_run(mts_kctx *k)
     j.y = k->out[0].data;
     j.PW = g.in[2] + g.pb[2] + g.pe[2];
     j.nhwc = nhwc;
+    j.src_bf16 = src_bf16;
+    j.src_round = mts_attr_int(k->node, "mts_src_round", 0) != 0;
     j.act = act;
     j.nhwc_dst = g.M > 1 && mts_attr_int(k->node, "mts_nhwc_dst", 0) != 0;
     /* the band's padded planes, plus M output rows when the output is interleaved */

@@ -56,6 +56,13 @@ static bool small_conv_step(const mts__opt *o, const mts__step *st)
     return mts_conv_geometry(&k, false, &g) == MTS_OK && mts_fast_conv_small_ok(&g);
 }
 
+bool mts__fast_small_conv(const mts__opt *o, const mts__step *st)
+{
+    for (int b = 0; mts_backends[b]; b++)
+        if (mts_backends[b] == &mts_backend_fast) return o->enabled[b] && small_conv_step(o, st);
+    return false;
+}
+
 /* A small-channel Conv (fast.c) whose output only a Relu or Sigmoid reads: the activation is
  * applied to each output row as it is written (attribute "mts_act", the chain stage's code) and
  * its step goes. A lip-sync UNet's 3-channel head and its final sigmoid: the output is written
