@@ -1411,6 +1411,83 @@ static void test_bfconv_concurrent(void **state)
     free(G.g.p);
 }
 
+/* A channel Concat of two bf16 convolutions' outputs read only by a bf16 3x3 convolution to
+ * 8 channels is folded into it (the kernel reads both parts; kernels/dnnl_backend.c,
+ * fold_bf16_concats): parts of 8 + 8 channels (the transposed path) and 6 + 10 (word by word),
+ * widths with partial 16- and 32-pixel blocks, one of the parts also read by another step (an
+ * encoder's skip); outputs equal, bit for bit, to the plan that keeps the Concat
+ * (MTS_NO_CAT_FOLD=1) and to the plan without bf16 hand-offs, and near the reference backend's.
+ * A Concat that two convolutions read stays. */
+static void test_bfconv_concat_fold(void **state)
+{
+    (void)state;
+    const char *native = mts_cpu_bf16_native();
+    bool here = native && !strcmp(native, "avx512_bf16") && __builtin_cpu_supports("avx512bw");
+    for (int it = 0; it < 4; it++) {
+        int64_t Ca = it == 1 ? 6 : 8, Cb = 16 - Ca, H = 5 + it, W = it == 2 ? 16 : 29 + 9 * it;
+        bool twice = it == 3; /* the Concat read by two convolutions: no fold */
+        graph G;
+        memset(&G, 0, sizeof G);
+        G.seed = 900u + (unsigned)it;
+        io(&G, 11, "x", 4, D(-1, 3, H, W));
+        init_f(&G, "wa", 4, D(Ca, 3, 3, 3), -0.5f, 0.5f);
+        init_f(&G, "wb", 4, D(Cb, 3, 3, 3), -0.5f, 0.5f);
+        init_f(&G, "w1", 4, D(8, 16, 3, 3), -0.3f, 0.3f);
+        init_f(&G, "b1", 1, D(8), -0.2f, 0.2f);
+        init_f(&G, "w2", 4, D(8, 8, 3, 3), -0.3f, 0.3f);
+        init_f(&G, "ws", 4, D(8, Cb, 3, 3), -0.3f, 0.3f);
+        node(&G, "Conv", "x wa", "ca", "pads=ii:1,1,1,1");
+        node(&G, "Relu", "ca", "ra", NULL);
+        node(&G, "Conv", "x wb", "cb", "pads=ii:1,1,1,1");
+        node(&G, "Relu", "cb", "rb", NULL);
+        node(&G, "Concat", "ra rb", "cat", "axis=i:1");
+        node(&G, "Conv", "cat w1 b1", "c1", "pads=ii:1,1,1,1");
+        node(&G, "Relu", "c1", "r1", NULL);
+        node(&G, "Conv", "rb ws", "s1", "pads=ii:1,1,1,1"); /* rb read twice: the encoder's skip */
+        node(&G, "Add", "r1 s1", "t1", NULL);
+        if (twice) {
+            node(&G, "Conv", "cat w1", "c2", "pads=ii:1,1,1,1");
+            node(&G, "Add", "t1 c2", "t2", NULL);
+        }
+        node(&G, "Conv", twice ? "t2 w2" : "t1 w2", "y", "pads=ii:1,1,1,1");
+        io(&G, 12, "y", 4, D(-1, 8, H, W));
+        mts_model *m[4];
+        const mts_tensor *out[4][1];
+        mts_ctx *c[4];
+        mts_tensor *in = NULL;
+        /* 0: bf16, folded; 1: bf16, MTS_NO_CAT_FOLD; 2: bf16 without hand-offs; 3: reference */
+        for (int k = 0; k < 4; k++) {
+            mts_load_opts o = {0};
+            o.precision = k == 3 ? "fp32" : "bf16";
+            o.backend = k == 3 ? "reference" : NULL;
+            o.max_error = 1.0;
+            if (k == 1) setenv("MTS_NO_CAT_FOLD", "1", 1);
+            if (k == 2) setenv("MTS_BF16_NO_HANDOFF", "1", 1);
+            m[k] = finish_opts(&G, &o);
+            if (!in) in = test_make_inputs(m[k], 1 + it % 2, 40u + (unsigned)it);
+            mts_err err = {0};
+            assert_int_equal(mts_ctx_create(m[k], 1 + it % 2, &c[k], &err), 0);
+            if (mts_ctx_run(c[k], in, 1, out[k], &err)) fail_msg("case %d run %d: %s", it, k, err.msg);
+            unsetenv("MTS_NO_CAT_FOLD");
+            unsetenv("MTS_BF16_NO_HANDOFF");
+        }
+        if (!strcmp(mts_model_precision(m[0])->effective, "bf16")) {
+            int cats = mts_model_op_steps(m[0], "Concat"), kept = mts_model_op_steps(m[1], "Concat");
+            assert_int_equal(kept, 1);
+            if (here && cats != (twice ? 1 : 0)) fail_msg("case %d: %d Concat steps left, expected %d", it, cats, twice ? 1 : 0);
+            int64_t n = mts_tensor_numel(out[0][0]);
+            assert_memory_equal(out[0][0]->data, out[1][0]->data, (size_t)n * sizeof(float));
+            assert_memory_equal(out[0][0]->data, out[2][0]->data, (size_t)n * sizeof(float));
+            double e = rel_l2(out[0][0], out[3][0]);
+            if (!(e <= 2e-2)) fail_msg("case %d: relative L2 error %.3g against the reference", it, e);
+        }
+        for (int k = 0; k < 4; k++) mts_ctx_free(c[k]);
+        test_free_inputs(m[0], in);
+        for (int k = 0; k < 4; k++) mts_model_free(m[k]);
+        free(G.g.p);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1432,6 +1509,7 @@ int main(void)
         cmocka_unit_test(test_bf16_dwsep),
         cmocka_unit_test(test_bfconv),
         cmocka_unit_test(test_bfconv_concurrent),
+        cmocka_unit_test(test_bfconv_concat_fold),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -10,8 +10,11 @@
  * words holding the two bf16 values, with one zero pixel before and zeros after. Source rows
  * come channels-last (bf16 or float, rounded to bf16 to nearest even as oneDNN's bf16
  * convolution rounds its source) or channels-first float; 16 channels of bf16 are transposed
- * 16 pixels at a time in registers (three rounds of two-source permutes), other channels-last
- * sources are copied word by word. Then, for 32 output
+ * 16 pixels at a time in registers (three rounds of two-source permutes), 8 channels with two
+ * permutes per pair, other channels-last sources are copied word by word. A bf16 source may
+ * come in two parts, a channel Concat folded into the step (a UNet decoder's upsampled branch
+ * and its skip, each 8 channels at full resolution): each part fills its own pairs, so the
+ * concatenated tensor is never written. Then, for 32 output
  * pixels at a time, 16 accumulators (8 channels x 2 blocks of 16 pixels) start at the bias and
  * take, for each of the 9 taps and each channel pair, one load of the shifted planar row and
  * one pair dot product per output channel with the weight pair broadcast. The accumulators are
@@ -44,6 +47,8 @@
 
 struct mts_bfconv {
     int64_t N, H, W, C, P; /* H, W: the destination's; P: channel pairs, ceil(C / 2) */
+    int64_t C2;            /* > 0: channels C - C2 .. C - 1 come from a second source (cat_C2) */
+    int n_add;             /* residual post-ops (the second source follows them in resid) */
     int64_t Hs, Ws;        /* the source's: H, W, or H / 2, W / 2 when upsampled */
     bool up;               /* the source is read through a nearest 2x upsampling */
     int64_t Wp;            /* 32-bit words per pair row of a planar source row */
@@ -81,6 +86,10 @@ bool mts_bfconv_ok(const mts_dconv_spec *s)
         !s->w || (s->up[0] * s->up[1] > 1 && (s->up[0] != 2 || s->up[1] != 2 || g->in[1] % 2 || g->in[2] % 2)) ||
         g->nsp != 2 || g->group != 1 || g->M != BFC_M || g->C < 1 || g->C > 64 ||
         (!s->src_nhwc && s->src_bf16))
+        return false;
+    /* a folded Concat: two bf16 channels-last parts, each of whole channel pairs */
+    if (s->cat_C2 && (s->cat_C2 < 0 || s->cat_C2 >= g->C || s->cat_C2 % 2 || (g->C - s->cat_C2) % 2 || !s->src_bf16 ||
+                      !s->src_nhwc || s->up[0] * s->up[1] > 1))
         return false;
     for (int i = 1; i < 3; i++)
         if (g->k[i] != 3 || g->s[i] != 1 || g->d[i] != 1 || g->pb[i] != 1 || g->pe[i] != 1 || g->out[i] != g->in[i])
@@ -149,6 +158,8 @@ int mts_bfconv_create(const mts_dconv_spec *s, mts_bfconv **out, mts_err *err)
     k->n_post = s->n_post;
     memcpy(k->post, s->post, sizeof(mts_dpost) * (size_t)s->n_post);
     k->src_bf16 = s->src_bf16, k->src_nhwc = s->src_nhwc, k->dst_bf16 = s->dst_bf16, k->dst_nhwc = s->dst_nhwc;
+    k->C2 = s->cat_C2;
+    for (int i = 0; i < s->n_post; i++) k->n_add += s->post[i].kind == MTS_DPOST_ADD;
     k->row_w = (size_t)(k->P * k->Wp);
     k->per_thread = (4 * k->row_w * sizeof(uint32_t) + 63) / 64 * 64;
     g_created++;
@@ -178,8 +189,59 @@ BFC_TARGET static inline __attribute__((always_inline)) void net8(__m512 *a, __m
     }
 }
 
-/* Source row (n, y) into planar row `row` (pixel x of pair p at row[p * Wp + 1 + x]). */
-BFC_TARGET static void fill_row(const mts_bfconv *k, const void *src, int64_t n, int64_t y, uint32_t *row)
+/* One source row of W pixels of Cs bf16 channels, channels-last (s), into the planar pairs
+ * p0 .. p0 + ceil(Cs / 2) - 1 of `row`. 16 channels: 16 pixels x 8 words (a[i]: pixels 2i,
+ * 2i+1) become 8 rows of 16 pixels, one per pair, in three rounds in which registers i and
+ * i + d exchange halves of their lanes. 8 channels: 16 pixels x 4 words (a[i]: pixels 4i ..
+ * 4i+3); word p of pixels 0-7 gathered from a[0], a[1] and of pixels 8-15 from a[2], a[3] by one
+ * two-source permute each, the two halves joined. Other counts and the last pixels: a word at a
+ * time. */
+BFC_TARGET static void fill_bf16(const mts_bfconv *k, const uint16_t *s, int64_t Cs, int64_t p0, uint32_t *row)
+{
+    const int64_t W = k->Ws, Wp = k->Wp, Ps = (Cs + 1) / 2;
+    const uint32_t *sw = (const uint32_t *)s;
+    uint32_t *d = row + p0 * Wp + 1;
+    int64_t x = 0;
+    if (Cs == 16) {
+        static const int32_t t[6][16] = {{0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27},
+                                         {0, 1, 4, 5, 16, 17, 20, 21, 8, 9, 12, 13, 24, 25, 28, 29},
+                                         {0, 2, 16, 18, 4, 6, 20, 22, 8, 10, 24, 26, 12, 14, 28, 30},
+                                         {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31},
+                                         {2, 3, 6, 7, 18, 19, 22, 23, 10, 11, 14, 15, 26, 27, 30, 31},
+                                         {1, 3, 17, 19, 5, 7, 21, 23, 9, 11, 25, 27, 13, 15, 29, 31}};
+        __m512i idx[6];
+        for (int i = 0; i < 6; i++) idx[i] = _mm512_loadu_si512(t[i]);
+        for (; x + 16 <= W; x += 16) {
+            __m512 a[8], b[8]; /* (words moved as floats: the permutes do not look at them) */
+            for (int i = 0; i < 8; i++) a[i] = _mm512_loadu_ps(sw + (x + 2 * i) * 8);
+            net8(a, b, idx, idx + 3);
+            for (int p = 0; p < 8; p++) _mm512_storeu_ps(d + p * Wp + x, b[p]);
+        }
+    } else if (Cs == 8) {
+        __m512i idx[4]; /* lanes 0-7: word p of pixels 0-7 of a two-register (32-word) block */
+        for (int p = 0; p < 4; p++) idx[p] = _mm512_setr_epi32(p, 4 + p, 8 + p, 12 + p, 16 + p, 20 + p, 24 + p, 28 + p,
+                                                               0, 0, 0, 0, 0, 0, 0, 0);
+        for (; x + 16 <= W; x += 16) {
+            __m512 a[4];
+            for (int i = 0; i < 4; i++) a[i] = _mm512_loadu_ps(sw + (x + 4 * i) * 4);
+            for (int p = 0; p < 4; p++) {
+                __m512 lo = _mm512_permutex2var_ps(a[0], idx[p], a[1]), hi = _mm512_permutex2var_ps(a[2], idx[p], a[3]);
+                _mm512_storeu_ps(d + p * Wp + x, _mm512_shuffle_f32x4(lo, hi, 0x44));
+            }
+        }
+    }
+    for (; x < W; x++)
+        for (int64_t p = 0; p < Ps; p++) {
+            uint32_t w = s[x * Cs + 2 * p];
+            if (2 * p + 1 < Cs) w |= (uint32_t)s[x * Cs + 2 * p + 1] << 16;
+            d[p * Wp + x] = w;
+        }
+}
+
+/* Source row (n, y) into planar row `row` (pixel x of pair p at row[p * Wp + 1 + x]); src2:
+ * the second part of a folded Concat (k->C2 channels), else unused. */
+BFC_TARGET static void fill_row(const mts_bfconv *k, const void *src, const void *src2, int64_t n, int64_t y,
+                                uint32_t *row)
 {
     const int64_t W = k->Ws, C = k->C, P = k->P, Wp = k->Wp;
     int64_t x = 0;
@@ -199,35 +261,19 @@ BFC_TARGET static void fill_row(const mts_bfconv *k, const void *src, int64_t n,
         }
         return;
     }
-    if (k->src_bf16 && C == 16) {
-        /* 16 pixels x 8 words (a[i]: pixels 2i, 2i+1) -> 8 rows of 16 pixels, one per pair: at
-         * each round, registers i and i + d exchange halves of their lanes */
-        static const int32_t t[6][16] = {{0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27},
-                                         {0, 1, 4, 5, 16, 17, 20, 21, 8, 9, 12, 13, 24, 25, 28, 29},
-                                         {0, 2, 16, 18, 4, 6, 20, 22, 8, 10, 24, 26, 12, 14, 28, 30},
-                                         {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31},
-                                         {2, 3, 6, 7, 18, 19, 22, 23, 10, 11, 14, 15, 26, 27, 30, 31},
-                                         {1, 3, 17, 19, 5, 7, 21, 23, 9, 11, 25, 27, 13, 15, 29, 31}};
-        __m512i idx[6];
-        for (int i = 0; i < 6; i++) idx[i] = _mm512_loadu_si512(t[i]);
-        const uint32_t *s = (const uint32_t *)src + (n * k->Hs + y) * W * 8;
-        for (; x + 16 <= W; x += 16) {
-            __m512 a[8], b[8]; /* (words moved as floats: the permutes do not look at them) */
-            for (int i = 0; i < 8; i++) a[i] = _mm512_loadu_ps(s + (x + 2 * i) * 8);
-            net8(a, b, idx, idx + 3);
-            for (int p = 0; p < 8; p++) _mm512_storeu_ps(row + p * Wp + 1 + x, b[p]);
-        }
+    if (k->src_bf16) {
+        /* one or two bf16 parts (a folded Concat: the second one's pairs follow the first's) */
+        const int64_t C1 = C - k->C2;
+        fill_bf16(k, (const uint16_t *)src + (n * k->Hs + y) * W * C1, C1, 0, row);
+        if (k->C2) fill_bf16(k, (const uint16_t *)src2 + (n * k->Hs + y) * W * k->C2, k->C2, C1 / 2, row);
+        return;
     }
-    /* any other channels-last source, and the last pixels: one word at a time */
+    /* a float channels-last source: one word at a time */
     for (; x < W; x++) {
         int64_t off = ((n * k->Hs + y) * W + x) * C;
         for (int64_t p = 0; p < P; p++) {
             uint32_t w = 0;
-            for (int h = 0; h < 2 && 2 * p + h < C; h++) {
-                int64_t c = 2 * p + h;
-                uint16_t v = k->src_bf16 ? ((const uint16_t *)src)[off + c] : mts_f32_to_bf16(((const float *)src)[off + c]);
-                w |= (uint32_t)v << (16 * h);
-            }
+            for (int h = 0; h < 2 && 2 * p + h < C; h++) w |= (uint32_t)mts_f32_to_bf16(((const float *)src)[off + 2 * p + h]) << (16 * h);
             row[p * Wp + 1 + x] = w;
         }
     }
@@ -386,7 +432,7 @@ BFC_TARGET static void conv_row_up(const mts_bfconv *k, const uint32_t *r0, cons
 
 typedef struct bfc_job {
     const mts_bfconv *k;
-    const void *src;
+    const void *src, *src2;
     void *dst;
     const float *const *resid;
     char *scratch;
@@ -399,14 +445,14 @@ static void bfc_part(void *arg, int ithr, int nthr)
     const int64_t H = k->Hs, rows = k->N * H, lo = rows * ithr / nthr, hi = rows * (ithr + 1) / nthr;
     uint32_t *ring = (uint32_t *)(j->scratch + (size_t)ithr * k->per_thread), *zero = ring + 3 * k->row_w;
     memset(ring, 0, sizeof(uint32_t) * 4 * k->row_w); /* the padding pixels and the zero row */
-    const size_t esz = k->src_bf16 ? 2 : 4, row_bytes = (size_t)(k->Ws * k->C) * esz;
+    const size_t esz = k->src_bf16 ? 2 : 4, row_bytes = (size_t)(k->Ws * (k->C - k->C2)) * esz; /* (of in[0]) */
     int64_t have_n = -1, have_y = -2;
     for (int64_t r = lo; r < hi; r++) { /* source rows: one output row each, two when upsampled */
         int64_t n = r / H, y = r % H;
         /* ring slot (yy + 3) % 3 holds source row yy while yy is one of y-1, y, y+1 */
         for (int64_t yy = y - 1; yy <= y + 1; yy++) {
             bool held = n == have_n && yy >= have_y - 1 && yy <= have_y + 1;
-            if (yy >= 0 && yy < H && !held) fill_row(k, j->src, n, yy, ring + (size_t)((yy + 3) % 3) * k->row_w);
+            if (yy >= 0 && yy < H && !held) fill_row(k, j->src, j->src2, n, yy, ring + (size_t)((yy + 3) % 3) * k->row_w);
         }
         have_n = n, have_y = y;
         const uint32_t *rp[3];
@@ -417,7 +463,7 @@ static void bfc_part(void *arg, int ithr, int nthr)
         /* the row the next output row will read first (channels-last sources: one block) */
         const char *pf = NULL;
         if (k->src_nhwc && y + 2 < H && r + 1 < hi)
-            pf = (const char *)j->src + (size_t)((n * H + y + 2) * k->Ws * k->C) * esz;
+            pf = (const char *)j->src + (size_t)((n * H + y + 2) * k->Ws * (k->C - k->C2)) * esz;
         if (k->up) conv_row_up(k, rp[0], rp[1], rp[2], n, y, j->dst, j->resid, pf, row_bytes);
         else conv_row(k, rp[0], rp[1], rp[2], n, y, j->dst, j->resid, pf, row_bytes);
     }
@@ -434,7 +480,7 @@ static int bfc_threads(const mts_bfconv *k, int threads)
 void mts_bfconv_run(const mts_bfconv *k, int threads, const void *src, void *dst, const float *const *resid,
                     void *scratch)
 {
-    bfc_job j = {k, src, dst, resid, scratch};
+    bfc_job j = {k, src, k->C2 ? resid[k->n_add] : NULL, dst, resid, scratch};
     mts_parallel(bfc_threads(k, threads), bfc_part, &j);
 }
 

@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/kernels/bfconv.h"
 #include "engine/kernels/dnnl_ops.h"
 #include "engine/rewrite.h"
 #include "engine/weights.h"
@@ -1119,6 +1120,47 @@ static void bf16_handoff(mts__opt *o, dnnl_opt *d)
     free(cat);
 }
 
+/* A bf16-writing channel Concat of two tensors that bf16 convolutions wrote (channels-last),
+ * read by nothing but a convolution the engine's bf16 3x3 kernel runs (a UNet decoder's skip
+ * Concat before its last convolution at full resolution, 2 x 8 channels in lipsync w8): the
+ * convolution reads the two parts itself (spec.cat_C2; the second part becomes its last input)
+ * and the Concat goes, so the concatenated tensor is neither written nor read back (w8 at batch
+ * 16: 52 MB each way). Runs after bf16_handoff, whose choices it needs. MTS_NO_CAT_FOLD=1 keeps
+ * the Concats (for comparisons). */
+static void fold_bf16_concats(mts__opt *o, dnnl_opt *d)
+{
+    mts__plan *p = o->p;
+    if (getenv("MTS_NO_CAT_FOLD")) return;
+    for (int i = 0; i < d->nci; i++) {
+        cinfo *c = &d->ci[i];
+        mts__step *st = &p->steps[c->step];
+        int v = st->in[0], s = -1, readers = 0;
+        if (v < 0 || !c->spec.src_bf16 || c->spec.kind != MTS_DPRIM_CONV || c->spec.cat_C2 || o->is_out[v] ||
+            st->n_in + 1 > 2 + MTS__STEP_EXTRA_IN)
+            continue;
+        for (int t = 0; t < p->n_steps; t++) {
+            if (o->removed[t]) continue;
+            for (int j = 0; j < p->steps[t].n_in; j++) readers += p->steps[t].in[j] == v;
+            for (int j = 0; j < p->steps[t].n_out; j++)
+                if (p->steps[t].out[j] == v) s = t;
+        }
+        if (s < 0 || readers != 1) continue;
+        mts__step *cs = &p->steps[s];
+        if (cs->kind != MTS__S_KERNEL || cs->dynamic || !is_op(cs, "Concat") || cs->n_in != 2 || cs->n_out != 1 ||
+            !mts_attr_int(cs->nd, "mts_out_bf16", 0) || mts_attr_int(cs->nd, "mts_in_bf16", 0) != 3)
+            continue;
+        int a = cs->in[0], b = cs->in[1];
+        if (a < 0 || b < 0 || a == b || !p->nhwc[a] || !p->nhwc[b] || p->vals[b].rank != 4) continue;
+        mts_dconv_spec sp = c->spec;
+        sp.cat_C2 = p->vals[b].dims[1];
+        if (p->vals[a].dims[1] + sp.cat_C2 != sp.g.C || !mts_bfconv_ok(&sp)) continue;
+        c->spec.cat_C2 = sp.cat_C2;
+        st->in[0] = a;
+        st->in[st->n_in++] = b;
+        o->removed[s] = 1;
+    }
+}
+
 /* Primitives: layouts first (in order), then the creations, which are independent and mostly
  * oneDNN's JIT compilation, on up to CREATE_THREADS threads. */
 static int dnnl_commit(mts__opt *o, int self, mts_err *err)
@@ -1154,6 +1196,7 @@ static int dnnl_commit(mts__opt *o, int self, mts_err *err)
     }
     if (unpair) return MTS__RETRY;
     bf16_handoff(o, d);
+    fold_bf16_concats(o, d);
     create_all(d->ci, d->nci);
     int failed = -1;
     for (int i = 0; i < d->nci; i++) {

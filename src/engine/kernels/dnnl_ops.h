@@ -69,6 +69,11 @@ typedef struct mts_dconv_spec {
     bool src_bf16;       /* bf16: the source tensor already holds bf16 values (written by a bf16
                           * step with dst_bf16), in the planner's layout */
     bool dst_bf16;       /* bf16: write the destination as bf16 (its readers are bf16 steps) */
+    int64_t cat_C2;      /* > 0: a channel Concat of two bf16 channels-last tensors folded into
+                          * the step: in[0] holds the source's first g.C - cat_C2 channels, the
+                          * step's last input (after the residuals, so the kernel receives it
+                          * after them in resid) the other cat_C2. Only the engine's bf16 3x3
+                          * kernel takes it (mts_bfconv_ok). */
     bool half_weights;   /* a MatMul run by the small-M GEMM with at most
                           * MTS_SMALL_GEMM_HALF_ROWS rows keeps its weights in IEEE half
                           * precision (fast_sgemm.c); arithmetic in float */
