@@ -1158,6 +1158,7 @@ static void fold_bf16_concats(mts__opt *o, dnnl_opt *d)
         st->in[0] = a;
         st->in[st->n_in++] = b;
         o->removed[s] = 1;
+        p->state[v] = MTS__V_UNUSED; /* (no buffer for the concatenation) */
     }
 }
 
