@@ -1488,6 +1488,98 @@ static void test_bfconv_concat_fold(void **state)
     }
 }
 
+/* A small-channel head (2-4 outputs, 3x3) on a bf16 3x3 convolution to 8 channels, and the
+ * Relu or Sigmoid after it, run inside that convolution (kernels/dnnl_backend.c,
+ * fold_small_heads; kernels/bfconv.c, bands of its rows): heights across several bands, widths
+ * with partial blocks, one and two threads, batch 1 and 3, a bias or none, the head's output read
+ * by a further convolution (stored channels-last), the convolution reading a folded Concat; one
+ * output channel (not the small-channel kernel's case with 8 inputs: no fold). Each case: bits
+ * equal to the plan that keeps the head apart (MTS_NO_HEAD_FOLD=1) and to the plan without bf16
+ * hand-offs, near the reference backend; one Conv step fewer where the kernel runs. */
+static void test_bfconv_head_fold(void **state)
+{
+    (void)state;
+    const char *native = mts_cpu_bf16_native();
+    bool here = native && !strcmp(native, "avx512_bf16") && __builtin_cpu_supports("avx512bw");
+    for (int it = 0; it < 8; it++) {
+        int64_t M = it == 7 ? 1 : 2 + it % 3, H = it % 2 ? 21 : 7 + it, W = 13 + 11 * it;
+        int act = it % 3; /* 0: none, 1: Relu, 2: Sigmoid */
+        bool bias = it % 2 == 0, after = it == 4, cat = it == 5 || it == 6;
+        graph G;
+        memset(&G, 0, sizeof G);
+        G.seed = 1200u + (unsigned)it;
+        io(&G, 11, "x", 4, D(-1, 3, H, W));
+        init_f(&G, "wa", 4, D(16, 3, 3, 3), -0.5f, 0.5f);
+        init_f(&G, "wc", 4, D(8, 3, 3, 3), -0.5f, 0.5f);
+        init_f(&G, "wd", 4, D(8, 3, 3, 3), -0.5f, 0.5f);
+        init_f(&G, "w1", 4, D(8, 16, 3, 3), -0.3f, 0.3f);
+        init_f(&G, "b1", 1, D(8), -0.2f, 0.2f);
+        init_f(&G, "wh", 4, D(M, 8, 3, 3), -0.4f, 0.4f);
+        init_f(&G, "bh", 1, D(M), -0.3f, 0.3f);
+        init_f(&G, "wz", 4, D(16, M, 3, 3), -0.3f, 0.3f);
+        if (cat) { /* two 8-channel bf16 convolutions concatenated, as a UNet's last decoder stage */
+            node(&G, "Conv", "x wc", "cc", "pads=ii:1,1,1,1");
+            node(&G, "Relu", "cc", "rc", NULL);
+            node(&G, "Conv", "x wd", "cd", "pads=ii:1,1,1,1");
+            node(&G, "Relu", "cd", "rd", NULL);
+            node(&G, "Concat", "rc rd", "r0", "axis=i:1");
+        } else {
+            node(&G, "Conv", "x wa", "c0", "pads=ii:1,1,1,1");
+            node(&G, "Relu", "c0", "r0", NULL);
+        }
+        node(&G, "Conv", "r0 w1 b1", "c1", "pads=ii:1,1,1,1");
+        node(&G, "Relu", "c1", "r1", NULL);
+        node(&G, "Conv", bias ? "r1 wh bh" : "r1 wh", "h", "pads=ii:1,1,1,1");
+        const char *y = "h";
+        if (act == 1) node(&G, "Relu", "h", "ha", NULL), y = "ha";
+        if (act == 2) node(&G, "Sigmoid", "h", "ha", NULL), y = "ha";
+        if (after) {
+            char ins[32];
+            snprintf(ins, sizeof ins, "%s wz", y);
+            node(&G, "Conv", ins, "z", "pads=ii:1,1,1,1");
+            y = "z";
+        }
+        char yname[8];
+        snprintf(yname, sizeof yname, "%s", y);
+        node(&G, "Identity", yname, "y", NULL);
+        io(&G, 12, "y", 4, D(-1, after ? 16 : M, H, W));
+        mts_model *m[4];
+        const mts_tensor *out[4][1];
+        mts_ctx *c[4];
+        mts_tensor *in = NULL;
+        /* 0: bf16, head fused; 1: MTS_NO_HEAD_FOLD; 2: no hand-offs; 3: the reference backend */
+        for (int k = 0; k < 4; k++) {
+            mts_load_opts o = {0};
+            o.precision = k == 3 ? "fp32" : "bf16";
+            o.backend = k == 3 ? "reference" : NULL;
+            o.max_error = 1.0;
+            if (k == 1) setenv("MTS_NO_HEAD_FOLD", "1", 1);
+            if (k == 2) setenv("MTS_BF16_NO_HANDOFF", "1", 1);
+            m[k] = finish_opts(&G, &o);
+            if (!in) in = test_make_inputs(m[k], 1 + it % 2 * 2, 60u + (unsigned)it);
+            mts_err err = {0};
+            assert_int_equal(mts_ctx_create(m[k], 1 + (it / 2) % 2, &c[k], &err), 0);
+            if (mts_ctx_run(c[k], in, 1, out[k], &err)) fail_msg("case %d run %d: %s", it, k, err.msg);
+            unsetenv("MTS_NO_HEAD_FOLD");
+            unsetenv("MTS_BF16_NO_HANDOFF");
+        }
+        if (!strcmp(mts_model_precision(m[0])->effective, "bf16")) {
+            int convs = mts_model_op_steps(m[0], "Conv"), kept = mts_model_op_steps(m[1], "Conv");
+            int expect = here && M > 1 ? kept - 1 : kept;
+            if (convs != expect) fail_msg("case %d: %d Conv steps, %d without the fold, expected %d", it, convs, kept, expect);
+            int64_t n = mts_tensor_numel(out[0][0]);
+            assert_memory_equal(out[0][0]->data, out[1][0]->data, (size_t)n * sizeof(float));
+            assert_memory_equal(out[0][0]->data, out[2][0]->data, (size_t)n * sizeof(float));
+            double e = rel_l2(out[0][0], out[3][0]);
+            if (!(e <= 2e-2)) fail_msg("case %d: relative L2 error %.3g against the reference", it, e);
+        }
+        for (int k = 0; k < 4; k++) mts_ctx_free(c[k]);
+        test_free_inputs(m[0], in);
+        for (int k = 0; k < 4; k++) mts_model_free(m[k]);
+        free(G.g.p);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1510,6 +1602,7 @@ int main(void)
         cmocka_unit_test(test_bfconv),
         cmocka_unit_test(test_bfconv_concurrent),
         cmocka_unit_test(test_bfconv_concat_fold),
+        cmocka_unit_test(test_bfconv_head_fold),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

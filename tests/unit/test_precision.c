@@ -116,9 +116,11 @@ static void test_bf16_handoff_bits(void **state)
     (void)state;
     char path[4096];
     if (!model_path(path, sizeof path, "lipsync_unet_w8")) return;
+    setenv("MTS_NO_HEAD_FOLD", "1", 1); /* the head as a step of its own (the fused one: below) */
     setenv("MTS_BF16_NO_HANDOFF", "1", 1);
     mts_model *plain = load(path, "bf16", 0, NULL);
     if (strcmp(mts_model_precision(plain)->effective, "bf16")) {
+        unsetenv("MTS_NO_HEAD_FOLD");
         unsetenv("MTS_BF16_NO_HANDOFF");
         printf("precision: no bf16 kernels here; hand-off check skipped\n");
         mts_model_free(plain);
@@ -137,6 +139,7 @@ static void test_bf16_handoff_bits(void **state)
     test_free_inputs(plain, in);
     unsetenv("MTS_BF16_NO_HANDOFF");
     mts_model *handoff = load(path, "bf16", 0, NULL);
+    unsetenv("MTS_NO_HEAD_FOLD");
     double d = max_abs_diff(plain, handoff, 2);
     int cats = mts_model_op_steps(handoff, "Concat/mts_out_bf16"), cats0 = mts_model_op_steps(plain, "Concat/mts_out_bf16");
     int cat_in = mts_model_op_steps(handoff, "Concat/mts_in_bf16");
@@ -151,6 +154,16 @@ static void test_bf16_handoff_bits(void **state)
     assert_true(cat_in >= 4); /* the four decoder levels' upsampled branches */
     assert_int_equal(cats0, 0);
     assert_true(d == 0);
+    /* The head fused into the last convolution where the CPU runs the engine's bf16 3x3 kernel
+     * (kernels/bfconv.c: one Conv step and the Sigmoid fewer): the same bits. */
+    mts_model *fused = load(path, "bf16", 0, NULL);
+    double df = max_abs_diff(handoff, fused, 2);
+    int convs = mts_model_op_steps(handoff, "Conv"), convs_f = mts_model_op_steps(fused, "Conv");
+    printf("precision: lipsync_unet_w8 bf16 with the head fused: max abs diff %g, Conv steps %d -> %d\n", df, convs, convs_f);
+    assert_true(df == 0);
+    const char *native = mts_cpu_bf16_native();
+    if (native && !strcmp(native, "avx512_bf16") && __builtin_cpu_supports("avx512bw")) assert_int_equal(convs_f, convs - 1);
+    mts_model_free(fused);
     mts_model_free(plain);
     mts_model_free(handoff);
 }

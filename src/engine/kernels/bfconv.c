@@ -37,6 +37,7 @@
 #include "engine/engine.h"
 #include "engine/kernels/bfconv.h"
 #include "engine/kernels/dpost16.h"
+#include "engine/kernels/kernel.h"
 #include "util/tensor.h"
 
 #if defined(__x86_64__)
@@ -44,11 +45,18 @@
 #define BFC_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 #define BFC_M 8 /* output channels */
 #endif
+#define BFC_HEAD_BAND 8 /* fused head: its output rows per band of the convolution's rows */
 
 struct mts_bfconv {
     int64_t N, H, W, C, P; /* H, W: the destination's; P: channel pairs, ceil(C / 2) */
     int64_t C2;            /* > 0: channels C - C2 .. C - 1 come from a second source (cat_C2) */
     int n_add;             /* residual post-ops (the second source follows them in resid) */
+    int hM, hact;          /* > 0: the fused head's outputs (head_M) and activation */
+    bool hb_set, hnhwc;
+    float hw[4 * BFC_M * 9], hb[4]; /* the head's weights [hM][8][3][3] and bias */
+    void *hwv;             /* ... broadcast (mts_fast_sconv_weights) */
+    int64_t HPW, HPHW;     /* head band: floats per padded row (W + 2), per plane (BAND + 2 rows) */
+    size_t band_floats;    /* head band: 8 planes, and 16 floats of slack */
     int64_t Hs, Ws;        /* the source's: H, W, or H / 2, W / 2 when upsampled */
     bool up;               /* the source is read through a nearest 2x upsampling */
     int64_t Wp;            /* 32-bit words per pair row of a planar source row */
@@ -87,6 +95,11 @@ bool mts_bfconv_ok(const mts_dconv_spec *s)
         g->nsp != 2 || g->group != 1 || g->M != BFC_M || g->C < 1 || g->C > 64 ||
         (!s->src_nhwc && s->src_bf16))
         return false;
+    /* a fused head: 1-4 outputs, on the plain form, no residual (its rows never stored) */
+    if (s->head_M && (s->head_M < 0 || s->head_M > 4 || !s->head_w || s->up[0] * s->up[1] > 1))
+        return false;
+    for (int i = 0; s->head_M && i < s->n_post; i++)
+        if (s->post[i].kind == MTS_DPOST_ADD) return false;
     /* a folded Concat: two bf16 channels-last parts, each of whole channel pairs */
     if (s->cat_C2 && (s->cat_C2 < 0 || s->cat_C2 >= g->C || s->cat_C2 % 2 || (g->C - s->cat_C2) % 2 || !s->src_bf16 ||
                       !s->src_nhwc || s->up[0] * s->up[1] > 1))
@@ -162,6 +175,21 @@ int mts_bfconv_create(const mts_dconv_spec *s, mts_bfconv **out, mts_err *err)
     for (int i = 0; i < s->n_post; i++) k->n_add += s->post[i].kind == MTS_DPOST_ADD;
     k->row_w = (size_t)(k->P * k->Wp);
     k->per_thread = (4 * k->row_w * sizeof(uint32_t) + 63) / 64 * 64;
+    if (s->head_M) {
+        k->hM = s->head_M, k->hact = s->head_act, k->hnhwc = s->head_nhwc, k->hb_set = s->head_b != NULL;
+        memcpy(k->hw, s->head_w, sizeof(float) * (size_t)(k->hM * BFC_M * 9));
+        for (int m = 0; m < k->hM; m++) k->hb[m] = s->head_b ? s->head_b[m] : 0.0f;
+        if (!(k->hwv = mts_fast_sconv_weights(k->hw, k->hM, BFC_M, 9))) {
+            free(k->wt);
+            free(k);
+            return mts_err_set(err, MTS_ENOMEM, "out of memory");
+        }
+        k->HPW = k->W + 2;
+        k->HPHW = (BFC_HEAD_BAND + 2) * k->HPW;
+        k->band_floats = (size_t)(BFC_M * k->HPHW + 16);
+        /* the band, and the head's output rows when they are interleaved (channels-last) */
+        k->per_thread += ((k->band_floats + (size_t)(k->hM * k->W)) * sizeof(float) + 63) / 64 * 64;
+    }
     g_created++;
     *out = k;
     return MTS_OK;
@@ -328,7 +356,8 @@ BFC_TARGET static inline __attribute__((always_inline)) void put_run(const mts_b
 /* Output row (n, y) from the planar rows r0..r2 (source rows y-1, y, y+1); pf: the next
  * source row to prefetch (pfb bytes, NULL: none). */
 BFC_TARGET static void conv_row(const mts_bfconv *k, const uint32_t *r0, const uint32_t *r1, const uint32_t *r2,
-                                int64_t n, int64_t y, void *dst, const float *const *resid, const char *pf, size_t pfb)
+                                int64_t n, int64_t y, void *dst, const float *const *resid, const char *pf, size_t pfb,
+                                float *hrow)
 {
     const int64_t W = k->W, P = k->P, Wp = k->Wp;
     const uint32_t *rows[3] = {r0, r1, r2};
@@ -353,6 +382,21 @@ BFC_TARGET static void conv_row(const mts_bfconv *k, const uint32_t *r0, const u
                     }
                 }
             }
+        if (hrow) { /* a fused head's band row: planar floats after the post-ops, at bf16 values */
+            for (int half = 0; half < 2; half++) {
+                const int64_t xb = x0 + 16 * half, cnt = W - xb;
+                if (cnt <= 0) break;
+                __mmask16 mk = cnt >= 16 ? 0xffff : (__mmask16)((1u << cnt) - 1);
+#pragma GCC unroll 8
+                for (int m = 0; m < BFC_M; m++) {
+                    __m512 v = half ? a1[m] : a0[m];
+                    for (int j = 0; j < k->n_post; j++) v = (__m512)post16((v16f)v, &k->post[j]);
+                    __m512i h = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(v));
+                    _mm512_mask_storeu_ps(hrow + m * k->HPHW + 1 + xb, mk, _mm512_castsi512_ps(_mm512_slli_epi32(h, 16)));
+                }
+            }
+            continue;
+        }
 #pragma GCC unroll 2
         for (int half = 0; half < 2; half++) {
             const int64_t xb = x0 + 16 * half, cnt = W - xb;
@@ -465,7 +509,80 @@ static void bfc_part(void *arg, int ithr, int nthr)
         if (k->src_nhwc && y + 2 < H && r + 1 < hi)
             pf = (const char *)j->src + (size_t)((n * H + y + 2) * k->Ws * (k->C - k->C2)) * esz;
         if (k->up) conv_row_up(k, rp[0], rp[1], rp[2], n, y, j->dst, j->resid, pf, row_bytes);
-        else conv_row(k, rp[0], rp[1], rp[2], n, y, j->dst, j->resid, pf, row_bytes);
+        else conv_row(k, rp[0], rp[1], rp[2], n, y, j->dst, j->resid, pf, row_bytes, NULL);
+    }
+}
+
+/* Source rows yy - 1 .. yy + 1 of image n into the ring (slot (row + 3) % 3; id: which row a
+ * slot holds), then the convolution's row yy into the head band's row hrow. */
+static void head_band_row(const bfc_job *j, uint32_t *ring, const uint32_t *zero, int64_t *id, int64_t n, int64_t yy,
+                          float *hrow)
+{
+    const mts_bfconv *k = j->k;
+    const int64_t H = k->H;
+    const uint32_t *rp[3];
+    for (int d = 0; d < 3; d++) {
+        int64_t sy = yy - 1 + d, slot = (sy + 3) % 3;
+        if (sy < 0 || sy >= H) {
+            rp[d] = zero;
+            continue;
+        }
+        uint32_t *row = ring + (size_t)slot * k->row_w;
+        if (id[slot] != n * H + sy) {
+            fill_row(k, j->src, j->src2, n, sy, row);
+            id[slot] = n * H + sy;
+        }
+        rp[d] = row;
+    }
+    const size_t esz = k->src_bf16 ? 2 : 4, row_bytes = (size_t)(k->W * (k->C - k->C2)) * esz;
+    const char *pf = k->src_nhwc && yy + 2 < H ? (const char *)j->src + (size_t)((n * H + yy + 2) * k->W * (k->C - k->C2)) * esz : NULL;
+    conv_row(k, rp[0], rp[1], rp[2], n, yy, NULL, j->resid, pf, row_bytes, hrow);
+}
+
+/* With a fused head: the thread's head output rows, BFC_HEAD_BAND at a time. The band holds the
+ * convolution's rows y0 - 1 .. y0 + BAND of the image as 8 planes of padded float rows (zero
+ * columns on each side, zero rows outside the image); the next band starts from the last two
+ * rows of this one. Each head row is the small-channel kernel's row (fast.c) on the band, then
+ * its activation, stored channels-first or interleaved. */
+static void bfc_part_head(void *arg, int ithr, int nthr)
+{
+    const bfc_job *j = arg;
+    const mts_bfconv *k = j->k;
+    const int64_t H = k->H, W = k->W, M = k->hM, rows = k->N * H, lo = rows * ithr / nthr, hi = rows * (ithr + 1) / nthr;
+    const int64_t B = BFC_HEAD_BAND, HPW = k->HPW, HPHW = k->HPHW;
+    uint32_t *ring = (uint32_t *)(j->scratch + (size_t)ithr * k->per_thread), *zero = ring + 3 * k->row_w;
+    float *band = (float *)(zero + k->row_w), *orow = band + k->band_floats;
+    memset(ring, 0, sizeof(uint32_t) * 4 * k->row_w);
+    memset(band, 0, sizeof(float) * k->band_floats);
+    int64_t id[3] = {-1, -1, -1};
+    for (int64_t r = lo; r < hi;) {
+        const int64_t n = r / H, y0 = r % H, y1 = y0 + (hi - r) < H ? y0 + (hi - r) : H;
+        for (int64_t yb = y0; yb < y1; yb += B) {
+            const int64_t ye = yb + B < y1 ? yb + B : y1;
+            int64_t i = 0;
+            if (yb > y0) { /* the previous (full) band's last two rows are this one's first two */
+                for (int64_t c = 0; c < BFC_M; c++) memcpy(band + c * HPHW, band + c * HPHW + B * HPW, sizeof(float) * (size_t)(2 * HPW));
+                i = 2;
+            }
+            for (; i < ye - yb + 2; i++) {
+                const int64_t yy = yb - 1 + i;
+                if (yy < 0 || yy >= H) {
+                    for (int64_t c = 0; c < BFC_M; c++) memset(band + c * HPHW + i * HPW, 0, sizeof(float) * (size_t)HPW);
+                    continue;
+                }
+                head_band_row(j, ring, zero, id, n, yy, band + i * HPW);
+            }
+            for (int64_t y = yb; y < ye; y++) {
+                float *out[4];
+                for (int64_t m = 0; m < M; m++) out[m] = k->hnhwc ? orow + m * W : (float *)j->dst + ((n * M + m) * H + y) * W;
+                mts_fast_sconv_row3(band, HPW, HPHW, BFC_M, M, k->hw, k->hwv, k->hb_set ? k->hb : NULL, y - yb, W, out);
+                for (int64_t m = 0; k->hact && m < M; m++) mts_fast_act(out[m], W, k->hact); /* rows still in L1 */
+                if (k->hnhwc)
+                    for (int64_t x = 0; x < W; x++)
+                        for (int64_t m = 0; m < M; m++) ((float *)j->dst)[((n * H + y) * W + x) * M + m] = orow[m * W + x];
+            }
+        }
+        r += y1 - y0;
     }
 }
 
@@ -481,7 +598,7 @@ void mts_bfconv_run(const mts_bfconv *k, int threads, const void *src, void *dst
                     void *scratch)
 {
     bfc_job j = {k, src, k->C2 ? resid[k->n_add] : NULL, dst, resid, scratch};
-    mts_parallel(bfc_threads(k, threads), bfc_part, &j);
+    mts_parallel(bfc_threads(k, threads), k->hM ? bfc_part_head : bfc_part, &j);
 }
 
 size_t mts_bfconv_scratch(const mts_bfconv *k, int threads)
@@ -526,5 +643,6 @@ void mts_bfconv_free(mts_bfconv *k)
 {
     if (!k) return;
     free(k->wt);
+    free(k->hwv);
     free(k);
 }

@@ -1162,6 +1162,81 @@ static void fold_bf16_concats(mts__opt *o, dnnl_opt *d)
     }
 }
 
+/* A convolution on the engine's bf16 3x3 kernel whose output only a small-channel Conv of the
+ * fast backend reads (1-4 outputs, 3x3, stride 1, padding 1: a lip-sync UNet's 3-channel head
+ * after its last 8-channel convolution at full resolution), perhaps followed by a Relu or
+ * Sigmoid that alone reads the head's output: the head (and the activation) run inside the
+ * kernel on bands of its rows (spec head_M ...), so the 8-channel tensor is never stored and the
+ * head's source is never rebuilt from memory. Its rows are rounded to bf16 values as the bf16
+ * hand-off to the unfused head gives them (mts_src_bf16 / mts_src_round), and the head's rows
+ * are the small-channel kernel's own, so the outputs are the unfused plan's bits.
+ * MTS_NO_HEAD_FOLD=1 keeps the steps apart (for comparisons). */
+static void fold_small_heads(mts__opt *o, dnnl_opt *d)
+{
+    mts__plan *p = o->p;
+    if (getenv("MTS_NO_HEAD_FOLD")) return;
+    for (int i = 0; i < d->nci; i++) {
+        cinfo *c = &d->ci[i];
+        mts__step *st = &p->steps[c->step];
+        int v = st->out[0];
+        if (v < 0 || c->n_resid || c->spec.head_M || o->is_out[v] || p->state[v] != MTS__V_STATIC) continue;
+        static const float any = 0.0f; /* (weights to come: this checks the convolution's side) */
+        mts_dconv_spec sp = c->spec;
+        sp.head_M = 1, sp.head_w = &any;
+        if (!mts_bfconv_ok(&sp)) continue;
+        int h = -1, readers = 0;
+        for (int t = 0; t < p->n_steps; t++) {
+            if (o->removed[t]) continue;
+            for (int j = 0; j < p->steps[t].n_in; j++)
+                if (p->steps[t].in[j] == v) readers++, h = t;
+        }
+        if (readers != 1 || p->steps[h].in[0] != v || !mts__fast_small_conv(o, &p->steps[h])) continue;
+        mts__step *hs = &p->steps[h];
+        const mts_tensor *kin[3] = {&p->vals[v], &p->vals[hs->in[1]], hs->n_in > 2 && hs->in[2] >= 0 ? &p->vals[hs->in[2]] : NULL};
+        mts_err e = {0};
+        mts_tensor kout[1];
+        mts_kctx kk = {hs->nd, kin, hs->n_in > 3 ? 3 : hs->n_in, kout, 1, &e, 1, NULL};
+        mts_conv_geom g;
+        if (mts_conv_geometry(&kk, false, &g) != MTS_OK || g.nsp != 2 || g.group != 1 || g.C != c->spec.g.M ||
+            g.M < 1 || g.M > 4 || kin[1]->dtype != MTS_DTYPE_FLOAT || (kin[2] && kin[2]->dtype != MTS_DTYPE_FLOAT))
+            continue;
+        bool geo = true;
+        for (int a = 1; a < 3; a++)
+            geo &= g.k[a] == 3 && g.s[a] == 1 && g.d[a] == 1 && g.pb[a] == 1 && g.pe[a] == 1 && g.out[a] == g.in[a];
+        int y = hs->out[0], act = 0, a = -1;
+        if (!geo || y < 0 || p->state[y] != MTS__V_STATIC || p->vals[y].rank != 4) continue;
+        /* a Relu / Sigmoid alone reading the head's output */
+        readers = 0;
+        for (int t = 0; t < p->n_steps; t++) {
+            if (o->removed[t] || t == h) continue;
+            for (int j = 0; j < p->steps[t].n_in; j++)
+                if (p->steps[t].in[j] == y) readers++, a = t;
+        }
+        if (readers == 1 && !o->is_out[y] && p->steps[a].kind == MTS__S_KERNEL && !p->steps[a].dynamic &&
+            p->steps[a].n_in == 1 && p->steps[a].n_out == 1 && p->steps[a].out[0] >= 0 &&
+            p->state[p->steps[a].out[0]] == MTS__V_STATIC && p->vals[p->steps[a].out[0]].dtype == MTS_DTYPE_FLOAT &&
+            (is_op(&p->steps[a], "Relu") || is_op(&p->steps[a], "Sigmoid")))
+            act = is_op(&p->steps[a], "Relu") ? MTS_CHAIN_RELU : MTS_CHAIN_SIGMOID;
+        int fin = act ? p->steps[a].out[0] : y;
+        sp = c->spec;
+        sp.head_M = (int)g.M;
+        sp.head_w = kin[1]->data;
+        sp.head_b = kin[2] ? kin[2]->data : NULL;
+        sp.head_act = act;
+        sp.head_nhwc = p->nhwc[fin] && !is_neutral(&p->vals[fin]);
+        sp.dst_bf16 = false;
+        if (!mts_bfconv_ok(&sp)) continue;
+        c->spec = sp;
+        st->out[0] = fin;
+        o->removed[h] = 1;
+        p->state[v] = MTS__V_UNUSED;
+        if (act) {
+            o->removed[a] = 1;
+            p->state[y] = MTS__V_UNUSED;
+        }
+    }
+}
+
 /* Primitives: layouts first (in order), then the creations, which are independent and mostly
  * oneDNN's JIT compilation, on up to CREATE_THREADS threads. */
 static int dnnl_commit(mts__opt *o, int self, mts_err *err)
@@ -1198,6 +1273,7 @@ static int dnnl_commit(mts__opt *o, int self, mts_err *err)
     if (unpair) return MTS__RETRY;
     bf16_handoff(o, d);
     fold_bf16_concats(o, d);
+    fold_small_heads(o, d);
     create_all(d->ci, d->nci);
     int failed = -1;
     for (int i = 0; i < d->nci; i++) {

@@ -899,7 +899,7 @@ static int bfc_create(const mts_dconv_spec *s, mts_dconv **out, mts_err *err)
     c->spec = *s;
     c->spec.w = c->spec.b = NULL; /* (packed) */
     c->bf16 = true;
-    snprintf(c->impl, sizeof c->impl, s->cat_C2 ? "mts:bf16conv3x3+concat" : "mts:bf16conv3x3");
+    snprintf(c->impl, sizeof c->impl, "mts:bf16conv3x3%s%s", s->cat_C2 ? "+concat" : "", s->head_M ? "+head" : "");
     mark_handoffs(c, s);
     if (s->up[0] * s->up[1] > 1) {
         size_t l = strlen(c->impl);

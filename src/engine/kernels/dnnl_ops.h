@@ -74,6 +74,17 @@ typedef struct mts_dconv_spec {
                           * step's last input (after the residuals, so the kernel receives it
                           * after them in resid) the other cat_C2. Only the engine's bf16 3x3
                           * kernel takes it (mts_bfconv_ok). */
+    /* > 0: a small convolution to head_M (1-4) channels, 3x3, stride 1, padding 1, on this
+     * step's output (a lip-sync UNet's 3-channel head), fused after it: weights head_w
+     * [head_M][g.M][3][3] and bias head_b (may be NULL) in the model's constants, then
+     * head_act (0 or an enum mts_chain_op Relu / Sigmoid); the destination is the head's
+     * output, channels-last when head_nhwc. This step's own output is never stored; it is
+     * rounded to bf16 values as a bf16 hand-off would round it. Only the engine's bf16 3x3
+     * kernel takes it (mts_bfconv_ok). */
+    int head_M;
+    const float *head_w, *head_b;
+    int head_act;
+    bool head_nhwc;
     bool half_weights;   /* a MatMul run by the small-M GEMM with at most
                           * MTS_SMALL_GEMM_HALF_ROWS rows keeps its weights in IEEE half
                           * precision (fast_sgemm.c); arithmetic in float */

@@ -1209,6 +1209,31 @@ static void sconv_part(void *arg, int ithr, int nthr)
     }
 }
 
+/* The small-channel kernel's pieces for a kernel that produces its source rows itself (the
+ * engine's bf16 3x3 convolution with a 3-channel head fused after it, bfconv.c): the weights
+ * broadcast as sconv_row reads them, one output row from padded planes, the fused activation.
+ * The same code as the unfused step's, so the fused outputs are its bits. */
+void *mts_fast_sconv_weights(const float *w, int64_t M, int64_t C, int64_t KK)
+{
+    v16f *wb = aligned_alloc(64, sizeof(v16f) * (size_t)(M * C * KK));
+    if (!wb) return NULL;
+    for (int64_t c = 0; c < C; c++)
+        for (int64_t t = 0; t < KK; t++)
+            for (int64_t m = 0; m < M; m++) wb[(c * KK + t) * M + m] = splat16(w[(m * C + c) * KK + t]);
+    return wb;
+}
+
+void mts_fast_sconv_row3(const float *pad, int64_t PW, int64_t PHW, int64_t C, int64_t M, const float *w, const void *wv,
+                         const float *b, int64_t y, int64_t OW, float *const *out)
+{
+    sconv_row(pad, PW, PHW, C, 3, 3, M, w, wv, b, y, OW, out);
+}
+
+void mts_fast_act(float *y, int64_t n, int act)
+{
+    act_all(y, n, act);
+}
+
 /* The 4-D inputs may be channels-last views ([N,H,W,C], attribute mts_nhwc_views = 1, the
  * default being mts_nhwc_src); the source is stored channels-last when mts_nhwc_src = 1, the
  * output when mts_nhwc_dst = 1 (with one output channel both layouts are the same bytes). */
@@ -1263,16 +1288,12 @@ static int fast_conv_small_run(mts_kctx *k)
     int threads = g.N * g.M * g.out[1] * g.out[2] * g.C * g.k[1] * g.k[2] >= FAST_SCONV_MT ? k->threads : 1;
     if (threads > g.N * g.out[1]) threads = (int)(g.N * g.out[1]);
     if (threads < 1) threads = 1;
-    int64_t KK = g.k[1] * g.k[2], n_wv = g.M * g.C * KK;
-    v16f *wb = aligned_alloc(64, sizeof(v16f) * (size_t)n_wv);
+    v16f *wb = mts_fast_sconv_weights(j.w, g.M, g.C, g.k[1] * g.k[2]);
     j.pad = malloc(sizeof(float) * (size_t)(j.band_floats + 16) * (size_t)threads);
     if (!j.pad || !wb) {
         free(j.pad), free(wb);
         return mts_err_set(k->err, MTS_ENOMEM, "out of memory");
     }
-    for (int64_t c = 0; c < g.C; c++)
-        for (int64_t t = 0; t < KK; t++)
-            for (int64_t m = 0; m < g.M; m++) wb[(c * KK + t) * g.M + m] = splat16(j.w[(m * g.C + c) * KK + t]);
     j.wv = wb;
     mts_parallel(threads, sconv_part, &j);
     free(j.pad);

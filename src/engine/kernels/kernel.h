@@ -219,6 +219,14 @@ extern const mts_op mts_fast_conv1px;
  * (mts_fast_conv_small_ok); attribute mts_nhwc_src = 1: in[0] is a channels-last view. */
 extern const mts_op mts_fast_conv_small;
 bool mts_fast_conv_small_ok(const mts_conv_geom *g);  /* Conv: one input pixel, 1x1 kernel, group 1, no padding */
+/* The small-channel conv's pieces, for a kernel that fuses it after its own output rows
+ * (kernels/bfconv.c): its weights [M][C][KK] broadcast (aligned_alloc'd: free), output row y of
+ * a band of padded planes (C planes PHW floats apart, rows PW apart, 3x3 kernel, 1-4 outputs
+ * into out[m][0..OW)), and its fused Relu / Sigmoid (enum mts_chain_op) on n floats. */
+void *mts_fast_sconv_weights(const float *w, int64_t M, int64_t C, int64_t KK);
+void mts_fast_sconv_row3(const float *pad, int64_t PW, int64_t PHW, int64_t C, int64_t M, const float *w, const void *wv,
+                         const float *b, int64_t y, int64_t OW, float *const *out);
+void mts_fast_act(float *y, int64_t n, int act);
 enum mts_chain_op {
     MTS_CHAIN_ADD = 0,  /* acc + next input */
     MTS_CHAIN_SUB,      /* acc - next input */
