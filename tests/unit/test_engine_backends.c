@@ -1411,6 +1411,54 @@ static void test_bfconv_concurrent(void **state)
     free(G.g.p);
 }
 
+/* The four plans the fold tests compare, each run once on the same inputs: 0, bf16 as planned;
+ * 1, bf16 with the environment variable `off` set (the fold under test off); 2, bf16 without
+ * hand-offs; 3, the reference backend in fp32. */
+typedef struct fold_runs {
+    mts_model *m[4];
+    mts_ctx *c[4];
+    const mts_tensor *out[4][1];
+    mts_tensor *in;
+} fold_runs;
+
+static void fold_runs_make(fold_runs *f, graph *G, const char *off, int64_t batch, int threads, unsigned seed, int it)
+{
+    memset(f, 0, sizeof *f);
+    for (int k = 0; k < 4; k++) {
+        mts_load_opts o = {0};
+        o.precision = k == 3 ? "fp32" : "bf16";
+        o.backend = k == 3 ? "reference" : NULL;
+        o.max_error = 1.0; /* (the comparisons are the check) */
+        if (k == 1) setenv(off, "1", 1);
+        if (k == 2) setenv("MTS_BF16_NO_HANDOFF", "1", 1);
+        f->m[k] = finish_opts(G, &o);
+        if (!f->in) f->in = test_make_inputs(f->m[k], batch, seed);
+        mts_err err = {0};
+        assert_int_equal(mts_ctx_create(f->m[k], threads, &f->c[k], &err), 0);
+        if (mts_ctx_run(f->c[k], f->in, 1, f->out[k], &err)) fail_msg("case %d run %d: %s", it, k, err.msg);
+        unsetenv(off);
+        unsetenv("MTS_BF16_NO_HANDOFF");
+    }
+}
+
+/* Plans 0-2 bit for bit alike, plan 0 within 2e-2 (relative L2) of the reference. */
+static void fold_runs_check(const fold_runs *f, int it)
+{
+    int64_t n = mts_tensor_numel(f->out[0][0]);
+    assert_memory_equal(f->out[0][0]->data, f->out[1][0]->data, (size_t)n * sizeof(float));
+    assert_memory_equal(f->out[0][0]->data, f->out[2][0]->data, (size_t)n * sizeof(float));
+    double e = rel_l2(f->out[0][0], f->out[3][0]);
+    if (!(e <= 2e-2)) fail_msg("case %d: relative L2 error %.3g against the reference", it, e);
+}
+
+static void fold_runs_free(fold_runs *f, graph *G)
+{
+    for (int k = 0; k < 4; k++) mts_ctx_free(f->c[k]);
+    test_free_inputs(f->m[0], f->in);
+    for (int k = 0; k < 4; k++) mts_model_free(f->m[k]);
+    free(G->g.p);
+}
+
 /* A channel Concat of two bf16 convolutions' outputs read only by a bf16 3x3 convolution to
  * 8 channels is folded into it (the kernel reads both parts; kernels/dnnl_backend.c,
  * fold_bf16_concats): parts of 8 + 8 channels (the transposed path) and 6 + 10 (word by word),
@@ -1451,40 +1499,15 @@ static void test_bfconv_concat_fold(void **state)
         }
         node(&G, "Conv", twice ? "t2 w2" : "t1 w2", "y", "pads=ii:1,1,1,1");
         io(&G, 12, "y", 4, D(-1, 8, H, W));
-        mts_model *m[4];
-        const mts_tensor *out[4][1];
-        mts_ctx *c[4];
-        mts_tensor *in = NULL;
-        /* 0: bf16, folded; 1: bf16, MTS_NO_CAT_FOLD; 2: bf16 without hand-offs; 3: reference */
-        for (int k = 0; k < 4; k++) {
-            mts_load_opts o = {0};
-            o.precision = k == 3 ? "fp32" : "bf16";
-            o.backend = k == 3 ? "reference" : NULL;
-            o.max_error = 1.0;
-            if (k == 1) setenv("MTS_NO_CAT_FOLD", "1", 1);
-            if (k == 2) setenv("MTS_BF16_NO_HANDOFF", "1", 1);
-            m[k] = finish_opts(&G, &o);
-            if (!in) in = test_make_inputs(m[k], 1 + it % 2, 40u + (unsigned)it);
-            mts_err err = {0};
-            assert_int_equal(mts_ctx_create(m[k], 1 + it % 2, &c[k], &err), 0);
-            if (mts_ctx_run(c[k], in, 1, out[k], &err)) fail_msg("case %d run %d: %s", it, k, err.msg);
-            unsetenv("MTS_NO_CAT_FOLD");
-            unsetenv("MTS_BF16_NO_HANDOFF");
-        }
-        if (!strcmp(mts_model_precision(m[0])->effective, "bf16")) {
-            int cats = mts_model_op_steps(m[0], "Concat"), kept = mts_model_op_steps(m[1], "Concat");
+        fold_runs f;
+        fold_runs_make(&f, &G, "MTS_NO_CAT_FOLD", 1 + it % 2, 1 + it % 2, 40u + (unsigned)it, it);
+        if (!strcmp(mts_model_precision(f.m[0])->effective, "bf16")) {
+            int cats = mts_model_op_steps(f.m[0], "Concat"), kept = mts_model_op_steps(f.m[1], "Concat");
             assert_int_equal(kept, 1);
             if (here && cats != (twice ? 1 : 0)) fail_msg("case %d: %d Concat steps left, expected %d", it, cats, twice ? 1 : 0);
-            int64_t n = mts_tensor_numel(out[0][0]);
-            assert_memory_equal(out[0][0]->data, out[1][0]->data, (size_t)n * sizeof(float));
-            assert_memory_equal(out[0][0]->data, out[2][0]->data, (size_t)n * sizeof(float));
-            double e = rel_l2(out[0][0], out[3][0]);
-            if (!(e <= 2e-2)) fail_msg("case %d: relative L2 error %.3g against the reference", it, e);
+            fold_runs_check(&f, it);
         }
-        for (int k = 0; k < 4; k++) mts_ctx_free(c[k]);
-        test_free_inputs(m[0], in);
-        for (int k = 0; k < 4; k++) mts_model_free(m[k]);
-        free(G.g.p);
+        fold_runs_free(&f, &G);
     }
 }
 
@@ -1543,40 +1566,15 @@ static void test_bfconv_head_fold(void **state)
         snprintf(yname, sizeof yname, "%s", y);
         node(&G, "Identity", yname, "y", NULL);
         io(&G, 12, "y", 4, D(-1, after ? 16 : M, H, W));
-        mts_model *m[4];
-        const mts_tensor *out[4][1];
-        mts_ctx *c[4];
-        mts_tensor *in = NULL;
-        /* 0: bf16, head fused; 1: MTS_NO_HEAD_FOLD; 2: no hand-offs; 3: the reference backend */
-        for (int k = 0; k < 4; k++) {
-            mts_load_opts o = {0};
-            o.precision = k == 3 ? "fp32" : "bf16";
-            o.backend = k == 3 ? "reference" : NULL;
-            o.max_error = 1.0;
-            if (k == 1) setenv("MTS_NO_HEAD_FOLD", "1", 1);
-            if (k == 2) setenv("MTS_BF16_NO_HANDOFF", "1", 1);
-            m[k] = finish_opts(&G, &o);
-            if (!in) in = test_make_inputs(m[k], 1 + it % 2 * 2, 60u + (unsigned)it);
-            mts_err err = {0};
-            assert_int_equal(mts_ctx_create(m[k], 1 + (it / 2) % 2, &c[k], &err), 0);
-            if (mts_ctx_run(c[k], in, 1, out[k], &err)) fail_msg("case %d run %d: %s", it, k, err.msg);
-            unsetenv("MTS_NO_HEAD_FOLD");
-            unsetenv("MTS_BF16_NO_HANDOFF");
-        }
-        if (!strcmp(mts_model_precision(m[0])->effective, "bf16")) {
-            int convs = mts_model_op_steps(m[0], "Conv"), kept = mts_model_op_steps(m[1], "Conv");
+        fold_runs f;
+        fold_runs_make(&f, &G, "MTS_NO_HEAD_FOLD", 1 + it % 2 * 2, 1 + (it / 2) % 2, 60u + (unsigned)it, it);
+        if (!strcmp(mts_model_precision(f.m[0])->effective, "bf16")) {
+            int convs = mts_model_op_steps(f.m[0], "Conv"), kept = mts_model_op_steps(f.m[1], "Conv");
             int expect = here && M > 1 ? kept - 1 : kept;
             if (convs != expect) fail_msg("case %d: %d Conv steps, %d without the fold, expected %d", it, convs, kept, expect);
-            int64_t n = mts_tensor_numel(out[0][0]);
-            assert_memory_equal(out[0][0]->data, out[1][0]->data, (size_t)n * sizeof(float));
-            assert_memory_equal(out[0][0]->data, out[2][0]->data, (size_t)n * sizeof(float));
-            double e = rel_l2(out[0][0], out[3][0]);
-            if (!(e <= 2e-2)) fail_msg("case %d: relative L2 error %.3g against the reference", it, e);
+            fold_runs_check(&f, it);
         }
-        for (int k = 0; k < 4; k++) mts_ctx_free(c[k]);
-        test_free_inputs(m[0], in);
-        for (int k = 0; k < 4; k++) mts_model_free(m[k]);
-        free(G.g.p);
+        fold_runs_free(&f, &G);
     }
 }
 

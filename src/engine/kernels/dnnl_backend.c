@@ -1127,6 +1127,20 @@ static void bf16_handoff(mts__opt *o, dnnl_opt *d)
  * and the Concat goes, so the concatenated tensor is neither written nor read back (w8 at batch
  * 16: 52 MB each way). Runs after bf16_handoff, whose choices it needs. MTS_NO_CAT_FOLD=1 keeps
  * the Concats (for comparisons). */
+/* Input slots of live steps other than step skip that read value v; *last: the last such step
+ * (counted afresh: the claims rewrote inputs since the use counts were taken). */
+static int readers_of(const mts__opt *o, int v, int skip, int *last)
+{
+    const mts__plan *p = o->p;
+    int n = 0;
+    for (int t = 0; t < p->n_steps; t++) {
+        if (o->removed[t] || t == skip) continue;
+        for (int j = 0; j < p->steps[t].n_in; j++)
+            if (p->steps[t].in[j] == v) n++, *last = t;
+    }
+    return n;
+}
+
 static void fold_bf16_concats(mts__opt *o, dnnl_opt *d)
 {
     mts__plan *p = o->p;
@@ -1134,17 +1148,14 @@ static void fold_bf16_concats(mts__opt *o, dnnl_opt *d)
     for (int i = 0; i < d->nci; i++) {
         cinfo *c = &d->ci[i];
         mts__step *st = &p->steps[c->step];
-        int v = st->in[0], s = -1, readers = 0;
+        int v = st->in[0], s = -1, r = -1;
         if (v < 0 || !c->spec.src_bf16 || c->spec.kind != MTS_DPRIM_CONV || c->spec.cat_C2 || o->is_out[v] ||
-            st->n_in + 1 > 2 + MTS__STEP_EXTRA_IN)
+            st->n_in + 1 > 2 + MTS__STEP_EXTRA_IN || readers_of(o, v, -1, &r) != 1)
             continue;
-        for (int t = 0; t < p->n_steps; t++) {
-            if (o->removed[t]) continue;
-            for (int j = 0; j < p->steps[t].n_in; j++) readers += p->steps[t].in[j] == v;
-            for (int j = 0; j < p->steps[t].n_out; j++)
+        for (int t = 0; t < p->n_steps; t++)
+            for (int j = 0; !o->removed[t] && j < p->steps[t].n_out; j++)
                 if (p->steps[t].out[j] == v) s = t;
-        }
-        if (s < 0 || readers != 1) continue;
+        if (s < 0) continue;
         mts__step *cs = &p->steps[s];
         if (cs->kind != MTS__S_KERNEL || cs->dynamic || !is_op(cs, "Concat") || cs->n_in != 2 || cs->n_out != 1 ||
             !mts_attr_int(cs->nd, "mts_out_bf16", 0) || mts_attr_int(cs->nd, "mts_in_bf16", 0) != 3)
@@ -1184,13 +1195,8 @@ static void fold_small_heads(mts__opt *o, dnnl_opt *d)
         mts_dconv_spec sp = c->spec;
         sp.head_M = 1, sp.head_w = &any;
         if (!mts_bfconv_ok(&sp)) continue;
-        int h = -1, readers = 0;
-        for (int t = 0; t < p->n_steps; t++) {
-            if (o->removed[t]) continue;
-            for (int j = 0; j < p->steps[t].n_in; j++)
-                if (p->steps[t].in[j] == v) readers++, h = t;
-        }
-        if (readers != 1 || p->steps[h].in[0] != v || !mts__fast_small_conv(o, &p->steps[h])) continue;
+        int h = -1;
+        if (readers_of(o, v, -1, &h) != 1 || p->steps[h].in[0] != v || !mts__fast_small_conv(o, &p->steps[h])) continue;
         mts__step *hs = &p->steps[h];
         const mts_tensor *kin[3] = {&p->vals[v], &p->vals[hs->in[1]], hs->n_in > 2 && hs->in[2] >= 0 ? &p->vals[hs->in[2]] : NULL};
         mts_err e = {0};
@@ -1206,13 +1212,7 @@ static void fold_small_heads(mts__opt *o, dnnl_opt *d)
         int y = hs->out[0], act = 0, a = -1;
         if (!geo || y < 0 || p->state[y] != MTS__V_STATIC || p->vals[y].rank != 4) continue;
         /* a Relu / Sigmoid alone reading the head's output */
-        readers = 0;
-        for (int t = 0; t < p->n_steps; t++) {
-            if (o->removed[t] || t == h) continue;
-            for (int j = 0; j < p->steps[t].n_in; j++)
-                if (p->steps[t].in[j] == y) readers++, a = t;
-        }
-        if (readers == 1 && !o->is_out[y] && p->steps[a].kind == MTS__S_KERNEL && !p->steps[a].dynamic &&
+        if (readers_of(o, y, h, &a) == 1 && !o->is_out[y] && p->steps[a].kind == MTS__S_KERNEL && !p->steps[a].dynamic &&
             p->steps[a].n_in == 1 && p->steps[a].n_out == 1 && p->steps[a].out[0] >= 0 &&
             p->state[p->steps[a].out[0]] == MTS__V_STATIC && p->vals[p->steps[a].out[0]].dtype == MTS_DTYPE_FLOAT &&
             (is_op(&p->steps[a], "Relu") || is_op(&p->steps[a], "Sigmoid")))
