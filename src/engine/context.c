@@ -521,10 +521,6 @@ static int half_outputs(mts_ctx *c, const mts_tensor **outputs, mts_err *err)
     return MTS_OK;
 }
 
-/* Points each static graph output of plan p at dst[i].data when that buffer is given with the
- * output's exact type and shape (the caller's buffer: the step computing the output writes
- * there, no copy after), else at the output's own slot. Outputs listed twice and channels-last
- * ones keep their slot. Every run sets this anew. */
 /* Whether graph output i of plan p may be computed into a caller's buffer: a static value in
  * a slot, not channels-last, not listed twice among the outputs. */
 static bool output_placeable(const mts_model *m, const mts__plan *p, int i)
@@ -536,6 +532,10 @@ static bool output_placeable(const mts_model *m, const mts__plan *p, int i)
     return true;
 }
 
+/* Points each static graph output of plan p at dst[i].data when that buffer is given with the
+ * output's exact type and shape (the caller's buffer: the step computing the output writes
+ * there, no copy after), else at the output's own slot. Outputs listed twice and channels-last
+ * ones keep their slot. Every run sets this anew. */
 static void place_outputs(mts_ctx *c, const mts__plan *p, const mts_tensor *dst)
 {
     mts_model *m = c->m;

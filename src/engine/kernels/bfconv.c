@@ -482,6 +482,13 @@ typedef struct bfc_job {
     char *scratch;
 } bfc_job;
 
+/* Bytes of one channels-last row of the source in[0] (of a folded Concat: its first part),
+ * which a row prefetches of the next row it will read. */
+static size_t src_row_bytes(const mts_bfconv *k)
+{
+    return (size_t)(k->Ws * (k->C - k->C2)) * (k->src_bf16 ? 2 : 4);
+}
+
 static void bfc_part(void *arg, int ithr, int nthr)
 {
     const bfc_job *j = arg;
@@ -489,7 +496,7 @@ static void bfc_part(void *arg, int ithr, int nthr)
     const int64_t H = k->Hs, rows = k->N * H, lo = rows * ithr / nthr, hi = rows * (ithr + 1) / nthr;
     uint32_t *ring = (uint32_t *)(j->scratch + (size_t)ithr * k->per_thread), *zero = ring + 3 * k->row_w;
     memset(ring, 0, sizeof(uint32_t) * 4 * k->row_w); /* the padding pixels and the zero row */
-    const size_t esz = k->src_bf16 ? 2 : 4, row_bytes = (size_t)(k->Ws * (k->C - k->C2)) * esz; /* (of in[0]) */
+    const size_t row_bytes = src_row_bytes(k);
     int64_t have_n = -1, have_y = -2;
     for (int64_t r = lo; r < hi; r++) { /* source rows: one output row each, two when upsampled */
         int64_t n = r / H, y = r % H;
@@ -507,7 +514,7 @@ static void bfc_part(void *arg, int ithr, int nthr)
         /* the row the next output row will read first (channels-last sources: one block) */
         const char *pf = NULL;
         if (k->src_nhwc && y + 2 < H && r + 1 < hi)
-            pf = (const char *)j->src + (size_t)((n * H + y + 2) * k->Ws * (k->C - k->C2)) * esz;
+            pf = (const char *)j->src + (size_t)(n * H + y + 2) * row_bytes;
         if (k->up) conv_row_up(k, rp[0], rp[1], rp[2], n, y, j->dst, j->resid, pf, row_bytes);
         else conv_row(k, rp[0], rp[1], rp[2], n, y, j->dst, j->resid, pf, row_bytes, NULL);
     }
@@ -534,8 +541,8 @@ static void head_band_row(const bfc_job *j, uint32_t *ring, const uint32_t *zero
         }
         rp[d] = row;
     }
-    const size_t esz = k->src_bf16 ? 2 : 4, row_bytes = (size_t)(k->W * (k->C - k->C2)) * esz;
-    const char *pf = k->src_nhwc && yy + 2 < H ? (const char *)j->src + (size_t)((n * H + yy + 2) * k->W * (k->C - k->C2)) * esz : NULL;
+    const size_t row_bytes = src_row_bytes(k);
+    const char *pf = k->src_nhwc && yy + 2 < H ? (const char *)j->src + (size_t)(n * H + yy + 2) * row_bytes : NULL;
     conv_row(k, rp[0], rp[1], rp[2], n, yy, NULL, j->resid, pf, row_bytes, hrow);
 }
 

@@ -1120,13 +1120,6 @@ static void bf16_handoff(mts__opt *o, dnnl_opt *d)
     free(cat);
 }
 
-/* A bf16-writing channel Concat of two tensors that bf16 convolutions wrote (channels-last),
- * read by nothing but a convolution the engine's bf16 3x3 kernel runs (a UNet decoder's skip
- * Concat before its last convolution at full resolution, 2 x 8 channels in lipsync w8): the
- * convolution reads the two parts itself (spec.cat_C2; the second part becomes its last input)
- * and the Concat goes, so the concatenated tensor is neither written nor read back (w8 at batch
- * 16: 52 MB each way). Runs after bf16_handoff, whose choices it needs. MTS_NO_CAT_FOLD=1 keeps
- * the Concats (for comparisons). */
 /* Input slots of live steps other than step skip that read value v; *last: the last such step
  * (counted afresh: the claims rewrote inputs since the use counts were taken). */
 static int readers_of(const mts__opt *o, int v, int skip, int *last)
@@ -1141,6 +1134,13 @@ static int readers_of(const mts__opt *o, int v, int skip, int *last)
     return n;
 }
 
+/* A bf16-writing channel Concat of two tensors that bf16 convolutions wrote (channels-last),
+ * read by nothing but a convolution the engine's bf16 3x3 kernel runs (a UNet decoder's skip
+ * Concat before its last convolution at full resolution, 2 x 8 channels in lipsync w8): the
+ * convolution reads the two parts itself (spec.cat_C2; the second part becomes its last input)
+ * and the Concat goes, so the concatenated tensor is neither written nor read back (w8 at batch
+ * 16: 52 MB each way). Runs after bf16_handoff, whose choices it needs. MTS_NO_CAT_FOLD=1 keeps
+ * the Concats (for comparisons). */
 static void fold_bf16_concats(mts__opt *o, dnnl_opt *d)
 {
     mts__plan *p = o->p;

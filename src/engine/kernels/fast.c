@@ -26,8 +26,8 @@
  *     the padded planes 16 pixels at a time; in bf16 plans it may hold bfloat16, attribute
  *     "mts_src_bf16", widened to float as it is transposed, or floats to be rounded to
  *     bfloat16 values, attribute "mts_src_round": the same numbers when bf16 hand-offs are
- *     off); a Relu or Sigmoid fused into it
- *     (attribute "mts_act") is applied to each output row as it is written;
+ *     off); a Relu or Sigmoid fused into it (attribute "mts_act") is applied to each output
+ *     row as it is written;
  *   - Conv on one input pixel with a 1x1 kernel (squeeze-and-excitation and attention MLPs):
  *     a matrix-vector product per sample on the weights as stored, where the reference
  *     GEMM would pack the weights on every call;
