@@ -1356,9 +1356,10 @@ static void *bfc_worker_run(void *arg)
     return NULL;
 }
 
-/* Contexts of one bf16 model whose 8-channel convolutions run the kernel (upsampled and plain,
- * two threads each), run from four threads at once: every run's output equals a lone run's, bit
- * for bit (the packed weights are shared and read-only, rings and rows are per context). */
+/* Contexts of one bf16 model whose 8-channel convolutions run the kernel (upsampled, plain, and
+ * one reading a folded Concat with a head fused after it; two threads each), run from four
+ * threads at once: every run's output equals a lone run's, bit for bit (the packed weights are
+ * shared and read-only, rings, rows and head bands are per context). */
 static void test_bfconv_concurrent(void **state)
 {
     (void)state;
@@ -1369,6 +1370,8 @@ static void test_bfconv_concurrent(void **state)
     init_f(&G, "w0", 4, D(16, 4, 3, 3), -0.4f, 0.4f);
     init_f(&G, "w1", 4, D(8, 16, 3, 3), -0.3f, 0.3f);
     init_f(&G, "w2", 4, D(8, 8, 3, 3), -0.3f, 0.3f);
+    init_f(&G, "w3", 4, D(8, 16, 3, 3), -0.3f, 0.3f);
+    init_f(&G, "wh", 4, D(3, 8, 3, 3), -0.4f, 0.4f);
     float s22[4] = {1, 1, 2, 2};
     init_vals(&G, "s22", 1, D(4), 1, s22, sizeof s22);
     node(&G, "Conv", "x w0", "c0", "pads=ii:1,1,1,1");
@@ -1376,8 +1379,16 @@ static void test_bfconv_concurrent(void **state)
     node(&G, "Resize", "r0 - s22", "u", "mode=s:nearest");
     node(&G, "Conv", "u w1", "c1", "pads=ii:1,1,1,1");
     node(&G, "Relu", "c1", "r1", NULL);
-    node(&G, "Conv", "r1 w2", "y", "pads=ii:1,1,1,1");
-    io(&G, 12, "y", 4, D(-1, 8, 18, 74));
+    node(&G, "Conv", "r1 w2", "c2", "pads=ii:1,1,1,1");
+    node(&G, "Relu", "c2", "r2", NULL);
+    /* a decoder's last stage: the skip Concat folded into the convolution, the 3-channel head
+     * and its Sigmoid fused into it (where the CPU runs the kernel) */
+    node(&G, "Concat", "r1 r2", "cat", "axis=i:1");
+    node(&G, "Conv", "cat w3", "c3", "pads=ii:1,1,1,1");
+    node(&G, "Relu", "c3", "r3", NULL);
+    node(&G, "Conv", "r3 wh", "h", "pads=ii:1,1,1,1");
+    node(&G, "Sigmoid", "h", "y", NULL);
+    io(&G, 12, "y", 4, D(-1, 3, 18, 74));
     mts_load_opts o = {0};
     o.precision = "bf16";
     o.max_error = 1.0;
@@ -1392,8 +1403,10 @@ static void test_bfconv_concurrent(void **state)
     if (mts_ctx_run(c[NW], in, 1, ref, &err)) fail_msg("lone run: %s", err.msg);
     const char *native = mts_cpu_bf16_native();
     if (native && !strcmp(native, "avx512_bf16") && !strcmp(mts_model_precision(m)->effective, "bf16") &&
-        mts_bfconv_created() - before < 2)
-        fail_msg("the bf16 convolution kernel did not run (%lld made)", (long long)(mts_bfconv_created() - before));
+        (mts_bfconv_created() - before < 3 || mts_model_op_steps(m, "Concat") || mts_model_op_steps(m, "Conv") != 4))
+        fail_msg("the bf16 convolution kernel did not run with the Concat and the head folded (%lld made, %d Concat, "
+                 "%d Conv steps of 5 nodes)", (long long)(mts_bfconv_created() - before), mts_model_op_steps(m, "Concat"),
+                 mts_model_op_steps(m, "Conv"));
     bfc_worker w[NW];
     pthread_t th[NW];
     for (int i = 0; i < NW; i++) {
