@@ -2,14 +2,23 @@
  * The HTTP/1.1 server of http.h: I/O threads on epoll, an incremental request parser, response
  * queues and connection lifetime.
  *
- * Threads. Each I/O thread owns an epoll set, a SO_REUSEPORT listener, an eventfd and every
- * connection it accepted; all connection state is touched only by that thread. The one thing
- * other threads do is mts_http_respond*: the response is formatted on the calling thread and
- * appended to the owning thread's completion queue (mutex; the eventfd is written, under the same
- * mutex, only when the queue goes from empty to non-empty). Control (stop accepting, stop) is a
- * pair of atomic flags plus an eventfd write.
+ * Threads. Each I/O thread owns an epoll set, an eventfd and its connections; all connection
+ * state is touched only by the owning thread. The listening threads each have a SO_REUSEPORT
+ * listener. With light_io one more thread, the light I/O thread, owns connections whose requests
+ * are light work (the handler says so with mts_http_hint_light and answers inside the handler):
+ * on a listening thread such a request would wait behind whatever that thread's other
+ * connections bring in the same turn (under a flood of large uploads, tens to hundreds of ms of
+ * reading). New connections start on the light thread; one that sends a large or chunked body, or
+ * a request answered later, goes to a listening thread (before the body is read, or once the
+ * answer is out), and comes back with its next light request. A connection moves only while
+ * nothing is in flight on it: it leaves the owner's epoll set and list and is put in the other
+ * thread's inbox under that thread's queue mutex, the only thing the two threads share.
+ * The one thing other threads do is mts_http_respond*: the response is formatted on the calling
+ * thread and appended to the owning thread's completion queue (mutex; the eventfd is written,
+ * under the same mutex, only when the queue goes from empty to non-empty). Control (stop
+ * accepting, stop) is a pair of atomic flags plus an eventfd write.
  *
- * Connections are registered once, edge-triggered, for IN|OUT|RDHUP. The parser works on one
+ * Connections are registered edge-triggered, for IN|OUT|RDHUP (again on each move). The parser works on one
  * growable read buffer; every offset of the request being parsed is relative to its start
  * (req_start), so the buffer can be compacted or reallocated while a request head or body is
  * still arriving. A complete request is dispatched with pointers into the buffer and nothing more
@@ -72,6 +81,7 @@ enum { P_MORE, P_READY, P_ERROR };
 enum { RS_HEAD, RS_BODY_CL, RS_BODY_CHUNKED, RS_READY, RS_PENDING, RS_CLOSING, RS_LINGER, RS_DISCARD };
 enum { CH_SIZE, CH_DATA, CH_DATA_END, CH_TRAILER };
 enum { ENC_IDENTITY, ENC_GZIP, ENC_DEFLATE }; /* request Content-Encoding */
+enum { MOVE_NONE, MOVE_LIGHT, MOVE_REGULAR }; /* connection moves between I/O threads */
 #define INFLATE_FIRST (256 * 1024) /* first size of a decoded body's buffer (it doubles as needed) */
 
 typedef struct io_thread io_thread;
@@ -102,6 +112,8 @@ struct mts_http_conn {
     bool in_cb;                 /* inside handler/on_cancel: answers are taken inline */
     bool cancelled, peer_eof, rdhup, drained;
     bool served;                /* has dispatched a request (a fresh connection has not) */
+    bool light_hint;            /* the handler said: answered inside it, this request was light work */
+    int move;                   /* MOVE_*: the I/O thread class this connection should go to */
     int encoding;               /* the request body's Content-Encoding (ENC_*) */
     size_t align_at;            /* body offset the application wants 64-byte aligned, or SIZE_MAX */
     char *inflated;             /* the decoded body of a compressed request (an I/O buffer), until
@@ -149,6 +161,9 @@ struct io_thread {
     pthread_mutex_t qmu;
     out_chunk *qhead, *qtail;
     bool qsignalled;
+    bool light;                 /* the light I/O thread: no listener, light connections only */
+    mts_http_conn *inbox;       /* connections handed over by another I/O thread (qmu) */
+    bool closed;                /* exited: takes no more connections (qmu) */
 };
 
 /* Open connections of one client address (max_per_client). */
@@ -167,8 +182,11 @@ struct mts_http_server {
     addr_count *addr_tab[ADDR_BUCKETS];
     mts_tls_ctx *ssl_ctx; /* TLS: every connection speaks it; NULL: plaintext */
     int port;
-    int nthreads;
+    int nthreads;               /* I/O threads, the light one (last) included */
+    int nlisten;                /* the first nlisten threads listen and accept */
     io_thread *threads;
+    io_thread *light;           /* the light I/O thread, or NULL */
+    atomic_uint next_regular;   /* round robin of connections moved back to the listening threads */
     atomic_int draining, stopping;
     atomic_int nconns;
     int listeners_open;
@@ -732,7 +750,6 @@ static void conn_flush(mts_http_conn *c)
     if (c->fd >= 0 && !c->out_head && c->state == RS_CLOSING) begin_close(c);
 }
 
-/* Reads once. Returns 1 (bytes arrived), 0 (EOF), -1 (nothing now), -2 (connection aborted). */
 /* Makes at least RBUF_MIN_READ bytes of room after the buffered bytes: moves the current
  * request to the front, or grows the buffer. Returns false when out of memory. */
 static bool rbuf_room(mts_http_conn *c)
@@ -781,6 +798,7 @@ static bool rbuf_place(mts_http_conn *c, size_t need, size_t align_at)
     return true;
 }
 
+/* Reads once. Returns 1 (bytes arrived), 0 (EOF), -1 (nothing now), -2 (connection aborted). */
 static int conn_read(mts_http_conn *c)
 {
     if (!rbuf_room(c)) {
@@ -1023,6 +1041,8 @@ static int parse_head(mts_http_conn *c)
     c->align_at = align_at;
 
     size_t need_more_body = 0;
+    /* a large or chunked body is not read on the light I/O thread: the connection moves first */
+    if (srv->light && (c->chunked || cl >= srv->admit_min)) c->move = c->io->light ? MOVE_REGULAR : MOVE_NONE;
     if (c->chunked) {
         c->state = RS_BODY_CHUNKED;
         c->body_start = c->cpos = end;
@@ -1364,14 +1384,25 @@ static void dispatch(mts_http_conn *c)
     c->served = true;
     io->npending++;
     atomic_store_explicit(&c->responded, 0, memory_order_relaxed);
+    c->light_hint = false;
+    size_t body_len = r->body_len;
     c->in_cb = true;
     io->srv->o.handler(io->srv->o.user, c, r);
     c->in_cb = false;
+    /* Light work (the handler said so, answered inside it, from a small body) keeps its
+     * connection on the light I/O thread; anything else goes to (or stays on) a listening one. */
+    bool light = c->light_hint && c->inline_resp && body_len < io->srv->admit_min && !c->chunked;
+    if (io->srv->light) c->move = light == io->light ? MOVE_NONE : light ? MOVE_LIGHT : MOVE_REGULAR;
     if (c->inline_resp) {
         out_chunk *ch = c->inline_resp;
         c->inline_resp = NULL;
         complete_response(c, ch);
     }
+}
+
+void mts_http_hint_light(mts_http_conn *c, bool light)
+{
+    if (c->in_cb) c->light_hint = light;
 }
 
 /* Parses and dispatches buffered requests and reads more, until a request is in flight, the
@@ -1401,6 +1432,7 @@ static void conn_pump(mts_http_conn *c)
             dispatch(c);
             continue;
         }
+        if (c->move == MOVE_REGULAR && c->io->light) break; /* its body is read elsewhere */
         if (r == P_ERROR || c->state == RS_DISCARD) continue; /* a refused body: from the socket */
         if (c->fd < 0) break;
         bool idle = c->state == RS_HEAD && avail_bytes(c) == 0;
@@ -1595,13 +1627,80 @@ const char *mts_http_header(const mts_http_req *r, const char *name)
 
 /* ------------------------------------------------------------------ I/O threads */
 
+/* Puts c into another I/O thread's inbox and wakes that thread; its queue mutex is held. */
+static void inbox_push(io_thread *to, mts_http_conn *c)
+{
+    c->next = to->inbox;
+    to->inbox = c;
+    if (!to->qsignalled) {
+        to->qsignalled = true;
+        uint64_t one = 1;
+        ssize_t w = write(to->evfd, &one, sizeof one);
+        (void)w;
+    }
+}
+
+/* Hands a connection flagged to move (c->move) to an I/O thread of that class, once nothing is
+ * in flight on it and nothing up the stack uses it: it leaves this thread's epoll set and list and
+ * lands in the other thread's inbox (under that thread's queue mutex, the only thing the two
+ * share), whose eventfd wakes it. After this the calling thread must not touch c. A connection
+ * closing, or a server stopping, stays where it is. */
+static void conn_settle(mts_http_conn *c)
+{
+    io_thread *from = c->io;
+    mts_http_server *s = from->srv;
+    if (c->move == MOVE_NONE || c->fd < 0 || c->pending || c->busy || c->state == RS_LINGER ||
+        c->state == RS_CLOSING || from->stop_done || atomic_load(&s->draining))
+        return;
+    io_thread *to = c->move == MOVE_LIGHT ? s->light
+                                          : &s->threads[atomic_fetch_add(&s->next_regular, 1) % (unsigned)s->nlisten];
+    c->move = MOVE_NONE;
+    if (to == from) return;
+    pthread_mutex_lock(&to->qmu);
+    if (!to->closed && epoll_ctl(from->epfd, EPOLL_CTL_DEL, c->fd, NULL) == 0) {
+        list_remove(from, c);
+        inbox_push(to, c);
+    }
+    pthread_mutex_unlock(&to->qmu);
+}
+
+/* Takes in the connections other threads handed over: registers each (edge-triggered; adding a
+ * socket that already holds data reports it at once) and goes on with it where it stopped. */
+static void adopt(io_thread *io, mts_http_conn *in)
+{
+    while (in) {
+        mts_http_conn *c = in;
+        in = c->next;
+        c->io = io;
+        c->prev = NULL;
+        c->next = io->conns;
+        if (io->conns) io->conns->prev = c;
+        io->conns = c;
+        io->nconns++;
+        c->last_ms = io->now_ms;
+        HOLD(c);
+        struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET, .data.ptr = c};
+        if (epoll_ctl(io->epfd, EPOLL_CTL_ADD, c->fd, &ev) < 0) {
+            conn_abort(c);
+        } else {
+            c->drained = false;
+            conn_run(c);
+        }
+        RELEASE(c);
+        conn_settle(c);
+    }
+}
+
 static void drain_queue(io_thread *io)
 {
     pthread_mutex_lock(&io->qmu);
     out_chunk *ch = io->qhead;
     io->qhead = io->qtail = NULL;
     io->qsignalled = false;
+    mts_http_conn *in = io->inbox;
+    io->inbox = NULL;
     pthread_mutex_unlock(&io->qmu);
+    adopt(io, in);
     while (ch) {
         out_chunk *next = ch->next;
         mts_http_conn *c = ch->conn;
@@ -1612,6 +1711,7 @@ static void drain_queue(io_thread *io)
             conn_run(c);
         }
         RELEASE(c);
+        conn_settle(c);
         ch = next;
     }
 }
@@ -1736,6 +1836,16 @@ static bool on_accept(io_thread *io)
         c->io = io;
         c->last_ms = io->now_ms;
         reset_request(c);
+        if (s->light) {
+            /* a new connection's first request is read on the light I/O thread, which sends it
+             * back before reading a large body: a light client's first request does not wait
+             * behind this thread's uploads either */
+            pthread_mutex_lock(&s->light->qmu);
+            bool taken = !s->light->closed;
+            if (taken) inbox_push(s->light, c);
+            pthread_mutex_unlock(&s->light->qmu);
+            if (taken) continue;
+        }
         struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET, .data.ptr = c};
         if (epoll_ctl(io->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
             atomic_fetch_sub_explicit(&s->nconns, 1, memory_order_relaxed);
@@ -1835,6 +1945,7 @@ static void *io_main(void *arg)
                 on_accept(io);
             } else {
                 conn_event(tag, evs[i].events);
+                conn_settle(tag);
             }
         }
         drain_queue(io);
@@ -1882,7 +1993,14 @@ static void *io_main(void *arg)
             }
             free_graveyard(io);
         }
-        if (io->stop_done && io->npending == 0 && !io->conns && io->lfd < 0) break;
+        if (io->stop_done && io->npending == 0 && !io->conns && io->lfd < 0) {
+            pthread_mutex_lock(&io->qmu); /* nothing handed over in the meantime: exit */
+            bool empty = !io->inbox;
+            io->closed = empty;
+            pthread_mutex_unlock(&io->qmu);
+            if (empty) break;
+            continue;
+        }
         if (io->accept_resume_ms && io->now_ms >= io->accept_resume_ms && io->lfd >= 0) {
             io->accept_resume_ms = 0;
             struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &io->l_tag};
@@ -1984,7 +2102,9 @@ int mts_http_start(const mts_http_opts *o, mts_http_server **out, mts_err *err)
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     pthread_mutex_init(&s->addr_mu, NULL);
-    s->threads = calloc((size_t)s->o.io_threads, sizeof *s->threads);
+    s->nlisten = s->o.io_threads;
+    s->nthreads = s->nlisten + (o->light_io ? 1 : 0);
+    s->threads = calloc((size_t)s->nthreads, sizeof *s->threads);
     if (!s->threads) {
         pthread_mutex_destroy(&s->mu);
         pthread_cond_destroy(&s->cv);
@@ -1993,12 +2113,15 @@ int mts_http_start(const mts_http_opts *o, mts_http_server **out, mts_err *err)
         free(s);
         return mts_err_set(err, MTS_ENOMEM, "http: out of memory");
     }
-    s->nthreads = s->o.io_threads;
     for (int i = 0; i < s->nthreads; i++) {
         io_thread *io = &s->threads[i];
         io->srv = s;
         io->lfd = io->epfd = io->evfd = -1;
         pthread_mutex_init(&io->qmu, NULL);
+    }
+    if (o->light_io) {
+        s->light = &s->threads[s->nlisten];
+        s->light->light = true;
     }
 
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
@@ -2030,14 +2153,16 @@ int mts_http_start(const mts_http_opts *o, mts_http_server **out, mts_err *err)
     }
     for (int i = 0; i < s->nthreads && rc == MTS_OK; i++) {
         io_thread *io = &s->threads[i];
-        int port = s->port;
-        int fd = open_listener(ai, port, &port, err);
-        if (fd < 0) {
-            rc = fd;
-            break;
+        if (!io->light) {
+            int port = s->port;
+            int fd = open_listener(ai, port, &port, err);
+            if (fd < 0) {
+                rc = fd;
+                break;
+            }
+            io->lfd = fd;
+            s->port = port; /* with port 0, the others join the first one's port */
         }
-        io->lfd = fd;
-        s->port = port; /* with port 0, the others join the first one's port */
         io->epfd = epoll_create1(EPOLL_CLOEXEC);
         io->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
         if (io->epfd < 0 || io->evfd < 0) {
@@ -2047,22 +2172,22 @@ int mts_http_start(const mts_http_opts *o, mts_http_server **out, mts_err *err)
         struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &io->ev_tag};
         struct epoll_event lev = {.events = EPOLLIN, .data.ptr = &io->l_tag};
         if (epoll_ctl(io->epfd, EPOLL_CTL_ADD, io->evfd, &ev) < 0 ||
-            epoll_ctl(io->epfd, EPOLL_CTL_ADD, io->lfd, &lev) < 0) {
+            (io->lfd >= 0 && epoll_ctl(io->epfd, EPOLL_CTL_ADD, io->lfd, &lev) < 0)) {
             rc = mts_err_set(err, MTS_EIO, "http: epoll_ctl: %s", strerror(errno));
             break;
         }
-        io->listener_registered = true;
+        io->listener_registered = io->lfd >= 0;
     }
     freeaddrinfo(ai);
     if (rc != MTS_OK) {
         free_server(s);
         return rc;
     }
-    s->listeners_open = s->nthreads;
+    s->listeners_open = s->nlisten;
     int started = 0;
     for (; started < s->nthreads; started++) {
         if (pthread_create(&s->threads[started].tid, NULL, io_main, &s->threads[started]) != 0) break;
-        pthread_setname_np(s->threads[started].tid, "mts-http");
+        pthread_setname_np(s->threads[started].tid, s->threads[started].light ? "mts-http-light" : "mts-http");
     }
     if (started < s->nthreads) {
         atomic_store(&s->stopping, 1);

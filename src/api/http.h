@@ -110,6 +110,7 @@ typedef struct mts_http_opts {
     mts_http_handler handler; /* required */
     mts_http_cancel_fn on_cancel; /* optional */
     mts_http_admit_fn admit;      /* optional: early refusal of large requests */
+    bool light_io;            /* one more I/O thread for light connections (mts_http_hint_light) */
     void *user;               /* first argument of handler and on_cancel */
 } mts_http_opts;
 
@@ -129,6 +130,14 @@ int mts_http_port(const mts_http_server *s);
  * must not be touched again. */
 void mts_http_respond(mts_http_conn *c, int status, const char *content_type,
                       const char *extra_headers, const void *body, size_t len);
+
+/* Called inside the handler with light = true: if this request is answered before the handler
+ * returns, it was light work (short, from a small body); false takes that back (an error). With light_io, a connection whose requests are light
+ * is served by the light I/O thread, which accepts nothing and reads no large body, so its
+ * requests do not wait behind other clients' uploads and downloads on a listening thread; a
+ * connection that sends anything else moves back (before reading a body of MTS_HTTP_ADMIT_MIN
+ * bytes or more, or once a request answered later has been answered). */
+void mts_http_hint_light(mts_http_conn *c, bool light);
 
 /* Gather variant. With done == NULL the pieces are copied (like mts_http_respond). With done !=
  * NULL nothing is copied: the memory of iov[0..iovcnt) must stay valid and unchanged until

@@ -101,11 +101,18 @@ static void handler(void *user, mts_http_conn *c, mts_http_req *r)
     atomic_fetch_add(&a->requests, 1);
     if (strcmp(r->path, "/hello") == 0) {
         mts_http_respond(c, 200, "text/plain", NULL, "hello", 5);
+    } else if (strcmp(r->path, "/light") == 0 || strcmp(r->path, "/where") == 0) {
+        /* answered at once with the I/O thread's name; /light says it was light work */
+        char name[32] = "";
+        pthread_getname_np(pthread_self(), name, sizeof name);
+        if (r->path[1] == 'l') mts_http_hint_light(c, true);
+        mts_http_respond(c, 200, "text/plain", NULL, name, strlen(name));
     } else if (strcmp(r->path, "/echo") == 0) {
-        char extra[256];
+        char extra[256], name[32] = "";
+        pthread_getname_np(pthread_self(), name, sizeof name);
         const char *xt = mts_http_header(r, "x-test");
-        snprintf(extra, sizeof extra, "X-Method: %s\r\nX-Query: %s\r\nX-Test: %s\r\n", r->method, r->query,
-                 xt ? xt : "-");
+        snprintf(extra, sizeof extra, "X-Method: %s\r\nX-Query: %s\r\nX-Test: %s\r\nX-Thread: %s\r\n", r->method,
+                 r->query, xt ? xt : "-", name);
         mts_http_respond(c, 200, "application/octet-stream", extra, r->body, r->body_len);
     } else if (strcmp(r->path, "/async") == 0) {
         job *j = calloc(1, sizeof *j);
@@ -879,6 +886,7 @@ static void test_cancel(void **state)
 typedef struct cthread {
     int port, id, failures;
     pthread_t t;
+    client *keep; /* a connection left open */
 } cthread;
 
 static void *conc_client(void *arg)
@@ -928,6 +936,135 @@ static void test_concurrent(void **state)
     assert_int_equal(failures, 0);
     assert_int_equal(atomic_load(&a->requests), 2000);
     app_stop(a);
+}
+
+/* light_io: a new connection's requests are read on the light I/O thread; a request the handler
+ * calls light keeps the connection there, anything else sends it to a listening thread after its
+ * answer, a large body is read on a listening thread, and a light request brings the
+ * connection back. */
+static void test_light_io(void **state)
+{
+    mts_http_opts o = {.io_threads = 2, .light_io = true};
+    app *a = app_start(&o);
+    client *k = cli_open(mts_http_port(a->srv));
+    const char *light = "GET /light HTTP/1.1\r\n\r\n", *where = "GET /where HTTP/1.1\r\n\r\n";
+    roundtrip(k, light, 200, "mts-http-light");
+    roundtrip(k, light, 200, "mts-http-light");
+    roundtrip(k, where, 200, "mts-http-light"); /* read there; the connection moves after it */
+    roundtrip(k, where, 200, "mts-http");
+    roundtrip(k, light, 200, "mts-http");      /* light again: moves after its answer */
+    roundtrip(k, light, 200, "mts-http-light");
+
+    /* a large body is not read on the light thread */
+    size_t big = 100000;
+    char *body = malloc(big);
+    for (size_t i = 0; i < big; i++) body[i] = (char)('a' + i % 26);
+    char head[128];
+    snprintf(head, sizeof head, "POST /echo HTTP/1.1\r\nContent-Length: %zu\r\n\r\n", big);
+    cli_send(k, head);
+    cli_sendn(k, body, big);
+    resp r;
+    assert_true(cli_read(k, &r));
+    assert_int_equal(r.status, 200);
+    assert_true(has_header(&r, "X-Thread: mts-http\r\n"));
+    assert_int_equal(r.body_len, big);
+    assert_memory_equal(r.body, body, big);
+    resp_free(&r);
+    roundtrip(k, light, 200, "mts-http");
+    roundtrip(k, light, 200, "mts-http-light");
+
+    /* pipelined requests, the connection moving in between */
+    cli_send(k, "GET /where HTTP/1.1\r\n\r\nGET /light HTTP/1.1\r\n\r\nGET /async?ms=1 HTTP/1.1\r\n\r\n"
+                "GET /where HTTP/1.1\r\n\r\n");
+    const char *want[] = {"mts-http-light", NULL, "async ms=1", NULL};
+    for (int i = 0; i < 4; i++) {
+        assert_true(cli_read(k, &r));
+        assert_int_equal(r.status, 200);
+        if (want[i]) assert_string_equal(r.body, want[i]);
+        else assert_true(!strncmp(r.body, "mts-http", 8));
+        resp_free(&r);
+    }
+    /* an answer from another thread, then the move back */
+    roundtrip(k, "GET /async?ms=2 HTTP/1.1\r\n\r\n", 200, "async ms=2");
+    roundtrip(k, where, 200, "mts-http");
+    free(body);
+    cli_close(k);
+
+    /* without light_io there is no such thread */
+    app_stop(a);
+    mts_http_opts o2 = {.io_threads = 2};
+    a = app_start(&o2);
+    k = cli_open(mts_http_port(a->srv));
+    roundtrip(k, light, 200, "mts-http");
+    roundtrip(k, light, 200, "mts-http");
+    cli_close(k);
+    app_stop(a);
+}
+
+/* Connections moving between the threads all the time, from many clients at once: light and
+ * other requests, answers from worker threads, large bodies; every answer right (run under
+ * TSan and ASan in make test). Connections are still open, some on the light thread, at stop. */
+static void *light_client(void *arg)
+{
+    cthread *ct = arg;
+    client *k = cli_open(ct->port);
+    size_t big = 70000 + (size_t)ct->id * 13;
+    char *body = malloc(big + 1);
+    for (size_t i = 0; i < big; i++) body[i] = (char)('A' + (i + (size_t)ct->id) % 26);
+    for (int i = 0; i < 30; i++) {
+        char req[256];
+        const char *want = NULL;
+        int kind = (ct->id * 7 + i) % 5;
+        if (kind == 0 || kind == 1) {
+            snprintf(req, sizeof req, "GET /light HTTP/1.1\r\n\r\n");
+        } else if (kind == 2) {
+            snprintf(req, sizeof req, "GET /where HTTP/1.1\r\n\r\n");
+        } else if (kind == 3) {
+            snprintf(req, sizeof req, "GET /async?ms=%d HTTP/1.1\r\n\r\n", i % 2);
+            want = i % 2 ? "async ms=1" : "async ms=0";
+        } else {
+            snprintf(req, sizeof req, "POST /echo HTTP/1.1\r\nContent-Length: %zu\r\n\r\n", big);
+        }
+        cli_send(k, req);
+        if (kind == 4) cli_sendn(k, body, big);
+        resp r;
+        if (!cli_read(k, &r)) {
+            ct->failures++;
+            break;
+        }
+        bool ok = r.status == 200;
+        if (kind == 4) ok = ok && r.body_len == big && !memcmp(r.body, body, big);
+        else if (want) ok = ok && !strcmp(r.body, want);
+        else ok = ok && !strncmp(r.body, "mts-http", 8);
+        if (!ok) ct->failures++;
+        resp_free(&r);
+    }
+    free(body);
+    if (ct->id % 4) cli_close(k);
+    else ct->keep = k; /* left open until the server has stopped */
+    return NULL;
+}
+
+static void test_light_io_concurrent(void **state)
+{
+    mts_http_opts o = {.io_threads = 2, .light_io = true};
+    app *a = app_start(&o);
+    enum { N = 24 };
+    cthread ct[N];
+    for (int i = 0; i < N; i++) {
+        ct[i] = (cthread){.port = mts_http_port(a->srv), .id = i};
+        pthread_create(&ct[i].t, NULL, light_client, &ct[i]);
+    }
+    int failures = 0;
+    for (int i = 0; i < N; i++) {
+        pthread_join(ct[i].t, NULL);
+        failures += ct[i].failures;
+    }
+    assert_int_equal(failures, 0);
+    assert_int_equal(atomic_load(&a->requests), N * 30);
+    app_stop(a);
+    for (int i = 0; i < N; i++)
+        if (ct[i].keep) cli_close(ct[i].keep);
 }
 
 static void test_zero_copy(void **state)
@@ -1269,6 +1406,8 @@ int main(void)
         cmocka_unit_test(test_async),
         cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_concurrent),
+        cmocka_unit_test(test_light_io),
+        cmocka_unit_test(test_light_io_concurrent),
         cmocka_unit_test(test_zero_copy),
         cmocka_unit_test(test_zero_copy_done),
         cmocka_unit_test(test_timeouts),
