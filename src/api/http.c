@@ -18,10 +18,10 @@
  * under the same mutex, only when the queue goes from empty to non-empty). Control (stop
  * accepting, stop) is a pair of atomic flags plus an eventfd write.
  *
- * Connections are registered edge-triggered, for IN|OUT|RDHUP (again on each move). The parser works on one
- * growable read buffer; every offset of the request being parsed is relative to its start
- * (req_start), so the buffer can be compacted or reallocated while a request head or body is
- * still arriving. A complete request is dispatched with pointers into the buffer and nothing more
+ * Connections are registered edge-triggered, for IN|OUT|RDHUP (again on each move). The parser
+ * works on one growable read buffer; every offset of the request being parsed is relative to its
+ * start (req_start), so the buffer can be compacted or reallocated while a request head or body
+ * is still arriving. A complete request is dispatched with pointers into the buffer and nothing more
  * is read until it is answered (at most one request in flight). Chunked bodies are decoded in
  * place; a gzip or deflate body (Content-Encoding) is then inflated into a buffer of its own,
  * bounded by max_body as it grows, which lives until the answer is dequeued. Output is a list of
@@ -114,6 +114,9 @@ struct mts_http_conn {
     bool served;                /* has dispatched a request (a fresh connection has not) */
     bool light_hint;            /* the handler said: answered inside it, this request was light work */
     int move;                   /* MOVE_*: the I/O thread class this connection should go to */
+    bool over_limit;            /* accepted beyond max_connections with nothing idle on the
+                                 * accepting thread: the light thread closes one of its idle
+                                 * connections for it, or refuses it */
     int encoding;               /* the request body's Content-Encoding (ENC_*) */
     size_t align_at;            /* body offset the application wants 64-byte aligned, or SIZE_MAX */
     char *inflated;             /* the decoded body of a compressed request (an I/O buffer), until
@@ -1042,7 +1045,8 @@ static int parse_head(mts_http_conn *c)
 
     size_t need_more_body = 0;
     /* a large or chunked body is not read on the light I/O thread: the connection moves first */
-    if (srv->light && (c->chunked || cl >= srv->admit_min)) c->move = c->io->light ? MOVE_REGULAR : MOVE_NONE;
+    if (srv->light && (c->chunked || cl >= srv->admit_min))
+        c->move = c->io->light ? MOVE_REGULAR : MOVE_NONE;
     if (c->chunked) {
         c->state = RS_BODY_CHUNKED;
         c->body_start = c->cpos = end;
@@ -1627,6 +1631,20 @@ const char *mts_http_header(const mts_http_req *r, const char *name)
 
 /* ------------------------------------------------------------------ I/O threads */
 
+static bool close_oldest_idle(io_thread *io);
+
+/* Turns away a connection just accepted and not yet registered anywhere: 503 (in plaintext; a
+ * TLS connection has no session to say it in) and close. */
+static void refuse_new(mts_http_server *s, mts_http_conn *c, const char *why)
+{
+    atomic_fetch_sub_explicit(&s->nconns, 1, memory_order_relaxed);
+    if (c->addr_counted) addr_release(s, c->addr);
+    if (!s->ssl_ctx) send_now(c->fd, 503, why);
+    mts_tls_free(c->ssl);
+    close(c->fd);
+    free(c);
+}
+
 /* Puts c into another I/O thread's inbox and wakes that thread; its queue mutex is held. */
 static void inbox_push(io_thread *to, mts_http_conn *c)
 {
@@ -1671,6 +1689,13 @@ static void adopt(io_thread *io, mts_http_conn *in)
     while (in) {
         mts_http_conn *c = in;
         in = c->next;
+        if (c->over_limit) { /* the server is full: room from this thread's idle ones, or 503 */
+            c->over_limit = false;
+            if (!close_oldest_idle(io)) {
+                refuse_new(io->srv, c, "too many connections");
+                continue;
+            }
+        }
         c->io = io;
         c->prev = NULL;
         c->next = io->conns;
@@ -1799,8 +1824,9 @@ static bool on_accept(io_thread *io)
             }
             return false;
         }
-        if (atomic_fetch_add_explicit(&s->nconns, 1, memory_order_relaxed) >= s->o.max_connections &&
-            !close_oldest_idle(io)) {
+        bool over = atomic_fetch_add_explicit(&s->nconns, 1, memory_order_relaxed) >= s->o.max_connections &&
+                    !close_oldest_idle(io);
+        if (over && !s->light) {
             atomic_fetch_sub_explicit(&s->nconns, 1, memory_order_relaxed);
             if (!s->ssl_ctx) send_now(fd, 503, "too many connections"); /* no TLS session to say it in */
             close(fd);
@@ -1840,11 +1866,16 @@ static bool on_accept(io_thread *io)
             /* a new connection's first request is read on the light I/O thread, which sends it
              * back before reading a large body: a light client's first request does not wait
              * behind this thread's uploads either */
+            c->over_limit = over;
             pthread_mutex_lock(&s->light->qmu);
             bool taken = !s->light->closed;
             if (taken) inbox_push(s->light, c);
             pthread_mutex_unlock(&s->light->qmu);
             if (taken) continue;
+            if (over) {
+                refuse_new(s, c, "too many connections");
+                continue;
+            }
         }
         struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET, .data.ptr = c};
         if (epoll_ctl(io->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {

@@ -1248,19 +1248,23 @@ static void test_stop_accepting_under_connect_storm(void **state)
     app_stop(a);
 }
 
-static void test_max_connections(void **state)
+/* With light_io, light connections stay on the light thread: the listening thread that accepts
+ * finds none of them idle, and the light thread makes the room (or refuses). */
+static void max_connections(bool light_io)
 {
-    mts_http_opts o = {.io_threads = 1, .max_connections = 2};
+    mts_http_opts o = {.io_threads = 1, .max_connections = 2, .light_io = light_io};
     app *a = app_start(&o);
     int port = mts_http_port(a->srv);
+    const char *req = light_io ? "GET /light HTTP/1.1\r\n\r\n" : "GET /hello HTTP/1.1\r\n\r\n";
+    const char *want = light_io ? "mts-http-light" : "hello";
     client *k1 = cli_open(port), *k2 = cli_open(port);
-    roundtrip(k1, "GET /hello HTTP/1.1\r\n\r\n", 200, "hello");
+    roundtrip(k1, req, 200, want);
     sleep_ms(20);
-    roundtrip(k2, "GET /hello HTTP/1.1\r\n\r\n", 200, "hello");
+    roundtrip(k2, req, 200, want);
     /* full with two idle keep-alive connections: a new client is admitted by closing the one
      * idle the longest (k1), not refused */
     client *k3 = cli_open(port);
-    roundtrip(k3, "GET /hello HTTP/1.1\r\n\r\n", 200, "hello");
+    roundtrip(k3, req, 200, want);
     assert_true(cli_eof(k1));
     cli_close(k1);
     /* full with nothing idle (k2 and k3 each wait for an answer): 503 and close */
@@ -1283,6 +1287,12 @@ static void test_max_connections(void **state)
     cli_close(k3);
     cli_close(k2);
     app_stop(a);
+}
+
+static void test_max_connections(void **state)
+{
+    max_connections(false);
+    max_connections(true);
 }
 
 static void test_stop_with_open_connections(void **state)
