@@ -105,6 +105,15 @@ def test_https_and_mutual_tls(start_server, pki):
             y = np.array(r.json()["outputs"][0]["data"], np.float32).reshape(4096, 16)
             from conftest import tiny_reference
             assert np.allclose(y, tiny_reference(x), rtol=1e-4, atol=1e-5)
+        # small requests: light work, so the TLS connection moves to the light I/O thread
+        # (its session with it) and on, and back for a large one
+        for rows in (1, 2, 4096, 3):
+            x = np.random.default_rng(rows).standard_normal((rows, 16)).astype(np.float32)
+            body = {"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]}
+            r = sess.post(base + "/v2/models/tiny/infer", json=body, verify=ca, timeout=60)
+            assert r.status_code == 200, r.text
+            y = np.array(r.json()["outputs"][0]["data"], np.float32).reshape(rows, 16)
+            assert np.allclose(y, tiny_reference(x), rtol=1e-4, atol=1e-5)
     # pipelined: 50 requests in one TLS write, 50 answers
     ctx = ssl.create_default_context(cafile=ca)
     with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
