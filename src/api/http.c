@@ -1409,6 +1409,13 @@ void mts_http_hint_light(mts_http_conn *c, bool light)
     if (c->in_cb) c->light_hint = light;
 }
 
+/* Connections change threads only while the server runs normally: once it drains or stops,
+ * each stays where it is (its thread answers it and closes it). */
+static bool moves_open(const io_thread *io)
+{
+    return !io->stop_done && !atomic_load(&io->srv->draining);
+}
+
 /* Parses and dispatches buffered requests and reads more, until a request is in flight, the
  * socket has nothing more, or output backs up; then writes. Caller holds the connection. */
 static void conn_pump(mts_http_conn *c)
@@ -1436,7 +1443,7 @@ static void conn_pump(mts_http_conn *c)
             dispatch(c);
             continue;
         }
-        if (c->move == MOVE_REGULAR && c->io->light) break; /* its body is read elsewhere */
+        if (c->move == MOVE_REGULAR && c->io->light && moves_open(c->io)) break; /* body read elsewhere */
         if (r == P_ERROR || c->state == RS_DISCARD) continue; /* a refused body: from the socket */
         if (c->fd < 0) break;
         bool idle = c->state == RS_HEAD && avail_bytes(c) == 0;
@@ -1668,18 +1675,24 @@ static void conn_settle(mts_http_conn *c)
     io_thread *from = c->io;
     mts_http_server *s = from->srv;
     if (c->move == MOVE_NONE || c->fd < 0 || c->pending || c->busy || c->state == RS_LINGER ||
-        c->state == RS_CLOSING || from->stop_done || atomic_load(&s->draining))
+        c->state == RS_CLOSING || !moves_open(from))
         return;
     io_thread *to = c->move == MOVE_LIGHT ? s->light
                                           : &s->threads[atomic_fetch_add(&s->next_regular, 1) % (unsigned)s->nlisten];
     c->move = MOVE_NONE;
     if (to == from) return;
     pthread_mutex_lock(&to->qmu);
-    if (!to->closed && epoll_ctl(from->epfd, EPOLL_CTL_DEL, c->fd, NULL) == 0) {
+    bool moved = !to->closed && epoll_ctl(from->epfd, EPOLL_CTL_DEL, c->fd, NULL) == 0;
+    if (moved) {
         list_remove(from, c);
         inbox_push(to, c);
     }
     pthread_mutex_unlock(&to->qmu);
+    if (!moved) { /* it stays: go on with what it stopped for (a body the light thread left) */
+        HOLD(c);
+        conn_run(c);
+        RELEASE(c);
+    }
 }
 
 /* Takes in the connections other threads handed over: registers each (edge-triggered; adding a

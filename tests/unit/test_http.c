@@ -1001,6 +1001,36 @@ static void test_light_io(void **state)
     app_stop(a);
 }
 
+/* Draining: connections stay on their threads, and a large body that arrives on the light thread
+ * is read there and answered (with the close every answer now carries). */
+static void test_light_io_draining(void **state)
+{
+    mts_http_opts o = {.io_threads = 2, .light_io = true};
+    app *a = app_start(&o);
+    client *k = cli_open(mts_http_port(a->srv));
+    roundtrip(k, "GET /light HTTP/1.1\r\n\r\n", 200, "mts-http-light");
+    mts_http_stop_accepting(a->srv);
+    size_t big = 80000;
+    char *body = malloc(big);
+    memset(body, 'z', big);
+    char head[128];
+    snprintf(head, sizeof head, "POST /echo HTTP/1.1\r\nContent-Length: %zu\r\n\r\n", big);
+    cli_send(k, head);
+    cli_sendn(k, body, big);
+    resp r;
+    assert_true(cli_read(k, &r));
+    assert_int_equal(r.status, 200);
+    assert_true(has_header(&r, "X-Thread: mts-http-light\r\n"));
+    assert_true(has_header(&r, "Connection: close\r\n"));
+    assert_int_equal(r.body_len, big);
+    assert_memory_equal(r.body, body, big);
+    resp_free(&r);
+    assert_true(cli_eof(k));
+    free(body);
+    cli_close(k);
+    app_stop(a);
+}
+
 /* Connections moving between the threads all the time, from many clients at once: light and
  * other requests, answers from worker threads, large bodies; every answer right (run under
  * TSan and ASan in make test). Connections are still open, some on the light thread, at stop. */
@@ -1418,6 +1448,7 @@ int main(void)
         cmocka_unit_test(test_concurrent),
         cmocka_unit_test(test_light_io),
         cmocka_unit_test(test_light_io_concurrent),
+        cmocka_unit_test(test_light_io_draining),
         cmocka_unit_test(test_zero_copy),
         cmocka_unit_test(test_zero_copy_done),
         cmocka_unit_test(test_timeouts),
