@@ -23,7 +23,8 @@
  * header_timeout_ms after its first byte (slowloris) and a body that stalls for idle_timeout_ms
  * get 408 and are closed. Buffers grow only as bytes actually arrive. When max_connections are
  * open, a new client is admitted by closing the accepting thread's oldest idle keep-alive
- * connection; only when there is none does it get 503.
+ * connection (with light_io, the light I/O thread's when the accepting one has none); only when
+ * there is none does it get 503.
  */
 #ifndef MTS_API_HTTP_H
 #define MTS_API_HTTP_H
