@@ -4,15 +4,15 @@
  *
  * Threads. Each I/O thread owns an epoll set, an eventfd and its connections; all connection
  * state is touched only by the owning thread. The listening threads each have a SO_REUSEPORT
- * listener. With light_io one more thread, the light I/O thread, owns connections whose requests
- * are light work (the handler says so with mts_http_hint_light and answers inside the handler):
- * on a listening thread such a request would wait behind whatever that thread's other
- * connections bring in the same turn (under a flood of large uploads, tens to hundreds of ms of
- * reading). New connections start on the light thread; one that sends a large or chunked body, or
- * a request answered later, goes to a listening thread (before the body is read, or once the
- * answer is out), and comes back with its next light request. A connection moves only while
- * nothing is in flight on it: it leaves the owner's epoll set and list and is put in the other
- * thread's inbox under that thread's queue mutex, the only thing the two threads share.
+ * listener. With light_io each listening thread has a partner, a light I/O thread that owns the
+ * connections whose requests and answers are small (under admit_min, 64 KiB): on a listening
+ * thread such a request would wait behind whatever that thread's other connections bring in the
+ * same turn (under a flood of large uploads, tens to hundreds of ms of reading). New connections
+ * start on the light partner; one whose request has a large or chunked body goes to the
+ * listening thread before the body is read, one whose answer is large once it is out, and a
+ * small exchange brings it back. A connection moves only while nothing is in flight on it: it
+ * leaves the owner's epoll set and list and is put in the partner's inbox under the partner's
+ * queue mutex, the only thing the two threads share.
  * The one thing other threads do is mts_http_respond*: the response is formatted on the calling
  * thread and appended to the owning thread's completion queue (mutex; the eventfd is written,
  * under the same mutex, only when the queue goes from empty to non-empty). Control (stop
@@ -112,10 +112,10 @@ struct mts_http_conn {
     bool in_cb;                 /* inside handler/on_cancel: answers are taken inline */
     bool cancelled, peer_eof, rdhup, drained;
     bool served;                /* has dispatched a request (a fresh connection has not) */
-    bool light_hint;            /* the handler said: answered inside it, this request was light work */
+    bool small_req;             /* the request in flight came with a body under admit_min bytes */
     int move;                   /* MOVE_*: the I/O thread class this connection should go to */
     bool over_limit;            /* accepted beyond max_connections with nothing idle on the
-                                 * accepting thread: the light thread closes one of its idle
+                                 * accepting thread: its light partner closes one of its idle
                                  * connections for it, or refuses it */
     int encoding;               /* the request body's Content-Encoding (ENC_*) */
     size_t align_at;            /* body offset the application wants 64-byte aligned, or SIZE_MAX */
@@ -185,11 +185,9 @@ struct mts_http_server {
     addr_count *addr_tab[ADDR_BUCKETS];
     mts_tls_ctx *ssl_ctx; /* TLS: every connection speaks it; NULL: plaintext */
     int port;
-    int nthreads;               /* I/O threads, the light one (last) included */
-    int nlisten;                /* the first nlisten threads listen and accept */
+    int nthreads;               /* I/O threads: nlisten listening ones, then nlight light ones */
+    int nlisten, nlight;        /* nlight is nlisten with light_io, else 0 */
     io_thread *threads;
-    io_thread *light;           /* the light I/O thread, or NULL */
-    atomic_uint next_regular;   /* round robin of connections moved back to the listening threads */
     atomic_int draining, stopping;
     atomic_int nconns;
     int listeners_open;
@@ -666,6 +664,12 @@ static void complete_response(mts_http_conn *c, out_chunk *ch)
     }
     out_append(c, ch);
     c->last_ms = io->now_ms;
+    /* small request, small answer: the connection belongs on the light I/O thread; a large one
+     * in either direction, on the listening one */
+    if (io->srv->nlight) {
+        bool light = c->small_req && ch->bytes < io->srv->admit_min;
+        c->move = light == io->light ? MOVE_NONE : light ? MOVE_LIGHT : MOVE_REGULAR;
+    }
     /* release the request's bytes */
     c->req_start += c->req_end;
     bool close_after = ch->close_after;
@@ -681,14 +685,12 @@ static void complete_response(mts_http_conn *c, out_chunk *ch)
     }
 }
 
-/* Starts closing after the last response went out: half-close, then read and discard what the
- * client still sends (so its unread data does not turn our FIN into a RST that destroys the
- * response) until EOF or LINGER_MS. */
 static ssize_t conn_recv(mts_http_conn *c, void *buf, size_t n)
 {
     return c->ssl ? mts_tls_read(c->ssl, buf, n) : read(c->fd, buf, n);
 }
 
+/* Reads and drops what a closing connection's client still sends; aborts at EOF or an error. */
 static void linger_read(mts_http_conn *c)
 {
     char tmp[16384];
@@ -703,6 +705,9 @@ static void linger_read(mts_http_conn *c)
     }
 }
 
+/* Starts closing after the last response went out: half-close, then read and discard what the
+ * client still sends (so its unread data does not turn our FIN into a RST that destroys the
+ * response) until EOF or LINGER_MS. */
 static void begin_close(mts_http_conn *c)
 {
     if (c->peer_eof) {
@@ -1045,7 +1050,7 @@ static int parse_head(mts_http_conn *c)
 
     size_t need_more_body = 0;
     /* a large or chunked body is not read on the light I/O thread: the connection moves first */
-    if (srv->light && (c->chunked || cl >= srv->admit_min))
+    if (srv->nlight && (c->chunked || cl >= srv->admit_min))
         c->move = c->io->light ? MOVE_REGULAR : MOVE_NONE;
     if (c->chunked) {
         c->state = RS_BODY_CHUNKED;
@@ -1388,25 +1393,15 @@ static void dispatch(mts_http_conn *c)
     c->served = true;
     io->npending++;
     atomic_store_explicit(&c->responded, 0, memory_order_relaxed);
-    c->light_hint = false;
-    size_t body_len = r->body_len;
+    c->small_req = r->body_len < io->srv->admit_min && !c->chunked;
     c->in_cb = true;
     io->srv->o.handler(io->srv->o.user, c, r);
     c->in_cb = false;
-    /* Light work (the handler said so, answered inside it, from a small body) keeps its
-     * connection on the light I/O thread; anything else goes to (or stays on) a listening one. */
-    bool light = c->light_hint && c->inline_resp && body_len < io->srv->admit_min && !c->chunked;
-    if (io->srv->light) c->move = light == io->light ? MOVE_NONE : light ? MOVE_LIGHT : MOVE_REGULAR;
     if (c->inline_resp) {
         out_chunk *ch = c->inline_resp;
         c->inline_resp = NULL;
         complete_response(c, ch);
     }
-}
-
-void mts_http_hint_light(mts_http_conn *c, bool light)
-{
-    if (c->in_cb) c->light_hint = light;
 }
 
 /* Connections change threads only while the server runs normally: once it drains or stops,
@@ -1652,6 +1647,14 @@ static void refuse_new(mts_http_server *s, mts_http_conn *c, const char *why)
     free(c);
 }
 
+/* Listening thread i and light thread i are partners: connections move between the two. */
+static io_thread *partner(io_thread *io)
+{
+    mts_http_server *s = io->srv;
+    long i = io - s->threads;
+    return &s->threads[i < s->nlisten ? i + s->nlisten : i - s->nlisten];
+}
+
 /* Puts c into another I/O thread's inbox and wakes that thread; its queue mutex is held. */
 static void inbox_push(io_thread *to, mts_http_conn *c)
 {
@@ -1665,22 +1668,21 @@ static void inbox_push(io_thread *to, mts_http_conn *c)
     }
 }
 
-/* Hands a connection flagged to move (c->move) to an I/O thread of that class, once nothing is
- * in flight on it and nothing up the stack uses it: it leaves this thread's epoll set and list and
- * lands in the other thread's inbox (under that thread's queue mutex, the only thing the two
- * share), whose eventfd wakes it. After this the calling thread must not touch c. A connection
+/* Hands a connection flagged to move (c->move) to this thread's partner of that class, once
+ * nothing is in flight on it and nothing up the stack uses it: it leaves this thread's epoll set
+ * and list and lands in the partner's inbox (under the partner's queue mutex, the only thing the
+ * two share), whose eventfd wakes it. After this the calling thread must not touch c. A connection
  * closing, or a server stopping, stays where it is. */
 static void conn_settle(mts_http_conn *c)
 {
     io_thread *from = c->io;
-    mts_http_server *s = from->srv;
     if (c->move == MOVE_NONE || c->fd < 0 || c->pending || c->busy || c->state == RS_LINGER ||
         c->state == RS_CLOSING || !moves_open(from))
         return;
-    io_thread *to = c->move == MOVE_LIGHT ? s->light
-                                          : &s->threads[atomic_fetch_add(&s->next_regular, 1) % (unsigned)s->nlisten];
+    io_thread *to = partner(from);
+    bool wanted = c->move == MOVE_LIGHT ? to->light : !to->light;
     c->move = MOVE_NONE;
-    if (to == from) return;
+    if (!wanted) return;
     pthread_mutex_lock(&to->qmu);
     bool moved = !to->closed && epoll_ctl(from->epfd, EPOLL_CTL_DEL, c->fd, NULL) == 0;
     if (moved) {
@@ -1839,7 +1841,7 @@ static bool on_accept(io_thread *io)
         }
         bool over = atomic_fetch_add_explicit(&s->nconns, 1, memory_order_relaxed) >= s->o.max_connections &&
                     !close_oldest_idle(io);
-        if (over && !s->light) {
+        if (over && !s->nlight) {
             atomic_fetch_sub_explicit(&s->nconns, 1, memory_order_relaxed);
             if (!s->ssl_ctx) send_now(fd, 503, "too many connections"); /* no TLS session to say it in */
             close(fd);
@@ -1875,15 +1877,16 @@ static bool on_accept(io_thread *io)
         c->io = io;
         c->last_ms = io->now_ms;
         reset_request(c);
-        if (s->light) {
-            /* a new connection's first request is read on the light I/O thread, which sends it
-             * back before reading a large body: a light client's first request does not wait
-             * behind this thread's uploads either */
+        if (s->nlight) {
+            /* a new connection's first request is read on the partner light I/O thread, which
+             * sends it back before reading a large body: a light client's first request does not
+             * wait behind this thread's uploads either */
             c->over_limit = over;
-            pthread_mutex_lock(&s->light->qmu);
-            bool taken = !s->light->closed;
-            if (taken) inbox_push(s->light, c);
-            pthread_mutex_unlock(&s->light->qmu);
+            io_thread *light = partner(io);
+            pthread_mutex_lock(&light->qmu);
+            bool taken = !light->closed;
+            if (taken) inbox_push(light, c);
+            pthread_mutex_unlock(&light->qmu);
             if (taken) continue;
             if (over) {
                 refuse_new(s, c, "too many connections");
@@ -2147,7 +2150,8 @@ int mts_http_start(const mts_http_opts *o, mts_http_server **out, mts_err *err)
     pthread_cond_init(&s->cv, NULL);
     pthread_mutex_init(&s->addr_mu, NULL);
     s->nlisten = s->o.io_threads;
-    s->nthreads = s->nlisten + (o->light_io ? 1 : 0);
+    s->nlight = o->light_io ? s->nlisten : 0;
+    s->nthreads = s->nlisten + s->nlight;
     s->threads = calloc((size_t)s->nthreads, sizeof *s->threads);
     if (!s->threads) {
         pthread_mutex_destroy(&s->mu);
@@ -2163,10 +2167,7 @@ int mts_http_start(const mts_http_opts *o, mts_http_server **out, mts_err *err)
         io->lfd = io->epfd = io->evfd = -1;
         pthread_mutex_init(&io->qmu, NULL);
     }
-    if (o->light_io) {
-        s->light = &s->threads[s->nlisten];
-        s->light->light = true;
-    }
+    for (int i = 0; i < s->nlight; i++) s->threads[s->nlisten + i].light = true;
 
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
                              .ai_flags = AI_PASSIVE | AI_NUMERICSERV};

@@ -23,7 +23,7 @@
  * header_timeout_ms after its first byte (slowloris) and a body that stalls for idle_timeout_ms
  * get 408 and are closed. Buffers grow only as bytes actually arrive. When max_connections are
  * open, a new client is admitted by closing the accepting thread's oldest idle keep-alive
- * connection (with light_io, the light I/O thread's when the accepting one has none); only when
+ * connection (with light_io, its light partner's when the accepting one has none); only when
  * there is none does it get 503.
  */
 #ifndef MTS_API_HTTP_H
@@ -111,7 +111,8 @@ typedef struct mts_http_opts {
     mts_http_handler handler; /* required */
     mts_http_cancel_fn on_cancel; /* optional */
     mts_http_admit_fn admit;      /* optional: early refusal of large requests */
-    bool light_io;            /* one more I/O thread for light connections (mts_http_hint_light) */
+    bool light_io;            /* a light I/O thread beside each listening one, for connections
+                               * whose requests and answers are small (see http.c) */
     void *user;               /* first argument of handler and on_cancel */
 } mts_http_opts;
 
@@ -131,14 +132,6 @@ int mts_http_port(const mts_http_server *s);
  * must not be touched again. */
 void mts_http_respond(mts_http_conn *c, int status, const char *content_type,
                       const char *extra_headers, const void *body, size_t len);
-
-/* Called inside the handler with light = true: if this request is answered before the handler
- * returns, it was light work (short, from a small body); false takes that back (an error). With light_io, a connection whose requests are light
- * is served by the light I/O thread, which accepts nothing and reads no large body, so its
- * requests do not wait behind other clients' uploads and downloads on a listening thread; a
- * connection that sends anything else moves back (before reading a body of MTS_HTTP_ADMIT_MIN
- * bytes or more, or once a request answered later has been answered). */
-void mts_http_hint_light(mts_http_conn *c, bool light);
 
 /* Gather variant. With done == NULL the pieces are copied (like mts_http_respond). With done !=
  * NULL nothing is copied: the memory of iov[0..iovcnt) must stay valid and unchanged until

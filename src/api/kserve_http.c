@@ -536,10 +536,8 @@ static void handle_infer(mts_server *srv, mts_http_conn *c, mts_http_req *hr, co
     hr->user = ic;
     int retry = 0;
     mts_err err = {0};
-    mts_http_hint_light(c, true); /* answered inside this call, it ran as short work */
     rc = mts_server_submit(srv, &ic->req, &retry, &err);
     if (rc) {
-        mts_http_hint_light(c, false);
         hr->user = NULL;
         mts_route_error_text(c, rc, err.msg, retry);
         call_free(ic);

@@ -105,8 +105,8 @@ def test_https_and_mutual_tls(start_server, pki):
             y = np.array(r.json()["outputs"][0]["data"], np.float32).reshape(4096, 16)
             from conftest import tiny_reference
             assert np.allclose(y, tiny_reference(x), rtol=1e-4, atol=1e-5)
-        # small requests: light work, so the TLS connection moves to the light I/O thread
-        # (its session with it) and on, and back for a large one
+        # small requests and answers: the TLS connection moves to the light I/O thread (its
+        # session with it) and stays, and back to the listening one for a large one
         for rows in (1, 2, 4096, 3):
             x = np.random.default_rng(rows).standard_normal((rows, 16)).astype(np.float32)
             body = {"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]}

@@ -101,11 +101,9 @@ static void handler(void *user, mts_http_conn *c, mts_http_req *r)
     atomic_fetch_add(&a->requests, 1);
     if (strcmp(r->path, "/hello") == 0) {
         mts_http_respond(c, 200, "text/plain", NULL, "hello", 5);
-    } else if (strcmp(r->path, "/light") == 0 || strcmp(r->path, "/where") == 0) {
-        /* answered at once with the I/O thread's name; /light says it was light work */
+    } else if (strcmp(r->path, "/name") == 0) { /* the name of the I/O thread that read it */
         char name[32] = "";
         pthread_getname_np(pthread_self(), name, sizeof name);
-        if (r->path[1] == 'l') mts_http_hint_light(c, true);
         mts_http_respond(c, 200, "text/plain", NULL, name, strlen(name));
     } else if (strcmp(r->path, "/echo") == 0) {
         char extra[256], name[32] = "";
@@ -938,22 +936,28 @@ static void test_concurrent(void **state)
     app_stop(a);
 }
 
-/* light_io: a new connection's requests are read on the light I/O thread; a request the handler
- * calls light keeps the connection there, anything else sends it to a listening thread after its
- * answer, a large body is read on a listening thread, and a light request brings the
- * connection back. */
+/* light_io: a new connection's requests are read on the light I/O thread; a small request with
+ * a small answer keeps the connection there, one with a large answer sends it to the listening
+ * thread once the answer is out, a large body is read on the listening thread, and a small
+ * exchange brings the connection back; a small answer from another thread keeps it where it is. */
 static void test_light_io(void **state)
 {
     mts_http_opts o = {.io_threads = 2, .light_io = true};
     app *a = app_start(&o);
     client *k = cli_open(mts_http_port(a->srv));
-    const char *light = "GET /light HTTP/1.1\r\n\r\n", *where = "GET /where HTTP/1.1\r\n\r\n";
-    roundtrip(k, light, 200, "mts-http-light");
-    roundtrip(k, light, 200, "mts-http-light");
-    roundtrip(k, where, 200, "mts-http-light"); /* read there; the connection moves after it */
-    roundtrip(k, where, 200, "mts-http");
-    roundtrip(k, light, 200, "mts-http");      /* light again: moves after its answer */
-    roundtrip(k, light, 200, "mts-http-light");
+    const char *name = "GET /name HTTP/1.1\r\n\r\n";
+    roundtrip(k, name, 200, "mts-http-light");
+    roundtrip(k, name, 200, "mts-http-light");
+    /* an answer of 100 KB: read on the light thread, then the connection moves */
+    cli_send(k, "GET /zc HTTP/1.1\r\n\r\n");
+    resp r;
+    assert_true(cli_read(k, &r));
+    assert_int_equal(r.status, 200);
+    assert_int_equal(r.body_len, 100000);
+    assert_memory_equal(r.body, zc_payload, 100000);
+    resp_free(&r);
+    roundtrip(k, name, 200, "mts-http"); /* small again: moves after its answer */
+    roundtrip(k, name, 200, "mts-http-light");
 
     /* a large body is not read on the light thread */
     size_t big = 100000;
@@ -963,30 +967,31 @@ static void test_light_io(void **state)
     snprintf(head, sizeof head, "POST /echo HTTP/1.1\r\nContent-Length: %zu\r\n\r\n", big);
     cli_send(k, head);
     cli_sendn(k, body, big);
-    resp r;
     assert_true(cli_read(k, &r));
     assert_int_equal(r.status, 200);
     assert_true(has_header(&r, "X-Thread: mts-http\r\n"));
     assert_int_equal(r.body_len, big);
     assert_memory_equal(r.body, body, big);
     resp_free(&r);
-    roundtrip(k, light, 200, "mts-http");
-    roundtrip(k, light, 200, "mts-http-light");
+    roundtrip(k, name, 200, "mts-http");
+    roundtrip(k, name, 200, "mts-http-light");
+
+    /* small answers from worker threads: the connection stays on the light thread */
+    roundtrip(k, "GET /async?ms=2 HTTP/1.1\r\n\r\n", 200, "async ms=2");
+    roundtrip(k, name, 200, "mts-http-light");
 
     /* pipelined requests, the connection moving in between */
-    cli_send(k, "GET /where HTTP/1.1\r\n\r\nGET /light HTTP/1.1\r\n\r\nGET /async?ms=1 HTTP/1.1\r\n\r\n"
-                "GET /where HTTP/1.1\r\n\r\n");
-    const char *want[] = {"mts-http-light", NULL, "async ms=1", NULL};
+    cli_send(k, "GET /name HTTP/1.1\r\n\r\nGET /zc HTTP/1.1\r\n\r\nGET /async?ms=1 HTTP/1.1\r\n\r\n"
+                "GET /name HTTP/1.1\r\n\r\n");
     for (int i = 0; i < 4; i++) {
         assert_true(cli_read(k, &r));
         assert_int_equal(r.status, 200);
-        if (want[i]) assert_string_equal(r.body, want[i]);
-        else assert_true(!strncmp(r.body, "mts-http", 8));
+        if (i == 0) assert_string_equal(r.body, "mts-http-light");
+        if (i == 1) assert_int_equal(r.body_len, 100000);
+        if (i == 2) assert_string_equal(r.body, "async ms=1");
+        if (i == 3) assert_true(!strncmp(r.body, "mts-http", 8));
         resp_free(&r);
     }
-    /* an answer from another thread, then the move back */
-    roundtrip(k, "GET /async?ms=2 HTTP/1.1\r\n\r\n", 200, "async ms=2");
-    roundtrip(k, where, 200, "mts-http");
     free(body);
     cli_close(k);
 
@@ -995,8 +1000,8 @@ static void test_light_io(void **state)
     mts_http_opts o2 = {.io_threads = 2};
     a = app_start(&o2);
     k = cli_open(mts_http_port(a->srv));
-    roundtrip(k, light, 200, "mts-http");
-    roundtrip(k, light, 200, "mts-http");
+    roundtrip(k, name, 200, "mts-http");
+    roundtrip(k, name, 200, "mts-http");
     cli_close(k);
     app_stop(a);
 }
@@ -1008,7 +1013,7 @@ static void test_light_io_draining(void **state)
     mts_http_opts o = {.io_threads = 2, .light_io = true};
     app *a = app_start(&o);
     client *k = cli_open(mts_http_port(a->srv));
-    roundtrip(k, "GET /light HTTP/1.1\r\n\r\n", 200, "mts-http-light");
+    roundtrip(k, "GET /name HTTP/1.1\r\n\r\n", 200, "mts-http-light");
     mts_http_stop_accepting(a->srv);
     size_t big = 80000;
     char *body = malloc(big);
@@ -1031,8 +1036,8 @@ static void test_light_io_draining(void **state)
     app_stop(a);
 }
 
-/* Connections moving between the threads all the time, from many clients at once: light and
- * other requests, answers from worker threads, large bodies; every answer right (run under
+/* Connections moving between the threads all the time, from many clients at once: small
+ * exchanges, large answers, answers from worker threads, large bodies; every answer right (run under
  * TSan and ASan in make test). Connections are still open, some on the light thread, at stop. */
 static void *light_client(void *arg)
 {
@@ -1046,9 +1051,9 @@ static void *light_client(void *arg)
         const char *want = NULL;
         int kind = (ct->id * 7 + i) % 5;
         if (kind == 0 || kind == 1) {
-            snprintf(req, sizeof req, "GET /light HTTP/1.1\r\n\r\n");
+            snprintf(req, sizeof req, "GET /name HTTP/1.1\r\n\r\n");
         } else if (kind == 2) {
-            snprintf(req, sizeof req, "GET /where HTTP/1.1\r\n\r\n");
+            snprintf(req, sizeof req, "GET /zc HTTP/1.1\r\n\r\n");
         } else if (kind == 3) {
             snprintf(req, sizeof req, "GET /async?ms=%d HTTP/1.1\r\n\r\n", i % 2);
             want = i % 2 ? "async ms=1" : "async ms=0";
@@ -1064,6 +1069,7 @@ static void *light_client(void *arg)
         }
         bool ok = r.status == 200;
         if (kind == 4) ok = ok && r.body_len == big && !memcmp(r.body, body, big);
+        else if (kind == 2) ok = ok && r.body_len == 100000 && !memcmp(r.body, zc_payload, 100000);
         else if (want) ok = ok && !strcmp(r.body, want);
         else ok = ok && !strncmp(r.body, "mts-http", 8);
         if (!ok) ct->failures++;
@@ -1285,7 +1291,7 @@ static void max_connections(bool light_io)
     mts_http_opts o = {.io_threads = 1, .max_connections = 2, .light_io = light_io};
     app *a = app_start(&o);
     int port = mts_http_port(a->srv);
-    const char *req = light_io ? "GET /light HTTP/1.1\r\n\r\n" : "GET /hello HTTP/1.1\r\n\r\n";
+    const char *req = light_io ? "GET /name HTTP/1.1\r\n\r\n" : "GET /hello HTTP/1.1\r\n\r\n";
     const char *want = light_io ? "mts-http-light" : "hello";
     client *k1 = cli_open(port), *k2 = cli_open(port);
     roundtrip(k1, req, 200, want);
