@@ -1697,6 +1697,26 @@ static void conn_settle(mts_http_conn *c)
     }
 }
 
+/* Makes io the owner of connection c (just accepted, or handed over by another thread): its
+ * list and its epoll set, edge-triggered. False when epoll refuses it: c is then closed (and
+ * freed at the end of the loop turn). */
+static bool conn_attach(io_thread *io, mts_http_conn *c)
+{
+    c->io = io;
+    c->prev = NULL;
+    c->next = io->conns;
+    if (io->conns) io->conns->prev = c;
+    io->conns = c;
+    io->nconns++;
+    c->last_ms = io->now_ms;
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET, .data.ptr = c};
+    if (epoll_ctl(io->epfd, EPOLL_CTL_ADD, c->fd, &ev) == 0) return true;
+    HOLD(c);
+    conn_abort(c);
+    RELEASE(c);
+    return false;
+}
+
 /* Takes in the connections other threads handed over: registers each (edge-triggered; adding a
  * socket that already holds data reports it at once) and goes on with it where it stopped. */
 static void adopt(io_thread *io, mts_http_conn *in)
@@ -1711,21 +1731,10 @@ static void adopt(io_thread *io, mts_http_conn *in)
                 continue;
             }
         }
-        c->io = io;
-        c->prev = NULL;
-        c->next = io->conns;
-        if (io->conns) io->conns->prev = c;
-        io->conns = c;
-        io->nconns++;
-        c->last_ms = io->now_ms;
+        if (!conn_attach(io, c)) continue;
         HOLD(c);
-        struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET, .data.ptr = c};
-        if (epoll_ctl(io->epfd, EPOLL_CTL_ADD, c->fd, &ev) < 0) {
-            conn_abort(c);
-        } else {
-            c->drained = false;
-            conn_run(c);
-        }
+        c->drained = false;
+        conn_run(c);
         RELEASE(c);
         conn_settle(c);
     }
@@ -1874,8 +1883,6 @@ static bool on_accept(io_thread *io)
             c->addr_counted = true;
         }
         c->fd = fd;
-        c->io = io;
-        c->last_ms = io->now_ms;
         reset_request(c);
         if (s->nlight) {
             /* a new connection's first request is read on the partner light I/O thread, which
@@ -1893,19 +1900,7 @@ static bool on_accept(io_thread *io)
                 continue;
             }
         }
-        struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET, .data.ptr = c};
-        if (epoll_ctl(io->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
-            atomic_fetch_sub_explicit(&s->nconns, 1, memory_order_relaxed);
-            if (c->addr_counted) addr_release(s, c->addr);
-            mts_tls_free(c->ssl);
-            close(fd);
-            free(c);
-            continue;
-        }
-        c->next = io->conns;
-        if (io->conns) io->conns->prev = c;
-        io->conns = c;
-        io->nconns++;
+        conn_attach(io, c);
     }
     return io->lfd >= 0;
 }
