@@ -52,11 +52,12 @@ engine steps. PARTS=modes compares the ways of bounding the light tenant's wait 
 (MODES, default "lane,preempt,none"; also "lane+preempt", and "nice0" / "nice10": the regular
 workers at nice 0 or 10, MTS_WORKER_NICE; "noinline": short work never run on the thread that
 read the request, MTS_INLINE_SHORT=0; "noearly": large HTTP uploads for a full queue read whole
-before the 429, MTS_EARLY_REFUSAL=0; "nolight": HTTP without the light I/O thread, light
-requests read by the listening threads with everything else, MTS_HTTP_LIGHT_IO=0): one server per mode, the light tenant beside the heavy
-one at concurrency 4 and 32 and an open-loop flood of FLOOD_RATE/s (default 230, about 5x the
-heavy capacity), rounds interleaved across the servers; with the heavy tenant's refused
-requests a second and the server's CPU seconds a second.
+before the 429, MTS_EARLY_REFUSAL=0; "nolight": HTTP without the light I/O threads, small
+requests read by the listening threads with everything else, MTS_HTTP_LIGHT_IO=0): one server
+per mode, the light tenant beside the heavy one at concurrency 4 and 32 and an open-loop flood
+of FLOOD_RATE/s (default 230, about 5x the heavy capacity), rounds interleaved across the
+servers; with the heavy tenant's refused requests a second and the server's CPU seconds a
+second.
 """
 import json
 import os

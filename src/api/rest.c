@@ -115,7 +115,7 @@ int mts_rest_start(mts_server *srv, const mts_rest_opts *o, mts_rest **out, mts_
     ho.on_cancel = on_cancel;
     const char *early = getenv("MTS_EARLY_REFUSAL"); /* "0": read such uploads whole (comparisons) */
     ho.admit = early && !strcmp(early, "0") ? NULL : admit;
-    /* light requests get an I/O thread of their own ("0": they share the listening threads) */
+    /* small exchanges get I/O threads of their own ("0": they share the listening threads) */
     const char *light = getenv("MTS_HTTP_LIGHT_IO");
     ho.light_io = !o->metrics_only && !(light && !strcmp(light, "0"));
     ho.user = r;
