@@ -43,6 +43,11 @@ typedef struct mts__grpc_method {
     /* Unary with on_cancel: the handler calls mts__grpc_watch_close when its call may wait,
      * instead of every call watching for cancellation from its start (see grpc_server.c). */
     bool lazy_close;
+    /* Unary inference: the request message's field that names the model (string), or 0. When the
+     * first part of a message gRPC core hands over names a model whose queue is full, the call is
+     * refused before the message is copied and parsed (as the HTTP front end refuses an upload
+     * before reading it): under a flood of one model, most of its messages cost only the read. */
+    unsigned model_field;
 } mts__grpc_method;
 
 /* One send queued on a stream. */

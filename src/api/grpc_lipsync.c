@@ -772,14 +772,14 @@ static void unload_model(mts__grpc_call *c, const uint8_t *data, size_t len)
 
 #define LS "/inference.InferenceService/"
 const mts__grpc_method mts__grpc_lipsync_methods[] = {
-    {LS "InferBatch", false, infer_batch, NULL, infer_cancel, NULL, MTS_SCOPE_INFER, false},
-    {LS "InferBatchComposite", false, infer_batch_composite, NULL, infer_cancel, NULL, MTS_SCOPE_INFER, false},
-    {LS "ListModels", false, list_models, NULL, NULL, NULL, MTS_SCOPE_INFER, false},
-    {LS "LoadModel", false, load_model, NULL, NULL, NULL, MTS_SCOPE_ADMIN, false},
-    {LS "UnloadModel", false, unload_model, NULL, NULL, NULL, MTS_SCOPE_ADMIN, false},
-    {LS "GetModelStats", false, get_model_stats, NULL, NULL, NULL, MTS_SCOPE_INFER, false},
-    {LS "Health", false, health, NULL, NULL, NULL, MTS_SCOPE_OPEN, false},
-    {NULL, false, NULL, NULL, NULL, NULL, 0, false},
+    {LS "InferBatch", false, infer_batch, NULL, infer_cancel, NULL, MTS_SCOPE_INFER, false, 1},
+    {LS "InferBatchComposite", false, infer_batch_composite, NULL, infer_cancel, NULL, MTS_SCOPE_INFER, false, 1},
+    {LS "ListModels", false, list_models, NULL, NULL, NULL, MTS_SCOPE_INFER, false, 0},
+    {LS "LoadModel", false, load_model, NULL, NULL, NULL, MTS_SCOPE_ADMIN, false, 0},
+    {LS "UnloadModel", false, unload_model, NULL, NULL, NULL, MTS_SCOPE_ADMIN, false, 0},
+    {LS "GetModelStats", false, get_model_stats, NULL, NULL, NULL, MTS_SCOPE_INFER, false, 0},
+    {LS "Health", false, health, NULL, NULL, NULL, MTS_SCOPE_OPEN, false, 0},
+    {NULL, false, NULL, NULL, NULL, NULL, 0, false, 0},
 };
 
 /* ---- the request checks without a call (for the fuzzer) ---- */

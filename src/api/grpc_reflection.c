@@ -99,10 +99,10 @@ static void watch_cancel(mts__grpc_call *c)
 }
 
 const mts__grpc_method mts__grpc_health_methods[] = {
-    {"/grpc.health.v1.Health/Check", false, health_check, NULL, NULL, NULL, MTS_SCOPE_OPEN, false},
+    {"/grpc.health.v1.Health/Check", false, health_check, NULL, NULL, NULL, MTS_SCOPE_OPEN, false, 0},
     {"/grpc.health.v1.Health/Watch", true, health_watch, watch_half_close, watch_cancel, NULL,
-     MTS_SCOPE_OPEN, false},
-    {NULL, false, NULL, NULL, NULL, NULL, 0, false},
+     MTS_SCOPE_OPEN, false, 0},
+    {NULL, false, NULL, NULL, NULL, NULL, 0, false, 0},
 };
 
 /* ---- descriptor index ---- */
@@ -333,8 +333,8 @@ static void reflection_half_close(mts__grpc_call *c)
 
 const mts__grpc_method mts__grpc_reflection_methods[] = {
     {"/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", true, reflection_message,
-     reflection_half_close, NULL, NULL, MTS_SCOPE_INFER, false},
+     reflection_half_close, NULL, NULL, MTS_SCOPE_INFER, false, 0},
     {"/grpc.reflection.v1.ServerReflection/ServerReflectionInfo", true, reflection_message, reflection_half_close,
-     NULL, NULL, MTS_SCOPE_INFER, false},
-    {NULL, false, NULL, NULL, NULL, NULL, 0, false},
+     NULL, NULL, MTS_SCOPE_INFER, false, 0},
+    {NULL, false, NULL, NULL, NULL, NULL, 0, false, 0},
 };

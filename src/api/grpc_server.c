@@ -65,6 +65,7 @@ struct mts_grpc {
     bool shutdown_started, shutdown_done;
     _Atomic int live_calls;
     mts_workq *replies; /* builds large replies off the device workers (NULL: inline) */
+    bool early_refusal; /* refuse a full model's messages before copying them (refused_early) */
     struct watcher *watchers; /* health Watch streams (under lock) */
 };
 
@@ -608,26 +609,46 @@ static void iobuf_release(void *p)
 }
 
 /* The message in one contiguous slice of the server's own, refcounted memory, which the call can
- * hold while parts of the request point into it (mts__grpc_message_ref). A large one (a lip-sync
+ * hold while parts of the request point into it (mts__grpc_message_ref): `first`, the message's
+ * first slice already taken from r (taken over), then the rest of r. A large one (a lip-sync
  * request of 16 frames is 40 MB) goes into a block of the I/O buffer cache (util/iobuf.h), which
  * a later request of the same size class reuses instead of faulting in a fresh mapping, when the
  * cache may hold it. False when out of memory. */
-static bool read_message(grpc_byte_buffer_reader *r, grpc_slice *out)
+static bool read_message(grpc_byte_buffer_reader *r, grpc_slice first, grpc_slice *out)
 {
     size_t len = grpc_byte_buffer_length(r->buffer_out);
     uint8_t *buf = mts_iobuf_alloc(len ? len : 1);
-    if (!buf) return false;
+    if (!buf) {
+        grpc_slice_unref(first);
+        return false;
+    }
     size_t off = 0;
-    grpc_slice s;
-    while (grpc_byte_buffer_reader_next(r, &s)) {
+    grpc_slice s = first;
+    do {
         size_t n = GRPC_SLICE_LENGTH(s);
         if (n > len - off) n = len - off; /* (the length above counts every slice) */
         memcpy(buf + off, GRPC_SLICE_START_PTR(s), n);
         off += n;
         grpc_slice_unref(s);
-    }
+    } while (grpc_byte_buffer_reader_next(r, &s));
     *out = grpc_slice_new_with_user_data(buf, off, iobuf_release, buf);
     return true;
+}
+
+/* Whether the model named in a unary inference message's first slice (field m->model_field, when
+ * the slice holds it whole) has a full queue: then msg says so and the call is refused before its
+ * message is copied. A name the slice does not hold, or a model the server does not know, passes:
+ * the handler answers those after parsing the whole message. */
+static int refused_early(const mts__grpc_call *c, grpc_slice first, mts_err *err)
+{
+    const mts__grpc_method *m = c->method;
+    if (!m->model_field || !c->g->early_refusal) return MTS_OK;
+    const uint8_t *p = GRPC_SLICE_START_PTR(first), *end = p + GRPC_SLICE_LENGTH(first);
+    mts__pb_field f;
+    while (mts__pb_next(&p, end, &f))
+        if (f.number == m->model_field && f.wire == 2)
+            return mts_server_admit(c->srv, (const char *)f.data, f.len, err);
+    return MTS_OK;
 }
 
 /* Hands a call's next request message (bb, taken over; NULL: the client sent no more) to its
@@ -650,20 +671,30 @@ static void deliver(mts__grpc_call *c, bool ok, grpc_byte_buffer *bb)
         if (!grpc_byte_buffer_reader_init(&r, bb)) {
             grpc_byte_buffer_destroy(bb);
             mts__grpc_fail(c, MTS_GRPC_INTERNAL, "cannot read the request message");
-        } else {
-            grpc_slice s;
-            bool got = read_message(&r, &s);
-            grpc_byte_buffer_reader_destroy(&r);
-            grpc_byte_buffer_destroy(bb);
-            if (!got) {
-                mts__grpc_fail(c, MTS_GRPC_RESOURCE_EXHAUSTED, "out of memory reading the request message");
-                return;
-            }
-            handled_message = s;
-            m->on_message(c, GRPC_SLICE_START_PTR(s), GRPC_SLICE_LENGTH(s));
-            handled_message = grpc_empty_slice();
-            grpc_slice_unref(s);
+            return;
         }
+        grpc_slice s = grpc_empty_slice(), first;
+        mts_err err = {0};
+        int rc = MTS_OK;
+        bool got = true;
+        if (grpc_byte_buffer_reader_next(&r, &first)) {
+            if ((rc = refused_early(c, first, &err))) grpc_slice_unref(first);
+            else got = read_message(&r, first, &s);
+        }
+        grpc_byte_buffer_reader_destroy(&r);
+        grpc_byte_buffer_destroy(bb);
+        if (rc) {
+            mts__grpc_fail_status(c, rc, err.msg);
+            return;
+        }
+        if (!got) {
+            mts__grpc_fail(c, MTS_GRPC_RESOURCE_EXHAUSTED, "out of memory reading the request message");
+            return;
+        }
+        handled_message = s;
+        m->on_message(c, GRPC_SLICE_START_PTR(s), GRPC_SLICE_LENGTH(s));
+        handled_message = grpc_empty_slice();
+        grpc_slice_unref(s);
     }
 }
 
@@ -987,6 +1018,8 @@ int mts_grpc_start(mts_server *srv, const mts_grpc_opts *o, mts_grpc **out, mts_
     grpc_init();
     g->srv = srv;
     g->auth = o->auth;
+    const char *early = getenv("MTS_EARLY_REFUSAL"); /* "0": parse such messages whole (comparisons) */
+    g->early_refusal = !(early && !strcmp(early, "0"));
     pthread_mutex_init(&g->lock, NULL);
     pthread_cond_init(&g->cv, NULL);
     size_t max_msg = o->max_message ? o->max_message : (size_t)50 << 20;

@@ -397,6 +397,35 @@ def test_queue_full_resource_exhausted(start_server, pb):
     assert codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) >= 1 and codes.count(grpc.StatusCode.OK) >= 2, codes
 
 
+def test_queue_full_refused_before_parsing(start_server, pb):
+    """A full queue is answered from the message's first bytes: a message naming a model whose
+    queue is full is refused with RESOURCE_EXHAUSTED even when the rest of it would not parse, and
+    the same malformed message for a model with room is parsed and rejected as malformed."""
+    srv = start_server({"seg": {"model_path": str(SEG), "queue_size": 2, "max_batch": 16, **SLOW},
+                        "tiny": {"model_path": str(TINY)}})
+    s = ks(srv, pb)
+    s.RepositoryModelLoad(pb.ks.RepositoryModelLoadRequest(model_name="seg"))
+    futures = [s.ModelInfer.future(seg_request(pb, 16), timeout=120) for _ in range(3)]
+    wait_queued(srv, pb, "seg", 2)
+    raw = srv.channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+    garbage = b"\x3f\xff\xff"  # field 7 with wire type 7: no protobuf message
+    with pytest.raises(grpc.RpcError) as e:
+        raw(b"\x0a\x03seg" + garbage, timeout=30)
+    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, (e.value.code(), e.value.details())
+    assert "queue is full" in e.value.details(), e.value.details()
+    with pytest.raises(grpc.RpcError) as e:
+        raw(b"\x0a\x04tiny" + garbage, timeout=30)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (e.value.code(), e.value.details())
+    # a well-formed request behind the full queue: refused the same way, its tensors never copied
+    with pytest.raises(grpc.RpcError) as e:
+        s.ModelInfer(seg_request(pb, 16), timeout=30)
+    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, (e.value.code(), e.value.details())
+    for f in futures:
+        assert len(f.result().outputs) == 1
+    st = s.ModelStatistics(pb.ks.ModelStatisticsRequest(name="seg")).model_stats[0]
+    assert st.inference_stats.success.count == 3
+
+
 def test_keepalive_pings(start_server, pb):
     srv = start_server()
     ch = srv.new_channel(**{"grpc.keepalive_time_ms": 1000, "grpc.keepalive_timeout_ms": 2000,
