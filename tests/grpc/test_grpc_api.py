@@ -416,6 +416,15 @@ def test_queue_full_refused_before_parsing(start_server, pb):
     with pytest.raises(grpc.RpcError) as e:
         raw(b"\x0a\x04tiny" + garbage, timeout=30)
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (e.value.code(), e.value.details())
+    # the lip-sync service's inference methods name their model in field 1 too
+    for method in ("InferBatch", "InferBatchComposite"):
+        lraw = srv.channel.unary_unary(f"/inference.InferenceService/{method}")
+        with pytest.raises(grpc.RpcError) as e:
+            lraw(b"\x0a\x03seg" + garbage, timeout=30)
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, (method, e.value.code(), e.value.details())
+        with pytest.raises(grpc.RpcError) as e:
+            lraw(b"\x0a\x04tiny" + garbage, timeout=30)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (method, e.value.code(), e.value.details())
     # a well-formed request behind the full queue: refused the same way, its tensors never copied
     with pytest.raises(grpc.RpcError) as e:
         s.ModelInfer(seg_request(pb, 16), timeout=30)
