@@ -22,7 +22,7 @@
 #   make bench-connections  10,000 idle + 4,000 slowloris connections held: a new client's latency (~1 min)
 #   make bench-churn     1,000 small models, max_models 100, Zipf(1.0): hit rate, loads/s, latency (~2 min)
 #   make bench-memory    100 MB budget, Zipf churn over 10 models: RSS vs accounted bytes vs baseline (~90 s)
-#   make bench-isolation light tenant's latency beside a heavy tenant (HTTP and gRPC; ~10 min)
+#   make bench-isolation light tenant's latency beside a heavy tenant (HTTP and gRPC; ~15 min)
 #   make bench-embed     sentence-embedding texts/s vs ONNX Runtime at batch 1, 8, 32, with and without an embedding_policy (~3 min)
 #   make install         install build/mtserve, the man page mtserve(1) and the bash completion under
 #                        PREFIX (default /usr/local; DESTDIR for staging); `make uninstall` removes

@@ -43,6 +43,14 @@ handling of the light tenant costs it. The stand-in also records how late the OS
 ("stand-in woken late": median of the rounds' p99, and the worst): a floor under the light p99
 that no server can lower, set by the machine's scheduling of the load generators beside it.
 
+Each round also runs the heavy load with the light tenant's client sending to a server that
+answers from a cache instead (FLOOR=1, the default; 0 leaves it out; bench/answer_cache.py, at
+the server's priority, answering every request the way mtserve answered the first of its kind,
+over HTTP from one epoll thread, over gRPC from Python's gRPC server on gRPC core): "light p99,
+answering cache" is what the kernel's delivery and the OS's wake-ups of two processes cost the
+light tenant beside that heavy load, with nothing computed and no other traffic in the
+answering process, the floor under the light p99 on this machine.
+
 Knobs (environment): DURATION (seconds per measured run, default 10), ROUNDS (default 3),
 PROTOCOLS (default "http,grpc"),
 LIGHT_RATE (default 200), PARTS (default "light,two-heavy": which parts to run; "modes" adds
@@ -81,6 +89,8 @@ HEAVY, LIGHT, HEAVY2 = "lipsync_unet_w8", "tiny", "seg_unet"
 HEAVY_NICE = int(os.environ.get("HEAVY_NICE", "19"))
 LIGHT_NICE = int(os.environ.get("LIGHT_NICE", "-10"))
 STANDIN = os.environ.get("STANDIN", "1") != "0"
+FLOOR = os.environ.get("FLOOR", "1") != "0"
+ANSWERERS = []  # answering caches started (stopped when main ends, however it ends)
 if LIGHT_NICE < 0 and os.geteuid() != 0:
     LIGHT_NICE = 0  # `nice` would run it at 0 anyway, with a warning
 
@@ -117,6 +127,20 @@ def start_server(tmp, env=None):
             break
         time.sleep(0.05)
     sys.exit("bench-isolation: the server did not start:\n" + errp.read_text())
+
+
+def start_answerer(proto, url, grpc):
+    """bench/answer_cache.py in front of the server for one protocol: (process, its address in
+    the form bench_cmd takes for that protocol)."""
+    upstream = url.split("//", 1)[1] if proto == "http" else grpc
+    p = subprocess.Popen([sys.executable, str(ROOT / "bench" / "answer_cache.py"), proto, upstream],
+                         stdout=subprocess.PIPE, text=True)
+    line = p.stdout.readline().split()
+    if len(line) != 2 or line[0] != "port":
+        p.kill()
+        sys.exit("bench-isolation: the answering cache did not start")
+    ANSWERERS.append(p)
+    return p, f"http://127.0.0.1:{line[1]}" if proto == "http" else f"127.0.0.1:{line[1]}"
 
 
 def bench_cmd(proto, url, grpc, model, *args):
@@ -325,18 +349,25 @@ def main():
                 srv0 = server_p99(hb, duration_buckets(url, LIGHT))
                 s_cpu, c_cpu = proc_cpu_s(server.pid) - s0, children_cpu_s() - c0
                 client_ms = 1e3 * c_cpu / max(light["requests"], 1)
+                answerer, floor_at = start_answerer(proto, url, grpc) if FLOOR else (None, None)
+                floor_args = (floor_at, floor_at) if FLOOR else None
+                if FLOOR:  # the cache's first answers come from the server; then alone
+                    run([bench_cmd(proto, *floor_args, LIGHT, "--concurrency", 1, "--duration", 1)])
+                    (fl,) = run([bench_cmd(proto, *floor_args, LIGHT, *light_args())])
                 print("| heavy load | light p50 | light p99 | light p99 from the send | light p99 in the server "
                       "(read to answer) | light p99 queued in server | light answered | "
                       "client late starts | heavy alone | heavy with light | ratio | "
                       + ("heavy beside the client stand-in | with light / with stand-in | "
                          "stand-in woken late, p99 / max | " if STANDIN else "")
-                      + "heavy compute/request |")
-                print("|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if STANDIN else ""))
+                      + ("light p99, answering cache | " if FLOOR else "") + "heavy compute/request |")
+                print("|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if STANDIN else "")
+                      + ("---|" if FLOOR else ""))
                 lat, q = light["latency_ms"], light["server_queue_ms"]
                 print(f"| none | {lat['p50']:.2f} ms | {lat['p99']:.2f} ms | "
                       f"{light['latency_from_send_ms']['p99']:.2f} ms | {fmt_bound(srv0)} | {q['p99']:.2f} ms | "
                       f"{light['ok']}/{light['requests']} | {total([late_starts(light)])} | - | - | - | "
-                      + ("- | - | - | " if STANDIN else "") + "- |", flush=True)
+                      + ("- | - | - | " if STANDIN else "")
+                      + (f"{fl['latency_ms']['p99']:.2f} ms | " if FLOOR else "") + "- |", flush=True)
                 shapes = (("closed loop, concurrency 4", ("--concurrency", 4)),
                           ("closed loop, concurrency 32", ("--concurrency", 32)),
                           (f"open loop, 5x capacity ({5 * cap:.0f}/s)", ("--rate", f"{5 * cap:.2f}",
@@ -344,7 +375,7 @@ def main():
                 for label, hargs in shapes:
                     alone, beside, p50, p99, q99, ok, sent, comp, late = [], [], [], [], [], 0, 0, [], []
                     sent99, srv99 = [], []
-                    stand, wake99, wakemax = [], [], []
+                    stand, wake99, wakemax, floor99 = [], [], [], []
                     for _ in range(ROUNDS):
                         (h,) = run([bench_cmd(proto, url, grpc, HEAVY, *hargs, "--duration", DURATION)])
                         alone.append(h["throughput_rps"])
@@ -354,6 +385,10 @@ def main():
                             stand.append(h["throughput_rps"])
                             wake99.append(si["wake_lag_ms"]["p99"])
                             wakemax.append(si["wake_lag_ms"]["max"])
+                        if FLOOR:
+                            _, fl = run([bench_cmd(proto, url, grpc, HEAVY, *hargs, "--duration", DURATION),
+                                         bench_cmd(proto, *floor_args, LIGHT, *light_args())])
+                            floor99.append(fl["latency_ms"]["p99"])
                         hb = duration_buckets(url, LIGHT)
                         h, l = run([bench_cmd(proto, url, grpc, HEAVY, *hargs, "--duration", DURATION),
                                     bench_cmd(proto, url, grpc, LIGHT, *light_args())])
@@ -379,7 +414,10 @@ def main():
                     srv = None if None in srv99 else median(srv99)
                     print(f"| {label} | {median(p50):.2f} ms | {median(p99):.2f} ms | {median(sent99):.2f} ms | "
                           f"{fmt_bound(srv)} | {median(q99):.2f} ms | {ok}/{sent} | {total(late)} | "
-                          f"{a:.2f} req/s | {b:.2f} req/s | {ratio:.3f} | {control}{median(comp):.1f} ms |", flush=True)
+                          f"{a:.2f} req/s | {b:.2f} req/s | {ratio:.3f} | {control}"
+                          + (f"{median(floor99):.2f} ms | " if FLOOR else "") + f"{median(comp):.1f} ms |", flush=True)
+                if answerer:
+                    answerer.kill()
                 nreq, cores = max(light["requests"], 1), os.cpu_count() * DURATION
                 print(f"\nThe light tenant alone cost the server {1e3 * s_cpu / nreq:.3f} ms of CPU per request "
                       f"({100 * s_cpu / cores:.1f} % of the cores) and its client, on the same cores, "
@@ -394,6 +432,9 @@ def main():
                 run([bench_cmd("http", url, grpc, h, "--concurrency", 4, "--duration", 3) for h in (HEAVY, HEAVY2)])
                 two_heavy(url, grpc)
         finally:
+            for p in ANSWERERS:
+                p.kill()
+                p.wait()
             server.terminate()
             server.wait(timeout=30)
 
