@@ -80,7 +80,7 @@ void mts__version_free(mts__version *v)
  * idle: the janitor trims them after MTS__TRIM_IDLE_S seconds without a new request. */
 #define MTS__TRIM_THRESHOLD ((size_t)64 << 20)
 #define MTS__TRIM_IDLE_S 2
-static bool g_trim = false;
+static _Atomic bool g_trim = false; /* set by every server's creation, read by janitors */
 
 void mts__alloc_policy(void)
 {
