@@ -65,7 +65,6 @@ struct mts_grpc {
     bool shutdown_started, shutdown_done;
     _Atomic int live_calls;
     mts_workq *replies; /* builds large replies off the device workers (NULL: inline) */
-    bool early_refusal; /* refuse a full model's messages before copying them (refused_early) */
     struct watcher *watchers; /* health Watch streams (under lock) */
 };
 
@@ -642,7 +641,7 @@ static bool read_message(grpc_byte_buffer_reader *r, grpc_slice first, grpc_slic
 static int refused_early(const mts__grpc_call *c, grpc_slice first, mts_err *err)
 {
     const mts__grpc_method *m = c->method;
-    if (!m->model_field || !c->g->early_refusal) return MTS_OK;
+    if (!m->model_field) return MTS_OK;
     const uint8_t *p = GRPC_SLICE_START_PTR(first), *end = p + GRPC_SLICE_LENGTH(first);
     mts__pb_field f;
     while (mts__pb_next(&p, end, &f))
@@ -1018,8 +1017,6 @@ int mts_grpc_start(mts_server *srv, const mts_grpc_opts *o, mts_grpc **out, mts_
     grpc_init();
     g->srv = srv;
     g->auth = o->auth;
-    const char *early = getenv("MTS_EARLY_REFUSAL"); /* "0": parse such messages whole (comparisons) */
-    g->early_refusal = !(early && !strcmp(early, "0"));
     pthread_mutex_init(&g->lock, NULL);
     pthread_cond_init(&g->cv, NULL);
     size_t max_msg = o->max_message ? o->max_message : (size_t)50 << 20;

@@ -113,8 +113,7 @@ int mts_rest_start(mts_server *srv, const mts_rest_opts *o, mts_rest **out, mts_
     ho.align_header = "Inference-Header-Content-Length"; /* binary tensors read in place */
     ho.handler = handler;
     ho.on_cancel = on_cancel;
-    const char *early = getenv("MTS_EARLY_REFUSAL"); /* "0": read such uploads whole (comparisons) */
-    ho.admit = early && !strcmp(early, "0") ? NULL : admit;
+    ho.admit = admit; /* mts_server_admit never refuses with MTS_EARLY_REFUSAL=0 */
     /* small exchanges get I/O threads of their own ("0": they share the listening threads) */
     const char *light = getenv("MTS_HTTP_LIGHT_IO");
     ho.light_io = !o->metrics_only && !(light && !strcmp(light, "0"));

@@ -246,6 +246,7 @@ struct mts_server {
     bool short_lane;   /* the devices run a short-work lane (MTS_SHORT_LANE=0: not) */
     bool inline_short; /* a request marked run_inline may run on its submitting thread
                         * (MTS_INLINE_SHORT=0: never) */
+    bool early_refusal; /* mts_server_admit refuses for a full queue (MTS_EARLY_REFUSAL=0: never) */
     int inline_running; /* batches running on submitting threads (shutdown waits for them) */
     int total_queued;
     int resident;

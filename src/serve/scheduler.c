@@ -303,7 +303,7 @@ static int queue_full(mts_server *s, mts__entry *e, mts_err *err)
 int mts_server_admit(mts_server *s, const char *model, size_t len, mts_err *err)
 {
     char name[256];
-    if (len == 0 || len >= sizeof name) return MTS_OK; /* submit answers such names */
+    if (!s->early_refusal || len == 0 || len >= sizeof name) return MTS_OK; /* submit answers those */
     memcpy(name, model, len);
     name[len] = '\0';
     pthread_mutex_lock(&s->lock);

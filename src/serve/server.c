@@ -120,6 +120,10 @@ int mts_server_create(const mts_config *cfg, mts_server **out, mts_err *err)
     s->short_lane = !(lane && !strcmp(lane, "0"));
     /* short work on the submitting thread is the lane's work: off with the lane */
     s->inline_short = !(inl && !strcmp(inl, "0")) && s->short_lane;
+    /* "0": the front ends read and parse such requests whole before submit refuses them
+     * (comparisons) */
+    const char *early = getenv("MTS_EARLY_REFUSAL");
+    s->early_refusal = !(early && !strcmp(early, "0"));
     int total_workers = 0;
     for (int d = 0; d < s->n_devs; d++) {
         mts__device *dev = &s->devs[d];

@@ -119,7 +119,7 @@ int mts_server_submit(mts_server *s, mts_request *req, int *retry_after_s, mts_e
 /* Whether a request for `model` (name of len bytes) would be refused for a full queue right
  * now: MTS_EFULL with submit's message (and the same rejection counted), else 0. Front ends ask
  * it before reading a large request, so that a flood they would refuse is not read at all;
- * every other check stays with mts_server_submit. */
+ * every other check stays with mts_server_submit. Always 0 with MTS_EARLY_REFUSAL=0. */
 int mts_server_admit(mts_server *s, const char *model, size_t len, mts_err *err);
 
 /* Residency control. The callback (may be NULL) fires once the operation completes, with 0 or
