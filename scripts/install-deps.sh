@@ -7,8 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DEBS=(build-essential cmake pkg-config libcmocka-dev libyaml-dev libdnnl-dev libonnx-testdata python3 python3-onnx
-      python3-numpy python3-requests python3-pytest wrk nodejs npm
-      libgrpc-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler python3-grpcio python3-grpc-tools
+      python3-numpy python3-requests python3-pytest python3-h2 wrk nodejs npm
+      libgrpc-dev libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler python3-grpcio python3-grpc-tools
       libpng-dev libjpeg62-turbo-dev zlib1g-dev python3-pil fonts-dejavu-core openssl libssl-dev
       chromium python3-websocket  # the dashboard test (headless Chromium over the DevTools protocol)
       clang-14 libclang-rt-14-dev  # the libFuzzer targets (make fuzz): clang and its fuzzer runtime

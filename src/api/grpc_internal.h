@@ -74,11 +74,16 @@ static inline void mts__grpc_tag_handoff(mts__grpc_tag *t)
  * an error when there is no such thread (the caller then runs fn itself). */
 int mts__grpc_defer(mts__grpc_call *c, void (*fn)(void *), void *arg);
 
+struct mts__h2_conn;
+struct mts__h2_stream;
+
 struct mts__grpc_call {
     mts_grpc *g;
     mts_server *srv;
     const mts__grpc_method *method;
-    grpc_call *call;
+    grpc_call *call;            /* gRPC core's call; NULL for a call of the native transport */
+    struct mts__h2_conn *h2c;   /* native: the connection (a reference held), set at creation */
+    struct mts__h2_stream *h2s; /* native: the stream, touched only by the connection's thread */
     grpc_call_details details;
     grpc_metadata_array md;
     _Atomic int refs;
@@ -142,6 +147,40 @@ bool mts__grpc_shutting_down(const mts__grpc_call *c);
  * it was unregistered first (client gone). Returns false when shutdown already began. */
 bool mts__grpc_watch_add(mts__grpc_call *c, void (*on_shutdown)(mts__grpc_call *c));
 void mts__grpc_watch_remove(mts__grpc_call *c);
+
+/* ---- the native transport (grpc_h2.c): gRPC over HTTP/2 on mtserve's own threads ---- */
+typedef struct mts__h2 mts__h2;
+/* Listens on host:port (0: ephemeral; *bound tells which) and serves calls through g. */
+int mts__h2_start(mts_grpc *g, mts_server *srv, const char *host, int port, size_t max_message, int *bound, mts__h2 **out,
+                  mts_err *err);
+/* Stops accepting and sends GOAWAY on every connection; calls in progress go on. */
+void mts__h2_stop_accepting(mts__h2 *h);
+/* Closes every connection (what is still open is cancelled), waits for their threads, frees. */
+void mts__h2_stop(mts__h2 *h);
+/* The framework's operations on a native call, called under c->lock; each is carried out on the
+ * connection's thread. finish: the reply (may be NULL, taken over) and the final status. send: one
+ * stream message (taken over). read: the next request message goes to mts__grpc_native_message.
+ * watch: the client going away reaches the call from now on (mts__grpc_native_closed). */
+void mts__h2_finish(mts__grpc_call *c, grpc_byte_buffer *reply, int code, const char *msg);
+void mts__h2_send(mts__grpc_call *c, grpc_byte_buffer *bb);
+void mts__h2_read(mts__grpc_call *c);
+void mts__h2_watch(mts__grpc_call *c);
+void mts__h2_conn_unref(struct mts__h2_conn *conn);
+
+/* The framework's side for the native transport (grpc_server.c). */
+const mts__grpc_method *mts__grpc_find_method(const char *path, size_t len);
+/* A new call (one reference: alive) of method m at `path`, with the client's metadata (taken
+ * over; its slices are the call's) and deadline (gpr_inf_future when none). NULL when out of memory. */
+mts__grpc_call *mts__grpc_native_call(mts_grpc *g, const mts__grpc_method *m, const char *path, size_t path_len,
+                                      grpc_metadata_array *md, gpr_timespec deadline);
+/* The call's checks (method known, authorization, deadline) and the start of a streaming call's
+ * reading. False when the call was failed (its status is on its way). */
+bool mts__grpc_native_begin(mts__grpc_call *c);
+/* A request message for a call: msg (its reference taken over), or NULL at the end of input.
+ * Unary: the call's one message; streaming: the answer to mts__h2_read. */
+void mts__grpc_native_message(mts__grpc_call *c, grpc_slice *msg);
+/* The client went away (or the deadline passed, `deadline`) before the call's status was sent. */
+void mts__grpc_native_closed(mts__grpc_call *c, bool deadline);
 
 /* ---- texts to an embedding model (grpc_embed.c) ---- */
 /* ModelInfer with a BYTES first input on an embedding model: answers the call (now or later),

@@ -65,6 +65,7 @@ struct mts_grpc {
     bool shutdown_started, shutdown_done;
     _Atomic int live_calls;
     mts_workq *replies; /* builds large replies off the device workers (NULL: inline) */
+    mts__h2 *native;    /* the native transport, when it serves the port (then no server, cq, slots) */
     struct watcher *watchers; /* health Watch streams (under lock) */
 };
 
@@ -371,8 +372,14 @@ void mts__grpc_call_unref(mts__grpc_call *c)
     grpc_slice_unref(c->status_details);
     free(c->close_msg);
     grpc_call_details_destroy(&c->details);
+    if (!c->call) /* the native transport's metadata: the slices are the call's */
+        for (size_t i = 0; i < c->md.count; i++) {
+            grpc_slice_unref(c->md.metadata[i].key);
+            grpc_slice_unref(c->md.metadata[i].value);
+        }
     grpc_metadata_array_destroy(&c->md);
-    grpc_call_unref(c->call);
+    if (c->call) grpc_call_unref(c->call);
+    else mts__h2_conn_unref(c->h2c);
     pthread_mutex_destroy(&c->lock);
     atomic_fetch_sub(&c->g->live_calls, 1);
     free(c);
@@ -420,6 +427,11 @@ static void on_close(mts__grpc_tag *t, bool ok);
 /* Starts watching for the call's close (RECV_CLOSE_ON_SERVER), under c->lock. */
 static void start_close_locked(mts__grpc_call *c)
 {
+    if (!c->call) {
+        c->close_with_status = false;
+        mts__h2_watch(c);
+        return;
+    }
     grpc_op op;
     memset(&op, 0, sizeof op);
     op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
@@ -444,6 +456,19 @@ static void finish_locked(mts__grpc_call *c, grpc_byte_buffer *reply, int code, 
         return;
     }
     c->finished = true;
+    if (!c->call) {
+        if (reply) {
+            c->t_reply_ms = mts_now_ms();
+            c->reply_bytes = grpc_byte_buffer_length(reply);
+        }
+        mts__h2_finish(c, reply, code, msg);
+        if (code && code != MTS_GRPC_CANCELLED)
+            mts_log(MTS_LOG_DEBUG, "grpc: %.*s -> %s: %s", (int)GRPC_SLICE_LENGTH(c->details.method),
+                    (const char *)GRPC_SLICE_START_PTR(c->details.method), mts_proto_grpc_code_name(code),
+                    msg ? msg : "");
+        mts__grpc_call_unref(c); /* the alive reference */
+        return;
+    }
     grpc_op ops[4];
     memset(ops, 0, sizeof ops);
     size_t n = 0;
@@ -531,6 +556,16 @@ static void on_sent(mts__grpc_tag *t, bool ok);
 static void pump_locked(mts__grpc_call *c)
 {
     if (c->send_in_flight || c->finished) return;
+    if (!c->call) { /* the native transport keeps the order itself */
+        for (mts__grpc_out *o = c->out_head, *n; o; o = n) {
+            n = o->next;
+            mts__h2_send(c, o->buf);
+            free(o);
+        }
+        c->out_head = c->out_tail = NULL;
+        if (c->close_pending) finish_locked(c, NULL, c->close_code, c->close_msg);
+        return;
+    }
     mts__grpc_out *o = c->out_head;
     if (o) {
         c->out_head = o->next;
@@ -650,6 +685,15 @@ static int refused_early(const mts__grpc_call *c, grpc_slice first, mts_err *err
     return MTS_OK;
 }
 
+/* Runs the method's handler on message s (its reference taken over). */
+static void handle(mts__grpc_call *c, grpc_slice s)
+{
+    handled_message = s;
+    c->method->on_message(c, GRPC_SLICE_START_PTR(s), GRPC_SLICE_LENGTH(s));
+    handled_message = grpc_empty_slice();
+    grpc_slice_unref(s);
+}
+
 /* Hands a call's next request message (bb, taken over; NULL: the client sent no more) to its
  * method's handler. ok false: the read failed (the call is gone). */
 static void deliver(mts__grpc_call *c, bool ok, grpc_byte_buffer *bb)
@@ -690,10 +734,7 @@ static void deliver(mts__grpc_call *c, bool ok, grpc_byte_buffer *bb)
             mts__grpc_fail(c, MTS_GRPC_RESOURCE_EXHAUSTED, "out of memory reading the request message");
             return;
         }
-        handled_message = s;
-        m->on_message(c, GRPC_SLICE_START_PTR(s), GRPC_SLICE_LENGTH(s));
-        handled_message = grpc_empty_slice();
-        grpc_slice_unref(s);
+        handle(c, s);
     }
 }
 
@@ -713,6 +754,11 @@ static void on_read(mts__grpc_tag *t, bool ok)
 void mts__grpc_read_locked(mts__grpc_call *c)
 {
     if (c->reading || c->finished || atomic_load(&c->cancelled)) return;
+    if (!c->call) {
+        c->reading = true;
+        mts__h2_read(c);
+        return;
+    }
     grpc_op op;
     memset(&op, 0, sizeof op);
     op.op = GRPC_OP_RECV_MESSAGE;
@@ -766,15 +812,22 @@ static void on_close(mts__grpc_tag *t, bool ok)
 static const mts__grpc_method *const method_tables[] = {mts__grpc_kserve_methods, mts__grpc_lipsync_methods,
                                                         mts__grpc_health_methods, mts__grpc_reflection_methods};
 
-static const mts__grpc_method *find_method(grpc_slice path)
+const mts__grpc_method *mts__grpc_find_method(const char *path, size_t len)
 {
     for (size_t k = 0; k < sizeof method_tables / sizeof method_tables[0]; k++)
         for (const mts__grpc_method *m = method_tables[k]; m->path; m++)
-            if (grpc_slice_str_cmp(path, m->path) == 0) return m;
+            if (strlen(m->path) == len && !memcmp(m->path, path, len)) return m;
     return NULL;
 }
 
+static const mts__grpc_method *find_method(grpc_slice path)
+{
+    return mts__grpc_find_method((const char *)GRPC_SLICE_START_PTR(path), GRPC_SLICE_LENGTH(path));
+}
+
 static void arm_slot(request_slot *s);
+static bool call_checks(mts__grpc_call *c);
+static mts__grpc_call *call_alloc(mts_grpc *g);
 
 static void on_new_call(mts__grpc_tag *t, bool ok)
 {
@@ -792,7 +845,7 @@ static void on_new_call(mts__grpc_tag *t, bool ok)
         s->details.method = grpc_slice_from_static_string(s->method->path);
         s->details.deadline = s->deadline;
     }
-    mts__grpc_call *c = calloc(1, sizeof *c);
+    mts__grpc_call *c = call_alloc(g);
     if (!c) {
         if (payload) grpc_byte_buffer_destroy(payload);
         grpc_call_cancel_with_status(s->call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory", NULL);
@@ -802,19 +855,9 @@ static void on_new_call(mts__grpc_tag *t, bool ok)
         arm_slot(s);
         return;
     }
-    c->g = g;
-    c->srv = g->srv;
     c->call = s->call;
     c->details = s->details;
     c->md = s->md;
-    c->status_details = grpc_empty_slice();
-    atomic_init(&c->refs, 1); /* alive */
-    pthread_mutex_init(&c->lock, NULL);
-    c->t_close = (mts__grpc_tag){on_close, c, 0};
-    c->t_recv = (mts__grpc_tag){on_read, c, 0};
-    c->t_send = (mts__grpc_tag){on_sent, c, 0};
-    c->t_status = (mts__grpc_tag){on_status_sent, c, 0};
-    atomic_fetch_add(&g->live_calls, 1);
 
     c->method = s->method ? s->method : find_method(c->details.method);
     bool registered = s->method != NULL;
@@ -831,10 +874,29 @@ static void on_new_call(mts__grpc_tag *t, bool ok)
         start_close_locked(c);
         pthread_mutex_unlock(&c->lock);
     }
+    if (!call_checks(c)) {
+        if (payload) grpc_byte_buffer_destroy(payload);
+        return;
+    }
+    if (!registered) {
+        mts__grpc_read(c);
+        return;
+    }
+    mts__grpc_call_ref(c); /* the message's, as a read's */
+    c->t_read_ms = mts_now_ms();
+    deliver(c, true, payload);
+    mts__grpc_call_unref(c);
+}
+
+/* A new call's checks: its method is known, its authorization covers the method's scope, its
+ * deadline has not passed. False when the call was failed for one of them. */
+static bool call_checks(mts__grpc_call *c)
+{
+    mts_grpc *g = c->g;
     if (!c->method) {
         mts__grpc_fail(c, MTS_GRPC_UNIMPLEMENTED, "method %.*s is not implemented by mtserve",
                        (int)GRPC_SLICE_LENGTH(c->details.method), (const char *)GRPC_SLICE_START_PTR(c->details.method));
-        return;
+        return false;
     }
     if (g->auth && c->method->scope != MTS_SCOPE_OPEN) {
         const char *v = NULL;
@@ -850,24 +912,93 @@ static void on_new_call(mts__grpc_tag *t, bool ok)
         mts_err e = {0};
         int rc = mts_auth_check(g->auth, v, vlen, c->method->scope, &e);
         if (rc) {
-            if (payload) grpc_byte_buffer_destroy(payload);
             mts__grpc_fail(c, mts_proto_grpc_code(rc), "%s", e.msg);
-            return;
+            return false;
         }
     }
     if (mts__grpc_timeout_us(c) < 0) {
-        if (payload) grpc_byte_buffer_destroy(payload);
         mts__grpc_fail(c, MTS_GRPC_DEADLINE_EXCEEDED, "the deadline passed before the call started");
-        return;
+        return false;
     }
-    if (!registered) {
-        mts__grpc_read(c);
-        return;
+    return true;
+}
+
+/* ---- the native transport's calls ---- */
+
+/* A call object with its tags and counters set; one reference (alive). */
+static mts__grpc_call *call_alloc(mts_grpc *g)
+{
+    mts__grpc_call *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    c->g = g;
+    c->srv = g->srv;
+    c->status_details = grpc_empty_slice();
+    atomic_init(&c->refs, 1); /* alive */
+    pthread_mutex_init(&c->lock, NULL);
+    c->t_close = (mts__grpc_tag){on_close, c, 0};
+    c->t_recv = (mts__grpc_tag){on_read, c, 0};
+    c->t_send = (mts__grpc_tag){on_sent, c, 0};
+    c->t_status = (mts__grpc_tag){on_status_sent, c, 0};
+    atomic_fetch_add(&g->live_calls, 1);
+    return c;
+}
+
+mts__grpc_call *mts__grpc_native_call(mts_grpc *g, const mts__grpc_method *m, const char *path, size_t path_len,
+                                      grpc_metadata_array *md, gpr_timespec deadline)
+{
+    mts__grpc_call *c = call_alloc(g);
+    if (!c) return NULL;
+    grpc_call_details_init(&c->details);
+    c->details.method = grpc_slice_from_copied_buffer(path, path_len);
+    c->details.deadline = deadline;
+    c->md = *md;
+    grpc_metadata_array_init(md);
+    c->method = m;
+    /* as for gRPC core's calls: a unary call watches for the client going away only when its
+     * handler acts on it, and a lazy_close one only once the handler asks */
+    c->close_with_status = m && !m->streaming && (!m->on_cancel || m->lazy_close);
+    return c;
+}
+
+bool mts__grpc_native_begin(mts__grpc_call *c)
+{
+    if (!c->close_with_status) {
+        pthread_mutex_lock(&c->lock);
+        start_close_locked(c);
+        pthread_mutex_unlock(&c->lock);
     }
-    mts__grpc_call_ref(c); /* the message's, as a read's */
+    if (!call_checks(c)) return false;
+    if (c->method->streaming) mts__grpc_read(c);
+    return true;
+}
+
+void mts__grpc_native_message(mts__grpc_call *c, grpc_slice *msg)
+{
+    mts__grpc_call_ref(c); /* held while the handler runs */
+    pthread_mutex_lock(&c->lock);
+    c->reading = false;
     c->t_read_ms = mts_now_ms();
-    deliver(c, true, payload);
+    pthread_mutex_unlock(&c->lock);
+    if (atomic_load(&c->cancelled)) {
+        if (msg) grpc_slice_unref(*msg);
+        mts__grpc_fail(c, MTS_GRPC_CANCELLED, "cancelled");
+    } else if (msg) {
+        handle(c, *msg);
+    } else if (c->method->streaming) {
+        if (c->method->on_half_close) c->method->on_half_close(c);
+        else mts__grpc_fail(c, MTS_GRPC_OK, "%s", "");
+    } else {
+        mts__grpc_fail(c, MTS_GRPC_INVALID_ARGUMENT, "the call carried no request message");
+    }
     mts__grpc_call_unref(c);
+}
+
+void mts__grpc_native_closed(mts__grpc_call *c, bool deadline)
+{
+    atomic_store(&c->cancelled, true);
+    if (c->method && c->method->on_cancel) c->method->on_cancel(c);
+    mts__grpc_fail(c, deadline ? MTS_GRPC_DEADLINE_EXCEEDED : MTS_GRPC_CANCELLED,
+                   deadline ? "deadline exceeded" : "cancelled by the client");
 }
 
 static void arm_slot(request_slot *s)
@@ -1010,8 +1141,35 @@ static void grpc_core_log(gpr_log_func_args *a)
     mts_log(lvl, "event=grpc_core file=%s:%d %s", a->file ? a->file : "?", a->line, a->message ? a->message : "");
 }
 
+/* Whether the native transport serves the port: o->transport, else $MTS_GRPC_TRANSPORT, else
+ * the default (native); TLS is gRPC core's. */
+static int choose_native(const mts_grpc_opts *o, bool *native, mts_err *err)
+{
+    const char *t = o->transport && o->transport[0] ? o->transport : getenv("MTS_GRPC_TRANSPORT");
+    if (!t || !t[0]) t = "native";
+    if (strcmp(t, "native") && strcmp(t, "core"))
+        return mts_err_set(err, MTS_EINVAL, "gRPC transport '%s': expected native or core", t);
+    *native = !strcmp(t, "native") && !o->tls_cert;
+    return MTS_OK;
+}
+
+/* Starts the native transport on the port (no gRPC core server). */
+static int start_native(mts_grpc *g, const mts_grpc_opts *o, size_t max_msg, mts_err *err)
+{
+    int rc = mts__h2_start(g, g->srv, o->host ? o->host : "127.0.0.1", o->port, max_msg, &g->port, &g->native, err);
+    if (rc) return rc;
+    mts_err qerr = {0};
+    if (mts_workq_create(1, 0, "mts-grpc-reply", &g->replies, &qerr)) g->replies = NULL;
+    MTS_INFO("event=grpc_listening addr=%s:%d max_message=%zu transport=native tls=off",
+             o->host ? o->host : "127.0.0.1", g->port, max_msg);
+    return MTS_OK;
+}
+
 int mts_grpc_start(mts_server *srv, const mts_grpc_opts *o, mts_grpc **out, mts_err *err)
 {
+    bool native = false;
+    int crc = choose_native(o, &native, err);
+    if (crc) return crc;
     mts_grpc *g = calloc(1, sizeof *g);
     if (!g) return mts_err_set(err, MTS_ENOMEM, "out of memory");
     grpc_init();
@@ -1021,6 +1179,18 @@ int mts_grpc_start(mts_server *srv, const mts_grpc_opts *o, mts_grpc **out, mts_
     pthread_cond_init(&g->cv, NULL);
     size_t max_msg = o->max_message ? o->max_message : (size_t)50 << 20;
     if (max_msg > INT_MAX) max_msg = INT_MAX;
+    if (native) {
+        int rc = start_native(g, o, max_msg, err);
+        if (rc) {
+            pthread_mutex_destroy(&g->lock);
+            pthread_cond_destroy(&g->cv);
+            free(g);
+            grpc_shutdown();
+            return rc;
+        }
+        *out = g;
+        return MTS_OK;
+    }
     grpc_arg args[] = {
         {.type = GRPC_ARG_INTEGER, .key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, .value.integer = (int)max_msg},
         {.type = GRPC_ARG_INTEGER, .key = (char *)GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, .value.integer = -1},
@@ -1069,7 +1239,7 @@ int mts_grpc_start(mts_server *srv, const mts_grpc_opts *o, mts_grpc **out, mts_
     g->n_threads = o->threads > 0 ? (o->threads > MTS_GRPC_MAX_THREADS ? MTS_GRPC_MAX_THREADS : o->threads) : 2;
     for (int i = 0; i < g->n_threads; i++)
         if (pthread_create(&g->threads[i], NULL, poll_main, g) == 0) pthread_setname_np(g->threads[i], "mts-grpc");
-    MTS_INFO("event=grpc_listening addr=%s:%d max_message=%zu threads=%d tls=%s", o->host ? o->host : "127.0.0.1",
+    MTS_INFO("event=grpc_listening addr=%s:%d max_message=%zu transport=core threads=%d tls=%s", o->host ? o->host : "127.0.0.1",
              g->port, max_msg, g->n_threads, o->tls_cert ? (o->tls_client_ca ? "mutual" : "on") : "off");
     *out = g;
     return MTS_OK;
@@ -1096,6 +1266,10 @@ void mts_grpc_stop_accepting(mts_grpc *g)
         free(ws);
         ws = next;
     }
+    if (g->native) {
+        if (start) mts__h2_stop_accepting(g->native);
+        return;
+    }
     if (start) mts__grpc_tag_handoff(&g->t_shutdown);
     if (start) grpc_server_shutdown_and_notify(g->server, g->cq, &g->t_shutdown);
 }
@@ -1115,6 +1289,21 @@ void mts_grpc_stop(mts_grpc *g)
     /* Answers already queued (health watchers' NOT_SERVING, calls the core failed at shutdown)
      * get up to a second to go out before whatever is still open is cancelled. */
     for (int i = 0; i < 100 && atomic_load(&g->live_calls) > 0; i++) nanosleep(&(struct timespec){0, 10000000}, NULL);
+    if (g->native) {
+        mts__h2_stop(g->native);
+        /* every stream is gone; what holds a call now is a handler finishing it */
+        for (int i = 0; i < 1000 && atomic_load(&g->live_calls) > 0; i++)
+            nanosleep(&(struct timespec){0, 10000000}, NULL);
+        if (atomic_load(&g->live_calls) > 0) { /* kept, not freed under them */
+            MTS_WARN("grpc: %d calls still open after 10 s; stopping anyway", atomic_load(&g->live_calls));
+            return;
+        }
+        pthread_mutex_destroy(&g->lock);
+        pthread_cond_destroy(&g->cv);
+        free(g);
+        grpc_shutdown();
+        return;
+    }
     grpc_server_cancel_all_calls(g->server);
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);

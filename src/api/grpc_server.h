@@ -25,6 +25,10 @@ typedef struct mts_grpc_opts {
     const char *tls_cert, *tls_key, *tls_client_ca;
     const mts_auth *auth; /* bearer tokens (auth.h) checked on the `authorization` metadata; NULL:
                            * every method open. Must outlive the server */
+    /* "native": HTTP/2 on mtserve's own threads, one per connection (grpc_h2.c); "core": gRPC
+     * core's server and polling threads. NULL: $MTS_GRPC_TRANSPORT, else native. TLS is always
+     * gRPC core's. */
+    const char *transport;
 } mts_grpc_opts;
 
 /* Binds, starts the polling threads and returns. On failure nothing is left running. */

@@ -882,10 +882,12 @@ int mts_cli_serve(int argc, char **argv)
                         cfg.tls_cert_path,
                         cfg.tls_key_path,
                         cfg.tls_client_ca_path,
-                        auth};
+                        auth,
+                        cfg.grpc_transport};
     mts_grpc *grpc = NULL;
     if ((rc = mts_grpc_start(srv, &go, &grpc, &err))) {
-        fprintf(stderr, "mtserve: gRPC: %s (choose another port with --grpc-port)\n", err.msg);
+        fprintf(stderr, "mtserve: gRPC: %s%s\n", err.msg,
+                rc == MTS_EIO ? " (choose another port with --grpc-port)" : "");
         mts_rest_stop_accepting(http);
         if (metrics) mts_rest_stop_accepting(metrics);
         mts_server_shutdown(srv, 0);

@@ -312,7 +312,7 @@ static const char *const server_keys[] = {
     "port", "http_port", "host", "max_message_size_mb", "worker_count", "worker_count_per_gpu", "queue_size",
     "max_queue_total", "default_timeout_ms", "shutdown_grace_s", "max_connections", "max_connections_per_client",
     "http_threads", "keepalive_timeout_s", "header_timeout_s", "tls_cert_path", "tls_key_path",
-    "tls_client_ca_path", "auth_token_file"};
+    "tls_client_ca_path", "auth_token_file", "grpc_transport"};
 static const char *const gpus_keys[] = {"count", "memory_gb_per_gpu", "assignment_strategy", "worker_count_per_gpu",
                                         "threads_per_gpu"};
 static const char *const capacity_keys[] = {"max_models", "max_memory_gb", "eviction_policy", "idle_timeout_minutes",
@@ -623,6 +623,12 @@ static int server_key(pctx *x, const char *key, const char *full, const ynode *k
     else if (strcmp(key, "tls_key_path") == 0) rc = get_path(x, v, full, &c->tls_key_path);
     else if (strcmp(key, "tls_client_ca_path") == 0) rc = get_path(x, v, full, &c->tls_client_ca_path);
     else if (strcmp(key, "auth_token_file") == 0) rc = get_path(x, v, full, &c->auth_token_file);
+    else if (strcmp(key, "grpc_transport") == 0) {
+        static const char *const names[] = {"native", "core"};
+        int i;
+        rc = get_enum(x, v, full, names, 2, &i);
+        if (rc == 1) c->grpc_transport = i == 0 ? "native" : "core";
+    }
     else warn_unknown(x, k, full, KEYS(server_keys));
     return rc < 0 ? rc : MTS_OK;
 }

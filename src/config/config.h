@@ -107,6 +107,8 @@ typedef struct mts_config {
     char *tls_key_path;        /* server.tls_key_path: its PEM private key */
     char *tls_client_ca_path;  /* server.tls_client_ca_path: when set, clients must present a cert it signed */
     char *auth_token_file;     /* server.auth_token_file: bearer tokens and their scopes (api/auth.h) */
+    const char *grpc_transport; /* server.grpc_transport: "native" or "core" (static text); NULL: the
+                                 * environment's MTS_GRPC_TRANSPORT, else native (api/grpc_server.h) */
     mts_model_control model_control; /* --model-control-mode; default MTS_CONTROL_AUTO */
     int repository_poll_s;     /* --repository-poll-secs (poll mode); default 15 */
     /* devices (the documents' gpus section maps onto CPU devices) */

@@ -342,6 +342,17 @@ static void test_values_and_forms(void **state)
     assert_int_equal(c.grpc_port, 7001);
     mts_config_free(&c);
 
+    /* The gRPC transport: native or core; unset leaves it to the environment (NULL). */
+    assert_int_equal(parse("server:\n  grpc_transport: core\n", "x", &c, &w, &err), MTS_OK);
+    assert_string_equal(c.grpc_transport, "core");
+    mts_config_free(&c);
+    assert_int_equal(parse("server:\n  port: 7002\n", "x", &c, &w, &err), MTS_OK);
+    assert_null(c.grpc_transport);
+    mts_config_free(&c);
+    assert_int_not_equal(parse("server:\n  grpc_transport: quic\n", "x", &c, &w, &err), MTS_OK);
+    assert_non_null(strstr(err.msg, "grpc_transport"));
+    mts_config_free(&c);
+
     /* Empty and comment-only files give the defaults; defaults derive max_memory_gb from RAM. */
     assert_int_equal(parse("", "x", &c, &w, &err), MTS_OK);
     assert_int_equal(mts_config_finalize(&c, &err), MTS_OK);
