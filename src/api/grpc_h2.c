@@ -21,9 +21,10 @@
  * their call, dropped on the connection's thread. A connection holds a reference per call made on
  * it; its thread frees it only when the socket is closed and no call refers to it any more.
  *
- * Not covered (gRPC core covers them, mtserve uses it for TLS): compressed messages (answered
- * UNIMPLEMENTED; responses advertise identity only), server-initiated keepalive pings (clients'
- * pings are answered), binary (-bin) metadata is passed on still base64-encoded.
+ * Compressed request messages (grpc-encoding gzip or deflate) are decompressed whole, bounded by
+ * the message limit; responses go uncompressed. Not covered (gRPC core, which serves TLS, has
+ * them): server-initiated keepalive pings (clients' pings are answered); binary (-bin) metadata
+ * reaches the handlers still base64-encoded (none of them reads any).
  */
 #include "api/grpc_internal.h"
 #include "util/clock.h"
@@ -44,6 +45,8 @@
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <zlib.h>
 
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
@@ -103,6 +106,7 @@ typedef struct mts__h2_stream {
     size_t pfx_have;
     uint8_t *buf;
     size_t len, have, cap; /* declared length, bytes read, buffer size */
+    bool compressed; /* the message's flag: gzip or deflate per grpc-encoding */
     bool admitted; /* its window is open to the whole message */
     size_t held;   /* bytes read before admission, not yet given back to the stream's window */
     int n_msgs;
@@ -341,7 +345,7 @@ static void start_output(h2_conn *conn, h2_stream *s)
             return;
         }
         nghttp2_nv nv[] = {NV(":status", "200", 3), NV("content-type", "application/grpc", 16),
-                           NV("grpc-accept-encoding", "identity", 8)};
+                           NV("grpc-accept-encoding", "identity,deflate,gzip", 21)};
         nghttp2_data_provider prd = {.source.ptr = s, .read_callback = read_out};
         s->headers_sent = true;
         nghttp2_submit_response(conn->sess, s->id, nv, sizeof nv / sizeof nv[0], &prd);
@@ -455,10 +459,81 @@ static bool make_call(h2_conn *conn, h2_stream *s)
     return mts__grpc_native_begin(c);
 }
 
+/* in[0..len) decompressed (gzip, or deflate in its zlib wrapper) into a block of its own of at
+ * most max bytes; NULL with msg set (and *code) when it is not such data or comes out larger. */
+static uint8_t *inflate_message(const uint8_t *in, size_t len, size_t max, size_t *out_len, int *code, char *msg,
+                                size_t msglen)
+{
+    z_stream z;
+    memset(&z, 0, sizeof z);
+    *code = MTS_GRPC_RESOURCE_EXHAUSTED;
+    if (inflateInit2(&z, 15 + 32) != Z_OK) {
+        snprintf(msg, msglen, "out of memory decompressing the request message");
+        return NULL;
+    }
+    size_t cap = len < 16384 ? 65536 : len * 4, have = 0;
+    if (cap > max) cap = max ? max : 1;
+    uint8_t *out = mts_iobuf_alloc(cap);
+    z.next_in = (Bytef *)in;
+    z.avail_in = (uInt)len;
+    while (out) {
+        z.next_out = out + have;
+        z.avail_out = (uInt)(cap - have);
+        int rc = inflate(&z, Z_NO_FLUSH);
+        have = cap - z.avail_out;
+        if (rc == Z_STREAM_END) {
+            if (z.avail_in) {
+                *code = MTS_GRPC_INTERNAL;
+                snprintf(msg, msglen, "%u bytes after the end of the compressed request message", z.avail_in);
+                break;
+            }
+            inflateEnd(&z);
+            *out_len = have;
+            return out;
+        }
+        if (rc != Z_OK && !(rc == Z_BUF_ERROR && z.avail_in && !z.avail_out)) {
+            *code = MTS_GRPC_INTERNAL;
+            snprintf(msg, msglen, "cannot decompress the request message (grpc-encoding): %s",
+                     rc == Z_BUF_ERROR ? "it is cut short" : z.msg ? z.msg : "invalid data");
+            break;
+        }
+        if (!z.avail_out) {
+            if (cap >= max) {
+                snprintf(msg, msglen, "Received message larger than max (decompressed beyond %zu bytes)", max);
+                break;
+            }
+            size_t want = cap * 2 < max ? cap * 2 : max;
+            uint8_t *nb = mts_iobuf_grow(out, have, want);
+            if (!nb) {
+                snprintf(msg, msglen, "out of memory decompressing the request message");
+                break;
+            }
+            out = nb;
+            cap = want;
+        }
+    }
+    if (!out) snprintf(msg, msglen, "out of memory decompressing the request message");
+    inflateEnd(&z);
+    mts_iobuf_free(out);
+    return NULL;
+}
+
 /* A whole request message has been read into s->buf. */
 static void message_done(h2_conn *conn, h2_stream *s)
 {
-    grpc_slice sl = grpc_slice_new_with_user_data(s->buf, s->len, iobuf_release, s->buf);
+    size_t len = s->len;
+    if (s->compressed) {
+        char why[256];
+        int code;
+        uint8_t *plain = inflate_message(s->buf, s->len, conn->h->max_msg, &len, &code, why, sizeof why);
+        mts_iobuf_free(s->buf);
+        s->buf = plain;
+        if (!plain) {
+            respond(conn, s, 200, code, "%s", why);
+            return;
+        }
+    }
+    grpc_slice sl = grpc_slice_new_with_user_data(s->buf, len, iobuf_release, s->buf);
     s->buf = NULL;
     s->pfx_have = 0;
     s->admitted = false;
@@ -553,10 +628,14 @@ static int on_data(nghttp2_session *sess, uint8_t flags, int32_t id, const uint8
                 respond(conn, s, 200, MTS_GRPC_INTERNAL, "invalid gRPC message flags 0x%02x", s->pfx[0]);
                 break;
             }
-            if (s->pfx[0] == 1) {
+            s->compressed = s->pfx[0] == 1;
+            if (s->compressed && !s->encoding[0]) {
+                respond(conn, s, 200, MTS_GRPC_INTERNAL, "a compressed message without grpc-encoding");
+                break;
+            }
+            if (s->compressed && strcmp(s->encoding, "gzip") && strcmp(s->encoding, "deflate")) {
                 respond(conn, s, 200, MTS_GRPC_UNIMPLEMENTED,
-                        "compressed request messages (grpc-encoding %s) are not supported; send them uncompressed",
-                        s->encoding[0] ? s->encoding : "none");
+                        "grpc-encoding %s is not supported (gzip, deflate and identity are)", s->encoding);
                 break;
             }
             if (mlen > conn->h->max_msg) {

@@ -5,6 +5,7 @@ rest of the message is never sent; the same message for a model with room gets i
 to the whole message; malformed gRPC framing, headers and HTTP/2 get a status (or GOAWAY) that says
 what is wrong, and the server keeps serving; the gRPC core transport (MTS_GRPC_TRANSPORT=core)
 still serves the same methods."""
+import gzip
 import socket
 import struct
 import time
@@ -149,10 +150,21 @@ def test_bad_framing_and_headers(start_server, pb):
     sid = raw.start(KS + "ServerLive")
     raw.send(sid, b"\x02\x00\x00\x00\x00", end=True)
     cases.append((sid, 13, "invalid gRPC message flags 0x02"))
-    # a compressed message
+    # compressed messages: not gzip data, an encoding the server does not know, no encoding named,
+    # and more than the message limit once decompressed
     sid = raw.start(KS + "ServerLive", extra=[("grpc-encoding", "gzip")])
     raw.send(sid, b"\x01\x00\x00\x00\x02ab", end=True)
-    cases.append((sid, 12, "compressed request messages (grpc-encoding gzip) are not supported"))
+    cases.append((sid, 13, "cannot decompress the request message"))
+    sid = raw.start(KS + "ServerLive", extra=[("grpc-encoding", "br")])
+    raw.send(sid, b"\x01\x00\x00\x00\x02ab", end=True)
+    cases.append((sid, 12, "grpc-encoding br is not supported"))
+    sid = raw.start(KS + "ServerLive")
+    raw.send(sid, b"\x01\x00\x00\x00\x02ab", end=True)
+    cases.append((sid, 13, "a compressed message without grpc-encoding"))
+    bomb = gzip.compress(bytes(3 << 20))
+    sid = raw.start(KS + "ServerLive", extra=[("grpc-encoding", "gzip")])
+    raw.send(sid, struct.pack(">BI", 1, len(bomb)) + bomb, end=True)
+    cases.append((sid, 8, "larger than max (decompressed beyond 1048576 bytes)"))
     # a declared length over server.max_message_size_mb, refused before any of it is read
     sid = raw.start(KS + "ModelInfer")
     raw.send(sid, struct.pack(">BI", 0, 2 << 20) + b"\x0a\x04tiny")
@@ -182,7 +194,7 @@ def test_bad_framing_and_headers(start_server, pb):
     for sid, code, words in cases:
         got, msg, headers = raw.status(sid)
         assert got == code and words in msg, (words, got, msg)
-    ct = [e for e in raw.events if isinstance(e, h2.events.ResponseReceived) and e.stream_id == cases[6][0]]
+    ct = [e for e in raw.events if isinstance(e, h2.events.ResponseReceived) and e.stream_id == cases[9][0]]
     assert dict(ct[0].headers)[":status"] == "415"
     # a good call on the same connection still works
     sid = raw.start(KS + "ServerLive")
