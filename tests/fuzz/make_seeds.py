@@ -269,6 +269,51 @@ def grpc(d):
     enc("composite_bad_format", "CompositeBatchRequest", 'model_id: "lip" batch_size: 26 format: "gif" jpeg_quality: -1', 2)
 
 
+def grpc_h2(d):
+    """What a client sends after the HTTP/2 preface (tests/fuzz/fuzz_grpc_h2.c), written by
+    python3-h2: unary and streaming calls with whole, split, compressed and cut-short messages,
+    a cancelled stream, pings and window updates."""
+    import gzip
+    import h2.config
+    import h2.connection
+    proto = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "proto")
+    infer = subprocess.run(["protoc", "--encode=inference.ModelInferRequest", "-I", proto, "inference_kserve.proto"],
+                           input=b'model_name: "tiny" inputs { name: "x" datatype: "FP32" shape: [1, 4] } '
+                                 b'raw_input_contents: "\\000\\000\\200?\\000\\000\\200?\\000\\000\\200?'
+                                 b'\\000\\000\\200?"',
+                           stdout=subprocess.PIPE, check=True).stdout
+
+    def frame(msg, flag=0):
+        return bytes([flag]) + len(msg).to_bytes(4, "big") + msg
+
+    def session(name, calls):
+        c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        c.initiate_connection()
+        for path, body, extra, end in calls:
+            sid = c.get_next_available_stream_id()
+            c.send_headers(sid, [(":method", "POST"), (":scheme", "http"), (":path", path), (":authority", "f"),
+                                 ("content-type", "application/grpc"), ("te", "trailers"), ("grpc-timeout", "2S"),
+                                 *extra])
+            for i in range(0, len(body), 7000):
+                c.send_data(sid, body[i:i + 7000])
+            if end:
+                c.end_stream(sid)
+            elif end is None:
+                c.reset_stream(sid)
+        c.ping(b"12345678")
+        c.increment_flow_control_window(1 << 20)
+        put(d, name, c.data_to_send()[24:])  # without the preface the target sends itself
+
+    ks = "/inference.GRPCInferenceService/"
+    session("live", [(ks + "ServerLive", frame(b""), (), True)])
+    session("infer", [(ks + "ModelInfer", frame(infer), (), True)])
+    session("infer_gzip", [(ks + "ModelInfer", frame(gzip.compress(infer), 1), [("grpc-encoding", "gzip")], True)])
+    session("stream", [(ks + "ModelStreamInfer", frame(infer) * 3, (), True)])
+    session("mixed", [(ks + "ModelInfer", frame(infer)[:20], (), True), (ks + "ModelMetadata", frame(b"\x0a\x04tiny"),
+                      (), None), ("/grpc.health.v1.Health/Check", frame(b""), (), True),
+                      (ks + "ModelInfer", frame(infer + bytes(20000)), (), False)])
+
+
 def kserve_infer(d):
     """First line: Inference-Header-Content-Length ("-": none); then the body
     (tests/fuzz/fuzz_kserve_infer.c)."""
@@ -354,7 +399,7 @@ def main():
     root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
     for name, fn in (("fuzz_http", http), ("fuzz_json", json_), ("fuzz_multipart", multipart), ("fuzz_pbtxt", pbtxt),
                      ("fuzz_yaml_config", yaml), ("fuzz_npy", npy), ("fuzz_image", image), ("fuzz_onnx", onnx_),
-                     ("fuzz_tensor_pb", tensor_pb), ("fuzz_grpc", grpc),
+                     ("fuzz_tensor_pb", tensor_pb), ("fuzz_grpc", grpc), ("fuzz_grpc_h2", grpc_h2),
                      ("fuzz_kserve_infer", kserve_infer),
                      ("fuzz_triton_repo", pbtxt), ("fuzz_tokenizer", tokenizer),
                      ("fuzz_gguf", gguf)):
