@@ -1156,10 +1156,13 @@ static int choose_native(const mts_grpc_opts *o, bool *native, mts_err *err)
 /* Starts the native transport on the port (no gRPC core server). */
 static int start_native(mts_grpc *g, const mts_grpc_opts *o, size_t max_msg, mts_err *err)
 {
-    int rc = mts__h2_start(g, g->srv, o->host ? o->host : "127.0.0.1", o->port, max_msg, &g->port, &g->native, err);
-    if (rc) return rc;
-    mts_err qerr = {0};
+    mts_err qerr = {0}; /* before the first call can arrive */
     if (mts_workq_create(1, 0, "mts-grpc-reply", &g->replies, &qerr)) g->replies = NULL;
+    int rc = mts__h2_start(g, g->srv, o->host ? o->host : "127.0.0.1", o->port, max_msg, &g->port, &g->native, err);
+    if (rc) {
+        mts_workq_destroy(g->replies);
+        return rc;
+    }
     MTS_INFO("event=grpc_listening addr=%s:%d max_message=%zu transport=native tls=off",
              o->host ? o->host : "127.0.0.1", g->port, max_msg);
     return MTS_OK;
