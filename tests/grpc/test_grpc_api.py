@@ -401,16 +401,23 @@ def test_queue_full_resource_exhausted(start_server, pb):
     assert codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) >= 1 and codes.count(grpc.StatusCode.OK) >= 2, codes
 
 
-def test_queue_full_refused_before_parsing(start_server, pb):
-    """A full queue is answered from the message's first bytes: a message naming a model whose
-    queue is full is refused with RESOURCE_EXHAUSTED even when the rest of it would not parse, and
-    the same malformed message for a model with room is parsed and rejected as malformed."""
+def full_seg_queue(start_server, pb):
+    """A server whose seg (one batch at a time, queue_size 2) has a full queue: one request running
+    and two queued. Returns the server, a KServe stub and the three calls' futures."""
     srv = start_server({"seg": {"model_path": str(SEG), "queue_size": 2, "max_batch": 16, **SLOW},
                         "tiny": {"model_path": str(TINY)}})
     s = ks(srv, pb)
     s.RepositoryModelLoad(pb.ks.RepositoryModelLoadRequest(model_name="seg"))
     futures = [s.ModelInfer.future(seg_request(pb, 16), timeout=120) for _ in range(3)]
     wait_queued(srv, pb, "seg", 2)
+    return srv, s, futures
+
+
+def test_queue_full_refused_before_parsing(start_server, pb):
+    """A full queue is answered from the message's first bytes: a message naming a model whose
+    queue is full is refused with RESOURCE_EXHAUSTED even when the rest of it would not parse, and
+    the same malformed message for a model with room is parsed and rejected as malformed."""
+    srv, s, futures = full_seg_queue(start_server, pb)
     raw = srv.channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
     garbage = b"\x3f\xff\xff"  # field 7 with wire type 7: no protobuf message
     with pytest.raises(grpc.RpcError) as e:

@@ -12,13 +12,13 @@ import time
 
 import grpc
 import h2.config
-import numpy as np
 import h2.connection
 import h2.events
+import numpy as np
 import pytest
 
-from conftest import SEG, TINY, tiny_request
-from test_grpc_api import SLOW, ks, seg_request, wait_queued
+from conftest import tiny_request
+from test_grpc_api import full_seg_queue, ks
 
 KS = "/inference.GRPCInferenceService/"
 X = np.arange(32, dtype=np.float32).reshape(2, 16) / 32
@@ -111,12 +111,7 @@ def big_infer_message(model, total):
 
 
 def test_full_queue_refused_before_the_body(start_server, pb):
-    srv = start_server({"seg": {"model_path": str(SEG), "queue_size": 2, "max_batch": 16, **SLOW},
-                        "tiny": {"model_path": str(TINY)}})
-    s = ks(srv, pb)
-    s.RepositoryModelLoad(pb.ks.RepositoryModelLoadRequest(model_name="seg"))
-    futures = [s.ModelInfer.future(seg_request(pb, 16), timeout=120) for _ in range(3)]
-    wait_queued(srv, pb, "seg", 2)
+    srv, s, futures = full_seg_queue(start_server, pb)
     raw = Raw(srv.addr)
     total = 8 << 20
     body = struct.pack(">BI", 0, total) + big_infer_message("seg", total)
