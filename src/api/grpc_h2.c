@@ -388,11 +388,15 @@ static void respond(h2_conn *conn, h2_stream *s, int http, int code, const char 
     va_end(ap);
     s->responded = true;
     bool had_headers = s->headers_sent;
-    for (out_msg *o = s->out_head, *n; o; o = n) {
+    /* queued messages are dropped, but one already partly sent is finished: the client must not
+     * see the status inside a message */
+    out_msg *keep = s->out_head && s->out_head->prefix_sent ? s->out_head : NULL;
+    for (out_msg *o = keep ? keep->next : s->out_head, *n; o; o = n) {
         n = o->next;
         out_free(o);
     }
-    s->out_head = s->out_tail = NULL;
+    if (keep) keep->next = NULL;
+    s->out_head = s->out_tail = keep;
     s->finish_pending = false;
     if (s->headers_sent && s->deferred) { /* the data provider ends with the trailers */
         s->finish_pending = true;
@@ -554,7 +558,7 @@ static void message_done(h2_conn *conn, h2_stream *s)
         return;
     }
     m->s = sl;
-    m->wire = GRPC_SLICE_LENGTH(sl) + 5;
+    m->wire = s->len + 5; /* as sent (compressed, when it was) */
     m->next = NULL;
     if (s->in_tail) s->in_tail->next = m;
     else s->in_head = m;

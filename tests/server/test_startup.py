@@ -281,7 +281,7 @@ def test_threads_are_named(start_server):
     srv = start_server(models={"tiny": TINY})
     r = srv.infer("tiny", {"inputs": [json_input("x", np.ones((1, 16), np.float32))]})
     assert r.status_code == 200, r.text
-    wanted = ("mts-d0-w0", "mts-d0-lane", "mts-http", "mts-http-light", "mts-grpc", "mts-grpc-reply", "mts-loader", "mts-janitor")
+    wanted = ("mts-d0-w0", "mts-d0-lane", "mts-http", "mts-http-light", "mts-grpc-accept", "mts-grpc-reply", "mts-loader", "mts-janitor")
     # The HTTP serving line (what start_server waits for) comes before the gRPC listener starts,
     # so its threads may appear a moment later: look again for up to 10 s.
     deadline = time.monotonic() + 10
