@@ -279,14 +279,26 @@ static void submit_status(h2_conn *conn, h2_stream *s, int http, int code, const
     }
 }
 
+/* Frees the messages at the head of the stream's output whose bytes are all out. */
+static void drop_sent(h2_stream *s)
+{
+    for (out_msg *o; (o = s->out_head) && o->prefix_sent == 5 &&
+                     (!o->bb || o->slice >= o->bb->data.raw.slice_buffer.count);) {
+        s->out_head = o->next;
+        if (!s->out_head) s->out_tail = NULL;
+        out_free(o);
+    }
+}
+
 static ssize_t read_out(nghttp2_session *sess, int32_t id, uint8_t *buf, size_t length, uint32_t *flags,
                         nghttp2_data_source *source, void *user)
 {
+    (void)sess;
     (void)id;
     h2_conn *conn = user;
     h2_stream *s = source->ptr;
     size_t n = 0;
-    while (n < length && s->out_head) {
+    for (drop_sent(s); n < length && s->out_head; drop_sent(s)) {
         out_msg *o = s->out_head;
         if (o->prefix_sent < 5) {
             size_t k = 5 - o->prefix_sent < length - n ? 5 - o->prefix_sent : length - n;
@@ -295,14 +307,7 @@ static ssize_t read_out(nghttp2_session *sess, int32_t id, uint8_t *buf, size_t 
             n += k;
             continue;
         }
-        grpc_slice_buffer *sb = o->bb ? &o->bb->data.raw.slice_buffer : NULL;
-        if (!sb || o->slice >= sb->count) {
-            s->out_head = o->next;
-            if (!s->out_head) s->out_tail = NULL;
-            out_free(o);
-            continue;
-        }
-        grpc_slice sl = sb->slices[o->slice];
+        grpc_slice sl = o->bb->data.raw.slice_buffer.slices[o->slice]; /* (drop_sent: one is left) */
         size_t avail = GRPC_SLICE_LENGTH(sl) - o->slice_off;
         size_t k = avail < length - n ? avail : length - n;
         memcpy(buf + n, GRPC_SLICE_START_PTR(sl) + o->slice_off, k);
@@ -313,19 +318,10 @@ static ssize_t read_out(nghttp2_session *sess, int32_t id, uint8_t *buf, size_t 
             o->slice_off = 0;
         }
     }
-    /* drop a message whose bytes are all out */
-    while (s->out_head && s->out_head->prefix_sent == 5 &&
-           (!s->out_head->bb || s->out_head->slice >= s->out_head->bb->data.raw.slice_buffer.count)) {
-        out_msg *o = s->out_head;
-        s->out_head = o->next;
-        if (!s->out_head) s->out_tail = NULL;
-        out_free(o);
-    }
     if (!s->out_head && s->finish_pending) {
         s->finish_pending = false;
         *flags |= NGHTTP2_DATA_FLAG_EOF | NGHTTP2_DATA_FLAG_NO_END_STREAM;
         submit_status(conn, s, 200, s->code, s->msg);
-        (void)sess;
         return (ssize_t)n;
     }
     if (!n) {
@@ -397,21 +393,18 @@ static void respond(h2_conn *conn, h2_stream *s, int http, int code, const char 
     }
     if (keep) keep->next = NULL;
     s->out_head = s->out_tail = keep;
-    s->finish_pending = false;
-    if (s->headers_sent && s->deferred) { /* the data provider ends with the trailers */
-        s->finish_pending = true;
-        s->code = code;
-        free(s->msg);
-        s->msg = strdup(msg);
-        s->deferred = false;
-        nghttp2_session_resume_data(conn->sess, s->id);
-    } else if (!s->headers_sent) {
+    if (!s->headers_sent) {
+        s->finish_pending = false;
         submit_status(conn, s, http, code, msg);
-    } else { /* data in flight: the provider finishes with this status */
+    } else { /* the data provider ends with these trailers (resumed if it was waiting) */
         s->finish_pending = true;
         s->code = code;
         free(s->msg);
         s->msg = strdup(msg);
+        if (s->deferred) {
+            s->deferred = false;
+            nghttp2_session_resume_data(conn->sess, s->id);
+        }
     }
     s->rst_after = !had_headers; /* RST_STREAM(NO_ERROR) once the status is out (on_frame_sent) */
     mts_iobuf_free(s->buf);

@@ -447,28 +447,10 @@ void mts__grpc_watch_close(mts__grpc_call *c)
     pthread_mutex_unlock(&c->lock);
 }
 
-/* Sends the final status (with the reply message for unary calls), under c->lock. Drops the
- * alive reference. Returns false if the call was already finished. */
-static void finish_locked(mts__grpc_call *c, grpc_byte_buffer *reply, int code, const char *msg)
+/* gRPC core's status batch: the close (when it rides with the status), initial metadata if not
+ * sent yet, the reply (taken over) and the status. */
+static void send_status_core(mts__grpc_call *c, grpc_byte_buffer *reply, int code, const char *msg)
 {
-    if (c->finished) {
-        if (reply) grpc_byte_buffer_destroy(reply);
-        return;
-    }
-    c->finished = true;
-    if (!c->call) {
-        if (reply) {
-            c->t_reply_ms = mts_now_ms();
-            c->reply_bytes = grpc_byte_buffer_length(reply);
-        }
-        mts__h2_finish(c, reply, code, msg);
-        if (code && code != MTS_GRPC_CANCELLED)
-            mts_log(MTS_LOG_DEBUG, "grpc: %.*s -> %s: %s", (int)GRPC_SLICE_LENGTH(c->details.method),
-                    (const char *)GRPC_SLICE_START_PTR(c->details.method), mts_proto_grpc_code_name(code),
-                    msg ? msg : "");
-        mts__grpc_call_unref(c); /* the alive reference */
-        return;
-    }
     grpc_op ops[4];
     memset(ops, 0, sizeof ops);
     size_t n = 0;
@@ -483,8 +465,6 @@ static void finish_locked(mts__grpc_call *c, grpc_byte_buffer *reply, int code, 
         c->sent_initial_md = true;
     }
     if (reply) {
-        c->t_reply_ms = mts_now_ms();
-        c->reply_bytes = grpc_byte_buffer_length(reply);
         ops[n].op = GRPC_OP_SEND_MESSAGE;
         ops[n].data.send_message.send_message = reply;
         n++;
@@ -498,6 +478,23 @@ static void finish_locked(mts__grpc_call *c, grpc_byte_buffer *reply, int code, 
     start_batch(c, ops, n, &c->t_status);
     /* gRPC core copies what it needs from SEND_MESSAGE when the batch starts. */
     if (reply) grpc_byte_buffer_destroy(reply);
+}
+
+/* Sends the final status (with the reply message for unary calls), under c->lock. Drops the
+ * alive reference. Does nothing (but free the reply) if the call was already finished. */
+static void finish_locked(mts__grpc_call *c, grpc_byte_buffer *reply, int code, const char *msg)
+{
+    if (c->finished) {
+        if (reply) grpc_byte_buffer_destroy(reply);
+        return;
+    }
+    c->finished = true;
+    if (reply) {
+        c->t_reply_ms = mts_now_ms();
+        c->reply_bytes = grpc_byte_buffer_length(reply);
+    }
+    if (c->call) send_status_core(c, reply, code, msg);
+    else mts__h2_finish(c, reply, code, msg); /* carried out on the connection's thread */
     if (code && code != MTS_GRPC_CANCELLED)
         mts_log(MTS_LOG_DEBUG, "grpc: %.*s -> %s: %s", (int)GRPC_SLICE_LENGTH(c->details.method),
                   (const char *)GRPC_SLICE_START_PTR(c->details.method), mts_proto_grpc_code_name(code), msg ? msg : "");
@@ -694,21 +691,24 @@ static void handle(mts__grpc_call *c, grpc_slice s)
     grpc_slice_unref(s);
 }
 
+/* The client sent no more: a stream's half-close, or a unary call without its message. */
+static void input_ended(mts__grpc_call *c)
+{
+    const mts__grpc_method *m = c->method;
+    if (!m->streaming) mts__grpc_fail(c, MTS_GRPC_INVALID_ARGUMENT, "the call carried no request message");
+    else if (m->on_half_close) m->on_half_close(c);
+    else mts__grpc_fail(c, MTS_GRPC_OK, "%s", "");
+}
+
 /* Hands a call's next request message (bb, taken over; NULL: the client sent no more) to its
  * method's handler. ok false: the read failed (the call is gone). */
 static void deliver(mts__grpc_call *c, bool ok, grpc_byte_buffer *bb)
 {
-    const mts__grpc_method *m = c->method;
     if (!ok || atomic_load(&c->cancelled)) {
         if (bb) grpc_byte_buffer_destroy(bb);
         mts__grpc_fail(c, MTS_GRPC_CANCELLED, "cancelled");
     } else if (!bb) {
-        if (m->streaming) {
-            if (m->on_half_close) m->on_half_close(c);
-            else mts__grpc_fail(c, MTS_GRPC_OK, "%s", "");
-        } else {
-            mts__grpc_fail(c, MTS_GRPC_INVALID_ARGUMENT, "the call carried no request message");
-        }
+        input_ended(c);
     } else {
         grpc_byte_buffer_reader r;
         if (!grpc_byte_buffer_reader_init(&r, bb)) {
@@ -984,11 +984,8 @@ void mts__grpc_native_message(mts__grpc_call *c, grpc_slice *msg)
         mts__grpc_fail(c, MTS_GRPC_CANCELLED, "cancelled");
     } else if (msg) {
         handle(c, *msg);
-    } else if (c->method->streaming) {
-        if (c->method->on_half_close) c->method->on_half_close(c);
-        else mts__grpc_fail(c, MTS_GRPC_OK, "%s", "");
     } else {
-        mts__grpc_fail(c, MTS_GRPC_INVALID_ARGUMENT, "the call carried no request message");
+        input_ended(c);
     }
     mts__grpc_call_unref(c);
 }
@@ -1087,6 +1084,17 @@ static grpc_server_credentials *server_credentials(const mts_grpc_opts *o, mts_e
     return creds;
 }
 
+/* Frees the front end's own state and drops its gRPC library reference (the last step of every
+ * way out: a failed start, a stop). */
+static void release(mts_grpc *g)
+{
+    pthread_mutex_destroy(&g->lock);
+    pthread_cond_destroy(&g->cv);
+    free(g->slots);
+    free(g);
+    grpc_shutdown();
+}
+
 /* Undoes a start that failed before the server started: no call exists yet. */
 static void discard_unstarted(mts_grpc *g)
 {
@@ -1095,11 +1103,7 @@ static void discard_unstarted(mts_grpc *g)
     while (grpc_completion_queue_next(g->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type != GRPC_QUEUE_SHUTDOWN) {
     }
     grpc_completion_queue_destroy(g->cq);
-    pthread_mutex_destroy(&g->lock);
-    pthread_cond_destroy(&g->cv);
-    free(g->slots);
-    free(g);
-    grpc_shutdown();
+    release(g);
 }
 
 /* The request slots: MTS_GRPC_SLOTS for any call, and MTS_GRPC_UNARY_SLOTS for each unary method,
@@ -1185,10 +1189,7 @@ int mts_grpc_start(mts_server *srv, const mts_grpc_opts *o, mts_grpc **out, mts_
     if (native) {
         int rc = start_native(g, o, max_msg, err);
         if (rc) {
-            pthread_mutex_destroy(&g->lock);
-            pthread_cond_destroy(&g->cv);
-            free(g);
-            grpc_shutdown();
+            release(g);
             return rc;
         }
         *out = g;
@@ -1301,10 +1302,7 @@ void mts_grpc_stop(mts_grpc *g)
             MTS_WARN("grpc: %d calls still open after 10 s; stopping anyway", atomic_load(&g->live_calls));
             return;
         }
-        pthread_mutex_destroy(&g->lock);
-        pthread_cond_destroy(&g->cv);
-        free(g);
-        grpc_shutdown();
+        release(g);
         return;
     }
     grpc_server_cancel_all_calls(g->server);
@@ -1321,9 +1319,5 @@ void mts_grpc_stop(mts_grpc *g)
     grpc_completion_queue_shutdown(g->cq);
     for (int i = 0; i < g->n_threads; i++) pthread_join(g->threads[i], NULL);
     grpc_completion_queue_destroy(g->cq);
-    pthread_mutex_destroy(&g->lock);
-    pthread_cond_destroy(&g->cv);
-    free(g->slots);
-    free(g);
-    grpc_shutdown();
+    release(g);
 }
