@@ -63,7 +63,8 @@ read the request, MTS_INLINE_SHORT=0; "noearly": large HTTP uploads for a full q
 before the 429, MTS_EARLY_REFUSAL=0; "nolight": HTTP without the light I/O threads, small
 requests read by the listening threads with everything else, MTS_HTTP_LIGHT_IO=0; "native" /
 "core": the gRPC port served by mtserve's own HTTP/2 transport or by gRPC core,
-MTS_GRPC_TRANSPORT): one server
+MTS_GRPC_TRANSPORT; "bin=PATH": another mtserve binary with the default settings, to compare
+two builds): one server
 per mode, the light tenant beside the heavy one at concurrency 4 and 32 and an open-loop flood
 of FLOOD_RATE/s (default 230, about 5x the heavy capacity), rounds interleaved across the
 servers; with the heavy tenant's refused requests a second and the server's CPU seconds a
@@ -104,7 +105,7 @@ def cpu_model():
     return "unknown CPU"
 
 
-def start_server(tmp, env=None):
+def start_server(tmp, env=None, binary=None):
     repo = Path(tmp) / "repo"
     for m in (HEAVY, LIGHT, HEAVY2):
         if (repo / m).exists():
@@ -112,11 +113,11 @@ def start_server(tmp, env=None):
         (repo / m).mkdir(parents=True)
         (repo / m / "model.onnx").symlink_to(ROOT / "models" / "out" / f"{m}.onnx")
         (repo / m / "config.yaml").write_text("preload: true\n")
-    tag = "-".join(f"{k}{v}" for k, v in (env or {}).items())
+    tag = "-".join(f"{k}{v}" for k, v in (env or {}).items()) + (f"-{Path(binary).name}" if binary else "")
     outp, errp = Path(tmp) / f"serve{tag}.out", Path(tmp) / f"serve{tag}.err"
     out = open(outp, "w+")
     err = open(errp, "w")
-    p = subprocess.Popen([MTSERVE, "serve", "--model-repository", str(repo), "--http-port", "0", "--grpc-port", "0",
+    p = subprocess.Popen([binary or MTSERVE, "serve", "--model-repository", str(repo), "--http-port", "0", "--grpc-port", "0",
                           "--log-level", "warn"], stdout=out, stderr=err, env={**os.environ, **(env or {})})
     deadline = time.time() + 60
     while time.time() < deadline:
@@ -279,7 +280,8 @@ def modes(tmp):
     """The same light/heavy pairs against one server per scheduler mode, interleaved round by
     round (every server idle but the one measured), so the modes see the same machine."""
     names = [m for m in os.environ.get("MODES", "lane,preempt,none").split(",") if m]
-    servers = {m: start_server(tmp, MODES[m]) for m in names}
+    servers = {m: start_server(tmp, {}, m[4:]) if m.startswith("bin=") else start_server(tmp, MODES[m])
+               for m in names}
     try:
         for proto in PROTOCOLS:
             for m in names:

@@ -51,6 +51,7 @@ stage "tokenizers vs Hugging Face tokenizers: 1,200 texts x 26 tokenizer files (
 stage "server black-box tests (KServe v2 HTTP, real server process)" $PY -m pytest -q -p no:cacheprovider tests/server
 stage "gRPC tests (grpcio clients against a real server)" $PY -m pytest -q -p no:cacheprovider tests/grpc
 stage "lip-sync composite (gRPC + HTTP) against the TSan-built server" env MTSERVE=$PWD/build-tsan/mtserve TSAN_OPTIONS="$TSAN_OPTIONS:exitcode=66:suppressions=$PWD/tests/tsan/grpc.supp" $PY -m pytest -q -p no:cacheprovider tests/grpc/test_composite.py
+stage "HTTP front end (tests/server/test_http_api.py: moves between I/O threads, refusals, drain) against the TSan-built server" env MTSERVE=$PWD/build-tsan/mtserve TSAN_OPTIONS="$TSAN_OPTIONS:exitcode=66:suppressions=$PWD/tests/tsan/grpc.supp" $PY -m pytest -q -p no:cacheprovider tests/server/test_http_api.py
 stage "server black-box tests (HTTP) against the ASan+UBSan-built server (LeakSanitizer at exit)" env MTSERVE=$PWD/build-asan/mtserve $PY -m pytest -q -p no:cacheprovider tests/server --deselect tests/server/test_leaks.py::test_load_infer_unload_cycles_do_not_leak
 stage "gRPC tests against the ASan+UBSan-built server" env MTSERVE=$PWD/build-asan/mtserve $PY -m pytest -q -p no:cacheprovider tests/grpc
 stage "concurrent dynamic batching on a served model (release server: the crash regression)" $PY -m pytest -q -p no:cacheprovider tests/stress/test_concurrent_batching.py

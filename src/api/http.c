@@ -9,13 +9,13 @@
  * thread such a request would wait behind whatever that thread's other connections bring in the
  * same turn (under a flood of large uploads, tens to hundreds of ms of reading). New connections
  * start on the light partner; one whose request has a large or chunked body goes to the
- * listening thread before the body is read, one whose answer is large once it is out, and a
- * small exchange brings it back. A connection moves only while nothing is in flight on it: it
+ * listening thread before the body is read (and before its buffer is allocated), one whose
+ * answer is large once it is out, and a small exchange brings it back. A connection moves only while nothing is in flight on it: it
  * leaves the owner's epoll set and list and is put in the partner's inbox under the partner's
  * queue mutex, the only thing the two threads share.
  * The one thing other threads do is mts_http_respond*: the response is formatted on the calling
  * thread and appended to the owning thread's completion queue (mutex; the eventfd is written,
- * under the same mutex, only when the queue goes from empty to non-empty). Control (stop
+ * after the mutex is released, only when the queue goes from empty to non-empty). Control (stop
  * accepting, stop) is a pair of atomic flags plus an eventfd write.
  *
  * Connections are registered edge-triggered, for IN|OUT|RDHUP (again on each move). The parser
@@ -47,6 +47,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -119,6 +120,8 @@ struct mts_http_conn {
                                  * connections for it, or refuses it */
     int encoding;               /* the request body's Content-Encoding (ENC_*) */
     size_t align_at;            /* body offset the application wants 64-byte aligned, or SIZE_MAX */
+    size_t place_need, place_align; /* place_need > 0: the body's buffer is still to be placed
+                                     * (rbuf_place's arguments), by the thread that reads it */
     char *inflated;             /* the decoded body of a compressed request (an I/O buffer), until
                                  * its answer is dequeued */
     size_t inflated_off, inflated_len;
@@ -164,6 +167,7 @@ struct io_thread {
     pthread_mutex_t qmu;
     out_chunk *qhead, *qtail;
     bool qsignalled;
+    atomic_int waking;          /* threads about to write evfd after leaving qmu */
     bool light;                 /* the light I/O thread: no listener, light connections only */
     mts_http_conn *inbox;       /* connections handed over by another I/O thread (qmu) */
     bool closed;                /* exited: takes no more connections (qmu) */
@@ -644,6 +648,7 @@ static void reset_request(mts_http_conn *c)
     c->chunk_state = CH_SIZE;
     c->nh = 0;
     c->chunked = c->expect_continue = c->path_root = false;
+    c->place_need = 0;
     c->head_start_ms = 0;
 }
 
@@ -779,12 +784,26 @@ static bool rbuf_room(mts_http_conn *c)
     return true;
 }
 
+/* Connections change threads only while the server runs normally: once it drains or stops,
+ * each stays where it is (its thread answers it and closes it). */
+static bool moves_open(const io_thread *io)
+{
+    return !io->stop_done && !atomic_load(&io->srv->draining);
+}
+
+/* The connection's request body is read on a listening thread, not this light one: it moves. */
+static bool leaves_light(const mts_http_conn *c)
+{
+    return c->move == MOVE_REGULAR && c->io->light && moves_open(c->io);
+}
+
 /* Called once a request head with Content-Length is parsed: makes room for the whole request
  * (`need` bytes from its start, plus RBUF_MIN_READ) in one step instead of doubling the buffer as
  * the body arrives, and, when align_at is not SIZE_MAX, moves the request so that its byte
  * align_at lands on a 64-byte boundary (the buffer itself is 64-byte aligned): the application
- * can then use tensor bytes in the body where they are instead of copying them to realign. The
- * new buffer's pages are touched only as bytes arrive. Returns false when out of memory. */
+ * can then use tensor bytes in the body where they are instead of copying them to realign. A
+ * new buffer comes from the I/O buffer cache (iobuf.h: a large one is reused, or mapped with its
+ * pages faulted in at once, milliseconds for megabytes). Returns false when out of memory. */
 static bool rbuf_place(mts_http_conn *c, size_t need, size_t align_at)
 {
     size_t have = c->rlen - c->req_start; /* this request's bytes so far, and any pipelined after */
@@ -804,6 +823,17 @@ static bool rbuf_place(mts_http_conn *c, size_t need, size_t align_at)
     c->req_start = start;
     c->rlen = start + have;
     return true;
+}
+
+/* Places a parsed head's body buffer where parse_head left that to the reading thread. False:
+ * out of memory, the connection aborted. */
+static bool place_body(mts_http_conn *c)
+{
+    size_t need = c->place_need, align = c->place_align;
+    c->place_need = 0;
+    if (!need || rbuf_place(c, need, align)) return true;
+    conn_abort(c);
+    return false;
 }
 
 /* Reads once. Returns 1 (bytes arrived), 0 (EOF), -1 (nothing now), -2 (connection aborted). */
@@ -1080,10 +1110,11 @@ static int parse_head(mts_http_conn *c)
         need_more_body = avail_bytes(c) - end < cl;
         /* a compressed body is decoded into a buffer of its own, aligned there */
         bool align = align_at <= cl && c->encoding == ENC_IDENTITY;
-        if (!rbuf_place(c, end + cl, align ? end + align_at : SIZE_MAX)) {
-            conn_abort(c);
-            return P_ERROR;
-        }
+        c->place_need = end + cl;
+        c->place_align = align ? end + align_at : SIZE_MAX;
+        /* a body the light thread leaves to a listening one gets its buffer there: allocating
+         * it (megabytes, faulted in at once) would hold up the light connections */
+        if (!leaves_light(c) && !place_body(c)) return P_ERROR;
     } else {
         c->state = RS_READY;
         c->body_start = end;
@@ -1404,13 +1435,6 @@ static void dispatch(mts_http_conn *c)
     }
 }
 
-/* Connections change threads only while the server runs normally: once it drains or stops,
- * each stays where it is (its thread answers it and closes it). */
-static bool moves_open(const io_thread *io)
-{
-    return !io->stop_done && !atomic_load(&io->srv->draining);
-}
-
 /* Parses and dispatches buffered requests and reads more, until a request is in flight, the
  * socket has nothing more, or output backs up; then writes. Caller holds the connection. */
 static void conn_pump(mts_http_conn *c)
@@ -1433,12 +1457,13 @@ static void conn_pump(mts_http_conn *c)
             if (c->fd < 0 || c->out_bytes > OUT_HIGH_WATER) break;
             continue;
         }
+        if (c->place_need && !leaves_light(c) && !place_body(c)) return;
         int r = parse(c);
         if (r == P_READY) {
             dispatch(c);
             continue;
         }
-        if (c->move == MOVE_REGULAR && c->io->light && moves_open(c->io)) break; /* body read elsewhere */
+        if (leaves_light(c)) break; /* body read elsewhere */
         if (r == P_ERROR || c->state == RS_DISCARD) continue; /* a refused body: from the socket */
         if (c->fd < 0) break;
         bool idle = c->state == RS_HEAD && avail_bytes(c) == 0;
@@ -1482,6 +1507,29 @@ static void conn_event(mts_http_conn *c, uint32_t ev)
 
 /* ------------------------------------------------------------------ responses */
 
+/* Wake-ups of an I/O thread by others, in two steps: wake_claim under its queue mutex (false
+ * when a wake-up is already on its way), wake_send after releasing it. The eventfd is written
+ * outside the mutex because the write wakes the thread, which takes that mutex first: written
+ * inside, the woken thread may preempt the writer still holding it (the regular workers run at
+ * a lower priority) and then wait for it to be scheduled again. `waking` counts the writers
+ * between the two steps: once the I/O thread has dequeued what they handed over it may exit, so
+ * free_server waits for them before closing the eventfd. */
+static bool wake_claim(io_thread *io)
+{
+    if (io->qsignalled) return false;
+    io->qsignalled = true;
+    atomic_fetch_add(&io->waking, 1);
+    return true;
+}
+
+static void wake_send(io_thread *io)
+{
+    uint64_t one = 1;
+    ssize_t w = write(io->evfd, &one, sizeof one);
+    (void)w;
+    atomic_fetch_sub(&io->waking, 1);
+}
+
 static void submit(mts_http_conn *c, out_chunk *ch)
 {
     io_thread *io = c->io;
@@ -1497,16 +1545,10 @@ static void submit(mts_http_conn *c, out_chunk *ch)
     if (io->qtail) io->qtail->next = ch;
     else io->qhead = ch;
     io->qtail = ch;
-    /* The eventfd is written under the mutex: once the I/O thread has dequeued this answer it
-     * may exit, so nothing of io may be touched after unlocking. Same-thread answers need no
-     * wake-up (the thread drains its queue before sleeping). */
-    if (!same && !io->qsignalled) {
-        io->qsignalled = true;
-        uint64_t one = 1;
-        ssize_t w = write(io->evfd, &one, sizeof one);
-        (void)w;
-    }
+    /* same-thread answers need no wake-up (the thread drains its queue before sleeping) */
+    bool wake = !same && wake_claim(io);
     pthread_mutex_unlock(&io->qmu);
+    if (wake) wake_send(io);
 }
 
 static void respond_fail(mts_http_conn *c)
@@ -1655,17 +1697,13 @@ static io_thread *partner(io_thread *io)
     return &s->threads[i < s->nlisten ? i + s->nlisten : i - s->nlisten];
 }
 
-/* Puts c into another I/O thread's inbox and wakes that thread; its queue mutex is held. */
-static void inbox_push(io_thread *to, mts_http_conn *c)
+/* Puts c into another I/O thread's inbox; its queue mutex is held. True: wake_send(to) is due
+ * once the mutex is released. */
+static bool inbox_push(io_thread *to, mts_http_conn *c)
 {
     c->next = to->inbox;
     to->inbox = c;
-    if (!to->qsignalled) {
-        to->qsignalled = true;
-        uint64_t one = 1;
-        ssize_t w = write(to->evfd, &one, sizeof one);
-        (void)w;
-    }
+    return wake_claim(to);
 }
 
 /* Hands a connection flagged to move (c->move) to this thread's partner of that class, once
@@ -1684,12 +1722,13 @@ static void conn_settle(mts_http_conn *c)
     c->move = MOVE_NONE;
     if (!wanted) return;
     pthread_mutex_lock(&to->qmu);
-    bool moved = !to->closed && epoll_ctl(from->epfd, EPOLL_CTL_DEL, c->fd, NULL) == 0;
+    bool moved = !to->closed && epoll_ctl(from->epfd, EPOLL_CTL_DEL, c->fd, NULL) == 0, wake = false;
     if (moved) {
         list_remove(from, c);
-        inbox_push(to, c);
+        wake = inbox_push(to, c);
     }
     pthread_mutex_unlock(&to->qmu);
+    if (wake) wake_send(to);
     if (!moved) { /* it stays: go on with what it stopped for (a body the light thread left) */
         HOLD(c);
         conn_run(c);
@@ -1891,9 +1930,9 @@ static bool on_accept(io_thread *io)
             c->over_limit = over;
             io_thread *light = partner(io);
             pthread_mutex_lock(&light->qmu);
-            bool taken = !light->closed;
-            if (taken) inbox_push(light, c);
+            bool taken = !light->closed, wake = taken && inbox_push(light, c);
             pthread_mutex_unlock(&light->qmu);
+            if (wake) wake_send(light);
             if (taken) continue;
             if (over) {
                 refuse_new(s, c, "too many connections");
@@ -2092,6 +2131,7 @@ static void free_server(mts_http_server *s)
 {
     for (int i = 0; i < s->nthreads; i++) {
         io_thread *io = &s->threads[i];
+        while (atomic_load(&io->waking)) sched_yield(); /* a wake_send between its two steps */
         if (io->lfd >= 0) close(io->lfd);
         if (io->epfd >= 0) close(io->epfd);
         if (io->evfd >= 0) close(io->evfd);

@@ -32,13 +32,15 @@
  * recently used one freed to make room for a new signature beyond that. */
 static int max_plans(void)
 {
-    static int v;
-    if (!v) {
+    static int v; /* set by whichever worker plans first; every thread computes the same */
+    int n = __atomic_load_n(&v, __ATOMIC_RELAXED);
+    if (!n) {
         const char *e = getenv("MTS_MAX_PLANS");
-        int n = e ? atoi(e) : 0;
-        v = n >= 1 && n <= 65536 ? n : MTS__MAX_PLANS;
+        n = e ? atoi(e) : 0;
+        n = n >= 1 && n <= 65536 ? n : MTS__MAX_PLANS;
+        __atomic_store_n(&v, n, __ATOMIC_RELAXED);
     }
-    return v;
+    return n;
 }
 
 bool mts__plan_same_shapes(const mts__plan *p, const mts_tensor *in, int n)

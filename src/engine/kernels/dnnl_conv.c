@@ -835,8 +835,12 @@ static dnnl_status_t wino_attr(const mts_dconv_spec *s, dnnl_primitive_attr_t *o
  * scratch memory (bounded below). MTS_NO_WINOGRAD=1 keeps every convolution direct. */
 bool mts_dconv_wino_ok(const mts_dconv_spec *s)
 {
-    static int off = -1;
-    if (off < 0) off = getenv("MTS_NO_WINOGRAD") != NULL;
+    static int off_flag = -1;
+    int off = __atomic_load_n(&off_flag, __ATOMIC_RELAXED);
+    if (off < 0) {
+        off = getenv("MTS_NO_WINOGRAD") != NULL;
+        __atomic_store_n(&off_flag, off, __ATOMIC_RELAXED);
+    }
     const mts_conv_geom *g = &s->g;
     if (off || s->kind != MTS_DPRIM_CONV || s->q8 || s->bf16 || s->src_bf16 || s->dst_bf16 || g->nsp != 2 ||
         g->group != 1 || s->up[0] * s->up[1] > 1)

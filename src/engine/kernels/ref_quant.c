@@ -1239,10 +1239,13 @@ __attribute__((target("avx512f,avx512bw,avx512vbmi"))) static int64_t lut_vbmi(c
 static bool have_vbmi(void)
 {
     static int v = -1;
-    if (v < 0)
-        v = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-            __builtin_cpu_supports("avx512vbmi") && !getenv("MTS_NO_VBMI");
-    return v;
+    int got = __atomic_load_n(&v, __ATOMIC_RELAXED);
+    if (got < 0) {
+        got = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+              __builtin_cpu_supports("avx512vbmi") && !getenv("MTS_NO_VBMI");
+        __atomic_store_n(&v, got, __ATOMIC_RELAXED);
+    }
+    return got;
 }
 #endif
 
