@@ -12,7 +12,8 @@
  * each stream starts with HTTP/2's default 64 KiB window, the model named in field 1 of the first
  * bytes is checked (mts_server_admit), and only then is the stream's window opened to the whole
  * message; a refused call gets RESOURCE_EXHAUSTED and RST_STREAM(NO_ERROR), so a flood of a full
- * model costs at most its first 64 KiB per message instead of all of it.
+ * model costs at most its first 64 KiB per message instead of all of it (read into a buffer of
+ * that size: the message's full-size buffer comes with the admission).
  *
  * Threads. One accepting thread; one thread per connection, which alone touches the nghttp2
  * session and the streams. Other threads (workers finishing calls) reach a stream through the
@@ -560,9 +561,23 @@ static void message_done(h2_conn *conn, h2_stream *s)
 }
 
 /* Opens the stream's window to the whole message being read. */
+/* A unary inference message waits for admission by its model (admit_early) before its body. */
+static bool admits_early(const h2_stream *s)
+{
+    return !s->method->streaming && s->method->model_field && !s->n_msgs;
+}
+
 static void admit(h2_conn *conn, h2_stream *s)
 {
     s->admitted = true;
+    if (s->buf && s->cap < s->len) { /* it was given its first window's worth: room for the rest */
+        size_t want = s->len < H2_MSG_FIRST ? s->len : H2_MSG_FIRST;
+        uint8_t *nb = want > s->cap ? mts_iobuf_grow(s->buf, s->have, want) : NULL;
+        if (nb) { /* else it grows as bytes arrive, and answers there when memory is short */
+            s->buf = nb;
+            s->cap = want;
+        }
+    }
     if (s->held && !s->method->streaming) nghttp2_session_consume_stream(conn->sess, s->id, s->held);
     s->held = 0;
     uint64_t want = (uint64_t)s->len + 5;
@@ -577,7 +592,7 @@ static void admit(h2_conn *conn, h2_stream *s)
 static void admit_early(h2_conn *conn, h2_stream *s)
 {
     const mts__grpc_method *m = s->method;
-    if (m->streaming || !m->model_field || s->n_msgs) {
+    if (!admits_early(s)) {
         admit(conn, s);
         return;
     }
@@ -640,8 +655,12 @@ static int on_data(nghttp2_session *sess, uint8_t flags, int32_t id, const uint8
                         mlen, conn->h->max_msg);
                 break;
             }
-            /* the declared length is the client's word: memory follows the bytes that arrive */
-            s->cap = mlen < H2_MSG_FIRST ? (mlen ? mlen : 1) : H2_MSG_FIRST;
+            /* the declared length is the client's word: memory follows the bytes that arrive; a
+             * message that may yet be refused gets its first window's worth (a flood's refused
+             * uploads take no megabyte buffers) */
+            size_t first = mlen < H2_MSG_FIRST ? mlen : H2_MSG_FIRST;
+            if (!s->admitted && admits_early(s) && first > H2_FIRST_WINDOW) first = H2_FIRST_WINDOW;
+            s->cap = first ? first : 1;
             s->buf = mts_iobuf_alloc(s->cap);
             if (!s->buf) {
                 respond(conn, s, 200, MTS_GRPC_RESOURCE_EXHAUSTED, "out of memory for a %zu-byte request message",
