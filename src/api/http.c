@@ -10,9 +10,9 @@
  * same turn (under a flood of large uploads, tens to hundreds of ms of reading). New connections
  * start on the light partner; one whose request has a large or chunked body goes to the
  * listening thread before the body is read (and before its buffer is allocated), one whose
- * answer is large once it is out, and a small exchange brings it back. A connection moves only while nothing is in flight on it: it
- * leaves the owner's epoll set and list and is put in the partner's inbox under the partner's
- * queue mutex, the only thing the two threads share.
+ * answer is large once it is out, and a small exchange brings it back. A connection moves only
+ * while nothing is in flight on it: it leaves the owner's epoll set and list and is put in the
+ * partner's inbox under the partner's queue mutex, the only thing the two threads share.
  * The one thing other threads do is mts_http_respond*: the response is formatted on the calling
  * thread and appended to the owning thread's completion queue (mutex; the eventfd is written,
  * after the mutex is released, only when the queue goes from empty to non-empty). Control (stop
