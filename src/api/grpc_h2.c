@@ -560,22 +560,29 @@ static void message_done(h2_conn *conn, h2_stream *s)
     try_deliver(conn, s);
 }
 
-/* Opens the stream's window to the whole message being read. */
 /* A unary inference message waits for admission by its model (admit_early) before its body. */
 static bool admits_early(const h2_stream *s)
 {
     return !s->method->streaming && s->method->model_field && !s->n_msgs;
 }
 
+/* A message's first buffer for its declared length: the rest grows with the bytes that arrive. */
+static size_t first_cap(size_t len)
+{
+    return len < H2_MSG_FIRST ? len : H2_MSG_FIRST;
+}
+
+/* Opens the stream's window to the whole message being read, and gives a message that waited
+ * in its first window's buffer its first buffer. */
 static void admit(h2_conn *conn, h2_stream *s)
 {
     s->admitted = true;
-    if (s->buf && s->cap < s->len) { /* it was given its first window's worth: room for the rest */
-        size_t want = s->len < H2_MSG_FIRST ? s->len : H2_MSG_FIRST;
-        uint8_t *nb = want > s->cap ? mts_iobuf_grow(s->buf, s->have, want) : NULL;
+    size_t first = first_cap(s->len);
+    if (s->buf && s->cap < first) {
+        uint8_t *nb = mts_iobuf_grow(s->buf, s->have, first);
         if (nb) { /* else it grows as bytes arrive, and answers there when memory is short */
             s->buf = nb;
-            s->cap = want;
+            s->cap = first;
         }
     }
     if (s->held && !s->method->streaming) nghttp2_session_consume_stream(conn->sess, s->id, s->held);
@@ -658,7 +665,7 @@ static int on_data(nghttp2_session *sess, uint8_t flags, int32_t id, const uint8
             /* the declared length is the client's word: memory follows the bytes that arrive; a
              * message that may yet be refused gets its first window's worth (a flood's refused
              * uploads take no megabyte buffers) */
-            size_t first = mlen < H2_MSG_FIRST ? mlen : H2_MSG_FIRST;
+            size_t first = first_cap(mlen);
             if (!s->admitted && admits_early(s) && first > H2_FIRST_WINDOW) first = H2_FIRST_WINDOW;
             s->cap = first ? first : 1;
             s->buf = mts_iobuf_alloc(s->cap);
