@@ -61,7 +61,9 @@ engine steps. PARTS=modes compares the ways of bounding the light tenant's wait 
 workers at nice 0 or 10, MTS_WORKER_NICE; "noinline": short work never run on the thread that
 read the request, MTS_INLINE_SHORT=0; "noearly": large HTTP uploads for a full queue read whole
 before the 429, MTS_EARLY_REFUSAL=0; "nolight": HTTP without the light I/O threads, small
-requests read by the listening threads with everything else, MTS_HTTP_LIGHT_IO=0; "native" /
+requests read by the listening threads with everything else, MTS_HTTP_LIGHT_IO=0; "nort": the
+light threads and small gRPC connections at the normal policy instead of SCHED_RR 1,
+MTS_LIGHT_REALTIME=0; "native" /
 "core": the gRPC port served by mtserve's own HTTP/2 transport or by gRPC core,
 MTS_GRPC_TRANSPORT; "bin=PATH": another mtserve binary with the default settings, to compare
 two builds): one server
@@ -271,7 +273,7 @@ MODES = {"lane": {}, "preempt": {"MTS_SHORT_LANE": "0", "MTS_PREEMPT": "1"},
          "lane+preempt": {"MTS_PREEMPT": "1"}, "none": {"MTS_SHORT_LANE": "0"},
          "nice0": {"MTS_WORKER_NICE": "0"}, "nice10": {"MTS_WORKER_NICE": "10"},
          "noinline": {"MTS_INLINE_SHORT": "0"}, "noearly": {"MTS_EARLY_REFUSAL": "0"},
-         "nolight": {"MTS_HTTP_LIGHT_IO": "0"},
+         "nolight": {"MTS_HTTP_LIGHT_IO": "0"}, "nort": {"MTS_LIGHT_REALTIME": "0"},
          "native": {"MTS_GRPC_TRANSPORT": "native"}, "core": {"MTS_GRPC_TRANSPORT": "core"}}
 FLOOD_RATE = float(os.environ.get("FLOOD_RATE", "230"))  # the open-loop row of PARTS=modes
 

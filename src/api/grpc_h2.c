@@ -20,7 +20,8 @@
  * framework, which posts an operation (finish, send, read, watch) to the connection's inbox under
  * the connection's mutex and wakes its thread with an eventfd; operations hold a reference to
  * their call, dropped on the connection's thread. A connection holds a reference per call made on
- * it; its thread frees it only when the socket is closed and no call refers to it any more.
+ * it; its thread frees it only when the socket is closed and no call refers to it any more. A
+ * connection whose request messages are small has its thread run real-time (note_size).
  *
  * Compressed request messages (grpc-encoding gzip or deflate) are decompressed whole, bounded by
  * the message limit; responses go uncompressed. Not covered (gRPC core, which serves TLS, has
@@ -31,6 +32,7 @@
 #include "util/clock.h"
 #include "util/iobuf.h"
 #include "util/log.h"
+#include "util/rtprio.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -63,6 +65,8 @@
 #define H2_MAX_STREAMS 1000          /* concurrent streams per connection */
 #define H2_MAX_HEADER_BYTES (64 * 1024)
 #define H2_STACK (1 << 20)
+#define H2_LIGHT_MAX (64 * 1024)     /* a message below this many bytes is small */
+#define H2_LIGHT_AFTER 2             /* small messages in a row before the thread turns real-time */
 
 enum { OP_FINISH, OP_SEND, OP_READ, OP_WATCH };
 
@@ -140,12 +144,15 @@ typedef struct mts__h2_conn {
     uint8_t *wbuf;
     size_t wlen, woff;
     struct mts__h2_conn *lprev, *lnext; /* the listener's list, under h->lock */
+    int small_run;           /* small request messages in a row (at most H2_LIGHT_AFTER) */
+    bool rt;                 /* its thread runs real-time (note_size) */
 } h2_conn;
 
 struct mts__h2 {
     mts_grpc *g;
     mts_server *srv;
     size_t max_msg;
+    bool realtime; /* connection threads may turn real-time (note_size) */
     int lfd, efd;
     pthread_t accepter;
     bool accepter_started;
@@ -352,7 +359,23 @@ static void start_output(h2_conn *conn, h2_stream *s)
     }
 }
 
-static void queue_out(h2_stream *s, grpc_byte_buffer *bb)
+/* A connection's thread runs real-time (util/rtprio.h) while its traffic is small: from its
+ * H2_LIGHT_AFTER-th small request message in a row until the first large message in either
+ * direction. A light client's connection turns on its second call and from then on is not kept
+ * waiting for a core by the flood's threads or the workers; a flood's connection (large uploads)
+ * never turns, and one whose calls grow turns back before it reads or writes a large message. */
+static void note_size(h2_conn *conn, size_t len, bool in)
+{
+    if (!conn->h->realtime) return;
+    if (len >= H2_LIGHT_MAX) {
+        conn->small_run = 0;
+        if (conn->rt) conn->rt = mts_thread_realtime(false, "mts-grpc-conn");
+    } else if (in && conn->small_run < H2_LIGHT_AFTER && ++conn->small_run == H2_LIGHT_AFTER && !conn->rt) {
+        conn->rt = mts_thread_realtime(true, "mts-grpc-conn");
+    }
+}
+
+static void queue_out(h2_conn *conn, h2_stream *s, grpc_byte_buffer *bb)
 {
     out_msg *o = calloc(1, sizeof *o);
     if (!o) {
@@ -360,6 +383,7 @@ static void queue_out(h2_stream *s, grpc_byte_buffer *bb)
         return;
     }
     size_t len = bb ? grpc_byte_buffer_length(bb) : 0;
+    note_size(conn, len, false);
     o->prefix[0] = 0;
     o->prefix[1] = (uint8_t)(len >> 24);
     o->prefix[2] = (uint8_t)(len >> 16);
@@ -657,6 +681,7 @@ static int on_data(nghttp2_session *sess, uint8_t flags, int32_t id, const uint8
                         "grpc-encoding %s is not supported (gzip, deflate and identity are)", s->encoding);
                 break;
             }
+            note_size(conn, mlen, true);
             if (mlen > conn->h->max_msg) {
                 respond(conn, s, 200, MTS_GRPC_RESOURCE_EXHAUSTED, "Received message larger than max (%zu vs. %zu)",
                         mlen, conn->h->max_msg);
@@ -945,7 +970,7 @@ static void run_op(h2_conn *conn, h2_op *op)
     switch (op->kind) {
     case OP_FINISH:
         if (!s || s->responded) break;
-        if (op->bb) queue_out(s, op->bb);
+        if (op->bb) queue_out(conn, s, op->bb);
         op->bb = NULL;
         s->responded = true;
         s->finish_pending = true;
@@ -957,7 +982,7 @@ static void run_op(h2_conn *conn, h2_op *op)
         break;
     case OP_SEND:
         if (!s || s->responded) break;
-        queue_out(s, op->bb);
+        queue_out(conn, s, op->bb);
         op->bb = NULL;
         start_output(conn, s);
         break;
@@ -1299,14 +1324,15 @@ static int listen_on(const char *host, int port, int *bound, mts_err *err)
     return fd;
 }
 
-int mts__h2_start(mts_grpc *g, mts_server *srv, const char *host, int port, size_t max_message, int *bound, mts__h2 **out,
-                  mts_err *err)
+int mts__h2_start(mts_grpc *g, mts_server *srv, const char *host, int port, size_t max_message, bool realtime,
+                  int *bound, mts__h2 **out, mts_err *err)
 {
     mts__h2 *h = calloc(1, sizeof *h);
     if (!h) return mts_err_set(err, MTS_ENOMEM, "out of memory");
     h->g = g;
     h->srv = srv;
     h->max_msg = max_message;
+    h->realtime = realtime;
     int fd = listen_on(host, port, bound, err);
     if (fd < 0) {
         free(h);

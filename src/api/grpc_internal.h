@@ -150,9 +150,10 @@ void mts__grpc_watch_remove(mts__grpc_call *c);
 
 /* ---- the native transport (grpc_h2.c): gRPC over HTTP/2 on mtserve's own threads ---- */
 typedef struct mts__h2 mts__h2;
-/* Listens on host:port (0: ephemeral; *bound tells which) and serves calls through g. */
-int mts__h2_start(mts_grpc *g, mts_server *srv, const char *host, int port, size_t max_message, int *bound, mts__h2 **out,
-                  mts_err *err);
+/* Listens on host:port (0: ephemeral; *bound tells which) and serves calls through g; with
+ * realtime, a connection's thread runs SCHED_RR 1 while its messages are small (grpc_h2.c). */
+int mts__h2_start(mts_grpc *g, mts_server *srv, const char *host, int port, size_t max_message, bool realtime,
+                  int *bound, mts__h2 **out, mts_err *err);
 /* Stops accepting and sends GOAWAY on every connection; calls in progress go on. */
 void mts__h2_stop_accepting(mts__h2 *h);
 /* Closes every connection (what is still open is cancelled), waits for their threads, frees. */

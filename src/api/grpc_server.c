@@ -1162,7 +1162,8 @@ static int start_native(mts_grpc *g, const mts_grpc_opts *o, size_t max_msg, mts
 {
     mts_err qerr = {0}; /* before the first call can arrive */
     if (mts_workq_create(1, 0, "mts-grpc-reply", &g->replies, &qerr)) g->replies = NULL;
-    int rc = mts__h2_start(g, g->srv, o->host ? o->host : "127.0.0.1", o->port, max_msg, &g->port, &g->native, err);
+    int rc = mts__h2_start(g, g->srv, o->host ? o->host : "127.0.0.1", o->port, max_msg, o->light_realtime, &g->port,
+                           &g->native, err);
     if (rc) {
         mts_workq_destroy(g->replies);
         return rc;

@@ -29,6 +29,9 @@ typedef struct mts_grpc_opts {
      * core's server and polling threads. NULL: $MTS_GRPC_TRANSPORT, else native. TLS is always
      * gRPC core's. */
     const char *transport;
+    /* native: a connection's thread asks for SCHED_RR 1 (util/rtprio.h) while its messages are
+     * small */
+    bool light_realtime;
 } mts_grpc_opts;
 
 /* Binds, starts the polling threads and returns. On failure nothing is left running. */

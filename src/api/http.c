@@ -8,11 +8,12 @@
  * connections whose requests and answers are small (under admit_min, 64 KiB): on a listening
  * thread such a request would wait behind whatever that thread's other connections bring in the
  * same turn (under a flood of large uploads, tens to hundreds of ms of reading). New connections
- * start on the light partner; one whose request has a large or chunked body goes to the
- * listening thread before the body is read (and before its buffer is allocated), one whose
+ * start on the light partner; one whose request has a large, chunked or compressed body goes to
+ * the listening thread before the body is read (and before its buffer is allocated), one whose
  * answer is large once it is out, and a small exchange brings it back. A connection moves only
  * while nothing is in flight on it: it leaves the owner's epoll set and list and is put in the
- * partner's inbox under the partner's queue mutex, the only thing the two threads share.
+ * partner's inbox under the partner's queue mutex, the only thing the two threads share. Light
+ * threads ask for real-time scheduling (util/rtprio.h) with light_realtime.
  * The one thing other threads do is mts_http_respond*: the response is formatted on the calling
  * thread and appended to the owning thread's completion queue (mutex; the eventfd is written,
  * after the mutex is released, only when the queue goes from empty to non-empty). Control (stop
@@ -37,6 +38,7 @@
 #include "api/http_tls.h"
 #include "api/http_internal.h"
 #include "util/iobuf.h"
+#include "util/rtprio.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -113,7 +115,7 @@ struct mts_http_conn {
     bool in_cb;                 /* inside handler/on_cancel: answers are taken inline */
     bool cancelled, peer_eof, rdhup, drained;
     bool served;                /* has dispatched a request (a fresh connection has not) */
-    bool small_req;             /* the request in flight came with a body under admit_min bytes */
+    bool small_req;             /* the request in flight came with an uncompressed body under admit_min bytes */
     int move;                   /* MOVE_*: the I/O thread class this connection should go to */
     bool over_limit;            /* accepted beyond max_connections with nothing idle on the
                                  * accepting thread: its light partner closes one of its idle
@@ -1079,8 +1081,9 @@ static int parse_head(mts_http_conn *c)
     c->align_at = align_at;
 
     size_t need_more_body = 0;
-    /* a large or chunked body is not read on the light I/O thread: the connection moves first */
-    if (srv->nlight && (c->chunked || cl >= srv->admit_min))
+    /* a large, chunked or compressed body is not read on the light I/O thread: the connection
+     * moves first (a small compressed body may inflate to max_body: not short work) */
+    if (srv->nlight && (c->chunked || cl >= srv->admit_min || c->encoding != ENC_IDENTITY))
         c->move = c->io->light ? MOVE_REGULAR : MOVE_NONE;
     if (c->chunked) {
         c->state = RS_BODY_CHUNKED;
@@ -1424,7 +1427,7 @@ static void dispatch(mts_http_conn *c)
     c->served = true;
     io->npending++;
     atomic_store_explicit(&c->responded, 0, memory_order_relaxed);
-    c->small_req = r->body_len < io->srv->admit_min && !c->chunked;
+    c->small_req = r->body_len < io->srv->admit_min && !c->chunked && c->encoding == ENC_IDENTITY;
     c->in_cb = true;
     io->srv->o.handler(io->srv->o.user, c, r);
     c->in_cb = false;
@@ -1990,6 +1993,8 @@ static void *io_main(void *arg)
     io_thread *io = arg;
     mts_http_server *s = io->srv;
     tls_io = io;
+    /* what a light thread does is short by construction (small reads and answers, lane batches) */
+    if (io->light && s->o.light_realtime) mts_thread_realtime(true, "mts-http-light");
     struct epoll_event evs[MAX_EVENTS];
     io->now_ms = mono_ms();
     io->next_scan_ms = io->now_ms + scan_interval(s);

@@ -113,6 +113,7 @@ typedef struct mts_http_opts {
     mts_http_admit_fn admit;      /* optional: early refusal of large requests */
     bool light_io;            /* a light I/O thread beside each listening one, for connections
                                * whose requests and answers are small (see http.c) */
+    bool light_realtime;      /* those threads ask for SCHED_RR 1 (util/rtprio.h) */
     void *user;               /* first argument of handler and on_cancel */
 } mts_http_opts;
 

@@ -117,6 +117,7 @@ int mts_rest_start(mts_server *srv, const mts_rest_opts *o, mts_rest **out, mts_
     /* small exchanges get I/O threads of their own ("0": they share the listening threads) */
     const char *light = getenv("MTS_HTTP_LIGHT_IO");
     ho.light_io = !o->metrics_only && !(light && !strcmp(light, "0"));
+    ho.light_realtime = o->light_realtime;
     ho.user = r;
     int rc = mts_http_start(&ho, &r->http, err);
     if (rc) {

@@ -29,6 +29,7 @@ typedef struct mts_rest_opts {
     const mts_auth *auth;  /* bearer tokens (auth.h); NULL: every route open. Must outlive the server */
     const char *tls_cert, *tls_key, *tls_client_ca; /* PEM files: HTTPS (http.h); NULL: plaintext */
     bool metrics_only;     /* serve only GET /metrics (Triton's separate --metrics-port) */
+    bool light_realtime;   /* the light I/O threads ask for SCHED_RR 1 (util/rtprio.h) */
 } mts_rest_opts;
 
 int mts_rest_start(mts_server *srv, const mts_rest_opts *opts, mts_rest **out, mts_err *err);

@@ -819,6 +819,10 @@ int mts_cli_serve(int argc, char **argv)
         return 1;
     }
     if (cfg.model_control == MTS_CONTROL_POLL) poller_init(&poll, srv, &cfg, repo ? repo : cfg.model_repository);
+    /* light I/O threads and small gRPC connections real-time: server.light_io_realtime, else
+     * on unless MTS_LIGHT_REALTIME=0 (util/rtprio.h) */
+    const char *rt_env = getenv("MTS_LIGHT_REALTIME");
+    bool light_rt = cfg.light_io_realtime >= 0 ? cfg.light_io_realtime : !(rt_env && !strcmp(rt_env, "0"));
     mts_rest_opts ho = {cfg.host,
                         cfg.http_port,
                         cfg.http_threads,
@@ -831,7 +835,8 @@ int mts_cli_serve(int argc, char **argv)
                         cfg.tls_cert_path,
                         cfg.tls_key_path,
                         cfg.tls_client_ca_path,
-                        false};
+                        false,
+                        light_rt};
     mts_rest *http = NULL;
     if ((rc = mts_rest_start(srv, &ho, &http, &err))) {
         fprintf(stderr, "mtserve: HTTP on %s:%d: %s (choose another port with --http-port)\n", cfg.host, cfg.http_port,
@@ -883,7 +888,8 @@ int mts_cli_serve(int argc, char **argv)
                         cfg.tls_key_path,
                         cfg.tls_client_ca_path,
                         auth,
-                        cfg.grpc_transport};
+                        cfg.grpc_transport,
+                        light_rt};
     mts_grpc *grpc = NULL;
     if ((rc = mts_grpc_start(srv, &go, &grpc, &err))) {
         fprintf(stderr, "mtserve: gRPC: %s%s\n", err.msg,

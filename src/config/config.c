@@ -312,7 +312,7 @@ static const char *const server_keys[] = {
     "port", "http_port", "host", "max_message_size_mb", "worker_count", "worker_count_per_gpu", "queue_size",
     "max_queue_total", "default_timeout_ms", "shutdown_grace_s", "max_connections", "max_connections_per_client",
     "http_threads", "keepalive_timeout_s", "header_timeout_s", "tls_cert_path", "tls_key_path",
-    "tls_client_ca_path", "auth_token_file", "grpc_transport"};
+    "tls_client_ca_path", "auth_token_file", "grpc_transport", "light_io_realtime"};
 static const char *const gpus_keys[] = {"count", "memory_gb_per_gpu", "assignment_strategy", "worker_count_per_gpu",
                                         "threads_per_gpu"};
 static const char *const capacity_keys[] = {"max_models", "max_memory_gb", "eviction_policy", "idle_timeout_minutes",
@@ -628,6 +628,10 @@ static int server_key(pctx *x, const char *key, const char *full, const ynode *k
         int i;
         rc = get_enum(x, v, full, names, 2, &i);
         if (rc == 1) c->grpc_transport = i == 0 ? "native" : "core";
+    } else if (strcmp(key, "light_io_realtime") == 0) {
+        bool b;
+        rc = get_bool(x, v, full, &b);
+        if (rc == 1) c->light_io_realtime = b;
     }
     else warn_unknown(x, k, full, KEYS(server_keys));
     return rc < 0 ? rc : MTS_OK;
@@ -1036,6 +1040,7 @@ void mts_config_defaults(mts_config *c)
     c->shutdown_grace_s = 30;
     c->max_connections = 4096;
     c->http_threads = 2;
+    c->light_io_realtime = -1;
     c->keepalive_timeout_s = 60;
     c->header_timeout_s = 10;
     c->device_count = 1;

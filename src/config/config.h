@@ -109,6 +109,8 @@ typedef struct mts_config {
     char *auth_token_file;     /* server.auth_token_file: bearer tokens and their scopes (api/auth.h) */
     const char *grpc_transport; /* server.grpc_transport: "native" or "core" (static text); NULL: the
                                  * environment's MTS_GRPC_TRANSPORT, else native (api/grpc_server.h) */
+    int light_io_realtime;     /* server.light_io_realtime: 1 true, 0 false; -1 (not set): true unless
+                                * the environment's MTS_LIGHT_REALTIME is "0" (util/rtprio.h) */
     mts_model_control model_control; /* --model-control-mode; default MTS_CONTROL_AUTO */
     int repository_poll_s;     /* --repository-poll-secs (poll mode); default 15 */
     /* devices (the documents' gpus section maps onto CPU devices) */

@@ -6,8 +6,11 @@ to the whole message; malformed gRPC framing, headers and HTTP/2 get a status (o
 what is wrong, and the server keeps serving; the gRPC core transport (MTS_GRPC_TRANSPORT=core)
 still serves the same methods."""
 import gzip
+import os
 import socket
 import struct
+import subprocess
+import sys
 import time
 
 import grpc
@@ -266,3 +269,49 @@ def test_stream_compressed_messages_in_order(start_server, pb):
     got = list(s.ModelStreamInfer(gen(), timeout=120, compression=grpc.Compression.Gzip))
     assert [r.infer_response.id for r in got] == [str(i) for i in range(200)]
     assert all(not r.error_message for r in got)
+
+
+def conn_thread_policies(srv):
+    """The scheduling policy of each of the server's gRPC connection threads."""
+    pid = srv.proc.pid
+    out = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            if open(f"/proc/{pid}/task/{tid}/comm").read().strip() == "mts-grpc-conn":
+                out.append(os.sched_getscheduler(int(tid)) & ~os.SCHED_RESET_ON_FORK)
+        except OSError:
+            pass  # a thread that ended meanwhile
+    return out
+
+
+def test_small_calls_turn_the_connection_thread_realtime(start_server, pb):
+    """A connection's thread runs SCHED_RR 1 from its second small request message in a row (where
+    the process may; otherwise one log line says why) and goes back to the normal policy when a large
+    message (64 KiB or more) arrives; server.light_io_realtime: false never turns it."""
+    probe = "import os; os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(1))"
+    allowed = subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode == 0
+    srv = start_server()
+    s = ks(srv, pb)
+    s.ModelInfer(tiny_request(pb, X))
+    assert conn_thread_policies(srv) == [os.SCHED_OTHER]  # one small message: not yet
+    s.ModelInfer(tiny_request(pb, X))
+    if allowed:
+        assert conn_thread_policies(srv) == [os.SCHED_RR]
+        assert "event=realtime_threads" in srv.log()  # once per process: the HTTP light threads' first
+    else:
+        assert conn_thread_policies(srv) == [os.SCHED_OTHER]
+        assert "event=realtime_unavailable" in srv.log()
+    big = np.zeros((1100, 16), np.float32)  # 70 KB of tensor: a large message (refused: max_batch 8)
+    with pytest.raises(grpc.RpcError):
+        s.ModelInfer(tiny_request(pb, big))
+    assert conn_thread_policies(srv) == [os.SCHED_OTHER]
+    s.ModelInfer(tiny_request(pb, X))
+    s.ModelInfer(tiny_request(pb, X))
+    assert conn_thread_policies(srv) == [os.SCHED_RR if allowed else os.SCHED_OTHER]
+
+    off = start_server(server={"light_io_realtime": "false"})
+    so = ks(off, pb)
+    for _ in range(4):
+        so.ModelInfer(tiny_request(pb, X))
+    assert conn_thread_policies(off) == [os.SCHED_OTHER]
+    assert "event=realtime" not in off.log()

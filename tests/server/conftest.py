@@ -57,14 +57,15 @@ def _ensure_models():
 class Server:
     """One running `mtserve serve` child process."""
 
-    def __init__(self, workdir, args, grace):
+    def __init__(self, workdir, args, grace, prefix=()):
+        """prefix: a command the server runs under (setpriv, say)."""
         self.workdir = Path(workdir)
         self.grace = grace
         self.stdout_path = self.workdir / "stdout.log"
         self.stderr_path = self.workdir / "stderr.log"
         self._out = open(self.stdout_path, "wb")
         self._err = open(self.stderr_path, "wb")
-        self.proc = subprocess.Popen([str(MTSERVE), "serve", *args, "--http-port", "0", "--grpc-port", "0", "--grace", str(grace)],
+        self.proc = subprocess.Popen([*prefix, str(MTSERVE), "serve", *args, "--http-port", "0", "--grpc-port", "0", "--grace", str(grace)],
                                      stdout=self._out, stderr=self._err, stdin=subprocess.DEVNULL)
         self.returncode = None
         self.url = None

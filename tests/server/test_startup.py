@@ -7,6 +7,7 @@ modes (none, explicit, poll).
 import json
 import os
 import re
+import resource
 import shutil
 import socket
 import subprocess
@@ -267,6 +268,59 @@ def test_metrics_port_in_use(repo):
     finally:
         holder.close()
     assert rc == 1 and "--metrics-port" in err and "in use" in err, err
+
+
+def realtime_allowed():
+    """Whether a process started here may run a thread at SCHED_RR 1 (root with CAP_SYS_NICE, or
+    an RLIMIT_RTPRIO of at least 1)."""
+    probe = "import os; os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(1))"
+    return subprocess.run(["python3", "-c", probe], capture_output=True).returncode == 0
+
+
+def thread_policies(pid, name):
+    """The scheduling policy of each of the process's threads named `name`."""
+    out = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            if open(f"/proc/{pid}/task/{tid}/comm").read().strip() == name:
+                out.append(os.sched_getscheduler(int(tid)) & ~os.SCHED_RESET_ON_FORK)
+        except OSError:
+            pass  # a thread that ended meanwhile
+    return out
+
+
+def test_light_http_threads_run_realtime(start_server, repo, tmp_path, servers):
+    """The light HTTP I/O threads ask for SCHED_RR 1 and get it where the process may (otherwise
+    one log line says why and they stay at the normal policy, serving as before); the listening
+    threads and the workers stay normal; server.light_io_realtime: false keeps every thread
+    normal."""
+    srv = start_server(models={"tiny": TINY})
+    assert srv.infer("tiny", {"inputs": [json_input("x", np.ones((1, 16), np.float32))]}).status_code == 200
+    light = thread_policies(srv.proc.pid, "mts-http-light")
+    assert len(light) == 2, light
+    if realtime_allowed():
+        assert light == [os.SCHED_RR, os.SCHED_RR], light
+        assert "event=realtime_threads threads=mts-http-light policy=SCHED_RR" in srv.log()
+    else:
+        assert light == [os.SCHED_OTHER, os.SCHED_OTHER], light
+        assert "event=realtime_unavailable threads=mts-http-light" in srv.log()
+    for name in ("mts-http", "mts-d0-w0", "mts-d0-lane"):
+        assert set(thread_policies(srv.proc.pid, name)) == {os.SCHED_OTHER}, name
+
+    off = start_server(models={"tiny": TINY}, config={"server": {"light_io_realtime": False}})
+    assert off.infer("tiny", {"inputs": [json_input("x", np.ones((1, 16), np.float32))]}).status_code == 200
+    assert thread_policies(off.proc.pid, "mts-http-light") == [os.SCHED_OTHER, os.SCHED_OTHER]
+    assert "event=realtime" not in off.log()
+
+    if realtime_allowed() and shutil.which("setpriv") and resource.getrlimit(resource.RLIMIT_RTPRIO)[0] == 0:
+        # the same server without CAP_SYS_NICE: refused, said once, served at the normal policy
+        (tmp_path / "denied").mkdir()
+        denied = Server(tmp_path / "denied", ["--model-repository", str(repo)], 10,
+                        prefix=["setpriv", "--bounding-set", "-sys_nice"])
+        servers.append(denied)
+        assert denied.infer("tiny", {"inputs": [json_input("x", np.ones((1, 16), np.float32))]}).status_code == 200
+        assert thread_policies(denied.proc.pid, "mts-http-light") == [os.SCHED_OTHER, os.SCHED_OTHER]
+        assert denied.log().count("event=realtime_unavailable threads=mts-http-light") == 1, denied.log()
 
 
 def test_bad_host(repo):

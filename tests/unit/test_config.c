@@ -353,6 +353,20 @@ static void test_values_and_forms(void **state)
     assert_non_null(strstr(err.msg, "grpc_transport"));
     mts_config_free(&c);
 
+    /* light_io_realtime: a bool; unset (-1) leaves it to the environment (on unless "0"). */
+    assert_int_equal(parse("server:\n  light_io_realtime: false\n", "x", &c, &w, &err), MTS_OK);
+    assert_int_equal(c.light_io_realtime, 0);
+    mts_config_free(&c);
+    assert_int_equal(parse("server:\n  light_io_realtime: yes\n", "x", &c, &w, &err), MTS_OK);
+    assert_int_equal(c.light_io_realtime, 1);
+    mts_config_free(&c);
+    assert_int_equal(parse("server:\n  port: 7003\n", "x", &c, &w, &err), MTS_OK);
+    assert_int_equal(c.light_io_realtime, -1);
+    mts_config_free(&c);
+    assert_int_not_equal(parse("server:\n  light_io_realtime: 2\n", "x", &c, &w, &err), MTS_OK);
+    assert_non_null(strstr(err.msg, "light_io_realtime"));
+    mts_config_free(&c);
+
     /* Empty and comment-only files give the defaults; defaults derive max_memory_gb from RAM. */
     assert_int_equal(parse("", "x", &c, &w, &err), MTS_OK);
     assert_int_equal(mts_config_finalize(&c, &err), MTS_OK);
