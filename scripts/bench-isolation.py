@@ -54,7 +54,8 @@ answering process, the floor under the light p99 on this machine.
 Knobs (environment): DURATION (seconds per measured run, default 10), ROUNDS (default 3),
 PROTOCOLS (default "http,grpc"),
 LIGHT_RATE (default 200), PARTS (default "light,two-heavy": which parts to run; "modes" adds
-the scheduler comparison below), MTSERVE (binary, default build/mtserve); MTS_SHORT_LANE=0 runs the
+the scheduler comparison below, "heavy-loss" the paired measurement of the heavy tenant's loss
+at the end), MTSERVE (binary, default build/mtserve); MTS_SHORT_LANE=0 runs the
 server without its short-work lane (fair sharing alone), MTS_PREEMPT=1 with preemption between
 engine steps. PARTS=modes compares the ways of bounding the light tenant's wait side by side
 (MODES, default "lane,preempt,none"; also "lane+preempt", and "nice0" / "nice10": the regular
@@ -71,6 +72,12 @@ per mode, the light tenant beside the heavy one at concurrency 4 and 32 and an o
 of FLOOD_RATE/s (default 230, about 5x the heavy capacity), rounds interleaved across the
 servers; with the heavy tenant's refused requests a second and the server's CPU seconds a
 second.
+
+PARTS=heavy-loss measures the heavy tenant's loss alone, with more samples than the rounds above
+give it (a run's throughput on this VM swings by 10 % and more from one 8 s run to the next):
+for each heavy load, PAIRS (default 10) pairs of back-to-back runs, the heavy load beside the
+light tenant and beside the client stand-in, the pair's order alternating; it prints the median
+of the pairs' ratios (with light / with stand-in) with their quartiles and extremes.
 """
 import json
 import os
@@ -278,6 +285,66 @@ MODES = {"lane": {}, "preempt": {"MTS_SHORT_LANE": "0", "MTS_PREEMPT": "1"},
 FLOOD_RATE = float(os.environ.get("FLOOD_RATE", "230"))  # the open-loop row of PARTS=modes
 
 
+PAIRS = int(os.environ.get("PAIRS", "10"))  # PARTS=heavy-loss
+
+
+def calibrate(proto, server, url, grpc):
+    """Warms both tenants' plans, then measures the heavy tenant's capacity (closed loop at
+    concurrency 4) and the light tenant alone: returns (capacity, the light client's CPU ms per
+    request, the server's CPU s and the client's for the light run, the light run's summary with
+    the server's own p99 for it as "server_p99")."""
+    run([bench_cmd(proto, url, grpc, HEAVY, "--concurrency", 8, "--duration", 3),
+         bench_cmd(proto, url, grpc, LIGHT, "--concurrency", 4, "--duration", 3)])
+    (cap_run,) = run([bench_cmd(proto, url, grpc, HEAVY, "--concurrency", 4, "--duration", DURATION)])
+    s0, c0 = proc_cpu_s(server.pid), children_cpu_s()
+    hb = duration_buckets(url, LIGHT)
+    (light,) = run([bench_cmd(proto, url, grpc, LIGHT, *light_args())])
+    light["server_p99"] = server_p99(hb, duration_buckets(url, LIGHT))
+    s_cpu, c_cpu = proc_cpu_s(server.pid) - s0, children_cpu_s() - c0
+    return cap_run["throughput_rps"], 1e3 * c_cpu / max(light["requests"], 1), s_cpu, c_cpu, light
+
+
+def shapes_of(cap):
+    return (("closed loop, concurrency 4", ("--concurrency", 4)),
+            ("closed loop, concurrency 32", ("--concurrency", 32)),
+            (f"open loop, 5x capacity ({5 * cap:.0f}/s)", ("--rate", f"{5 * cap:.2f}", "--max-connections", 256)))
+
+
+def quartiles(xs):
+    xs = sorted(xs)
+    at = lambda q: xs[min(len(xs) - 1, int(q * (len(xs) - 1) + 0.5))]
+    return at(0.25), median(xs), at(0.75)
+
+
+def heavy_loss(server, url, grpc):
+    """PARTS=heavy-loss: PAIRS back-to-back pairs per heavy load (see the module comment)."""
+    for proto in PROTOCOLS:
+        cap, client_ms, _, _, _ = calibrate(proto, server, url, grpc)
+        print(f"\n{proto}: heavy tenant {HEAVY} (capacity {cap:.2f} req/s at concurrency 4) beside the light "
+              f"tenant {LIGHT} at {LIGHT_RATE:.0f}/s and beside the client stand-in ({client_ms:.3f} ms of CPU per "
+              f"request); {PAIRS} pairs of {DURATION:.0f} s runs per load, the order alternating\n", flush=True)
+        print("| heavy load | with light / with stand-in: median | quartiles | min - max | heavy with light "
+              "(median) | heavy with stand-in (median) |")
+        print("|---|---|---|---|---|---|")
+        for label, hargs in shapes_of(cap):
+            ratios, lit, std = [], [], []
+            for i in range(PAIRS):
+                got = {}
+                for kind in (("light", "stand-in") if i % 2 == 0 else ("stand-in", "light")):
+                    beside = bench_cmd(proto, url, grpc, LIGHT, *light_args()) if kind == "light" \
+                        else stand_in_cmd(client_ms)
+                    h, _ = run([bench_cmd(proto, url, grpc, HEAVY, *hargs, "--duration", DURATION), beside])
+                    got[kind] = h["throughput_rps"]
+                hl, hs = got["light"], got["stand-in"]
+                lit.append(hl)
+                std.append(hs)
+                if hs > 0:
+                    ratios.append(hl / hs)
+            q1, mid, q3 = quartiles(ratios)
+            print(f"| {label} | {mid:.3f} | {q1:.3f} - {q3:.3f} | {min(ratios):.3f} - {max(ratios):.3f} | "
+                  f"{median(lit):.2f} req/s | {median(std):.2f} req/s |", flush=True)
+
+
 def modes(tmp):
     """The same light/heavy pairs against one server per scheduler mode, interleaved round by
     round (every server idle but the one measured), so the modes see the same machine."""
@@ -341,21 +408,14 @@ def main():
                 return
         server, url, grpc = start_server(tmp)
         try:
+            if "heavy-loss" in PARTS:
+                heavy_loss(server, url, grpc)
             for proto in PROTOCOLS if "light" in PARTS else ():
-                # warm both tenants' plans for the batch sizes they will see
-                run([bench_cmd(proto, url, grpc, HEAVY, "--concurrency", 8, "--duration", 3),
-                     bench_cmd(proto, url, grpc, LIGHT, "--concurrency", 4, "--duration", 3)])
-                (cap_run,) = run([bench_cmd(proto, url, grpc, HEAVY, "--concurrency", 4, "--duration", DURATION)])
-                cap = cap_run["throughput_rps"]
+                cap, client_ms, s_cpu, c_cpu, light = calibrate(proto, server, url, grpc)
+                srv0 = light["server_p99"]
                 print(f"\n{proto}: heavy tenant {HEAVY} (closed loop, concurrency 4): {cap:.2f} req/s; light tenant "
                       f"{LIGHT} at {LIGHT_RATE:.0f}/s (open loop). Medians of {ROUNDS} rounds; each round runs the heavy "
                       f"load alone and with the light tenant beside it, back to back.\n")
-                s0, c0 = proc_cpu_s(server.pid), children_cpu_s()
-                hb = duration_buckets(url, LIGHT)
-                (light,) = run([bench_cmd(proto, url, grpc, LIGHT, *light_args())])
-                srv0 = server_p99(hb, duration_buckets(url, LIGHT))
-                s_cpu, c_cpu = proc_cpu_s(server.pid) - s0, children_cpu_s() - c0
-                client_ms = 1e3 * c_cpu / max(light["requests"], 1)
                 answerer, floor_at = start_answerer(proto, url, grpc) if FLOOR else (None, None)
                 floor_args = (floor_at, floor_at) if FLOOR else None
                 if FLOOR:  # the cache's first answers come from the server; then alone
@@ -375,11 +435,7 @@ def main():
                       f"{light['ok']}/{light['requests']} | {total([late_starts(light)])} | - | - | - | "
                       + ("- | - | - | " if STANDIN else "")
                       + (f"{fl['latency_ms']['p99']:.2f} ms | " if FLOOR else "") + "- |", flush=True)
-                shapes = (("closed loop, concurrency 4", ("--concurrency", 4)),
-                          ("closed loop, concurrency 32", ("--concurrency", 32)),
-                          (f"open loop, 5x capacity ({5 * cap:.0f}/s)", ("--rate", f"{5 * cap:.2f}",
-                                                                       "--max-connections", 256)))
-                for label, hargs in shapes:
+                for label, hargs in shapes_of(cap):
                     alone, beside, p50, p99, q99, ok, sent, comp, late = [], [], [], [], [], 0, 0, [], []
                     sent99, srv99 = [], []
                     stand, wake99, wakemax, floor99 = [], [], [], []
