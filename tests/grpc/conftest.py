@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))  # shared helpers (threadinfo)
 BUILD = ROOT / "build"
 MODELS = ROOT / "models" / "out"
 TINY = MODELS / "tiny.onnx"              # x[N,16] -> y[N,16]

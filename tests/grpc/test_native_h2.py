@@ -9,8 +9,6 @@ import gzip
 import os
 import socket
 import struct
-import subprocess
-import sys
 import time
 
 import grpc
@@ -21,6 +19,7 @@ import numpy as np
 import pytest
 
 from conftest import tiny_request
+from threadinfo import realtime_allowed, thread_policies
 from test_grpc_api import full_seg_queue, ks
 
 KS = "/inference.GRPCInferenceService/"
@@ -271,47 +270,33 @@ def test_stream_compressed_messages_in_order(start_server, pb):
     assert all(not r.error_message for r in got)
 
 
-def conn_thread_policies(srv):
-    """The scheduling policy of each of the server's gRPC connection threads."""
-    pid = srv.proc.pid
-    out = []
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            if open(f"/proc/{pid}/task/{tid}/comm").read().strip() == "mts-grpc-conn":
-                out.append(os.sched_getscheduler(int(tid)) & ~os.SCHED_RESET_ON_FORK)
-        except OSError:
-            pass  # a thread that ended meanwhile
-    return out
-
-
 def test_small_calls_turn_the_connection_thread_realtime(start_server, pb):
     """A connection's thread runs SCHED_RR 1 from its second small request message in a row (where
     the process may; otherwise one log line says why) and goes back to the normal policy when a large
     message (64 KiB or more) arrives; server.light_io_realtime: false never turns it."""
-    probe = "import os; os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(1))"
-    allowed = subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode == 0
+    allowed = realtime_allowed()
     srv = start_server()
     s = ks(srv, pb)
     s.ModelInfer(tiny_request(pb, X))
-    assert conn_thread_policies(srv) == [os.SCHED_OTHER]  # one small message: not yet
+    assert thread_policies(srv.proc.pid, "mts-grpc-conn") == [os.SCHED_OTHER]  # one small message: not yet
     s.ModelInfer(tiny_request(pb, X))
     if allowed:
-        assert conn_thread_policies(srv) == [os.SCHED_RR]
+        assert thread_policies(srv.proc.pid, "mts-grpc-conn") == [os.SCHED_RR]
         assert "event=realtime_threads" in srv.log()  # once per process: the HTTP light threads' first
     else:
-        assert conn_thread_policies(srv) == [os.SCHED_OTHER]
+        assert thread_policies(srv.proc.pid, "mts-grpc-conn") == [os.SCHED_OTHER]
         assert "event=realtime_unavailable" in srv.log()
     big = np.zeros((1100, 16), np.float32)  # 70 KB of tensor: a large message (refused: max_batch 8)
     with pytest.raises(grpc.RpcError):
         s.ModelInfer(tiny_request(pb, big))
-    assert conn_thread_policies(srv) == [os.SCHED_OTHER]
+    assert thread_policies(srv.proc.pid, "mts-grpc-conn") == [os.SCHED_OTHER]
     s.ModelInfer(tiny_request(pb, X))
     s.ModelInfer(tiny_request(pb, X))
-    assert conn_thread_policies(srv) == [os.SCHED_RR if allowed else os.SCHED_OTHER]
+    assert thread_policies(srv.proc.pid, "mts-grpc-conn") == [os.SCHED_RR if allowed else os.SCHED_OTHER]
 
     off = start_server(server={"light_io_realtime": "false"})
     so = ks(off, pb)
     for _ in range(4):
         so.ModelInfer(tiny_request(pb, X))
-    assert conn_thread_policies(off) == [os.SCHED_OTHER]
+    assert thread_policies(off.proc.pid, "mts-grpc-conn") == [os.SCHED_OTHER]
     assert "event=realtime" not in off.log()

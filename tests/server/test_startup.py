@@ -18,6 +18,7 @@ import pytest
 import requests
 
 from conftest import MTSERVE, TINY, Server, _ensure_models, json_input
+from threadinfo import realtime_allowed, thread_policies
 
 GOOD = {"inputs": [json_input("x", np.ones((1, 16), np.float32))]}
 
@@ -268,25 +269,6 @@ def test_metrics_port_in_use(repo):
     finally:
         holder.close()
     assert rc == 1 and "--metrics-port" in err and "in use" in err, err
-
-
-def realtime_allowed():
-    """Whether a process started here may run a thread at SCHED_RR 1 (root with CAP_SYS_NICE, or
-    an RLIMIT_RTPRIO of at least 1)."""
-    probe = "import os; os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(1))"
-    return subprocess.run(["python3", "-c", probe], capture_output=True).returncode == 0
-
-
-def thread_policies(pid, name):
-    """The scheduling policy of each of the process's threads named `name`."""
-    out = []
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            if open(f"/proc/{pid}/task/{tid}/comm").read().strip() == name:
-                out.append(os.sched_getscheduler(int(tid)) & ~os.SCHED_RESET_ON_FORK)
-        except OSError:
-            pass  # a thread that ended meanwhile
-    return out
 
 
 def test_light_http_threads_run_realtime(start_server, repo, tmp_path, servers):
