@@ -684,23 +684,57 @@ static unsigned long long worker_batches(mts_server *s, bool lane)
     return total;
 }
 
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* The scheduler's cost estimate for model's samples, from the metrics (microseconds; 0 before
+ * its first batch). */
+static double cost_estimate_us(mts_server *s, const char *model)
+{
+    char key[96];
+    snprintf(key, sizeof key, "mts_model_cost_per_sample_seconds{model=\"%s\"} ", model);
+    size_t len = 0;
+    char *m = mts_server_metrics(s, &len);
+    assert_non_null(m);
+    const char *p = strstr(m, key);
+    double us = p ? strtod(p + strlen(key), NULL) * 1e6 : 0;
+    free(m);
+    return us;
+}
+
 /* n requests to model, one at a time, each answered before the next, with a pause after each
  * (every thread back to waiting, and the lane's time budget refilled). Counts the ones submit
- * reported prompt and the ones already answered when submit returned. */
-static void one_at_a_time(mts_server *s, const char *model, int n, bool run_inline, int *prompt, int *at_return)
+ * reported prompt and the ones already answered when submit returned; the largest cost
+ * estimate seen between them goes to *max_est_us. The pause is 5 ms or 20 times the request's
+ * round trip, whichever is longer: the lane earns 10 % of the wall time, so it earns more than
+ * the batch took even where sanitizers and a slow machine make a batch take 0.5 ms or more
+ * (at a fixed 5 ms it then spent its budget, and a third of the batches went to the regular
+ * workers); at most 200 ms. */
+static void one_at_a_time(mts_server *s, const char *model, int n, bool run_inline, int *prompt, int *at_return,
+                          double *max_est_us)
 {
     *prompt = *at_return = 0;
+    *max_est_us = 0;
     for (int i = 0; i < n; i++) {
         call *c = call_new(model, 1);
         c->req.run_inline = run_inline;
+        int64_t t0 = now_ns();
         assert_int_equal(submit(s, c), 0);
         *prompt += c->req.prompt; /* (set by submit on this thread) */
         pthread_mutex_lock(&c->mu);
         *at_return += c->done;
         pthread_mutex_unlock(&c->mu);
         assert_int_equal(call_wait(c), 0);
+        int64_t took_us = (now_ns() - t0) / 1000;
         call_free(c);
-        usleep(5000);
+        double est = cost_estimate_us(s, model);
+        if (est > *max_est_us) *max_est_us = est;
+        int64_t pause_us = took_us * 20 > 5000 ? took_us * 20 : 5000;
+        usleep((useconds_t)(pause_us < 200000 ? pause_us : 200000));
     }
 }
 
@@ -721,10 +755,12 @@ static void test_light_work_wakes_the_lane(void **state)
     }
     unsigned long long lane0 = worker_batches(s, true), regular0 = worker_batches(s, false);
     int prompt, at_return;
-    one_at_a_time(s, "m00", 100, false, &prompt, &at_return);
+    double max_est;
+    one_at_a_time(s, "m00", 100, false, &prompt, &at_return, &max_est);
     unsigned long long lane = worker_batches(s, true) - lane0, regular = worker_batches(s, false) - regular0;
     printf("100 light requests on an idle device: %llu batches on the lane, %llu on regular workers, %d "
-           "reported prompt\n", lane, regular, prompt);
+           "reported prompt; cost estimate at most %.0f us (the lane takes up to 2000)\n", lane, regular, prompt,
+           max_est);
     assert_int_equal(lane + regular, 100);
     /* a few may go to a worker: a stalled batch raises the model's cost estimate above what the
      * lane takes for a while (0-2 here, up to 8 seen under ThreadSanitizer). Waking every idle
@@ -758,10 +794,10 @@ static void test_light_work_wakes_the_lane(void **state)
      * thread runs each batch itself, answered before submit returns, counted as the lane's */
     usleep(20000);
     lane0 = worker_batches(s, true), regular0 = worker_batches(s, false);
-    one_at_a_time(s, "m00", 100, true, &prompt, &at_return);
+    one_at_a_time(s, "m00", 100, true, &prompt, &at_return, &max_est);
     lane = worker_batches(s, true) - lane0, regular = worker_batches(s, false) - regular0;
-    printf("100 requests run_inline: %d answered before submit returned; %llu lane batches, %llu regular\n",
-           at_return, lane, regular);
+    printf("100 requests run_inline: %d answered before submit returned; %llu lane batches, %llu regular; cost "
+           "estimate at most %.0f us\n", at_return, lane, regular, max_est);
     assert_int_equal(lane + regular, 100);
     assert_true(at_return >= 90);
     /* a run_inline request behind one the lane was just woken for (queued, the lane not yet on
@@ -1020,13 +1056,6 @@ static void heavy_free(heavy_call *c)
     mts_request_release(&c->req);
     free(c->input);
     free(c);
-}
-
-static int64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
 /* A server for the preemption tests (the short-work lane off, preemption on): "heavy" is
