@@ -36,7 +36,9 @@ requests late (reported as "client late starts") and that lateness counts in the
 
 Each round also runs the heavy load beside a stand-in for the light tenant's client (STANDIN=1,
 the default; 0 leaves it out): a process at the client's priority that wakes LIGHT_RATE times a
-second and burns the client's measured CPU per request each time, sending nothing. The heavy
+second and burns the client's measured CPU per request each time, sending nothing (what the
+light client used per request beside the same heavy load in the rounds before, the median; in
+the first round its cost alone). The heavy
 tenant's throughput beside it is what the measuring client alone takes from it on these shared
 cores, and "with light / with stand-in" (the median of the rounds' ratios) what the server's
 handling of the light tenant costs it. The stand-in also records how late the OS wakes it
@@ -76,8 +78,16 @@ second.
 PARTS=heavy-loss measures the heavy tenant's loss alone, with more samples than the rounds above
 give it (a run's throughput on this VM swings by 10 % and more from one 8 s run to the next):
 for each heavy load, PAIRS (default 10) pairs of back-to-back runs, the heavy load beside the
-light tenant and beside the client stand-in, the pair's order alternating; it prints the median
-of the pairs' ratios (with light / with stand-in) with their quartiles and extremes.
+light tenant and beside the client stand-in, the pair's order alternating (the stand-in burns
+the median of what the light client itself used per request in this load's runs so far: beside
+a flood the client costs more than alone, 0.31 against 0.19 ms per request over HTTP, and that
+difference is the client's, not the server's); it prints the median
+of the pairs' ratios (with light / with stand-in) with their quartiles and extremes. Beside them,
+two readings with less noise than a run's throughput: the CPU time the server's regular workers
+got (the same ratio: the share of the cores the light tenant's handling takes from the heavy
+one, whose throughput follows that share times the machine's speed of the moment, which swings),
+and the server's CPU outside the workers in the light run minus the stand-in run, per light
+request (the front end's and the kernel's work for one light request beside that load).
 """
 import json
 import os
@@ -180,6 +190,21 @@ def proc_cpu_s(pid):
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def worker_cpu_s(pid):
+    """CPU seconds the server's regular workers (threads named mts-dN-wN, with the intra-op
+    threads they start, which carry the name) have used so far."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            if not re.fullmatch(r"mts-d\d+-w\d+", open(f"/proc/{pid}/task/{tid}/comm").read().strip()):
+                continue
+            f = open(f"/proc/{pid}/task/{tid}/stat").read().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # the thread ended
+        total += int(f[11]) + int(f[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def children_cpu_s():
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return r.ru_utime + r.ru_stime
@@ -246,6 +271,18 @@ def stand_in(rate, burn_ms, duration):
     lags.sort()
     print(json.dumps({"wake_lag_ms": {"p99": lags[len(lags) * 99 // 100] if lags else 0,
                                       "max": lags[-1] if lags else 0}}))
+
+
+def stand_in_burn(client_beside, client_ms):
+    """The CPU the stand-in burns per wake-up: the median of what the light client used per
+    request in the same load's runs so far (beside a flood it costs more than alone), else its
+    cost alone."""
+    return median(client_beside) if client_beside else client_ms
+
+
+def note_client_cost(client_beside, summary):
+    if summary.get("client_cpu_ms_per_request"):
+        client_beside.append(summary["client_cpu_ms_per_request"])
 
 
 def light_args():
@@ -321,28 +358,45 @@ def heavy_loss(server, url, grpc):
     for proto in PROTOCOLS:
         cap, client_ms, _, _, _ = calibrate(proto, server, url, grpc)
         print(f"\n{proto}: heavy tenant {HEAVY} (capacity {cap:.2f} req/s at concurrency 4) beside the light "
-              f"tenant {LIGHT} at {LIGHT_RATE:.0f}/s and beside the client stand-in ({client_ms:.3f} ms of CPU per "
-              f"request); {PAIRS} pairs of {DURATION:.0f} s runs per load, the order alternating\n", flush=True)
+              f"tenant {LIGHT} at {LIGHT_RATE:.0f}/s and beside the client stand-in (the light client's CPU per request "
+              f"beside the same load: {client_ms:.3f} ms alone); {PAIRS} pairs of {DURATION:.0f} s runs per load, the "
+              f"order alternating\n", flush=True)
         print("| heavy load | with light / with stand-in: median | quartiles | min - max | heavy with light "
-              "(median) | heavy with stand-in (median) |")
-        print("|---|---|---|---|---|---|")
+              "(median) | heavy with stand-in (median) | workers' CPU, with light / with stand-in: median "
+              "(quartiles) | server CPU outside the workers per light request (light run minus stand-in run) | "
+              "stand-in's CPU per request (median) |")
+        print("|---|---|---|---|---|---|---|---|---|")
         for label, hargs in shapes_of(cap):
-            ratios, lit, std = [], [], []
+            ratios, lit, std, wratios, per_req = [], [], [], [], []
+            client_beside, burns = [], []  # the light client's CPU per request in this load's runs
             for i in range(PAIRS):
-                got = {}
+                got, wk, other = {}, {}, {}
                 for kind in (("light", "stand-in") if i % 2 == 0 else ("stand-in", "light")):
+                    burn = stand_in_burn(client_beside, client_ms)
+                    if kind == "stand-in":
+                        burns.append(burn)
                     beside = bench_cmd(proto, url, grpc, LIGHT, *light_args()) if kind == "light" \
-                        else stand_in_cmd(client_ms)
-                    h, _ = run([bench_cmd(proto, url, grpc, HEAVY, *hargs, "--duration", DURATION), beside])
-                    got[kind] = h["throughput_rps"]
+                        else stand_in_cmd(burn)
+                    s0, w0 = proc_cpu_s(server.pid), worker_cpu_s(server.pid)
+                    h, b = run([bench_cmd(proto, url, grpc, HEAVY, *hargs, "--duration", DURATION), beside])
+                    s1, w1 = proc_cpu_s(server.pid), worker_cpu_s(server.pid)
+                    got[kind], wk[kind], other[kind] = h["throughput_rps"], w1 - w0, (s1 - s0) - (w1 - w0)
+                    if kind == "light":
+                        n_light = max(b["requests"], 1)
+                        note_client_cost(client_beside, b)
                 hl, hs = got["light"], got["stand-in"]
                 lit.append(hl)
                 std.append(hs)
                 if hs > 0:
                     ratios.append(hl / hs)
+                if wk["stand-in"] > 0:
+                    wratios.append(wk["light"] / wk["stand-in"])
+                per_req.append(1e6 * (other["light"] - other["stand-in"]) / n_light)
             q1, mid, q3 = quartiles(ratios)
+            wq1, wmid, wq3 = quartiles(wratios)
             print(f"| {label} | {mid:.3f} | {q1:.3f} - {q3:.3f} | {min(ratios):.3f} - {max(ratios):.3f} | "
-                  f"{median(lit):.2f} req/s | {median(std):.2f} req/s |", flush=True)
+                  f"{median(lit):.2f} req/s | {median(std):.2f} req/s | {wmid:.3f} ({wq1:.3f} - {wq3:.3f}) | "
+                  f"{median(per_req):.0f} us | {median(burns):.3f} ms |", flush=True)
 
 
 def modes(tmp):
@@ -439,12 +493,13 @@ def main():
                     alone, beside, p50, p99, q99, ok, sent, comp, late = [], [], [], [], [], 0, 0, [], []
                     sent99, srv99 = [], []
                     stand, wake99, wakemax, floor99 = [], [], [], []
+                    client_beside = []  # the light client's CPU per request in this load's rounds
                     for _ in range(ROUNDS):
                         (h,) = run([bench_cmd(proto, url, grpc, HEAVY, *hargs, "--duration", DURATION)])
                         alone.append(h["throughput_rps"])
                         if STANDIN:
                             h, si = run([bench_cmd(proto, url, grpc, HEAVY, *hargs, "--duration", DURATION),
-                                         stand_in_cmd(client_ms)])
+                                         stand_in_cmd(stand_in_burn(client_beside, client_ms))])
                             stand.append(h["throughput_rps"])
                             wake99.append(si["wake_lag_ms"]["p99"])
                             wakemax.append(si["wake_lag_ms"]["max"])
@@ -457,6 +512,7 @@ def main():
                                     bench_cmd(proto, url, grpc, LIGHT, *light_args())])
                         srv99.append(server_p99(hb, duration_buckets(url, LIGHT)))
                         sent99.append(l["latency_from_send_ms"]["p99"])
+                        note_client_cost(client_beside, l)
                         beside.append(h["throughput_rps"])
                         comp.append(h["server_compute_ms"]["mean"])
                         p50.append(l["latency_ms"]["p50"])
@@ -486,7 +542,8 @@ def main():
                       f"({100 * s_cpu / cores:.1f} % of the cores) and its client, on the same cores, "
                       f"{1e3 * c_cpu / nreq:.3f} ms ({100 * c_cpu / cores:.1f} %): about what the heavy tenant "
                       f"loses beside it on this machine."
-                      + (f" The stand-in burns the client's {client_ms:.3f} ms per request at "
+                      + (f" The stand-in burns what the client used per request beside the same load in "
+                         f"the rounds before ({client_ms:.3f} ms alone, in the first round) at "
                          f"{LIGHT_RATE:.0f}/s and nice {LIGHT_NICE} without sending anything: the heavy "
                          f"tenant's throughput beside it is what the measuring client alone takes, and "
                          f"'with light / with stand-in' what the server's handling of the light "
