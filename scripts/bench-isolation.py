@@ -184,10 +184,15 @@ def run(cmds):
     return res
 
 
-def proc_cpu_s(pid):
-    """CPU seconds (user + system) a running process has used so far."""
-    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+def stat_cpu_s(path):
+    """CPU seconds (user + system) from a /proc stat file (a process's or one thread's)."""
+    f = open(path).read().rsplit(")", 1)[1].split()
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def proc_cpu_s(pid):
+    """CPU seconds a running process has used so far."""
+    return stat_cpu_s(f"/proc/{pid}/stat")
 
 
 def worker_cpu_s(pid):
@@ -196,13 +201,11 @@ def worker_cpu_s(pid):
     total = 0
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
-            if not re.fullmatch(r"mts-d\d+-w\d+", open(f"/proc/{pid}/task/{tid}/comm").read().strip()):
-                continue
-            f = open(f"/proc/{pid}/task/{tid}/stat").read().rsplit(")", 1)[1].split()
+            if re.fullmatch(r"mts-d\d+-w\d+", open(f"/proc/{pid}/task/{tid}/comm").read().strip()):
+                total += stat_cpu_s(f"/proc/{pid}/task/{tid}/stat")
         except (FileNotFoundError, ProcessLookupError):
-            continue  # the thread ended
-        total += int(f[11]) + int(f[12])
-    return total / os.sysconf("SC_CLK_TCK")
+            pass  # the thread ended
+    return total
 
 
 def children_cpu_s():
@@ -372,11 +375,11 @@ def heavy_loss(server, url, grpc):
             for i in range(PAIRS):
                 got, wk, other = {}, {}, {}
                 for kind in (("light", "stand-in") if i % 2 == 0 else ("stand-in", "light")):
-                    burn = stand_in_burn(client_beside, client_ms)
-                    if kind == "stand-in":
-                        burns.append(burn)
-                    beside = bench_cmd(proto, url, grpc, LIGHT, *light_args()) if kind == "light" \
-                        else stand_in_cmd(burn)
+                    if kind == "light":
+                        beside = bench_cmd(proto, url, grpc, LIGHT, *light_args())
+                    else:
+                        burns.append(stand_in_burn(client_beside, client_ms))
+                        beside = stand_in_cmd(burns[-1])
                     s0, w0 = proc_cpu_s(server.pid), worker_cpu_s(server.pid)
                     h, b = run([bench_cmd(proto, url, grpc, HEAVY, *hargs, "--duration", DURATION), beside])
                     s1, w1 = proc_cpu_s(server.pid), worker_cpu_s(server.pid)

@@ -691,19 +691,19 @@ static int64_t now_ns(void)
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-/* The scheduler's cost estimate for model's samples, from the metrics (microseconds; 0 before
- * its first batch). */
-static double cost_estimate_us(mts_server *s, const char *model)
+/* The scheduler's cost estimate for model's samples, from the metrics (seconds; -1 before its
+ * first batch). */
+static double cost_estimate(mts_server *s, const char *model)
 {
-    char key[96];
-    snprintf(key, sizeof key, "mts_model_cost_per_sample_seconds{model=\"%s\"} ", model);
     size_t len = 0;
     char *m = mts_server_metrics(s, &len);
     assert_non_null(m);
-    const char *p = strstr(m, key);
-    double us = p ? strtod(p + strlen(key), NULL) * 1e6 : 0;
+    char key[128];
+    snprintf(key, sizeof key, "mts_model_cost_per_sample_seconds{model=\"%s\"} ", model);
+    char *p = strstr(m, key);
+    double v = p ? strtod(p + strlen(key), NULL) : -1;
     free(m);
-    return us;
+    return v;
 }
 
 /* n requests to model, one at a time, each answered before the next, with a pause after each
@@ -731,7 +731,7 @@ static void one_at_a_time(mts_server *s, const char *model, int n, bool run_inli
         assert_int_equal(call_wait(c), 0);
         int64_t took_us = (now_ns() - t0) / 1000;
         call_free(c);
-        double est = cost_estimate_us(s, model);
+        double est = 1e6 * cost_estimate(s, model);
         if (est > *max_est_us) *max_est_us = est;
         int64_t pause_us = took_us * 20 > 5000 ? took_us * 20 : 5000;
         usleep((useconds_t)(pause_us < 200000 ? pause_us : 200000));
@@ -824,19 +824,6 @@ static void test_light_work_wakes_the_lane(void **state)
     mts_server_shutdown(s, 5);
     mts_server_free(s);
     mts_config_free(&cfg);
-}
-
-static double cost_estimate(mts_server *s, const char *model)
-{
-    size_t len = 0;
-    char *m = mts_server_metrics(s, &len);
-    assert_non_null(m);
-    char key[128];
-    snprintf(key, sizeof key, "mts_model_cost_per_sample_seconds{model=\"%s\"} ", model);
-    char *p = strstr(m, key);
-    double v = p ? strtod(p + strlen(key), NULL) : -1;
-    free(m);
-    return v;
 }
 
 /* The scheduler's cost estimate, which decides what the short-work lane takes, is not moved
