@@ -170,6 +170,12 @@ static int64_t mono_ns(void)
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+/* The connection whose thread this is (NULL on other threads). An operation posted, or a last
+ * call reference dropped, by the connection's own thread (a handler run inline, a stream freed)
+ * needs no wake-up: the thread looks at its inbox before it waits again. Skipping the eventfd
+ * saves an unary call answered inline four system calls (two writes, a read, a poll). */
+static _Thread_local h2_conn *this_conn;
+
 static void wake(int efd)
 {
     uint64_t one = 1;
@@ -187,7 +193,7 @@ static void conn_ref(h2_conn *conn)
 void mts__h2_conn_unref(h2_conn *conn)
 {
     /* the thread's own reference is the last: when only it is left, it may be waiting for that */
-    if (atomic_fetch_sub(&conn->refs, 1) == 2) wake(conn->efd);
+    if (atomic_fetch_sub(&conn->refs, 1) == 2 && this_conn != conn) wake(conn->efd);
 }
 
 /* ---- the framework's operations (any thread, under c->lock) ---- */
@@ -212,7 +218,7 @@ static void post(mts__grpc_call *c, int kind, grpc_byte_buffer *bb, int code, co
     else conn->in_head = op;
     conn->in_tail = op;
     pthread_mutex_unlock(&conn->lock);
-    if (was_empty) wake(conn->efd);
+    if (was_empty && this_conn != conn) wake(conn->efd);
 }
 
 void mts__h2_finish(mts__grpc_call *c, grpc_byte_buffer *reply, int code, const char *msg)
@@ -1119,6 +1125,7 @@ static void *conn_main(void *arg)
 {
     h2_conn *conn = arg;
     mts__h2 *h = conn->h;
+    this_conn = conn;
     for (;;) {
         run_ops(conn);
         pthread_mutex_lock(&conn->lock);
@@ -1138,12 +1145,11 @@ static void *conn_main(void *arg)
                 conn->woff == conn->wlen)
                 close_socket(conn);
         }
-        if (!conn->open) {
-            pthread_mutex_lock(&conn->lock);
-            bool idle = !conn->in_head;
-            pthread_mutex_unlock(&conn->lock);
-            if (idle && atomic_load(&conn->refs) == 1) break;
-        }
+        pthread_mutex_lock(&conn->lock);
+        bool pending = conn->in_head != NULL; /* posted by this thread since run_ops: no wake-up came */
+        pthread_mutex_unlock(&conn->lock);
+        if (pending) continue;
+        if (!conn->open && atomic_load(&conn->refs) == 1) break;
         struct pollfd pf[2] = {{conn->efd, POLLIN, 0}, {conn->fd, 0, 0}};
         int nfds = 1;
         if (conn->open) {
