@@ -26,7 +26,7 @@
 #define HDR 64
 #define MAGIC_SMALL 0x6d74732d696f736dULL
 #define MAGIC_LARGE 0x6d74732d696f6c67ULL
-#define SLOTS 32
+#define SLOTS 128 /* blocks the cache may hold (a flood's half of 100 queued 2.5 MB requests: ~60) */
 
 typedef struct hdr {
     uint64_t magic;
@@ -51,6 +51,7 @@ static unsigned long long g_reused, g_mapped;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static size_t g_cap = MTS_IOBUF_CACHE;
 static bool g_cap_fixed;   /* MTS_IOBUF_CACHE_MB was given: the cap is exactly that */
+static size_t g_live;      /* bytes of large blocks handed out and not yet freed */
 static size_t g_big;       /* the largest block freed within the idle window ... */
 static double g_big_ms;    /* ... and when */
 
@@ -119,11 +120,17 @@ void *mts_iobuf_alloc(size_t n)
             break;
         }
     if (!base) g_mapped++;
+    g_live += len;
     pthread_mutex_unlock(&g_lock);
     unmap_all(drop, nd);
     if (!base) {
         base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-        if (base == MAP_FAILED) return NULL;
+        if (base == MAP_FAILED) {
+            pthread_mutex_lock(&g_lock);
+            g_live -= len;
+            pthread_mutex_unlock(&g_lock);
+            return NULL;
+        }
     }
     hdr *h = base;
     *h = (hdr){.magic = MAGIC_LARGE, .cap = len - HDR, .map_len = len};
@@ -155,7 +162,18 @@ void mts_iobuf_free(void *p)
      * when that is more than the default (lip-sync requests of 16 frames are 40 MB); idle blocks
      * still go after MTS_IOBUF_IDLE_MS, so this memory is held only while such traffic lasts. */
     if (now - g_big_ms > MTS_IOBUF_IDLE_MS || len >= g_big) g_big = len, g_big_ms = now;
-    size_t cap = g_cap_fixed || 2 * g_big < g_cap ? g_cap : 2 * g_big;
+    /* While much is in use (a flood of large requests filling a queue: 100 queued 2.5 MB
+     * requests are 250 MB), the cache may hold up to half of it, so the blocks a finished batch
+     * frees (its requests and replies, 30 MB for 8 of them) wait for the next admissions
+     * instead of being unmapped and mapped again; as the blocks come back the cap falls to the
+     * default again. */
+    size_t live = g_live;
+    g_live -= len;
+    size_t cap = g_cap;
+    if (!g_cap_fixed) {
+        if (2 * g_big > cap) cap = 2 * g_big;
+        if (live / 2 > cap) cap = live / 2;
+    }
     if (len > cap) {
         pthread_mutex_unlock(&g_lock);
         munmap(h, len);

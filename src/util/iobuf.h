@@ -11,8 +11,9 @@
  * mts_iobuf_alloc keeps blocks of at least MTS_IOBUF_MIN bytes in size classes (at most 1/8
  * rounding waste) and hands a freed block to the next request of the same class instead of
  * unmapping it. The cache is bounded: at most MTS_IOBUF_CACHE bytes, or two blocks of the
- * largest size freed within the idle window when that is more (environment MTS_IOBUF_CACHE_MB
- * sets a fixed cap instead, 0 disables the cache), and blocks idle for longer than
+ * largest size freed within the idle window, or half the bytes of large blocks in use when a
+ * block is freed, whichever is most (environment MTS_IOBUF_CACHE_MB sets a fixed cap instead,
+ * 0 disables the cache), and blocks idle for longer than
  * MTS_IOBUF_IDLE_MS are unmapped, so memory goes back to the system soon after a burst.
  * Smaller blocks go to malloc.
  * Every pointer is 64-byte aligned. Thread-safe.

@@ -2,7 +2,7 @@
  * Unit tests of the request/response buffer cache (util/iobuf.h): alignment and capacity of small
  * and large blocks, reuse of a freed large block by the next request of its size class, growth
  * that keeps the bytes, the byte cap on what the cache holds (and how it follows the largest
- * blocks in use), trimming, and many threads
+ * blocks in use and the bytes in use), trimming, and many threads
  * allocating, filling, checking and freeing blocks at once (run under TSan and ASan in CI).
  */
 #include <setjmp.h>
@@ -83,11 +83,54 @@ static void test_cache_is_bounded(void **state)
         blocks[i] = mts_iobuf_alloc((size_t)(1 + i % 5) << 20);
         assert_non_null(blocks[i]);
     }
+    /* the cap: the default, two of the largest blocks, or half of what is in use at a free */
+    size_t live = 0, largest = 0;
+    for (int i = 0; i < N; i++) live += mts_iobuf_capacity(blocks[i]) + 64;
     for (int i = 0; i < N; i++) {
+        size_t len = mts_iobuf_capacity(blocks[i]) + 64;
+        if (len > largest) largest = len;
+        size_t cap = MTS_IOBUF_CACHE;
+        if (2 * largest > cap) cap = 2 * largest;
+        if (live / 2 > cap) cap = live / 2;
         mts_iobuf_free(blocks[i]);
-        assert_true(mts_iobuf_cached_bytes() <= MTS_IOBUF_CACHE);
+        live -= len;
+        assert_true(mts_iobuf_cached_bytes() <= cap);
     }
+    /* all back: the last free brought the cache to the default cap (two 5 MB blocks are less) */
     assert_true(mts_iobuf_cached_bytes() > 0);
+    assert_true(mts_iobuf_cached_bytes() <= MTS_IOBUF_CACHE);
+    mts_iobuf_trim();
+    assert_int_equal(mts_iobuf_cached_bytes(), 0);
+}
+
+/* A flood of large requests: with 150 MB of 2.5 MB blocks in use, the twelve a finished batch
+ * frees (30 MB, more than the default cap) are all kept and the next twelve allocations reuse
+ * them without mapping anything; once every block is back the cache is within the default. */
+static void test_cache_follows_the_bytes_in_use(void **state)
+{
+    (void)state;
+    mts_iobuf_trim();
+    enum { N = 60, BATCH = 12 };
+    size_t n = 2457600;
+    char *blocks[N];
+    for (int i = 0; i < N; i++) {
+        blocks[i] = mts_iobuf_alloc(n);
+        assert_non_null(blocks[i]);
+    }
+    for (int i = 0; i < BATCH; i++) mts_iobuf_free(blocks[i]);
+    assert_true(mts_iobuf_cached_bytes() >= BATCH * n);
+    assert_true(mts_iobuf_cached_bytes() > MTS_IOBUF_CACHE);
+    unsigned long long r0, m0, r1, m1;
+    mts_iobuf_counts(&r0, &m0);
+    for (int i = 0; i < BATCH; i++) {
+        blocks[i] = mts_iobuf_alloc(n);
+        assert_non_null(blocks[i]);
+    }
+    mts_iobuf_counts(&r1, &m1);
+    assert_int_equal(m1 - m0, 0);
+    assert_int_equal(r1 - r0, BATCH);
+    for (int i = 0; i < N; i++) mts_iobuf_free(blocks[i]);
+    assert_true(mts_iobuf_cached_bytes() <= MTS_IOBUF_CACHE);
     mts_iobuf_trim();
     assert_int_equal(mts_iobuf_cached_bytes(), 0);
 }
@@ -155,6 +198,7 @@ int main(void)
         cmocka_unit_test(test_reuse_of_a_size_class),
         cmocka_unit_test(test_grow_keeps_bytes),
         cmocka_unit_test(test_cache_is_bounded),
+        cmocka_unit_test(test_cache_follows_the_bytes_in_use),
         cmocka_unit_test(test_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
